@@ -1,0 +1,1 @@
+"""The NAS harness (Optuna, Hydra, W&B). Built in later issues."""
