@@ -27,8 +27,8 @@ are non-blocking too; the step waits for all of them before the optimizer step.
 
 GPipe, 2 stages, 3 micro-batches (time flows right)::
 
-    stage 0:  F0 F1 F2          B2 B1 B0     <- all forwards, then all backwards
-    stage 1:     F0 F1 F2 B2 B1 B0
+    stage 0:  F0 F1 F2          B0 B1 B2     <- all forwards, then all backwards
+    stage 1:     F0 F1 F2 B0 B1 B2
 
 1F1B (PipeDream-Flush), same shape: stage s runs min(S-s-1, M) warm-up forwards, then
 alternates one forward and one backward, then drains::
@@ -96,10 +96,14 @@ def _check_shape(n_stages: int, n_microbatches: int, stage: int) -> None:
 
 
 def gpipe(n_stages: int, n_microbatches: int, stage: int) -> list[Action]:
-    """All forwards, then all backwards in reverse order, then one optimizer step."""
+    """All forwards, then all backwards, then one optimizer step.
+
+    Backwards run in micro-batch order (as in `torch.distributed.pipelining`), so gradients
+    accumulate in the same order as in 1F1B and in single-process gradient accumulation.
+    """
     _check_shape(n_stages, n_microbatches, stage)
     forwards = [Action(Op.FORWARD, i) for i in range(n_microbatches)]
-    backwards = [Action(Op.BACKWARD, i) for i in reversed(range(n_microbatches))]
+    backwards = [Action(Op.BACKWARD, i) for i in range(n_microbatches)]
     return [*forwards, *backwards, Action(Op.OPTIMIZER_STEP)]
 
 

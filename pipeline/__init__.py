@@ -1,0 +1,38 @@
+"""An elastic pipeline-parallel training runtime for PyTorch.
+
+Give it a list of layers (`LayerSpec`: a stable key and a picklable factory); it splits them
+into stages, one per process, and trains them with a GPipe or 1F1B schedule so that the
+result equals single-process training with gradient accumulation::
+
+    import functools, torch, pipeline
+    from pipeline import ElasticPipeline, LayerSpec
+
+    def main(ctx):                      # runs in every stage process
+        pipe = ElasticPipeline(specs, optimizer=functools.partial(torch.optim.AdamW, lr=1e-3),
+                               loss_fn=torch.nn.functional.cross_entropy,
+                               schedule="1f1b", n_microbatches=8)
+        for x, y in batches:            # the same batches on every rank
+            loss = pipe.train_step(x, y)
+        return pipe.stats()
+
+    pipeline.launch(main, n_stages=2)   # local processes, or joins torchrun's group
+
+This package imports only torch and numpy.
+"""
+
+from pipeline.elastic import ElasticPipeline
+from pipeline.launch import StageContext, StageFailedError, launch
+from pipeline.schedule import SCHEDULES, Action, Op, ScheduleError
+from pipeline.spec import LayerSpec
+
+__all__ = [
+    "SCHEDULES",
+    "Action",
+    "ElasticPipeline",
+    "LayerSpec",
+    "Op",
+    "ScheduleError",
+    "StageContext",
+    "StageFailedError",
+    "launch",
+]

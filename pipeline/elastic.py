@@ -1,0 +1,204 @@
+"""`ElasticPipeline`: the public face of the runtime, one instance in every stage process.
+
+Every rank constructs it with the same arguments and calls `train_step` with the same
+batches (SPMD). Rank s becomes stage s: it builds only its own layers, runs its schedule's
+action list each step, and the loss is broadcast from the last stage so every rank returns
+the same value.
+
+    batch (x, y) ──split into M micro-batches──> stage 0 ──> stage 1 ──> ... ──> loss
+                                                     <── gradients ──  <── ...
+
+Methods that gather (`train_step`, `stats`, `full_state_dict`) are collectives: call them on
+every rank in the same order.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from pipeline.comm import Carry, as_carry
+from pipeline.partition import bounds, check_sizes, equal_sizes
+from pipeline.schedule import Action, ScheduleFn, get_schedule, stage_actions, validate
+from pipeline.spec import LayerSpec, check_specs
+from pipeline.stage import LossFn, OptimizerFactory, Stage, StepTimes
+
+__all__ = ["ElasticPipeline", "split_microbatches"]
+
+_TIME_FIELDS = list(StepTimes.__dataclass_fields__)
+
+
+class ElasticPipeline:
+    """A model given as a list of `LayerSpec`s, trained pipeline-parallel over all ranks.
+
+    Args:
+        specs: the layers in forward order.
+        optimizer: `factory(param_groups) -> Optimizer`, called once per stage with one
+            parameter group per layer, e.g. `functools.partial(torch.optim.AdamW, lr=1e-3)`.
+        loss_fn: `loss_fn(output, target) -> scalar tensor`, mean-reduced over the batch.
+        schedule: "1f1b" (PipeDream-Flush), "gpipe", or a function
+            `(n_stages, n_microbatches, stage) -> list[Action]` (see `pipeline.schedule`).
+        n_microbatches: micro-batches per step; must divide the batch size.
+        seed: with the layer keys, fixes the initial weights and the dropout masks.
+        partition: "auto" (equal layer counts for now) or the number of layers per stage.
+        device: this stage's device (default: cuda:<local device> under NCCL, else cpu).
+    """
+
+    def __init__(
+        self,
+        specs: Sequence[LayerSpec],
+        *,
+        optimizer: OptimizerFactory,
+        loss_fn: LossFn,
+        schedule: str | ScheduleFn = "1f1b",
+        n_microbatches: int = 4,
+        seed: int = 0,
+        partition: str | Sequence[int] = "auto",
+        device: torch.device | str | None = None,
+    ) -> None:
+        if not dist.is_initialized():
+            raise RuntimeError(
+                "ElasticPipeline needs a process group: construct it inside a function run "
+                "by pipeline.launch(fn, n_stages=...) or under torchrun"
+            )
+        self.specs = check_specs(specs)
+        self.rank, self.n_stages = dist.get_rank(), dist.get_world_size()
+        if not isinstance(n_microbatches, int) or n_microbatches < 1:
+            raise ValueError(f"n_microbatches must be a positive int, got {n_microbatches!r}")
+        if not callable(loss_fn):
+            raise TypeError(f"loss_fn must be callable, got {type(loss_fn).__name__}")
+        self.schedule = get_schedule(schedule) if isinstance(schedule, str) else schedule
+        validate(self.schedule, self.n_stages, n_microbatches)
+        self.n_microbatches = n_microbatches
+        self.sizes = _resolve_partition(partition, len(self.specs), self.n_stages)
+        self.device = _resolve_device(device)
+        backend = dist.get_backend()
+        self._comm_device = self.device if backend == "nccl" else torch.device("cpu")
+        self._actions: list[Action] = stage_actions(
+            self.schedule, self.n_stages, n_microbatches, self.rank
+        )
+        start, stop = bounds(self.sizes)[self.rank]
+        self._stage: Stage | None = Stage(
+            self.rank, self.n_stages, self.specs[start:stop], seed=seed, device=self.device,
+            comm_device=self._comm_device, optimizer=optimizer, loss_fn=loss_fn,
+        )  # fmt: skip
+        self.step = 0
+        self._history: list[tuple[int, StepTimes]] = []  # (samples, times) per step
+
+    # -- training ----------------------------------------------------------------------------
+    def train_step(self, x: Any, y: Any) -> float:
+        """One optimizer step on the batch (x, y); returns the mean micro-batch loss."""
+        stage = self._live_stage()
+        chunks = split_microbatches(x, self.n_microbatches, "x")
+        inputs = [as_carry(c, "the batch input") for c in chunks]
+        targets = split_microbatches(y, self.n_microbatches, "y")
+        rng = torch.random.get_rng_state()
+        try:
+            loss_sum, times = stage.run_step(self._actions, self.step, inputs, targets)
+        finally:
+            torch.random.set_rng_state(rng)
+        loss = torch.zeros((), dtype=torch.float64, device=self._comm_device)
+        if loss_sum is not None:
+            loss.fill_(loss_sum.item() / self.n_microbatches)
+        dist.broadcast(loss, src=self.n_stages - 1)
+        self.step += 1
+        self._history.append((_batch_size(x), times))
+        return float(loss.item())
+
+    # -- inspection --------------------------------------------------------------------------
+    def stats(self, last_steps: int = 20) -> dict[str, Any]:
+        """Throughput and per-stage times (medians over the last steps); same on every rank."""
+        stage = self._live_stage()
+        recent = self._history[-last_steps:]
+        mine = {
+            "stage": self.rank,
+            "layers": [key for key, _ in stage.layers],
+            "param_bytes": stage.param_bytes(),
+            **{f: _median([getattr(t, f) for _, t in recent]) for f in _TIME_FIELDS},
+        }
+        per_stage: list[Any] = [None] * self.n_stages
+        dist.all_gather_object(per_stage, mine)
+        iteration_s = max(s["total_s"] for s in per_stage)
+        samples = _median([n for n, _ in recent])
+        return {
+            "steps": self.step,
+            "schedule": getattr(self.schedule, "__name__", str(self.schedule)),
+            "n_microbatches": self.n_microbatches,
+            "partition": list(self.sizes),
+            "iteration_s": iteration_s,
+            "samples_per_s": samples / iteration_s if iteration_s > 0 else 0.0,
+            "stages": per_stage,
+        }
+
+    def full_state_dict(self) -> dict[str, dict[str, torch.Tensor]]:
+        """{layer key: its state dict on CPU}, in layer order, on rank 0; {} on other ranks."""
+        stage = self._live_stage()
+        mine = {
+            key: {k: v.detach().cpu() for k, v in layer.state_dict().items()}
+            for key, layer in stage.layers
+        }
+        gathered: list[Any] = [None] * self.n_stages if self.rank == 0 else []
+        dist.gather_object(mine, gathered if self.rank == 0 else None, dst=0)
+        if self.rank != 0:
+            return {}
+        merged = {k: v for part in gathered for k, v in part.items()}
+        return {spec.key: merged[spec.key] for spec in self.specs}
+
+    def close(self) -> None:
+        """Finish pending messages and free this stage's layers; the pipeline is unusable after."""
+        if self._stage is not None:
+            self._stage.close()
+            self._stage = None
+
+    def _live_stage(self) -> Stage:
+        if self._stage is None:
+            raise RuntimeError("this ElasticPipeline is closed")
+        return self._stage
+
+
+def split_microbatches(value: Any, n: int, what: str) -> list[Any]:
+    """Split a tensor (or a tuple/list of tensors, element-wise) into n equal chunks on dim 0."""
+    if isinstance(value, torch.Tensor):
+        size = value.shape[0] if value.dim() else 0
+        if size == 0 or size % n:
+            raise ValueError(
+                f"{what} has batch size {size}, which n_microbatches={n} does not divide; "
+                f"use a batch size that is a multiple of {n}"
+            )
+        return list(value.chunk(n))
+    if isinstance(value, tuple | list) and value:
+        columns = [split_microbatches(v, n, f"{what}[{i}]") for i, v in enumerate(value)]
+        return [tuple(chunks) for chunks in zip(*columns, strict=True)]
+    raise TypeError(f"{what} must be a tensor or a tuple of tensors, got {type(value).__name__}")
+
+
+def _batch_size(x: Any) -> int:
+    carry: Carry = as_carry(x, "x")
+    return int(carry[0].shape[0])
+
+
+def _median(values: Sequence[float]) -> float:
+    return float(statistics.median(values)) if values else 0.0
+
+
+def _resolve_partition(partition: str | Sequence[int], n_layers: int, n_stages: int) -> list[int]:
+    if isinstance(partition, str):
+        if partition != "auto":
+            raise ValueError(f"partition must be 'auto' or a list of stage sizes, got {partition!r}")
+        return equal_sizes(n_layers, n_stages)
+    if n_stages > n_layers:
+        equal_sizes(n_layers, n_stages)  # raises the clear "more stages than layers" error
+    return check_sizes(partition, n_layers, n_stages)
+
+
+def _resolve_device(device: torch.device | str | None) -> torch.device:
+    if device is not None:
+        return torch.device(device)
+    if dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+

@@ -1,0 +1,228 @@
+"""Start the stage processes and run the same function in each (SPMD, like torchrun).
+
+`launch(fn, n_stages=S)` has two modes:
+
+* Local (the embedded default): the caller starts S fresh processes (spawn) on this
+  machine. The caller hosts the rendezvous store on a free port; each child joins the
+  process group (gloo on CPU, NCCL when every stage has its own GPU), runs `fn(ctx)`, and
+  reports its result or its traceback through a queue::
+
+        caller ──spawn──> stage 0 ... stage S-1
+          │  TCPStore (rendezvous)   │ init_process_group(store, timeout)
+          │ <──── ("ok", result) ────│ fn(ctx)
+          │ <──── ("error", tb) ─────│ an exception
+          └─ on the first error or death: terminate the rest, raise StageFailedError
+
+* Under torchrun (RANK, WORLD_SIZE, MASTER_ADDR set): the current process is one stage; it
+  joins the existing process group, runs `fn(ctx)` and returns every stage's result.
+
+No child outlives the caller: each watches its parent and exits if it disappears, and the
+caller terminates them on any error, interrupt, or exit. Every collective and point-to-point
+message in the group times out after `timeout_s`, so a dead peer raises instead of hanging.
+"""
+
+from __future__ import annotations
+
+import datetime
+import multiprocessing as mp
+import os
+import pickle
+import queue
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+__all__ = ["StageContext", "StageFailedError", "launch"]
+
+_TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+class StageFailedError(RuntimeError):
+    """A stage process raised or died; the message holds its traceback."""
+
+    def __init__(self, stage: int, detail: str) -> None:
+        super().__init__(f"stage {stage} failed:\n{detail}")
+        self.stage = stage
+        self.detail = detail
+
+
+@dataclass(frozen=True)
+class StageContext:
+    """What `fn` learns about the process it runs in."""
+
+    rank: int
+    world_size: int
+    device: torch.device
+    backend: str
+    timeout_s: float
+
+
+def launch(
+    fn: Callable[[StageContext], Any],
+    n_stages: int,
+    *,
+    backend: str | None = None,
+    threads_per_stage: int | None = None,
+    timeout_s: float = 300.0,
+) -> list[Any]:
+    """Run `fn(ctx)` in `n_stages` stage processes; return their results in rank order.
+
+    backend: "gloo" or "nccl"; default NCCL when CUDA has a GPU per stage, else gloo.
+    threads_per_stage: torch intra-op threads per stage (default: cores / stages, >= 1).
+    timeout_s: timeout of the rendezvous and of every collective and message.
+    `fn` and its result must be picklable (a module-level function; spawn imports it).
+    """
+    if not isinstance(n_stages, int) or n_stages < 1:
+        raise ValueError(f"n_stages must be a positive int, got {n_stages!r}")
+    if backend not in (None, "gloo", "nccl"):
+        raise ValueError(f"backend must be 'gloo', 'nccl' or None (automatic), got {backend!r}")
+    if timeout_s <= 0:
+        raise ValueError(f"timeout_s must be positive, got {timeout_s}")
+    if backend is None:
+        backend = "nccl" if torch.cuda.is_available() and torch.cuda.device_count() >= n_stages \
+            else "gloo"  # fmt: skip
+    if threads_per_stage is None:
+        threads_per_stage = max(1, (os.cpu_count() or 1) // n_stages)
+    if all(v in os.environ for v in _TORCHRUN_VARS):
+        return _join_torchrun(fn, n_stages, backend, threads_per_stage, timeout_s)
+    return _launch_local(fn, n_stages, backend, threads_per_stage, timeout_s)
+
+
+# -- under torchrun ----------------------------------------------------------------------------
+def _join_torchrun(
+    fn: Callable[[StageContext], Any], n_stages: int, backend: str, threads: int, timeout_s: float
+) -> list[Any]:
+    world = int(os.environ["WORLD_SIZE"])
+    if world != n_stages:
+        raise ValueError(f"n_stages={n_stages} but torchrun started WORLD_SIZE={world} processes")
+    created = not dist.is_initialized()
+    if created:
+        dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s))
+    try:
+        ctx = _context(dist.get_rank(), world, backend, threads, timeout_s)
+        result = fn(ctx)
+        results: list[Any] = [None] * world
+        dist.all_gather_object(results, result)
+        return results
+    finally:
+        if created:
+            dist.destroy_process_group()
+
+
+# -- local processes ---------------------------------------------------------------------------
+def _launch_local(
+    fn: Callable[[StageContext], Any], n_stages: int, backend: str, threads: int, timeout_s: float
+) -> list[Any]:
+    spawn = mp.get_context("spawn")
+    store = dist.TCPStore(
+        "127.0.0.1", 0, n_stages + 1, is_master=True,
+        timeout=datetime.timedelta(seconds=timeout_s), wait_for_workers=False,
+    )  # fmt: skip
+    reports: Any = spawn.Queue()
+    procs = [
+        spawn.Process(
+            target=_stage_main,
+            args=(fn, rank, n_stages, store.port, backend, threads, timeout_s, reports),
+            name=f"pipeline-stage-{rank}",
+        )
+        for rank in range(n_stages)
+    ]
+    try:
+        for p in procs:
+            p.start()
+        return _collect(procs, reports, n_stages)
+    finally:
+        _terminate(procs)
+        del store
+
+
+def _collect(procs: list[Any], reports: Any, n_stages: int) -> list[Any]:
+    results: dict[int, Any] = {}
+    exited_at: dict[int, float] = {}  # a process that exited may still have a report in flight
+    while len(results) < n_stages:
+        try:
+            rank, status, payload = reports.get(timeout=0.05)
+        except queue.Empty:
+            now = time.monotonic()
+            for rank, p in enumerate(procs):
+                if rank in results or p.exitcode is None:
+                    continue
+                if now - exited_at.setdefault(rank, now) > 1.0:
+                    raise StageFailedError(
+                        rank, f"the process exited with code {p.exitcode} without a report "
+                        "(killed by a signal or out of memory?)"
+                    ) from None
+            continue
+        if status == "error":
+            raise StageFailedError(rank, payload)
+        results[rank] = pickle.loads(payload)
+    return [results[r] for r in range(n_stages)]
+
+
+def _terminate(procs: list[Any]) -> None:
+    for p in procs:
+        if p.is_alive():
+            p.terminate()
+    deadline = time.monotonic() + 5.0
+    for p in procs:
+        if p.pid is not None:
+            p.join(max(0.0, deadline - time.monotonic()))
+        if p.is_alive():
+            p.kill()
+            p.join()
+
+
+def _context(rank: int, world: int, backend: str, threads: int, timeout_s: float) -> StageContext:
+    torch.set_num_threads(threads)
+    if backend == "nccl":
+        device = torch.device("cuda", rank % torch.cuda.device_count())
+        torch.cuda.set_device(device)
+    else:
+        device = torch.device("cpu")
+    return StageContext(rank, world, device, backend, timeout_s)
+
+
+def _stage_main(
+    fn: Callable[[StageContext], Any],
+    rank: int,
+    world: int,
+    port: int,
+    backend: str,
+    threads: int,
+    timeout_s: float,
+    reports: Any,
+) -> None:
+    """Entry point of a local stage process."""
+    _watch_parent()
+    try:
+        timeout = datetime.timedelta(seconds=timeout_s)
+        store = dist.TCPStore("127.0.0.1", port, world + 1, is_master=False, timeout=timeout)
+        dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=timeout)
+        try:
+            result = fn(_context(rank, world, backend, threads, timeout_s))
+        finally:
+            dist.destroy_process_group()
+        reports.put((rank, "ok", pickle.dumps(result)))
+    except BaseException:
+        reports.put((rank, "error", traceback.format_exc()))
+    finally:
+        reports.close()
+        reports.join_thread()
+
+
+def _watch_parent() -> None:
+    """Exit at once if the caller dies, so no stage process is ever orphaned."""
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(0.5)
+        os._exit(1)
+
+    threading.Thread(target=watch, daemon=True, name="parent-watch").start()
