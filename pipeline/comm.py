@@ -55,7 +55,7 @@ def as_carry(value: object, what: str) -> Carry:
                 f"{what} must be a tensor or a tuple of tensors, got an element of type "
                 f"{type(item).__name__}"
             )
-    return tuple(items)  # type: ignore[arg-type]
+    return tuple(items)
 
 
 def carry_meta(carry: Carry) -> tuple[TensorMeta, ...]:
@@ -92,6 +92,11 @@ def _decode(header: torch.Tensor) -> tuple[TensorMeta, ...]:
     return tuple(metas)
 
 
+def _posted(work: dist.Work | None) -> dist.Work:
+    assert work is not None, "point-to-point operations on the default group return a Work"
+    return work
+
+
 def _tag(kind: int, microbatch: int, index: int) -> int:
     return (microbatch * 3 + kind) * (_MAX_TENSORS + 1) + index
 
@@ -118,7 +123,8 @@ class Receive:
         link = self._link
         self._tensors = [torch.empty(m.shape, dtype=m.dtype, device=link.device) for m in metas]
         for i, t in enumerate(self._tensors):
-            self._works.append(dist.irecv(t, link.peer, tag=_tag(self._kind, self._microbatch, i)))
+            tag = _tag(self._kind, self._microbatch, i)
+            self._works.append(_posted(dist.irecv(t, link.peer, tag=tag)))
 
     def wait(self) -> Carry:
         if self._tensors is None:  # shapes were unknown when posted
@@ -162,7 +168,8 @@ class PeerLink:
     def recv_activations(self, microbatch: int) -> Receive:
         if self.inbound_meta is None and self._header is None:
             header = torch.empty(_HEADER_LEN, dtype=torch.int64, device=self.device)
-            self._header = (header, dist.irecv(header, self.peer, tag=_tag(HEADER, 0, 0)))
+            work = _posted(dist.irecv(header, self.peer, tag=_tag(HEADER, 0, 0)))
+            self._header = (header, work)
         return Receive(self, ACT, microbatch)
 
     def wait_header(self) -> None:
@@ -184,7 +191,7 @@ class PeerLink:
     # -- completion --------------------------------------------------------------------------
     def _isend(self, tensor: torch.Tensor, tag: int) -> None:
         tensor = tensor.contiguous()
-        self._sends.append((dist.isend(tensor, self.peer, tag=tag), tensor))
+        self._sends.append((_posted(dist.isend(tensor, self.peer, tag=tag)), tensor))
 
     def wait_sends(self) -> None:
         sends, self._sends = self._sends, []

@@ -188,7 +188,9 @@ def _median(values: Sequence[float]) -> float:
 def _resolve_partition(partition: str | Sequence[int], n_layers: int, n_stages: int) -> list[int]:
     if isinstance(partition, str):
         if partition != "auto":
-            raise ValueError(f"partition must be 'auto' or a list of stage sizes, got {partition!r}")
+            raise ValueError(
+                f"partition must be 'auto' or a list of stage sizes, got {partition!r}"
+            )
         return equal_sizes(n_layers, n_stages)
     if n_stages > n_layers:
         equal_sizes(n_layers, n_stages)  # raises the clear "more stages than layers" error

@@ -154,15 +154,44 @@ def _collect(procs: list[Any], reports: Any, n_stages: int) -> list[Any]:
                 if rank in results or p.exitcode is None:
                     continue
                 if now - exited_at.setdefault(rank, now) > 1.0:
-                    raise StageFailedError(
-                        rank, f"the process exited with code {p.exitcode} without a report "
-                        "(killed by a signal or out of memory?)"
-                    ) from None
+                    raise _first_cause(procs, reports, {}, set(results)) from None
             continue
         if status == "error":
-            raise StageFailedError(rank, payload)
+            raise _first_cause(procs, reports, {rank: payload}, set(results))
         results[rank] = pickle.loads(payload)
     return [results[r] for r in range(n_stages)]
+
+
+_PEER_FAILURE = ("Connection reset", "Connection closed", "Timed out", "timed out")
+
+
+def _first_cause(
+    procs: list[Any], reports: Any, errors: dict[int, str], finished: set[int]
+) -> StageFailedError:
+    """When one stage fails its peers fail soon after (their messages break); name the cause.
+
+    Gather reports for a moment, then prefer a stage that died without a report, then an
+    error that is not a broken connection or a timeout, then the first error.
+    """
+    deadline = time.monotonic() + 0.5
+    while time.monotonic() < deadline:
+        try:
+            rank, status, payload = reports.get(timeout=0.05)
+        except queue.Empty:
+            continue
+        if status == "error":
+            errors.setdefault(rank, payload)
+        else:
+            finished.add(rank)
+    for rank, p in enumerate(procs):
+        if p.exitcode is not None and rank not in errors and rank not in finished:
+            return StageFailedError(
+                rank, f"the process exited with code {p.exitcode} without a report "
+                "(killed by a signal or out of memory?)"
+            )  # fmt: skip
+    primary = [r for r, tb in errors.items() if not any(m in tb for m in _PEER_FAILURE)]
+    rank = primary[0] if primary else next(iter(errors))
+    return StageFailedError(rank, errors[rank])
 
 
 def _terminate(procs: list[Any]) -> None:

@@ -8,6 +8,7 @@ as examples of writing layers for the runtime: every factory is a module-level c
 from __future__ import annotations
 
 import functools
+import itertools
 
 import torch
 from torch import nn
@@ -47,7 +48,7 @@ def mlp_stack(
     """One `MLPBlock` per consecutive pair of `widths`, a plain Linear as the last layer."""
     specs = [
         LayerSpec(f"mlp{i}", functools.partial(MLPBlock, d_in, d_out, dropout, batch_norm))
-        for i, (d_in, d_out) in enumerate(zip(widths[:-2], widths[1:-1], strict=True))
+        for i, (d_in, d_out) in enumerate(itertools.pairwise(widths[:-1]))
     ]
     specs.append(LayerSpec("out", functools.partial(nn.Linear, widths[-2], widths[-1])))
     return specs

@@ -48,6 +48,7 @@ __all__ = [
     "Action",
     "Op",
     "ScheduleError",
+    "ScheduleFn",
     "gpipe",
     "in_flight",
     "lower",

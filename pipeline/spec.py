@@ -35,6 +35,12 @@ class LayerSpec:
     def __post_init__(self) -> None:
         if not isinstance(self.key, str) or not self.key:
             raise ValueError(f"LayerSpec key must be a non-empty string, got {self.key!r}")
+        if isinstance(self.factory, nn.Module):
+            raise TypeError(
+                f"LayerSpec {self.key!r}: factory is an nn.Module instance; pass something "
+                "that builds one, e.g. the class or "
+                f"functools.partial({type(self.factory).__name__}, ...)"
+            )
         if not callable(self.factory):
             raise TypeError(
                 f"LayerSpec {self.key!r}: factory must be callable and return an nn.Module, "
