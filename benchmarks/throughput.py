@@ -1,0 +1,188 @@
+"""Throughput of this runtime vs torch.distributed.pipelining vs one process, side by side.
+
+The same 8-layer Transformer stack (d_model 256, 4 heads, sequence 64, batch 32, 8
+micro-batches) is trained on 2 stages (CPU, gloo, 1 thread per stage) by:
+
+* this runtime, GPipe and 1F1B;
+* torch.distributed.pipelining, ScheduleGPipe and Schedule1F1B, on the same stage split;
+* one process with 1 thread (gradient accumulation over the same micro-batches),
+
+and compared with the ideal S*M/(M+S-1) x single-process throughput. All four pipelines live
+in the same two processes and are timed in interleaved rounds, so drift of the machine hits
+them alike. Prints JSON and writes it to benchmarks/results/throughput.json.
+
+    python benchmarks/throughput.py [--rounds 5] [--steps 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+
+import pipeline
+from pipeline import ElasticPipeline, StageContext
+from pipeline.models import transformer_stack
+from pipeline.partition import bounds, equal_sizes
+from pipeline.spec import build_layer
+
+LAYERS, D_MODEL, HEADS, SEQ, BATCH, MICROBATCHES, STAGES = 8, 256, 4, 64, 32, 8, 2
+OPTIMIZER = functools.partial(torch.optim.SGD, lr=1e-3)
+
+
+def specs() -> list[Any]:
+    return transformer_stack(LAYERS, D_MODEL, HEADS, dropout=0.1)
+
+
+def batch() -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(BATCH, SEQ, D_MODEL, generator=g)  # (batch, seq, d_model)
+    return x, torch.randn(BATCH, SEQ, D_MODEL, generator=g)
+
+
+def torch_pipelining(ctx: StageContext, schedule_cls: type) -> Callable[[], None]:
+    """One step of torch.distributed.pipelining on this rank's share of the same layers."""
+    start, stop = bounds(equal_sizes(LAYERS, STAGES))[ctx.rank]
+    module = nn.Sequential(*[build_layer(s, 0, ctx.device) for s in specs()[start:stop]])
+    stage = PipelineStage(module, ctx.rank, STAGES, ctx.device)
+    schedule = schedule_cls(stage, n_microbatches=MICROBATCHES, loss_fn=F.mse_loss)
+    optimizer = OPTIMIZER(module.parameters())
+    x, y = batch()
+
+    def step() -> None:
+        if ctx.rank == 0:
+            schedule.step(x)
+        else:
+            schedule.step(target=y, losses=[])
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    return step
+
+
+def ours(ctx: StageContext, schedule: str) -> tuple[Callable[[], None], ElasticPipeline]:
+    pipe = ElasticPipeline(
+        specs(), optimizer=OPTIMIZER, loss_fn=F.mse_loss, schedule=schedule,
+        n_microbatches=MICROBATCHES,
+    )  # fmt: skip
+    x, y = batch()
+
+    def step() -> None:
+        pipe.train_step(x, y)
+
+    return step, pipe
+
+
+def run_pipelines(ctx: StageContext, rounds: int, steps: int) -> dict[str, Any]:
+    ours_gpipe, pipe_gpipe = ours(ctx, "gpipe")
+    ours_1f1b, pipe_1f1b = ours(ctx, "1f1b")
+    runs = {
+        "ours_gpipe": ours_gpipe,
+        "ours_1f1b": ours_1f1b,
+        "torch_gpipe": torch_pipelining(ctx, ScheduleGPipe),
+        "torch_1f1b": torch_pipelining(ctx, Schedule1F1B),
+    }
+    for step in runs.values():  # warm-up: allocator, shape inference, connections
+        for _ in range(2):
+            step()
+    seconds: dict[str, list[float]] = {name: [] for name in runs}
+    for _ in range(rounds):
+        for name, step in runs.items():
+            dist.barrier()
+            t0 = time.perf_counter()
+            for _ in range(steps):
+                step()
+            dist.barrier()
+            seconds[name].append((time.perf_counter() - t0) / steps)
+    return {
+        "step_s": seconds,
+        "profile": {"ours_gpipe": pipe_gpipe.stats(), "ours_1f1b": pipe_1f1b.stats()},
+    }
+
+
+def single_process(ctx: StageContext, rounds: int, steps: int) -> list[float]:
+    model = nn.Sequential(*[build_layer(s, 0, ctx.device) for s in specs()])
+    optimizer = OPTIMIZER(model.parameters())
+    x, y = batch()
+
+    def step() -> None:
+        for xi, yi in zip(x.chunk(MICROBATCHES), y.chunk(MICROBATCHES), strict=True):
+            (F.mse_loss(model(xi), yi) / MICROBATCHES).backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    for _ in range(2):
+        step()
+    times = []
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            step()
+        times.append((time.perf_counter() - t0) / steps)
+    return times
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=5)
+    default_out = Path(__file__).parent / "results" / "throughput.json"
+    parser.add_argument("--out", type=Path, default=default_out)
+    args = parser.parse_args()
+
+    single = pipeline.launch(
+        functools.partial(single_process, rounds=args.rounds, steps=args.steps), 1,
+        threads_per_stage=1,
+    )[0]  # fmt: skip
+    piped = pipeline.launch(
+        functools.partial(run_pipelines, rounds=args.rounds, steps=args.steps), STAGES,
+        threads_per_stage=1,
+    )[0]  # fmt: skip
+
+    def samples_per_s(times: list[float]) -> float:
+        return BATCH / statistics.median(times)
+
+    single_sps = samples_per_s(single)
+    ideal = single_sps * STAGES * MICROBATCHES / (MICROBATCHES + STAGES - 1)
+    results = {name: samples_per_s(t) for name, t in piped["step_s"].items()}
+    report = {
+        "config": {
+            "layers": LAYERS, "d_model": D_MODEL, "heads": HEADS, "seq": SEQ, "batch": BATCH,
+            "microbatches": MICROBATCHES, "stages": STAGES, "threads_per_stage": 1,
+            "rounds": args.rounds, "steps_per_round": args.steps, "torch": torch.__version__,
+        },
+        "samples_per_s": {"single_process": single_sps, "ideal": ideal, **results},
+        "median_step_s": {
+            "single_process": statistics.median(single),
+            **{k: statistics.median(v) for k, v in piped["step_s"].items()},
+        },
+        "ratios": {
+            "ours_gpipe_vs_torch_gpipe": results["ours_gpipe"] / results["torch_gpipe"],
+            "ours_1f1b_vs_torch_1f1b": results["ours_1f1b"] / results["torch_1f1b"],
+            "ours_gpipe_vs_ideal": results["ours_gpipe"] / ideal,
+            "ours_1f1b_vs_ideal": results["ours_1f1b"] / ideal,
+            "torch_gpipe_vs_ideal": results["torch_gpipe"] / ideal,
+            "torch_1f1b_vs_ideal": results["torch_1f1b"] / ideal,
+        },
+        "targets": {"vs_torch_pipelining": 1.1, "vs_ideal": 0.85},
+        "per_round_step_s": {"single_process": single, **piped["step_s"]},
+        "ours_per_stage_profile": piped["profile"],
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=2))
+    print(json.dumps({k: report[k] for k in ("samples_per_s", "ratios")}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
