@@ -7,8 +7,8 @@ candidate may change them from one step to the next). The protocol per step and 
        tensor with, per carry tensor, its dtype, whether it carries a gradient, and shape.
     2. All micro-batches of a step have the same shapes (they are equal chunks of one
        batch), so later receives are posted straight away with the shapes of the header.
-    3. Gradients flow back only for the tensors the header marks as carrying one; their
-       shapes are those of the activations, so they need no header.
+    3. Gradients flow back for the floating-point tensors of the carry (the header marks
+       them); their shapes are those of the activations, so they need no header.
 
 Every message has its own tag (kind, micro-batch, tensor index), so receives can be posted
 early and out of order. Sends and receives are non-blocking; `wait` raises on the process
@@ -43,7 +43,7 @@ ACT, GRAD, HEADER = 0, 1, 2
 class TensorMeta:
     shape: tuple[int, ...]
     dtype: torch.dtype
-    requires_grad: bool  # a gradient flows back for this tensor
+    requires_grad: bool  # a gradient flows back for this tensor: it is floating point
 
 
 def as_carry(value: object, what: str) -> Carry:
@@ -60,7 +60,7 @@ def as_carry(value: object, what: str) -> Carry:
 
 def carry_meta(carry: Carry) -> tuple[TensorMeta, ...]:
     return tuple(
-        TensorMeta(tuple(t.shape), t.dtype, t.requires_grad and t.is_floating_point())
+        TensorMeta(tuple(t.shape), t.dtype, t.is_floating_point())
         for t in carry
     )
 

@@ -116,7 +116,7 @@ class ElasticPipeline:
         recent = self._history[-last_steps:]
         mine = {
             "stage": self.rank,
-            "layers": [key for key, _ in stage.layers],
+            "layers": [layer.key for layer in stage.layers],
             "param_bytes": stage.param_bytes(),
             **{f: _median([getattr(t, f) for _, t in recent]) for f in _TIME_FIELDS},
         }
@@ -138,8 +138,8 @@ class ElasticPipeline:
         """{layer key: its state dict on CPU}, in layer order, on rank 0; {} on other ranks."""
         stage = self._live_stage()
         mine = {
-            key: {k: v.detach().cpu() for k, v in layer.state_dict().items()}
-            for key, layer in stage.layers
+            layer.key: {k: v.detach().cpu() for k, v in layer.module.state_dict().items()}
+            for layer in stage.layers
         }
         gathered: list[Any] = [None] * self.n_stages if self.rank == 0 else []
         dist.gather_object(mine, gathered if self.rank == 0 else None, dst=0)

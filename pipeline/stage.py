@@ -12,14 +12,26 @@ A `Stage` owns a contiguous run of layers, their optimizer and the links to its 
     SEND_GRAD i non-blocking send of the inputs' gradients
     STEP        wait for all sends, optimizer step, zero the gradients
 
+Layers run one at a time in both directions: each layer's input is a detached leaf, and
+backward walks the layers in reverse, handing each one the gradient of its outputs. That
+costs one autograd call per layer and buys three things: per-layer time measurements, and
+per-layer memory actions, chosen by the planner:
+
+    keep       autograd keeps the layer's saved tensors until its backward (the default)
+    recompute  forward under no_grad keeping only the input; re-run with grad at backward,
+               with the same RNG seed, so the result is bit-identical
+    swap       saved tensors go to host memory and come back for backward (GPU only)
+
 The loss of a step is the mean of the micro-batch losses and the gradients are those of
-that mean, exactly as one process with gradient accumulation computes them.
+that mean, exactly as one process with gradient accumulation computes them. A carry tensor
+carries a gradient exactly when it is floating point.
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,13 +40,15 @@ from torch import nn
 
 from pipeline.comm import Carry, PeerLink, Receive, as_carry
 from pipeline.determinism import dropout_seed, seed_rng
+from pipeline.meter import LayerMeter, SavedBytes
 from pipeline.schedule import Action, Op
 from pipeline.spec import LayerSpec, build_layer
 
-__all__ = ["OptimizerFactory", "Stage", "StepTimes"]
+__all__ = ["MEMORY_ACTIONS", "OptimizerFactory", "Stage", "StepTimes"]
 
 OptimizerFactory = Callable[[list[dict[str, Any]]], torch.optim.Optimizer]
 LossFn = Callable[[Any, Any], torch.Tensor]
+MEMORY_ACTIONS = ("keep", "recompute", "swap")
 
 
 @dataclass
@@ -46,16 +60,38 @@ class StepTimes:
     wait_s: float = 0.0  # blocked on a receive or on the sends before the optimizer step
     optimizer_s: float = 0.0
     total_s: float = 0.0
+    peak_activation_bytes: int = 0  # measured in-flight peak (steps that measure memory)
+
+
+@dataclass
+class _Layer:
+    key: str
+    module: nn.Module
+    action: str = "keep"
+    meter: LayerMeter = field(default_factory=LayerMeter)
+    # this step's sums over micro-batches
+    forward_s: float = 0.0
+    backward_s: float = 0.0
+    activation_bytes: int = 0
+    output_bytes: int = 0
 
 
 @dataclass
 class _InFlight:
     """What a micro-batch leaves on this stage between its forward and its backward."""
 
-    inputs: Carry = ()
-    outputs: Carry = ()
+    inputs: list[Carry] = field(default_factory=list)  # per layer, detached leaves
+    outputs: list[Carry] = field(default_factory=list)  # per layer; () when recomputed
     loss: torch.Tensor | None = None
     input_grads: list[torch.Tensor] = field(default_factory=list)
+
+
+def _floating(carry: Carry) -> list[torch.Tensor]:
+    return [t for t in carry if t.is_floating_point()]
+
+
+def _leaf(carry: Carry) -> Carry:
+    return tuple(t.detach().requires_grad_(t.is_floating_point()) for t in carry)
 
 
 class Stage:
@@ -70,28 +106,35 @@ class Stage:
         comm_device: torch.device,
         optimizer: OptimizerFactory,
         loss_fn: LossFn,
+        actions: Sequence[str] | None = None,
     ) -> None:
         self.index, self.n_stages, self.seed = index, n_stages, seed
         self.device, self.loss_fn = device, loss_fn
-        self.layers: list[tuple[str, nn.Module]] = [
-            (spec.key, build_layer(spec, seed, device)) for spec in specs
-        ]
+        self.layers = [_Layer(spec.key, build_layer(spec, seed, device)) for spec in specs]
+        self.set_memory_actions(actions or ["keep"] * len(self.layers))
         self.optimizer = _build_optimizer(optimizer, self.layers)
         self.prev = PeerLink(index - 1, comm_device) if index > 0 else None
         self.next = PeerLink(index + 1, comm_device) if index < n_stages - 1 else None
+        self.saved = SavedBytes()
 
-    @property
-    def is_first(self) -> bool:
-        return self.prev is None
-
-    @property
-    def is_last(self) -> bool:
-        return self.next is None
+    def set_memory_actions(self, actions: Sequence[str]) -> None:
+        if len(actions) != len(self.layers):
+            raise ValueError(f"{len(actions)} memory actions for {len(self.layers)} layers")
+        for layer, action in zip(self.layers, actions, strict=True):
+            if action not in MEMORY_ACTIONS:
+                raise ValueError(f"memory action {action!r} is not one of {MEMORY_ACTIONS}")
+            if action == "swap" and self.device.type != "cuda":
+                action = "keep"  # host memory *is* the device memory: nothing to swap
+            layer.action = action
+        if self.index == self.n_stages - 1:
+            self.layers[-1].action = "keep"  # the loss is computed from it in the forward
 
     def param_bytes(self) -> int:
-        return sum(
-            p.numel() * p.element_size() for _, layer in self.layers for p in layer.parameters()
-        )
+        return sum(p.numel() * p.element_size() for p in self.parameters())
+
+    def parameters(self) -> Iterator[torch.Tensor]:
+        for layer in self.layers:
+            yield from layer.module.parameters()
 
     # -- one training step -------------------------------------------------------------------
     def run_step(
@@ -100,16 +143,16 @@ class Stage:
         step: int,
         inputs: Sequence[Carry] | None,
         targets: Sequence[Any] | None,
+        measure_memory: bool = False,
     ) -> tuple[torch.Tensor | None, StepTimes]:
         """Execute one step; returns (sum of micro-batch losses on the last stage, times)."""
-        n_microbatches = sum(a.op is Op.FORWARD for a in actions)
+        self._n_microbatches = sum(a.op is Op.FORWARD for a in actions)
+        self._step, self._measure = step, measure_memory
         times, start = StepTimes(), time.perf_counter()
         pending: dict[tuple[Op, int], Receive] = {}
         live: dict[int, _InFlight] = {}
         loss_sum: torch.Tensor | None = None
-        for link in (self.prev, self.next):
-            if link is not None:
-                link.begin_step()
+        self._begin_step()
         for action in actions:
             op, i = action.op, action.microbatch
             if op is Op.RECV_ACT:
@@ -119,90 +162,137 @@ class Stage:
                 assert self.next is not None
                 pending[(op, i)] = self.next.recv_gradients(i)
             elif op is Op.FORWARD:
-                live[i] = self._forward(i, step, inputs, targets, pending, times)
-                if live[i].loss is not None:
-                    loss = live[i].loss.detach()  # type: ignore[union-attr]
-                    loss_sum = loss if loss_sum is None else loss_sum + loss
+                carry = self._stage_input(i, inputs, pending, times)
+                live[i] = self._forward(i, carry, targets, times)
+                loss = live[i].loss
+                if loss is not None:
+                    loss_sum = loss.detach() if loss_sum is None else loss_sum + loss.detach()
             elif op is Op.SEND_ACT:
                 assert self.next is not None
-                self.next.send_activations(live[i].outputs, i)
+                self.next.send_activations(live[i].outputs[-1], i)
             elif op is Op.BACKWARD:
-                self._backward(live[i], i, n_microbatches, pending, times)
+                self._backward(live[i], i, pending, times)
+                if self.prev is None:
+                    live.pop(i)
             elif op is Op.SEND_GRAD:
                 assert self.prev is not None
                 self.prev.send_gradients(live.pop(i).input_grads, i)
             elif op is Op.OPTIMIZER_STEP:
                 self._optimizer_step(times)
-            if op is Op.BACKWARD and self.prev is None:
-                live.pop(i)
         times.total_s = time.perf_counter() - start
+        times.peak_activation_bytes = self.saved.peak if measure_memory else 0
+        self._end_step()
         return loss_sum, times
 
-    def _forward(
+    def _begin_step(self) -> None:
+        for link in (self.prev, self.next):
+            if link is not None:
+                link.begin_step()
+        for layer in self.layers:
+            layer.forward_s = layer.backward_s = 0.0
+            layer.activation_bytes = layer.output_bytes = 0
+        if self._measure:
+            self.saved.begin_step(list(self.parameters()))
+
+    def _end_step(self) -> None:
+        m = self._n_microbatches
+        for layer in self.layers:
+            meter = layer.meter
+            activation = layer.activation_bytes / m if self._measure else meter.activation_bytes
+            output = layer.output_bytes / m if self._measure else meter.output_bytes
+            meter.update(layer.forward_s / m, layer.backward_s / m, activation, output)
+
+    def _stage_input(
         self,
         i: int,
-        step: int,
         inputs: Sequence[Carry] | None,
-        targets: Sequence[Any] | None,
         pending: dict[tuple[Op, int], Receive],
         times: StepTimes,
-    ) -> _InFlight:
+    ) -> Carry:
         if self.prev is None:
             assert inputs is not None
-            carry = tuple(t.to(self.device, non_blocking=True) for t in inputs[i])
-        else:
-            t0 = time.perf_counter()
-            received = pending.pop((Op.RECV_ACT, i)).wait()
-            times.wait_s += time.perf_counter() - t0
-            assert self.prev.inbound_meta is not None
-            carry = tuple(
-                t.to(self.device).requires_grad_(meta.requires_grad)
-                for t, meta in zip(received, self.prev.inbound_meta, strict=True)
-            )
+            return tuple(t.to(self.device, non_blocking=True) for t in inputs[i])
         t0 = time.perf_counter()
-        state = _InFlight(inputs=carry)
-        out: Carry = carry
-        for key, layer in self.layers:
-            seed_rng(dropout_seed(self.seed, step, i, key), self.device)
-            out = as_carry(layer(out[0] if len(out) == 1 else out), f"the output of layer {key!r}")
-        state.outputs = out
+        received = pending.pop((Op.RECV_ACT, i)).wait()
+        times.wait_s += time.perf_counter() - t0
+        return _leaf(tuple(t.to(self.device) for t in received))
+
+    @contextlib.contextmanager
+    def _memory_mode(self, layer: _Layer, i: int, added: list[int]) -> Iterator[None]:
+        with contextlib.ExitStack() as stack:
+            if layer.action == "recompute":
+                stack.enter_context(torch.no_grad())
+            elif layer.action == "swap":
+                stack.enter_context(torch.autograd.graph.save_on_cpu(pin_memory=True))
+            if self._measure and layer.action != "swap":
+                stack.enter_context(self.saved.saving(i, added))
+            yield
+
+    def _call(self, layer: _Layer, i: int, carry: Carry) -> Carry:
+        seed_rng(dropout_seed(self.seed, self._step, i, layer.key), self.device)
+        out = layer.module(carry[0] if len(carry) == 1 else carry)
+        return as_carry(out, f"the output of layer {layer.key!r}")
+
+    def _forward(
+        self, i: int, carry: Carry, targets: Sequence[Any] | None, times: StepTimes
+    ) -> _InFlight:
+        state = _InFlight()
+        for position, layer in enumerate(self.layers):
+            if position > 0:
+                carry = _leaf(carry)
+            t0 = time.perf_counter()
+            added = [self.saved.hold(i, carry) if self._measure else 0]
+            with self._memory_mode(layer, i, added):
+                out = self._call(layer, i, carry)
+            elapsed = time.perf_counter() - t0
+            layer.forward_s += elapsed
+            times.forward_s += elapsed
+            layer.activation_bytes += added[0]
+            layer.output_bytes += sum(t.numel() * t.element_size() for t in out)
+            state.inputs.append(carry)
+            state.outputs.append(out)
+            carry = out
         if self.next is None:
             assert targets is not None
-            state.loss = _loss(self.loss_fn, out, targets[i])
-        times.forward_s += time.perf_counter() - t0
+            t0 = time.perf_counter()
+            state.loss = _loss(self.loss_fn, carry, targets[i])
+            times.forward_s += time.perf_counter() - t0
         return state
 
     def _backward(
-        self,
-        state: _InFlight,
-        i: int,
-        n_microbatches: int,
-        pending: dict[tuple[Op, int], Receive],
-        times: StepTimes,
+        self, state: _InFlight, i: int, pending: dict[tuple[Op, int], Receive], times: StepTimes
     ) -> None:
-        if self.next is None:
-            assert state.loss is not None
+        grads: Sequence[torch.Tensor] = ()
+        if self.next is not None:
             t0 = time.perf_counter()
-            if state.loss.requires_grad:
-                (state.loss / n_microbatches).backward()
-        else:
-            t0 = time.perf_counter()
-            grads = pending.pop((Op.RECV_GRAD, i)).wait()
+            grads = tuple(g.to(self.device) for g in pending.pop((Op.RECV_GRAD, i)).wait())
             times.wait_s += time.perf_counter() - t0
+        for position in reversed(range(len(self.layers))):
+            layer, inputs = self.layers[position], state.inputs[position]
             t0 = time.perf_counter()
-            outs = [o for o in state.outputs if o.requires_grad and o.is_floating_point()]
-            grads = tuple(g.to(self.device) for g in grads)
-            if outs:
-                torch.autograd.backward(outs, grads)
-        if self.prev is not None:
-            assert self.prev.inbound_meta is not None
-            state.input_grads = [
-                t.grad if t.grad is not None else torch.zeros_like(t)
-                for t, meta in zip(state.inputs, self.prev.inbound_meta, strict=True)
-                if meta.requires_grad
-            ]
-        state.outputs, state.loss = (), None  # free the graph now, not at the step's end
-        times.backward_s += time.perf_counter() - t0
+            if position == len(self.layers) - 1 and state.loss is not None:
+                if state.loss.requires_grad:
+                    (state.loss / self._n_microbatches).backward()
+            else:
+                outputs = state.outputs[position]
+                if layer.action == "recompute":
+                    with torch.enable_grad():
+                        outputs = self._call(layer, i, inputs)
+                pairs = [(o, g) for o, g in zip(_floating(outputs), grads, strict=True)
+                         if o.requires_grad]  # fmt: skip
+                if pairs:
+                    torch.autograd.backward([o for o, _ in pairs], [g for _, g in pairs])
+            state.outputs[position] = ()
+            if position > 0 or self.prev is not None:
+                grads = [t.grad if t.grad is not None else torch.zeros_like(t)
+                         for t in _floating(inputs)]  # fmt: skip
+            elapsed = time.perf_counter() - t0
+            layer.backward_s += elapsed
+            times.backward_s += elapsed
+        state.input_grads, state.loss = list(grads), None
+        state.inputs, state.outputs = [], []
+        if self._measure:
+            self.saved.release(i)
 
     def _optimizer_step(self, times: StepTimes) -> None:
         t0 = time.perf_counter()
@@ -232,13 +322,13 @@ def _loss(loss_fn: LossFn, out: Carry, target: Any) -> torch.Tensor:
 
 
 def _build_optimizer(
-    factory: OptimizerFactory, layers: Sequence[tuple[str, nn.Module]]
+    factory: OptimizerFactory, layers: Sequence[_Layer]
 ) -> torch.optim.Optimizer | None:
     """One optimizer per stage with one parameter group per layer (migration moves groups)."""
     groups = [
-        {"params": params, "layer": key}
-        for key, layer in layers
-        if (params := [p for p in layer.parameters() if p.requires_grad])
+        {"params": params, "layer": layer.key}
+        for layer in layers
+        if (params := [p for p in layer.module.parameters() if p.requires_grad])
     ]
     if not groups:
         return None
