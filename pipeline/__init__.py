@@ -22,6 +22,7 @@ This package imports only torch and numpy.
 
 from pipeline.elastic import ElasticPipeline
 from pipeline.launch import StageContext, StageFailedError, launch
+from pipeline.migrate import MigrationError, MigrationRecord
 from pipeline.schedule import SCHEDULES, Action, Op, ScheduleError
 from pipeline.spec import LayerSpec
 
@@ -30,6 +31,8 @@ __all__ = [
     "Action",
     "ElasticPipeline",
     "LayerSpec",
+    "MigrationError",
+    "MigrationRecord",
     "Op",
     "ScheduleError",
     "StageContext",

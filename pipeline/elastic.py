@@ -14,6 +14,7 @@ every rank in the same order.
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 from collections.abc import Sequence
 from typing import Any
@@ -22,6 +23,7 @@ import torch
 import torch.distributed as dist
 
 from pipeline.comm import Carry, as_carry
+from pipeline.migrate import MigrationRecord, migrate
 from pipeline.partition import bounds, check_sizes, equal_sizes
 from pipeline.schedule import Action, ScheduleFn, get_schedule, stage_actions, validate
 from pipeline.spec import LayerSpec, check_specs
@@ -87,6 +89,8 @@ class ElasticPipeline:
             comm_device=self._comm_device, optimizer=optimizer, loss_fn=loss_fn,
         )  # fmt: skip
         self.step = 0
+        self.version = 0  # plan version: +1 per committed migration
+        self.migrations: list[MigrationRecord] = []
         self._history: list[tuple[int, StepTimes]] = []  # (samples, times) per step
 
     # -- training ----------------------------------------------------------------------------
@@ -109,6 +113,22 @@ class ElasticPipeline:
         self._history.append((_batch_size(x), times))
         return float(loss.item())
 
+    # -- elasticity --------------------------------------------------------------------------
+    def repartition(self, sizes: Sequence[int]) -> MigrationRecord:
+        """Move layers live so that stage s holds `sizes[s]` layers; call on every rank.
+
+        Only the layers whose stage changes travel, with their parameters, buffers,
+        gradients and optimizer state; the next step computes exactly what it would have
+        computed without the move. On failure the old partition stays in force and
+        `pipeline.MigrationError` is raised on every rank.
+        """
+        stage = self._live_stage()
+        new = _resolve_partition(list(sizes), len(self.specs), self.n_stages)
+        record = migrate(stage, self.specs, self.sizes, new, self.step, self.version + 1)
+        self.sizes, self.version = new, record.version
+        self.migrations.append(record)
+        return record
+
     # -- inspection --------------------------------------------------------------------------
     def stats(self, last_steps: int = 20) -> dict[str, Any]:
         """Throughput and per-stage times (medians over the last steps); same on every rank."""
@@ -126,6 +146,8 @@ class ElasticPipeline:
         samples = _median([n for n, _ in recent])
         return {
             "steps": self.step,
+            "plan_version": self.version,
+            "migrations": [dataclasses.asdict(m) for m in self.migrations],
             "schedule": getattr(self.schedule, "__name__", str(self.schedule)),
             "n_microbatches": self.n_microbatches,
             "partition": list(self.sizes),

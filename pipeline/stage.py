@@ -112,6 +112,7 @@ class Stage:
         self.device, self.loss_fn = device, loss_fn
         self.layers = [_Layer(spec.key, build_layer(spec, seed, device)) for spec in specs]
         self.set_memory_actions(actions or ["keep"] * len(self.layers))
+        self.optimizer_factory = optimizer
         self.optimizer = _build_optimizer(optimizer, self.layers)
         self.prev = PeerLink(index - 1, comm_device) if index > 0 else None
         self.next = PeerLink(index + 1, comm_device) if index < n_stages - 1 else None
