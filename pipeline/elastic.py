@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 
 from pipeline.comm import Carry, as_carry
-from pipeline.migrate import MigrationRecord, migrate
+from pipeline.migrate import MigrationRecord, inherited_states, migrate
 from pipeline.partition import bounds, check_sizes, equal_sizes
 from pipeline.schedule import Action, ScheduleFn, get_schedule, stage_actions, validate
 from pipeline.spec import LayerSpec, check_specs
@@ -83,11 +83,19 @@ class ElasticPipeline:
         self._actions: list[Action] = stage_actions(
             self.schedule, self.n_stages, n_microbatches, self.rank
         )
-        start, stop = bounds(self.sizes)[self.rank]
-        self._stage: Stage | None = Stage(
-            self.rank, self.n_stages, self.specs[start:stop], seed=seed, device=self.device,
-            comm_device=self._comm_device, optimizer=optimizer, loss_fn=loss_fn,
+        self._seed, self._optimizer, self._loss_fn = seed, optimizer, loss_fn
+        self._stage: Stage | None = self._build_stage(self.specs, self.sizes)
+        self.generation = 0  # +1 per reconfigure: which model this is
+        self._reset_counters()
+
+    def _build_stage(self, specs: list[LayerSpec], sizes: list[int]) -> Stage:
+        start, stop = bounds(sizes)[self.rank]
+        return Stage(
+            self.rank, self.n_stages, specs[start:stop], seed=self._seed, device=self.device,
+            comm_device=self._comm_device, optimizer=self._optimizer, loss_fn=self._loss_fn,
         )  # fmt: skip
+
+    def _reset_counters(self) -> None:
         self.step = 0
         self.version = 0  # plan version: +1 per committed migration
         self.migrations: list[MigrationRecord] = []
@@ -129,6 +137,45 @@ class ElasticPipeline:
         self.migrations.append(record)
         return record
 
+    def reconfigure(
+        self,
+        specs: Sequence[LayerSpec],
+        *,
+        partition: str | Sequence[int] = "auto",
+        inherit_weights: bool = False,
+        loss_fn: LossFn | None = None,
+        optimizer: OptimizerFactory | None = None,
+    ) -> None:
+        """Take the next model on the same processes and process group; call on every rank.
+
+        The old layers are freed and the new ones built on the stages that own them; the
+        step count restarts at 0, so the new model trains exactly as a fresh pipeline would.
+        With `inherit_weights`, a new layer whose key existed before and whose state has
+        the same shapes starts from the old layer's weights (fetched from its old stage).
+        `loss_fn` and `optimizer`, when given, replace the current ones.
+        """
+        stage = self._live_stage()
+        new_specs = check_specs(specs)
+        sizes = _resolve_partition(partition, len(new_specs), self.n_stages)
+        requests: list[Any] = [None] * self.n_stages
+        dist.all_gather_object(requests, ([s.key for s in new_specs], sizes))
+        if any(r != requests[0] for r in requests):
+            raise ValueError(f"ranks passed different models or partitions to reconfigure: "
+                             f"{[r[1] for r in requests]}")  # fmt: skip
+        inherited = (
+            inherited_states(stage, self.specs, self.sizes, new_specs, sizes)
+            if inherit_weights else {}
+        )  # fmt: skip
+        stage.close()
+        self._stage = None  # free the old layers before building the new ones
+        self._loss_fn = loss_fn or self._loss_fn
+        self._optimizer = optimizer or self._optimizer
+        self._stage = self._build_stage(new_specs, sizes)
+        self._stage.load_matching(inherited)
+        self.specs, self.sizes = new_specs, sizes
+        self.generation += 1
+        self._reset_counters()
+
     # -- inspection --------------------------------------------------------------------------
     def stats(self, last_steps: int = 20) -> dict[str, Any]:
         """Throughput and per-stage times (medians over the last steps); same on every rank."""
@@ -145,6 +192,7 @@ class ElasticPipeline:
         iteration_s = max(s["total_s"] for s in per_stage)
         samples = _median([n for n, _ in recent])
         return {
+            "generation": self.generation,
             "steps": self.step,
             "plan_version": self.version,
             "migrations": [dataclasses.asdict(m) for m in self.migrations],

@@ -37,7 +37,7 @@ from pipeline.partition import bounds
 from pipeline.spec import LayerSpec, build_layer
 from pipeline.stage import Stage, _build_optimizer, _Layer
 
-__all__ = ["MigrationError", "MigrationRecord", "migrate", "moves"]
+__all__ = ["MigrationError", "MigrationRecord", "inherited_states", "migrate", "moves"]
 
 
 class MigrationError(RuntimeError):
@@ -163,6 +163,8 @@ def _serialize(obj: Any) -> torch.Tensor:
 
 def _exchange(outgoing: dict[int, torch.Tensor], rank: int, world: int) -> dict[int, Any]:
     """Send each buffer to its rank, receive what others send to us (sizes agreed first)."""
+    outgoing = dict(outgoing)
+    local = outgoing.pop(rank, None)  # what stays on this rank needs no message
     row = torch.zeros(world, dtype=torch.int64)
     for dst, payload in outgoing.items():
         row[dst] = payload.numel()
@@ -179,6 +181,8 @@ def _exchange(outgoing: dict[int, torch.Tensor], rank: int, world: int) -> dict[
     for work in works:
         assert work is not None
         work.wait()
+    if local is not None:
+        buffers[rank] = local
     return {
         src: torch.load(io.BytesIO(buf.numpy().tobytes()), weights_only=False)
         for src, buf in buffers.items()
@@ -250,3 +254,26 @@ def _commit(
             _install_optimizer(stage, incoming[key])
     stage.layers = [kept[k] if k in kept else incoming[k].layer for k in wanted]
     stage.set_memory_actions([layer.action for layer in stage.layers])
+
+
+def inherited_states(
+    stage: Stage,
+    old_specs: list[LayerSpec],
+    old_sizes: list[int],
+    new_specs: list[LayerSpec],
+    new_sizes: list[int],
+) -> dict[str, dict[str, torch.Tensor]]:
+    """For `reconfigure(inherit_weights=True)`: the old states of the layers this rank will
+    own under the new plan whose key also existed in the old model, fetched from whichever
+    stage held them (one exchange, like a migration)."""
+    rank = stage.index
+    old_owner = dict(zip((s.key for s in old_specs), owners(old_sizes), strict=True))
+    new_owner = dict(zip((s.key for s in new_specs), owners(new_sizes), strict=True))
+    mine = {layer.key: layer for layer in stage.layers}
+    outgoing: dict[int, dict[str, dict[str, torch.Tensor]]] = {}
+    for key, dst in new_owner.items():
+        if old_owner.get(key) == rank:
+            state = {k: v.detach().cpu() for k, v in mine[key].module.state_dict().items()}
+            outgoing.setdefault(dst, {})[key] = state
+    received = _exchange({d: _serialize(s) for d, s in outgoing.items()}, rank, stage.n_stages)
+    return {k: v for states in received.values() for k, v in states.items()}

@@ -130,6 +130,18 @@ class Stage:
         if self.index == self.n_stages - 1:
             self.layers[-1].action = "keep"  # the loss is computed from it in the forward
 
+    def load_matching(self, states: dict[str, dict[str, torch.Tensor]]) -> list[str]:
+        """Load each layer's state from `states[key]` where every shape matches."""
+        loaded = []
+        for layer in self.layers:
+            state, own = states.get(layer.key), layer.module.state_dict()
+            if state is None or state.keys() != own.keys():
+                continue
+            if all(state[k].shape == own[k].shape for k in own):
+                layer.module.load_state_dict(state)
+                loaded.append(layer.key)
+        return loaded
+
     def param_bytes(self) -> int:
         return sum(p.numel() * p.element_size() for p in self.parameters())
 

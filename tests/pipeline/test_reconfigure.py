@@ -1,0 +1,86 @@
+"""reconfigure(): the next model on the same processes trains like a fresh one."""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import pipeline
+from pipeline import ElasticPipeline, StageContext
+from pipeline.models import mlp_stack, transformer_stack
+from pipeline.reference import ReferenceTrainer
+
+pytestmark = pytest.mark.multiprocess
+ADAM = functools.partial(torch.optim.Adam, lr=1e-3)
+SEED = 9
+
+
+def seq(n: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    g = torch.Generator().manual_seed(3)
+    return [(torch.randn(4, 5, 16, generator=g), torch.randn(4, 5, 16, generator=g))
+            for _ in range(n)]  # fmt: skip
+
+
+def flat(n: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    g = torch.Generator().manual_seed(4)
+    return [(torch.randn(4, 6, generator=g), torch.randint(0, 3, (4,), generator=g))
+            for _ in range(n)]  # fmt: skip
+
+
+def mlp() -> list[pipeline.LayerSpec]:
+    return mlp_stack([6, 24, 24, 3], batch_norm=True)
+
+
+def candidates(ctx: StageContext) -> dict[str, Any]:
+    pipe = ElasticPipeline(transformer_stack(4, 16, 2), optimizer=ADAM, loss_fn=F.mse_loss,
+                           n_microbatches=2, seed=SEED, partition=[2, 2])  # fmt: skip
+    for x, y in seq(3):
+        pipe.train_step(x, y)
+    trained = pipe.full_state_dict()
+    # six Transformer layers on [3, 3]: block0-3 inherit (block2 comes from the other stage)
+    pipe.reconfigure(transformer_stack(6, 16, 2), partition=[3, 3], inherit_weights=True)
+    inherited = pipe.full_state_dict()
+    pipe.train_step(*seq(1)[0])
+    # a different architecture, loss and data on the same processes
+    pipe.reconfigure(mlp(), partition=[1, 2], loss_fn=F.cross_entropy)
+    losses = [pipe.train_step(x, y) for x, y in flat(4)]
+    out = {"trained": trained, "inherited": inherited, "losses": losses,
+           "state": pipe.full_state_dict(), "generation": pipe.generation, "step": pipe.step}
+    pipe.close()
+    return out  # fmt: skip
+
+
+@functools.cache
+def results() -> dict[str, Any]:
+    return pipeline.launch(candidates, 2, threads_per_stage=1, timeout_s=60)[0]
+
+
+def test_reconfigured_model_matches_a_fresh_reference() -> None:
+    torch.set_num_threads(1)
+    ref = ReferenceTrainer(mlp(), optimizer=ADAM, loss_fn=F.cross_entropy, n_microbatches=2,
+                           seed=SEED)  # fmt: skip
+    ref_losses = [ref.train_step(x, y) for x, y in flat(4)]
+    r = results()
+    assert r["losses"] == pytest.approx(ref_losses, abs=1e-6)
+    ref_state = ref.full_state_dict()
+    for key, state in r["state"].items():
+        for name, value in state.items():
+            assert torch.allclose(value.double(), ref_state[key][name].double(), atol=1e-6)
+    assert (r["generation"], r["step"]) == (2, 4)
+
+
+def test_inherit_weights_where_keys_and_shapes_match() -> None:
+    r = results()
+    fresh = ReferenceTrainer(transformer_stack(6, 16, 2), optimizer=ADAM, loss_fn=F.mse_loss,
+                             n_microbatches=2, seed=SEED).full_state_dict()  # fmt: skip
+    for key, state in r["inherited"].items():
+        source = r["trained"] if key in r["trained"] else fresh
+        for name, value in state.items():
+            assert torch.equal(value, source[key][name]), (key, name)
+    assert not torch.equal(  # inherited weights are the trained ones, not a fresh init
+        r["inherited"]["block2"]["linear1.weight"], fresh["block2"]["linear1.weight"]
+    )
