@@ -15,19 +15,22 @@ every rank in the same order.
 from __future__ import annotations
 
 import dataclasses
+import json
 import statistics
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from pipeline.comm import Carry, as_carry
-from pipeline.migrate import MigrationRecord, inherited_states, migrate
+from pipeline.migrate import MigrationError, MigrationRecord, inherited_states, migrate
 from pipeline.partition import bounds, check_sizes, equal_sizes
 from pipeline.schedule import Action, ScheduleFn, get_schedule, stage_actions, validate
 from pipeline.spec import LayerSpec, check_specs
 from pipeline.stage import LossFn, OptimizerFactory, Stage, StepTimes
+from pipeline.timeline import chrome_trace, partition_svg
 
 __all__ = ["ElasticPipeline", "split_microbatches"]
 
@@ -86,7 +89,9 @@ class ElasticPipeline:
         self._seed, self._optimizer, self._loss_fn = seed, optimizer, loss_fn
         self._stage: Stage | None = self._build_stage(self.specs, self.sizes)
         self.generation = 0  # +1 per reconfigure: which model this is
+        self.events: list[dict[str, Any]] = []  # the pipeline's life: builds, migrations...
         self._reset_counters()
+        self._log("build", sizes=list(self.sizes))
 
     def _build_stage(self, specs: list[LayerSpec], sizes: list[int]) -> Stage:
         start, stop = bounds(sizes)[self.rank]
@@ -100,6 +105,11 @@ class ElasticPipeline:
         self.version = 0  # plan version: +1 per committed migration
         self.migrations: list[MigrationRecord] = []
         self._history: list[tuple[int, StepTimes]] = []  # (samples, times) per step
+        self.partition_history: list[tuple[int, list[int]]] = [(0, list(self.sizes))]
+
+    def _log(self, kind: str, **fields: Any) -> None:
+        self.events.append({"generation": self.generation, "step": self.step, "kind": kind,
+                            **fields})  # fmt: skip
 
     # -- training ----------------------------------------------------------------------------
     def train_step(self, x: Any, y: Any) -> float:
@@ -132,9 +142,15 @@ class ElasticPipeline:
         """
         stage = self._live_stage()
         new = _resolve_partition(list(sizes), len(self.specs), self.n_stages)
-        record = migrate(stage, self.specs, self.sizes, new, self.step, self.version + 1)
+        try:
+            record = migrate(stage, self.specs, self.sizes, new, self.step, self.version + 1)
+        except MigrationError as exc:
+            self._log("rollback", sizes=list(self.sizes), requested=new, error=str(exc))
+            raise
         self.sizes, self.version = new, record.version
         self.migrations.append(record)
+        self.partition_history.append((self.step, list(new)))
+        self._log("migration", **dataclasses.asdict(record))
         return record
 
     def reconfigure(
@@ -175,6 +191,7 @@ class ElasticPipeline:
         self.specs, self.sizes = new_specs, sizes
         self.generation += 1
         self._reset_counters()
+        self._log("reconfigure", sizes=list(sizes), layers=[s.key for s in new_specs])
 
     # -- inspection --------------------------------------------------------------------------
     def stats(self, last_steps: int = 20) -> dict[str, Any]:
@@ -203,6 +220,27 @@ class ElasticPipeline:
             "samples_per_s": samples / iteration_s if iteration_s > 0 else 0.0,
             "stages": per_stage,
         }
+
+    def save_partition_picture(self, path: str | Path) -> Path:
+        """Write an SVG of which layers lived on which stage, step by step (this model)."""
+        svg = partition_svg(self.partition_history, [s.key for s in self.specs], self.step)
+        path = Path(path)
+        path.write_text(svg)
+        return path
+
+    def save_timeline(self, path: str | Path) -> Path | None:
+        """Write the last step of every stage as Chrome-trace JSON (open it in Perfetto).
+
+        A collective: call it on every rank; rank 0 writes the file and returns its path.
+        """
+        spans: list[Any] = [None] * self.n_stages
+        dist.all_gather_object(spans, self._live_stage().spans)
+        if self.rank != 0:
+            return None
+        trace = chrome_trace([s for part in spans for s in part], f"step {self.step - 1}")
+        path = Path(path)
+        path.write_text(json.dumps(trace))
+        return path
 
     def full_state_dict(self) -> dict[str, dict[str, torch.Tensor]]:
         """{layer key: its state dict on CPU}, in layer order, on rank 0; {} on other ranks."""

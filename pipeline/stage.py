@@ -43,6 +43,7 @@ from pipeline.determinism import dropout_seed, seed_rng
 from pipeline.meter import LayerMeter, SavedBytes
 from pipeline.schedule import Action, Op
 from pipeline.spec import LayerSpec, build_layer
+from pipeline.timeline import Span
 
 __all__ = ["MEMORY_ACTIONS", "OptimizerFactory", "Stage", "StepTimes"]
 
@@ -117,6 +118,7 @@ class Stage:
         self.prev = PeerLink(index - 1, comm_device) if index > 0 else None
         self.next = PeerLink(index + 1, comm_device) if index < n_stages - 1 else None
         self.saved = SavedBytes()
+        self.spans: list[Span] = []  # what this stage did during the last step
 
     def set_memory_actions(self, actions: Sequence[str]) -> None:
         if len(actions) != len(self.layers):
@@ -197,7 +199,13 @@ class Stage:
         self._end_step()
         return loss_sum, times
 
+    def _span(self, name: str, start: float, category: str = "compute") -> float:
+        end = time.perf_counter()
+        self.spans.append(Span(self.index, name, start, end, category))
+        return end - start
+
     def _begin_step(self) -> None:
+        self.spans = []
         for link in (self.prev, self.next):
             if link is not None:
                 link.begin_step()
@@ -227,7 +235,7 @@ class Stage:
             return tuple(t.to(self.device, non_blocking=True) for t in inputs[i])
         t0 = time.perf_counter()
         received = pending.pop((Op.RECV_ACT, i)).wait()
-        times.wait_s += time.perf_counter() - t0
+        times.wait_s += self._span(f"wait F{i}", t0, "wait")
         return _leaf(tuple(t.to(self.device) for t in received))
 
     @contextlib.contextmanager
@@ -249,7 +257,7 @@ class Stage:
     def _forward(
         self, i: int, carry: Carry, targets: Sequence[Any] | None, times: StepTimes
     ) -> _InFlight:
-        state = _InFlight()
+        state, start = _InFlight(), time.perf_counter()
         for position, layer in enumerate(self.layers):
             if position > 0:
                 carry = _leaf(carry)
@@ -270,6 +278,7 @@ class Stage:
             t0 = time.perf_counter()
             state.loss = _loss(self.loss_fn, carry, targets[i])
             times.forward_s += time.perf_counter() - t0
+        self._span(f"F{i}", start)
         return state
 
     def _backward(
@@ -279,7 +288,8 @@ class Stage:
         if self.next is not None:
             t0 = time.perf_counter()
             grads = tuple(g.to(self.device) for g in pending.pop((Op.RECV_GRAD, i)).wait())
-            times.wait_s += time.perf_counter() - t0
+            times.wait_s += self._span(f"wait B{i}", t0, "wait")
+        start = time.perf_counter()
         for position in reversed(range(len(self.layers))):
             layer, inputs = self.layers[position], state.inputs[position]
             t0 = time.perf_counter()
@@ -302,6 +312,7 @@ class Stage:
             elapsed = time.perf_counter() - t0
             layer.backward_s += elapsed
             times.backward_s += elapsed
+        self._span(f"B{i}", start)
         state.input_grads, state.loss = list(grads), None
         state.inputs, state.outputs = [], []
         if self._measure:
@@ -312,12 +323,12 @@ class Stage:
         for link in (self.prev, self.next):
             if link is not None:
                 link.wait_sends()
+        times.wait_s += self._span("wait sends", t0, "wait")
         t1 = time.perf_counter()
-        times.wait_s += t1 - t0
         if self.optimizer is not None:
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
-        times.optimizer_s += time.perf_counter() - t1
+        times.optimizer_s += self._span("optimizer step", t1, "optimizer")
 
     def close(self) -> None:
         for link in (self.prev, self.next):

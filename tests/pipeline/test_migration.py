@@ -7,7 +7,10 @@ repartitions and once without, and compares losses and full state dicts.
 from __future__ import annotations
 
 import functools
+import json
 import random
+import tempfile
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -70,7 +73,12 @@ def train(specs: list[LayerSpec], batches: list[Any], loss_fn: Any, start: list[
             records.append(pipe.repartition(plan[step]))
         losses.append(pipe.train_step(x, y))
     result = {"losses": losses, "state": pipe.full_state_dict(), "records": records,
-              "optimizer": optimizer_state(pipe), "owned": owned_keys(pipe)}  # fmt: skip
+              "optimizer": optimizer_state(pipe), "owned": owned_keys(pipe),
+              "events": pipe.events}  # fmt: skip
+    with tempfile.TemporaryDirectory() as tmp:
+        result["svg"] = pipe.save_partition_picture(Path(tmp) / "p.svg").read_text()
+        trace = pipe.save_timeline(Path(tmp) / "t.json")
+        result["trace"] = json.loads(trace.read_text()) if trace else None
     pipe.close()
     return result
 
@@ -134,6 +142,17 @@ def test_migration_records() -> None:
     assert first.pause_s > 0
     owned = results()["moved"]["owned"]
     assert owned == [["block0", "block1"], ["block2", "block3"], ["block4"], ["block5"]]
+
+
+def test_event_log_and_pictures() -> None:
+    r = results()["moved"]
+    kinds = [(e["kind"], e["step"]) for e in r["events"]]
+    assert kinds == [("build", 0), ("migration", 2), ("migration", 4)]
+    assert r["events"][1]["new_sizes"] == (1, 1, 1, 3)
+    assert "(2 changes)" in r["svg"] and "block5: stage 3, steps 2-3" in r["svg"]
+    names = {(e["tid"], e["name"]) for e in r["trace"]["traceEvents"] if e["ph"] == "X"}
+    for stage in range(4):  # every stage ran every micro-batch's forward and backward
+        assert {(stage, f"{d}{i}") for d in "FB" for i in range(MICROBATCHES)} <= names
 
 
 # -- random sequences: every layer owned exactly once, every state intact --------------------

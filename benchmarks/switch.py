@@ -1,0 +1,161 @@
+"""Time to take the next NAS candidate: reconfigure vs cold restart vs torch.pipelining rebuild.
+
+Candidates alternate between two Transformer stacks (8 layers d_model 256, and 6 layers
+d_model 320), 2 stages, CPU gloo, 1 thread per stage. Measured side by side in one run:
+
+* `reconfigure`: `pipe.reconfigure(next_specs)` on the live processes (plan + build + free);
+* cold restart: new processes, new process group, build, plan: from the call to
+  `pipeline.launch` until the pipeline is constructed on every stage;
+* torch.distributed.pipelining on the live group: build the stage modules, `PipelineStage`
+  and the schedule object for the next candidate.
+
+Each is also reported with its first training step ("... + first step"), which includes the
+lazy shape inference of torch.distributed.pipelining. Prints JSON and writes it to
+benchmarks/results/switch.json.
+
+    python benchmarks/switch.py [--switches 6]
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+from torch.distributed.pipelining import PipelineStage, Schedule1F1B
+
+import pipeline
+from pipeline import ElasticPipeline, LayerSpec, StageContext
+from pipeline.models import transformer_stack
+from pipeline.partition import bounds, equal_sizes
+from pipeline.spec import build_layer
+
+SEQ, BATCH, MICROBATCHES, STAGES = 64, 32, 8, 2
+OPTIMIZER = functools.partial(torch.optim.AdamW, lr=1e-3)
+
+
+def candidate(i: int) -> tuple[list[LayerSpec], int]:
+    """(specs, d_model) of the i-th candidate."""
+    if i % 2 == 0:
+        return transformer_stack(8, 256, 4), 256
+    return transformer_stack(6, 320, 4), 320
+
+
+def batch(d_model: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(0)
+    shape = (BATCH, SEQ, d_model)
+    return torch.randn(shape, generator=g), torch.randn(shape, generator=g)
+
+
+def new_pipeline(specs: list[LayerSpec]) -> ElasticPipeline:
+    return ElasticPipeline(specs, optimizer=OPTIMIZER, loss_fn=F.mse_loss,
+                           n_microbatches=MICROBATCHES)  # fmt: skip
+
+
+def timed(fn: Any) -> float:
+    dist.barrier()
+    t0 = time.perf_counter()
+    fn()
+    dist.barrier()
+    return time.perf_counter() - t0
+
+
+def live_switches(ctx: StageContext, switches: int) -> dict[str, list[float]]:
+    specs, d = candidate(0)
+    pipe = new_pipeline(specs)
+    pipe.train_step(*batch(d))
+    out: dict[str, list[float]] = {"reconfigure": [], "reconfigure_first_step": [],
+                                   "torch_rebuild": [], "torch_first_step": []}  # fmt: skip
+    for i in range(1, switches + 1):
+        specs, d = candidate(i)
+        out["reconfigure"].append(timed(lambda: pipe.reconfigure(specs)))  # noqa: B023
+        out["reconfigure_first_step"].append(timed(lambda: pipe.train_step(*batch(d))))  # noqa: B023
+    pipe.close()
+    schedule: Any = None
+    for i in range(1, switches + 1):
+        specs, d = candidate(i)
+        holder: dict[str, Any] = {}
+
+        def rebuild() -> None:
+            start, stop = bounds(equal_sizes(len(specs), STAGES))[ctx.rank]  # noqa: B023
+            module = nn.Sequential(*[build_layer(s, 0, ctx.device) for s in specs[start:stop]])  # noqa: B023
+            stage = PipelineStage(module, ctx.rank, STAGES, ctx.device)
+            holder["schedule"] = Schedule1F1B(stage, MICROBATCHES, loss_fn=F.mse_loss)
+            holder["optimizer"] = OPTIMIZER(module.parameters())
+
+        del schedule  # free the previous candidate first, as reconfigure does
+        out["torch_rebuild"].append(timed(rebuild))
+        schedule = holder["schedule"]
+        x, y = batch(d)
+
+        def first_step() -> None:
+            if ctx.rank == 0:
+                schedule.step(x)  # noqa: B023
+            else:
+                schedule.step(target=y)  # noqa: B023
+            holder["optimizer"].step()  # noqa: B023
+
+        out["torch_first_step"].append(timed(first_step))
+    return out
+
+
+def cold_start(ctx: StageContext, i: int) -> float:
+    specs, d = candidate(i)
+    pipe = new_pipeline(specs)
+    dist.barrier()
+    ready = time.time()
+    pipe.train_step(*batch(d))
+    dist.barrier()
+    first_step = time.time() - ready
+    pipe.close()
+    return ready if ctx.rank == 0 else first_step
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--switches", type=int, default=6)
+    default_out = Path(__file__).parent / "results" / "switch.json"
+    parser.add_argument("--out", type=Path, default=default_out)
+    args = parser.parse_args()
+
+    live = pipeline.launch(functools.partial(live_switches, switches=args.switches), STAGES,
+                           threads_per_stage=1)[0]  # fmt: skip
+    cold, cold_step = [], []
+    for i in range(1, args.switches + 1):
+        t0 = time.time()
+        ready, first_step = pipeline.launch(functools.partial(cold_start, i=i), STAGES,
+                                            threads_per_stage=1)  # fmt: skip
+        cold.append(ready - t0)
+        cold_step.append(ready - t0 + first_step)
+
+    med = {k: statistics.median(v) for k, v in live.items()}
+    med["cold_restart"] = statistics.median(cold)
+    med["cold_restart_first_step"] = statistics.median(cold_step)
+    report = {
+        "config": {"stages": STAGES, "switches": args.switches, "seq": SEQ, "batch": BATCH,
+                   "candidates": ["8 x Transformer d256", "6 x Transformer d320"]},
+        "median_s": med,
+        "ratios": {
+            "cold_restart_vs_reconfigure": med["cold_restart"] / med["reconfigure"],
+            "torch_rebuild_vs_reconfigure": med["torch_rebuild"] / med["reconfigure"],
+            "with_first_step_cold_vs_reconfigure": med["cold_restart_first_step"]
+            / (med["reconfigure"] + med["reconfigure_first_step"]),
+        },
+        "target": {"cold_restart_vs_reconfigure": 20.0},
+        "runs_s": {**live, "cold_restart": cold, "cold_restart_first_step": cold_step},
+    }  # fmt: skip
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=2))
+    print(json.dumps({k: report[k] for k in ("median_s", "ratios")}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
