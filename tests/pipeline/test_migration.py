@@ -72,7 +72,8 @@ def train(specs: list[LayerSpec], batches: list[Any], loss_fn: Any, start: list[
         if step in plan:
             records.append(pipe.repartition(plan[step]))
         losses.append(pipe.train_step(x, y))
-    result = {"losses": losses, "state": pipe.full_state_dict(), "records": records,
+    result: dict[str, Any] = {"losses": losses, "state": pipe.full_state_dict(),
+              "records": records,
               "optimizer": optimizer_state(pipe), "owned": owned_keys(pipe),
               "events": pipe.events}  # fmt: skip
     with tempfile.TemporaryDirectory() as tmp:
