@@ -76,7 +76,7 @@ def test_estimate_from_flops() -> None:
         (functools.partial(torch.optim.SGD, lr=1e-3, momentum=0.9), 1.0),
     ],
 )
-def test_optimizer_state_ratio(factory: functools.partial, ratio: float) -> None:  # type: ignore[type-arg]
+def test_optimizer_state_ratio(factory: functools.partial, ratio: float) -> None:
     assert optimizer_state_ratio(factory) == ratio
 
 
