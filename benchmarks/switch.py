@@ -88,8 +88,8 @@ def live_switches(ctx: StageContext, switches: int) -> dict[str, list[float]]:
             start, stop = bounds(equal_sizes(len(specs), STAGES))[ctx.rank]  # noqa: B023
             module = nn.Sequential(*[build_layer(s, 0, ctx.device) for s in specs[start:stop]])  # noqa: B023
             stage = PipelineStage(module, ctx.rank, STAGES, ctx.device)
-            holder["schedule"] = Schedule1F1B(stage, MICROBATCHES, loss_fn=F.mse_loss)
-            holder["optimizer"] = OPTIMIZER(module.parameters())
+            holder["schedule"] = Schedule1F1B(stage, MICROBATCHES, loss_fn=F.mse_loss)  # noqa: B023
+            holder["optimizer"] = OPTIMIZER(module.parameters())  # noqa: B023
 
         del schedule  # free the previous candidate first, as reconfigure does
         out["torch_rebuild"].append(timed(rebuild))

@@ -57,14 +57,14 @@ def train(ctx: StageContext, args: argparse.Namespace) -> dict[str, object]:
         loss_fn=F.cross_entropy, schedule=args.schedule, n_microbatches=args.microbatches,
         seed=args.seed,
     )  # fmt: skip
-    if ctx.rank == 0:
-        print(f"{len(text):,} characters, vocabulary {len(vocab)}, {len(specs)} layers on "
-              f"{ctx.world_size} stages {pipe.sizes}, schedule {args.schedule}")  # fmt: skip
     data = BatchIter(ids, args.batch, args.seq, args.seed)
     start = time.perf_counter()
     for step in range(1, args.steps + 1):
         x, y = next(data)
-        loss = pipe.train_step(x, y)
+        loss = pipe.train_step(x, y)  # the first step profiles the layers and plans
+        if ctx.rank == 0 and step == 1:
+            print(f"{len(text):,} characters, vocabulary {len(vocab)}, {len(specs)} layers on "
+                  f"{ctx.world_size} stages {pipe.sizes} (planned), {args.schedule}")  # fmt: skip
         if ctx.rank == 0 and (step % args.log_every == 0 or step == args.steps):
             elapsed = time.perf_counter() - start
             tokens = step * args.batch * args.seq

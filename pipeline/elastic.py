@@ -8,8 +8,13 @@ the same value.
     batch (x, y) ──split into M micro-batches──> stage 0 ──> stage 1 ──> ... ──> loss
                                                      <── gradients ──  <── ...
 
-Methods that gather (`train_step`, `stats`, `full_state_dict`) are collectives: call them on
-every rank in the same order.
+The plan (stage sizes + a memory action per layer) comes from the planner: with
+partition="auto" it is made on the first `train_step`, from a profile of that batch's
+shapes; later `rebalance()` (or `rebalance_every`, or a stage running short of its memory
+budget) re-plans from measured costs and migrates live (`pipeline.migrate`).
+
+Methods that gather (`train_step`, `repartition`, `rebalance`, `reconfigure`, `stats`,
+`full_state_dict`, `save_timeline`) are collectives: call them on every rank in order.
 """
 
 from __future__ import annotations
@@ -24,17 +29,23 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from pipeline.comm import Carry, as_carry
+from pipeline.comm import as_carry
+from pipeline.costs import LinkCost
+from pipeline.microbatch import batch_size, split_microbatches
 from pipeline.migrate import MigrationError, MigrationRecord, inherited_states, migrate
 from pipeline.partition import bounds, check_sizes, equal_sizes
+from pipeline.planner import Plan, Planner, evaluate, get_planner, replan
+from pipeline.planning import agree, measured_costs, profile_costs
+from pipeline.profile import CostCache, optimizer_state_ratio
 from pipeline.schedule import Action, ScheduleFn, get_schedule, stage_actions, validate
 from pipeline.spec import LayerSpec, check_specs
 from pipeline.stage import LossFn, OptimizerFactory, Stage, StepTimes
 from pipeline.timeline import chrome_trace, partition_svg
 
-__all__ = ["ElasticPipeline", "split_microbatches"]
+__all__ = ["ElasticPipeline"]
 
-_TIME_FIELDS = list(StepTimes.__dataclass_fields__)
+_TIME_FIELDS = [f for f in StepTimes.__dataclass_fields__ if f != "peak_activation_bytes"]
+_DEFAULT_LINK = LinkCost(bandwidth_bytes_per_s=1e9, latency_s=1e-4)  # until one is measured
 
 
 class ElasticPipeline:
@@ -49,7 +60,13 @@ class ElasticPipeline:
             `(n_stages, n_microbatches, stage) -> list[Action]` (see `pipeline.schedule`).
         n_microbatches: micro-batches per step; must divide the batch size.
         seed: with the layer keys, fixes the initial weights and the dropout masks.
-        partition: "auto" (equal layer counts for now) or the number of layers per stage.
+        partition: "auto" (planned on the first step), stage sizes, or a `Plan`.
+        memory_budget: bytes per stage the plan must fit (parameters, gradients, optimizer
+            state and in-flight activations); layers are recomputed where needed.
+        planner: "time", "memory" or a `pipeline.planner.Planner`.
+        profile: "sandbox" (time each distinct layer once) or "estimate" (FLOPs only).
+        cost_cache: measured costs by layer signature, shared across models.
+        rebalance_every: re-plan from measured costs every N steps (None: only on demand).
         device: this stage's device (default: cuda:<local device> under NCCL, else cpu).
     """
 
@@ -62,7 +79,12 @@ class ElasticPipeline:
         schedule: str | ScheduleFn = "1f1b",
         n_microbatches: int = 4,
         seed: int = 0,
-        partition: str | Sequence[int] = "auto",
+        partition: str | Sequence[int] | Plan = "auto",
+        memory_budget: int | None = None,
+        planner: str | Planner = "time",
+        profile: str = "sandbox",
+        cost_cache: CostCache | None = None,
+        rebalance_every: int | None = None,
         device: torch.device | str | None = None,
     ) -> None:
         if not dist.is_initialized():
@@ -70,42 +92,93 @@ class ElasticPipeline:
                 "ElasticPipeline needs a process group: construct it inside a function run "
                 "by pipeline.launch(fn, n_stages=...) or under torchrun"
             )
-        self.specs = check_specs(specs)
         self.rank, self.n_stages = dist.get_rank(), dist.get_world_size()
         if not isinstance(n_microbatches, int) or n_microbatches < 1:
             raise ValueError(f"n_microbatches must be a positive int, got {n_microbatches!r}")
         if not callable(loss_fn):
             raise TypeError(f"loss_fn must be callable, got {type(loss_fn).__name__}")
+        if memory_budget is not None and memory_budget <= 0:
+            raise ValueError(f"memory_budget must be a positive byte count, got {memory_budget}")
+        if rebalance_every is not None and rebalance_every < 1:
+            raise ValueError(f"rebalance_every must be >= 1 step, got {rebalance_every}")
+        if profile not in ("sandbox", "estimate"):
+            raise ValueError(f"profile must be 'sandbox' or 'estimate', got {profile!r}")
         self.schedule = get_schedule(schedule) if isinstance(schedule, str) else schedule
+        self.schedule_name = schedule.lower() if isinstance(schedule, str) else None
         validate(self.schedule, self.n_stages, n_microbatches)
         self.n_microbatches = n_microbatches
-        self.sizes = _resolve_partition(partition, len(self.specs), self.n_stages)
+        self.planner = get_planner(planner) if isinstance(planner, str) else planner
+        self.memory_budget, self.profile = memory_budget, profile
+        self.rebalance_every = rebalance_every
+        self.cost_cache = cost_cache if cost_cache is not None else CostCache()
         self.device = _resolve_device(device)
-        backend = dist.get_backend()
-        self._comm_device = self.device if backend == "nccl" else torch.device("cpu")
+        self._comm_device = self.device if dist.get_backend() == "nccl" else torch.device("cpu")
         self._actions: list[Action] = stage_actions(
             self.schedule, self.n_stages, n_microbatches, self.rank
         )
+        self._opt_ratio = optimizer_state_ratio(optimizer)  # also checks the factory
         self._seed, self._optimizer, self._loss_fn = seed, optimizer, loss_fn
-        self._stage: Stage | None = self._build_stage(self.specs, self.sizes)
+        self._link = _DEFAULT_LINK
         self.generation = 0  # +1 per reconfigure: which model this is
         self.events: list[dict[str, Any]] = []  # the pipeline's life: builds, migrations...
-        self._reset_counters()
-        self._log("build", sizes=list(self.sizes))
+        self._closed = False
+        self._setup(specs, partition)
 
-    def _build_stage(self, specs: list[LayerSpec], sizes: list[int]) -> Stage:
+    # -- building a model --------------------------------------------------------------------
+    def _setup(self, specs: Sequence[LayerSpec], partition: str | Sequence[int] | Plan) -> None:
+        """Validate a model and its partition; build now, or on the first step if "auto"."""
+        self.specs = check_specs(specs)
+        self.plan: Plan | None = None
+        self.sizes: list[int] = []  # layers per stage; [] until planned
+        self._stage: Stage | None = None
+        self._reset_counters()
+        if isinstance(partition, str):
+            if partition != "auto":
+                raise ValueError(
+                    f"partition must be 'auto', stage sizes or a Plan, got {partition!r}"
+                )
+            equal_sizes(len(self.specs), self.n_stages)  # more stages than layers: fail now
+            if self.schedule_name is None:  # the planner needs a named schedule
+                self._build(equal_sizes(len(self.specs), self.n_stages))
+            return
+        if isinstance(partition, Plan):
+            self._build(_checked_sizes(partition.sizes, len(self.specs), self.n_stages), partition)
+            return
+        self._build(_checked_sizes(partition, len(self.specs), self.n_stages))
+
+    def _build(self, sizes: list[int], plan: Plan | None = None) -> None:
         start, stop = bounds(sizes)[self.rank]
-        return Stage(
-            self.rank, self.n_stages, specs[start:stop], seed=self._seed, device=self.device,
+        actions = list(plan.actions[start:stop]) if plan is not None else None
+        self._stage = Stage(
+            self.rank, self.n_stages, self.specs[start:stop], seed=self._seed, device=self.device,
             comm_device=self._comm_device, optimizer=self._optimizer, loss_fn=self._loss_fn,
+            actions=actions,
         )  # fmt: skip
+        self.sizes, self.plan = list(sizes), plan
+        self.partition_history[:] = [(self.step, list(sizes))]
+        self._log("build", sizes=list(sizes), plan=None if plan is None else plan.to_dict())
+
+    def _plan_first(self, x: Any) -> None:
+        """partition="auto": profile one micro-batch's shapes, plan on rank 0, build."""
+        example = split_microbatches(x, self.n_microbatches, "x")[0]
+        costs = profile_costs(self.specs, example, device=self.device, opt_ratio=self._opt_ratio,
+                              cache=self.cost_cache, source=self.profile)  # fmt: skip
+        schedule = self.schedule_name
+        assert schedule is not None
+        plan = agree(lambda: self.planner.plan(
+            costs, self.n_stages, schedule=schedule,
+            n_microbatches=self.n_microbatches, memory_budget=self.memory_budget,
+        ))  # fmt: skip
+        self._build(list(plan.sizes), plan)
+        if hasattr(self, "_inherit"):
+            self._take_inheritance()
 
     def _reset_counters(self) -> None:
         self.step = 0
         self.version = 0  # plan version: +1 per committed migration
         self.migrations: list[MigrationRecord] = []
         self._history: list[tuple[int, StepTimes]] = []  # (samples, times) per step
-        self.partition_history: list[tuple[int, list[int]]] = [(0, list(self.sizes))]
+        self.partition_history: list[tuple[int, list[int]]] = []
 
     def _log(self, kind: str, **fields: Any) -> None:
         self.events.append({"generation": self.generation, "step": self.step, "kind": kind,
@@ -114,13 +187,18 @@ class ElasticPipeline:
     # -- training ----------------------------------------------------------------------------
     def train_step(self, x: Any, y: Any) -> float:
         """One optimizer step on the batch (x, y); returns the mean micro-batch loss."""
-        stage = self._live_stage()
+        if self._closed:
+            raise RuntimeError("this ElasticPipeline is closed")
         chunks = split_microbatches(x, self.n_microbatches, "x")
-        inputs = [as_carry(c, "the batch input") for c in chunks]
         targets = split_microbatches(y, self.n_microbatches, "y")
+        if self._stage is None:
+            self._plan_first(x)
+        stage = self._live_stage()
+        inputs = [as_carry(c, "the batch input") for c in chunks]
+        measure = self.step < 2 or self.step % 10 == 0
         rng = torch.random.get_rng_state()
         try:
-            loss_sum, times = stage.run_step(self._actions, self.step, inputs, targets)
+            loss_sum, times = stage.run_step(self._actions, self.step, inputs, targets, measure)
         finally:
             torch.random.set_rng_state(rng)
         loss = torch.zeros((), dtype=torch.float64, device=self._comm_device)
@@ -128,95 +206,162 @@ class ElasticPipeline:
             loss.fill_(loss_sum.item() / self.n_microbatches)
         dist.broadcast(loss, src=self.n_stages - 1)
         self.step += 1
-        self._history.append((_batch_size(x), times))
+        self._history.append((batch_size(x), times))
+        self._maybe_rebalance(measure)
         return float(loss.item())
 
+    def _maybe_rebalance(self, measured: bool) -> None:
+        due = self.rebalance_every is not None and self.step % self.rebalance_every == 0
+        if not due and self.memory_budget is not None and measured:
+            stage = self._live_stage()
+            peak = stage.state_bytes() + stage.saved.peak
+            flag = torch.tensor([int(peak > self.memory_budget)])
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX)  # one stage short of memory: all act
+            due = bool(flag.item())
+        if due:
+            self.rebalance()
+
     # -- elasticity --------------------------------------------------------------------------
-    def repartition(self, sizes: Sequence[int]) -> MigrationRecord:
+    def repartition(
+        self, sizes: Sequence[int], actions: Sequence[str] | None = None
+    ) -> MigrationRecord:
         """Move layers live so that stage s holds `sizes[s]` layers; call on every rank.
 
         Only the layers whose stage changes travel, with their parameters, buffers,
         gradients and optimizer state; the next step computes exactly what it would have
-        computed without the move. On failure the old partition stays in force and
-        `pipeline.MigrationError` is raised on every rank.
+        computed without the move. `actions` optionally sets every layer's memory action.
+        On failure the old partition stays in force and `pipeline.MigrationError` is
+        raised on every rank.
         """
         stage = self._live_stage()
-        new = _resolve_partition(list(sizes), len(self.specs), self.n_stages)
+        new = _checked_sizes(sizes, len(self.specs), self.n_stages)
         try:
             record = migrate(stage, self.specs, self.sizes, new, self.step, self.version + 1)
         except MigrationError as exc:
             self._log("rollback", sizes=list(self.sizes), requested=new, error=str(exc))
             raise
+        if actions is not None:
+            a, b = bounds(new)[self.rank]
+            stage.set_memory_actions(list(actions)[a:b])
         self.sizes, self.version = new, record.version
         self.migrations.append(record)
         self.partition_history.append((self.step, list(new)))
+        if record.bytes_moved and record.pause_s > 0:  # the link as measured by this move
+            self._link = LinkCost(record.bytes_moved / record.pause_s)
         self._log("migration", **dataclasses.asdict(record))
         return record
+
+    def rebalance(self, remaining_steps: int = 100) -> MigrationRecord | None:
+        """Re-plan from the costs measured while training; migrate if it pays back.
+
+        The new plan is taken only when the time it saves over `remaining_steps` exceeds
+        the time to move its layers (or when the current plan breaks the memory budget).
+        Returns the migration, or None when the current plan stays.
+        """
+        stage = self._live_stage()
+        costs, actions = measured_costs(stage, len(self.specs))
+        current = evaluate(costs, self.sizes, actions, schedule=self.schedule_name or "1f1b",
+                           n_microbatches=self.n_microbatches)  # fmt: skip
+        decision = agree(lambda: replan(
+            current, costs, self.planner, remaining_steps=remaining_steps, link=self._link,
+            memory_budget=self.memory_budget,
+        ))  # fmt: skip
+        self._log("replan", changed=decision.changed, reason=decision.reason,
+                  candidate=decision.candidate.to_dict())  # fmt: skip
+        self.plan = decision.plan
+        if not decision.changed:
+            return None
+        return self.repartition(decision.plan.sizes, decision.plan.actions)
 
     def reconfigure(
         self,
         specs: Sequence[LayerSpec],
         *,
-        partition: str | Sequence[int] = "auto",
+        partition: str | Sequence[int] | Plan = "auto",
         inherit_weights: bool = False,
         loss_fn: LossFn | None = None,
         optimizer: OptimizerFactory | None = None,
     ) -> None:
         """Take the next model on the same processes and process group; call on every rank.
 
-        The old layers are freed and the new ones built on the stages that own them; the
+        The old layers are freed and the new ones built on the stages that own them (with
+        partition="auto": planned on the next step, from the cost cache where it can); the
         step count restarts at 0, so the new model trains exactly as a fresh pipeline would.
         With `inherit_weights`, a new layer whose key existed before and whose state has
         the same shapes starts from the old layer's weights (fetched from its old stage).
         `loss_fn` and `optimizer`, when given, replace the current ones.
         """
-        stage = self._live_stage()
         new_specs = check_specs(specs)
-        sizes = _resolve_partition(partition, len(new_specs), self.n_stages)
         requests: list[Any] = [None] * self.n_stages
-        dist.all_gather_object(requests, ([s.key for s in new_specs], sizes))
+        dist.all_gather_object(requests, [s.key for s in new_specs])
         if any(r != requests[0] for r in requests):
-            raise ValueError(f"ranks passed different models or partitions to reconfigure: "
-                             f"{[r[1] for r in requests]}")  # fmt: skip
-        inherited = (
-            inherited_states(stage, self.specs, self.sizes, new_specs, sizes)
-            if inherit_weights else {}
-        )  # fmt: skip
-        stage.close()
-        self._stage = None  # free the old layers before building the new ones
+            raise ValueError("ranks passed different models to reconfigure")
+        old, old_specs, old_sizes = self._stage, self.specs, self.sizes
         self._loss_fn = loss_fn or self._loss_fn
-        self._optimizer = optimizer or self._optimizer
-        self._stage = self._build_stage(new_specs, sizes)
-        self._stage.load_matching(inherited)
-        self.specs, self.sizes = new_specs, sizes
+        if optimizer is not None:
+            self._opt_ratio = optimizer_state_ratio(optimizer)
+            self._optimizer = optimizer
         self.generation += 1
-        self._reset_counters()
-        self._log("reconfigure", sizes=list(sizes), layers=[s.key for s in new_specs])
+        pending = inherit_weights and old is not None
+        if old is not None and not pending:
+            old.close()  # free the old layers before building the new ones
+        self._setup(new_specs, partition)
+        self._log("reconfigure", layers=[s.key for s in new_specs])
+        if pending:
+            assert old is not None
+            self._inherit = (old, old_specs, old_sizes)
+            if self._stage is not None:
+                self._take_inheritance()
+
+    def _take_inheritance(self) -> None:
+        old, old_specs, old_sizes = self._inherit
+        states = inherited_states(old, old_specs, old_sizes, self.specs, self.sizes)
+        old.close()
+        self._live_stage().load_matching(states)
+        del self._inherit
 
     # -- inspection --------------------------------------------------------------------------
     def stats(self, last_steps: int = 20) -> dict[str, Any]:
-        """Throughput and per-stage times (medians over the last steps); same on every rank."""
+        """Throughput, per-stage times and memory, predicted beside measured; on every rank.
+
+        Times are medians over the last steps, per step (all micro-batches). Predicted
+        numbers come from the plan in force (None before one exists).
+        """
         stage = self._live_stage()
         recent = self._history[-last_steps:]
+        peaks = [t.peak_activation_bytes for _, t in recent if t.peak_activation_bytes]
         mine = {
             "stage": self.rank,
             "layers": [layer.key for layer in stage.layers],
+            "memory_actions": [layer.action for layer in stage.layers],
             "param_bytes": stage.param_bytes(),
+            "state_bytes": stage.state_bytes(),
+            "measured_peak_activation_bytes": max(peaks, default=0),
             **{f: _median([getattr(t, f) for _, t in recent]) for f in _TIME_FIELDS},
         }
         per_stage: list[Any] = [None] * self.n_stages
         dist.all_gather_object(per_stage, mine)
+        plan = self.plan
+        for s, entry in enumerate(per_stage):
+            activations = entry["measured_peak_activation_bytes"]
+            entry["measured_peak_bytes"] = entry["state_bytes"] + activations
+            entry["predicted_peak_bytes"] = plan.predicted_stage_bytes[s] if plan else None
+            entry["predicted_compute_s"] = (
+                plan.predicted_stage_s[s] * self.n_microbatches if plan else None
+            )
         iteration_s = max(s["total_s"] for s in per_stage)
         samples = _median([n for n, _ in recent])
         return {
             "generation": self.generation,
             "steps": self.step,
             "plan_version": self.version,
+            "plan": self.plan.to_dict() if self.plan else None,
             "migrations": [dataclasses.asdict(m) for m in self.migrations],
-            "schedule": getattr(self.schedule, "__name__", str(self.schedule)),
+            "schedule": self.schedule_name or getattr(self.schedule, "__name__", "custom"),
             "n_microbatches": self.n_microbatches,
             "partition": list(self.sizes),
             "iteration_s": iteration_s,
+            "predicted_iteration_s": self.plan.predicted_iteration_s if self.plan else None,
             "samples_per_s": samples / iteration_s if iteration_s > 0 else 0.0,
             "stages": per_stage,
         }
@@ -260,49 +405,27 @@ class ElasticPipeline:
         """Finish pending messages and free this stage's layers; the pipeline is unusable after."""
         if self._stage is not None:
             self._stage.close()
-            self._stage = None
+        self._stage, self._closed = None, True
 
     def _live_stage(self) -> Stage:
-        if self._stage is None:
+        if self._closed:
             raise RuntimeError("this ElasticPipeline is closed")
-        return self._stage
-
-
-def split_microbatches(value: Any, n: int, what: str) -> list[Any]:
-    """Split a tensor (or a tuple/list of tensors, element-wise) into n equal chunks on dim 0."""
-    if isinstance(value, torch.Tensor):
-        size = value.shape[0] if value.dim() else 0
-        if size == 0 or size % n:
-            raise ValueError(
-                f"{what} has batch size {size}, which n_microbatches={n} does not divide; "
-                f"use a batch size that is a multiple of {n}"
+        if self._stage is None:
+            raise RuntimeError(
+                "the pipeline is planned on its first train_step (partition='auto'); "
+                "train a step first, or pass explicit stage sizes"
             )
-        return list(value.chunk(n))
-    if isinstance(value, tuple | list) and value:
-        columns = [split_microbatches(v, n, f"{what}[{i}]") for i, v in enumerate(value)]
-        return [tuple(chunks) for chunks in zip(*columns, strict=True)]
-    raise TypeError(f"{what} must be a tensor or a tuple of tensors, got {type(value).__name__}")
-
-
-def _batch_size(x: Any) -> int:
-    carry: Carry = as_carry(x, "x")
-    return int(carry[0].shape[0])
+        return self._stage
 
 
 def _median(values: Sequence[float]) -> float:
     return float(statistics.median(values)) if values else 0.0
 
 
-def _resolve_partition(partition: str | Sequence[int], n_layers: int, n_stages: int) -> list[int]:
-    if isinstance(partition, str):
-        if partition != "auto":
-            raise ValueError(
-                f"partition must be 'auto' or a list of stage sizes, got {partition!r}"
-            )
-        return equal_sizes(n_layers, n_stages)
+def _checked_sizes(sizes: Sequence[int], n_layers: int, n_stages: int) -> list[int]:
     if n_stages > n_layers:
         equal_sizes(n_layers, n_stages)  # raises the clear "more stages than layers" error
-    return check_sizes(partition, n_layers, n_stages)
+    return check_sizes(list(sizes), n_layers, n_stages)
 
 
 def _resolve_device(device: torch.device | str | None) -> torch.device:
@@ -311,4 +434,3 @@ def _resolve_device(device: torch.device | str | None) -> torch.device:
     if dist.get_backend() == "nccl":
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
-

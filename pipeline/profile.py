@@ -111,7 +111,10 @@ def _build_meta(spec: LayerSpec) -> nn.Module:
     except Exception:  # a factory that insists on real tensors: build it on the CPU
         module = build_layer(spec, 0, torch.device("cpu"))
     if not isinstance(module, nn.Module):
-        raise TypeError(f"the factory of layer {spec.key!r} returned a {type(module).__name__}")
+        raise TypeError(
+            f"the factory of layer {spec.key!r} returned a {type(module).__name__}; "
+            "it must return a torch.nn.Module"
+        )
     return module.to("meta")
 
 
@@ -161,9 +164,18 @@ def matmul_rate(device: torch.device) -> float:
 def optimizer_state_ratio(
     factory: Callable[[list[dict[str, Any]]], torch.optim.Optimizer],
 ) -> float:
-    """Optimizer-state bytes per parameter byte, found by one step on a probe parameter."""
+    """Optimizer-state bytes per parameter byte, found by one step on a probe parameter.
+
+    Also the check that `factory` builds an optimizer from parameter groups.
+    """
     probe = nn.Parameter(torch.zeros(64))
     optimizer = factory([{"params": [probe]}])
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise TypeError(
+            f"the optimizer factory returned a {type(optimizer).__name__}; it must return a "
+            "torch.optim.Optimizer built from the parameter groups it is given, e.g. "
+            "functools.partial(torch.optim.AdamW, lr=1e-3)"
+        )
     probe.grad = torch.zeros_like(probe)
     optimizer.step()
     state = sum(
@@ -242,6 +254,14 @@ class CostCache:
 
     def get(self, signature: str) -> dict[str, float] | None:
         return self._entries.get(signature)
+
+    def entries(self) -> dict[str, dict[str, float]]:
+        return {k: dict(v) for k, v in self._entries.items()}
+
+    def update(self, entries: dict[str, dict[str, float]]) -> None:
+        """Take entries measured elsewhere (another rank, an earlier run)."""
+        for signature, entry in entries.items():
+            self.put(signature, entry["forward_s"], entry["backward_s"], entry["activation_bytes"])
 
     def save(self, path: str | Path) -> None:
         Path(path).write_text(json.dumps({"version": 1, "entries": self._entries}, indent=1))

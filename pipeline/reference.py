@@ -15,7 +15,7 @@ import torch
 
 from pipeline.comm import as_carry
 from pipeline.determinism import dropout_seed, seed_rng
-from pipeline.elastic import split_microbatches
+from pipeline.microbatch import split_microbatches
 from pipeline.spec import LayerSpec, build_layer, check_specs
 from pipeline.stage import LossFn, OptimizerFactory
 

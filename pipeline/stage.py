@@ -39,17 +39,17 @@ import torch
 from torch import nn
 
 from pipeline.comm import Carry, PeerLink, Receive, as_carry
+from pipeline.costs import MEMORY_ACTIONS, LayerCost
 from pipeline.determinism import dropout_seed, seed_rng
 from pipeline.meter import LayerMeter, SavedBytes
 from pipeline.schedule import Action, Op
 from pipeline.spec import LayerSpec, build_layer
 from pipeline.timeline import Span
 
-__all__ = ["MEMORY_ACTIONS", "OptimizerFactory", "Stage", "StepTimes"]
+__all__ = ["OptimizerFactory", "Stage", "StepTimes"]
 
 OptimizerFactory = Callable[[list[dict[str, Any]]], torch.optim.Optimizer]
 LossFn = Callable[[Any, Any], torch.Tensor]
-MEMORY_ACTIONS = ("keep", "recompute", "swap")
 
 
 @dataclass
@@ -145,7 +145,25 @@ class Stage:
         return loaded
 
     def param_bytes(self) -> int:
-        return sum(p.numel() * p.element_size() for p in self.parameters())
+        return sum(_nbytes(p) for p in self.parameters())
+
+    def measured_cost(self, index: int) -> LayerCost:
+        """Layer `index`'s costs as measured here: smoothed times, bytes, state bytes."""
+        layer, meter = self.layers[index], self.layers[index].meter
+        params = list(layer.module.parameters())
+        state = self.optimizer.state if self.optimizer is not None else {}
+        return LayerCost(
+            key=layer.key, forward_s=meter.forward_s, backward_s=meter.backward_s,
+            activation_bytes=round(meter.activation_bytes), output_bytes=round(meter.output_bytes),
+            param_bytes=sum(_nbytes(p) for p in params),
+            grad_bytes=sum(_nbytes(p) for p in params if p.requires_grad),
+            optimizer_bytes=sum(_nbytes(v) for p in params for v in state.get(p, {}).values()
+                                if isinstance(v, torch.Tensor) and v.dim() > 0),
+        )  # fmt: skip
+
+    def state_bytes(self) -> int:
+        """Parameters + gradients + optimizer state of this stage (what the planner counts)."""
+        return sum(c.state_bytes for c in map(self.measured_cost, range(len(self.layers))))
 
     def parameters(self) -> Iterator[torch.Tensor]:
         for layer in self.layers:
@@ -335,6 +353,10 @@ class Stage:
             if link is not None:
                 link.wait_sends()
         self.layers, self.optimizer = [], None
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
 
 
 def _loss(loss_fn: LossFn, out: Carry, target: Any) -> torch.Tensor:

@@ -92,7 +92,7 @@ def bad_arguments(ctx: StageContext) -> dict[str, str]:
         "not a module": lambda: ElasticPipeline(
             [LayerSpec("a", nn.ReLU), LayerSpec("b", lambda: "no module")],  # type: ignore[arg-type,return-value]
             optimizer=SGD, loss_fn=F.cross_entropy,
-        ),
+        ).train_step(torch.randn(4, 4), torch.zeros(4, dtype=torch.long)),  # planned, then built
         "not an optimizer": lambda: ElasticPipeline(
             specs, optimizer=lambda groups: groups,  # type: ignore[arg-type,return-value]
             loss_fn=F.cross_entropy,
