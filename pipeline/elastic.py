@@ -30,7 +30,7 @@ import torch
 import torch.distributed as dist
 
 from pipeline.comm import as_carry
-from pipeline.costs import LinkCost
+from pipeline.costs import LayerCost, LinkCost
 from pipeline.microbatch import batch_size, split_microbatches
 from pipeline.migrate import MigrationError, MigrationRecord, inherited_states, migrate
 from pipeline.partition import bounds, check_sizes, equal_sizes
@@ -146,7 +146,9 @@ class ElasticPipeline:
             return
         self._build(_checked_sizes(partition, len(self.specs), self.n_stages))
 
-    def _build(self, sizes: list[int], plan: Plan | None = None) -> None:
+    def _build(
+        self, sizes: list[int], plan: Plan | None = None, costs: list[LayerCost] | None = None
+    ) -> None:
         start, stop = bounds(sizes)[self.rank]
         actions = list(plan.actions[start:stop]) if plan is not None else None
         self._stage = Stage(
@@ -154,7 +156,10 @@ class ElasticPipeline:
             comm_device=self._comm_device, optimizer=self._optimizer, loss_fn=self._loss_fn,
             actions=actions,
         )  # fmt: skip
+        if costs is not None:
+            self._stage.seed_meters(costs[start:stop])
         self.sizes, self.plan = list(sizes), plan
+        self._measure_next = True  # measure memory on the first step of every plan
         self.partition_history[:] = [(self.step, list(sizes))]
         self._log("build", sizes=list(sizes), plan=None if plan is None else plan.to_dict())
 
@@ -169,7 +174,7 @@ class ElasticPipeline:
             costs, self.n_stages, schedule=schedule,
             n_microbatches=self.n_microbatches, memory_budget=self.memory_budget,
         ))  # fmt: skip
-        self._build(list(plan.sizes), plan)
+        self._build(list(plan.sizes), plan, costs)
         if hasattr(self, "_inherit"):
             self._take_inheritance()
 
@@ -195,7 +200,8 @@ class ElasticPipeline:
             self._plan_first(x)
         stage = self._live_stage()
         inputs = [as_carry(c, "the batch input") for c in chunks]
-        measure = self.step < 2 or self.step % 10 == 0
+        measure = self._measure_next or self.step % 10 == 0
+        self._measure_next = False
         rng = torch.random.get_rng_state()
         try:
             loss_sum, times = stage.run_step(self._actions, self.step, inputs, targets, measure)
@@ -246,6 +252,7 @@ class ElasticPipeline:
         self.sizes, self.version = new, record.version
         self.migrations.append(record)
         self.partition_history.append((self.step, list(new)))
+        self._measure_next = True
         if record.bytes_moved and record.pause_s > 0:  # the link as measured by this move
             self._link = LinkCost(record.bytes_moved / record.pause_s)
         self._log("migration", **dataclasses.asdict(record))
@@ -329,14 +336,14 @@ class ElasticPipeline:
         """
         stage = self._live_stage()
         recent = self._history[-last_steps:]
-        peaks = [t.peak_activation_bytes for _, t in recent if t.peak_activation_bytes]
+        peaks = [t.peak_activation_bytes for _, t in self._history if t.peak_activation_bytes]
         mine = {
             "stage": self.rank,
             "layers": [layer.key for layer in stage.layers],
             "memory_actions": [layer.action for layer in stage.layers],
             "param_bytes": stage.param_bytes(),
             "state_bytes": stage.state_bytes(),
-            "measured_peak_activation_bytes": max(peaks, default=0),
+            "measured_peak_activation_bytes": peaks[-1] if peaks else 0,  # latest measured
             **{f: _median([getattr(t, f) for _, t in recent]) for f in _TIME_FIELDS},
         }
         per_stage: list[Any] = [None] * self.n_stages

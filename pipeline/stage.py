@@ -144,6 +144,12 @@ class Stage:
                 loaded.append(layer.key)
         return loaded
 
+    def seed_meters(self, costs: Sequence[LayerCost]) -> None:
+        """Start each layer's meter from profiled costs (the first steps refine them)."""
+        for layer, cost in zip(self.layers, costs, strict=True):
+            layer.meter = LayerMeter(cost.forward_s, cost.backward_s, cost.activation_bytes,
+                                     cost.output_bytes, steps=1)  # fmt: skip
+
     def param_bytes(self) -> int:
         return sum(_nbytes(p) for p in self.parameters())
 
@@ -237,7 +243,10 @@ class Stage:
         m = self._n_microbatches
         for layer in self.layers:
             meter = layer.meter
-            activation = layer.activation_bytes / m if self._measure else meter.activation_bytes
+            # A recomputed or swapped layer saves less than it would keep: its meter keeps the
+            # bytes it keeps when kept (measured then, or profiled), which is what plans use.
+            kept = self._measure and layer.action == "keep"
+            activation = layer.activation_bytes / m if kept else meter.activation_bytes
             output = layer.output_bytes / m if self._measure else meter.output_bytes
             meter.update(layer.forward_s / m, layer.backward_s / m, activation, output)
 
@@ -319,6 +328,7 @@ class Stage:
                 if layer.action == "recompute":
                     with torch.enable_grad():
                         outputs = self._call(layer, i, inputs)
+                    t0 = time.perf_counter()  # the layer's backward time excludes the recompute
                 pairs = [(o, g) for o, g in zip(_floating(outputs), grads, strict=True)
                          if o.requires_grad]  # fmt: skip
                 if pairs:

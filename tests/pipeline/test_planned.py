@@ -1,0 +1,108 @@
+"""The planner in the runtime: predictions hold, budgets are kept, rebalancing migrates.
+
+Real stage processes; the predictions come from the sandbox profile of the first step, the
+measurements from the saved-tensor hooks of `pipeline.meter` during training.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import pipeline
+from pipeline import ElasticPipeline, StageContext
+from pipeline.models import transformer_stack
+from pipeline.planner import evaluate
+from pipeline.planning import agree, profile_costs
+from pipeline.profile import CostCache
+from pipeline.reference import ReferenceTrainer
+
+pytestmark = pytest.mark.multiprocess
+ADAM = functools.partial(torch.optim.Adam, lr=1e-3)
+M = 4
+
+
+def batches(n: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    g = torch.Generator().manual_seed(2)
+    return [(torch.randn(16, 24, 32, generator=g), torch.randn(16, 24, 32, generator=g))
+            for _ in range(n)]  # fmt: skip
+
+
+def specs() -> list[pipeline.LayerSpec]:
+    return transformer_stack(6, 32, 4, dropout=0.1)
+
+
+def predicted_vs_measured(ctx: StageContext) -> dict[str, Any]:
+    pipe = ElasticPipeline(specs(), optimizer=ADAM, loss_fn=F.mse_loss, n_microbatches=M,
+                           schedule="gpipe")  # fmt: skip
+    losses = [pipe.train_step(x, y) for x, y in batches(3)]
+    stats = pipe.stats()
+    pipe.close()
+    return {"stats": stats, "losses": losses}
+
+
+def test_measured_activation_peak_is_within_10_percent_of_the_plan() -> None:
+    stats = pipeline.launch(predicted_vs_measured, 2, threads_per_stage=1, timeout_s=60)[0]["stats"]
+    plan = stats["plan"]
+    assert plan is not None and sum(plan["sizes"]) == 6
+    for entry in stats["stages"]:
+        predicted = entry["predicted_peak_bytes"]
+        measured = entry["measured_peak_bytes"]
+        assert measured == pytest.approx(predicted, rel=0.10), entry
+        assert entry["measured_peak_activation_bytes"] > 0.5 * measured  # activations dominate
+
+
+def under_budget(ctx: StageContext) -> dict[str, Any]:
+    x, _ = batches(1)[0]
+    # The budget: 75% of what equal layer counts would need (rank 0 decides, all agree).
+    costs = profile_costs(specs(), x.chunk(M)[0], device=ctx.device, opt_ratio=2.0,
+                          cache=CostCache())  # fmt: skip
+    equal = evaluate(costs, [3, 3], schedule="gpipe", n_microbatches=M)
+    budget = agree(lambda: int(0.75 * max(equal.predicted_stage_bytes)))
+    out: dict[str, Any] = {"budget": budget, "equal_peaks": equal.predicted_stage_bytes}
+    for name, partition in (("planned", "auto"), ("pressure", [3, 3])):
+        pipe = ElasticPipeline(specs(), optimizer=ADAM, loss_fn=F.mse_loss, n_microbatches=M,
+                               schedule="gpipe", partition=partition, memory_budget=budget)  # fmt: skip
+        losses = []
+        for step, (x, y) in enumerate(batches(12)):
+            losses.append(pipe.train_step(x, y))
+            if step == 0:
+                first = pipe.stats(last_steps=1)
+        out[name] = {"losses": losses, "first": first, "last": pipe.stats(last_steps=1),
+                     "events": [e["kind"] for e in pipe.events]}  # fmt: skip
+        pipe.close()
+    return out
+
+
+@functools.cache
+def budget_results() -> dict[str, Any]:
+    return pipeline.launch(under_budget, 2, threads_per_stage=1, timeout_s=120)[0]
+
+
+def test_a_planned_run_stays_inside_a_budget_that_equal_counts_break() -> None:
+    r = budget_results()
+    assert max(r["equal_peaks"]) > r["budget"]
+    planned = r["planned"]["last"]
+    assert "recompute" in [a for s in planned["stages"] for a in s["memory_actions"]]
+    for entry in planned["stages"]:
+        assert entry["measured_peak_bytes"] <= r["budget"], entry
+
+
+def test_memory_pressure_triggers_a_replan_with_recompute() -> None:
+    r = budget_results()["pressure"]
+    assert max(s["measured_peak_bytes"] for s in r["first"]["stages"]) > budget_results()["budget"]
+    assert "replan" in r["events"]
+    for entry in r["last"]["stages"]:
+        assert entry["measured_peak_bytes"] <= budget_results()["budget"], entry
+
+
+def test_recompute_and_migration_change_no_loss() -> None:
+    torch.set_num_threads(1)
+    ref = ReferenceTrainer(specs(), optimizer=ADAM, loss_fn=F.mse_loss, n_microbatches=M)
+    expected = [ref.train_step(x, y) for x, y in batches(12)]
+    for name in ("planned", "pressure"):
+        assert budget_results()[name]["losses"] == pytest.approx(expected, abs=1e-5), name
