@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+from collections.abc import Sequence
 
 import torch
 from torch import nn
@@ -19,14 +20,27 @@ __all__ = ["CausalBlock", "Embedding", "LMHead", "char_lm", "mlp_stack", "transf
 
 
 def transformer_stack(
-    n_layers: int, d_model: int, n_heads: int, *, d_ff: int | None = None, dropout: float = 0.1
+    n_layers: int,
+    d_model: int,
+    n_heads: int,
+    *,
+    d_ff: int | Sequence[int] | None = None,
+    dropout: float = 0.1,
 ) -> list[LayerSpec]:
-    """`n_layers` pre-norm Transformer encoder layers; the carry is (batch, seq, d_model)."""
-    factory = functools.partial(
-        nn.TransformerEncoderLayer, d_model, n_heads, dim_feedforward=d_ff or 4 * d_model,
-        dropout=dropout, batch_first=True, norm_first=True,
-    )  # fmt: skip
-    return [LayerSpec(f"block{i}", factory) for i in range(n_layers)]
+    """`n_layers` pre-norm Transformer encoder layers; the carry is (batch, seq, d_model).
+
+    d_ff: the feed-forward width, one for all layers or one per layer (default 4 d_model).
+    """
+    widths = [d_ff or 4 * d_model] * n_layers if not isinstance(d_ff, Sequence) else list(d_ff)
+    if len(widths) != n_layers:
+        raise ValueError(f"{len(widths)} feed-forward widths for {n_layers} layers")
+    return [
+        LayerSpec(f"block{i}", functools.partial(
+            nn.TransformerEncoderLayer, d_model, n_heads, dim_feedforward=width,
+            dropout=dropout, batch_first=True, norm_first=True,
+        ))
+        for i, width in enumerate(widths)
+    ]  # fmt: skip
 
 
 class MLPBlock(nn.Module):

@@ -203,30 +203,43 @@ def estimate(
 
 
 def sandbox_time(
-    spec: LayerSpec, shape: LayerShape, device: torch.device, repeats: int = 3
+    spec: LayerSpec, shape: LayerShape, device: torch.device, repeats: int = 4
 ) -> tuple[float, float, int]:
-    """(forward s, backward s, saved bytes) of one real layer, median of `repeats` runs."""
+    """(forward s, backward s, saved bytes) of one real layer, medians of `repeats` runs.
+
+    After a warm-up, it runs `repeats` forwards and then their backwards, as a pipeline
+    stage does, so caches are as cold at backward time as they will be in training.
+    """
     module = build_layer(spec, 0, device)
     params = list(module.parameters())
-    forwards, backwards, saved = [], [], [0]
-    for run in range(repeats + 1):  # the first run warms up and is not counted
+    saved = [0]
+
+    def forward(count: bool) -> tuple[float, list[torch.Tensor]]:
         carry = _example(shape.inputs, device)
         carry = tuple(t.requires_grad_(t.is_floating_point()) for t in carry)
-        saved[0] = sum(_nbytes(t) for t in carry)
         t0 = time.perf_counter()
-        with _count_saved(params, carry, saved):
+        with _count_saved(params, carry, saved) if count else contextlib.nullcontext():
             out = _floating(as_carry(module(carry[0] if len(carry) == 1 else carry), spec.key))
-        t1 = time.perf_counter()
-        outs = [o for o in out if o.requires_grad]
+        _sync(device)
+        return time.perf_counter() - t0, [o for o in out if o.requires_grad]
+
+    def backward(outs: list[torch.Tensor]) -> float:
+        t0 = time.perf_counter()
         if outs:
             torch.autograd.backward(outs, [torch.ones_like(o) for o in outs])
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        t2 = time.perf_counter()
-        if run:
-            forwards.append(t1 - t0)
-            backwards.append(t2 - t1)
-    return statistics.median(forwards), statistics.median(backwards), saved[0]
+        _sync(device)
+        return time.perf_counter() - t0
+
+    backward(forward(False)[1])  # warm-up: allocator, kernels
+    saved[0] = sum(_nbytes(t) for t in _example(shape.inputs, device))  # the held input
+    runs = [forward(count=i == 0) for i in range(repeats)]
+    backwards = [backward(outs) for _, outs in runs]
+    return statistics.median(t for t, _ in runs), statistics.median(backwards), saved[0]
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def _floating(carry: Carry) -> list[torch.Tensor]:

@@ -46,7 +46,8 @@ def predicted_vs_measured(ctx: StageContext) -> dict[str, Any]:
 
 
 def test_measured_activation_peak_is_within_10_percent_of_the_plan() -> None:
-    stats = pipeline.launch(predicted_vs_measured, 2, threads_per_stage=1, timeout_s=60)[0]["stats"]
+    results = pipeline.launch(predicted_vs_measured, 2, threads_per_stage=1, timeout_s=60)
+    stats = results[0]["stats"]
     plan = stats["plan"]
     assert plan is not None and sum(plan["sizes"]) == 6
     for entry in stats["stages"]:

@@ -1,0 +1,114 @@
+"""Planned partition vs equal layer counts on a deliberately unbalanced stack, for real.
+
+16 Transformer layers (d_model 256, sequence 64, batch 32, 16 micro-batches, 1F1B) whose
+first eight have a 4x wider feed-forward block, on 2 stages (CPU gloo, 1 thread per stage).
+Equal layer counts put all the heavy layers on stage 0; partition="auto" profiles the
+layers (sandbox) and plans. Both pipelines live in the same processes and are timed in
+interleaved rounds. Reports the measured throughput ratio (target >= 1.25x) and the
+planner's predicted iteration time against the measured one (target within 15%).
+
+    python benchmarks/balance.py [--rounds 5] [--steps 4]
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import pipeline  # noqa: E402
+from common import BATCH, batch, timed_rounds, uneven_stack  # noqa: E402
+from pipeline import ElasticPipeline, StageContext  # noqa: E402
+from pipeline.planner import evaluate  # noqa: E402
+from pipeline.planning import measured_costs  # noqa: E402
+
+MICROBATCHES = 16
+LAYERS, EQUAL = 16, [8, 8]
+OPTIMIZER = functools.partial(torch.optim.AdamW, lr=1e-4)
+
+
+def run(ctx: StageContext, rounds: int, steps: int) -> dict[str, Any]:
+    x, y = batch()
+    pipes = {
+        "equal": ElasticPipeline(uneven_stack(), optimizer=OPTIMIZER, loss_fn=F.mse_loss,
+                                 n_microbatches=MICROBATCHES, partition=EQUAL),
+        "planned": ElasticPipeline(uneven_stack(), optimizer=OPTIMIZER, loss_fn=F.mse_loss,
+                                   n_microbatches=MICROBATCHES, partition="auto"),
+    }  # fmt: skip
+    for pipe in pipes.values():  # the first step plans ("auto"); then warm up
+        for _ in range(2):
+            pipe.train_step(x, y)
+    seconds = timed_rounds({k: functools.partial(p.train_step, x, y) for k, p in pipes.items()},
+                           rounds, steps)  # fmt: skip
+    planned = pipes["planned"]
+    assert planned.plan is not None
+    measured, actions = measured_costs(planned._live_stage(), LAYERS)
+    stats = {name: pipe.stats() for name, pipe in pipes.items()}
+    return {
+        "seconds": seconds,
+        "plan": planned.plan.to_dict(),
+        "predicted_equal_s": evaluate(planned_costs(planned), EQUAL, n_microbatches=MICROBATCHES)
+        .predicted_iteration_s,
+        "repredicted_from_measured_costs_s": {
+            name: evaluate(measured, sizes, actions, n_microbatches=MICROBATCHES).predicted_iteration_s
+            for name, sizes in (("planned", planned.sizes), ("equal", EQUAL))
+        },
+        "stats": stats,
+    }  # fmt: skip
+
+
+def planned_costs(pipe: ElasticPipeline) -> Any:
+    """The sandbox costs the plan was made from (the cache holds them by signature)."""
+    from pipeline.planning import profile_costs
+
+    example = batch()[0].chunk(MICROBATCHES)[0]
+    return profile_costs(pipe.specs, example, device=pipe.device, opt_ratio=2.0,
+                         cache=pipe.cost_cache)  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=4)
+    default_out = Path(__file__).parent / "results" / "balance.json"
+    parser.add_argument("--out", type=Path, default=default_out)
+    args = parser.parse_args()
+    r = pipeline.launch(functools.partial(run, rounds=args.rounds, steps=args.steps), 2,
+                        threads_per_stage=1)[0]  # fmt: skip
+    med = {k: statistics.median(v) for k, v in r["seconds"].items()}
+    predicted = r["plan"]["predicted_iteration_s"]
+    report = {
+        "config": {"layers": LAYERS, "heavy_layers": "0-7 (4x wider feed-forward)", "stages": 2,
+                   "microbatches": MICROBATCHES, "batch": BATCH, "schedule": "1f1b",
+                   "rounds": args.rounds, "steps_per_round": args.steps},
+        "planned_sizes": r["plan"]["sizes"],
+        "planned_actions": r["plan"]["actions"],
+        "median_step_s": med,
+        "samples_per_s": {k: BATCH / v for k, v in med.items()},
+        "throughput_ratio_planned_vs_equal": med["equal"] / med["planned"],
+        "predicted_iteration_s": {"planned": predicted, "equal": r["predicted_equal_s"]},
+        "predicted_vs_measured_planned": predicted / med["planned"],
+        "predicted_vs_measured_equal": r["predicted_equal_s"] / med["equal"],
+        "repredicted_from_measured_costs_s": r["repredicted_from_measured_costs_s"],
+        "targets": {"throughput_ratio": 1.25, "prediction_error": 0.15},
+        "per_stage": {k: [{f: s[f] for f in ("stage", "layers", "forward_s", "backward_s",
+                                              "wait_s", "total_s")} for s in v["stages"]]
+                      for k, v in r["stats"].items()},
+    }  # fmt: skip
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=2))
+    keys = ("planned_sizes", "median_step_s", "throughput_ratio_planned_vs_equal",
+            "predicted_iteration_s", "predicted_vs_measured_planned", "predicted_vs_measured_equal")
+    print(json.dumps({k: report[k] for k in keys}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
