@@ -16,19 +16,17 @@ import argparse
 import functools
 import json
 import statistics
-import sys
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn.functional as F
+from common import BATCH, batch, timed_rounds, uneven_stack
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import pipeline  # noqa: E402
-from common import BATCH, batch, timed_rounds, uneven_stack  # noqa: E402
-from pipeline import ElasticPipeline, StageContext  # noqa: E402
-from pipeline.planner import evaluate  # noqa: E402
-from pipeline.planning import measured_costs  # noqa: E402
+import pipeline
+from pipeline import ElasticPipeline, StageContext
+from pipeline.planner import evaluate
+from pipeline.planning import measured_costs
 
 MICROBATCHES = 16
 LAYERS, EQUAL = 16, [8, 8]
@@ -58,7 +56,8 @@ def run(ctx: StageContext, rounds: int, steps: int) -> dict[str, Any]:
         "predicted_equal_s": evaluate(planned_costs(planned), EQUAL, n_microbatches=MICROBATCHES)
         .predicted_iteration_s,
         "repredicted_from_measured_costs_s": {
-            name: evaluate(measured, sizes, actions, n_microbatches=MICROBATCHES).predicted_iteration_s
+            name: evaluate(measured, sizes, actions,
+                           n_microbatches=MICROBATCHES).predicted_iteration_s
             for name, sizes in (("planned", planned.sizes), ("equal", EQUAL))
         },
         "stats": stats,

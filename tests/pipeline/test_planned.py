@@ -67,7 +67,8 @@ def under_budget(ctx: StageContext) -> dict[str, Any]:
     out: dict[str, Any] = {"budget": budget, "equal_peaks": equal.predicted_stage_bytes}
     for name, partition in (("planned", "auto"), ("pressure", [3, 3])):
         pipe = ElasticPipeline(specs(), optimizer=ADAM, loss_fn=F.mse_loss, n_microbatches=M,
-                               schedule="gpipe", partition=partition, memory_budget=budget)  # fmt: skip
+                               schedule="gpipe", partition=partition,
+                               memory_budget=budget)  # fmt: skip
         losses = []
         for step, (x, y) in enumerate(batches(12)):
             losses.append(pipe.train_step(x, y))
