@@ -108,3 +108,33 @@ def test_recompute_and_migration_change_no_loss() -> None:
     expected = [ref.train_step(x, y) for x, y in batches(12)]
     for name in ("planned", "pressure"):
         assert budget_results()[name]["losses"] == pytest.approx(expected, abs=1e-5), name
+
+
+# -- automatic rebalancing -------------------------------------------------------------------
+def uneven() -> list[pipeline.LayerSpec]:
+    """Eight layers, the first four with an 8x wider feed-forward block."""
+    return transformer_stack(8, 32, 4, d_ff=[1024] * 4 + [128] * 4, dropout=0.1)
+
+
+def rebalancing(ctx: StageContext) -> dict[str, Any]:
+    pipe = ElasticPipeline(uneven(), optimizer=ADAM, loss_fn=F.mse_loss, n_microbatches=M,
+                           partition=[4, 4], rebalance_every=3)  # fmt: skip
+    losses = [pipe.train_step(x, y) for x, y in batches(8)]
+    out = {"losses": losses, "events": pipe.events, "sizes": pipe.sizes,
+           "state": pipe.full_state_dict()}  # fmt: skip
+    pipe.close()
+    return out
+
+
+def test_automatic_rebalance_moves_heavy_layers_and_changes_no_loss() -> None:
+    r = pipeline.launch(rebalancing, 2, threads_per_stage=1, timeout_s=120)[0]
+    kinds = [e["kind"] for e in r["events"]]
+    assert kinds.count("replan") == 2 and "migration" in kinds, r["events"]
+    assert r["sizes"][0] < 4, r["sizes"]  # stage 0 gave heavy layers away
+    torch.set_num_threads(1)
+    ref = ReferenceTrainer(uneven(), optimizer=ADAM, loss_fn=F.mse_loss, n_microbatches=M)
+    assert r["losses"] == pytest.approx([ref.train_step(x, y) for x, y in batches(8)], abs=1e-5)
+    ref_state = ref.full_state_dict()
+    for key, state in r["state"].items():
+        for name, value in state.items():
+            assert torch.allclose(value, ref_state[key][name], atol=1e-5), (key, name)

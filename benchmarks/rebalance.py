@@ -1,0 +1,144 @@
+"""Automatic rebalancing of a heterogeneous stack, live, against the best plan found offline.
+
+The unbalanced stack of `common.uneven_stack` (16 Transformer layers, the first eight with a
+4x wider feed-forward block; d_model 256, sequence 64, batch 32, 16 micro-batches, 1F1B)
+starts on equal layer counts on 2 stages (CPU gloo, 1 thread per stage) with
+`rebalance_every=4`: after 4 steps the runtime re-plans from the costs it measured and
+migrates layers live. Reported, side by side in one run:
+
+* throughput before vs after the rebalance (target >= 1.25x);
+* after vs the best partition found offline: every split [k, 16 - k], k = 4..10, timed on the
+  same processes after `repartition` (target >= 0.95);
+* bytes moved vs the moved layers' state (parameters, buffers, AdamW moments and steps);
+* pause per migration vs bytes / the link bandwidth measured with a large send.
+
+    python benchmarks/rebalance.py [--steps 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from common import BATCH, batch, uneven_stack
+
+import pipeline
+from pipeline import ElasticPipeline, StageContext
+
+MICROBATCHES, LAYERS, EVERY = 16, 16, 4
+OPTIMIZER = functools.partial(torch.optim.AdamW, lr=1e-4)
+
+
+def step_times(pipe: ElasticPipeline, steps: int) -> list[float]:
+    x, y = batch()
+    times = []
+    for _ in range(steps):
+        dist.barrier()
+        t0 = time.perf_counter()
+        pipe.train_step(x, y)
+        times.append(time.perf_counter() - t0)
+    return times
+
+
+def link_bandwidth(n_bytes: int = 64 << 20) -> float:
+    """Bytes per second of one gloo send from stage 0 to stage 1 (median of 3)."""
+    buf = torch.empty(n_bytes, dtype=torch.uint8)
+    runs = []
+    for _ in range(3):
+        dist.barrier()
+        t0 = time.perf_counter()
+        if dist.get_rank() == 0:
+            dist.send(buf, 1)
+        elif dist.get_rank() == 1:
+            dist.recv(buf, 0)
+        dist.barrier()
+        runs.append(time.perf_counter() - t0)
+    return n_bytes / statistics.median(runs)
+
+
+def moved_state_bytes(pipe: ElasticPipeline, keys: set[str]) -> int:
+    """Parameters, buffers and optimizer state (all tensors) of the layers in `keys`."""
+    stage = pipe._live_stage()
+    state = stage.optimizer.state if stage.optimizer is not None else {}
+    total = 0
+    for layer in stage.layers:
+        if layer.key in keys:
+            total += sum(v.numel() * v.element_size() for v in layer.module.state_dict().values())
+            total += sum(v.numel() * v.element_size() for p in layer.module.parameters()
+                         for v in state.get(p, {}).values() if torch.is_tensor(v))  # fmt: skip
+    totals: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(totals, total)
+    return sum(totals)
+
+
+def run(ctx: StageContext, steps: int) -> dict[str, Any]:
+    pipe = ElasticPipeline(uneven_stack(), optimizer=OPTIMIZER, loss_fn=F.mse_loss,
+                           n_microbatches=MICROBATCHES, partition=[8, 8],
+                           rebalance_every=EVERY)  # fmt: skip
+    before = step_times(pipe, EVERY)  # the 4th step ends with the automatic rebalance
+    migration = pipe.migrations[-1] if pipe.migrations else None
+    moved = {key for key, _, _ in migration.moved} if migration else set()
+    state_bytes = moved_state_bytes(pipe, moved)
+    step_times(pipe, 1)  # warm-up on the new plan
+    after = step_times(pipe, steps)
+    rebalanced = list(pipe.sizes)
+    offline = {}
+    for k in range(4, 11):  # the best split, found by trying them all on the same processes
+        pipe.repartition([k, LAYERS - k])
+        step_times(pipe, 1)
+        offline[k] = statistics.median(step_times(pipe, steps))
+    out = {"before": before[1:-1], "after": after, "rebalanced_sizes": rebalanced,
+           "offline": offline, "migration": None if migration is None else vars(migration),
+           "moved_state_bytes": state_bytes, "bandwidth": link_bandwidth(),
+           "events": [e for e in pipe.events if e["kind"] in ("replan", "migration")][:2]}
+    pipe.close()
+    return out  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--steps", type=int, default=3)
+    default_out = Path(__file__).parent / "results" / "rebalance.json"
+    parser.add_argument("--out", type=Path, default=default_out)
+    args = parser.parse_args()
+    r = pipeline.launch(functools.partial(run, steps=args.steps), 2, threads_per_stage=1)[0]
+    before, after = statistics.median(r["before"]), statistics.median(r["after"])
+    best_k, best = min(r["offline"].items(), key=lambda kv: kv[1])
+    m = r["migration"]
+    report = {
+        "config": {"layers": LAYERS, "heavy_layers": "0-7 (4x wider feed-forward)",
+                   "stages": 2, "microbatches": MICROBATCHES, "batch": BATCH,
+                   "rebalance_every": EVERY, "start": [8, 8]},
+        "rebalanced_sizes": r["rebalanced_sizes"],
+        "median_step_s": {"before": before, "after": after, "best_offline": best},
+        "best_offline_sizes": [int(best_k), LAYERS - int(best_k)],
+        "offline_step_s": r["offline"],
+        "throughput_after_vs_before": before / after,
+        "throughput_after_vs_best_offline": best / after,
+        "migration": m,
+        "bytes_moved": None if m is None else m["bytes_moved"],
+        "moved_layers_state_bytes": r["moved_state_bytes"],
+        "link_bandwidth_bytes_per_s": r["bandwidth"],
+        "pause_s": None if m is None else m["pause_s"],
+        "bytes_over_bandwidth_s": None if m is None else m["bytes_moved"] / r["bandwidth"],
+        "targets": {"after_vs_before": 1.25, "after_vs_best_offline": 0.95},
+        "events": r["events"],
+    }  # fmt: skip
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=2, default=str))
+    keys = ("rebalanced_sizes", "best_offline_sizes", "median_step_s",
+            "throughput_after_vs_before", "throughput_after_vs_best_offline", "bytes_moved",
+            "moved_layers_state_bytes", "pause_s", "bytes_over_bandwidth_s")  # fmt: skip
+    print(json.dumps({k: report[k] for k in keys}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
