@@ -37,7 +37,14 @@ from pipeline.partition import bounds, check_sizes, equal_sizes
 from pipeline.planner import Plan, Planner, evaluate, get_planner, replan
 from pipeline.planning import agree, measured_costs, profile_costs
 from pipeline.profile import CostCache, optimizer_state_ratio
-from pipeline.schedule import Action, ScheduleFn, get_schedule, stage_actions, validate
+from pipeline.schedule import (
+    Action,
+    ScheduleFn,
+    forward_only,
+    get_schedule,
+    stage_actions,
+    validate,
+)
 from pipeline.spec import LayerSpec, check_specs
 from pipeline.stage import LossFn, OptimizerFactory, Stage, StepTimes
 from pipeline.timeline import chrome_trace, partition_svg
@@ -163,9 +170,8 @@ class ElasticPipeline:
         self.partition_history[:] = [(self.step, list(sizes))]
         self._log("build", sizes=list(sizes), plan=None if plan is None else plan.to_dict())
 
-    def _plan_first(self, x: Any) -> None:
+    def _plan_first(self, example: Any) -> None:
         """partition="auto": profile one micro-batch's shapes, plan on rank 0, build."""
-        example = split_microbatches(x, self.n_microbatches, "x")[0]
         costs = profile_costs(self.specs, example, device=self.device, opt_ratio=self._opt_ratio,
                               cache=self.cost_cache, source=self.profile)  # fmt: skip
         schedule = self.schedule_name
@@ -197,7 +203,7 @@ class ElasticPipeline:
         chunks = split_microbatches(x, self.n_microbatches, "x")
         targets = split_microbatches(y, self.n_microbatches, "y")
         if self._stage is None:
-            self._plan_first(x)
+            self._plan_first(chunks[0])
         stage = self._live_stage()
         inputs = [as_carry(c, "the batch input") for c in chunks]
         measure = self._measure_next or self.step % 10 == 0
@@ -215,6 +221,29 @@ class ElasticPipeline:
         self._history.append((batch_size(x), times))
         self._maybe_rebalance(measure)
         return float(loss.item())
+
+    def forward(self, x: Any) -> Any:
+        """Inference on a batch (eval mode, no gradients): the model's output, on every rank.
+
+        The batch is split into as many equal micro-batches as divide it (at most
+        n_microbatches), so any batch size works.
+        """
+        if self._closed:
+            raise RuntimeError("this ElasticPipeline is closed")
+        size = batch_size(x)
+        m = max(k for k in range(1, self.n_microbatches + 1) if size % k == 0)
+        chunks = [as_carry(c, "the batch input") for c in split_microbatches(x, m, "x")]
+        if self._stage is None:
+            self._plan_first(chunks[0])
+        actions = stage_actions(forward_only, self.n_stages, m, self.rank)
+        outputs = self._live_stage().run_forward(actions, chunks)
+        result: Any = None
+        if self.rank == self.n_stages - 1:
+            merged = tuple(torch.cat(parts).cpu() for parts in zip(*outputs, strict=True))
+            result = merged[0] if len(merged) == 1 else merged
+        box = [result]
+        dist.broadcast_object_list(box, src=self.n_stages - 1)
+        return box[0]
 
     def _maybe_rebalance(self, measured: bool) -> None:
         due = self.rebalance_every is not None and self.step % self.rebalance_every == 0

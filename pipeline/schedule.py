@@ -49,6 +49,7 @@ __all__ = [
     "Op",
     "ScheduleError",
     "ScheduleFn",
+    "forward_only",
     "gpipe",
     "in_flight",
     "lower",
@@ -122,6 +123,12 @@ def one_f_one_b(n_stages: int, n_microbatches: int, stage: int) -> list[Action]:
         next_backward += 1
     actions.append(Action(Op.OPTIMIZER_STEP))
     return actions
+
+
+def forward_only(n_stages: int, n_microbatches: int, stage: int) -> list[Action]:
+    """Inference: every micro-batch's forward, no backward, no optimizer step."""
+    _check_shape(n_stages, n_microbatches, stage)
+    return [Action(Op.FORWARD, i) for i in range(n_microbatches)]
 
 
 SCHEDULES: dict[str, ScheduleFn] = {"gpipe": gpipe, "1f1b": one_f_one_b}

@@ -119,6 +119,7 @@ class Stage:
         self.next = PeerLink(index + 1, comm_device) if index < n_stages - 1 else None
         self.saved = SavedBytes()
         self.spans: list[Span] = []  # what this stage did during the last step
+        self._step, self._measure, self._n_microbatches = 0, False, 1
 
     def set_memory_actions(self, actions: Sequence[str]) -> None:
         if len(actions) != len(self.layers):
@@ -227,6 +228,39 @@ class Stage:
         end = time.perf_counter()
         self.spans.append(Span(self.index, name, start, end, category))
         return end - start
+
+    @torch.no_grad()
+    def run_forward(self, actions: Sequence[Action], inputs: Sequence[Carry] | None) -> list[Carry]:
+        """Inference over micro-batches (eval mode, no graph); the last stage's outputs."""
+        pending: dict[tuple[Op, int], Receive] = {}
+        outputs: dict[int, Carry] = {}
+        for link in (self.prev, self.next):
+            if link is not None:
+                link.begin_step()
+        modes = [layer.module.training for layer in self.layers]
+        for layer in self.layers:
+            layer.module.eval()
+        try:
+            for action in actions:
+                op, i = action.op, action.microbatch
+                if op is Op.RECV_ACT:
+                    assert self.prev is not None
+                    pending[(op, i)] = self.prev.recv_activations(i)
+                elif op is Op.FORWARD:
+                    carry = self._stage_input(i, inputs, pending, StepTimes())
+                    for layer in self.layers:
+                        carry = self._call(layer, i, carry)
+                    outputs[i] = carry
+                elif op is Op.SEND_ACT:
+                    assert self.next is not None
+                    self.next.send_activations(outputs.pop(i), i)
+            for link in (self.prev, self.next):
+                if link is not None:
+                    link.wait_sends()
+        finally:
+            for layer, mode in zip(self.layers, modes, strict=True):
+                layer.module.train(mode)
+        return [outputs[i] for i in sorted(outputs)]
 
     def _begin_step(self) -> None:
         self.spans = []

@@ -84,3 +84,32 @@ def test_inherit_weights_where_keys_and_shapes_match() -> None:
     assert not torch.equal(  # inherited weights are the trained ones, not a fresh init
         r["inherited"]["block2"]["linear1.weight"], fresh["block2"]["linear1.weight"]
     )
+
+
+def inference(ctx: StageContext) -> dict[str, Any]:
+    pipe = ElasticPipeline(transformer_stack(4, 16, 2, dropout=0.5), optimizer=ADAM,
+                           loss_fn=F.mse_loss, n_microbatches=4, seed=SEED)  # fmt: skip
+    x, y = seq(1)[0]
+    before = pipe.forward(x[:3])  # batch 3: split into 3 micro-batches; plans the pipeline
+    pipe.train_step(x, y)
+    out = {"before": before, "after": pipe.forward(x[:3]), "again": pipe.forward(x[:3])}
+    pipe.close()
+    return out
+
+
+def test_forward_is_inference_on_every_rank() -> None:
+    results = pipeline.launch(inference, 2, threads_per_stage=1, timeout_s=60)
+    assert torch.equal(results[0]["after"], results[1]["after"])  # every rank gets it
+    torch.set_num_threads(1)
+    ref = ReferenceTrainer(transformer_stack(4, 16, 2, dropout=0.5), optimizer=ADAM,
+                           loss_fn=F.mse_loss, n_microbatches=4, seed=SEED)  # fmt: skip
+    x = seq(1)[0][0]
+    for layer in ref.layers:
+        layer.eval()
+    with torch.no_grad():
+        expected = x[:3]
+        for layer in ref.layers:
+            expected = layer(expected)
+    assert torch.allclose(results[0]["before"], expected, atol=1e-5)
+    assert torch.equal(results[0]["after"], results[0]["again"])  # eval mode: no dropout
+    assert not torch.allclose(results[0]["after"], results[0]["before"])  # it trained
