@@ -20,8 +20,6 @@ Methods that gather (`train_step`, `repartition`, `rebalance`, `reconfigure`, `s
 from __future__ import annotations
 
 import dataclasses
-import json
-import statistics
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -29,6 +27,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from pipeline import report
 from pipeline.comm import as_carry
 from pipeline.costs import LayerCost, LinkCost
 from pipeline.microbatch import batch_size, split_microbatches
@@ -47,11 +46,9 @@ from pipeline.schedule import (
 )
 from pipeline.spec import LayerSpec, check_specs
 from pipeline.stage import LossFn, OptimizerFactory, Stage, StepTimes
-from pipeline.timeline import chrome_trace, partition_svg
 
 __all__ = ["ElasticPipeline"]
 
-_TIME_FIELDS = [f for f in StepTimes.__dataclass_fields__ if f != "peak_activation_bytes"]
 _DEFAULT_LINK = LinkCost(bandwidth_bytes_per_s=1e9, latency_s=1e-4)  # until one is measured
 
 
@@ -363,65 +360,18 @@ class ElasticPipeline:
         Times are medians over the last steps, per step (all micro-batches). Predicted
         numbers come from the plan in force (None before one exists).
         """
-        stage = self._live_stage()
-        recent = self._history[-last_steps:]
-        peaks = [t.peak_activation_bytes for _, t in self._history if t.peak_activation_bytes]
-        mine = {
-            "stage": self.rank,
-            "layers": [layer.key for layer in stage.layers],
-            "memory_actions": [layer.action for layer in stage.layers],
-            "param_bytes": stage.param_bytes(),
-            "state_bytes": stage.state_bytes(),
-            "measured_peak_activation_bytes": peaks[-1] if peaks else 0,  # latest measured
-            **{f: _median([getattr(t, f) for _, t in recent]) for f in _TIME_FIELDS},
-        }
-        per_stage: list[Any] = [None] * self.n_stages
-        dist.all_gather_object(per_stage, mine)
-        plan = self.plan
-        for s, entry in enumerate(per_stage):
-            activations = entry["measured_peak_activation_bytes"]
-            entry["measured_peak_bytes"] = entry["state_bytes"] + activations
-            entry["predicted_peak_bytes"] = plan.predicted_stage_bytes[s] if plan else None
-            entry["predicted_compute_s"] = (
-                plan.predicted_stage_s[s] * self.n_microbatches if plan else None
-            )
-        iteration_s = max(s["total_s"] for s in per_stage)
-        samples = _median([n for n, _ in recent])
-        return {
-            "generation": self.generation,
-            "steps": self.step,
-            "plan_version": self.version,
-            "plan": self.plan.to_dict() if self.plan else None,
-            "migrations": [dataclasses.asdict(m) for m in self.migrations],
-            "schedule": self.schedule_name or getattr(self.schedule, "__name__", "custom"),
-            "n_microbatches": self.n_microbatches,
-            "partition": list(self.sizes),
-            "iteration_s": iteration_s,
-            "predicted_iteration_s": self.plan.predicted_iteration_s if self.plan else None,
-            "samples_per_s": samples / iteration_s if iteration_s > 0 else 0.0,
-            "stages": per_stage,
-        }
+        return report.stats(self, self._live_stage(), last_steps)
 
     def save_partition_picture(self, path: str | Path) -> Path:
         """Write an SVG of which layers lived on which stage, step by step (this model)."""
-        svg = partition_svg(self.partition_history, [s.key for s in self.specs], self.step)
-        path = Path(path)
-        path.write_text(svg)
-        return path
+        return report.save_partition_picture(self, path)
 
     def save_timeline(self, path: str | Path) -> Path | None:
         """Write the last step of every stage as Chrome-trace JSON (open it in Perfetto).
 
         A collective: call it on every rank; rank 0 writes the file and returns its path.
         """
-        spans: list[Any] = [None] * self.n_stages
-        dist.all_gather_object(spans, self._live_stage().spans)
-        if self.rank != 0:
-            return None
-        trace = chrome_trace([s for part in spans for s in part], f"step {self.step - 1}")
-        path = Path(path)
-        path.write_text(json.dumps(trace))
-        return path
+        return report.save_timeline(self._live_stage(), path, f"step {self.step - 1}")
 
     def full_state_dict(self) -> dict[str, dict[str, torch.Tensor]]:
         """{layer key: its state dict on CPU}, in layer order, on rank 0; {} on other ranks."""
@@ -452,10 +402,6 @@ class ElasticPipeline:
                 "train a step first, or pass explicit stage sizes"
             )
         return self._stage
-
-
-def _median(values: Sequence[float]) -> float:
-    return float(statistics.median(values)) if values else 0.0
 
 
 def _checked_sizes(sizes: Sequence[int], n_layers: int, n_stages: int) -> list[int]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import json
 import multiprocessing
 import os
 import subprocess
@@ -141,18 +142,20 @@ def main(ctx):
     return [pipe.train_step(x, y) for _ in range(3)]
 
 if __name__ == "__main__":
+    import json, os, sys
     results = pipeline.launch(main, n_stages=2, threads_per_stage=1, timeout_s=30)
-    print("RESULT", torch.distributed.get_rank() if torch.distributed.is_initialized() else -1,
-          results)
+    with open(os.path.join(sys.argv[1], "rank%s.json" % os.environ["RANK"]), "w") as f:
+        json.dump(results, f)
 """
 
 
 def test_joins_torchrun_process_group(tmp_path: Path) -> None:
     script = tmp_path / "job.py"
     script.write_text(textwrap.dedent(TORCHRUN_SCRIPT))
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", str(script)]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+           "--standalone", str(script), str(tmp_path)]  # fmt: skip
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False)
     assert out.returncode == 0, out.stderr[-2000:]
-    lines = [line for line in out.stdout.splitlines() if line.startswith("RESULT")]
-    assert len(lines) == 2  # both torchrun processes returned every stage's losses
-    assert len({line.split(" ", 2)[2] for line in lines}) == 1
+    results = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    assert results[0] == results[1]  # both processes got every stage's losses
+    assert len(results[0]) == 2 and len(results[0][0]) == 3
