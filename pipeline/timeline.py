@@ -58,7 +58,7 @@ def partition_svg(history: Sequence[tuple[int, Sequence[int]]], keys: Sequence[s
     n_stages = len(history[0][1])
     label_w, top = 9 * max(len(k) for k in keys) + 10, 24
     width = label_w + cell * max(n_steps, 1) + 120
-    height = top + cell * len(keys) + 20
+    height = top + cell * len(keys) + 34
     parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
              f'font-family="monospace" font-size="11">',
              f'<text x="{label_w}" y="14">partition over {n_steps} steps '
@@ -75,6 +75,8 @@ def partition_svg(history: Sequence[tuple[int, Sequence[int]]], keys: Sequence[s
             parts.append(f'<rect x="{x}" y="{top + cell * row}" width="{w}" height="{cell - 1}" '
                          f'fill="{_COLOURS[stage % len(_COLOURS)]}"><title>{keys[row]}: stage '
                          f"{stage}, steps {start}-{end - 1}</title></rect>")  # fmt: skip
+        axis_y = top + cell * len(keys) + 14
+        parts.append(f'<text x="{x}" y="{axis_y}">step {start}</text>')
         for cut in accumulate(sizes[:-1]):  # a line under the last layer of each stage
             y = top + cell * cut - 0.5
             parts.append(f'<line x1="{x}" x2="{x + w}" y1="{y}" y2="{y}" stroke="white"/>')

@@ -1,0 +1,248 @@
+"""What every task offers the harness: a vocabulary, deterministic batches, loss and metrics.
+
+The pipeline runtime feeds the same batch to every stage process, so a task must produce
+identical tensors on every rank without talking to the others. Everything here is therefore
+a pure function of its arguments: batch order comes from a `torch.Generator` seeded with
+`derive_seed(...)` (a hash of the arguments that does not depend on Python's hash
+randomisation), never from the global RNG, and vocabularies are sorted, never iterated from
+a set.
+
+Shapes follow `pipeline.models`: logits are (batch, vocab, seq), the layout
+`F.cross_entropy` expects, and targets are (batch, seq) int64 with PAD (0) where there is
+nothing to predict.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from abc import ABC, abstractmethod
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+import torch.nn.functional as F
+
+__all__ = [
+    "BOS",
+    "EOS",
+    "PAD",
+    "SPLITS",
+    "UNK",
+    "Batch",
+    "Task",
+    "TokenStats",
+    "Vocab",
+    "check_batch_size",
+    "check_split",
+    "derive_seed",
+    "masked_cross_entropy",
+    "unigram_cross_entropy",
+]
+
+PAD, BOS, EOS, UNK = 0, 1, 2, 3
+SPECIALS = ("<pad>", "<bos>", "<eos>", "<unk>")
+SPLITS = ("train", "validation", "test")
+
+# x is a tensor (decoder-only) or a tuple of tensors (encoder-decoder); y is (batch, seq).
+Batch = tuple[torch.Tensor | tuple[torch.Tensor, ...], torch.Tensor]
+
+
+def check_split(split: str) -> None:
+    if split not in SPLITS:
+        raise ValueError(f"unknown split {split!r}; valid splits: {', '.join(SPLITS)}")
+
+
+def check_batch_size(batch_size: int) -> None:
+    if not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
+
+
+def derive_seed(*parts: object) -> int:
+    """A 63-bit seed from the parts' reprs: the same in every process, run and machine."""
+    digest = hashlib.blake2b(repr(parts).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") & (2**63 - 1)
+
+
+def generator(*parts: object) -> torch.Generator:
+    return torch.Generator().manual_seed(derive_seed(*parts))
+
+
+class Vocab:
+    """Characters to ids: PAD=0, BOS=1, EOS=2, UNK=3, then the characters by code point."""
+
+    def __init__(self, chars: Iterable[str]) -> None:
+        chars = sorted(set(chars))
+        bad = [c for c in chars if len(c) != 1]
+        if bad:
+            raise ValueError(f"a Vocab holds single characters, got {bad[:5]!r}")
+        self.chars: list[str] = chars
+        self.index = {c: i + len(SPECIALS) for i, c in enumerate(chars)}
+
+    @classmethod
+    def from_texts(cls, texts: Iterable[str]) -> Vocab:
+        chars: set[str] = set()
+        for text in texts:
+            chars.update(text)
+        return cls(chars)
+
+    def __len__(self) -> int:
+        return len(SPECIALS) + len(self.chars)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Vocab) and self.chars == other.chars
+
+    def __hash__(self) -> int:
+        return hash(tuple(self.chars))
+
+    def __repr__(self) -> str:
+        return f"Vocab({len(self)} tokens: {len(SPECIALS)} special, {len(self.chars)} chars)"
+
+    def encode(self, text: str, *, bos: bool = False, eos: bool = False) -> list[int]:
+        """Ids of `text`; characters outside the vocabulary become UNK."""
+        ids = [self.index.get(c, UNK) for c in text]
+        return [BOS] * bos + ids + [EOS] * eos
+
+    def decode(self, ids: Iterable[int] | torch.Tensor) -> str:
+        """The text of `ids`: stops at the first EOS, skips PAD and BOS, UNK becomes U+FFFD."""
+        values = ids.tolist() if isinstance(ids, torch.Tensor) else ids
+        out = []
+        for i in values:
+            if i == EOS:
+                break
+            if i in (PAD, BOS):
+                continue
+            if i == UNK:
+                out.append("\ufffd")
+            elif len(SPECIALS) <= i < len(self):
+                out.append(self.chars[i - len(SPECIALS)])
+            else:
+                raise ValueError(f"id {i} is outside the vocabulary of {len(self)} tokens")
+        return "".join(out)
+
+    def to_json(self) -> str:
+        return json.dumps(
+            {"specials": list(SPECIALS), "chars": "".join(self.chars)}, ensure_ascii=False
+        )
+
+    @classmethod
+    def from_json(cls, text: str) -> Vocab:
+        data = json.loads(text)
+        if not isinstance(data, dict) or data.get("specials") != list(SPECIALS):
+            raise ValueError(f"not a serialised Vocab with specials {list(SPECIALS)}")
+        return cls(data["chars"])
+
+
+def masked_cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Mean cross entropy (nats) over non-PAD targets; logits (B, V, T), targets (B, T).
+
+    A module-level function, so it pickles as a pipeline `loss_fn`. A batch whose targets are
+    all PAD gives NaN (0/0), as `F.cross_entropy` does; training batches never contain one.
+    """
+    return F.cross_entropy(logits, targets, ignore_index=PAD)
+
+
+@dataclass
+class TokenStats:
+    """Sums over batches of the per-token loss and accuracy, ignoring PAD targets."""
+
+    loss_sum: float = 0.0  # nats
+    correct: int = 0
+    count: int = 0
+
+    @torch.no_grad()
+    def update(self, logits: torch.Tensor, targets: torch.Tensor) -> TokenStats:
+        if (
+            logits.dim() != 3
+            or logits.shape[0] != targets.shape[0]
+            or (logits.shape[2] != targets.shape[1])
+        ):
+            raise ValueError(
+                f"expected logits (B, V, T) and targets (B, T), got "
+                f"{tuple(logits.shape)} and {tuple(targets.shape)}"
+            )
+        mask = targets != PAD
+        losses = F.cross_entropy(logits.float(), targets, reduction="none", ignore_index=PAD)
+        self.loss_sum += float(losses[mask].sum())
+        self.correct += int(((logits.argmax(1) == targets) & mask).sum())
+        self.count += int(mask.sum())
+        return self
+
+    @property
+    def loss(self) -> float:
+        return self.loss_sum / self.count if self.count else math.nan
+
+    @property
+    def accuracy(self) -> float:
+        return self.correct / self.count if self.count else math.nan
+
+    @property
+    def bits_per_token(self) -> float:
+        return self.loss / math.log(2)
+
+
+def unigram_cross_entropy(
+    train: Sequence[int], targets: Sequence[int], vocab_size: int, support: Sequence[int]
+) -> float:
+    """Cross entropy (nats) of `targets` under the add-one-smoothed unigram of `train`.
+
+    Every id in `support` (the tokens a model may predict) gets one pseudo-count, so a token
+    that never occurs in training still has a finite cost; ids outside it get none.
+    """
+    counts = torch.zeros(vocab_size, dtype=torch.float64)
+    counts[torch.tensor(support, dtype=torch.long)] += 1
+    counts += torch.bincount(torch.tensor(train, dtype=torch.long), minlength=vocab_size)
+    log_p = counts.log() - counts.sum().log()
+    return float(-log_p[torch.tensor(targets, dtype=torch.long)].mean())
+
+
+class Task(ABC):
+    """A data set with fixed train/validation/test splits, batched identically on every rank.
+
+    `baseline_metric` names the key of `metrics()` that `unigram_baseline()` is comparable to.
+    """
+
+    name: ClassVar[str]
+    baseline_metric: ClassVar[str]
+    vocab: Vocab
+
+    @abstractmethod
+    def size(self, split: str) -> int:
+        """The number of examples (pairs, or characters for a language model) in `split`."""
+
+    @abstractmethod
+    def batches(
+        self, split: str, batch_size: int, *, seed: int = 0, epoch: int = 0
+    ) -> Iterator[Batch]:
+        """One epoch of `split` as (x, y) batches, the same tensors for the same arguments.
+
+        Every batch has exactly `batch_size` rows (so the pipeline can split it into
+        micro-batches): training drops the incomplete last batch (a different one each epoch);
+        evaluation splits ignore seed and epoch, keep every example once in a fixed order, and
+        fill the last batch with copies of its first row's inputs whose targets are all PAD.
+        Such filler rows count for nothing in `TokenStats`; a micro-batch made only of them
+        would make the mean loss NaN, so evaluate with `metrics`/`TokenStats` sums.
+        """
+
+    @abstractmethod
+    def unigram_baseline(self, split: str) -> float:
+        """What predicting every target from the training unigram scores on `split`."""
+
+    def loss_fn(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return masked_cross_entropy(logits, targets)
+
+    def metrics(self, logits: torch.Tensor, targets: torch.Tensor) -> dict[str, float]:
+        return self.summarise(TokenStats().update(logits, targets))
+
+    def summarise(self, stats: TokenStats) -> dict[str, float]:
+        """The task's metrics from token statistics accumulated over any number of batches."""
+        return {"loss": stats.loss, "accuracy": stats.accuracy, "tokens": float(stats.count)}
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "task": self.name,
+            "vocab_size": len(self.vocab),
+            "sizes": {split: self.size(split) for split in SPLITS},
+        }

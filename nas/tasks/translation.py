@@ -1,0 +1,284 @@
+"""English->German translation of names, from the gettext catalogs that ship with pycountry.
+
+DESIGN.md section 5 wants an encoder-decoder task with real data that needs no download,
+like the Evolved Transformer's WMT'14 En-De. pycountry's German catalogs for countries
+(ISO 3166-1), subdivisions (3166-2), languages (639-3), currencies (4217) and scripts (15924)
+map English names (msgid) to German ones (msgstr): "Germany" -> "Deutschland".
+
+Cleaning, in this order: text is NFC-normalised, whitespace collapsed and stripped;
+untranslated (empty) entries and identity pairs (German == English, e.g. most subdivision
+names) are dropped; exact duplicate pairs (the same name in two catalogs) are kept once;
+pairs with either side longer than `max_chars` (48) characters are dropped (11 of 4,069,
+up to 101 characters; they would double the padded length for 0.3% of the data). A few
+English names have two German translations in different catalogs ("Rakhine" is the state
+"Rakhaing" and the language "Kado"); both are kept, and the split keeps them together.
+
+Split: the distinct English names are sorted, shuffled with `random.Random(seed)` (stable
+across machines and torch versions) and cut 80/10/10 into train/validation/test, so no
+source name is shared between splits. Within a split, pairs are sorted.
+
+Batches, character level, teacher forcing: x = (src (B, S), tgt_in (B, T)), y = tgt_out
+(B, T), all int64, PAD = 0; src is the English characters, tgt_in = BOS + German,
+tgt_out = German + EOS. S and T are the longest in the batch, or `max_chars` and
+`max_chars + 1` with `fixed_length=True`.
+"""
+
+from __future__ import annotations
+
+import gettext
+import random
+import unicodedata
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from nas.tasks.base import (
+    BOS,
+    EOS,
+    PAD,
+    SPLITS,
+    Task,
+    Vocab,
+    check_batch_size,
+    check_split,
+    generator,
+    unigram_cross_entropy,
+)
+from nas.tasks.metrics import decode_metrics
+
+__all__ = ["DOMAINS", "Translation", "greedy_decode", "load_pairs", "read_catalog", "split_pairs"]
+
+DOMAINS = ("iso3166-1", "iso3166-2", "iso639-3", "iso4217", "iso15924")
+FRACTIONS = (0.8, 0.1, 0.1)  # train, validation, test
+Pair = tuple[str, str]
+# x = (src (B, S), tgt_in (B, T)), y = tgt_out (B, T)
+TranslationBatch = tuple[tuple[torch.Tensor, torch.Tensor], torch.Tensor]
+StepFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def locales_dir() -> Path:
+    try:
+        import pycountry
+    except ImportError as error:
+        raise ImportError(
+            "the translation task reads pycountry's catalogs: pip install pycountry"
+        ) from error
+    return Path(pycountry.LOCALES_DIR)
+
+
+def read_catalog(path: Path) -> dict[str, str]:
+    """msgid -> msgstr of a compiled gettext catalog (.mo), without the header entry."""
+    if not path.is_file():
+        raise FileNotFoundError(f"no gettext catalog at {path}")
+    with path.open("rb") as f:
+        translations = gettext.GNUTranslations(f)
+    # gettext has no public way to list a catalog; `_catalog` has held it since Python 2.
+    catalog = getattr(translations, "_catalog", None)
+    if not isinstance(catalog, dict):
+        raise RuntimeError(
+            f"cannot list the messages of {path}: gettext.GNUTranslations "
+            "no longer has a `_catalog` dict"
+        )
+    return {k: v for k, v in catalog.items() if isinstance(k, str) and k and isinstance(v, str)}
+
+
+def _clean(text: str) -> str:
+    return " ".join(unicodedata.normalize("NFC", text).split())
+
+
+def load_pairs(
+    language: str = "de", domains: Sequence[str] = DOMAINS
+) -> tuple[list[Pair], dict[str, int]]:
+    """Sorted distinct (English, translation) pairs of the catalogs, and cleaning counts."""
+    counts = {"entries": 0, "untranslated": 0, "identical": 0, "duplicates": 0}
+    pairs: set[Pair] = set()
+    root = locales_dir()
+    for domain in domains:
+        for english, foreign in read_catalog(
+            root / language / "LC_MESSAGES" / f"{domain}.mo"
+        ).items():
+            english, foreign = _clean(english), _clean(foreign)
+            counts["entries"] += 1
+            if not english or not foreign:
+                counts["untranslated"] += 1
+            elif english == foreign:
+                counts["identical"] += 1
+            elif (english, foreign) in pairs:
+                counts["duplicates"] += 1
+            else:
+                pairs.add((english, foreign))
+    return sorted(pairs), counts
+
+
+def split_pairs(
+    pairs: Sequence[Pair], seed: int, fractions: Sequence[float] = FRACTIONS
+) -> dict[str, list[Pair]]:
+    """Train/validation/test by distinct source name, fixed by `seed` (see module docstring)."""
+    if len(fractions) != 3 or any(f <= 0 for f in fractions) or abs(sum(fractions) - 1) > 1e-9:
+        raise ValueError(
+            f"fractions must be three positive numbers summing to 1, got {tuple(fractions)}"
+        )
+    sources = sorted({english for english, _ in pairs})
+    random.Random(seed).shuffle(sources)
+    n_val = round(fractions[1] * len(sources))
+    n_test = round(fractions[2] * len(sources))
+    cuts = {
+        "validation": sources[:n_val],
+        "test": sources[n_val : n_val + n_test],
+        "train": sources[n_val + n_test :],
+    }
+    split_of = {source: split for split, names in cuts.items() for source in names}
+    out: dict[str, list[Pair]] = {split: [] for split in SPLITS}
+    for pair in sorted(pairs):
+        out[split_of[pair[0]]].append(pair)
+    return out
+
+
+@torch.no_grad()
+def greedy_decode(step_fn: StepFn, src_ids: torch.Tensor, max_len: int) -> list[list[int]]:
+    """Greedy generation: ids per row, without BOS and EOS, at most `max_len` tokens.
+
+    `step_fn(src_ids, tgt_in_ids)` returns logits (B, V, T) for tgt_in (B, T); the next token
+    is the argmax at the last position. Rows that have emitted EOS are fed PAD afterwards.
+    """
+    if src_ids.dim() != 2:
+        raise ValueError(f"src_ids must be (batch, seq), got shape {tuple(src_ids.shape)}")
+    rows = src_ids.shape[0]
+    tgt = torch.full((rows, 1), BOS, dtype=torch.long, device=src_ids.device)
+    done = torch.zeros(rows, dtype=torch.bool, device=src_ids.device)
+    for _ in range(max_len):
+        logits = step_fn(src_ids, tgt)
+        if logits.dim() != 3 or logits.shape[0] != rows or logits.shape[2] != tgt.shape[1]:
+            raise ValueError(
+                f"step_fn must return logits (B, V, T) = ({rows}, V, "
+                f"{tgt.shape[1]}), got {tuple(logits.shape)}"
+            )
+        token = logits[:, :, -1].argmax(1).masked_fill(done, PAD)
+        tgt = torch.cat([tgt, token[:, None]], dim=1)
+        done |= token == EOS
+        if bool(done.all()):
+            break
+    out = []
+    for row in tgt[:, 1:].tolist():
+        ids = row[: row.index(EOS)] if EOS in row else row
+        out.append([i for i in ids if i != PAD])
+    return out
+
+
+class Translation(Task):
+    """English->German names; `metrics` reports loss (nats/token), token accuracy."""
+
+    name = "translation"
+    baseline_metric = "loss"
+
+    def __init__(
+        self,
+        *,
+        seed: int = 0,
+        max_chars: int = 48,
+        fixed_length: bool = False,
+        language: str = "de",
+    ) -> None:
+        if max_chars < 1:
+            raise ValueError(f"max_chars must be positive, got {max_chars}")
+        self.seed, self.max_chars, self.fixed_length = seed, max_chars, fixed_length
+        pairs, self.counts = load_pairs(language)
+        kept = [p for p in pairs if max(len(p[0]), len(p[1])) <= max_chars]
+        self.counts["too_long"] = len(pairs) - len(kept)
+        self.counts["pairs"] = len(kept)
+        if not kept:
+            raise ValueError(f"no {language!r} pairs of at most {max_chars} characters")
+        self.vocab = Vocab.from_texts(text for pair in kept for text in pair)
+        self.splits = split_pairs(kept, seed)
+        self._encoded = {
+            split: [(self.vocab.encode(en), self.vocab.encode(de)) for en, de in pairs]
+            for split, pairs in self.splits.items()
+        }
+
+    def size(self, split: str) -> int:
+        check_split(split)
+        return len(self.splits[split])
+
+    def describe(self) -> dict[str, Any]:
+        return {**super().describe(), "max_chars": self.max_chars, "cleaning": dict(self.counts)}
+
+    def pairs(self, split: str) -> list[Pair]:
+        check_split(split)
+        return list(self.splits[split])
+
+    def _collate(
+        self, rows: Sequence[tuple[list[int], list[int]]], filler: int
+    ) -> TranslationBatch:
+        """Pad `rows` into a batch, plus `filler` copies of row 0 whose targets are all PAD."""
+        s = self.max_chars if self.fixed_length else max(len(src) for src, _ in rows)
+        t = self.max_chars + 1 if self.fixed_length else max(len(tgt) for _, tgt in rows) + 1
+        n = len(rows) + filler
+        src = torch.full((n, s), PAD, dtype=torch.long)
+        tgt_in = torch.full((n, t), PAD, dtype=torch.long)
+        tgt_out = torch.full((n, t), PAD, dtype=torch.long)
+        for i in range(n):
+            a, b = rows[i] if i < len(rows) else rows[0]
+            src[i, : len(a)] = torch.tensor(a, dtype=torch.long)
+            tgt_in[i, : len(b) + 1] = torch.tensor([BOS, *b], dtype=torch.long)
+            if i < len(rows):
+                tgt_out[i, : len(b) + 1] = torch.tensor([*b, EOS], dtype=torch.long)
+        return (src, tgt_in), tgt_out
+
+    def _chunks(
+        self, split: str, batch_size: int, seed: int, epoch: int
+    ) -> Iterator[tuple[list[int], TranslationBatch]]:
+        """(indices into the split, batch); filler rows carry no index."""
+        check_split(split)
+        check_batch_size(batch_size)
+        data = self._encoded[split]
+        if split == "train":
+            order = torch.randperm(len(data), generator=generator("translation", seed, epoch))
+            if len(data) < batch_size:
+                raise ValueError(
+                    f"the training split has {len(data)} pairs, fewer than batch_size={batch_size}"
+                )
+            indices = order.tolist()
+            indices = indices[: len(indices) - len(indices) % batch_size]
+        else:
+            indices = list(range(len(data)))
+        for start in range(0, len(indices), batch_size):
+            chunk = indices[start : start + batch_size]
+            yield chunk, self._collate([data[i] for i in chunk], batch_size - len(chunk))
+
+    def batches(
+        self, split: str, batch_size: int, *, seed: int = 0, epoch: int = 0
+    ) -> Iterator[TranslationBatch]:
+        for _, batch in self._chunks(split, batch_size, seed, epoch):
+            yield batch
+
+    def generate(
+        self, step_fn: StepFn, split: str, *, batch_size: int = 64, max_len: int | None = None
+    ) -> list[str]:
+        """Greedy translations of every source of `split`, in `pairs(split)` order."""
+        if split == "train":
+            raise ValueError("generate() reads an evaluation split: 'validation' or 'test'")
+        limit = self.max_chars + 1 if max_len is None else max_len
+        out: list[str] = []
+        for chunk, ((src, _), _) in self._chunks(split, batch_size, 0, 0):
+            ids = greedy_decode(step_fn, src, limit)[: len(chunk)]
+            out += [self.vocab.decode(row) for row in ids]
+        return out
+
+    def generation_metrics(
+        self, step_fn: StepFn, split: str = "validation", *, batch_size: int = 64
+    ) -> dict[str, float]:
+        """Exact match and chrF of greedy translations against the references."""
+        hypotheses = self.generate(step_fn, split, batch_size=batch_size)
+        return decode_metrics(hypotheses, [de for _, de in self.splits[split]])
+
+    def unigram_baseline(self, split: str) -> float:
+        """Nats per target token (characters and EOS) under the training unigram."""
+        check_split(split)
+
+        def targets(name: str) -> list[int]:
+            return [i for _, tgt in self._encoded[name] for i in [*tgt, EOS]]
+
+        support = [EOS, *range(len(self.vocab) - len(self.vocab.chars), len(self.vocab))]
+        return unigram_cross_entropy(targets("train"), targets(split), len(self.vocab), support)

@@ -1,0 +1,169 @@
+"""English->German names from pycountry: pairs, split, batches, decoding and baselines."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from nas.tasks import BOS, EOS, PAD, SPLITS, Translation, get_task, greedy_decode
+from nas.tasks.translation import StepFn, load_pairs, split_pairs
+
+
+@pytest.fixture(scope="module")
+def task() -> Translation:
+    return Translation(seed=0)
+
+
+def test_pairs_are_distinct_translations(task: Translation) -> None:
+    pairs, counts = load_pairs()
+    assert 3_900 <= len(pairs) <= 4_400  # 4,069 with pycountry 26.2.16
+    assert len(set(pairs)) == len(pairs) and pairs == sorted(pairs)
+    assert all(en and de and en != de for en, de in pairs)
+    assert all(en == " ".join(en.split()) and de == " ".join(de.split()) for en, de in pairs)
+    assert ("Germany", "Deutschland") in pairs
+    assert counts["identical"] > 0 and counts["duplicates"] > 0
+    assert task.counts["pairs"] == len(pairs) - task.counts["too_long"]
+    assert sum(task.size(s) for s in SPLITS) == task.counts["pairs"]
+    assert all(max(len(en), len(de)) <= 48 for s in SPLITS for en, de in task.pairs(s))
+
+
+def test_split_is_disjoint_covering_and_stable(task: Translation) -> None:
+    splits = {s: task.pairs(s) for s in SPLITS}
+    everything = [p for s in SPLITS for p in splits[s]]
+    assert sorted(everything) == sorted(p for p in load_pairs()[0] if max(map(len, p)) <= 48)
+    sources = {s: {en for en, _ in splits[s]} for s in SPLITS}
+    assert not sources["train"] & sources["validation"]
+    assert not sources["train"] & sources["test"] and not sources["validation"] & sources["test"]
+    assert 0.09 < len(splits["validation"]) / len(everything) < 0.11
+    assert 0.09 < len(splits["test"]) / len(everything) < 0.11
+    assert splits["validation"][:3] == [  # the seed-0 fingerprint (pycountry 26.2.16)
+        ("Adamorobe Sign Language", "Adamorobe-Gebärdensprache"),
+        ("Adasen", "Itneg"),
+        ("Adivasi Oriya", "Oriya Adivasi"),
+    ]
+    again = split_pairs(everything, seed=0)
+    assert again == task.splits
+    assert split_pairs(everything, seed=1)["validation"] != splits["validation"]
+    with pytest.raises(ValueError, match="fractions"):
+        split_pairs(everything, seed=0, fractions=(0.5, 0.5))
+
+
+def test_batches_identical_across_constructions_and_vary_with_seed_and_epoch(
+    task: Translation,
+) -> None:
+    other = Translation(seed=0)  # another rank builds its own task
+
+    def first(t: Translation, seed: int, epoch: int) -> list[torch.Tensor]:
+        (src, tgt_in), tgt_out = next(t.batches("train", 16, seed=seed, epoch=epoch))
+        return [src, tgt_in, tgt_out]
+
+    for a, b in zip(first(task, 3, 1), first(other, 3, 1), strict=True):
+        assert torch.equal(a, b)
+    assert not torch.equal(first(task, 3, 1)[2], first(task, 3, 2)[2])
+    assert not torch.equal(first(task, 3, 1)[2], first(task, 4, 1)[2])
+    n = sum(1 for _ in task.batches("train", 64, seed=0, epoch=0))
+    assert n == task.size("train") // 64
+
+
+def test_padding_bos_eos_and_dtypes(task: Translation) -> None:
+    lookup: dict[str, set[str]] = {}
+    for en, de in task.pairs("train"):
+        lookup.setdefault(en, set()).add(de)
+    (src, tgt_in), tgt_out = next(task.batches("train", 32, seed=0, epoch=0))
+    assert src.dtype == tgt_in.dtype == tgt_out.dtype == torch.int64
+    assert src.shape[0] == 32 and tgt_in.shape == tgt_out.shape
+    assert int((src != PAD).sum(1).max()) == src.shape[1]  # padded to the longest
+    for i in range(32):
+        en, de = task.vocab.decode(src[i]), task.vocab.decode(tgt_out[i])
+        assert de in lookup[en]
+        n = len(de)
+        assert tgt_in[i, 0] == BOS and torch.equal(tgt_in[i, 1 : n + 1], tgt_out[i, :n])
+        assert tgt_out[i, n] == EOS
+        assert (tgt_out[i, n + 1 :] == PAD).all() and (tgt_in[i, n + 1 :] == PAD).all()
+        assert (src[i, len(en) :] == PAD).all()
+    fixed = Translation(seed=0, fixed_length=True)
+    (src, tgt_in), tgt_out = next(fixed.batches("train", 8, seed=0, epoch=0))
+    assert src.shape == (8, 48) and tgt_in.shape == tgt_out.shape == (8, 49)
+
+
+def test_evaluation_batches_cover_the_split_once_in_full_batches(task: Translation) -> None:
+    seen = []
+    for (src, tgt_in), tgt_out in task.batches("validation", 64):
+        assert src.shape[0] == tgt_in.shape[0] == tgt_out.shape[0] == 64
+        for i in range(64):
+            if (tgt_out[i] != PAD).any():
+                seen.append((task.vocab.decode(src[i]), task.vocab.decode(tgt_out[i])))
+            else:  # a filler row: row 0's inputs, nothing to predict
+                assert torch.equal(src[i], src[0]) and torch.equal(tgt_in[i], tgt_in[0])
+    assert seen == task.pairs("validation")
+
+
+def oracle(task: Translation) -> tuple[dict[str, str], StepFn]:
+    """A step_fn that knows the references: one-hot logits of the next target character."""
+    answers = {en: de for s in SPLITS for en, de in task.pairs(s)}
+
+    targets: dict[tuple[int, ...], list[int]] = {}  # src ids -> the reference's ids + EOS
+
+    def step_fn(src: torch.Tensor, tgt_in: torch.Tensor) -> torch.Tensor:
+        rows = []
+        for key in map(tuple, src.tolist()):
+            if key not in targets:
+                targets[key] = task.vocab.encode(answers[task.vocab.decode(key)], eos=True)
+            row = targets[key][: tgt_in.shape[1]]
+            rows.append(row + [EOS] * (tgt_in.shape[1] - len(row)))
+        one_hot = torch.nn.functional.one_hot(torch.tensor(rows), len(task.vocab))
+        return one_hot.float().transpose(1, 2)  # (B, V, T)
+
+    return answers, step_fn
+
+
+def test_greedy_decode_and_generation_metrics(task: Translation) -> None:
+    answers, step_fn = oracle(task)
+    hyps = task.generate(step_fn, "validation", batch_size=50)
+    assert hyps == [answers[en] for en, _ in task.pairs("validation")]
+    metrics = task.generation_metrics(step_fn, "validation")
+    assert metrics["exact_match"] >= 0.99 and metrics["chrf"] >= 99.0
+    with pytest.raises(ValueError, match="evaluation split"):
+        task.generate(step_fn, "train")
+
+
+def test_greedy_decode_stops_at_eos_and_max_len() -> None:
+    def counting(src: torch.Tensor, tgt_in: torch.Tensor) -> torch.Tensor:
+        # row 0 emits 5, 6, EOS; row 1 always emits 7
+        logits = torch.zeros(2, 10, tgt_in.shape[1])
+        script = [5, 6, EOS]
+        logits[0, script[min(tgt_in.shape[1] - 1, 2)], -1] = 1.0
+        logits[1, 7, -1] = 1.0
+        return logits
+
+    assert greedy_decode(counting, torch.zeros(2, 3, dtype=torch.long), 6) == [
+        [5, 6],
+        [7, 7, 7, 7, 7, 7],
+    ]
+
+    def wrong(src: torch.Tensor, tgt_in: torch.Tensor) -> torch.Tensor:
+        return torch.zeros(2, tgt_in.shape[1], 10)
+
+    with pytest.raises(ValueError, match=r"logits \(B, V, T\)"):
+        greedy_decode(wrong, torch.zeros(2, 3, dtype=torch.long), 4)
+
+
+def test_metrics_and_unigram_baseline(task: Translation) -> None:
+    _, tgt_out = next(task.batches("validation", 8))
+    uniform = task.metrics(torch.zeros(8, len(task.vocab), tgt_out.shape[1]), tgt_out)
+    assert uniform["loss"] == pytest.approx(math.log(len(task.vocab)))
+    assert uniform["tokens"] == int((tgt_out != PAD).sum())
+    for split in SPLITS:
+        baseline = task.unigram_baseline(split)
+        assert 0 < baseline < math.log(len(task.vocab)) and math.isfinite(baseline)
+    assert task.baseline_metric == "loss"
+
+
+def test_facade_and_errors(task: Translation) -> None:
+    assert isinstance(get_task("translation", seed=0), Translation)
+    with pytest.raises(ValueError, match="valid splits: train, validation, test"):
+        task.size("dev")
+    with pytest.raises(ValueError, match="batch_size"):
+        next(task.batches("train", 0))
