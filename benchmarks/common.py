@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import torch
 import torch.distributed as dist
@@ -27,7 +27,7 @@ def batch(seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def timed_rounds(
-    runs: dict[str, Callable[[], object]], rounds: int, steps: int
+    runs: Mapping[str, Callable[[], object]], rounds: int, steps: int
 ) -> dict[str, list[float]]:
     """Seconds per step of each run, `rounds` times, runs interleaved, barrier to barrier."""
     seconds: dict[str, list[float]] = {name: [] for name in runs}

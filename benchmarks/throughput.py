@@ -26,8 +26,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
+from common import timed_rounds
 from torch import nn
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
@@ -96,15 +96,7 @@ def run_pipelines(ctx: StageContext, rounds: int, steps: int) -> dict[str, Any]:
     for step in runs.values():  # warm-up: allocator, shape inference, connections
         for _ in range(2):
             step()
-    seconds: dict[str, list[float]] = {name: [] for name in runs}
-    for _ in range(rounds):
-        for name, step in runs.items():
-            dist.barrier()
-            t0 = time.perf_counter()
-            for _ in range(steps):
-                step()
-            dist.barrier()
-            seconds[name].append((time.perf_counter() - t0) / steps)
+    seconds = timed_rounds(runs, rounds, steps)
     return {
         "step_s": seconds,
         "profile": {"ours_gpipe": pipe_gpipe.stats(), "ours_1f1b": pipe_1f1b.stats()},

@@ -194,6 +194,7 @@ class Planner(abc.ABC):
     """Turns layer costs into a Plan. Subclasses take their options in `__init__`."""
 
     name: ClassVar[str] = ""
+    host_link: LinkCost | None = None  # what a swap to host memory costs, where allowed
 
     @abc.abstractmethod
     def plan(
@@ -220,7 +221,7 @@ class Planner(abc.ABC):
     ) -> Plan:
         """Put this planner's numbers on a layout it did not choose (e.g. the current one)."""
         return evaluate(costs, sizes, actions, schedule=schedule, n_microbatches=n_microbatches,
-                        link=link, planner=self.name)  # fmt: skip
+                        link=link, host_link=self.host_link, planner=self.name)  # fmt: skip
 
     def __repr__(self) -> str:
         options = ", ".join(f"{k}={v!r}" for k, v in vars(self).items() if not k.startswith("_"))

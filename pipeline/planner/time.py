@@ -46,7 +46,6 @@ from pipeline.planner.base import (
     Plan,
     Planner,
     check_problem,
-    evaluate,
     first_true,
     in_flight_counts,
     solve,
@@ -216,7 +215,7 @@ class TimePlanner(Planner):
         rtol: float = 1e-10,
     ) -> None:
         self.allow_swap = allow_swap
-        self.host_link = host_link or DEFAULT_HOST_LINK
+        self.host_link: LinkCost = host_link or DEFAULT_HOST_LINK
         self.exact_limit = exact_limit
         self.rtol = rtol
 
@@ -252,19 +251,6 @@ class TimePlanner(Planner):
         sizes = [cuts[s + 1] - cuts[s] for s in range(n_stages)]
         return self.evaluate(costs, sizes, actions, schedule=schedule,
                              n_microbatches=n_microbatches, link=link)  # fmt: skip
-
-    def evaluate(
-        self,
-        costs: Sequence[LayerCost],
-        sizes: Sequence[int],
-        actions: Sequence[str] | None = None,
-        *,
-        schedule: str = "1f1b",
-        n_microbatches: int = 8,
-        link: LinkCost | None = None,
-    ) -> Plan:
-        return evaluate(costs, sizes, actions, schedule=schedule, n_microbatches=n_microbatches,
-                        link=link, host_link=self.host_link, planner=self.name)  # fmt: skip
 
     def _reduce_options(self, costs: Sequence[LayerCost]) -> tuple[list[float], list[str]]:
         """Per layer: the cheapest way to drop its saved activations, and its label."""
