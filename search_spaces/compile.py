@@ -1,0 +1,240 @@
+"""Compile an architecture to pipeline layers: one `LayerSpec` per cell.
+
+A cell is the planner's unit: big enough that a layer's compute dwarfs its messages, small
+enough (several per model) that stages can be balanced. Keys are stable ("embed_src",
+"enc0", ..., "embed_tgt", "dec0", ..., "head"; "embed", "dec0", ..., "head" for a
+decoder-only model), so weights (seeded by key) and migrations follow a cell by its place.
+Factories are `functools.partial`s of the module-level classes below: picklable.
+
+The carry (what flows between layers; each layer takes it as ONE tuple argument):
+
+    encoder-decoder, batch x = (src_ids (B, S) int64, tgt_in_ids (B, T) int64)
+      embed_src : (src, tgt)                    -> (enc (B,S,D), src, tgt)
+      enc<i>    : (enc, src, tgt)               -> (enc, src, tgt)
+      embed_tgt : (enc, src, tgt)               -> (memory (B,S,D), src, dec (B,T,D), tgt)
+      dec<i>    : (memory, src, dec, tgt)       -> (memory, src, dec, tgt)
+      head      : (memory, src, dec, tgt)       -> logits (B, vocab, T)
+
+    decoder-only, batch x = ids (B, T) int64
+      embed     : ids                           -> (h (B,T,D), ids)
+      dec<i>    : (h, ids)                      -> (h, ids)
+      head      : (h, ids)                      -> logits (B, vocab, T)
+
+Every hidden state travels with the ids that define its padding mask (ids == pad_id), so
+a layer on any stage can rebuild the mask; the decoder's state is always carry[-2] and its
+ids carry[-1]. embed_tgt applies the encoder's final LayerNorm to the memory, the head the
+decoder's (pre-norm, as tensor2tensor and `nn.Transformer(norm_first=True)`). The loss is
+`F.cross_entropy(logits, tgt_out_ids, ignore_index=pad_id)`. pad_id=None means "no
+padding": nothing is masked (use it when pad_id could be a real token). Target padding is
+masked too, so targets may be padded on either side; give BOS its own id, not pad_id.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+from torch import nn
+
+from pipeline.spec import LayerSpec
+from search_spaces.architecture import Architecture, Cell
+from search_spaces.cells import CellModule
+from search_spaces.layers import Context
+
+__all__ = [
+    "DecoderCell",
+    "EncoderCell",
+    "Head",
+    "LMCell",
+    "LMEmbedding",
+    "SourceEmbedding",
+    "TargetEmbedding",
+    "TokenEmbedding",
+    "compile",
+    "parameter_count",
+]
+
+Tensor = torch.Tensor
+
+
+def _pad_mask(ids: Tensor, pad_id: int | None) -> Tensor | None:
+    return None if pad_id is None else ids == pad_id  # (B, T) bool, True at padding
+
+
+class TokenEmbedding(nn.Module):
+    """Token + learned position embedding, then dropout: (B, T) int64 -> (B, T, D)."""
+
+    def __init__(self, vocab: int, d_model: int, max_len: int, dropout: float) -> None:
+        super().__init__()
+        self.tokens = nn.Embedding(vocab, d_model)
+        self.positions = nn.Embedding(max_len, d_model)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, ids: Tensor) -> Tensor:
+        length, max_len = ids.shape[1], self.positions.num_embeddings
+        if length > max_len:
+            raise ValueError(f"sequence length {length} exceeds max_len {max_len}")
+        positions = torch.arange(length, device=ids.device)
+        return self.dropout(self.tokens(ids) + self.positions(positions))
+
+
+class SourceEmbedding(nn.Module):
+    """embed_src: (src, tgt) -> (enc, src, tgt)."""
+
+    def __init__(self, vocab: int, d_model: int, max_len: int, dropout: float) -> None:
+        super().__init__()
+        self.embed = TokenEmbedding(vocab, d_model, max_len, dropout)
+
+    def forward(self, carry: tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor, Tensor]:
+        src, tgt = carry
+        return self.embed(src), src, tgt
+
+
+class EncoderCell(nn.Module):
+    """enc<i>: (enc, src, tgt) -> (enc, src, tgt); a bidirectional cell."""
+
+    def __init__(self, cell: Cell, d_model: int, dropout: float, pad_id: int | None) -> None:
+        super().__init__()
+        self.cell = CellModule(cell, d_model, causal=False, dropout=dropout)
+        self.pad_id = pad_id
+
+    def forward(self, carry: tuple[Tensor, Tensor, Tensor]) -> tuple[Tensor, Tensor, Tensor]:
+        enc, src, tgt = carry
+        return self.cell(enc, Context(pad=_pad_mask(src, self.pad_id))), src, tgt
+
+
+class TargetEmbedding(nn.Module):
+    """embed_tgt: (enc, src, tgt) -> (memory = LayerNorm(enc), src, dec, tgt)."""
+
+    def __init__(self, vocab: int, d_model: int, max_len: int, dropout: float) -> None:
+        super().__init__()
+        self.memory_norm = nn.LayerNorm(d_model)  # the encoder's final norm
+        self.embed = TokenEmbedding(vocab, d_model, max_len, dropout)
+
+    def forward(
+        self, carry: tuple[Tensor, Tensor, Tensor]
+    ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        enc, src, tgt = carry
+        return self.memory_norm(enc), src, self.embed(tgt), tgt
+
+
+class DecoderCell(nn.Module):
+    """dec<i>: (memory, src, dec, tgt) -> (memory, src, dec, tgt); causal, sees the memory."""
+
+    def __init__(self, cell: Cell, d_model: int, dropout: float, pad_id: int | None) -> None:
+        super().__init__()
+        self.cell = CellModule(cell, d_model, causal=True, dropout=dropout)
+        self.pad_id = pad_id
+
+    def forward(
+        self, carry: tuple[Tensor, Tensor, Tensor, Tensor]
+    ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        memory, src, dec, tgt = carry
+        ctx = Context(_pad_mask(tgt, self.pad_id), memory, _pad_mask(src, self.pad_id))
+        return memory, src, self.cell(dec, ctx), tgt
+
+
+class LMEmbedding(nn.Module):
+    """embed (decoder-only): ids -> (h, ids)."""
+
+    def __init__(self, vocab: int, d_model: int, max_len: int, dropout: float) -> None:
+        super().__init__()
+        self.embed = TokenEmbedding(vocab, d_model, max_len, dropout)
+
+    def forward(self, ids: Tensor) -> tuple[Tensor, Tensor]:
+        return self.embed(ids), ids
+
+
+class LMCell(nn.Module):
+    """dec<i> (decoder-only): (h, ids) -> (h, ids); causal."""
+
+    def __init__(self, cell: Cell, d_model: int, dropout: float, pad_id: int | None) -> None:
+        super().__init__()
+        self.cell = CellModule(cell, d_model, causal=True, dropout=dropout)
+        self.pad_id = pad_id
+
+    def forward(self, carry: tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor]:
+        h, ids = carry
+        return self.cell(h, Context(pad=_pad_mask(ids, self.pad_id))), ids
+
+
+class Head(nn.Module):
+    """Final LayerNorm and projection of carry[-2]: -> logits (B, vocab, T), the layout
+    `F.cross_entropy` expects."""
+
+    def __init__(self, d_model: int, vocab: int) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(d_model)  # the decoder's final norm
+        self.proj = nn.Linear(d_model, vocab)
+
+    def forward(self, carry: tuple[Tensor, ...]) -> Tensor:
+        return self.proj(self.norm(carry[-2])).transpose(1, 2)  # (B, T, V) -> (B, V, T)
+
+
+def _specs(
+    arch: Architecture, vocab: int, max_len: int, dropout: float, pad_id: int | None
+) -> list[LayerSpec]:
+    d, p = arch.d_model, functools.partial
+    if arch.encoder is None:
+        return [
+            LayerSpec("embed", p(LMEmbedding, vocab, d, max_len, dropout)),
+            *[LayerSpec(f"dec{i}", p(LMCell, arch.decoder, d, dropout, pad_id))
+              for i in range(arch.decoder_cells)],
+            LayerSpec("head", p(Head, d, vocab)),
+        ]  # fmt: skip
+    return [
+        LayerSpec("embed_src", p(SourceEmbedding, vocab, d, max_len, dropout)),
+        *[LayerSpec(f"enc{i}", p(EncoderCell, arch.encoder, d, dropout, pad_id))
+          for i in range(arch.encoder_cells)],
+        LayerSpec("embed_tgt", p(TargetEmbedding, vocab, d, max_len, dropout)),
+        *[LayerSpec(f"dec{i}", p(DecoderCell, arch.decoder, d, dropout, pad_id))
+          for i in range(arch.decoder_cells)],
+        LayerSpec("head", p(Head, d, vocab)),
+    ]  # fmt: skip
+
+
+def compile(  # the name DESIGN.md uses; unrelated to torch.compile
+    arch: Architecture,
+    vocab_size: int,
+    *,
+    max_len: int,
+    dropout: float,
+    pad_id: int | None = 0,
+) -> list[LayerSpec]:
+    """The layer list for `pipeline.ElasticPipeline`; see the module docstring for the
+    carry and the loss. Source and target have separate embeddings of `vocab_size` tokens
+    and `max_len` positions."""
+    if not isinstance(arch, Architecture):
+        raise TypeError(f"expected an Architecture, got {type(arch).__name__}")
+    if vocab_size < 1 or max_len < 1:
+        raise ValueError(f"vocab_size ({vocab_size}) and max_len ({max_len}) must be >= 1")
+    if not 0.0 <= dropout < 1.0:
+        raise ValueError(f"dropout {dropout} must be in [0, 1)")
+    if pad_id is not None and not 0 <= pad_id < vocab_size:
+        raise ValueError(f"pad_id {pad_id} is not a token id (vocab_size {vocab_size})")
+    return _specs(arch, vocab_size, max_len, float(dropout), pad_id)
+
+
+def _numel(module: nn.Module) -> int:
+    return sum(p.numel() for p in module.parameters())
+
+
+@functools.lru_cache(maxsize=4096)
+def _cell_parameters(cell: Cell, d_model: int, causal: bool) -> int:
+    with torch.device("meta"):  # shapes only: no memory, no initialisation cost
+        return _numel(CellModule(cell, d_model, causal=causal, dropout=0.0))
+
+
+def parameter_count(arch: Architecture, vocab_size: int = 0, *, max_len: int = 0) -> int:
+    """Exactly the number of parameters of `compile(arch, vocab_size, max_len=max_len)`.
+
+    With the defaults (no vocabulary, no positions) it is the vocabulary-independent body:
+    cells, the final LayerNorms and the head's bias-free remainder (its norm)."""
+    d = arch.d_model
+    embeddings = (vocab_size + max_len) * d  # tokens + positions, per embedding layer
+    head = 2 * d + d * vocab_size + vocab_size  # LayerNorm + Linear(d, vocab)
+    total = arch.decoder_cells * _cell_parameters(arch.decoder, d, True) + embeddings + head
+    if arch.encoder is not None:
+        total += arch.encoder_cells * _cell_parameters(arch.encoder, d, False)
+        total += embeddings + 2 * d  # the target embedding and the memory LayerNorm
+    return total
