@@ -32,10 +32,21 @@ __all__ = ["agree", "measured_costs", "profile_costs"]
 
 
 def agree(make: Callable[[], Any]) -> Any:
-    """Run `make()` on rank 0 and return its (picklable) result on every rank."""
-    box = [make() if dist.get_rank() == 0 else None]
+    """Run `make()` on rank 0 and return its (picklable) result on every rank.
+
+    If `make()` raises, every rank raises the same exception (no rank is left waiting).
+    """
+    box: list[Any] = [None]
+    if dist.get_rank() == 0:
+        try:
+            box[0] = ("ok", make())
+        except Exception as exc:
+            box[0] = ("error", exc)
     dist.broadcast_object_list(box, src=0)
-    return box[0]
+    status, value = box[0]
+    if status == "error":
+        raise value
+    return value
 
 
 def profile_costs(

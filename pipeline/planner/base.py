@@ -67,10 +67,14 @@ class InfeasibleBudgetError(ValueError):
     def __init__(self, budget: int, min_budget: int, detail: str = "") -> None:
         self.budget = budget
         self.min_budget = min_budget
+        self.detail = detail
         super().__init__(
             f"no plan fits a memory budget of {budget:,} bytes per stage; the smallest "
             f"per-stage budget that fits is {min_budget:,} bytes{detail}"
         )
+
+    def __reduce__(self) -> tuple[Any, ...]:  # picklable, so rank 0 can hand it to every rank
+        return (type(self), (self.budget, self.min_budget, self.detail))
 
 
 @dataclass(frozen=True)

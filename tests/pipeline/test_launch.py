@@ -98,6 +98,9 @@ def bad_arguments(ctx: StageContext) -> dict[str, str]:
             specs, optimizer=lambda groups: groups,  # type: ignore[arg-type,return-value]
             loss_fn=F.cross_entropy,
         ),
+        "infeasible budget": lambda: ElasticPipeline(
+            specs, optimizer=SGD, loss_fn=F.cross_entropy, n_microbatches=2, memory_budget=64
+        ).train_step(torch.randn(4, 4), torch.zeros(4, dtype=torch.long)),  # planned on rank 0
         "indivisible batch": lambda: ElasticPipeline(
             specs, optimizer=SGD, loss_fn=F.cross_entropy, n_microbatches=4
         ).train_step(torch.randn(6, 4), torch.zeros(6, dtype=torch.long)),
@@ -113,13 +116,17 @@ def bad_arguments(ctx: StageContext) -> dict[str, str]:
 
 
 def test_bad_arguments_give_clear_errors() -> None:
-    errors = pipeline.launch(bad_arguments, 2, threads_per_stage=1, timeout_s=30)[1]
+    results = pipeline.launch(bad_arguments, 2, threads_per_stage=1, timeout_s=30)
+    errors = results[1]
     assert "ValueError: cannot split 1 layers over 2 stages" in errors["more stages than layers"]
     assert "unknown schedule 'interleaved'" in errors["unknown schedule"]
     assert "holds 3 layers, the model has 2" in errors["bad partition"]
     assert "layer 'b' returned a str" in errors["not a module"]
     assert "must return a torch.optim.Optimizer" in errors["not an optimizer"]
     assert "batch size 6, which n_microbatches=4 does not divide" in errors["indivisible batch"]
+    for rank_errors in results:  # rank 0 planned; every rank raised the same clear error
+        message = rank_errors["infeasible budget"]
+        assert "no plan fits a memory budget of 64 bytes per stage" in message
 
 
 def test_launch_validates_its_own_arguments() -> None:

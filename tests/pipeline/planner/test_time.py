@@ -356,3 +356,12 @@ def test_the_shared_search_in_every_stage_order(weights: list[int]) -> None:
         value, cuts = found
         assert value == expected
         assert max(cost(s, cuts[s], cuts[s + 1]) for s in range(len(weights))) == expected
+
+
+def test_infeasible_budget_error_survives_pickling() -> None:
+    import pickle
+
+    from pipeline.planner import InfeasibleBudgetError
+
+    err = pickle.loads(pickle.dumps(InfeasibleBudgetError(100, 250, " (3 stages)")))
+    assert (err.budget, err.min_budget) == (100, 250) and "250" in str(err)
