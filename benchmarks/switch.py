@@ -3,14 +3,17 @@
 Candidates alternate between two Transformer stacks (8 layers d_model 256, and 6 layers
 d_model 320), 2 stages, CPU gloo, 1 thread per stage. Measured side by side in one run:
 
-* `reconfigure`: `pipe.reconfigure(next_specs)` on the live processes (plan + build + free);
-* cold restart: new processes, new process group, build, plan: from the call to
-  `pipeline.launch` until the pipeline is constructed on every stage;
+* `reconfigure`: `pipe.reconfigure(next_specs, partition=sizes)` on the live processes
+  (free the old layers, build the new ones);
+* cold restart: new processes, new process group, build: from the call to
+  `pipeline.launch` until the pipeline is constructed (layers built) on every stage;
 * torch.distributed.pipelining on the live group: build the stage modules, `PipelineStage`
   and the schedule object for the next candidate.
 
-Each is also reported with its first training step ("... + first step"), which includes the
-lazy shape inference of torch.distributed.pipelining. Prints JSON and writes it to
+Each is also reported as an overhead: the time until the new model's first training step
+has finished, less one steady-state step. That includes the lazy shape inference of
+torch.distributed.pipelining, and for `reconfigure` with partition="auto" the profiling
+(served by the cost cache after the first candidate) and the planning. Prints JSON and writes it to
 benchmarks/results/switch.json.
 
     python benchmarks/switch.py [--switches 6]
@@ -55,9 +58,14 @@ def batch(d_model: int) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.randn(shape, generator=g), torch.randn(shape, generator=g)
 
 
+def equal(specs: list[LayerSpec]) -> list[int]:
+    return equal_sizes(len(specs), STAGES)
+
+
 def new_pipeline(specs: list[LayerSpec]) -> ElasticPipeline:
+    """Built at once (explicit sizes), so construction includes building the layers."""
     return ElasticPipeline(specs, optimizer=OPTIMIZER, loss_fn=F.mse_loss,
-                           n_microbatches=MICROBATCHES)  # fmt: skip
+                           n_microbatches=MICROBATCHES, partition=equal(specs))  # fmt: skip
 
 
 def timed(fn: Any) -> float:
@@ -72,12 +80,20 @@ def live_switches(ctx: StageContext, switches: int) -> dict[str, list[float]]:
     specs, d = candidate(0)
     pipe = new_pipeline(specs)
     pipe.train_step(*batch(d))
-    out: dict[str, list[float]] = {"reconfigure": [], "reconfigure_first_step": [],
-                                   "torch_rebuild": [], "torch_first_step": []}  # fmt: skip
+    out: dict[str, list[float]] = {
+        "reconfigure": [], "reconfigure_first_step": [], "steady_step": [],
+        "reconfigure_auto_first_step": [], "torch_rebuild": [], "torch_first_step": [],
+    }  # fmt: skip
     for i in range(1, switches + 1):
         specs, d = candidate(i)
-        out["reconfigure"].append(timed(lambda: pipe.reconfigure(specs)))  # noqa: B023
-        out["reconfigure_first_step"].append(timed(lambda: pipe.train_step(*batch(d))))  # noqa: B023
+        x, y = batch(d)
+        # explicit sizes: reconfigure builds the layers at once
+        out["reconfigure"].append(timed(lambda: pipe.reconfigure(specs, partition=equal(specs))))  # noqa: B023
+        out["reconfigure_first_step"].append(timed(lambda: pipe.train_step(x, y)))  # noqa: B023
+        out["steady_step"].append(timed(lambda: pipe.train_step(x, y)))  # noqa: B023
+        # partition="auto": profiling (cost cache), planning and building happen in step 1
+        pipe.reconfigure(specs)
+        out["reconfigure_auto_first_step"].append(timed(lambda: pipe.train_step(x, y)))  # noqa: B023
     pipe.close()
     schedule: Any = None
     for i in range(1, switches + 1):
@@ -128,7 +144,8 @@ def main() -> None:
 
     live = pipeline.launch(functools.partial(live_switches, switches=args.switches), STAGES,
                            threads_per_stage=1)[0]  # fmt: skip
-    cold, cold_step = [], []
+    cold: list[float] = []
+    cold_step: list[float] = []
     for i in range(1, args.switches + 1):
         t0 = time.time()
         ready, first_step = pipeline.launch(functools.partial(cold_start, i=i), STAGES,
@@ -143,18 +160,29 @@ def main() -> None:
         "config": {"stages": STAGES, "switches": args.switches, "seq": SEQ, "batch": BATCH,
                    "candidates": ["8 x Transformer d256", "6 x Transformer d320"]},
         "median_s": med,
+        # switch overhead = time to the end of the new model's first step, less one steady step
+        "overhead_s": {
+            "reconfigure": med["reconfigure"] + med["reconfigure_first_step"] - med["steady_step"],
+            "reconfigure_auto_planned": med["reconfigure_auto_first_step"] - med["steady_step"],
+            "cold_restart": med["cold_restart_first_step"] - med["steady_step"],
+            "torch_rebuild": med["torch_rebuild"] + med["torch_first_step"] - med["steady_step"],
+        },
         "ratios": {
             "cold_restart_vs_reconfigure": med["cold_restart"] / med["reconfigure"],
             "torch_rebuild_vs_reconfigure": med["torch_rebuild"] / med["reconfigure"],
-            "with_first_step_cold_vs_reconfigure": med["cold_restart_first_step"]
-            / (med["reconfigure"] + med["reconfigure_first_step"]),
         },
         "target": {"cold_restart_vs_reconfigure": 20.0},
         "runs_s": {**live, "cold_restart": cold, "cold_restart_first_step": cold_step},
     }  # fmt: skip
+    overhead = report["overhead_s"]
+    cold_overhead = overhead["cold_restart"]
+    report["ratios"]["overhead_cold_vs_reconfigure"] = cold_overhead / overhead["reconfigure"]
+    report["ratios"]["overhead_cold_vs_reconfigure_auto"] = (
+        cold_overhead / overhead["reconfigure_auto_planned"]
+    )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2))
-    print(json.dumps({k: report[k] for k in ("median_s", "ratios")}, indent=2))
+    print(json.dumps({k: report[k] for k in ("median_s", "overhead_s", "ratios")}, indent=2))
 
 
 if __name__ == "__main__":
