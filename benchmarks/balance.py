@@ -1,13 +1,14 @@
 """Planned partition vs equal layer counts on a deliberately unbalanced stack, for real.
 
 16 Transformer layers (d_model 256, sequence 64, batch 32, 16 micro-batches, 1F1B) whose
-first eight have a 4x wider feed-forward block, on 2 stages (CPU gloo, 1 thread per stage).
+first eight have an 8x wider feed-forward block (`common.uneven_stack`), on 2 stages (CPU
+gloo, 1 thread per stage).
 Equal layer counts put all the heavy layers on stage 0; partition="auto" profiles the
 layers (sandbox) and plans. Both pipelines live in the same processes and are timed in
 interleaved rounds. Reports the measured throughput ratio (target >= 1.25x) and the
 planner's predicted iteration time against the measured one (target within 15%).
 
-    python benchmarks/balance.py [--rounds 5] [--steps 4]
+    python benchmarks/balance.py [--rounds 3] [--steps 3]
 """
 
 from __future__ import annotations
@@ -21,20 +22,28 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from common import BATCH, batch, timed_rounds, uneven_stack
+from common import (
+    UNEVEN_BATCH,
+    UNEVEN_LAYERS,
+    UNEVEN_MICROBATCHES,
+    batch,
+    timed_rounds,
+    uneven_config,
+    uneven_stack,
+)
 
 import pipeline
 from pipeline import ElasticPipeline, StageContext
 from pipeline.planner import evaluate
 from pipeline.planning import measured_costs
 
-MICROBATCHES = 16
-LAYERS, EQUAL = 16, [8, 8]
+MICROBATCHES, LAYERS = UNEVEN_MICROBATCHES, UNEVEN_LAYERS
+EQUAL = [LAYERS // 2, LAYERS - LAYERS // 2]
 OPTIMIZER = functools.partial(torch.optim.AdamW, lr=1e-4)
 
 
 def run(ctx: StageContext, rounds: int, steps: int) -> dict[str, Any]:
-    x, y = batch()
+    x, y = batch(size=UNEVEN_BATCH)
     pipes = {
         "equal": ElasticPipeline(uneven_stack(), optimizer=OPTIMIZER, loss_fn=F.mse_loss,
                                  n_microbatches=MICROBATCHES, partition=EQUAL),
@@ -68,15 +77,15 @@ def planned_costs(pipe: ElasticPipeline) -> Any:
     """The sandbox costs the plan was made from (the cache holds them by signature)."""
     from pipeline.planning import profile_costs
 
-    example = batch()[0].chunk(MICROBATCHES)[0]
+    example = batch(size=UNEVEN_BATCH)[0].chunk(MICROBATCHES)[0]
     return profile_costs(pipe.specs, example, device=pipe.device, opt_ratio=2.0,
                          cache=pipe.cost_cache)  # fmt: skip
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--steps", type=int, default=4)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=3)
     default_out = Path(__file__).parent / "results" / "balance.json"
     parser.add_argument("--out", type=Path, default=default_out)
     args = parser.parse_args()
@@ -85,13 +94,11 @@ def main() -> None:
     med = {k: statistics.median(v) for k, v in r["seconds"].items()}
     predicted = r["plan"]["predicted_iteration_s"]
     report = {
-        "config": {"layers": LAYERS, "heavy_layers": "0-7 (4x wider feed-forward)", "stages": 2,
-                   "microbatches": MICROBATCHES, "batch": BATCH, "schedule": "1f1b",
-                   "rounds": args.rounds, "steps_per_round": args.steps},
+        "config": {**uneven_config(), "rounds": args.rounds, "steps_per_round": args.steps},
         "planned_sizes": r["plan"]["sizes"],
         "planned_actions": r["plan"]["actions"],
         "median_step_s": med,
-        "samples_per_s": {k: BATCH / v for k, v in med.items()},
+        "samples_per_s": {k: UNEVEN_BATCH / v for k, v in med.items()},
         "throughput_ratio_planned_vs_equal": med["equal"] / med["planned"],
         "predicted_iteration_s": {"planned": predicted, "equal": r["predicted_equal_s"]},
         "predicted_vs_measured_planned": predicted / med["planned"],

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -13,17 +14,35 @@ from pipeline.models import transformer_stack
 
 D_MODEL, HEADS, SEQ, BATCH = 256, 4, 64, 32
 
+# The unbalanced workload of balance.py and rebalance.py: 16 pre-norm Transformer layers whose
+# first 8 have an 8x wider feed-forward block (d_ff 8192 instead of 1024), so that one heavy
+# layer costs about 5x a plain one (measured, 1 thread); batch 32 in 16 micro-batches of 2.
+UNEVEN_LAYERS, UNEVEN_HEAVY, UNEVEN_WIDEN = 16, 8, 8
+UNEVEN_BATCH, UNEVEN_MICROBATCHES = 32, 16
 
-def uneven_stack(n_layers: int = 16, heavy: int = 8, widen: int = 4) -> list[LayerSpec]:
+
+def uneven_stack(
+    n_layers: int = UNEVEN_LAYERS, heavy: int = UNEVEN_HEAVY, widen: int = UNEVEN_WIDEN
+) -> list[LayerSpec]:
     """Transformer layers whose first `heavy` have a `widen`x wider feed-forward block."""
     widths = [4 * D_MODEL * (widen if i < heavy else 1) for i in range(n_layers)]
     return transformer_stack(n_layers, D_MODEL, HEADS, d_ff=widths, dropout=0.1)
 
 
-def batch(seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+def uneven_config() -> dict[str, Any]:
+    """The unbalanced workload, as benchmarks write it into their JSON."""
+    return {
+        "layers": UNEVEN_LAYERS, "d_model": D_MODEL, "seq": SEQ, "batch": UNEVEN_BATCH,
+        "microbatches": UNEVEN_MICROBATCHES, "schedule": "1f1b", "stages": 2,
+        "heavy_layers": f"0-{UNEVEN_HEAVY - 1}: d_ff {4 * D_MODEL * UNEVEN_WIDEN} "
+                        f"({UNEVEN_WIDEN}x the others' {4 * D_MODEL})",
+    }  # fmt: skip
+
+
+def batch(seed: int = 0, size: int = BATCH) -> tuple[torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
-    x = torch.randn(BATCH, SEQ, D_MODEL, generator=g)  # (batch, seq, d_model)
-    return x, torch.randn(BATCH, SEQ, D_MODEL, generator=g)
+    x = torch.randn(size, SEQ, D_MODEL, generator=g)  # (batch, seq, d_model)
+    return x, torch.randn(size, SEQ, D_MODEL, generator=g)
 
 
 def timed_rounds(

@@ -1,18 +1,20 @@
 """Automatic rebalancing of a heterogeneous stack, live, against the best plan found offline.
 
-The unbalanced stack of `common.uneven_stack` (16 Transformer layers, the first eight with a
-4x wider feed-forward block; d_model 256, sequence 64, batch 32, 16 micro-batches, 1F1B)
+The unbalanced stack of `common.uneven_stack` (16 Transformer layers, the first eight with an
+8x wider feed-forward block; d_model 256, sequence 64, batch 32, 16 micro-batches, 1F1B)
 starts on equal layer counts on 2 stages (CPU gloo, 1 thread per stage) with
 `rebalance_every=4`: after 4 steps the runtime re-plans from the costs it measured and
-migrates layers live. Reported, side by side in one run:
+migrates layers live. Then automatic rebalancing is switched off and, in interleaved rounds
+on the same processes (`repartition` between them, so drift of the machine hits all alike),
+the following are timed; reported side by side:
 
-* throughput before vs after the rebalance (target >= 1.25x);
-* after vs the best partition found offline: every split [k, 16 - k], k = 4..10, timed on the
-  same processes after `repartition` (target >= 0.95);
+* throughput before (equal counts) vs after the rebalance (target >= 1.25x);
+* after vs the best split found offline by timing every [k, 16 - k], k = 3..9
+  (target >= 0.95);
 * bytes moved vs the moved layers' state (parameters, buffers, AdamW moments and steps);
 * pause per migration vs bytes / the link bandwidth measured with a large send.
 
-    python benchmarks/rebalance.py [--steps 3]
+    python benchmarks/rebalance.py [--rounds 2] [--steps 2]
 """
 
 from __future__ import annotations
@@ -28,17 +30,26 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from common import BATCH, batch, uneven_stack
+from common import (
+    UNEVEN_BATCH,
+    UNEVEN_LAYERS,
+    UNEVEN_MICROBATCHES,
+    batch,
+    uneven_config,
+    uneven_stack,
+)
 
 import pipeline
 from pipeline import ElasticPipeline, StageContext
 
-MICROBATCHES, LAYERS, EVERY = 16, 16, 4
+MICROBATCHES, LAYERS, EVERY = UNEVEN_MICROBATCHES, UNEVEN_LAYERS, 4
+EQUAL = [LAYERS // 2, LAYERS - LAYERS // 2]
+OFFLINE_SPLITS = range(3, 10)  # stage 0 sizes tried offline
 OPTIMIZER = functools.partial(torch.optim.AdamW, lr=1e-4)
 
 
 def step_times(pipe: ElasticPipeline, steps: int) -> list[float]:
-    x, y = batch()
+    x, y = batch(size=UNEVEN_BATCH)
     times = []
     for _ in range(steps):
         dist.barrier()
@@ -79,24 +90,29 @@ def moved_state_bytes(pipe: ElasticPipeline, keys: set[str]) -> int:
     return sum(totals)
 
 
-def run(ctx: StageContext, steps: int) -> dict[str, Any]:
+def run(ctx: StageContext, rounds: int, steps: int) -> dict[str, Any]:
     pipe = ElasticPipeline(uneven_stack(), optimizer=OPTIMIZER, loss_fn=F.mse_loss,
-                           n_microbatches=MICROBATCHES, partition=[8, 8],
+                           n_microbatches=MICROBATCHES, partition=EQUAL,
                            rebalance_every=EVERY)  # fmt: skip
-    before = step_times(pipe, EVERY)  # the 4th step ends with the automatic rebalance
+    during = step_times(pipe, EVERY)  # the 4th step ends with the automatic rebalance
     migration = pipe.migrations[-1] if pipe.migrations else None
     moved = {key for key, _, _ in migration.moved} if migration else set()
     state_bytes = moved_state_bytes(pipe, moved)
-    step_times(pipe, 1)  # warm-up on the new plan
-    after = step_times(pipe, steps)
-    rebalanced = list(pipe.sizes)
-    offline = {}
-    for k in range(4, 11):  # the best split, found by trying them all on the same processes
-        pipe.repartition([k, LAYERS - k])
-        step_times(pipe, 1)
-        offline[k] = statistics.median(step_times(pipe, steps))
-    out = {"before": before[1:-1], "after": after, "rebalanced_sizes": rebalanced,
-           "offline": offline, "migration": None if migration is None else vars(migration),
+    assert pipe.plan is not None
+    rebalanced = (list(pipe.sizes), list(pipe.plan.actions))
+    pipe.rebalance_every = None  # from here on the benchmark picks the partitions
+    configs: dict[str, tuple[list[int], list[str] | None]] = {
+        "before": (EQUAL, None), "after": rebalanced,
+        **{f"offline_{k}": ([k, LAYERS - k], None) for k in OFFLINE_SPLITS},
+    }  # fmt: skip
+    seconds: dict[str, list[float]] = {name: [] for name in configs}
+    for _ in range(rounds):  # interleaved: every configuration once per round
+        for name, (sizes, actions) in configs.items():
+            pipe.repartition(sizes, actions)
+            step_times(pipe, 1)  # warm-up on this partition
+            seconds[name] += step_times(pipe, steps)
+    out = {"seconds": seconds, "during_s": during, "rebalanced_sizes": rebalanced[0],
+           "migration": None if migration is None else vars(migration),
            "moved_state_bytes": state_bytes, "bandwidth": link_bandwidth(),
            "events": [e for e in pipe.events if e["kind"] in ("replan", "migration")][:2]}
     pipe.close()
@@ -105,22 +121,29 @@ def run(ctx: StageContext, steps: int) -> dict[str, Any]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=2)
     default_out = Path(__file__).parent / "results" / "rebalance.json"
     parser.add_argument("--out", type=Path, default=default_out)
     args = parser.parse_args()
-    r = pipeline.launch(functools.partial(run, steps=args.steps), 2, threads_per_stage=1)[0]
-    before, after = statistics.median(r["before"]), statistics.median(r["after"])
-    best_k, best = min(r["offline"].items(), key=lambda kv: kv[1])
+    r = pipeline.launch(functools.partial(run, rounds=args.rounds, steps=args.steps), 2,
+                        threads_per_stage=1)[0]  # fmt: skip
+    med = {name: statistics.median(t) for name, t in r["seconds"].items()}
+    before, after = med["before"], med["after"]
+    offline = {int(name.split("_")[1]): t for name, t in med.items() if name.startswith("offline")}
+    best_k, best = min(offline.items(), key=lambda kv: kv[1])
     m = r["migration"]
     report = {
-        "config": {"layers": LAYERS, "heavy_layers": "0-7 (4x wider feed-forward)",
-                   "stages": 2, "microbatches": MICROBATCHES, "batch": BATCH,
-                   "rebalance_every": EVERY, "start": [8, 8]},
+        "config": {**uneven_config(), "rebalance_every": EVERY, "start": EQUAL,
+                   "rounds": args.rounds, "steps_per_round": args.steps},
         "rebalanced_sizes": r["rebalanced_sizes"],
         "median_step_s": {"before": before, "after": after, "best_offline": best},
         "best_offline_sizes": [int(best_k), LAYERS - int(best_k)],
-        "offline_step_s": r["offline"],
+        "offline_step_s": offline,
+        "samples_per_s": {"before": UNEVEN_BATCH / before, "after": UNEVEN_BATCH / after,
+                          "best_offline": UNEVEN_BATCH / best},
+        "step_s_while_training_before_rebalance": r["during_s"],
+        "per_round_step_s": r["seconds"],
         "throughput_after_vs_before": before / after,
         "throughput_after_vs_best_offline": best / after,
         "migration": m,

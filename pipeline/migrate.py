@@ -10,9 +10,10 @@ layer's memory action and its measured costs.
 The protocol (numbered as in DESIGN.md, section 3):
 
     1. All ranks agree on the new sizes (every rank's request is gathered and compared).
-    2. Each sender packs, per receiver, the layers it gives away into one byte buffer; the
-       buffer sizes are exchanged with one all_gather; then all receives and sends are
-       posted at once (non-blocking, so two stages may swap layers without deadlock).
+    2. Each sender packs, per receiver, the layers it gives away: their tensors as one raw
+       byte buffer (`pipeline.transfer`); the sizes are exchanged with one all_gather; then
+       all receives and sends are posted at once (non-blocking, so two stages may swap
+       layers without deadlock).
     3. Each receiver builds the modules from their specs, loads their state, and prepares
        (but does not yet install) their optimizer groups.
     4. Commit: an all_reduce(MIN) of every rank's "ready" flag. All ready: receivers install
@@ -24,7 +25,6 @@ Nothing is lost or duplicated: until the commit every layer is live only on its 
 
 from __future__ import annotations
 
-import io
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -36,6 +36,7 @@ from pipeline.meter import LayerMeter
 from pipeline.partition import bounds
 from pipeline.spec import LayerSpec, build_layer
 from pipeline.stage import Stage, _build_optimizer, _Layer
+from pipeline.transfer import exchange
 
 __all__ = ["MigrationError", "MigrationRecord", "inherited_states", "migrate", "moves"]
 
@@ -154,44 +155,6 @@ def _drop(stage: Stage, layer: _Layer) -> None:
             stage.optimizer.state.pop(p, None)
 
 
-# -- the exchange ------------------------------------------------------------------------------
-def _serialize(obj: Any) -> torch.Tensor:
-    buffer = io.BytesIO()
-    torch.save(obj, buffer)
-    return torch.frombuffer(bytearray(buffer.getvalue()), dtype=torch.uint8)
-
-
-def _exchange(outgoing: dict[int, torch.Tensor], rank: int, world: int) -> dict[int, Any]:
-    """Send each buffer to its rank, receive what others send to us (sizes agreed first)."""
-    outgoing = dict(outgoing)
-    local = outgoing.pop(rank, None)  # what stays on this rank needs no message
-    row = torch.zeros(world, dtype=torch.int64)
-    for dst, payload in outgoing.items():
-        row[dst] = payload.numel()
-    sizes = [torch.zeros(world, dtype=torch.int64) for _ in range(world)]
-    dist.all_gather(sizes, row)
-    works, buffers = [], {}
-    for src in range(world):
-        n = int(sizes[src][rank])
-        if n:
-            buffers[src] = torch.empty(n, dtype=torch.uint8)
-            works.append(dist.irecv(buffers[src], src, tag=_TAG))
-    for dst, payload in outgoing.items():
-        works.append(dist.isend(payload, dst, tag=_TAG))
-    for work in works:
-        assert work is not None
-        work.wait()
-    if local is not None:
-        buffers[rank] = local
-    return {
-        src: torch.load(io.BytesIO(buf.numpy().tobytes()), weights_only=False)
-        for src, buf in buffers.items()
-    }
-
-
-_TAG = 1 << 30  # above every tag the activation protocol uses
-
-
 def migrate(
     stage: Stage, specs: list[LayerSpec], old: list[int], new: list[int], step: int, version: int
 ) -> MigrationRecord:
@@ -209,7 +172,7 @@ def migrate(
         if src == rank:
             outgoing.setdefault(dst, []).append(_pack_layer(stage, stage.layers[index - first]))
     bytes_moved = sum(_tensor_bytes(p) for packs in outgoing.values() for p in packs)
-    received = _exchange({d: _serialize(p) for d, p in outgoing.items()}, rank, world)
+    received = exchange(outgoing, rank, world)
 
     incoming: dict[str, _Incoming] = {}
     error = ""
@@ -275,5 +238,5 @@ def inherited_states(
         if old_owner.get(key) == rank:
             state = {k: v.detach().cpu() for k, v in mine[key].module.state_dict().items()}
             outgoing.setdefault(dst, {})[key] = state
-    received = _exchange({d: _serialize(s) for d, s in outgoing.items()}, rank, stage.n_stages)
+    received = exchange(outgoing, rank, stage.n_stages)
     return {k: v for states in received.values() for k, v in states.items()}
