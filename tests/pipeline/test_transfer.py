@@ -38,7 +38,7 @@ def test_every_dtype_round_trips(dtype: torch.dtype) -> None:
 
 def test_a_nest_with_everything_round_trips() -> None:
     p = torch.nn.Parameter(torch.randn(4, 4))
-    obj = {
+    obj: dict[str, Any] = {
         "key": "block3", "meter": {"forward_s": 0.25, "steps": 3},
         "module": {"weight": p, "num_batches_tracked": torch.tensor(7)},
         "grads": [None, torch.randn(4, 4).t(), torch.empty(0, 3)],  # non-contiguous, empty
