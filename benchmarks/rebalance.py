@@ -41,6 +41,7 @@ from common import (
 
 import pipeline
 from pipeline import ElasticPipeline, StageContext
+from pipeline.triggers import ReplanTriggers
 
 MICROBATCHES, LAYERS, EVERY = UNEVEN_MICROBATCHES, UNEVEN_LAYERS, 4
 EQUAL = [LAYERS // 2, LAYERS - LAYERS // 2]
@@ -100,7 +101,7 @@ def run(ctx: StageContext, rounds: int, steps: int) -> dict[str, Any]:
     state_bytes = moved_state_bytes(pipe, moved)
     assert pipe.plan is not None
     rebalanced = (list(pipe.sizes), list(pipe.plan.actions))
-    pipe.rebalance_every = None  # from here on the benchmark picks the partitions
+    pipe.triggers = ReplanTriggers()  # from here on the benchmark picks the partitions
     configs: dict[str, tuple[list[int], list[str] | None]] = {
         "before": (EQUAL, None), "after": rebalanced,
         **{f"offline_{k}": ([k, LAYERS - k], None) for k in OFFLINE_SPLITS},

@@ -46,6 +46,7 @@ from pipeline.schedule import (
 )
 from pipeline.spec import LayerSpec, check_specs
 from pipeline.stage import LossFn, OptimizerFactory, Stage, StepTimes
+from pipeline.triggers import ReplanTriggers
 
 __all__ = ["ElasticPipeline"]
 
@@ -71,6 +72,8 @@ class ElasticPipeline:
         profile: "sandbox" (time each distinct layer once) or "estimate" (FLOPs only).
         cost_cache: measured costs by layer signature, shared across models.
         rebalance_every: re-plan from measured costs every N steps (None: only on demand).
+        rebalance_on_drift: re-plan when the stages' measured / predicted compute times
+            spread by more than this fraction (e.g. 0.1); see `pipeline.triggers`.
         device: this stage's device (default: cuda:<local device> under NCCL, else cpu).
     """
 
@@ -89,6 +92,7 @@ class ElasticPipeline:
         profile: str = "sandbox",
         cost_cache: CostCache | None = None,
         rebalance_every: int | None = None,
+        rebalance_on_drift: float | None = None,
         device: torch.device | str | None = None,
     ) -> None:
         if not dist.is_initialized():
@@ -103,8 +107,6 @@ class ElasticPipeline:
             raise TypeError(f"loss_fn must be callable, got {type(loss_fn).__name__}")
         if memory_budget is not None and memory_budget <= 0:
             raise ValueError(f"memory_budget must be a positive byte count, got {memory_budget}")
-        if rebalance_every is not None and rebalance_every < 1:
-            raise ValueError(f"rebalance_every must be >= 1 step, got {rebalance_every}")
         if profile not in ("sandbox", "estimate"):
             raise ValueError(f"profile must be 'sandbox' or 'estimate', got {profile!r}")
         self.schedule = get_schedule(schedule) if isinstance(schedule, str) else schedule
@@ -113,7 +115,7 @@ class ElasticPipeline:
         self.n_microbatches = n_microbatches
         self.planner = get_planner(planner) if isinstance(planner, str) else planner
         self.memory_budget, self.profile = memory_budget, profile
-        self.rebalance_every = rebalance_every
+        self.triggers = ReplanTriggers(rebalance_every, memory_budget, rebalance_on_drift)
         self.cost_cache = cost_cache if cost_cache is not None else CostCache()
         self.device = _resolve_device(device)
         self._comm_device = self.device if dist.get_backend() == "nccl" else torch.device("cpu")
@@ -163,6 +165,7 @@ class ElasticPipeline:
         if costs is not None:
             self._stage.seed_meters(costs[start:stop])
         self.sizes, self.plan = list(sizes), plan
+        self._plan_step = self.step
         self._measure_next = True  # measure memory on the first step of every plan
         self.partition_history[:] = [(self.step, list(sizes))]
         self._log("build", sizes=list(sizes), plan=None if plan is None else plan.to_dict())
@@ -243,14 +246,10 @@ class ElasticPipeline:
         return box[0]
 
     def _maybe_rebalance(self, measured: bool) -> None:
-        due = self.rebalance_every is not None and self.step % self.rebalance_every == 0
-        if not due and self.memory_budget is not None and measured:
-            stage = self._live_stage()
-            peak = stage.state_bytes() + stage.saved.peak
-            flag = torch.tensor([int(peak > self.memory_budget)])
-            dist.all_reduce(flag, op=dist.ReduceOp.MAX)  # one stage short of memory: all act
-            due = bool(flag.item())
-        if due:
+        reason = self.triggers.reason(self.step, self._live_stage(), self.plan, measured,
+                                      steps_on_plan=self.step - self._plan_step)  # fmt: skip
+        if reason is not None:
+            self._log("trigger", reason=reason)
             self.rebalance()
 
     # -- elasticity --------------------------------------------------------------------------
@@ -276,6 +275,9 @@ class ElasticPipeline:
             a, b = bounds(new)[self.rank]
             stage.set_memory_actions(list(actions)[a:b])
         self.sizes, self.version = new, record.version
+        if self.plan is not None and list(self.plan.sizes) != new:
+            self.plan = None  # explicit sizes: the plan's predictions no longer apply
+        self._plan_step = self.step
         self.migrations.append(record)
         self.partition_history.append((self.step, list(new)))
         self._measure_next = True
@@ -301,7 +303,7 @@ class ElasticPipeline:
         ))  # fmt: skip
         self._log("replan", changed=decision.changed, reason=decision.reason,
                   candidate=decision.candidate.to_dict())  # fmt: skip
-        self.plan = decision.plan
+        self.plan, self._plan_step = decision.plan, self.step
         if not decision.changed:
             return None
         return self.repartition(decision.plan.sizes, decision.plan.actions)

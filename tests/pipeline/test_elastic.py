@@ -87,7 +87,8 @@ def train(model: str, schedule: str, partition: Any) -> tuple[list[float], dict[
 
 CONFIGS: dict[int, list[tuple[str, str, Any]]] = {
     2: [(m, s, "auto") for m in MODELS for s in ("gpipe", "1f1b")]
-    + [("transformer", "1f1b", [1, 3]), ("tuple", "gpipe", [3, 2])],
+    + [("transformer", "1f1b", [1, 3]), ("transformer", "1f1b", [2, 2])]
+    + [("tuple", "gpipe", [3, 2])],
     4: [(m, s, "auto") for m in ("transformer", "mlp") for s in ("gpipe", "1f1b")],
 }
 
@@ -139,7 +140,7 @@ def test_pipeline_matches_single_process(n_stages: int) -> None:
 
 def test_partition_changes_nothing() -> None:
     results = pipelined(2)
-    a = results[("transformer", "1f1b", "auto")]
+    a = results[("transformer", "1f1b", "[2, 2]")]
     b = results[("transformer", "1f1b", "[1, 3]")]
     assert a[0] == pytest.approx(b[0], abs=1e-6)
     assert max_state_diff(a[1], b[1]) <= 1e-6

@@ -113,3 +113,40 @@ def test_forward_is_inference_on_every_rank() -> None:
     assert torch.allclose(results[0]["before"], expected, atol=1e-5)
     assert torch.equal(results[0]["after"], results[0]["again"])  # eval mode: no dropout
     assert not torch.allclose(results[0]["after"], results[0]["before"])  # it trained
+
+
+def planned_candidates(ctx: StageContext) -> dict[str, Any]:
+    """Two "auto" candidates in a row: the second is planned from the cost cache alone."""
+    pipe = ElasticPipeline(transformer_stack(4, 16, 2), optimizer=ADAM, loss_fn=F.mse_loss,
+                           n_microbatches=2, seed=SEED, partition="auto")  # fmt: skip
+    pipe.train_step(*seq(1)[0])
+    (signature,) = pipe.cost_cache.entries()  # one distinct layer, timed once
+    entry = pipe.cost_cache.get(signature)
+    assert entry is not None
+    pipe.cost_cache.put(signature, 123.0, 246.0, entry["activation_bytes"])  # a marker
+    old_modules = [layer.module for layer in pipe._live_stage().layers]
+    pipe.reconfigure(mlp(), partition=[1, 2], loss_fn=F.cross_entropy)
+    pipe.train_step(*flat(1)[0])
+    pipe.reconfigure(transformer_stack(6, 16, 2), partition="auto", loss_fn=F.mse_loss)
+    pipe.train_step(*seq(1)[0])
+    stage = pipe._live_stage()
+    assert stage.optimizer is not None
+    optimized = {id(p) for group in stage.optimizer.param_groups for p in group["params"]}
+    assert pipe.plan is not None
+    out = {
+        "predicted_stage_s": pipe.plan.predicted_stage_s, "cache_size": len(pipe.cost_cache),
+        "keys": [layer.key for layer in stage.layers],
+        "optimizes_only_live_layers": optimized == {id(p) for p in stage.parameters()},
+        "old_modules_alive": any(m is layer.module for m in old_modules for layer in stage.layers),
+    }  # fmt: skip
+    pipe.close()
+    return out
+
+
+def test_auto_reconfigure_plans_from_the_cache_and_frees_the_old_layers() -> None:
+    results = pipeline.launch(planned_candidates, 2, threads_per_stage=1, timeout_s=60)
+    for rank, r in enumerate(results):
+        assert r["cache_size"] == 1  # no new timing: the signature was cached
+        assert min(r["predicted_stage_s"]) >= 3 * (123.0 + 246.0)  # planned from the marker
+        assert r["optimizes_only_live_layers"] and not r["old_modules_alive"], r
+        assert r["keys"] == [f"block{i}" for i in range(3 * rank, 3 * rank + 3)], r["keys"]
