@@ -34,6 +34,7 @@ def stats(pipe: ElasticPipeline, stage: Stage, last_steps: int) -> dict[str, Any
     """`ElasticPipeline.stats`: gather every stage's numbers; predicted beside measured."""
     recent = pipe._history[-last_steps:]
     peaks = [t.peak_activation_bytes for _, t in pipe._history if t.peak_activation_bytes]
+    allocator = [t.allocator_peak_bytes for _, t in pipe._history if t.allocator_peak_bytes]
     mine = {
         "stage": pipe.rank,
         "layers": [layer.key for layer in stage.layers],
@@ -41,6 +42,8 @@ def stats(pipe: ElasticPipeline, stage: Stage, last_steps: int) -> dict[str, Any
         "param_bytes": stage.param_bytes(),
         "state_bytes": stage.state_bytes(),
         "measured_peak_activation_bytes": peaks[-1] if peaks else 0,  # latest measured
+        # GPU: the allocator's peak over a measured step (all memory, not only the planned)
+        "allocator_peak_bytes": allocator[-1] if allocator else None,
         **{f: _median([getattr(t, f) for _, t in recent]) for f in _TIME_FIELDS},
     }
     per_stage: list[Any] = [None] * pipe.n_stages

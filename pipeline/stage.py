@@ -62,6 +62,7 @@ class StepTimes:
     optimizer_s: float = 0.0
     total_s: float = 0.0
     peak_activation_bytes: int = 0  # measured in-flight peak (steps that measure memory)
+    allocator_peak_bytes: int = 0  # GPU only: torch.cuda.max_memory_allocated in the step
 
 
 @dataclass
@@ -221,6 +222,8 @@ class Stage:
                 self._optimizer_step(times)
         times.total_s = time.perf_counter() - start
         times.peak_activation_bytes = self.saved.peak if measure_memory else 0
+        if measure_memory and self.device.type == "cuda":
+            times.allocator_peak_bytes = torch.cuda.max_memory_allocated(self.device)
         self._end_step()
         return loss_sum, times
 
@@ -272,6 +275,8 @@ class Stage:
             layer.activation_bytes = layer.output_bytes = 0
         if self._measure:
             self.saved.begin_step(list(self.parameters()))
+            if self.device.type == "cuda":
+                torch.cuda.reset_peak_memory_stats(self.device)
 
     def _end_step(self) -> None:
         m = self._n_microbatches
