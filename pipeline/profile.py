@@ -208,7 +208,8 @@ def sandbox_time(
     """(forward s, backward s, saved bytes) of one real layer, medians of `repeats` runs.
 
     After a warm-up, it runs `repeats` forwards and then their backwards, as a pipeline
-    stage does, so caches are as cold at backward time as they will be in training.
+    stage does. Before each timed pass the CPU caches are flushed: in training the other
+    layers of the stage run in between and evict this one's weights.
     """
     module = build_layer(spec, 0, device)
     params = list(module.parameters())
@@ -217,6 +218,7 @@ def sandbox_time(
     def forward(count: bool) -> tuple[float, list[torch.Tensor]]:
         carry = _example(shape.inputs, device)
         carry = tuple(t.requires_grad_(t.is_floating_point()) for t in carry)
+        _flush_caches(device)
         t0 = time.perf_counter()
         with _count_saved(params, carry, saved) if count else contextlib.nullcontext():
             out = _floating(as_carry(module(carry[0] if len(carry) == 1 else carry), spec.key))
@@ -224,17 +226,34 @@ def sandbox_time(
         return time.perf_counter() - t0, [o for o in out if o.requires_grad]
 
     def backward(outs: list[torch.Tensor]) -> float:
+        _flush_caches(device)
         t0 = time.perf_counter()
         if outs:
             torch.autograd.backward(outs, [torch.ones_like(o) for o in outs])
         _sync(device)
         return time.perf_counter() - t0
 
-    backward(forward(False)[1])  # warm-up: allocator, kernels
+    for _ in range(repeats):  # warm-up, in the timed pattern: kernels, allocator, pages
+        backward(forward(False)[1])
+    for outs in [forward(False)[1] for _ in range(repeats)]:
+        backward(outs)
     saved[0] = sum(_nbytes(t) for t in _example(shape.inputs, device))  # the held input
     runs = [forward(count=i == 0) for i in range(repeats)]
     backwards = [backward(outs) for _, outs in runs]
     return statistics.median(t for t, _ in runs), statistics.median(backwards), saved[0]
+
+
+_FLUSH_BYTES = 64 << 20  # larger than the last-level cache of common CPUs
+_flush_buffer: list[torch.Tensor] = []
+
+
+def _flush_caches(device: torch.device) -> None:
+    """Evict the CPU caches by writing a buffer larger than them (nothing to do on a GPU)."""
+    if device.type != "cpu":
+        return
+    if not _flush_buffer:
+        _flush_buffer.append(torch.zeros(_FLUSH_BYTES // 4, dtype=torch.float32))
+    _flush_buffer[0].add_(1.0)
 
 
 def _sync(device: torch.device) -> None:
