@@ -109,6 +109,7 @@ def _join_torchrun(
         result = fn(ctx)
         results: list[Any] = [None] * world
         dist.all_gather_object(results, result)
+        dist.barrier()  # nobody tears the group down while a peer still reads from it
         return results
     finally:
         if created:
@@ -235,6 +236,7 @@ def _stage_main(
         dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=timeout)
         try:
             result = fn(_context(rank, world, backend, threads, timeout_s))
+            dist.barrier()  # nobody tears the group down while a peer still reads from it
         finally:
             dist.destroy_process_group()
         reports.put((rank, "ok", pickle.dumps(result)))
