@@ -38,6 +38,14 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+# Imported before any process group exists, on purpose: `torch.distributed.nn.functional`
+# binds `group.WORLD` as a default argument at import time, and it is imported lazily by
+# torch.optim (through torch._dynamo). Imported after init_process_group, it would pin the
+# default group forever: destroy_process_group could not join gloo's worker threads, and
+# one of them, freeing the last Work after the interpreter began to finalize, aborts the
+# process at exit (SIGABRT, "terminate called without an active exception").
+import torch.distributed.nn  # noqa: F401  # isort: skip
+
 __all__ = ["StageContext", "StageFailedError", "launch"]
 
 _TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")

@@ -151,8 +151,11 @@ def main(ctx):
 if __name__ == "__main__":
     import json, os, sys
     results = pipeline.launch(main, n_stages=2, threads_per_stage=1, timeout_s=30)
+    tasks = "/proc/self/task"  # Linux: the names of this process's threads
+    threads = [open(f"{tasks}/{t}/comm").read().strip() for t in os.listdir(tasks)] \
+        if os.path.isdir(tasks) else []
     with open(os.path.join(sys.argv[1], "rank%s.json" % os.environ["RANK"]), "w") as f:
-        json.dump(results, f)
+        json.dump({"losses": results, "threads": threads}, f)
 """
 
 
@@ -162,7 +165,10 @@ def test_joins_torchrun_process_group(tmp_path: Path) -> None:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
            "--standalone", str(script), str(tmp_path)]  # fmt: skip
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False)
-    assert out.returncode == 0, out.stderr[-2000:]
-    results = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    assert out.returncode == 0, out.stderr[:3000]
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    results = [rank["losses"] for rank in ranks]
     assert results[0] == results[1]  # both processes got every stage's losses
     assert len(results[0]) == 2 and len(results[0][0]) == 3
+    for rank in ranks:  # the group is really gone: no gloo thread left to outlive Python
+        assert not [t for t in rank["threads"] if "gloo" in t], rank["threads"]
