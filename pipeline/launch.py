@@ -44,7 +44,7 @@ import torch.distributed as dist
 # default group forever: destroy_process_group could not join gloo's worker threads, and
 # one of them, freeing the last Work after the interpreter began to finalize, aborts the
 # process at exit (SIGABRT, "terminate called without an active exception").
-import torch.distributed.nn  # noqa: F401  # isort: skip
+import torch.distributed.nn
 
 __all__ = ["StageContext", "StageFailedError", "launch"]
 
