@@ -357,7 +357,7 @@ class ElasticPipeline:
 
     # -- inspection --------------------------------------------------------------------------
     def stats(self, last_steps: int = 20) -> dict[str, Any]:
-        """Throughput, per-stage times and memory, predicted beside measured; on every rank.
+        """Throughput, per-stage times and memory, predicted beside measured (a collective).
 
         Times are medians over the last steps, per step (all micro-batches). Predicted
         numbers come from the plan in force (None before one exists).
@@ -376,7 +376,10 @@ class ElasticPipeline:
         return report.save_timeline(self._live_stage(), path, f"step {self.step - 1}")
 
     def full_state_dict(self) -> dict[str, dict[str, torch.Tensor]]:
-        """{layer key: its state dict on CPU}, in layer order, on rank 0; {} on other ranks."""
+        """{layer key: its state dict on CPU}, in layer order, on rank 0; {} on other ranks.
+
+        A collective: call it on every rank.
+        """
         stage = self._live_stage()
         mine = {
             layer.key: {k: v.detach().cpu() for k, v in layer.module.state_dict().items()}

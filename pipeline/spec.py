@@ -74,7 +74,11 @@ def build_layer(spec: LayerSpec, seed: int, device: torch.device) -> nn.Module:
     """
     with torch.random.fork_rng(devices=[]):
         torch.random.default_generator.manual_seed(layer_seed(seed, spec.key))
-        module = spec.factory()
+        try:
+            module = spec.factory()
+        except Exception as error:
+            error.add_note(f"while building layer {spec.key!r} with {spec.factory!r}")
+            raise
     if not isinstance(module, nn.Module):
         raise TypeError(
             f"the factory of layer {spec.key!r} returned a {type(module).__name__}; "

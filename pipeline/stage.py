@@ -317,7 +317,13 @@ class Stage:
 
     def _call(self, layer: _Layer, i: int, carry: Carry) -> Carry:
         seed_rng(dropout_seed(self.seed, self._step, i, layer.key), self.device)
-        out = layer.module(carry[0] if len(carry) == 1 else carry)
+        try:
+            out = layer.module(carry[0] if len(carry) == 1 else carry)
+        except Exception as error:
+            shapes = [tuple(t.shape) for t in carry]
+            error.add_note(f"in the forward of layer {layer.key!r} on stage {self.index}, "
+                           f"input shapes {shapes}")  # fmt: skip
+            raise
         return as_carry(out, f"the output of layer {layer.key!r}")
 
     def _forward(

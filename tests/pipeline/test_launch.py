@@ -129,6 +129,19 @@ def test_bad_arguments_give_clear_errors() -> None:
         assert "no plan fits a memory budget of 64 bytes per stage" in message
 
 
+def mismatched_shapes(ctx: StageContext) -> None:
+    specs = [LayerSpec("a", functools.partial(nn.Linear, 4, 8)),
+             LayerSpec("b", functools.partial(nn.Linear, 5, 3))]  # fmt: skip
+    pipe = ElasticPipeline(specs, optimizer=SGD, loss_fn=F.cross_entropy, partition=[1, 1])
+    pipe.train_step(torch.randn(4, 4), torch.zeros(4, dtype=torch.long))
+
+
+def test_an_error_in_a_layer_names_the_layer_and_its_input() -> None:
+    with pytest.raises(StageFailedError, match="(?s)cannot be multiplied.*in the forward of "
+                       r"layer 'b' on stage 1, input shapes \[\(1, 8\)\]"):  # fmt: skip
+        pipeline.launch(mismatched_shapes, 2, threads_per_stage=1, timeout_s=30)
+
+
 def test_launch_validates_its_own_arguments() -> None:
     with pytest.raises(ValueError, match="n_stages"):
         pipeline.launch(ranks_and_devices, 0)

@@ -60,6 +60,12 @@ def test_seeds_are_distinct_and_stable() -> None:
     assert layer_seed(0, "x") == layer_seed(0, "x") != layer_seed(0, "y")
 
 
+def test_a_factory_error_names_the_layer() -> None:
+    with pytest.raises(RuntimeError, match="negative dimension") as info:
+        build_layer(LayerSpec("proj", functools.partial(nn.Linear, -1, 3)), 0, CPU)
+    assert any("layer 'proj'" in note for note in info.value.__notes__)
+
+
 def test_factory_that_builds_no_module() -> None:
     with pytest.raises(TypeError, match="'bad'.*returned a int"):
         build_layer(LayerSpec("bad", int), 0, CPU)  # type: ignore[arg-type]
