@@ -214,11 +214,12 @@ def sandbox_time(
     module = build_layer(spec, 0, device)
     params = list(module.parameters())
     saved = [0]
+    flush = _cache_flusher(device)
 
     def forward(count: bool) -> tuple[float, list[torch.Tensor]]:
         carry = _example(shape.inputs, device)
         carry = tuple(t.requires_grad_(t.is_floating_point()) for t in carry)
-        _flush_caches(device)
+        flush()
         t0 = time.perf_counter()
         with _count_saved(params, carry, saved) if count else contextlib.nullcontext():
             out = _floating(as_carry(module(carry[0] if len(carry) == 1 else carry), spec.key))
@@ -226,7 +227,7 @@ def sandbox_time(
         return time.perf_counter() - t0, [o for o in out if o.requires_grad]
 
     def backward(outs: list[torch.Tensor]) -> float:
-        _flush_caches(device)
+        flush()
         t0 = time.perf_counter()
         if outs:
             torch.autograd.backward(outs, [torch.ones_like(o) for o in outs])
@@ -244,16 +245,19 @@ def sandbox_time(
 
 
 _FLUSH_BYTES = 64 << 20  # larger than the last-level cache of common CPUs
-_flush_buffer: list[torch.Tensor] = []
 
 
-def _flush_caches(device: torch.device) -> None:
-    """Evict the CPU caches by writing a buffer larger than them (nothing to do on a GPU)."""
+def _cache_flusher(device: torch.device) -> Callable[[], None]:
+    """A function that evicts the CPU caches by writing a buffer larger than them (a no-op
+    on a GPU); the buffer lives as long as the function."""
     if device.type != "cpu":
-        return
-    if not _flush_buffer:
-        _flush_buffer.append(torch.zeros(_FLUSH_BYTES // 4, dtype=torch.float32))
-    _flush_buffer[0].add_(1.0)
+        return lambda: None
+    buffer = torch.zeros(_FLUSH_BYTES // 4, dtype=torch.float32)
+
+    def flush() -> None:
+        buffer.add_(1.0)
+
+    return flush
 
 
 def _sync(device: torch.device) -> None:

@@ -43,33 +43,31 @@ class _Slot:
     requires_grad: bool
 
 
-def _replace_tensors(obj: Any, tensors: list[torch.Tensor], offset: list[int]) -> Any:
+def _replace_tensors(obj: Any, tensors: list[tuple[int, torch.Tensor]], end: list[int]) -> Any:
+    """`obj` with each tensor replaced by its slot; (offset, tensor) pairs go to `tensors`."""
     if torch.is_tensor(obj):
         t = obj.detach().cpu().contiguous()
-        slot = _Slot(offset[0], t.dtype, tuple(t.shape), obj.requires_grad)
-        tensors.append(t)
-        offset[0] += -(-t.numel() * t.element_size() // _ALIGN) * _ALIGN
-        return slot
+        tensors.append((end[0], t))
+        end[0] += -(-t.numel() * t.element_size() // _ALIGN) * _ALIGN
+        return _Slot(tensors[-1][0], t.dtype, tuple(t.shape), obj.requires_grad)
     if isinstance(obj, dict):
-        return {k: _replace_tensors(v, tensors, offset) for k, v in obj.items()}
+        return {k: _replace_tensors(v, tensors, end) for k, v in obj.items()}
     if isinstance(obj, list | tuple):
-        items = [_replace_tensors(v, tensors, offset) for v in obj]
+        items = [_replace_tensors(v, tensors, end) for v in obj]
         return items if isinstance(obj, list) else tuple(items)
     return obj
 
 
 def pack(obj: Any) -> tuple[bytes, torch.Tensor]:
     """(pickled skeleton, uint8 data buffer) of a nest of dicts, lists, tuples and tensors."""
-    tensors: list[torch.Tensor] = []
-    offset = [0]
-    skeleton = _replace_tensors(obj, tensors, offset)
-    data = torch.empty(offset[0], dtype=torch.uint8)
-    position = 0
-    for t in tensors:
+    tensors: list[tuple[int, torch.Tensor]] = []
+    end = [0]
+    skeleton = _replace_tensors(obj, tensors, end)
+    data = torch.empty(end[0], dtype=torch.uint8)
+    for offset, t in tensors:
         n = t.numel() * t.element_size()
         if n:
-            data[position : position + n] = t.reshape(-1).view(torch.uint8)
-        position += -(-n // _ALIGN) * _ALIGN
+            data[offset : offset + n] = t.reshape(-1).view(torch.uint8)
     return pickle.dumps(skeleton, protocol=pickle.HIGHEST_PROTOCOL), data
 
 
