@@ -34,8 +34,8 @@ from common import (
 
 import pipeline
 from pipeline import ElasticPipeline, StageContext
-from pipeline.planner import evaluate
-from pipeline.planning import measured_costs
+from pipeline.distributed.agreement import measured_costs
+from pipeline.pure.planner import evaluate
 
 MICROBATCHES, LAYERS = UNEVEN_MICROBATCHES, UNEVEN_LAYERS
 EQUAL = [LAYERS // 2, LAYERS - LAYERS // 2]
@@ -75,7 +75,7 @@ def run(ctx: StageContext, rounds: int, steps: int) -> dict[str, Any]:
 
 def planned_costs(pipe: ElasticPipeline) -> Any:
     """The sandbox costs the plan was made from (the cache holds them by signature)."""
-    from pipeline.planning import profile_costs
+    from pipeline.distributed.agreement import profile_costs
 
     example = batch(size=UNEVEN_BATCH)[0].chunk(MICROBATCHES)[0]
     return profile_costs(pipe.specs, example, device=pipe.device, opt_ratio=2.0,

@@ -10,7 +10,7 @@ import torch
 import torch.distributed as dist
 
 from pipeline import LayerSpec
-from pipeline.models import transformer_stack
+from pipeline.local.models import transformer_stack
 
 D_MODEL, HEADS, SEQ, BATCH = 256, 4, 64, 32
 

@@ -29,9 +29,9 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from pipeline.costs import LayerCost, LinkCost
-from pipeline.partition import equal_sizes
-from pipeline.planner import MemoryPlanner, Plan, Planner, TimePlanner
+from pipeline.pure.costs import LayerCost, LinkCost
+from pipeline.pure.partition import equal_sizes
+from pipeline.pure.planner import MemoryPlanner, Plan, Planner, TimePlanner
 
 TOKENS, D_MODEL, BYTES = 4 * 512, 1024, 2  # micro-batch x sequence, residual width, bf16
 FLOPS = 150e12  # effective FLOP/s

@@ -41,7 +41,7 @@ from common import (
 
 import pipeline
 from pipeline import ElasticPipeline, StageContext
-from pipeline.triggers import ReplanTriggers
+from pipeline.distributed.triggers import ReplanTriggers
 
 MICROBATCHES, LAYERS, EVERY = UNEVEN_MICROBATCHES, UNEVEN_LAYERS, 4
 EQUAL = [LAYERS // 2, LAYERS - LAYERS // 2]

@@ -6,7 +6,7 @@ d_model 320), 2 stages, CPU gloo, 1 thread per stage. Measured side by side in o
 * `reconfigure`: `pipe.reconfigure(next_specs, partition=sizes)` on the live processes
   (free the old layers, build the new ones);
 * cold restart: new processes, new process group, build: from the call to
-  `pipeline.launch` until the pipeline is constructed (layers built) on every stage;
+  `pipeline.distributed.launch` until the pipeline is constructed (layers built) on every stage;
 * torch.distributed.pipelining on the live group: build the stage modules, `PipelineStage`
   and the schedule object for the next candidate.
 
@@ -37,9 +37,9 @@ from torch.distributed.pipelining import PipelineStage, Schedule1F1B
 
 import pipeline
 from pipeline import ElasticPipeline, LayerSpec, StageContext
-from pipeline.models import transformer_stack
-from pipeline.partition import bounds, equal_sizes
-from pipeline.spec import build_layer
+from pipeline.local.models import transformer_stack
+from pipeline.local.spec import build_layer
+from pipeline.pure.partition import bounds, equal_sizes
 
 SEQ, BATCH, MICROBATCHES, STAGES = 64, 32, 8, 2
 OPTIMIZER = functools.partial(torch.optim.AdamW, lr=1e-3)

@@ -33,9 +33,9 @@ from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGP
 
 import pipeline
 from pipeline import ElasticPipeline, StageContext
-from pipeline.models import transformer_stack
-from pipeline.partition import bounds, equal_sizes
-from pipeline.spec import build_layer
+from pipeline.local.models import transformer_stack
+from pipeline.local.spec import build_layer
+from pipeline.pure.partition import bounds, equal_sizes
 
 LAYERS, D_MODEL, HEADS, SEQ, BATCH, MICROBATCHES, STAGES = 8, 256, 4, 64, 32, 8, 2
 OPTIMIZER = functools.partial(torch.optim.SGD, lr=1e-3)

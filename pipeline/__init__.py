@@ -20,11 +20,11 @@ result equals single-process training with gradient accumulation::
 This package imports only torch and numpy.
 """
 
-from pipeline.elastic import ElasticPipeline
-from pipeline.launch import StageContext, StageFailedError, launch
-from pipeline.migrate import MigrationError, MigrationRecord
-from pipeline.schedule import SCHEDULES, Action, Op, ScheduleError
-from pipeline.spec import LayerSpec
+from pipeline.distributed.elastic import ElasticPipeline
+from pipeline.distributed.launch import StageContext, StageFailedError, launch
+from pipeline.distributed.migration import MigrationError, MigrationRecord
+from pipeline.local.spec import LayerSpec
+from pipeline.pure.schedule import SCHEDULES, Action, Op, ScheduleError
 
 __all__ = [
     "SCHEDULES",

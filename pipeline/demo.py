@@ -19,7 +19,7 @@ import torch.nn.functional as F
 
 import pipeline
 from pipeline import ElasticPipeline, StageContext
-from pipeline.models import char_lm
+from pipeline.local.models import char_lm
 
 
 def load_text() -> str:

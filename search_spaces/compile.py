@@ -36,7 +36,7 @@ import functools
 import torch
 from torch import nn
 
-from pipeline.spec import LayerSpec
+from pipeline.local.spec import LayerSpec
 from search_spaces.architecture import Architecture, Cell
 from search_spaces.cells import CellModule
 from search_spaces.layers import Context

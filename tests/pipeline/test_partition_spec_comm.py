@@ -8,10 +8,11 @@ import pytest
 import torch
 from torch import nn
 
-from pipeline.comm import TensorMeta, _decode, _encode, as_carry
-from pipeline.determinism import dropout_seed, layer_seed
-from pipeline.partition import bounds, check_sizes, equal_sizes
-from pipeline.spec import LayerSpec, build_layer, check_specs
+from pipeline.distributed.links import TensorMeta, _decode, _encode
+from pipeline.local.carry import as_carry
+from pipeline.local.determinism import dropout_seed, layer_seed
+from pipeline.local.spec import LayerSpec, build_layer, check_specs
+from pipeline.pure.partition import bounds, check_sizes, equal_sizes
 
 CPU = torch.device("cpu")
 

@@ -8,7 +8,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from pipeline.spec import LayerSpec, build_layer
+from pipeline.local.spec import LayerSpec, build_layer
 from search_spaces.architecture import Architecture, InvalidArchitecture
 from search_spaces.evolved_transformer import sample
 from search_spaces.suggest import RandomSuggest

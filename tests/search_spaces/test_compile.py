@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import pipeline
-from pipeline.reference import ReferenceTrainer
+from pipeline.local.reference import ReferenceTrainer
 from search_spaces.architecture import Architecture
 from search_spaces.compile import compile, parameter_count
 from search_spaces.evolved_transformer import evolved_transformer, transformer

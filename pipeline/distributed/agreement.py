@@ -1,0 +1,88 @@
+"""The collective side of planning: every rank profiles a share, rank 0 decides, all agree.
+
+The planners (`pipeline.pure.planner`) are pure functions of layer costs. This module gets those
+costs into every process and the decision back out, with one collective per exchange:
+
+    first step ("auto")        re-plan (rebalance)
+    1. every rank traces the   1. every stage reports its layers' measured costs
+       shapes (meta device)       (smoothed forward/backward seconds, saved bytes)
+    2. rank r times distinct   2. all_gather: every rank holds all costs
+       signatures r, r+S, ...
+    3. all_gather the timings  3. rank 0 runs `replan` (adopt only if it pays back)
+    4. rank 0 plans            4. broadcast the decision
+    5. broadcast the Plan
+
+Rank 0's plan is the one in force, so ranks never act on plans that differ by timing noise.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from pipeline.local.profiler import CostCache, estimate, sandbox, trace_shapes
+from pipeline.local.spec import LayerSpec
+from pipeline.local.stage import Stage
+from pipeline.pure.costs import LayerCost
+
+__all__ = ["agree", "measured_costs", "profile_costs"]
+
+
+def agree(make: Callable[[], Any]) -> Any:
+    """Run `make()` on rank 0 and return its (picklable) result on every rank.
+
+    If `make()` raises, every rank raises the same exception (no rank is left waiting).
+    """
+    box: list[Any] = [None]
+    if dist.get_rank() == 0:
+        try:
+            box[0] = ("ok", make())
+        except Exception as exc:
+            box[0] = ("error", exc)
+    dist.broadcast_object_list(box, src=0)
+    status, value = box[0]
+    if status == "error":
+        raise value
+    return value
+
+
+def profile_costs(
+    specs: Sequence[LayerSpec],
+    example: Any,
+    *,
+    device: torch.device,
+    opt_ratio: float,
+    cache: CostCache,
+    source: str = "sandbox",
+) -> list[LayerCost]:
+    """Costs of every layer for one micro-batch shaped like `example`, the same on all ranks.
+
+    source: "estimate" (FLOPs and shapes only) or "sandbox" (one timed run per distinct
+    layer signature not yet in `cache`, shared out over the ranks).
+    """
+    if source not in ("estimate", "sandbox"):
+        raise ValueError(f"profile source must be 'estimate' or 'sandbox', got {source!r}")
+    shapes = trace_shapes(specs, example)
+    ratio = opt_ratio  # optimizer-state bytes per parameter byte
+    if source == "estimate":
+        return agree(lambda: estimate(shapes, device, ratio))
+    rank, world = dist.get_rank(), dist.get_world_size()
+    sandbox(specs, shapes, device, ratio, cache, mine=lambda i: i % world == rank)
+    entries: list[Any] = [None] * world
+    dist.all_gather_object(entries, cache.entries())
+    for part in entries:
+        cache.update(part)
+    return agree(lambda: sandbox(specs, shapes, device, ratio, cache, mine=lambda i: False))
+
+
+def measured_costs(stage: Stage, n_layers: int) -> tuple[list[LayerCost], list[str]]:
+    """Every layer's smoothed measured costs and memory action, from the stage running it."""
+    mine = [(stage.measured_cost(i), layer.action) for i, layer in enumerate(stage.layers)]
+    parts: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(parts, mine)
+    gathered = [entry for part in parts for entry in part]
+    assert len(gathered) == n_layers, "every layer is owned by exactly one stage"
+    return [c for c, _ in gathered], [a for _, a in gathered]

@@ -1,0 +1,242 @@
+"""Live layer migration: move layers between running stages without a restart (vPipe).
+
+At a step boundary every rank calls `migrate(stage, old_sizes, new_sizes, ...)`. Only the
+layers whose owner changes travel, directly from the old stage to the new one, carrying
+everything that makes the next step compute exactly what it would have computed anyway:
+parameters and buffers (`state_dict`), pending gradients, the optimizer's state for the
+layer's parameters (step counts included) and its parameter-group hyper-parameters, the
+layer's memory action and its measured costs.
+
+The protocol (numbered as in DESIGN.md, section 3):
+
+    1. All ranks agree on the new sizes (every rank's request is gathered and compared).
+    2. Each sender packs, per receiver, the layers it gives away: their tensors as one raw
+       byte buffer (`transfer`); the sizes are exchanged with one all_gather; then
+       all receives and sends are posted at once (non-blocking, so two stages may swap
+       layers without deadlock).
+    3. Each receiver builds the modules from their specs, loads their state, and prepares
+       (but does not yet install) their optimizer groups.
+    4. Commit: an all_reduce(MIN) of every rank's "ready" flag. All ready: receivers install
+       the layers, senders drop theirs. Otherwise every rank discards what it received, the
+       old plan stays in force and `MigrationError` is raised on every rank, naming the cause.
+
+Nothing is lost or duplicated: until the commit every layer is live only on its old stage.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from pipeline.distributed.transfer import exchange
+from pipeline.local.meter import LayerMeter
+from pipeline.local.spec import LayerSpec, build_layer
+from pipeline.local.stage import Stage, _build_optimizer, _Layer
+from pipeline.pure.partition import bounds
+
+__all__ = ["MigrationError", "MigrationRecord", "inherited_states", "migrate", "moves"]
+
+
+class MigrationError(RuntimeError):
+    """A migration was rolled back; the pipeline still runs on the old plan."""
+
+
+@dataclass(frozen=True)
+class MigrationRecord:
+    """One migration, as `stats()` and the event log report it."""
+
+    step: int
+    version: int  # plan version after the migration
+    old_sizes: tuple[int, ...]
+    new_sizes: tuple[int, ...]
+    moved: tuple[tuple[str, int, int], ...]  # (layer key, from stage, to stage)
+    bytes_moved: int
+    pause_s: float
+
+
+def owners(sizes: list[int]) -> list[int]:
+    return [stage for stage, (a, b) in enumerate(bounds(sizes)) for _ in range(a, b)]
+
+
+def moves(old: list[int], new: list[int]) -> list[tuple[int, int, int]]:
+    """(layer index, from stage, to stage) of every layer whose owner changes."""
+    return [
+        (index, a, b)
+        for index, (a, b) in enumerate(zip(owners(old), owners(new), strict=True))
+        if a != b
+    ]
+
+
+# -- packing one layer -------------------------------------------------------------------------
+def _pack_layer(stage: Stage, layer: _Layer) -> dict[str, Any]:
+    params = list(layer.module.parameters())
+    group = _group_of(stage, layer.key)
+    state = stage.optimizer.state if stage.optimizer is not None else {}
+    return {
+        "key": layer.key,
+        "action": layer.action,
+        "meter": vars(layer.meter).copy(),
+        "module": {k: v.detach().cpu() for k, v in layer.module.state_dict().items()},
+        "grads": [None if p.grad is None else p.grad.detach().cpu() for p in params],
+        "group": None if group is None else {k: v for k, v in group.items() if k != "params"},
+        "optimizer": [
+            {k: v.detach().cpu() if torch.is_tensor(v) else v for k, v in state.get(p, {}).items()}
+            for p in params
+        ],
+    }
+
+
+def _group_of(stage: Stage, key: str) -> dict[str, Any] | None:
+    if stage.optimizer is None:
+        return None
+    return next((g for g in stage.optimizer.param_groups if g.get("layer") == key), None)
+
+
+def _tensor_bytes(obj: Any) -> int:
+    if torch.is_tensor(obj):
+        return obj.numel() * obj.element_size()
+    if isinstance(obj, dict):
+        return sum(_tensor_bytes(v) for v in obj.values())
+    if isinstance(obj, list | tuple):
+        return sum(_tensor_bytes(v) for v in obj)
+    return 0
+
+
+@dataclass
+class _Incoming:
+    """A received layer, built and loaded but not yet installed."""
+
+    layer: _Layer
+    packed: dict[str, Any] = field(default_factory=dict)
+
+
+def _unpack_layer(packed: dict[str, Any], spec: LayerSpec, stage: Stage) -> _Incoming:
+    module = build_layer(spec, stage.seed, stage.device)
+    module.load_state_dict({k: v.to(stage.device) for k, v in packed["module"].items()})
+    params = list(module.parameters())
+    if len(params) != len(packed["grads"]):
+        raise RuntimeError(f"layer {spec.key!r} arrived with a different parameter count")
+    for p, g in zip(params, packed["grads"], strict=True):
+        p.grad = None if g is None else g.to(stage.device)
+    layer = _Layer(spec.key, module, action=packed["action"], meter=LayerMeter(**packed["meter"]))
+    return _Incoming(layer, packed)
+
+
+def _install_optimizer(stage: Stage, incoming: _Incoming) -> None:
+    packed, module = incoming.packed, incoming.layer.module
+    if packed["group"] is None:
+        return
+    params = list(module.parameters())
+    if stage.optimizer is None:
+        stage.optimizer = _build_optimizer(stage.optimizer_factory, [incoming.layer])
+        assert stage.optimizer is not None
+        group = stage.optimizer.param_groups[-1]
+        group.update(packed["group"])
+    else:
+        stage.optimizer.add_param_group({"params": params, **packed["group"]})
+    for p, state in zip(params, packed["optimizer"], strict=True):
+        if state:  # like Optimizer.load_state_dict: step counters stay where they were
+            stage.optimizer.state[p] = {
+                k: v.to(p.device) if torch.is_tensor(v) and k != "step" else v
+                for k, v in state.items()
+            }
+
+
+def _drop(stage: Stage, layer: _Layer) -> None:
+    group = _group_of(stage, layer.key)
+    if group is not None and stage.optimizer is not None:
+        groups = stage.optimizer.param_groups
+        groups[:] = [g for g in groups if g is not group]
+        for p in group["params"]:
+            stage.optimizer.state.pop(p, None)
+
+
+def migrate(
+    stage: Stage, specs: list[LayerSpec], old: list[int], new: list[int], step: int, version: int
+) -> MigrationRecord:
+    """Move layers so that stage sizes go from `old` to `new`; see the module docstring."""
+    start = time.perf_counter()
+    rank, world = stage.index, stage.n_stages
+    requests: list[Any] = [None] * world
+    dist.all_gather_object(requests, new)
+    if any(r != new for r in requests):
+        raise MigrationError(f"ranks asked for different partitions: {requests}")
+    planned = moves(old, new)
+    first = bounds(old)[rank][0]
+    outgoing: dict[int, list[dict[str, Any]]] = {}
+    for index, src, dst in planned:
+        if src == rank:
+            outgoing.setdefault(dst, []).append(_pack_layer(stage, stage.layers[index - first]))
+    bytes_moved = sum(_tensor_bytes(p) for packs in outgoing.values() for p in packs)
+    received = exchange(outgoing, rank, world)
+
+    incoming: dict[str, _Incoming] = {}
+    error = ""
+    try:
+        for packs in received.values():
+            for packed in packs:
+                spec = next(s for s in specs if s.key == packed["key"])
+                incoming[spec.key] = _unpack_layer(packed, spec, stage)
+    except Exception as exc:  # anything that stops this rank from taking its layers
+        error = f"stage {rank}: {type(exc).__name__}: {exc}"
+    ready = torch.tensor([0 if error else 1], dtype=torch.int64)
+    dist.all_reduce(ready, op=dist.ReduceOp.MIN)
+    errors: list[Any] = [None] * world
+    if not int(ready.item()):
+        dist.all_gather_object(errors, error)
+        raise MigrationError(
+            f"migration {old} -> {new} rolled back, the old plan stays in force: "
+            + "; ".join(e for e in errors if e)
+        )
+    _commit(stage, specs, new, incoming)
+    total = torch.tensor([bytes_moved], dtype=torch.int64)
+    dist.all_reduce(total, op=dist.ReduceOp.SUM)
+    pause = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
+    dist.all_reduce(pause, op=dist.ReduceOp.MAX)
+    moved = tuple((specs[i].key, a, b) for i, a, b in planned)
+    return MigrationRecord(
+        step, version, tuple(old), tuple(new), moved, int(total.item()), float(pause.item())
+    )
+
+
+def _commit(
+    stage: Stage, specs: list[LayerSpec], new: list[int], incoming: dict[str, _Incoming]
+) -> None:
+    a, b = bounds(new)[stage.index]
+    wanted = [spec.key for spec in specs[a:b]]
+    kept = {layer.key: layer for layer in stage.layers}
+    for key, layer in kept.items():
+        if key not in wanted:
+            _drop(stage, layer)
+    for key in wanted:
+        if key in incoming:
+            _install_optimizer(stage, incoming[key])
+    stage.layers = [kept[k] if k in kept else incoming[k].layer for k in wanted]
+    stage.set_memory_actions([layer.action for layer in stage.layers])
+
+
+def inherited_states(
+    stage: Stage,
+    old_specs: list[LayerSpec],
+    old_sizes: list[int],
+    new_specs: list[LayerSpec],
+    new_sizes: list[int],
+) -> dict[str, dict[str, torch.Tensor]]:
+    """For `reconfigure(inherit_weights=True)`: the old states of the layers this rank will
+    own under the new plan whose key also existed in the old model, fetched from whichever
+    stage held them (one exchange, like a migration)."""
+    rank = stage.index
+    old_owner = dict(zip((s.key for s in old_specs), owners(old_sizes), strict=True))
+    new_owner = dict(zip((s.key for s in new_specs), owners(new_sizes), strict=True))
+    mine = {layer.key: layer for layer in stage.layers}
+    outgoing: dict[int, dict[str, dict[str, torch.Tensor]]] = {}
+    for key, dst in new_owner.items():
+        if old_owner.get(key) == rank:
+            state = {k: v.detach().cpu() for k, v in mine[key].module.state_dict().items()}
+            outgoing.setdefault(dst, {})[key] = state
+    received = exchange(outgoing, rank, stage.n_stages)
+    return {k: v for states in received.values() for k, v in states.items()}

@@ -1,0 +1,84 @@
+"""When a running pipeline re-plans by itself: every N steps, on memory pressure, on drift.
+
+Every rank must decide the same thing at the same step, or one rank would enter the
+re-plan's collectives alone. So the decision is made from numbers every rank holds after
+one all_reduce, on steps every rank agrees on:
+
+    every N   step % N == 0; no message (every rank counts the same steps)
+    memory    on a step that measured memory: some stage's parameters, gradients,
+              optimizer state and in-flight activation peak exceed the budget
+    drift     on every step at least `settle` steps after the plan was made (stage times
+              are measured on every step):
+              the stages' measured / predicted compute-time ratios r_s differ by more than
+              the tolerance, max(r) / min(r) - 1 > drift. Costs have moved relative to each
+              other since the plan was made (a layer got slower, a neighbour's process
+              started competing for a core), so another split may now be faster. A uniform
+              slowdown keeps the best split where it is and triggers nothing. Without a plan
+              for the current partition (explicit sizes) the first check asks for one.
+
+The memory and drift checks share one all_reduce(MAX) of [over budget, max r, -min r].
+The re-plan that follows is migration-aware: it moves layers only when that pays back.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from pipeline.local.stage import Stage
+from pipeline.pure.planner import Plan
+
+__all__ = ["ReplanTriggers"]
+
+
+@dataclass(frozen=True)
+class ReplanTriggers:
+    every: int | None = None  # re-plan every N steps
+    memory_budget: int | None = None  # bytes per stage
+    drift: float | None = None  # tolerated spread of measured / predicted stage times
+    settle: int = 3  # steps on a plan before its measurements are compared with it
+
+    def __post_init__(self) -> None:
+        if self.every is not None and self.every < 1:
+            raise ValueError(f"rebalance_every must be >= 1 step, got {self.every}")
+        if self.drift is not None and not self.drift > 0:
+            raise ValueError(f"rebalance_on_drift must be a fraction > 0, got {self.drift}")
+
+    def reason(
+        self, step: int, stage: Stage, plan: Plan | None, measured: bool, steps_on_plan: int
+    ) -> str | None:
+        """Why this step ends with a re-plan (None: it does not); call on every rank."""
+        if self.every is not None and step % self.every == 0:
+            return f"every {self.every} steps"
+        check_memory = measured and self.memory_budget is not None
+        check_drift = self.drift is not None and steps_on_plan >= self.settle
+        if not (check_memory or check_drift):
+            return None
+        over = 0.0
+        if check_memory:
+            assert self.memory_budget is not None
+            over = float(stage.state_bytes() + stage.saved.peak > self.memory_budget)
+        ratio = _time_ratio(stage, plan) if check_drift else 1.0
+        flags = torch.tensor([over, ratio, -ratio], dtype=torch.float64)
+        dist.all_reduce(flags, op=dist.ReduceOp.MAX)  # one stage over budget: all act
+        if flags[0] > 0:
+            return f"a stage exceeds the memory budget of {self.memory_budget:,} bytes"
+        high, low = float(flags[1]), -float(flags[2])
+        if not check_drift:
+            return None
+        assert self.drift is not None
+        if high == float("inf"):
+            return "no plan for the current partition"
+        if low > 0 and high / low - 1 > self.drift:
+            return f"stage times drifted from the plan: measured/predicted {low:.2f}..{high:.2f}"
+        return None
+
+
+def _time_ratio(stage: Stage, plan: Plan | None) -> float:
+    """This stage's measured compute time per micro-batch over the plan's prediction."""
+    if plan is None or plan.predicted_stage_s[stage.index] <= 0:
+        return float("inf")
+    measured = sum(layer.meter.forward_s + layer.meter.backward_s for layer in stage.layers)
+    return measured / plan.predicted_stage_s[stage.index]

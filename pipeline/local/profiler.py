@@ -1,0 +1,330 @@
+"""What each layer costs, from three sources, and a cache that outlives one model.
+
+The planner needs, per layer: forward and backward seconds per micro-batch, the bytes it
+keeps for backward per micro-batch, the bytes it hands to the next layer, and its
+parameter, gradient and optimizer-state bytes (`pipeline.pure.costs.LayerCost`). They come from:
+
+1. `estimate`: before anything runs. Each layer is built on the meta device and run on
+   meta tensors of the right shapes: FLOPs from `torch.utils.flop_counter`, saved bytes
+   from saved-tensor hooks, output bytes from the output shapes. Seconds = FLOPs / this
+   device's measured matmul rate (backward: 2x the forward FLOPs).
+2. `sandbox`: one real, timed forward and backward per *distinct* layer signature
+   (a model of 24 identical blocks is timed once), on inputs of the right shapes.
+3. measured: while training, `pipeline.local.meter.LayerMeter` (see `pipeline.local.stage`).
+
+`CostCache` maps a layer signature (module type, its repr, which holds its dimensions, and
+the shapes it sees, which hold sequence length and micro-batch size) to its costs, so the
+next NAS candidate starts from what earlier ones measured. It saves to and loads from JSON.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import json
+import statistics
+import time
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.flop_counter import FlopCounterMode
+
+from pipeline.local.carry import Carry, as_carry, floating, leaf, nbytes, unwrap
+from pipeline.local.spec import LayerSpec, build_layer
+from pipeline.pure.costs import LayerCost
+
+__all__ = [
+    "CostCache",
+    "LayerShape",
+    "estimate",
+    "optimizer_state_ratio",
+    "sandbox",
+    "sandbox_time",
+    "trace_shapes",
+]
+
+
+@dataclasses.dataclass(frozen=True)
+class LayerShape:
+    """One layer as the shape pass saw it: its signature and its sizes."""
+
+    key: str
+    signature: str
+    inputs: tuple[tuple[tuple[int, ...], torch.dtype], ...]
+    flops: int  # forward FLOPs per micro-batch
+    saved_bytes: int  # tensors autograd saves (parameters excluded) + the held input
+    output_bytes: int
+    param_bytes: int
+    grad_bytes: int
+
+
+def _signature(module: nn.Module, carry: Carry) -> str:
+    shapes = [(tuple(t.shape), str(t.dtype)) for t in carry]
+    text = f"{type(module).__module__}.{type(module).__qualname__}|{module!r}|{shapes}"
+    return hashlib.sha1(text.encode()).hexdigest()[:16]
+
+
+Shapes = Sequence[tuple[tuple[int, ...], torch.dtype]]
+
+
+def _example(shapes: Shapes, device: torch.device) -> Carry:
+    """Inputs of the right shapes: normal floats, zeros for integers (valid indices)."""
+    return tuple(
+        torch.randn(shape, device=device, dtype=dtype) if dtype.is_floating_point
+        else torch.zeros(shape, device=device, dtype=dtype)
+        for shape, dtype in shapes
+    )  # fmt: skip
+
+
+def _storage(t: torch.Tensor) -> int:
+    """Identity of a tensor's storage; works for meta tensors, which have no data pointer."""
+    return int(t.untyped_storage()._cdata)
+
+
+@contextlib.contextmanager
+def _count_saved(params: Sequence[torch.Tensor], held: Carry, into: list[int]) -> Iterator[None]:
+    """Add the bytes of every storage autograd saves, other than parameters and `held`."""
+    seen = {_storage(t) for t in (*params, *held)}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        if _storage(t) not in seen:
+            seen.add(_storage(t))
+            into[0] += t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        yield
+
+
+def _build_meta(spec: LayerSpec) -> nn.Module:
+    try:
+        with torch.device("meta"):
+            module = spec.factory()
+    except Exception:  # a factory that insists on real tensors: build it on the CPU
+        module = build_layer(spec, 0, torch.device("cpu"))
+    if not isinstance(module, nn.Module):
+        raise TypeError(
+            f"the factory of layer {spec.key!r} returned a {type(module).__name__}; "
+            "it must return a torch.nn.Module"
+        )
+    return module.to("meta")
+
+
+def trace_shapes(specs: Sequence[LayerSpec], example: Any) -> list[LayerShape]:
+    """Run one micro-batch of `example` shapes through all layers on the meta device."""
+    carry = tuple(t.to("meta") for t in as_carry(example, "the example input"))
+    shapes = []
+    for position, spec in enumerate(specs):
+        module = _build_meta(spec)
+        params = list(module.parameters())
+        if position > 0:
+            carry = leaf(carry)
+        saved = [sum(nbytes(t) for t in carry)]
+        with FlopCounterMode(display=False) as flops, _count_saved(params, carry, saved):
+            out = as_carry(module(unwrap(carry)), spec.key)
+        shapes.append(LayerShape(
+            key=spec.key, signature=_signature(module, carry),
+            inputs=tuple((tuple(t.shape), t.dtype) for t in carry),
+            flops=int(flops.get_total_flops()), saved_bytes=saved[0],
+            output_bytes=sum(nbytes(t) for t in out),
+            param_bytes=sum(nbytes(p) for p in params),
+            grad_bytes=sum(nbytes(p) for p in params if p.requires_grad),
+        ))  # fmt: skip
+        carry = out
+    return shapes
+
+
+_RATES: dict[str, float] = {}
+
+
+def matmul_rate(device: torch.device) -> float:
+    """FLOP/s of a mid-sized float32 matmul on `device` (measured once per process)."""
+    if str(device) not in _RATES:
+        a = torch.randn(256, 256, device=device)
+        torch.mm(a, a)
+        runs = []
+        for _ in range(5):
+            t0 = time.perf_counter()
+            torch.mm(a, a)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            runs.append(time.perf_counter() - t0)
+        _RATES[str(device)] = 2 * 256**3 / max(statistics.median(runs), 1e-9)
+    return _RATES[str(device)]
+
+
+def optimizer_state_ratio(
+    factory: Callable[[list[dict[str, Any]]], torch.optim.Optimizer],
+) -> float:
+    """Optimizer-state bytes per parameter byte, found by one step on a probe parameter.
+
+    Also the check that `factory` builds an optimizer from parameter groups.
+    """
+    probe = nn.Parameter(torch.zeros(64))
+    optimizer = factory([{"params": [probe]}])
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise TypeError(
+            f"the optimizer factory returned a {type(optimizer).__name__}; it must return a "
+            "torch.optim.Optimizer built from the parameter groups it is given, e.g. "
+            "functools.partial(torch.optim.AdamW, lr=1e-3)"
+        )
+    probe.grad = torch.zeros_like(probe)
+    optimizer.step()
+    state = sum(
+        nbytes(v) for s in optimizer.state.values() for v in s.values()
+        if isinstance(v, torch.Tensor) and v.numel() == probe.numel()
+    )  # fmt: skip
+    return state / nbytes(probe)
+
+
+def _cost(shape: LayerShape, forward_s: float, backward_s: float, opt_ratio: float) -> LayerCost:
+    return LayerCost(
+        key=shape.key, forward_s=forward_s, backward_s=backward_s,
+        activation_bytes=shape.saved_bytes, output_bytes=shape.output_bytes,
+        param_bytes=shape.param_bytes, grad_bytes=shape.grad_bytes,
+        optimizer_bytes=int(shape.param_bytes * opt_ratio),
+    )  # fmt: skip
+
+
+def estimate(
+    shapes: Sequence[LayerShape], device: torch.device, opt_ratio: float
+) -> list[LayerCost]:
+    """Costs from FLOPs and shapes alone (no layer runs for real)."""
+    rate = matmul_rate(device)
+    return [_cost(s, s.flops / rate, 2 * s.flops / rate, opt_ratio) for s in shapes]
+
+
+def sandbox_time(
+    spec: LayerSpec, shape: LayerShape, device: torch.device, repeats: int = 4
+) -> tuple[float, float, int]:
+    """(forward s, backward s, saved bytes) of one real layer, medians of `repeats` runs.
+
+    After a warm-up, it runs `repeats` forwards and then their backwards, as a pipeline
+    stage does. Before each timed pass the CPU caches are flushed: in training the other
+    layers of the stage run in between and evict this one's weights.
+    """
+    module = build_layer(spec, 0, device)
+    params = list(module.parameters())
+    saved = [0]
+    flush = _cache_flusher(device)
+
+    def forward(count: bool) -> tuple[float, list[torch.Tensor]]:
+        carry = _example(shape.inputs, device)
+        carry = tuple(t.requires_grad_(t.is_floating_point()) for t in carry)
+        flush()
+        t0 = time.perf_counter()
+        with _count_saved(params, carry, saved) if count else contextlib.nullcontext():
+            out = floating(as_carry(module(unwrap(carry)), spec.key))
+        _sync(device)
+        return time.perf_counter() - t0, [o for o in out if o.requires_grad]
+
+    def backward(outs: list[torch.Tensor]) -> float:
+        flush()
+        t0 = time.perf_counter()
+        if outs:
+            torch.autograd.backward(outs, [torch.ones_like(o) for o in outs])
+        _sync(device)
+        return time.perf_counter() - t0
+
+    for _ in range(repeats):  # warm-up, in the timed pattern: kernels, allocator, pages
+        backward(forward(False)[1])
+    for outs in [forward(False)[1] for _ in range(repeats)]:
+        backward(outs)
+    saved[0] = sum(nbytes(t) for t in _example(shape.inputs, device))  # the held input
+    runs = [forward(count=i == 0) for i in range(repeats)]
+    backwards = [backward(outs) for _, outs in runs]
+    return statistics.median(t for t, _ in runs), statistics.median(backwards), saved[0]
+
+
+_FLUSH_BYTES = 64 << 20  # larger than the last-level cache of common CPUs
+
+
+def _cache_flusher(device: torch.device) -> Callable[[], None]:
+    """A function that evicts the CPU caches by writing a buffer larger than them (a no-op
+    on a GPU); the buffer lives as long as the function."""
+    if device.type != "cpu":
+        return lambda: None
+    buffer = torch.zeros(_FLUSH_BYTES // 4, dtype=torch.float32)
+
+    def flush() -> None:
+        buffer.add_(1.0)
+
+    return flush
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+class CostCache:
+    """Measured costs by layer signature; reused across models and saved as JSON."""
+
+    def __init__(self) -> None:
+        self._entries: dict[str, dict[str, float]] = {}
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __contains__(self, signature: str) -> bool:
+        return signature in self._entries
+
+    def put(
+        self, signature: str, forward_s: float, backward_s: float, activation_bytes: float
+    ) -> None:
+        self._entries[signature] = {
+            "forward_s": forward_s, "backward_s": backward_s, "activation_bytes": activation_bytes
+        }  # fmt: skip
+
+    def get(self, signature: str) -> dict[str, float] | None:
+        return self._entries.get(signature)
+
+    def entries(self) -> dict[str, dict[str, float]]:
+        return {k: dict(v) for k, v in self._entries.items()}
+
+    def update(self, entries: dict[str, dict[str, float]]) -> None:
+        """Take entries measured elsewhere (another rank, an earlier run)."""
+        for signature, entry in entries.items():
+            self.put(signature, entry["forward_s"], entry["backward_s"], entry["activation_bytes"])
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps({"version": 1, "entries": self._entries}, indent=1))
+
+    @classmethod
+    def load(cls, path: str | Path) -> CostCache:
+        data = json.loads(Path(path).read_text())
+        if data.get("version") != 1:
+            raise ValueError(f"{path}: unknown cost cache version {data.get('version')!r}")
+        cache = cls()
+        cache._entries = {k: dict(v) for k, v in data["entries"].items()}
+        return cache
+
+
+def sandbox(
+    specs: Sequence[LayerSpec],
+    shapes: Sequence[LayerShape],
+    device: torch.device,
+    opt_ratio: float,
+    cache: CostCache,
+    mine: Callable[[int], bool] = lambda index: True,
+) -> list[LayerCost]:
+    """Costs from a timed run per distinct signature not yet in `cache` (and `mine`)."""
+    firsts: dict[str, int] = {}
+    for position, shape in enumerate(shapes):
+        firsts.setdefault(shape.signature, position)
+    for index, (signature, position) in enumerate(firsts.items()):
+        if signature not in cache and mine(index):
+            cache.put(signature, *sandbox_time(specs[position], shapes[position], device))
+    costs = []
+    for shape in shapes:
+        entry = cache.get(shape.signature)
+        if entry is None:  # timed by another rank; the caller merges caches
+            costs.append(_cost(shape, 0.0, 0.0, opt_ratio))
+            continue
+        cost = _cost(shape, entry["forward_s"], entry["backward_s"], opt_ratio)
+        costs.append(dataclasses.replace(cost, activation_bytes=int(entry["activation_bytes"])))
+    return costs

@@ -1,0 +1,6 @@
+"""The pure parts of the runtime: no process, no `torch.distributed`, no module state.
+
+Schedules (`schedule`), the simulator that replays them on layer costs (`simulate`), the cost
+model (`costs`), stage sizes (`partition`), pictures (`timeline`) and the planners
+(`planner`). Everything here is a function of its arguments, tested without processes.
+"""

@@ -1,0 +1,51 @@
+"""Planners: turn per-layer costs into a partition and a memory plan, by name.
+
+    from pipeline.pure.planner import get_planner
+    plan = get_planner("time").plan(costs, n_stages=4, schedule="1f1b",
+                                    n_microbatches=8, memory_budget=8 << 30)
+
+"time" (`TimePlanner`) minimises the bottleneck stage time under a memory budget, with
+per-layer recompute (and swap); "memory" (`MemoryPlanner`, CAPSlog) minimises the largest
+per-stage peak. `replan` decides whether a new plan pays back the layers it moves.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pipeline.pure.planner.base import (
+    InfeasibleBudgetError,
+    Plan,
+    Planner,
+    evaluate,
+    in_flight_counts,
+)
+from pipeline.pure.planner.memory import MemoryPlanner
+from pipeline.pure.planner.payback import Replan, moved_layers, replan
+from pipeline.pure.planner.time import TimePlanner
+
+__all__ = [
+    "PLANNERS",
+    "InfeasibleBudgetError",
+    "MemoryPlanner",
+    "Plan",
+    "Planner",
+    "Replan",
+    "TimePlanner",
+    "evaluate",
+    "get_planner",
+    "in_flight_counts",
+    "moved_layers",
+    "replan",
+]
+
+PLANNERS: dict[str, type[Planner]] = {"time": TimePlanner, "memory": MemoryPlanner}
+
+
+def get_planner(name: str, **options: Any) -> Planner:
+    """A planner by name, constructed with `options` (e.g. allow_swap=True for "time")."""
+    try:
+        cls = PLANNERS[name.lower()]
+    except (KeyError, AttributeError):
+        raise ValueError(f"unknown planner {name!r}; valid planners: {sorted(PLANNERS)}") from None
+    return cls(**options)

@@ -1,0 +1,300 @@
+"""Pipeline schedules as plain data.
+
+A schedule says, for one stage, in which order it runs the forward and backward passes of
+the micro-batches of one training step. It is a pure function
+
+    (n_stages, n_microbatches, stage) -> list[Action]
+
+so it can be printed, validated, simulated and tested without any process. The runtime
+(`pipeline.local.stage`) executes the list; `lower()` adds the point-to-point messages.
+
+Compute actions (what `gpipe` and `one_f_one_b` return)::
+
+    FORWARD(i)   run micro-batch i through this stage's layers
+    BACKWARD(i)  back-propagate micro-batch i through them
+    OPTIMIZER_STEP  apply the accumulated gradients (once, after the last backward)
+
+Communication actions (added by `lower`)::
+
+    RECV_ACT(i)   post the receive of micro-batch i's activations from stage - 1
+    SEND_ACT(i)   send micro-batch i's outputs to stage + 1
+    RECV_GRAD(i)  post the receive of the gradient of micro-batch i's outputs
+    SEND_GRAD(i)  send the gradient of micro-batch i's inputs to stage - 1
+
+Receives are non-blocking posts placed one compute action ahead of the action that consumes
+them, so the transfer overlaps with that compute; the consuming action waits for it. Sends
+are non-blocking too; the step waits for all of them before the optimizer step.
+
+GPipe, 2 stages, 3 micro-batches (time flows right)::
+
+    stage 0:  F0 F1 F2          B0 B1 B2     <- all forwards, then all backwards
+    stage 1:     F0 F1 F2 B0 B1 B2
+
+1F1B (PipeDream-Flush), same shape: stage s runs min(S-s-1, M) warm-up forwards, then
+alternates one forward and one backward, then drains::
+
+    stage 0:  F0 F1    B0 F2    B1    B2
+    stage 1:     F0 B0    F1 B1    F2 B2
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+__all__ = [
+    "SCHEDULES",
+    "Action",
+    "Op",
+    "ScheduleError",
+    "ScheduleFn",
+    "forward_only",
+    "gpipe",
+    "in_flight",
+    "lower",
+    "one_f_one_b",
+    "stage_actions",
+    "validate",
+]
+
+
+class ScheduleError(ValueError):
+    """A schedule is malformed: it would compute wrong gradients or deadlock."""
+
+
+class Op(enum.Enum):
+    FORWARD = "F"
+    BACKWARD = "B"
+    OPTIMIZER_STEP = "STEP"
+    RECV_ACT = "RECV_ACT"
+    SEND_ACT = "SEND_ACT"
+    RECV_GRAD = "RECV_GRAD"
+    SEND_GRAD = "SEND_GRAD"
+
+
+COMPUTE_OPS = (Op.FORWARD, Op.BACKWARD)
+
+
+@dataclass(frozen=True)
+class Action:
+    op: Op
+    microbatch: int = -1  # -1 for actions that concern no micro-batch (OPTIMIZER_STEP)
+
+    def __repr__(self) -> str:
+        return self.op.value if self.microbatch < 0 else f"{self.op.value}{self.microbatch}"
+
+
+ScheduleFn = Callable[[int, int, int], list[Action]]
+
+
+def _check_shape(n_stages: int, n_microbatches: int, stage: int) -> None:
+    if n_stages < 1:
+        raise ValueError(f"n_stages must be >= 1, got {n_stages}")
+    if n_microbatches < 1:
+        raise ValueError(f"n_microbatches must be >= 1, got {n_microbatches}")
+    if not 0 <= stage < n_stages:
+        raise ValueError(f"stage must be in [0, {n_stages}), got {stage}")
+
+
+def gpipe(n_stages: int, n_microbatches: int, stage: int) -> list[Action]:
+    """All forwards, then all backwards, then one optimizer step.
+
+    Backwards run in micro-batch order (as in `torch.distributed.pipelining`), so gradients
+    accumulate in the same order as in 1F1B and in single-process gradient accumulation.
+    """
+    _check_shape(n_stages, n_microbatches, stage)
+    forwards = [Action(Op.FORWARD, i) for i in range(n_microbatches)]
+    backwards = [Action(Op.BACKWARD, i) for i in range(n_microbatches)]
+    return [*forwards, *backwards, Action(Op.OPTIMIZER_STEP)]
+
+
+def one_f_one_b(n_stages: int, n_microbatches: int, stage: int) -> list[Action]:
+    """PipeDream-Flush: warm-up forwards, one-forward-one-backward, drain, optimizer step."""
+    _check_shape(n_stages, n_microbatches, stage)
+    warmup = min(n_stages - stage - 1, n_microbatches)
+    actions = [Action(Op.FORWARD, i) for i in range(warmup)]
+    next_forward, next_backward = warmup, 0
+    while next_backward < n_microbatches:
+        if next_forward < n_microbatches:
+            actions.append(Action(Op.FORWARD, next_forward))
+            next_forward += 1
+        actions.append(Action(Op.BACKWARD, next_backward))
+        next_backward += 1
+    actions.append(Action(Op.OPTIMIZER_STEP))
+    return actions
+
+
+def forward_only(n_stages: int, n_microbatches: int, stage: int) -> list[Action]:
+    """Inference: every micro-batch's forward, no backward, no optimizer step."""
+    _check_shape(n_stages, n_microbatches, stage)
+    return [Action(Op.FORWARD, i) for i in range(n_microbatches)]
+
+
+SCHEDULES: dict[str, ScheduleFn] = {"gpipe": gpipe, "1f1b": one_f_one_b}
+
+
+def get_schedule(name: str) -> ScheduleFn:
+    try:
+        return SCHEDULES[name.lower()]
+    except (KeyError, AttributeError):
+        raise ValueError(
+            f"unknown schedule {name!r}; valid schedules: {sorted(SCHEDULES)}"
+        ) from None
+
+
+def lower(compute: Sequence[Action], stage: int, n_stages: int) -> list[Action]:
+    """Add the point-to-point messages a compute list needs on `stage`.
+
+    Each receive is posted just before the compute action that precedes its consumer (one
+    action of look-ahead), each send right after the action that produced its payload.
+    """
+    first, last = stage == 0, stage == n_stages - 1
+
+    def recv_for(action: Action) -> Action | None:
+        if action.op is Op.FORWARD and not first:
+            return Action(Op.RECV_ACT, action.microbatch)
+        if action.op is Op.BACKWARD and not last:
+            return Action(Op.RECV_GRAD, action.microbatch)
+        return None
+
+    def send_after(action: Action) -> Action | None:
+        if action.op is Op.FORWARD and not last:
+            return Action(Op.SEND_ACT, action.microbatch)
+        if action.op is Op.BACKWARD and not first:
+            return Action(Op.SEND_GRAD, action.microbatch)
+        return None
+
+    computes = [a for a in compute if a.op in COMPUTE_OPS]
+    # The receive for computes[k] is posted before computes[k - 1] (before computes[0] for k=0).
+    posts: dict[int, list[Action]] = {}
+    for k, action in enumerate(computes):
+        recv = recv_for(action)
+        if recv is not None:
+            posts.setdefault(max(k - 1, 0), []).append(recv)
+
+    lowered: list[Action] = []
+    k = 0
+    for action in compute:
+        if action.op in COMPUTE_OPS:
+            lowered.extend(posts.get(k, []))
+            k += 1
+        lowered.append(action)
+        send = send_after(action)
+        if send is not None:
+            lowered.append(send)
+    return lowered
+
+
+def stage_actions(
+    schedule: str | ScheduleFn, n_stages: int, n_microbatches: int, stage: int
+) -> list[Action]:
+    """The lowered action list one stage executes per training step."""
+    fn = get_schedule(schedule) if isinstance(schedule, str) else schedule
+    return lower(fn(n_stages, n_microbatches, stage), stage, n_stages)
+
+
+def in_flight(actions: Sequence[Action]) -> int:
+    """Largest number of micro-batches whose forward ran and whose backward has not."""
+    live = peak = 0
+    for action in actions:
+        if action.op is Op.FORWARD:
+            live += 1
+            peak = max(peak, live)
+        elif action.op is Op.BACKWARD:
+            live -= 1
+    return peak
+
+
+def validate(schedule: str | ScheduleFn, n_stages: int, n_microbatches: int) -> None:
+    """Raise `ScheduleError` unless every stage's lowered list is correct and deadlock-free.
+
+    Checks: each micro-batch is forwarded and back-propagated exactly once per stage, its
+    forward first; one optimizer step after the last backward; every send has the matching
+    receive on the peer (and no receive waits for a send that never comes); executing all
+    stages with non-blocking sends and receives and blocking compute never deadlocks.
+    """
+    lists = [stage_actions(schedule, n_stages, n_microbatches, s) for s in range(n_stages)]
+    for s, actions in enumerate(lists):
+        _check_stage(actions, s, n_microbatches)
+    _check_messages(lists)
+    _check_progress(lists)
+
+
+def _check_stage(actions: Sequence[Action], stage: int, n_microbatches: int) -> None:
+    forwarded: set[int] = set()
+    backwarded: set[int] = set()
+    for position, action in enumerate(actions):
+        i = action.microbatch
+        if action.op in COMPUTE_OPS and not 0 <= i < n_microbatches:
+            raise ScheduleError(f"stage {stage}: {action} names no micro-batch of {n_microbatches}")
+        if action.op is Op.FORWARD:
+            if i in forwarded:
+                raise ScheduleError(f"stage {stage}: micro-batch {i} forwarded twice")
+            forwarded.add(i)
+        elif action.op is Op.BACKWARD:
+            if i not in forwarded:
+                raise ScheduleError(f"stage {stage}: backward of {i} before its forward")
+            if i in backwarded:
+                raise ScheduleError(f"stage {stage}: micro-batch {i} back-propagated twice")
+            backwarded.add(i)
+        elif action.op is Op.OPTIMIZER_STEP and position != len(actions) - 1:
+            raise ScheduleError(f"stage {stage}: optimizer step must be the last action")
+    missing = set(range(n_microbatches)) - backwarded
+    if missing or forwarded != backwarded:
+        raise ScheduleError(f"stage {stage}: micro-batches {sorted(missing)} never finish")
+    if not actions or actions[-1].op is not Op.OPTIMIZER_STEP:
+        raise ScheduleError(f"stage {stage}: no optimizer step at the end")
+
+
+def _messages(lists: Sequence[Sequence[Action]]) -> tuple[list[tuple], list[tuple]]:
+    """(sender, receiver, kind, micro-batch) of every send and of every receive."""
+    sends, recvs = [], []
+    for s, actions in enumerate(lists):
+        for a in actions:
+            if a.op is Op.SEND_ACT:
+                sends.append((s, s + 1, "act", a.microbatch))
+            elif a.op is Op.SEND_GRAD:
+                sends.append((s, s - 1, "grad", a.microbatch))
+            elif a.op is Op.RECV_ACT:
+                recvs.append((s - 1, s, "act", a.microbatch))
+            elif a.op is Op.RECV_GRAD:
+                recvs.append((s + 1, s, "grad", a.microbatch))
+    return sends, recvs
+
+
+def _check_messages(lists: Sequence[Sequence[Action]]) -> None:
+    sends, recvs = _messages(lists)
+    unmatched = set(sends) ^ set(recvs)
+    if unmatched or len(sends) != len(set(sends)):
+        raise ScheduleError(f"sends and receives do not match: {sorted(unmatched)[:5]}")
+
+
+def _check_progress(lists: Sequence[Sequence[Action]]) -> None:
+    """Execute all stages: posts and sends never block; compute waits for its message."""
+    sent: set[tuple] = set()
+    pc = [0] * len(lists)
+    last = len(lists) - 1
+
+    def ready(s: int, a: Action) -> bool:
+        if a.op is Op.FORWARD and s > 0:
+            return (s - 1, s, "act", a.microbatch) in sent
+        if a.op is Op.BACKWARD and s < last:
+            return (s + 1, s, "grad", a.microbatch) in sent
+        return True
+
+    progressed = True
+    while progressed:
+        progressed = False
+        for s, actions in enumerate(lists):
+            while pc[s] < len(actions) and ready(s, actions[pc[s]]):
+                a = actions[pc[s]]
+                if a.op is Op.SEND_ACT:
+                    sent.add((s, s + 1, "act", a.microbatch))
+                elif a.op is Op.SEND_GRAD:
+                    sent.add((s, s - 1, "grad", a.microbatch))
+                pc[s] += 1
+                progressed = True
+    stuck = {s: lists[s][pc[s]] for s in range(len(lists)) if pc[s] < len(lists[s])}
+    if stuck:
+        raise ScheduleError(f"deadlock: stages wait forever at {stuck}")

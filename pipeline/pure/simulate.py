@@ -1,0 +1,230 @@
+"""Replay a schedule on paper: iteration time, bubbles and in-flight memory, no process.
+
+Schedules are data (`pipeline.pure.schedule`), so their timing can be predicted by executing the
+lowered action lists against per-stage costs instead of against tensors. The planners use
+this to predict a plan's iteration time, and tests use it to check a schedule's shape
+(closed forms for bubbles and in-flight micro-batches) without starting anything.
+
+Semantics, one stage at a time in the order of its list:
+
+* FORWARD i / BACKWARD i start when the stage is free and their input has arrived (stage 0's
+  forwards and the last stage's backwards need no message), and take the stage's
+  forward_s / backward_s;
+* a message arrives link.time(bytes) after the compute that produced it finished; an
+  activation has the sender's output_bytes, a gradient the receiver's output_bytes;
+* RECV_* / SEND_* take no stage time (non-blocking posts);
+* OPTIMIZER_STEP waits for every message the stage sent to arrive, then takes optimizer_s.
+
+A micro-batch is in flight on a stage from the start of its forward to the end of its
+backward; it holds the stage's activation_bytes meanwhile. `to_chrome_trace` renders the
+result for Perfetto / chrome://tracing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from pipeline.pure.costs import LayerCost, LinkCost, action_effects
+from pipeline.pure.partition import bounds, check_sizes
+from pipeline.pure.schedule import Action, Op, ScheduleError, ScheduleFn, stage_actions, validate
+
+__all__ = ["Event", "SimResult", "StageCost", "simulate", "stage_costs", "to_chrome_trace"]
+
+
+@dataclass(frozen=True)
+class StageCost:
+    """What one stage costs per micro-batch (and per step, for the optimizer)."""
+
+    forward_s: float
+    backward_s: float
+    activation_bytes: int = 0  # kept per micro-batch in flight
+    output_bytes: int = 0  # sent to the next stage per micro-batch; its gradient is as big
+    state_bytes: int = 0  # parameters (all weight copies), gradients, optimizer state
+    optimizer_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        for name in ("forward_s", "backward_s", "activation_bytes", "output_bytes",
+                     "state_bytes", "optimizer_s"):  # fmt: skip
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)!r}")
+
+
+@dataclass(frozen=True)
+class Event:
+    """One action that took stage time: [start_s, end_s) on `stage`."""
+
+    stage: int
+    action: Action
+    start_s: float
+    end_s: float
+
+
+@dataclass(frozen=True)
+class SimResult:
+    schedule: str
+    n_microbatches: int
+    iteration_s: float  # when the last stage finishes its optimizer step
+    busy_s: tuple[float, ...]  # per stage
+    idle_s: tuple[float, ...]  # per stage: iteration_s - busy_s
+    bubble_fraction: float  # sum(idle) / (n_stages * iteration_s)
+    peak_in_flight: tuple[int, ...]  # micro-batches, per stage
+    peak_activation_bytes: tuple[int, ...]  # peak_in_flight * activation_bytes, per stage
+    events: tuple[Event, ...]  # forwards, backwards and optimizer steps, by start time
+
+    @property
+    def n_stages(self) -> int:
+        return len(self.busy_s)
+
+
+def simulate(
+    schedule: str | ScheduleFn,
+    stages: Sequence[StageCost],
+    n_microbatches: int,
+    link: LinkCost | None = None,
+) -> SimResult:
+    """Execute every stage's lowered action list against `stages` costs (see module doc)."""
+    n_stages = len(stages)
+    if n_stages < 1:
+        raise ValueError("simulate needs at least one stage")
+    validate(schedule, n_stages, n_microbatches)  # malformed or deadlocking: ScheduleError
+    link = link or LinkCost.free()
+    lists = [stage_actions(schedule, n_stages, n_microbatches, s) for s in range(n_stages)]
+    free = [0.0] * n_stages
+    pc = [0] * n_stages
+    arrival: dict[tuple[str, int, int], float] = {}  # (kind, receiver, micro-batch) -> s
+    finished: dict[tuple[int, Op, int], float] = {}  # (stage, op, micro-batch) -> s
+    last_arrival = [0.0] * n_stages  # latest arrival of a message the stage sent
+    live = [0] * n_stages
+    peak = [0] * n_stages
+    events: list[Event] = []
+
+    def run(s: int, action: Action, ready: float, seconds: float) -> None:
+        start = max(free[s], ready)
+        free[s] = start + seconds
+        finished[(s, action.op, action.microbatch)] = free[s]
+        events.append(Event(s, action, start, free[s]))
+
+    def step(s: int, a: Action) -> bool:
+        """Execute `a` on stage s if its input is there; False if it must wait."""
+        cost, i = stages[s], a.microbatch
+        if a.op is Op.FORWARD:
+            ready = 0.0 if s == 0 else arrival.get(("act", s, i))
+            if ready is None:
+                return False
+            run(s, a, ready, cost.forward_s)
+            live[s] += 1
+            peak[s] = max(peak[s], live[s])
+        elif a.op is Op.BACKWARD:
+            ready = 0.0 if s == n_stages - 1 else arrival.get(("grad", s, i))
+            if ready is None:
+                return False
+            run(s, a, ready, cost.backward_s)
+            live[s] -= 1
+        elif a.op is Op.SEND_ACT:
+            t = finished[(s, Op.FORWARD, i)] + link.time(cost.output_bytes)
+            arrival[("act", s + 1, i)] = t
+            last_arrival[s] = max(last_arrival[s], t)
+        elif a.op is Op.SEND_GRAD:
+            t = finished[(s, Op.BACKWARD, i)] + link.time(stages[s - 1].output_bytes)
+            arrival[("grad", s - 1, i)] = t
+            last_arrival[s] = max(last_arrival[s], t)
+        elif a.op is Op.OPTIMIZER_STEP:
+            run(s, a, last_arrival[s], cost.optimizer_s)
+        return True  # receives are posts: no stage time
+
+    progressed = True
+    while progressed:
+        progressed = False
+        for s in range(n_stages):
+            while pc[s] < len(lists[s]) and step(s, lists[s][pc[s]]):
+                pc[s] += 1
+                progressed = True
+    stuck = {s: lists[s][pc[s]] for s in range(n_stages) if pc[s] < len(lists[s])}
+    if stuck:
+        raise ScheduleError(f"deadlock: stages wait forever at {stuck}")
+
+    iteration = max(free)
+    busy = [0.0] * n_stages
+    for e in events:
+        busy[e.stage] += e.end_s - e.start_s
+    idle = [iteration - b for b in busy]
+    bubble = sum(idle) / (n_stages * iteration) if iteration > 0 else 0.0
+    name = schedule if isinstance(schedule, str) else getattr(schedule, "__name__", "custom")
+    return SimResult(
+        schedule=name,
+        n_microbatches=n_microbatches,
+        iteration_s=iteration,
+        busy_s=tuple(busy),
+        idle_s=tuple(idle),
+        bubble_fraction=bubble,
+        peak_in_flight=tuple(peak),
+        peak_activation_bytes=tuple(peak[s] * stages[s].activation_bytes for s in range(n_stages)),
+        events=tuple(sorted(events, key=lambda e: (e.start_s, e.stage))),
+    )
+
+
+def stage_costs(
+    costs: Sequence[LayerCost],
+    sizes: Sequence[int],
+    actions: Sequence[str] | None = None,
+    *,
+    host_link: LinkCost | None = None,
+    weight_copies: int = 1,
+) -> list[StageCost]:
+    """Per-stage sums of layer costs for a partition (`sizes`) and per-layer memory actions.
+
+    The time a recompute or a swap adds counts in the backward (where it is paid, on the
+    critical path); activation bytes are what each layer keeps under its action
+    (`pipeline.pure.costs.action_effects`); weight_copies counts parameters more than once
+    (2 for PipeDream-2BW's double-buffered weights).
+    """
+    sizes = check_sizes(sizes, len(costs), len(sizes))
+    effects = action_effects(costs, actions, host_link)
+    result = []
+    for start, stop in bounds(sizes):
+        layers = costs[start:stop]
+        added = sum(effects[i][0] for i in range(start, stop))
+        result.append(StageCost(
+            forward_s=sum(c.forward_s for c in layers),
+            backward_s=sum(c.backward_s for c in layers) + added,
+            activation_bytes=sum(effects[i][1] for i in range(start, stop)),
+            output_bytes=layers[-1].output_bytes,
+            state_bytes=sum(weight_copies * c.param_bytes + c.grad_bytes + c.optimizer_bytes
+                            for c in layers),
+        ))  # fmt: skip
+    return result
+
+
+_CATEGORY = {Op.FORWARD: "forward", Op.BACKWARD: "backward", Op.OPTIMIZER_STEP: "optimizer"}
+
+
+def to_chrome_trace(result: SimResult) -> dict[str, Any]:
+    """Chrome trace JSON: one "X" event per forward, backward and optimizer step (in µs).
+
+    Each stage is a process track named "stage s"; write it with `json.dump` and open it in
+    https://ui.perfetto.dev or chrome://tracing.
+    """
+    trace: list[dict[str, Any]] = []
+    for s in range(result.n_stages):
+        trace.append({"ph": "M", "name": "process_name", "pid": s, "tid": 0,
+                      "args": {"name": f"stage {s}"}})  # fmt: skip
+        trace.append({"ph": "M", "name": "process_sort_index", "pid": s, "tid": 0,
+                      "args": {"sort_index": s}})  # fmt: skip
+    for e in result.events:
+        i = e.action.microbatch
+        args: dict[str, Any] = {"microbatch": i} if i >= 0 else {}
+        trace.append({
+            "name": repr(e.action), "cat": _CATEGORY.get(e.action.op, "other"), "ph": "X",
+            "ts": e.start_s * 1e6, "dur": (e.end_s - e.start_s) * 1e6,
+            "pid": e.stage, "tid": 0, "args": args,
+        })  # fmt: skip
+    return {
+        "traceEvents": trace,
+        "displayTimeUnit": "ms",
+        "otherData": {
+            "schedule": result.schedule, "n_microbatches": result.n_microbatches,
+            "iteration_s": result.iteration_s, "bubble_fraction": result.bubble_fraction,
+        },
+    }  # fmt: skip

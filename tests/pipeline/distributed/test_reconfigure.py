@@ -1,0 +1,152 @@
+"""reconfigure(): the next model on the same processes trains like a fresh one."""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import pipeline
+from pipeline import ElasticPipeline, StageContext
+from pipeline.local.models import mlp_stack, transformer_stack
+from pipeline.local.reference import ReferenceTrainer
+
+pytestmark = pytest.mark.multiprocess
+ADAM = functools.partial(torch.optim.Adam, lr=1e-3)
+SEED = 9
+
+
+def seq(n: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    g = torch.Generator().manual_seed(3)
+    return [(torch.randn(4, 5, 16, generator=g), torch.randn(4, 5, 16, generator=g))
+            for _ in range(n)]  # fmt: skip
+
+
+def flat(n: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    g = torch.Generator().manual_seed(4)
+    return [(torch.randn(4, 6, generator=g), torch.randint(0, 3, (4,), generator=g))
+            for _ in range(n)]  # fmt: skip
+
+
+def mlp() -> list[pipeline.LayerSpec]:
+    return mlp_stack([6, 24, 24, 3], batch_norm=True)
+
+
+def candidates(ctx: StageContext) -> dict[str, Any]:
+    pipe = ElasticPipeline(transformer_stack(4, 16, 2), optimizer=ADAM, loss_fn=F.mse_loss,
+                           n_microbatches=2, seed=SEED, partition=[2, 2])  # fmt: skip
+    for x, y in seq(3):
+        pipe.train_step(x, y)
+    trained = pipe.full_state_dict()
+    # six Transformer layers on [3, 3]: block0-3 inherit (block2 comes from the other stage)
+    pipe.reconfigure(transformer_stack(6, 16, 2), partition=[3, 3], inherit_weights=True)
+    inherited = pipe.full_state_dict()
+    pipe.train_step(*seq(1)[0])
+    # a different architecture, loss and data on the same processes
+    pipe.reconfigure(mlp(), partition=[1, 2], loss_fn=F.cross_entropy)
+    losses = [pipe.train_step(x, y) for x, y in flat(4)]
+    out = {"trained": trained, "inherited": inherited, "losses": losses,
+           "state": pipe.full_state_dict(), "generation": pipe.generation, "step": pipe.step}
+    pipe.close()
+    return out  # fmt: skip
+
+
+@functools.cache
+def results() -> dict[str, Any]:
+    return pipeline.launch(candidates, 2, threads_per_stage=1, timeout_s=60)[0]
+
+
+def test_reconfigured_model_matches_a_fresh_reference() -> None:
+    torch.set_num_threads(1)
+    ref = ReferenceTrainer(mlp(), optimizer=ADAM, loss_fn=F.cross_entropy, n_microbatches=2,
+                           seed=SEED)  # fmt: skip
+    ref_losses = [ref.train_step(x, y) for x, y in flat(4)]
+    r = results()
+    assert r["losses"] == pytest.approx(ref_losses, abs=1e-6)
+    ref_state = ref.full_state_dict()
+    for key, state in r["state"].items():
+        for name, value in state.items():
+            assert torch.allclose(value.double(), ref_state[key][name].double(), atol=1e-6)
+    assert (r["generation"], r["step"]) == (2, 4)
+
+
+def test_inherit_weights_where_keys_and_shapes_match() -> None:
+    r = results()
+    fresh = ReferenceTrainer(transformer_stack(6, 16, 2), optimizer=ADAM, loss_fn=F.mse_loss,
+                             n_microbatches=2, seed=SEED).full_state_dict()  # fmt: skip
+    for key, state in r["inherited"].items():
+        source = r["trained"] if key in r["trained"] else fresh
+        for name, value in state.items():
+            assert torch.equal(value, source[key][name]), (key, name)
+    assert not torch.equal(  # inherited weights are the trained ones, not a fresh init
+        r["inherited"]["block2"]["linear1.weight"], fresh["block2"]["linear1.weight"]
+    )
+
+
+def inference(ctx: StageContext) -> dict[str, Any]:
+    pipe = ElasticPipeline(transformer_stack(4, 16, 2, dropout=0.5), optimizer=ADAM,
+                           loss_fn=F.mse_loss, n_microbatches=4, seed=SEED)  # fmt: skip
+    x, y = seq(1)[0]
+    before = pipe.forward(x[:3])  # batch 3: split into 3 micro-batches; plans the pipeline
+    pipe.train_step(x, y)
+    out = {"before": before, "after": pipe.forward(x[:3]), "again": pipe.forward(x[:3])}
+    pipe.close()
+    return out
+
+
+def test_forward_is_inference_on_every_rank() -> None:
+    results = pipeline.launch(inference, 2, threads_per_stage=1, timeout_s=60)
+    assert torch.equal(results[0]["after"], results[1]["after"])  # every rank gets it
+    torch.set_num_threads(1)
+    ref = ReferenceTrainer(transformer_stack(4, 16, 2, dropout=0.5), optimizer=ADAM,
+                           loss_fn=F.mse_loss, n_microbatches=4, seed=SEED)  # fmt: skip
+    x = seq(1)[0][0]
+    for layer in ref.layers:
+        layer.eval()
+    with torch.no_grad():
+        expected = x[:3]
+        for layer in ref.layers:
+            expected = layer(expected)
+    assert torch.allclose(results[0]["before"], expected, atol=1e-5)
+    assert torch.equal(results[0]["after"], results[0]["again"])  # eval mode: no dropout
+    assert not torch.allclose(results[0]["after"], results[0]["before"])  # it trained
+
+
+def planned_candidates(ctx: StageContext) -> dict[str, Any]:
+    """Two "auto" candidates in a row: the second is planned from the cost cache alone."""
+    pipe = ElasticPipeline(transformer_stack(4, 16, 2), optimizer=ADAM, loss_fn=F.mse_loss,
+                           n_microbatches=2, seed=SEED, partition="auto")  # fmt: skip
+    pipe.train_step(*seq(1)[0])
+    (signature,) = pipe.cost_cache.entries()  # one distinct layer, timed once
+    entry = pipe.cost_cache.get(signature)
+    assert entry is not None
+    pipe.cost_cache.put(signature, 123.0, 246.0, entry["activation_bytes"])  # a marker
+    old_modules = [layer.module for layer in pipe._live_stage().layers]
+    pipe.reconfigure(mlp(), partition=[1, 2], loss_fn=F.cross_entropy)
+    pipe.train_step(*flat(1)[0])
+    pipe.reconfigure(transformer_stack(6, 16, 2), partition="auto", loss_fn=F.mse_loss)
+    pipe.train_step(*seq(1)[0])
+    stage = pipe._live_stage()
+    assert stage.optimizer is not None
+    optimized = {id(p) for group in stage.optimizer.param_groups for p in group["params"]}
+    assert pipe.plan is not None
+    out = {
+        "predicted_stage_s": pipe.plan.predicted_stage_s, "cache_size": len(pipe.cost_cache),
+        "keys": [layer.key for layer in stage.layers],
+        "optimizes_only_live_layers": optimized == {id(p) for p in stage.parameters()},
+        "old_modules_alive": any(m is layer.module for m in old_modules for layer in stage.layers),
+    }  # fmt: skip
+    pipe.close()
+    return out
+
+
+def test_auto_reconfigure_plans_from_the_cache_and_frees_the_old_layers() -> None:
+    results = pipeline.launch(planned_candidates, 2, threads_per_stage=1, timeout_s=60)
+    for rank, r in enumerate(results):
+        assert r["cache_size"] == 1  # no new timing: the signature was cached
+        assert min(r["predicted_stage_s"]) >= 3 * (123.0 + 246.0)  # planned from the marker
+        assert r["optimizes_only_live_layers"] and not r["old_modules_alive"], r
+        assert r["keys"] == [f"block{i}" for i in range(3 * rank, 3 * rank + 3)], r["keys"]

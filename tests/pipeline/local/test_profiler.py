@@ -1,0 +1,92 @@
+"""Profiling: shapes on the meta device, timed sandbox runs, the cost cache."""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from pipeline.local.models import char_lm, transformer_stack
+from pipeline.local.profiler import (
+    CostCache,
+    estimate,
+    optimizer_state_ratio,
+    sandbox,
+    trace_shapes,
+)
+from pipeline.local.spec import LayerSpec
+
+CPU = torch.device("cpu")
+
+
+def test_shapes_and_bytes_of_a_linear_stack() -> None:
+    specs = [LayerSpec("a", functools.partial(nn.Linear, 8, 32)),
+             LayerSpec("b", functools.partial(nn.Linear, 32, 4))]  # fmt: skip
+    shapes = trace_shapes(specs, torch.zeros(16, 8))
+    assert [s.output_bytes for s in shapes] == [16 * 32 * 4, 16 * 4 * 4]
+    assert [s.param_bytes for s in shapes] == [(8 * 32 + 32) * 4, (32 * 4 + 4) * 4]
+    assert shapes[0].flops == 2 * 16 * 8 * 32
+    # layer b keeps its input (16 x 32 floats) for the weight gradient, and nothing else
+    assert shapes[1].saved_bytes == 16 * 32 * 4
+
+
+def test_identical_layers_share_a_signature() -> None:
+    shapes = trace_shapes(transformer_stack(3, 32, 4), torch.zeros(2, 10, 32))
+    assert len({s.signature for s in shapes}) == 1
+    longer = trace_shapes(transformer_stack(1, 32, 4), torch.zeros(2, 12, 32))[0]
+    wider = trace_shapes(transformer_stack(1, 64, 4), torch.zeros(2, 10, 64))[0]
+    assert len({shapes[0].signature, longer.signature, wider.signature}) == 3
+
+
+def test_meta_trace_agrees_with_the_real_sandbox_on_saved_bytes() -> None:
+    specs = char_lm(50, n_layers=2, d_model=32, n_heads=4, max_len=16)
+    shapes = trace_shapes(specs, torch.zeros(4, 16, dtype=torch.long))
+    measured = sandbox(specs, shapes, CPU, 2.0, CostCache())
+    assert [c.activation_bytes for c in measured] == [s.saved_bytes for s in shapes]
+    assert all(c.forward_s > 0 and c.backward_s > 0 for c in measured)
+
+
+def test_sandbox_times_each_signature_once_and_reuses_the_cache() -> None:
+    cache = CostCache()
+    first = char_lm(50, n_layers=3, d_model=32, n_heads=4, max_len=16)
+    ids = torch.zeros(4, 16, dtype=torch.long)
+    sandbox(first, trace_shapes(first, ids), CPU, 2.0, cache)
+    assert len(cache) == 3  # embedding, one block signature, head
+    second = char_lm(50, n_layers=5, d_model=32, n_heads=4, max_len=16)  # a deeper candidate
+    costs = sandbox(second, trace_shapes(second, ids), CPU, 2.0, cache)
+    assert len(cache) == 3  # nothing new to time
+    assert len({c.forward_s for c in costs[1:-1]}) == 1
+
+
+def test_estimate_from_flops() -> None:
+    shapes = trace_shapes(transformer_stack(2, 32, 4), torch.zeros(2, 10, 32))
+    costs = estimate(shapes, CPU, opt_ratio=2.0)
+    assert all(c.forward_s > 0 and c.backward_s == pytest.approx(2 * c.forward_s) for c in costs)
+    assert costs[0].optimizer_bytes == 2 * costs[0].param_bytes
+
+
+@pytest.mark.parametrize(
+    "factory,ratio",
+    [
+        (functools.partial(torch.optim.AdamW, lr=1e-3), 2.0),
+        (functools.partial(torch.optim.SGD, lr=1e-3), 0.0),
+        (functools.partial(torch.optim.SGD, lr=1e-3, momentum=0.9), 1.0),
+    ],
+)
+def test_optimizer_state_ratio(factory: functools.partial, ratio: float) -> None:
+    assert optimizer_state_ratio(factory) == ratio
+
+
+def test_cost_cache_round_trip(tmp_path: Path) -> None:
+    cache = CostCache()
+    cache.put("abc", 0.5, 1.0, 1024)
+    cache.save(tmp_path / "c.json")
+    loaded = CostCache.load(tmp_path / "c.json")
+    assert "abc" in loaded and loaded.get("abc") == {"forward_s": 0.5, "backward_s": 1.0,
+                                                      "activation_bytes": 1024}  # fmt: skip
+    (tmp_path / "bad.json").write_text('{"version": 7, "entries": {}}')
+    with pytest.raises(ValueError, match="unknown cost cache version 7"):
+        CostCache.load(tmp_path / "bad.json")
