@@ -57,7 +57,7 @@ def run(ctx: StageContext, rounds: int, steps: int) -> dict[str, Any]:
                            rounds, steps)  # fmt: skip
     planned = pipes["planned"]
     assert planned.plan is not None
-    measured, actions = measured_costs(planned._live_stage(), LAYERS)
+    measured, actions = measured_costs(planned.comm, planned._live_stage(), LAYERS)
     stats = {name: pipe.stats() for name, pipe in pipes.items()}
     return {
         "seconds": seconds,
@@ -78,7 +78,7 @@ def planned_costs(pipe: ElasticPipeline) -> Any:
     from pipeline.distributed.agreement import profile_costs
 
     example = batch(size=UNEVEN_BATCH)[0].chunk(MICROBATCHES)[0]
-    return profile_costs(pipe.specs, example, device=pipe.device, opt_ratio=2.0,
+    return profile_costs(pipe.comm, pipe.specs, example, device=pipe.device, opt_ratio=2.0,
                          cache=pipe.cost_cache)  # fmt: skip
 
 
@@ -105,8 +105,9 @@ def main() -> None:
         "predicted_vs_measured_equal": r["predicted_equal_s"] / med["equal"],
         "repredicted_from_measured_costs_s": r["repredicted_from_measured_costs_s"],
         "targets": {"throughput_ratio": 1.25, "prediction_error": 0.15},
-        "per_stage": {k: [{f: s[f] for f in ("stage", "layers", "forward_s", "backward_s",
-                                              "wait_s", "total_s")} for s in v["stages"]]
+        "per_stage": {k: [{f: s.to_dict()[f] for f in ("stage", "layers", "forward_s",
+                                                        "backward_s", "wait_s", "total_s")}
+                          for s in v.stages]
                       for k, v in r["stats"].items()},
     }  # fmt: skip
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -115,7 +115,7 @@ def run(ctx: StageContext, rounds: int, steps: int) -> dict[str, Any]:
     out = {"seconds": seconds, "during_s": during, "rebalanced_sizes": rebalanced[0],
            "migration": None if migration is None else vars(migration),
            "moved_state_bytes": state_bytes, "bandwidth": link_bandwidth(),
-           "events": [e for e in pipe.events if e["kind"] in ("replan", "migration")][:2]}
+           "events": [e.to_dict() for e in pipe.events if e.kind in ("replan", "migration")][:2]}
     pipe.close()
     return out  # fmt: skip
 

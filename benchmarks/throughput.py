@@ -99,7 +99,8 @@ def run_pipelines(ctx: StageContext, rounds: int, steps: int) -> dict[str, Any]:
     seconds = timed_rounds(runs, rounds, steps)
     return {
         "step_s": seconds,
-        "profile": {"ours_gpipe": pipe_gpipe.stats(), "ours_1f1b": pipe_1f1b.stats()},
+        "profile": {"ours_gpipe": pipe_gpipe.stats().to_dict(),
+                    "ours_1f1b": pipe_1f1b.stats().to_dict()},
     }
 
 

@@ -21,21 +21,46 @@ This package imports only torch and numpy.
 """
 
 from pipeline.distributed.elastic import ElasticPipeline
-from pipeline.distributed.launch import StageContext, StageFailedError, launch
-from pipeline.distributed.migration import MigrationError, MigrationRecord
+from pipeline.distributed.events import PipelineEvent
+from pipeline.distributed.launch import StageContext, launch
+from pipeline.distributed.migration import MigrationRecord
+from pipeline.distributed.report import PipelineStats, StageStats
+from pipeline.errors import (
+    MigrationError,
+    NonFiniteLossError,
+    PipelineError,
+    StageError,
+    StageFailedError,
+)
+from pipeline.local.profiler import CostCache
+from pipeline.local.reference import ReferenceTrainer
 from pipeline.local.spec import LayerSpec
+from pipeline.pure.costs import LayerCost
+from pipeline.pure.planner import InfeasibleBudgetError, Plan, Planner
 from pipeline.pure.schedule import SCHEDULES, Action, Op, ScheduleError
 
 __all__ = [
     "SCHEDULES",
     "Action",
+    "CostCache",
     "ElasticPipeline",
+    "InfeasibleBudgetError",
+    "LayerCost",
     "LayerSpec",
     "MigrationError",
     "MigrationRecord",
+    "NonFiniteLossError",
     "Op",
+    "PipelineError",
+    "PipelineEvent",
+    "PipelineStats",
+    "Plan",
+    "Planner",
+    "ReferenceTrainer",
     "ScheduleError",
     "StageContext",
+    "StageError",
     "StageFailedError",
+    "StageStats",
     "launch",
 ]

@@ -32,6 +32,7 @@ masked too, so targets may be padded on either side; give BOS its own id, not pa
 from __future__ import annotations
 
 import functools
+from typing import ClassVar
 
 import torch
 from torch import nn
@@ -78,38 +79,52 @@ class TokenEmbedding(nn.Module):
         return self.dropout(self.tokens(ids) + self.positions(positions))
 
 
-class SourceEmbedding(nn.Module):
-    """embed_src: (src, tgt) -> (enc, src, tgt)."""
+class _EmbeddingLayer(nn.Module):
+    """An embedding as a pipeline layer: its `TokenEmbedding` is `self.embed`."""
 
     def __init__(self, vocab: int, d_model: int, max_len: int, dropout: float) -> None:
         super().__init__()
         self.embed = TokenEmbedding(vocab, d_model, max_len, dropout)
+
+
+class SourceEmbedding(_EmbeddingLayer):
+    """embed_src: (src, tgt) -> (enc, src, tgt)."""
 
     def forward(self, carry: tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor, Tensor]:
         src, tgt = carry
         return self.embed(src), src, tgt
 
 
-class EncoderCell(nn.Module):
-    """enc<i>: (enc, src, tgt) -> (enc, src, tgt); a bidirectional cell."""
+class _CellLayer(nn.Module):
+    """A cell as a pipeline layer: the cell module, and the pad id its masks come from."""
+
+    causal: ClassVar[bool]
 
     def __init__(self, cell: Cell, d_model: int, dropout: float, pad_id: int | None) -> None:
         super().__init__()
-        self.cell = CellModule(cell, d_model, causal=False, dropout=dropout)
+        self.cell = CellModule(cell, d_model, causal=self.causal, dropout=dropout)
         self.pad_id = pad_id
+
+    def pad(self, ids: Tensor) -> Tensor | None:
+        return _pad_mask(ids, self.pad_id)
+
+
+class EncoderCell(_CellLayer):
+    """enc<i>: (enc, src, tgt) -> (enc, src, tgt); a bidirectional cell."""
+
+    causal = False
 
     def forward(self, carry: tuple[Tensor, Tensor, Tensor]) -> tuple[Tensor, Tensor, Tensor]:
         enc, src, tgt = carry
-        return self.cell(enc, Context(pad=_pad_mask(src, self.pad_id))), src, tgt
+        return self.cell(enc, Context(pad=self.pad(src))), src, tgt
 
 
-class TargetEmbedding(nn.Module):
+class TargetEmbedding(_EmbeddingLayer):
     """embed_tgt: (enc, src, tgt) -> (memory = LayerNorm(enc), src, dec, tgt)."""
 
     def __init__(self, vocab: int, d_model: int, max_len: int, dropout: float) -> None:
-        super().__init__()
+        super().__init__(vocab, d_model, max_len, dropout)
         self.memory_norm = nn.LayerNorm(d_model)  # the encoder's final norm
-        self.embed = TokenEmbedding(vocab, d_model, max_len, dropout)
 
     def forward(
         self, carry: tuple[Tensor, Tensor, Tensor]
@@ -118,44 +133,33 @@ class TargetEmbedding(nn.Module):
         return self.memory_norm(enc), src, self.embed(tgt), tgt
 
 
-class DecoderCell(nn.Module):
+class DecoderCell(_CellLayer):
     """dec<i>: (memory, src, dec, tgt) -> (memory, src, dec, tgt); causal, sees the memory."""
 
-    def __init__(self, cell: Cell, d_model: int, dropout: float, pad_id: int | None) -> None:
-        super().__init__()
-        self.cell = CellModule(cell, d_model, causal=True, dropout=dropout)
-        self.pad_id = pad_id
+    causal = True
 
     def forward(
         self, carry: tuple[Tensor, Tensor, Tensor, Tensor]
     ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         memory, src, dec, tgt = carry
-        ctx = Context(_pad_mask(tgt, self.pad_id), memory, _pad_mask(src, self.pad_id))
-        return memory, src, self.cell(dec, ctx), tgt
+        return memory, src, self.cell(dec, Context(self.pad(tgt), memory, self.pad(src))), tgt
 
 
-class LMEmbedding(nn.Module):
+class LMEmbedding(_EmbeddingLayer):
     """embed (decoder-only): ids -> (h, ids)."""
-
-    def __init__(self, vocab: int, d_model: int, max_len: int, dropout: float) -> None:
-        super().__init__()
-        self.embed = TokenEmbedding(vocab, d_model, max_len, dropout)
 
     def forward(self, ids: Tensor) -> tuple[Tensor, Tensor]:
         return self.embed(ids), ids
 
 
-class LMCell(nn.Module):
+class LMCell(_CellLayer):
     """dec<i> (decoder-only): (h, ids) -> (h, ids); causal."""
 
-    def __init__(self, cell: Cell, d_model: int, dropout: float, pad_id: int | None) -> None:
-        super().__init__()
-        self.cell = CellModule(cell, d_model, causal=True, dropout=dropout)
-        self.pad_id = pad_id
+    causal = True
 
     def forward(self, carry: tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor]:
         h, ids = carry
-        return self.cell(h, Context(pad=_pad_mask(ids, self.pad_id))), ids
+        return self.cell(h, Context(pad=self.pad(ids))), ids
 
 
 class Head(nn.Module):

@@ -16,7 +16,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 RULES = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["import_rules"]
-PACKAGES = [p for p in RULES if p != "only_in"]
+PACKAGES = [p for p in RULES if p not in ("only_in", "layers", "comm")]
 
 
 def imports(path: Path) -> Iterator[tuple[int, str]]:
@@ -55,3 +55,76 @@ def test_import_direction(package: str, path: Path) -> None:
             assert any(module == m or module.startswith(m + ".") for m in confined), (
                 f"{where}; {name} may only be imported in {confined}"
             )
+
+
+def pipeline_modules() -> list[tuple[str, Path]]:
+    return [(module_name(path), path) for path in sorted((ROOT / "pipeline").rglob("*.py"))]
+
+
+def runtime_imports(path: Path) -> Iterator[tuple[int, str]]:
+    """(line, full module name) of every absolute import of `pipeline` or torch.distributed."""
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        names: list[str] = []
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names = [node.module] + [f"{node.module}.{alias.name}" for alias in node.names]
+        else:
+            continue
+        for name in names:
+            if name.startswith(("pipeline.", "torch.distributed")):
+                yield node.lineno, name
+
+
+@pytest.mark.parametrize("module,path", pipeline_modules(), ids=lambda v: str(v))
+def test_layers_inside_pipeline(module: str, path: Path) -> None:
+    """pure <- local <- distributed: a part never imports a later one or torch.distributed."""
+    rules = RULES["layers"]
+    layer = next((name for name in rules if module == name or module.startswith(name + ".")),
+                 None)  # fmt: skip
+    if layer is None:
+        return  # the distributed parts and the facade may import anything of the runtime
+    allowed = rules[layer]
+    for line, name in runtime_imports(path):
+        where = f"{module} (line {line}) imports {name}"
+        assert not name.startswith("torch.distributed"), where
+        if name.count(".") >= 1 and name.split(".")[1] in {"pure", "local", "distributed",
+                                                          "errors"}:  # fmt: skip
+            target = ".".join(name.split(".")[:2])
+            assert target in allowed, f"{where}; {layer} may import only {allowed}"
+
+
+def distributed_calls(path: Path) -> Iterator[tuple[int, str]]:
+    """(line, name) of every call `dist.<name>(...)` or `torch.distributed.<name>(...)`."""
+    tree = ast.parse(path.read_text(), str(path))
+    aliases = {"torch.distributed"}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            aliases |= {a.asname for a in node.names if a.name == "torch.distributed" and a.asname}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            owner = ast.unparse(node.func.value)
+            if owner in aliases:
+                yield node.lineno, node.func.attr
+        if isinstance(node, ast.ImportFrom) and node.module == "torch.distributed":
+            for alias in node.names:
+                yield node.lineno, alias.name
+
+
+@pytest.mark.parametrize("module,path", pipeline_modules(), ids=lambda v: str(v))
+def test_one_owner_of_collectives_and_messages(module: str, path: Path) -> None:
+    rule = RULES["comm"]
+    if module == rule["owner"]:
+        return
+    for line, name in distributed_calls(path):
+        assert name not in rule["calls"], (
+            f"{module} (line {line}) calls torch.distributed.{name}; every collective and "
+            f"message goes through {rule['owner']}.Comm"
+        )
+
+
+def test_the_comm_rule_sees_a_direct_call(tmp_path: Path) -> None:
+    """The check above would catch a module that calls a collective directly."""
+    source = tmp_path / "bad.py"
+    source.write_text("import torch.distributed as dist\n\ndist.all_reduce(t)\n")
+    assert list(distributed_calls(source)) == [(3, "all_reduce")]

@@ -7,7 +7,7 @@ a pure function of its arguments: batch order comes from a `torch.Generator` see
 randomisation), never from the global RNG, and vocabularies are sorted, never iterated from
 a set.
 
-Shapes follow `pipeline.local.models`: logits are (batch, vocab, seq), the layout
+Shapes follow `search_spaces.compile`: logits are (batch, vocab, seq), the layout
 `F.cross_entropy` expects, and targets are (batch, seq) int64 with PAD (0) where there is
 nothing to predict.
 """

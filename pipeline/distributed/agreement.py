@@ -17,39 +17,22 @@ Rank 0's plan is the one in force, so ranks never act on plans that differ by ti
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
+from pipeline.distributed.comm import Comm
 from pipeline.local.profiler import CostCache, estimate, sandbox, trace_shapes
 from pipeline.local.spec import LayerSpec
 from pipeline.local.stage import Stage
 from pipeline.pure.costs import LayerCost
 
-__all__ = ["agree", "measured_costs", "profile_costs"]
-
-
-def agree(make: Callable[[], Any]) -> Any:
-    """Run `make()` on rank 0 and return its (picklable) result on every rank.
-
-    If `make()` raises, every rank raises the same exception (no rank is left waiting).
-    """
-    box: list[Any] = [None]
-    if dist.get_rank() == 0:
-        try:
-            box[0] = ("ok", make())
-        except Exception as exc:
-            box[0] = ("error", exc)
-    dist.broadcast_object_list(box, src=0)
-    status, value = box[0]
-    if status == "error":
-        raise value
-    return value
+__all__ = ["measured_costs", "profile_costs"]
 
 
 def profile_costs(
+    comm: Comm,
     specs: Sequence[LayerSpec],
     example: Any,
     *,
@@ -61,28 +44,26 @@ def profile_costs(
     """Costs of every layer for one micro-batch shaped like `example`, the same on all ranks.
 
     source: "estimate" (FLOPs and shapes only) or "sandbox" (one timed run per distinct
-    layer signature not yet in `cache`, shared out over the ranks).
+    layer signature not yet in `cache`, shared out over the ranks). A layer that fails to
+    build or run raises on every rank.
     """
     if source not in ("estimate", "sandbox"):
         raise ValueError(f"profile source must be 'estimate' or 'sandbox', got {source!r}")
-    shapes = trace_shapes(specs, example)
+    shapes = comm.together(lambda: trace_shapes(specs, example))
     ratio = opt_ratio  # optimizer-state bytes per parameter byte
     if source == "estimate":
-        return agree(lambda: estimate(shapes, device, ratio))
-    rank, world = dist.get_rank(), dist.get_world_size()
-    sandbox(specs, shapes, device, ratio, cache, mine=lambda i: i % world == rank)
-    entries: list[Any] = [None] * world
-    dist.all_gather_object(entries, cache.entries())
-    for part in entries:
+        return comm.agree(lambda: estimate(shapes, device, ratio))
+    rank, world = comm.rank, comm.world_size
+    comm.together(lambda: sandbox(specs, shapes, device, ratio, cache,
+                                  mine=lambda i: i % world == rank))  # fmt: skip
+    for part in comm.all_gather_object(cache.entries()):
         cache.update(part)
-    return agree(lambda: sandbox(specs, shapes, device, ratio, cache, mine=lambda i: False))
+    return comm.agree(lambda: sandbox(specs, shapes, device, ratio, cache, mine=lambda i: False))
 
 
-def measured_costs(stage: Stage, n_layers: int) -> tuple[list[LayerCost], list[str]]:
+def measured_costs(comm: Comm, stage: Stage, n_layers: int) -> tuple[list[LayerCost], list[str]]:
     """Every layer's smoothed measured costs and memory action, from the stage running it."""
     mine = [(stage.measured_cost(i), layer.action) for i, layer in enumerate(stage.layers)]
-    parts: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(parts, mine)
-    gathered = [entry for part in parts for entry in part]
+    gathered = [entry for part in comm.all_gather_object(mine) for entry in part]
     assert len(gathered) == n_layers, "every layer is owned by exactly one stage"
     return [c for c, _ in gathered], [a for _, a in gathered]

@@ -25,10 +25,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
-from pipeline.distributed import report
-from pipeline.distributed.agreement import agree, measured_costs, profile_costs
+from pipeline.distributed import executor, report
+from pipeline.distributed.agreement import measured_costs, profile_costs
+from pipeline.distributed.comm import Comm
+from pipeline.distributed.events import PipelineEvent
+from pipeline.distributed.links import PeerLink
 from pipeline.distributed.migration import (
     MigrationError,
     MigrationRecord,
@@ -36,10 +38,11 @@ from pipeline.distributed.migration import (
     migrate,
 )
 from pipeline.distributed.triggers import ReplanTriggers
-from pipeline.local.carry import as_carry
+from pipeline.errors import PipelineError
+from pipeline.local.carry import as_carry, unwrap
 from pipeline.local.microbatch import batch_size, split_microbatches
 from pipeline.local.profiler import CostCache, optimizer_state_ratio
-from pipeline.local.spec import LayerSpec, check_specs
+from pipeline.local.spec import LayerSpec, build_layer, check_specs
 from pipeline.local.stage import LossFn, OptimizerFactory, Stage, StepTimes
 from pipeline.pure.costs import LayerCost, LinkCost
 from pipeline.pure.partition import bounds, check_sizes, equal_sizes
@@ -79,7 +82,19 @@ class ElasticPipeline:
         rebalance_every: re-plan from measured costs every N steps (None: only on demand).
         rebalance_on_drift: re-plan when the stages' measured / predicted compute times
             spread by more than this fraction (e.g. 0.1); see `pipeline.distributed.triggers`.
+        rebalance_horizon: the steps a re-plan expects to remain: a new plan is taken only
+            when the time it saves over them exceeds the time its migration takes.
+        rebalance_settle: steps a plan runs before its measurements are compared with it
+            (drift checks).
+        measure_memory_every: measure saved activations every N steps (and on the first
+            step of every plan); measuring costs a hook per saved tensor.
+        on_nonfinite: "raise" (a NaN or infinite loss raises `NonFiniteLossError` on every
+            rank and the step is applied nowhere) or "ignore" (train on).
         device: this stage's device (default: cuda:<local device> under NCCL, else cpu).
+
+    Failures: an exception in any stage's layer, loss or optimizer step makes `train_step`
+    (or `forward`) raise `pipeline.StageError` on every rank (see
+    `pipeline.distributed.executor`); the step is not applied and the pipeline stays usable.
     """
 
     def __init__(
@@ -98,14 +113,14 @@ class ElasticPipeline:
         cost_cache: CostCache | None = None,
         rebalance_every: int | None = None,
         rebalance_on_drift: float | None = None,
+        rebalance_horizon: int = 100,
+        rebalance_settle: int = 3,
+        measure_memory_every: int = 10,
+        on_nonfinite: str = "raise",
         device: torch.device | str | None = None,
     ) -> None:
-        if not dist.is_initialized():
-            raise RuntimeError(
-                "ElasticPipeline needs a process group: construct it inside a function run "
-                "by pipeline.launch(fn, n_stages=...) or under torchrun"
-            )
-        self.rank, self.n_stages = dist.get_rank(), dist.get_world_size()
+        self.comm = Comm()
+        self.rank, self.n_stages = self.comm.rank, self.comm.world_size
         if not isinstance(n_microbatches, int) or n_microbatches < 1:
             raise ValueError(f"n_microbatches must be a positive int, got {n_microbatches!r}")
         if not callable(loss_fn):
@@ -114,16 +129,28 @@ class ElasticPipeline:
             raise ValueError(f"memory_budget must be a positive byte count, got {memory_budget}")
         if profile not in ("sandbox", "estimate"):
             raise ValueError(f"profile must be 'sandbox' or 'estimate', got {profile!r}")
+        if on_nonfinite not in executor.NONFINITE_POLICIES:
+            raise ValueError(f"on_nonfinite must be one of {executor.NONFINITE_POLICIES}, "
+                             f"got {on_nonfinite!r}")  # fmt: skip
+        for name, value in [("rebalance_horizon", rebalance_horizon),
+                            ("measure_memory_every", measure_memory_every)]:  # fmt: skip
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        self.on_nonfinite, self.rebalance_horizon = on_nonfinite, rebalance_horizon
+        self.measure_memory_every = measure_memory_every
         self.schedule = get_schedule(schedule) if isinstance(schedule, str) else schedule
         self.schedule_name = schedule.lower() if isinstance(schedule, str) else None
         validate(self.schedule, self.n_stages, n_microbatches)
         self.n_microbatches = n_microbatches
         self.planner = get_planner(planner) if isinstance(planner, str) else planner
         self.memory_budget, self.profile = memory_budget, profile
-        self.triggers = ReplanTriggers(rebalance_every, memory_budget, rebalance_on_drift)
+        self.triggers = ReplanTriggers(rebalance_every, memory_budget, rebalance_on_drift,
+                                       settle=rebalance_settle)  # fmt: skip
         self.cost_cache = cost_cache if cost_cache is not None else CostCache()
-        self.device = _resolve_device(device)
-        self._comm_device = self.device if dist.get_backend() == "nccl" else torch.device("cpu")
+        self.device = torch.device(device) if device is not None else self.comm.data_device
+        self._links = (PeerLink(self.comm, self.rank - 1) if self.rank > 0 else None,
+                       PeerLink(self.comm, self.rank + 1) if self.rank < self.n_stages - 1
+                       else None)  # fmt: skip
         self._actions: list[Action] = stage_actions(
             self.schedule, self.n_stages, n_microbatches, self.rank
         )
@@ -131,7 +158,7 @@ class ElasticPipeline:
         self._seed, self._optimizer, self._loss_fn = seed, optimizer, loss_fn
         self._link = _DEFAULT_LINK
         self.generation = 0  # +1 per reconfigure: which model this is
-        self.events: list[dict[str, Any]] = []  # the pipeline's life: builds, migrations...
+        self.events: list[PipelineEvent] = []  # the pipeline's life: builds, migrations...
         self._closed = False
         self._setup(specs, partition)
 
@@ -149,8 +176,6 @@ class ElasticPipeline:
                     f"partition must be 'auto', stage sizes or a Plan, got {partition!r}"
                 )
             equal_sizes(len(self.specs), self.n_stages)  # more stages than layers: fail now
-            if self.schedule_name is None:  # the planner needs a named schedule
-                self._build(equal_sizes(len(self.specs), self.n_stages))
             return
         if isinstance(partition, Plan):
             self._build(_checked_sizes(partition.sizes, len(self.specs), self.n_stages), partition)
@@ -162,11 +187,11 @@ class ElasticPipeline:
     ) -> None:
         start, stop = bounds(sizes)[self.rank]
         actions = list(plan.actions[start:stop]) if plan is not None else None
-        self._stage = Stage(
+        # Factories run here: a bad one raises on every rank, not only where it is built.
+        self._stage = self.comm.together(lambda: Stage(
             self.rank, self.n_stages, self.specs[start:stop], seed=self._seed, device=self.device,
-            comm_device=self._comm_device, optimizer=self._optimizer, loss_fn=self._loss_fn,
-            actions=actions,
-        )  # fmt: skip
+            optimizer=self._optimizer, loss_fn=self._loss_fn, actions=actions,
+        ))  # fmt: skip
         if costs is not None:
             self._stage.seed_meters(costs[start:stop])
         self.sizes, self.plan = list(sizes), plan
@@ -177,11 +202,11 @@ class ElasticPipeline:
 
     def _plan_first(self, example: Any) -> None:
         """partition="auto": profile one micro-batch's shapes, plan on rank 0, build."""
-        costs = profile_costs(self.specs, example, device=self.device, opt_ratio=self._opt_ratio,
-                              cache=self.cost_cache, source=self.profile)  # fmt: skip
-        schedule = self.schedule_name
-        assert schedule is not None
-        plan = agree(lambda: self.planner.plan(
+        costs = profile_costs(self.comm, self.specs, example, device=self.device,
+                              opt_ratio=self._opt_ratio, cache=self.cost_cache,
+                              source=self.profile)  # fmt: skip
+        schedule = self.schedule_name or self.schedule
+        plan = self.comm.agree(lambda: self.planner.plan(
             costs, self.n_stages, schedule=schedule,
             n_microbatches=self.n_microbatches, memory_budget=self.memory_budget,
         ))  # fmt: skip
@@ -193,12 +218,11 @@ class ElasticPipeline:
         self.step = 0
         self.version = 0  # plan version: +1 per committed migration
         self.migrations: list[MigrationRecord] = []
-        self._history: list[tuple[int, StepTimes]] = []  # (samples, times) per step
+        self._history: list[tuple[int, int | None, StepTimes]] = []  # (samples, tokens, times)
         self.partition_history: list[tuple[int, list[int]]] = []
 
-    def _log(self, kind: str, **fields: Any) -> None:
-        self.events.append({"generation": self.generation, "step": self.step, "kind": kind,
-                            **fields})  # fmt: skip
+    def _log(self, kind: str, **details: Any) -> None:
+        self.events.append(PipelineEvent(self.generation, self.step, kind, details))
 
     # -- training ----------------------------------------------------------------------------
     def train_step(self, x: Any, y: Any) -> float:
@@ -211,21 +235,24 @@ class ElasticPipeline:
             self._plan_first(chunks[0])
         stage = self._live_stage()
         inputs = [as_carry(c, "the batch input") for c in chunks]
-        measure = self._measure_next or self.step % 10 == 0
-        self._measure_next = False
+        measure = self._measure_next or self.step % self.measure_memory_every == 0
         rng = torch.random.get_rng_state()
         try:
-            loss_sum, times = stage.run_step(self._actions, self.step, inputs, targets, measure)
+            loss, times = executor.train_step(
+                stage, self._links, self.comm, self._actions, self.step, inputs, targets,
+                measure_memory=measure, on_nonfinite=self.on_nonfinite,
+            )  # fmt: skip
+        except PipelineError as error:  # raised on every rank; nothing is in flight
+            stage.abort_step()
+            self._log("error", error=str(error).split("\n", 1)[0])
+            raise
         finally:
             torch.random.set_rng_state(rng)
-        loss = torch.zeros((), dtype=torch.float64, device=self._comm_device)
-        if loss_sum is not None:
-            loss.fill_(loss_sum.item() / self.n_microbatches)
-        dist.broadcast(loss, src=self.n_stages - 1)
+        self._measure_next = False
         self.step += 1
-        self._history.append((batch_size(x), times))
+        self._history.append((batch_size(x), report.token_count(x), times))
         self._maybe_rebalance(measure)
-        return float(loss.item())
+        return loss
 
     def forward(self, x: Any) -> Any:
         """Inference on a batch (eval mode, no gradients): the model's output, on every rank.
@@ -241,18 +268,16 @@ class ElasticPipeline:
         if self._stage is None:
             self._plan_first(chunks[0])
         actions = stage_actions(forward_only, self.n_stages, m, self.rank)
-        outputs = self._live_stage().run_forward(actions, chunks)
-        result: Any = None
-        if self.rank == self.n_stages - 1:
-            merged = tuple(torch.cat(parts).cpu() for parts in zip(*outputs, strict=True))
-            result = merged[0] if len(merged) == 1 else merged
-        box = [result]
-        dist.broadcast_object_list(box, src=self.n_stages - 1)
-        return box[0]
+        outputs = executor.infer(self._live_stage(), self._links, self.comm, actions, self.step,
+                                 chunks)  # fmt: skip
+        assert outputs is not None
+        return unwrap(tuple(torch.cat(parts) for parts in zip(*outputs, strict=True)))
 
     def _maybe_rebalance(self, measured: bool) -> None:
-        reason = self.triggers.reason(self.step, self._live_stage(), self.plan, measured,
-                                      steps_on_plan=self.step - self._plan_step)  # fmt: skip
+        reason = self.triggers.reason(
+            self.comm, self.step, self._live_stage(), self.plan, measured,
+            steps_on_plan=self.step - self._plan_step,
+        )  # fmt: skip
         if reason is not None:
             self._log("trigger", reason=reason)
             self.rebalance()
@@ -272,7 +297,8 @@ class ElasticPipeline:
         stage = self._live_stage()
         new = _checked_sizes(sizes, len(self.specs), self.n_stages)
         try:
-            record = migrate(stage, self.specs, self.sizes, new, self.step, self.version + 1)
+            record = migrate(self.comm, stage, self.specs, self.sizes, new, self.step,
+                             self.version + 1)
         except MigrationError as exc:
             self._log("rollback", sizes=list(self.sizes), requested=new, error=str(exc))
             raise
@@ -291,20 +317,22 @@ class ElasticPipeline:
         self._log("migration", **dataclasses.asdict(record))
         return record
 
-    def rebalance(self, remaining_steps: int = 100) -> MigrationRecord | None:
+    def rebalance(self, remaining_steps: int | None = None) -> MigrationRecord | None:
         """Re-plan from the costs measured while training; migrate if it pays back.
 
-        The new plan is taken only when the time it saves over `remaining_steps` exceeds
-        the time to move its layers (or when the current plan breaks the memory budget).
-        Returns the migration, or None when the current plan stays.
+        The new plan is taken only when the time it saves over `remaining_steps` (default:
+        `rebalance_horizon`) exceeds the time to move its layers (or when the current plan
+        breaks the memory budget). Returns the migration, or None when the current plan stays.
         """
         stage = self._live_stage()
-        costs, actions = measured_costs(stage, len(self.specs))
-        current = evaluate(costs, self.sizes, actions, schedule=self.schedule_name or "1f1b",
+        horizon = self.rebalance_horizon if remaining_steps is None else remaining_steps
+        costs, actions = measured_costs(self.comm, stage, len(self.specs))
+        schedule = self.schedule_name or self.schedule
+        current = evaluate(costs, self.sizes, actions, schedule=schedule,
                            n_microbatches=self.n_microbatches)  # fmt: skip
-        decision = agree(lambda: replan(
-            current, costs, self.planner, remaining_steps=remaining_steps, link=self._link,
-            memory_budget=self.memory_budget,
+        decision = self.comm.agree(lambda: replan(
+            current, costs, self.planner, remaining_steps=horizon, link=self._link,
+            memory_budget=self.memory_budget, schedule=schedule,
         ))  # fmt: skip
         self._log("replan", changed=decision.changed, reason=decision.reason,
                   candidate=decision.candidate.to_dict())  # fmt: skip
@@ -332,8 +360,7 @@ class ElasticPipeline:
         `loss_fn` and `optimizer`, when given, replace the current ones.
         """
         new_specs = check_specs(specs)
-        requests: list[Any] = [None] * self.n_stages
-        dist.all_gather_object(requests, [s.key for s in new_specs])
+        requests = self.comm.all_gather_object([s.key for s in new_specs])
         if any(r != requests[0] for r in requests):
             raise ValueError("ranks passed different models to reconfigure")
         old, old_specs, old_sizes = self._stage, self.specs, self.sizes
@@ -355,17 +382,18 @@ class ElasticPipeline:
 
     def _take_inheritance(self) -> None:
         old, old_specs, old_sizes = self._inherit
-        states = inherited_states(old, old_specs, old_sizes, self.specs, self.sizes)
+        states = inherited_states(self.comm, old, old_specs, old_sizes, self.specs, self.sizes)
         old.close()
         self._live_stage().load_matching(states)
         del self._inherit
 
     # -- inspection --------------------------------------------------------------------------
-    def stats(self, last_steps: int = 20) -> dict[str, Any]:
+    def stats(self, last_steps: int = 20) -> report.PipelineStats:
         """Throughput, per-stage times and memory, predicted beside measured (a collective).
 
-        Times are medians over the last steps, per step (all micro-batches). Predicted
-        numbers come from the plan in force (None before one exists).
+        Times are medians over the last `last_steps` steps (a positive int), per step (all
+        micro-batches). Predicted numbers come from the plan in force (None before one
+        exists). Returns a frozen `pipeline.PipelineStats`; `.to_dict()` gives JSON values.
         """
         return report.stats(self, self._live_stage(), last_steps)
 
@@ -383,22 +411,49 @@ class ElasticPipeline:
     def full_state_dict(self) -> dict[str, dict[str, torch.Tensor]]:
         """{layer key: its state dict on CPU}, in layer order, on rank 0; {} on other ranks.
 
-        A collective: call it on every rank.
+        A collective: call it on every rank. Before the first step of a planned model
+        (partition="auto") the layers do not exist yet; their initial weights depend only on
+        the seed and their key, so the ranks build them in turns and hand over the states.
         """
-        stage = self._live_stage()
-        mine = {
-            layer.key: {k: v.detach().cpu() for k, v in layer.module.state_dict().items()}
-            for layer in stage.layers
-        }
-        gathered: list[Any] = [None] * self.n_stages if self.rank == 0 else []
-        dist.gather_object(mine, gathered if self.rank == 0 else None, dst=0)
-        if self.rank != 0:
+        if self._closed:
+            raise RuntimeError("this ElasticPipeline is closed")
+        mine = self.comm.together(self._own_states)
+        gathered = self.comm.gather_object(mine, dst=0)
+        if gathered is None:
             return {}
         merged = {k: v for part in gathered for k, v in part.items()}
         return {spec.key: merged[spec.key] for spec in self.specs}
 
+    def _own_states(self) -> dict[str, dict[str, torch.Tensor]]:
+        if self._stage is not None:
+            modules = {layer.key: layer.module for layer in self._stage.layers}
+        else:  # not built yet: every rank builds a share, in turns
+            cpu = torch.device("cpu")
+            modules = {spec.key: build_layer(spec, self._seed, cpu)
+                       for i, spec in enumerate(self.specs) if i % self.n_stages == self.rank}
+        return {key: {k: v.detach().cpu() for k, v in module.state_dict().items()}
+                for key, module in modules.items()}  # fmt: skip
+
+    # -- read-only views -----------------------------------------------------------------
+    @property
+    def layer_keys(self) -> tuple[str, ...]:
+        """Keys of the layers this stage holds now, in order (() before the first plan)."""
+        return tuple(layer.key for layer in self._stage.layers) if self._stage else ()
+
+    @property
+    def memory_actions(self) -> tuple[str, ...]:
+        """This stage's per-layer memory actions ("keep", "recompute", "swap")."""
+        return tuple(layer.action for layer in self._stage.layers) if self._stage else ()
+
+    def stage_layer_keys(self) -> list[tuple[str, ...]]:
+        """The keys every stage holds, from the current sizes (no message; [] before a plan)."""
+        return [tuple(s.key for s in self.specs[a:b]) for a, b in bounds(self.sizes)]
+
     def close(self) -> None:
         """Finish pending messages and free this stage's layers; the pipeline is unusable after."""
+        for link in self._links:
+            if link is not None:
+                link.wait_sends()
         if self._stage is not None:
             self._stage.close()
         self._stage, self._closed = None, True
@@ -419,10 +474,3 @@ def _checked_sizes(sizes: Sequence[int], n_layers: int, n_stages: int) -> list[i
         equal_sizes(n_layers, n_stages)  # raises the clear "more stages than layers" error
     return check_sizes(list(sizes), n_layers, n_stages)
 
-
-def _resolve_device(device: torch.device | str | None) -> torch.device:
-    if device is not None:
-        return torch.device(device)
-    if dist.get_backend() == "nccl":
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")

@@ -46,18 +46,12 @@ import torch.distributed as dist
 # process at exit (SIGABRT, "terminate called without an active exception").
 import torch.distributed.nn
 
+from pipeline.distributed.comm import Comm
+from pipeline.errors import StageFailedError
+
 __all__ = ["StageContext", "StageFailedError", "launch"]
 
 _TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
-
-
-class StageFailedError(RuntimeError):
-    """A stage process raised or died; the message holds its traceback."""
-
-    def __init__(self, stage: int, detail: str) -> None:
-        super().__init__(f"stage {stage} failed:\n{detail}")
-        self.stage = stage
-        self.detail = detail
 
 
 @dataclass(frozen=True)
@@ -111,13 +105,14 @@ def _join_torchrun(
         raise ValueError(f"n_stages={n_stages} but torchrun started WORLD_SIZE={world} processes")
     created = not dist.is_initialized()
     if created:
-        dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s))
+        dist.init_process_group(_group_backend(backend),
+                                timeout=datetime.timedelta(seconds=timeout_s))  # fmt: skip
     try:
         ctx = _context(dist.get_rank(), world, backend, threads, timeout_s)
         result = fn(ctx)
-        results: list[Any] = [None] * world
-        dist.all_gather_object(results, result)
-        dist.barrier()  # nobody tears the group down while a peer still reads from it
+        comm = Comm()
+        results = comm.all_gather_object(result)
+        comm.barrier()  # nobody tears the group down while a peer still reads from it
         return results
     finally:
         if created:
@@ -241,18 +236,36 @@ def _stage_main(
     try:
         timeout = datetime.timedelta(seconds=timeout_s)
         store = dist.TCPStore("127.0.0.1", port, world + 1, is_master=False, timeout=timeout)
-        dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=timeout)
-        try:
-            result = fn(_context(rank, world, backend, threads, timeout_s))
-            dist.barrier()  # nobody tears the group down while a peer still reads from it
-        finally:
-            dist.destroy_process_group()
-        reports.put((rank, "ok", pickle.dumps(result)))
+        dist.init_process_group(_group_backend(backend), store=store, rank=rank,
+                                world_size=world, timeout=timeout)  # fmt: skip
     except BaseException:
-        reports.put((rank, "error", traceback.format_exc()))
-    finally:
-        reports.close()
-        reports.join_thread()
+        _report(reports, rank, "error", traceback.format_exc())
+        return
+    try:
+        result = fn(_context(rank, world, backend, threads, timeout_s))
+    except BaseException:
+        # Report first: the caller terminates every stage at once, so a peer blocked in a
+        # message to this one never holds the report up behind the group's teardown.
+        _report(reports, rank, "error", traceback.format_exc())
+        os._exit(1)
+    try:
+        Comm().barrier()  # nobody tears the group down while a peer still reads from it
+        dist.destroy_process_group()
+        _report(reports, rank, "ok", pickle.dumps(result))
+    except BaseException:
+        _report(reports, rank, "error", traceback.format_exc())
+
+
+def _report(reports: Any, rank: int, status: str, payload: Any) -> None:
+    """Put one report on the queue and wait until it has left this process."""
+    reports.put((rank, status, payload))
+    reports.close()
+    reports.join_thread()
+
+
+def _group_backend(backend: str) -> str:
+    """gloo on CPU; on GPUs NCCL for tensors and gloo for the control plane (see Comm)."""
+    return "cpu:gloo,cuda:nccl" if backend == "nccl" else backend
 
 
 def _watch_parent() -> None:

@@ -1,18 +1,36 @@
-"""Point-to-point messages between neighbouring stages: activations forward, gradients back.
+"""Messages between neighbouring stages: activations forward, gradients back, or a failure.
 
 A carry is a tuple of tensors whose shapes the receiver does not know in advance (a NAS
-candidate may change them from one step to the next). The protocol per step and direction:
+candidate may change them from one step to the next), and a stage may fail half-way through
+a step while its neighbours wait for it. The wire protocol, per step and direction:
 
-    1. The first activation message of a step is preceded by a header: a fixed-size int64
-       tensor with, per carry tensor, its dtype, whether it carries a gradient, and shape.
-    2. All micro-batches of a step have the same shapes (they are equal chunks of one
-       batch), so later receives are posted straight away with the shapes of the header.
-    3. Gradients flow back for the floating-point tensors of the carry (the header marks
-       them); their shapes are those of the activations, so they need no header.
+    header   once per step, before the first status (activations only, control plane):
+             [ok?, n tensors, per tensor: dtype code, carries a gradient?, ndim, dims...]
+    status   one per micro-batch message: [ok?] (control plane)
+    data     the tensors: activations all of them, gradients the floating ones; one tag
+             each (data plane: CUDA under NCCL)
 
-Every message has its own tag (kind, micro-batch, tensor index), so receives can be posted
-early and out of order. Sends and receives are non-blocking; `wait` raises on the process
-group's timeout, so a dead peer never hangs a stage.
+    healthy sender                           receiver (posts early, waits when it needs)
+    header(ok)  ── first message only ──>    wait once: shapes of every data message
+    status_i(ok) ──────────────────────>     wait status_i: ok
+    data_i ────────────────────────────>     wait data_i -> the carry
+
+    failed sender, for every message it still owes this step (see `pipeline.distributed.executor`)
+    header(failed) ── if none sent yet ─>
+    status_i(failed) ──────────────────>     wait status_i: failed -> drain, raise PeerFailed
+    dummies_i ── iff header(ok) was sent ─>  drain data_i iff the header said ok
+
+Every receive a stage posts is matched by a send, failed or not, so nothing stays in flight
+into the next step and the failing stage's neighbours are unblocked at once: they learn of
+the failure from the message they were waiting for, go on draining and sending failures
+themselves, and the step ends with every rank knowing. Dummies follow a failed status
+exactly when the step's header was ok, and both ends can tell which case they are in: the
+activation receiver from the header, the gradient receiver from the header it sent, the
+gradient sender from the header it received (a stage always waits for micro-batch i's
+activations, or their failure, before it owes i's gradient).
+
+Messages carry their own tags (kind, micro-batch, index), so receives can be posted early
+and out of order. `wait` raises on the process group's timeout: a dead peer never hangs.
 """
 
 from __future__ import annotations
@@ -23,20 +41,27 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from pipeline.distributed.comm import Comm
 from pipeline.local.carry import Carry
 
-__all__ = ["PeerLink", "Receive", "TensorMeta", "carry_meta"]
+__all__ = ["ACT", "GRAD", "PeerFailed", "PeerLink", "Receive", "TensorMeta", "carry_meta"]
 
 _MAX_TENSORS = 32
 _MAX_DIMS = 8
 _FIELDS = 3 + _MAX_DIMS  # dtype code, requires_grad, ndim, dims...
-_HEADER_LEN = 1 + _MAX_TENSORS * _FIELDS
+_HEADER_LEN = 2 + _MAX_TENSORS * _FIELDS
 _DTYPES = [
     torch.float32, torch.float64, torch.float16, torch.bfloat16,
     torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool,
 ]  # fmt: skip
 
-ACT, GRAD, HEADER = 0, 1, 2
+ACT, GRAD = 0, 1  # message kinds; their tags are apart from the header's and the statuses'
+_HEADER, _STATUS = 2, 3
+_OK, _FAILED = 1, 0
+
+
+class PeerFailed(Exception):
+    """The neighbour sent a failure in place of the message; it has been drained."""
 
 
 @dataclass(frozen=True)
@@ -47,53 +72,53 @@ class TensorMeta:
 
 
 def carry_meta(carry: Carry) -> tuple[TensorMeta, ...]:
-    return tuple(
-        TensorMeta(tuple(t.shape), t.dtype, t.is_floating_point())
-        for t in carry
-    )
+    return tuple(TensorMeta(tuple(t.shape), t.dtype, t.is_floating_point()) for t in carry)
 
 
-def _encode(metas: Sequence[TensorMeta]) -> torch.Tensor:
+def _encode(metas: Sequence[TensorMeta], ok: bool = True) -> torch.Tensor:
     if len(metas) > _MAX_TENSORS:
         raise ValueError(f"a carry holds at most {_MAX_TENSORS} tensors, got {len(metas)}")
     header = torch.zeros(_HEADER_LEN, dtype=torch.int64)
-    header[0] = len(metas)
+    header[0], header[1] = (_OK if ok else _FAILED), len(metas)
     for i, meta in enumerate(metas):
         if len(meta.shape) > _MAX_DIMS:
             raise ValueError(f"carry tensors have at most {_MAX_DIMS} dims, got {meta.shape}")
         if meta.dtype not in _DTYPES:
-            raise TypeError(f"cannot send a carry tensor of dtype {meta.dtype}")
-        base = 1 + i * _FIELDS
+            raise TypeError(
+                f"cannot send a carry tensor of dtype {meta.dtype}; valid dtypes: {_DTYPES}"
+            )
+        base = 2 + i * _FIELDS
         fields = [_DTYPES.index(meta.dtype), int(meta.requires_grad), len(meta.shape)]
         header[base : base + 3 + len(meta.shape)] = torch.tensor([*fields, *meta.shape])
     return header
 
 
-def _decode(header: torch.Tensor) -> tuple[TensorMeta, ...]:
+def _decode(header: torch.Tensor) -> tuple[TensorMeta, ...] | None:
+    """The metas of an ok header; None for a failed one."""
     values = header.tolist()
+    if values[0] != _OK:
+        return None
     metas = []
-    for i in range(values[0]):
-        base = 1 + i * _FIELDS
+    for i in range(values[1]):
+        base = 2 + i * _FIELDS
         code, grad, ndim = values[base : base + 3]
         shape = tuple(values[base + 3 : base + 3 + ndim])
         metas.append(TensorMeta(shape, _DTYPES[code], bool(grad)))
     return tuple(metas)
 
 
-def _posted(work: dist.Work | None) -> dist.Work:
-    assert work is not None, "point-to-point operations on the default group return a Work"
-    return work
-
-
 def _tag(kind: int, microbatch: int, index: int) -> int:
-    return (microbatch * 3 + kind) * (_MAX_TENSORS + 1) + index
+    return (microbatch * 4 + kind) * (_MAX_TENSORS + 1) + index
 
 
 class Receive:
-    """A posted receive of one carry (or of its gradients); `wait()` returns the tensors."""
+    """A posted receive of one micro-batch's carry (or its gradients) and its status."""
 
     def __init__(self, link: PeerLink, kind: int, microbatch: int) -> None:
         self._link, self._kind, self._microbatch = link, kind, microbatch
+        self._status = torch.zeros(1, dtype=torch.int64)
+        status_tag = _tag(_STATUS, microbatch, kind)
+        self._status_work = link.comm.irecv(self._status, link.peer, status_tag)
         self._works: list[dist.Work] = []
         self._tensors: list[torch.Tensor] | None = None
         if self._metas() is not None:
@@ -101,85 +126,132 @@ class Receive:
 
     def _metas(self) -> Sequence[TensorMeta] | None:
         link = self._link
-        return link.inbound_meta if self._kind == ACT else link.grad_meta
+        if self._kind == ACT:
+            return link.inbound_meta
+        if link.grad_meta is None:
+            return None
+        return [m for m in link.grad_meta if m.requires_grad]
 
     def _post(self) -> None:
-        metas = self._metas()
+        metas, link = self._metas(), self._link
         assert metas is not None
-        if self._kind == GRAD:
-            metas = [m for m in metas if m.requires_grad]
-        link = self._link
-        self._tensors = [torch.empty(m.shape, dtype=m.dtype, device=link.device) for m in metas]
+        device = link.comm.data_device
+        self._tensors = [torch.empty(m.shape, dtype=m.dtype, device=device) for m in metas]
         for i, t in enumerate(self._tensors):
-            tag = _tag(self._kind, self._microbatch, i)
-            self._works.append(_posted(dist.irecv(t, link.peer, tag=tag)))
+            self._works.append(link.comm.irecv(t, link.peer, _tag(self._kind, self._microbatch, i)))
 
-    def wait(self) -> Carry:
-        if self._tensors is None:  # shapes were unknown when posted
-            if self._kind == ACT:  # first activations of the step: the header comes first
+    def _finish(self) -> bool:
+        """Wait for the status and whatever data follows it; True if the sender was ok."""
+        self._status_work.wait()
+        ok = int(self._status.item()) == _OK
+        if self._tensors is None:
+            if self._kind == ACT:
                 self._link.wait_header()
-            self._post()
+            if self._metas() is not None:  # ok header (or gradients of an ok send): data
+                self._post()
         for work in self._works:
             work.wait()
+        return ok
+
+    def wait(self) -> Carry:
+        """The received tensors; raises `PeerFailed` (after draining) if the peer failed."""
+        if not self._finish():
+            raise PeerFailed(f"stage {self._link.peer} failed")
         assert self._tensors is not None
         return tuple(self._tensors)
+
+    def drain(self) -> None:
+        """Wait for the message and drop it, failed or not."""
+        self._finish()
 
 
 class PeerLink:
     """Messages with one neighbouring stage (`peer`), in both directions."""
 
-    def __init__(self, peer: int, device: torch.device) -> None:
-        self.peer, self.device = peer, device
-        self.inbound_meta: tuple[TensorMeta, ...] | None = None  # of activations we receive
-        self.grad_meta: tuple[TensorMeta, ...] | None = None  # of activations we sent
-        self._header: tuple[torch.Tensor, dist.Work] | None = None
+    def __init__(self, comm: Comm, peer: int) -> None:
+        self.comm, self.peer = comm, peer
         self._sends: list[tuple[dist.Work, torch.Tensor]] = []
+        self.begin_step()
 
     def begin_step(self) -> None:
-        self.inbound_meta = self.grad_meta = None
+        self.inbound_meta: tuple[TensorMeta, ...] | None = None  # of activations we receive
+        self.grad_meta: tuple[TensorMeta, ...] | None = None  # of activations we sent (ok)
+        self.inbound_header: bool | None = None  # None: not yet received; then ok?
+        self.header_sent: bool | None = None  # None: not yet sent; then ok?
+        self._header_recv: tuple[torch.Tensor, dist.Work] | None = None
+        self.sent: set[tuple[int, int]] = set()  # (kind, micro-batch) sent this step
 
-    # -- activations -------------------------------------------------------------------------
+    # -- activations ---------------------------------------------------------------------
     def send_activations(self, carry: Carry, microbatch: int) -> None:
+        """Send one micro-batch's carry; checks it before anything goes on the wire."""
         metas = carry_meta(carry)
-        if self.grad_meta is None:
-            self.grad_meta = metas
-            self._isend(_encode(metas).to(self.device), _tag(HEADER, 0, 0))
+        if self.header_sent is None:
+            header = _encode(metas)  # raises on an unsupported carry: nothing sent yet
+            self.grad_meta, self.header_sent = metas, True
+            self._isend(header, _tag(_HEADER, 0, 0))
         elif metas != self.grad_meta:
             raise RuntimeError(
                 f"micro-batch {microbatch} produced a carry {metas} that differs from the "
                 f"first micro-batch's {self.grad_meta}; all micro-batches of a step must "
                 "have the same shapes"
             )
-        for i, t in enumerate(carry):
-            self._isend(t.detach(), _tag(ACT, microbatch, i))
+        self._send(ACT, microbatch, [t.detach() for t in carry])
 
     def recv_activations(self, microbatch: int) -> Receive:
-        if self.inbound_meta is None and self._header is None:
-            header = torch.empty(_HEADER_LEN, dtype=torch.int64, device=self.device)
-            work = _posted(dist.irecv(header, self.peer, tag=_tag(HEADER, 0, 0)))
-            self._header = (header, work)
+        if self.inbound_header is None and self._header_recv is None:
+            header = torch.empty(_HEADER_LEN, dtype=torch.int64)
+            self._header_recv = (header, self.comm.irecv(header, self.peer, _tag(_HEADER, 0, 0)))
         return Receive(self, ACT, microbatch)
 
     def wait_header(self) -> None:
-        if self.inbound_meta is not None:
+        if self.inbound_header is not None:
             return
-        assert self._header is not None, "no header was posted"
-        header, work = self._header
+        assert self._header_recv is not None, "no header was posted"
+        header, work = self._header_recv
         work.wait()
-        self.inbound_meta, self._header = _decode(header.cpu()), None
+        self.inbound_meta, self._header_recv = _decode(header), None
+        self.inbound_header = self.inbound_meta is not None
 
-    # -- gradients ---------------------------------------------------------------------------
+    # -- gradients -----------------------------------------------------------------------
     def send_gradients(self, grads: Sequence[torch.Tensor], microbatch: int) -> None:
-        for i, g in enumerate(grads):
-            self._isend(g, _tag(GRAD, microbatch, i))
+        self._send(GRAD, microbatch, list(grads))
 
     def recv_gradients(self, microbatch: int) -> Receive:
         return Receive(self, GRAD, microbatch)
 
-    # -- completion --------------------------------------------------------------------------
+    # -- failure -------------------------------------------------------------------------
+    def send_failure(self, kind: int, microbatch: int) -> None:
+        """Send a failure in place of a message this stage owes (module docstring)."""
+        if (kind, microbatch) in self.sent:
+            return
+        dummies: Sequence[TensorMeta] = ()
+        if kind == ACT:
+            if self.header_sent is None:
+                self.header_sent = False
+                self._isend(_encode((), ok=False), _tag(_HEADER, 0, 0))
+            if self.header_sent:
+                assert self.grad_meta is not None
+                dummies = self.grad_meta
+        elif self.inbound_header:
+            assert self.inbound_meta is not None
+            dummies = [m for m in self.inbound_meta if m.requires_grad]
+        device = self.comm.data_device
+        tensors = [torch.empty(m.shape, dtype=m.dtype, device=device) for m in dummies]
+        self._send(kind, microbatch, tensors, ok=False)
+
+    # -- completion ----------------------------------------------------------------------
+    def _send(
+        self, kind: int, microbatch: int, tensors: list[torch.Tensor], ok: bool = True
+    ) -> None:
+        status = torch.tensor([_OK if ok else _FAILED], dtype=torch.int64)
+        self._isend(status, _tag(_STATUS, microbatch, kind))
+        for i, t in enumerate(tensors):
+            self._isend(t, _tag(kind, microbatch, i))
+        self.sent.add((kind, microbatch))
+
     def _isend(self, tensor: torch.Tensor, tag: int) -> None:
         tensor = tensor.contiguous()
-        self._sends.append((_posted(dist.isend(tensor, self.peer, tag=tag)), tensor))
+        self._sends.append((self.comm.isend(tensor, self.peer, tag), tensor))
 
     def wait_sends(self) -> None:
         sends, self._sends = self._sends, []

@@ -7,32 +7,43 @@ parameters and buffers (`state_dict`), pending gradients, the optimizer's state 
 layer's parameters (step counts included) and its parameter-group hyper-parameters, the
 layer's memory action and its measured costs.
 
-The protocol (numbered as in DESIGN.md, section 3):
+The protocol (numbered as in DESIGN.md, section 3). Each phase that runs local work ends
+with a vote (an all_reduce of "failed here?"); a failed vote raises `MigrationError` on
+every rank, naming the phase and each failing stage's cause, and leaves the old plan:
 
     1. All ranks agree on the new sizes (every rank's request is gathered and compared).
-    2. Each sender packs, per receiver, the layers it gives away: their tensors as one raw
-       byte buffer (`transfer`); the sizes are exchanged with one all_gather; then
-       all receives and sends are posted at once (non-blocking, so two stages may swap
-       layers without deadlock).
-    3. Each receiver builds the modules from their specs, loads their state, and prepares
-       (but does not yet install) their optimizer groups.
-    4. Commit: an all_reduce(MIN) of every rank's "ready" flag. All ready: receivers install
-       the layers, senders drop theirs. Otherwise every rank discards what it received, the
-       old plan stays in force and `MigrationError` is raised on every rank, naming the cause.
+    2. pack: each sender packs, per receiver, the layers it gives away: their tensors as
+       one raw byte buffer (`transfer`). Vote.
+    3. exchange: the buffer sizes go round in one all_gather; all receives and sends are
+       posted at once (non-blocking, so two stages may swap layers without deadlock).
+    4. build: each receiver builds the modules from their specs and loads their state,
+       gradients and optimizer state, but installs nothing yet. Vote.
+    5. commit: receivers install the layers and their optimizer groups, senders drop
+       theirs. Vote; if any rank's commit failed, every rank puts back its layers, its
+       optimizer's groups and state as they were before the commit.
 
-Nothing is lost or duplicated: until the commit every layer is live only on its old stage.
+         stage 0          stage 1
+         pack ──vote──── pack
+         ════ exchange bytes ════
+         build ─vote──── build
+         commit ─vote─── commit     (failed anywhere: both restore their snapshots)
+
+Nothing is lost or duplicated: until the commit every layer is live only on its old stage,
+and a rolled-back commit restores the objects themselves, so no state is copied back.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
-import torch.distributed as dist
 
-from pipeline.distributed.transfer import exchange
+from pipeline.distributed.comm import Comm
+from pipeline.distributed.transfer import exchange, pack_all
+from pipeline.errors import MigrationError
 from pipeline.local.meter import LayerMeter
 from pipeline.local.spec import LayerSpec, build_layer
 from pipeline.local.stage import Stage, _build_optimizer, _Layer
@@ -40,9 +51,7 @@ from pipeline.pure.partition import bounds
 
 __all__ = ["MigrationError", "MigrationRecord", "inherited_states", "migrate", "moves"]
 
-
-class MigrationError(RuntimeError):
-    """A migration was rolled back; the pipeline still runs on the old plan."""
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -156,51 +165,94 @@ def _drop(stage: Stage, layer: _Layer) -> None:
 
 
 def migrate(
-    stage: Stage, specs: list[LayerSpec], old: list[int], new: list[int], step: int, version: int
+    comm: Comm,
+    stage: Stage,
+    specs: list[LayerSpec],
+    old: list[int],
+    new: list[int],
+    step: int,
+    version: int,
 ) -> MigrationRecord:
     """Move layers so that stage sizes go from `old` to `new`; see the module docstring."""
     start = time.perf_counter()
-    rank, world = stage.index, stage.n_stages
-    requests: list[Any] = [None] * world
-    dist.all_gather_object(requests, new)
+    requests = comm.all_gather_object(new)
     if any(r != new for r in requests):
         raise MigrationError(f"ranks asked for different partitions: {requests}")
     planned = moves(old, new)
-    first = bounds(old)[rank][0]
+    what = f"migration {old} -> {new}"
+    packed, bytes_moved = _vote(comm, what, "pack", lambda: _pack(stage, old, planned))
+    received = exchange(comm, packed)
+    incoming = _vote(comm, what, "build", lambda: _unpack(received, specs, stage))
+    snapshot = _Snapshot(stage)
+    try:
+        _vote(comm, what, "commit", lambda: _commit(stage, specs, new, incoming))
+    except MigrationError:
+        snapshot.restore(stage)
+        raise
+    total = comm.all_reduce([bytes_moved])[0]
+    pause = comm.all_reduce([time.perf_counter() - start], op="max")[0]
+    moved = tuple((specs[i].key, a, b) for i, a, b in planned)
+    return MigrationRecord(step, version, tuple(old), tuple(new), moved, int(total), pause)
+
+
+def _vote(comm: Comm, what: str, phase: str, work: Callable[[], T]) -> T:
+    """Run one phase's local work; if it failed anywhere, MigrationError on every rank."""
+    try:
+        result, error = work(), ""
+    except Exception as exc:  # anything that stops this rank from taking part
+        result, error = None, f"stage {comm.rank}: {type(exc).__name__}: {exc}"
+    if comm.all_reduce([float(bool(error))], op="max")[0]:
+        errors = comm.all_gather_object(error)
+        raise MigrationError(
+            f"{what} rolled back in its {phase} phase, the old plan stays in force: "
+            + "; ".join(e for e in errors if e)
+        )
+    return result  # type: ignore[return-value]
+
+
+def _pack(
+    stage: Stage, old: list[int], planned: list[tuple[int, int, int]]
+) -> tuple[dict[int, Any], int]:
+    """The layers this rank gives away, per receiver, packed for the wire; their bytes."""
+    rank, first = stage.index, bounds(old)[stage.index][0]
     outgoing: dict[int, list[dict[str, Any]]] = {}
     for index, src, dst in planned:
         if src == rank:
             outgoing.setdefault(dst, []).append(_pack_layer(stage, stage.layers[index - first]))
-    bytes_moved = sum(_tensor_bytes(p) for packs in outgoing.values() for p in packs)
-    received = exchange(outgoing, rank, world)
+    nbytes = sum(_tensor_bytes(p) for packs in outgoing.values() for p in packs)
+    return pack_all(outgoing, rank), nbytes
 
-    incoming: dict[str, _Incoming] = {}
-    error = ""
-    try:
-        for packs in received.values():
-            for packed in packs:
-                spec = next(s for s in specs if s.key == packed["key"])
-                incoming[spec.key] = _unpack_layer(packed, spec, stage)
-    except Exception as exc:  # anything that stops this rank from taking its layers
-        error = f"stage {rank}: {type(exc).__name__}: {exc}"
-    ready = torch.tensor([0 if error else 1], dtype=torch.int64)
-    dist.all_reduce(ready, op=dist.ReduceOp.MIN)
-    errors: list[Any] = [None] * world
-    if not int(ready.item()):
-        dist.all_gather_object(errors, error)
-        raise MigrationError(
-            f"migration {old} -> {new} rolled back, the old plan stays in force: "
-            + "; ".join(e for e in errors if e)
-        )
-    _commit(stage, specs, new, incoming)
-    total = torch.tensor([bytes_moved], dtype=torch.int64)
-    dist.all_reduce(total, op=dist.ReduceOp.SUM)
-    pause = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
-    dist.all_reduce(pause, op=dist.ReduceOp.MAX)
-    moved = tuple((specs[i].key, a, b) for i, a, b in planned)
-    return MigrationRecord(
-        step, version, tuple(old), tuple(new), moved, int(total.item()), float(pause.item())
-    )
+
+def _unpack(
+    received: dict[int, Any], specs: list[LayerSpec], stage: Stage
+) -> dict[str, _Incoming]:
+    by_key = {spec.key: spec for spec in specs}
+    return {
+        packed["key"]: _unpack_layer(packed, by_key[packed["key"]], stage)
+        for packs in received.values()
+        for packed in packs
+    }
+
+
+class _Snapshot:
+    """What a commit changes on a stage, to put back if any rank's commit fails."""
+
+    def __init__(self, stage: Stage) -> None:
+        self.layers = list(stage.layers)
+        self.actions = [layer.action for layer in stage.layers]
+        self.optimizer = stage.optimizer
+        opt = stage.optimizer
+        self.groups = list(opt.param_groups) if opt is not None else []
+        self.state = dict(opt.state) if opt is not None else {}
+
+    def restore(self, stage: Stage) -> None:
+        stage.layers, stage.optimizer = self.layers, self.optimizer
+        for layer, action in zip(self.layers, self.actions, strict=True):
+            layer.action = action
+        if self.optimizer is not None:
+            self.optimizer.param_groups[:] = self.groups
+            self.optimizer.state.clear()
+            self.optimizer.state.update(self.state)
 
 
 def _commit(
@@ -220,6 +272,7 @@ def _commit(
 
 
 def inherited_states(
+    comm: Comm,
     stage: Stage,
     old_specs: list[LayerSpec],
     old_sizes: list[int],
@@ -230,13 +283,17 @@ def inherited_states(
     own under the new plan whose key also existed in the old model, fetched from whichever
     stage held them (one exchange, like a migration)."""
     rank = stage.index
+
+    def pack() -> dict[int, Any]:
+        mine = {layer.key: layer for layer in stage.layers}
+        outgoing: dict[int, dict[str, dict[str, torch.Tensor]]] = {}
+        for key, dst in new_owner.items():
+            if old_owner.get(key) == rank:
+                state = {k: v.detach().cpu() for k, v in mine[key].module.state_dict().items()}
+                outgoing.setdefault(dst, {})[key] = state
+        return pack_all(outgoing, rank)
+
     old_owner = dict(zip((s.key for s in old_specs), owners(old_sizes), strict=True))
     new_owner = dict(zip((s.key for s in new_specs), owners(new_sizes), strict=True))
-    mine = {layer.key: layer for layer in stage.layers}
-    outgoing: dict[int, dict[str, dict[str, torch.Tensor]]] = {}
-    for key, dst in new_owner.items():
-        if old_owner.get(key) == rank:
-            state = {k: v.detach().cpu() for k, v in mine[key].module.state_dict().items()}
-            outgoing.setdefault(dst, {})[key] = state
-    received = exchange(outgoing, rank, stage.n_stages)
+    received = exchange(comm, comm.together(pack))
     return {k: v for states in received.values() for k, v in states.items()}

@@ -1,7 +1,26 @@
 """What a running pipeline reports: statistics, and pictures of its partition and its steps.
 
 Kept apart from `pipeline.distributed.elastic` so the facade stays short. `stats` is a collective
-(one all_gather); the pictures come from `pipeline.pure.timeline`.
+(one all_gather) and returns a `PipelineStats`: frozen, typed, with `to_dict()` for loggers.
+The arithmetic (tokens in a batch, throughput, bubble fraction) is in small pure functions
+here, testable without processes. The pictures come from `pipeline.pure.timeline`.
+
+Definitions used throughout (times are per step, all micro-batches, medians over the last
+steps):
+
+    iteration_s        the slowest stage's total step time (a step ends when its last stage does)
+    busy time          a stage's forward + backward + optimizer time (not waiting)
+    bubble_fraction    1 - (the busiest stage's busy time) / iteration_s: the share of the
+                       step the bottleneck stage spends idle (waiting for its neighbours, on
+                       messages, or outside the schedule's actions). 0 means the slowest stage
+                       computes all the time; the other stages idle more. Clamped to [0, 1].
+    predicted_bubble_fraction
+                       the same formula on the plan's simulation: busy = the plan's largest
+                       per-micro-batch stage time x n_microbatches, over its predicted
+                       iteration. (`pipeline.pure.simulate.SimResult.bubble_fraction` is
+                       instead the mean idle share over all stages.)
+    tokens             where the batch input (or its first tensor) is an integer tensor of
+                       at least two dims (batch, sequence): batch x sequence per step
 """
 
 from __future__ import annotations
@@ -10,66 +29,194 @@ import dataclasses
 import json
 import statistics
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import torch
 import torch.distributed as dist
 
+from pipeline.distributed.events import plain
+from pipeline.distributed.migration import MigrationRecord
 from pipeline.local.stage import Stage, StepTimes
+from pipeline.pure.planner import Plan
 from pipeline.pure.timeline import chrome_trace, partition_svg
 
 if TYPE_CHECKING:
     from pipeline.distributed.elastic import ElasticPipeline
 
-__all__ = ["save_partition_picture", "save_timeline", "stats"]
+__all__ = [
+    "PipelineStats",
+    "StageStats",
+    "bubble_fraction",
+    "per_second",
+    "predicted_bubble_fraction",
+    "save_partition_picture",
+    "save_timeline",
+    "stats",
+    "token_count",
+    "tokens_per_s",
+]
 
-_TIME_FIELDS = [f for f in StepTimes.__dataclass_fields__ if f != "peak_activation_bytes"]
+
+@dataclass(frozen=True)
+class StageStats:
+    """One stage's figures. Times: seconds per step, medians over the last steps."""
+
+    stage: int
+    layers: tuple[str, ...]  # layer keys, in forward order
+    memory_actions: tuple[str, ...]  # per layer: "keep" | "recompute" | "swap"
+    forward_s: float
+    backward_s: float
+    wait_s: float  # blocked on a receive or on the sends before the optimizer step
+    optimizer_s: float
+    total_s: float
+    param_bytes: int
+    state_bytes: int  # parameters, gradients and optimizer state
+    activation_peak_bytes: int  # the latest measured in-flight activation peak
+    measured_peak_bytes: int  # state_bytes + activation_peak_bytes
+    predicted_peak_bytes: int | None  # the plan's; None without a plan
+    predicted_compute_s: float | None  # the plan's forward + backward per step
+    allocator_peak_bytes: int | None  # GPU: the allocator's peak in a measured step
+
+    @property
+    def busy_s(self) -> float:
+        """forward + backward + optimizer: the time the stage computes in a step."""
+        return self.forward_s + self.backward_s + self.optimizer_s
+
+    def to_dict(self) -> dict[str, Any]:
+        """Every field, in plain JSON values (tuples as lists)."""
+        return {f.name: plain(getattr(self, f.name)) for f in dataclasses.fields(self)}
+
+
+@dataclass(frozen=True)
+class PipelineStats:
+    """What `ElasticPipeline.stats()` returns: the pipeline's figures, predicted beside measured.
+
+    Predicted figures come from the plan in force and are None without one (explicit stage
+    sizes). Definitions (iteration, bubble, tokens): module doc.
+    """
+
+    generation: int  # which model: +1 per reconfigure
+    steps: int  # steps trained on this model
+    plan_version: int  # +1 per committed migration
+    plan: Plan | None
+    schedule: str
+    n_microbatches: int
+    partition: tuple[int, ...]  # layers per stage
+    iteration_s: float
+    predicted_iteration_s: float | None
+    samples_per_s: float
+    tokens_per_s: float | None  # None unless the batch input holds token ids
+    bubble_fraction: float
+    predicted_bubble_fraction: float | None
+    migrations: tuple[MigrationRecord, ...]
+    stages: tuple[StageStats, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        """Every field in plain JSON values: the plan via `Plan.to_dict`, records as dicts."""
+        out = {f.name: plain(getattr(self, f.name)) for f in dataclasses.fields(self)}
+        out["plan"] = None if self.plan is None else plain(self.plan.to_dict())
+        return out
+
+
+# -- the arithmetic, pure ----------------------------------------------------------------------
+def token_count(x: Any) -> int | None:
+    """Tokens in a batch input: batch x sequence where `x` (or its first tensor) is an integer
+    tensor of at least two dims; None otherwise (floating inputs, flat ids, no tensor)."""
+    first = x[0] if isinstance(x, tuple | list) and x else x
+    if not isinstance(first, torch.Tensor) or first.dim() < 2:
+        return None
+    if first.is_floating_point() or first.is_complex() or first.dtype == torch.bool:
+        return None
+    return int(first.shape[0]) * int(first.shape[1])
+
+
+def per_second(counts: Sequence[int], iteration_s: float) -> float:
+    """The median count per step over the step time; 0.0 before anything was timed."""
+    if iteration_s <= 0 or not counts:
+        return 0.0
+    return float(statistics.median(counts)) / iteration_s
+
+
+def tokens_per_s(tokens: Sequence[int | None], iteration_s: float) -> float | None:
+    """`per_second` of the tokens per step; None unless every step counted tokens."""
+    if not tokens or any(t is None for t in tokens):
+        return None
+    return per_second([t for t in tokens if t is not None], iteration_s)
+
+
+def bubble_fraction(busy_s: Sequence[float], iteration_s: float) -> float:
+    """1 - max(busy_s) / iteration_s, clamped to [0, 1]; 0.0 before anything was timed."""
+    if iteration_s <= 0 or not busy_s:
+        return 0.0
+    return min(1.0, max(0.0, 1.0 - max(busy_s) / iteration_s))
+
+
+def predicted_bubble_fraction(plan: Plan | None) -> float | None:
+    """`bubble_fraction` on the plan's numbers (module doc); None without a plan."""
+    if plan is None:
+        return None
+    busy = [s * plan.n_microbatches for s in plan.predicted_stage_s]
+    return bubble_fraction(busy, plan.predicted_iteration_s)
 
 
 def _median(values: Sequence[float]) -> float:
     return float(statistics.median(values)) if values else 0.0
 
 
-def stats(pipe: ElasticPipeline, stage: Stage, last_steps: int) -> dict[str, Any]:
+# -- the collective ----------------------------------------------------------------------------
+def stats(pipe: ElasticPipeline, stage: Stage, last_steps: int) -> PipelineStats:
     """`ElasticPipeline.stats`: gather every stage's numbers; predicted beside measured."""
-    recent = pipe._history[-last_steps:]
-    peaks = [t.peak_activation_bytes for _, t in pipe._history if t.peak_activation_bytes]
-    allocator = [t.allocator_peak_bytes for _, t in pipe._history if t.allocator_peak_bytes]
-    mine = {
-        "stage": pipe.rank,
-        "layers": [layer.key for layer in stage.layers],
-        "memory_actions": [layer.action for layer in stage.layers],
-        "param_bytes": stage.param_bytes(),
-        "state_bytes": stage.state_bytes(),
-        "measured_peak_activation_bytes": peaks[-1] if peaks else 0,  # latest measured
+    if isinstance(last_steps, bool) or not isinstance(last_steps, int) or last_steps < 1:
+        raise ValueError(f"last_steps must be a positive int, got {last_steps!r}")
+    history: list[tuple[int, int | None, StepTimes]] = pipe._history
+    recent = history[-last_steps:]
+    times = [t for _, _, t in recent]
+    peaks = [t.peak_activation_bytes for _, _, t in history if t.peak_activation_bytes]
+    allocator = [t.allocator_peak_bytes for _, _, t in history if t.allocator_peak_bytes]
+    plan, m, rank = pipe.plan, pipe.n_microbatches, pipe.rank
+    activations = peaks[-1] if peaks else 0  # latest measured
+    state_bytes = stage.state_bytes()
+    mine = StageStats(
+        stage=rank,
+        layers=tuple(layer.key for layer in stage.layers),
+        memory_actions=tuple(layer.action for layer in stage.layers),
+        forward_s=_median([t.forward_s for t in times]),
+        backward_s=_median([t.backward_s for t in times]),
+        wait_s=_median([t.wait_s for t in times]),
+        optimizer_s=_median([t.optimizer_s for t in times]),
+        total_s=_median([t.total_s for t in times]),
+        param_bytes=stage.param_bytes(),
+        state_bytes=state_bytes,
+        activation_peak_bytes=activations,
+        measured_peak_bytes=state_bytes + activations,
+        predicted_peak_bytes=plan.predicted_stage_bytes[rank] if plan else None,
+        predicted_compute_s=plan.predicted_stage_s[rank] * m if plan else None,
         # GPU: the allocator's peak over a measured step (all memory, not only the planned)
-        "allocator_peak_bytes": allocator[-1] if allocator else None,
-        **{f: _median([getattr(t, f) for _, t in recent]) for f in _TIME_FIELDS},
-    }
-    per_stage: list[Any] = [None] * pipe.n_stages
-    dist.all_gather_object(per_stage, mine)
-    plan, m = pipe.plan, pipe.n_microbatches
-    for s, entry in enumerate(per_stage):
-        activations = entry["measured_peak_activation_bytes"]
-        entry["measured_peak_bytes"] = entry["state_bytes"] + activations
-        entry["predicted_peak_bytes"] = plan.predicted_stage_bytes[s] if plan else None
-        entry["predicted_compute_s"] = plan.predicted_stage_s[s] * m if plan else None
-    iteration_s = max(s["total_s"] for s in per_stage)
-    samples = _median([n for n, _ in recent])
-    return {
-        "generation": pipe.generation,
-        "steps": pipe.step,
-        "plan_version": pipe.version,
-        "plan": plan.to_dict() if plan else None,
-        "migrations": [dataclasses.asdict(r) for r in pipe.migrations],
-        "schedule": pipe.schedule_name or getattr(pipe.schedule, "__name__", "custom"),
-        "n_microbatches": m,
-        "partition": list(pipe.sizes),
-        "iteration_s": iteration_s,
-        "predicted_iteration_s": plan.predicted_iteration_s if plan else None,
-        "samples_per_s": samples / iteration_s if iteration_s > 0 else 0.0,
-        "stages": per_stage,
-    }
+        allocator_peak_bytes=allocator[-1] if allocator else None,
+    )
+    gathered: list[Any] = [None] * pipe.n_stages
+    dist.all_gather_object(gathered, mine)
+    per_stage: tuple[StageStats, ...] = tuple(gathered)
+    iteration_s = max(s.total_s for s in per_stage)
+    return PipelineStats(
+        generation=pipe.generation,
+        steps=pipe.step,
+        plan_version=pipe.version,
+        plan=plan,
+        schedule=pipe.schedule_name or str(getattr(pipe.schedule, "__name__", "custom")),
+        n_microbatches=m,
+        partition=tuple(pipe.sizes),
+        iteration_s=iteration_s,
+        predicted_iteration_s=plan.predicted_iteration_s if plan else None,
+        samples_per_s=per_second([n for n, _, _ in recent], iteration_s),
+        tokens_per_s=tokens_per_s([k for _, k, _ in recent], iteration_s),
+        bubble_fraction=bubble_fraction([s.busy_s for s in per_stage], iteration_s),
+        predicted_bubble_fraction=predicted_bubble_fraction(plan),
+        migrations=tuple(pipe.migrations),
+        stages=per_stage,
+    )
 
 
 def save_partition_picture(pipe: ElasticPipeline, path: str | Path) -> Path:

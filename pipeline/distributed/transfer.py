@@ -9,8 +9,9 @@ seconds on one CPU core. Here each object is split into
     data      every tensor's bytes, one after another in one uint8 buffer, each at an
               offset aligned to `_ALIGN` bytes (one copy on the sender)
 
-and the receiver rebuilds the tensors as views into the received buffer (no copy). The
-exchange between all ranks (numbered):
+and the receiver rebuilds the tensors as views into the received buffer (no copy). Packing
+(`pack_all`) is local work that can fail (an object that does not pickle), so callers do it
+first and agree on its outcome; the exchange between all ranks then only moves bytes:
 
     1. all_gather of a (world, 2) table: the skeleton and data sizes each rank sends to each
     2. every rank posts irecvs for what is coming and isends for what it sends, at once,
@@ -25,9 +26,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
-__all__ = ["exchange", "pack", "unpack"]
+from pipeline.distributed.comm import Comm
+
+__all__ = ["Packed", "exchange", "pack", "pack_all", "unpack"]
 
 _ALIGN = 64  # bytes; any dtype's element size divides it, so views of the buffer are legal
 _TAG = 1 << 30  # above every tag the activation protocol uses
@@ -89,36 +91,46 @@ def unpack(skeleton: bytes, data: torch.Tensor) -> Any:
     return _restore(pickle.loads(skeleton), data)
 
 
-def exchange(outgoing: dict[int, Any], rank: int, world: int) -> dict[int, Any]:
-    """Send `outgoing[dst]` to each rank dst; return what every rank sent to this one.
+Packed = tuple[bytes, torch.Tensor]  # (pickled skeleton, data buffer)
+
+
+def pack_all(outgoing: dict[int, Any], rank: int) -> dict[int, Packed | Any]:
+    """`pack` every object bound for another rank (what stays here is kept as it is).
+
+    Local work: call it where a failure can still be agreed on before `exchange`.
+    """
+    return {dst: obj if dst == rank else pack(obj) for dst, obj in outgoing.items()}
+
+
+def exchange(comm: Comm, packed: dict[int, Packed | Any]) -> dict[int, Any]:
+    """Send `packed[dst]` (from `pack_all`) to each rank dst; return what each rank sent here.
 
     A collective: every rank calls it, with an empty dict if it sends nothing.
     """
+    rank, world = comm.rank, comm.world_size
     received: dict[int, Any] = {}
-    if rank in outgoing:  # what stays on this rank needs no message
-        received[rank] = outgoing[rank]
-    packed = {dst: pack(obj) for dst, obj in outgoing.items() if dst != rank}
+    if rank in packed:  # what stays on this rank needs no message
+        received[rank] = packed[rank]
+    remote: dict[int, Packed] = {dst: v for dst, v in packed.items() if dst != rank}
     row = torch.zeros(world, 2, dtype=torch.int64)  # (skeleton bytes, data bytes) per dst
-    for dst, (skeleton, data) in packed.items():
+    for dst, (skeleton, data) in remote.items():
         row[dst, 0], row[dst, 1] = len(skeleton), data.numel()
-    table = [torch.zeros(world, 2, dtype=torch.int64) for _ in range(world)]
-    dist.all_gather(table, row)
+    table = comm.all_gather_tensor(row)
     works, buffers = [], {}
     for src in range(world):
         n_skeleton, n_data = (int(v) for v in table[src][rank])
         if n_skeleton:
             buffers[src] = (torch.empty(n_skeleton, dtype=torch.uint8),
                             torch.empty(n_data, dtype=torch.uint8))  # fmt: skip
-            works.append(dist.irecv(buffers[src][0], src, tag=_TAG))
+            works.append(comm.irecv(buffers[src][0], src, _TAG))
             if n_data:
-                works.append(dist.irecv(buffers[src][1], src, tag=_TAG + 1))
-    for dst, (skeleton, data) in packed.items():
-        works.append(dist.isend(torch.frombuffer(bytearray(skeleton), dtype=torch.uint8),
-                                dst, tag=_TAG))  # fmt: skip
+                works.append(comm.irecv(buffers[src][1], src, _TAG + 1))
+    for dst, (skeleton, data) in remote.items():
+        works.append(comm.isend(torch.frombuffer(bytearray(skeleton), dtype=torch.uint8),
+                                dst, _TAG))  # fmt: skip
         if data.numel():
-            works.append(dist.isend(data, dst, tag=_TAG + 1))
+            works.append(comm.isend(data, dst, _TAG + 1))
     for work in works:
-        assert work is not None
         work.wait()
     for src, (skeleton_buf, data) in buffers.items():
         received[src] = unpack(skeleton_buf.numpy().tobytes(), data)

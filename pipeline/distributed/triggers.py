@@ -24,9 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
-import torch.distributed as dist
-
+from pipeline.distributed.comm import Comm
 from pipeline.local.stage import Stage
 from pipeline.pure.planner import Plan
 
@@ -45,9 +43,17 @@ class ReplanTriggers:
             raise ValueError(f"rebalance_every must be >= 1 step, got {self.every}")
         if self.drift is not None and not self.drift > 0:
             raise ValueError(f"rebalance_on_drift must be a fraction > 0, got {self.drift}")
+        if not isinstance(self.settle, int) or self.settle < 0:
+            raise ValueError(f"rebalance_settle must be an int >= 0 steps, got {self.settle!r}")
 
     def reason(
-        self, step: int, stage: Stage, plan: Plan | None, measured: bool, steps_on_plan: int
+        self,
+        comm: Comm,
+        step: int,
+        stage: Stage,
+        plan: Plan | None,
+        measured: bool,
+        steps_on_plan: int,
     ) -> str | None:
         """Why this step ends with a re-plan (None: it does not); call on every rank."""
         if self.every is not None and step % self.every == 0:
@@ -61,11 +67,10 @@ class ReplanTriggers:
             assert self.memory_budget is not None
             over = float(stage.state_bytes() + stage.saved.peak > self.memory_budget)
         ratio = _time_ratio(stage, plan) if check_drift else 1.0
-        flags = torch.tensor([over, ratio, -ratio], dtype=torch.float64)
-        dist.all_reduce(flags, op=dist.ReduceOp.MAX)  # one stage over budget: all act
+        flags = comm.all_reduce([over, ratio, -ratio], op="max")  # one stage over: all act
         if flags[0] > 0:
             return f"a stage exceeds the memory budget of {self.memory_budget:,} bytes"
-        high, low = float(flags[1]), -float(flags[2])
+        high, low = flags[1], -flags[2]
         if not check_drift:
             return None
         assert self.drift is not None

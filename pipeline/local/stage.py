@@ -1,21 +1,23 @@
-"""One stage process's share of the model, and the executor of its action list.
+"""One stage's share of the model and its compute, one micro-batch at a time.
 
-A `Stage` owns a contiguous run of layers, their optimizer and the links to its neighbours.
-`run_step` executes the lowered action list of `pipeline.pure.schedule` for one training step:
+A `Stage` owns a contiguous run of layers and their optimizer. It knows nothing of other
+processes: `pipeline.distributed.executor` runs a schedule's action list and calls
 
-    RECV_*      post a non-blocking receive (kept in `pending`, keyed by micro-batch)
-    FORWARD i   input = batch chunk (stage 0) or the waited receive; run the layers, each
-                seeded by (seed, step, i, key); the last stage applies the loss
-    SEND_ACT i  non-blocking send of the outputs
-    BACKWARD i  last stage: backward of loss_i / M; others: backward of the outputs with the
-                received gradients; then the inputs' gradients are ready
-    SEND_GRAD i non-blocking send of the inputs' gradients
-    STEP        wait for all sends, optimizer step, zero the gradients
+    begin_step        reset this step's sums (and, when asked, the memory counters)
+    forward(i)        micro-batch i through the layers, each seeded by (seed, step, i, key);
+                      the last stage applies the loss
+    backward(i)       last stage: backward of loss_i / M; others: backward of the outputs
+                      with the received gradients; returns the inputs' gradients
+    optimizer_step    apply the accumulated gradients, then zero them
+    end_step          the step's times; per-layer meters updated (abort_step: forget it)
+
+An exception in a layer, the loss or the optimizer comes out as `ComputeError`, which says
+where (phase, layer key, micro-batch) and keeps the original exception as its cause.
 
 Layers run one at a time in both directions: each layer's input is a detached leaf, and
 backward walks the layers in reverse, handing each one the gradient of its outputs. That
-costs one autograd call per layer and buys three things: per-layer time measurements, and
-per-layer memory actions, chosen by the planner:
+costs one autograd call per layer and buys per-layer time measurements and per-layer memory
+actions, chosen by the planner:
 
     keep       autograd keeps the layer's saved tensors until its backward (the default)
     recompute  forward under no_grad keeping only the input; re-run with grad at backward,
@@ -38,16 +40,14 @@ from typing import Any
 import torch
 from torch import nn
 
-from pipeline.distributed.links import PeerLink, Receive
-from pipeline.local.carry import Carry, as_carry
+from pipeline.local.carry import Carry, as_carry, floating, leaf, nbytes, unwrap
 from pipeline.local.determinism import dropout_seed, seed_rng
 from pipeline.local.meter import LayerMeter, SavedBytes
 from pipeline.local.spec import LayerSpec, build_layer
 from pipeline.pure.costs import MEMORY_ACTIONS, LayerCost
-from pipeline.pure.schedule import Action, Op
 from pipeline.pure.timeline import Span
 
-__all__ = ["OptimizerFactory", "Stage", "StepTimes"]
+__all__ = ["ComputeError", "InFlight", "LossFn", "OptimizerFactory", "Stage", "StepTimes"]
 
 OptimizerFactory = Callable[[list[dict[str, Any]]], torch.optim.Optimizer]
 LossFn = Callable[[Any, Any], torch.Tensor]
@@ -80,24 +80,27 @@ class _Layer:
 
 
 @dataclass
-class _InFlight:
+class InFlight:
     """What a micro-batch leaves on this stage between its forward and its backward."""
 
     inputs: list[Carry] = field(default_factory=list)  # per layer, detached leaves
     outputs: list[Carry] = field(default_factory=list)  # per layer; () when recomputed
     loss: torch.Tensor | None = None
-    input_grads: list[torch.Tensor] = field(default_factory=list)
 
 
-def _floating(carry: Carry) -> list[torch.Tensor]:
-    return [t for t in carry if t.is_floating_point()]
+class ComputeError(Exception):
+    """An exception in a layer, the loss or the optimizer step, and where it happened."""
 
-
-def _leaf(carry: Carry) -> Carry:
-    return tuple(t.detach().requires_grad_(t.is_floating_point()) for t in carry)
+    def __init__(
+        self, phase: str, layer: str | None, microbatch: int | None, error: BaseException
+    ) -> None:
+        super().__init__(f"{type(error).__name__}: {error}")
+        self.phase, self.layer, self.microbatch, self.error = phase, layer, microbatch, error
 
 
 class Stage:
+    """The layers one stage holds, their optimizer, meters, and their compute."""
+
     def __init__(
         self,
         index: int,
@@ -106,7 +109,6 @@ class Stage:
         *,
         seed: int,
         device: torch.device,
-        comm_device: torch.device,
         optimizer: OptimizerFactory,
         loss_fn: LossFn,
         actions: Sequence[str] | None = None,
@@ -117,11 +119,10 @@ class Stage:
         self.set_memory_actions(actions or ["keep"] * len(self.layers))
         self.optimizer_factory = optimizer
         self.optimizer = _build_optimizer(optimizer, self.layers)
-        self.prev = PeerLink(index - 1, comm_device) if index > 0 else None
-        self.next = PeerLink(index + 1, comm_device) if index < n_stages - 1 else None
         self.saved = SavedBytes()
         self.spans: list[Span] = []  # what this stage did during the last step
         self._step, self._measure, self._n_microbatches = 0, False, 1
+        self.times, self._start, self._recompute_end = StepTimes(), 0.0, 0.0
 
     def set_memory_actions(self, actions: Sequence[str]) -> None:
         if len(actions) != len(self.layers):
@@ -154,7 +155,7 @@ class Stage:
                                      cost.output_bytes, steps=1)  # fmt: skip
 
     def param_bytes(self) -> int:
-        return sum(_nbytes(p) for p in self.parameters())
+        return sum(nbytes(p) for p in self.parameters())
 
     def measured_cost(self, index: int) -> LayerCost:
         """Layer `index`'s costs as measured here: smoothed times, bytes, state bytes."""
@@ -164,9 +165,9 @@ class Stage:
         return LayerCost(
             key=layer.key, forward_s=meter.forward_s, backward_s=meter.backward_s,
             activation_bytes=round(meter.activation_bytes), output_bytes=round(meter.output_bytes),
-            param_bytes=sum(_nbytes(p) for p in params),
-            grad_bytes=sum(_nbytes(p) for p in params if p.requires_grad),
-            optimizer_bytes=sum(_nbytes(v) for p in params for v in state.get(p, {}).values()
+            param_bytes=sum(nbytes(p) for p in params),
+            grad_bytes=sum(nbytes(p) for p in params if p.requires_grad),
+            optimizer_bytes=sum(nbytes(v) for p in params for v in state.get(p, {}).values()
                                 if isinstance(v, torch.Tensor) and v.dim() > 0),
         )  # fmt: skip
 
@@ -178,108 +179,27 @@ class Stage:
         for layer in self.layers:
             yield from layer.module.parameters()
 
-    # -- one training step -------------------------------------------------------------------
-    def run_step(
-        self,
-        actions: Sequence[Action],
-        step: int,
-        inputs: Sequence[Carry] | None,
-        targets: Sequence[Any] | None,
-        measure_memory: bool = False,
-    ) -> tuple[torch.Tensor | None, StepTimes]:
-        """Execute one step; returns (sum of micro-batch losses on the last stage, times)."""
-        self._n_microbatches = sum(a.op is Op.FORWARD for a in actions)
-        self._step, self._measure = step, measure_memory
-        times, start = StepTimes(), time.perf_counter()
-        pending: dict[tuple[Op, int], Receive] = {}
-        live: dict[int, _InFlight] = {}
-        loss_sum: torch.Tensor | None = None
-        self._begin_step()
-        for action in actions:
-            op, i = action.op, action.microbatch
-            if op is Op.RECV_ACT:
-                assert self.prev is not None
-                pending[(op, i)] = self.prev.recv_activations(i)
-            elif op is Op.RECV_GRAD:
-                assert self.next is not None
-                pending[(op, i)] = self.next.recv_gradients(i)
-            elif op is Op.FORWARD:
-                carry = self._stage_input(i, inputs, pending, times)
-                live[i] = self._forward(i, carry, targets, times)
-                loss = live[i].loss
-                if loss is not None:
-                    loss_sum = loss.detach() if loss_sum is None else loss_sum + loss.detach()
-            elif op is Op.SEND_ACT:
-                assert self.next is not None
-                self.next.send_activations(live[i].outputs[-1], i)
-            elif op is Op.BACKWARD:
-                self._backward(live[i], i, pending, times)
-                if self.prev is None:
-                    live.pop(i)
-            elif op is Op.SEND_GRAD:
-                assert self.prev is not None
-                self.prev.send_gradients(live.pop(i).input_grads, i)
-            elif op is Op.OPTIMIZER_STEP:
-                self._optimizer_step(times)
-        times.total_s = time.perf_counter() - start
-        times.peak_activation_bytes = self.saved.peak if measure_memory else 0
-        if measure_memory and self.device.type == "cuda":
-            times.allocator_peak_bytes = torch.cuda.max_memory_allocated(self.device)
-        self._end_step()
-        return loss_sum, times
-
-    def _span(self, name: str, start: float, category: str = "compute") -> float:
-        end = time.perf_counter()
-        self.spans.append(Span(self.index, name, start, end, category))
-        return end - start
-
-    @torch.no_grad()
-    def run_forward(self, actions: Sequence[Action], inputs: Sequence[Carry] | None) -> list[Carry]:
-        """Inference over micro-batches (eval mode, no graph); the last stage's outputs."""
-        pending: dict[tuple[Op, int], Receive] = {}
-        outputs: dict[int, Carry] = {}
-        for link in (self.prev, self.next):
-            if link is not None:
-                link.begin_step()
-        modes = [layer.module.training for layer in self.layers]
-        for layer in self.layers:
-            layer.module.eval()
-        try:
-            for action in actions:
-                op, i = action.op, action.microbatch
-                if op is Op.RECV_ACT:
-                    assert self.prev is not None
-                    pending[(op, i)] = self.prev.recv_activations(i)
-                elif op is Op.FORWARD:
-                    carry = self._stage_input(i, inputs, pending, StepTimes())
-                    for layer in self.layers:
-                        carry = self._call(layer, i, carry)
-                    outputs[i] = carry
-                elif op is Op.SEND_ACT:
-                    assert self.next is not None
-                    self.next.send_activations(outputs.pop(i), i)
-            for link in (self.prev, self.next):
-                if link is not None:
-                    link.wait_sends()
-        finally:
-            for layer, mode in zip(self.layers, modes, strict=True):
-                layer.module.train(mode)
-        return [outputs[i] for i in sorted(outputs)]
-
-    def _begin_step(self) -> None:
-        self.spans = []
-        for link in (self.prev, self.next):
-            if link is not None:
-                link.begin_step()
+    # -- one step, one micro-batch at a time (the executor decides the order) -----------------
+    def begin_step(self, step: int, n_microbatches: int, measure_memory: bool) -> None:
+        """Reset this step's sums; with `measure_memory`, count saved activations."""
+        self._step, self._n_microbatches, self._measure = step, n_microbatches, measure_memory
+        self.times, self.spans = StepTimes(), []
+        self._start = time.perf_counter()
         for layer in self.layers:
             layer.forward_s = layer.backward_s = 0.0
             layer.activation_bytes = layer.output_bytes = 0
-        if self._measure:
+        if measure_memory:
             self.saved.begin_step(list(self.parameters()))
             if self.device.type == "cuda":
                 torch.cuda.reset_peak_memory_stats(self.device)
 
-    def _end_step(self) -> None:
+    def end_step(self) -> StepTimes:
+        """Close a step that succeeded: its times, and each layer's meter updated."""
+        times = self.times
+        times.total_s = time.perf_counter() - self._start
+        times.peak_activation_bytes = self.saved.peak if self._measure else 0
+        if self._measure and self.device.type == "cuda":
+            times.allocator_peak_bytes = torch.cuda.max_memory_allocated(self.device)
         m = self._n_microbatches
         for layer in self.layers:
             meter = layer.meter
@@ -289,21 +209,24 @@ class Stage:
             activation = layer.activation_bytes / m if kept else meter.activation_bytes
             output = layer.output_bytes / m if self._measure else meter.output_bytes
             meter.update(layer.forward_s / m, layer.backward_s / m, activation, output)
+        return times
 
-    def _stage_input(
-        self,
-        i: int,
-        inputs: Sequence[Carry] | None,
-        pending: dict[tuple[Op, int], Receive],
-        times: StepTimes,
-    ) -> Carry:
-        if self.prev is None:
-            assert inputs is not None
-            return tuple(t.to(self.device, non_blocking=True) for t in inputs[i])
-        t0 = time.perf_counter()
-        received = pending.pop((Op.RECV_ACT, i)).wait()
-        times.wait_s += self._span(f"wait F{i}", t0, "wait")
-        return _leaf(tuple(t.to(self.device) for t in received))
+    def abort_step(self) -> None:
+        """Forget a failed step: accumulated gradients and activation counts are dropped."""
+        for p in self.parameters():
+            p.grad = None
+        self.saved.begin_step([])
+
+    def span(self, name: str, start: float, category: str = "compute") -> float:
+        """Record a box on this stage's timeline row; returns its length in seconds."""
+        end = time.perf_counter()
+        self.spans.append(Span(self.index, name, start, end, category))
+        return end - start
+
+    def input_carry(self, carry: Carry) -> Carry:
+        """A carry that arrived from outside (batch or neighbour), on this stage's device."""
+        carry = tuple(t.to(self.device, non_blocking=True) for t in carry)
+        return leaf(carry) if self.index > 0 else carry
 
     @contextlib.contextmanager
     def _memory_mode(self, layer: _Layer, i: int, added: list[int]) -> Iterator[None]:
@@ -319,21 +242,20 @@ class Stage:
     def _call(self, layer: _Layer, i: int, carry: Carry) -> Carry:
         seed_rng(dropout_seed(self.seed, self._step, i, layer.key), self.device)
         try:
-            out = layer.module(carry[0] if len(carry) == 1 else carry)
+            out = layer.module(unwrap(carry))
+            return as_carry(out, f"the output of layer {layer.key!r}")
         except Exception as error:
             shapes = [tuple(t.shape) for t in carry]
             error.add_note(f"in the forward of layer {layer.key!r} on stage {self.index}, "
                            f"input shapes {shapes}")  # fmt: skip
-            raise
-        return as_carry(out, f"the output of layer {layer.key!r}")
+            raise ComputeError("forward", layer.key, i, error) from error
 
-    def _forward(
-        self, i: int, carry: Carry, targets: Sequence[Any] | None, times: StepTimes
-    ) -> _InFlight:
-        state, start = _InFlight(), time.perf_counter()
+    def forward(self, i: int, carry: Carry, target: Any) -> InFlight:
+        """Micro-batch i through this stage's layers (and the loss on the last stage)."""
+        state, start, times = InFlight(), time.perf_counter(), self.times
         for position, layer in enumerate(self.layers):
             if position > 0:
-                carry = _leaf(carry)
+                carry = leaf(carry)
             t0 = time.perf_counter()
             added = [self.saved.hold(i, carry) if self._measure else 0]
             with self._memory_mode(layer, i, added):
@@ -342,81 +264,105 @@ class Stage:
             layer.forward_s += elapsed
             times.forward_s += elapsed
             layer.activation_bytes += added[0]
-            layer.output_bytes += sum(t.numel() * t.element_size() for t in out)
+            layer.output_bytes += sum(nbytes(t) for t in out)
             state.inputs.append(carry)
             state.outputs.append(out)
             carry = out
-        if self.next is None:
-            assert targets is not None
+        if self.index == self.n_stages - 1:
             t0 = time.perf_counter()
-            state.loss = _loss(self.loss_fn, carry, targets[i])
+            try:
+                state.loss = _loss(self.loss_fn, carry, target)
+            except Exception as error:
+                raise ComputeError("loss", None, i, error) from error
             times.forward_s += time.perf_counter() - t0
-        self._span(f"F{i}", start)
+        self.span(f"F{i}", start)
         return state
 
-    def _backward(
-        self, state: _InFlight, i: int, pending: dict[tuple[Op, int], Receive], times: StepTimes
-    ) -> None:
-        grads: Sequence[torch.Tensor] = ()
-        if self.next is not None:
-            t0 = time.perf_counter()
-            grads = tuple(g.to(self.device) for g in pending.pop((Op.RECV_GRAD, i)).wait())
-            times.wait_s += self._span(f"wait B{i}", t0, "wait")
+    def backward(
+        self, state: InFlight, i: int, grads: Sequence[torch.Tensor]
+    ) -> list[torch.Tensor]:
+        """Back-propagate micro-batch i given its outputs' gradients; its inputs' gradients."""
         start = time.perf_counter()
         for position in reversed(range(len(self.layers))):
-            layer, inputs = self.layers[position], state.inputs[position]
+            layer = self.layers[position]
             t0 = time.perf_counter()
-            if position == len(self.layers) - 1 and state.loss is not None:
-                if state.loss.requires_grad:
-                    (state.loss / self._n_microbatches).backward()
-            else:
-                outputs = state.outputs[position]
-                if layer.action == "recompute":
-                    with torch.enable_grad():
-                        outputs = self._call(layer, i, inputs)
-                    t0 = time.perf_counter()  # the layer's backward time excludes the recompute
-                pairs = [(o, g) for o, g in zip(_floating(outputs), grads, strict=True)
-                         if o.requires_grad]  # fmt: skip
-                if pairs:
-                    torch.autograd.backward([o for o, _ in pairs], [g for _, g in pairs])
-            state.outputs[position] = ()
-            if position > 0 or self.prev is not None:
-                grads = [t.grad if t.grad is not None else torch.zeros_like(t)
-                         for t in _floating(inputs)]  # fmt: skip
+            try:
+                grads = self._backward_layer(state, position, i, grads)
+            except ComputeError:
+                raise
+            except Exception as error:
+                error.add_note(f"in the backward of layer {layer.key!r} on stage {self.index}")
+                raise ComputeError("backward", layer.key, i, error) from error
+            if layer.action == "recompute":
+                t0 = self._recompute_end
             elapsed = time.perf_counter() - t0
             layer.backward_s += elapsed
-            times.backward_s += elapsed
-        self._span(f"B{i}", start)
-        state.input_grads, state.loss = list(grads), None
-        state.inputs, state.outputs = [], []
+            self.times.backward_s += elapsed
+        self.span(f"B{i}", start)
+        state.loss, state.inputs, state.outputs = None, [], []
         if self._measure:
             self.saved.release(i)
+        return list(grads)
 
-    def _optimizer_step(self, times: StepTimes) -> None:
+    def _backward_layer(
+        self, state: InFlight, position: int, i: int, grads: Sequence[torch.Tensor]
+    ) -> Sequence[torch.Tensor]:
+        layer, inputs = self.layers[position], state.inputs[position]
+        if position == len(self.layers) - 1 and state.loss is not None:
+            if state.loss.requires_grad:
+                (state.loss / self._n_microbatches).backward()
+        else:
+            outputs = state.outputs[position]
+            if layer.action == "recompute":
+                with torch.enable_grad():
+                    outputs = self._call(layer, i, inputs)
+                self._recompute_end = time.perf_counter()  # backward time excludes it
+            pairs = [(o, g) for o, g in zip(floating(outputs), grads, strict=True)
+                     if o.requires_grad]  # fmt: skip
+            if pairs:
+                torch.autograd.backward([o for o, _ in pairs], [g for _, g in pairs])
+        state.outputs[position] = ()
+        if position == 0 and self.index == 0:
+            return ()
+        return [t.grad if t.grad is not None else torch.zeros_like(t) for t in floating(inputs)]
+
+    def optimizer_step(self) -> None:
         t0 = time.perf_counter()
-        for link in (self.prev, self.next):
-            if link is not None:
-                link.wait_sends()
-        times.wait_s += self._span("wait sends", t0, "wait")
-        t1 = time.perf_counter()
         if self.optimizer is not None:
-            self.optimizer.step()
-            self.optimizer.zero_grad(set_to_none=True)
-        times.optimizer_s += self._span("optimizer step", t1, "optimizer")
+            try:
+                self.optimizer.step()
+            except Exception as error:
+                raise ComputeError("optimizer", None, None, error) from error
+            finally:
+                self.optimizer.zero_grad(set_to_none=True)
+        self.times.optimizer_s += self.span("optimizer step", t0, "optimizer")
+
+    @torch.no_grad()
+    def infer(self, i: int, carry: Carry) -> Carry:
+        """Micro-batch i through this stage's layers without a graph (call in `evaluating`)."""
+        for layer in self.layers:
+            carry = self._call(layer, i, carry)
+        return carry
+
+    @contextlib.contextmanager
+    def evaluating(self, step: int) -> Iterator[None]:
+        """Eval mode for inference; each layer's train/eval mode is restored after."""
+        self._step = step
+        modes = [layer.module.training for layer in self.layers]
+        for layer in self.layers:
+            layer.module.eval()
+        try:
+            yield
+        finally:
+            for layer, mode in zip(self.layers, modes, strict=True):
+                layer.module.train(mode)
 
     def close(self) -> None:
-        for link in (self.prev, self.next):
-            if link is not None:
-                link.wait_sends()
         self.layers, self.optimizer = [], None
 
 
-def _nbytes(t: torch.Tensor) -> int:
-    return t.numel() * t.element_size()
-
-
 def _loss(loss_fn: LossFn, out: Carry, target: Any) -> torch.Tensor:
-    loss = loss_fn(out[0] if len(out) == 1 else out, target)
+    loss = loss_fn(unwrap(out), target)
     if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
         shape = tuple(loss.shape) if isinstance(loss, torch.Tensor) else type(loss).__name__
         raise ValueError(f"loss_fn must return a scalar tensor (mean-reduced), got {shape}")

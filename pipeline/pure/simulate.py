@@ -17,7 +17,7 @@ Semantics, one stage at a time in the order of its list:
 
 A micro-batch is in flight on a stage from the start of its forward to the end of its
 backward; it holds the stage's activation_bytes meanwhile. `to_chrome_trace` renders the
-result for Perfetto / chrome://tracing.
+result for Perfetto / chrome://tracing (through `pipeline.pure.timeline.chrome_trace`).
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from typing import Any
 from pipeline.pure.costs import LayerCost, LinkCost, action_effects
 from pipeline.pure.partition import bounds, check_sizes
 from pipeline.pure.schedule import Action, Op, ScheduleError, ScheduleFn, stage_actions, validate
+from pipeline.pure.timeline import Span, chrome_trace
 
 __all__ = ["Event", "SimResult", "StageCost", "simulate", "stage_costs", "to_chrome_trace"]
 
@@ -200,31 +201,16 @@ def stage_costs(
 _CATEGORY = {Op.FORWARD: "forward", Op.BACKWARD: "backward", Op.OPTIMIZER_STEP: "optimizer"}
 
 
-def to_chrome_trace(result: SimResult) -> dict[str, Any]:
-    """Chrome trace JSON: one "X" event per forward, backward and optimizer step (in µs).
-
-    Each stage is a process track named "stage s"; write it with `json.dump` and open it in
-    https://ui.perfetto.dev or chrome://tracing.
+def to_chrome_trace(result: SimResult, title: str = "simulated") -> dict[str, Any]:
+    """`pipeline.pure.timeline.chrome_trace` of the simulated step: one row per stage, one
+    "X" event per forward ("F3"), backward ("B3") and optimizer step, categories "forward",
+    "backward", "optimizer"; the schedule, micro-batches, iteration time and bubble fraction
+    in "otherData". Write it with `json.dump` and open it in https://ui.perfetto.dev.
     """
-    trace: list[dict[str, Any]] = []
-    for s in range(result.n_stages):
-        trace.append({"ph": "M", "name": "process_name", "pid": s, "tid": 0,
-                      "args": {"name": f"stage {s}"}})  # fmt: skip
-        trace.append({"ph": "M", "name": "process_sort_index", "pid": s, "tid": 0,
-                      "args": {"sort_index": s}})  # fmt: skip
-    for e in result.events:
-        i = e.action.microbatch
-        args: dict[str, Any] = {"microbatch": i} if i >= 0 else {}
-        trace.append({
-            "name": repr(e.action), "cat": _CATEGORY.get(e.action.op, "other"), "ph": "X",
-            "ts": e.start_s * 1e6, "dur": (e.end_s - e.start_s) * 1e6,
-            "pid": e.stage, "tid": 0, "args": args,
-        })  # fmt: skip
-    return {
-        "traceEvents": trace,
-        "displayTimeUnit": "ms",
-        "otherData": {
-            "schedule": result.schedule, "n_microbatches": result.n_microbatches,
-            "iteration_s": result.iteration_s, "bubble_fraction": result.bubble_fraction,
-        },
+    spans = [Span(e.stage, repr(e.action), e.start_s, e.end_s,
+                  _CATEGORY.get(e.action.op, "other")) for e in result.events]  # fmt: skip
+    other = {
+        "schedule": result.schedule, "n_microbatches": result.n_microbatches,
+        "iteration_s": result.iteration_s, "bubble_fraction": result.bubble_fraction,
     }  # fmt: skip
+    return chrome_trace(spans, title, other)

@@ -2,8 +2,8 @@
 
 * `chrome_trace(spans)`: a Chrome-trace JSON object (open it in https://ui.perfetto.dev or
   chrome://tracing) with one row per stage and one box per forward, backward, wait or
-  optimizer step. Used for measured steps (`ElasticPipeline.save_timeline`) and for
-  simulated ones (`pipeline.pure.simulate`).
+  optimizer step. The one writer of the format: used for measured steps
+  (`ElasticPipeline.save_timeline`) and for simulated ones (`pipeline.pure.simulate`).
 * `partition_svg(history, keys)`: an SVG picture of the partition over time: steps run left
   to right, layers top to bottom, each cell coloured by the stage that owned the layer then.
   Migrations show up as colour boundaries moving. Plain SVG, so no plotting library.
@@ -11,7 +11,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from itertools import accumulate
 from typing import Any
@@ -33,13 +33,21 @@ class Span:
     category: str = "compute"
 
 
-def chrome_trace(spans: Sequence[Span], title: str = "pipeline") -> dict[str, Any]:
-    """Chrome-trace JSON ("X" complete events, microseconds), one thread per stage."""
+def chrome_trace(
+    spans: Sequence[Span], title: str = "pipeline", other_data: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    """Chrome-trace JSON ("X" complete events, microseconds), one thread per stage.
+
+    Times start at the earliest span; `other_data` (JSON-serialisable) goes to "otherData",
+    which Perfetto shows as the trace's metadata.
+    """
     origin = min((s.start_s for s in spans), default=0.0)
     stages = sorted({s.stage for s in spans})
     events: list[dict[str, Any]] = [
         {"name": "process_name", "ph": "M", "pid": 0, "args": {"name": title}},
         *({"name": "thread_name", "ph": "M", "pid": 0, "tid": s, "args": {"name": f"stage {s}"}}
+          for s in stages),
+        *({"name": "thread_sort_index", "ph": "M", "pid": 0, "tid": s, "args": {"sort_index": s}}
           for s in stages),
     ]  # fmt: skip
     for span in spans:
@@ -47,7 +55,10 @@ def chrome_trace(spans: Sequence[Span], title: str = "pipeline") -> dict[str, An
             "name": span.name, "cat": span.category, "ph": "X", "pid": 0, "tid": span.stage,
             "ts": (span.start_s - origin) * 1e6, "dur": max(span.end_s - span.start_s, 0) * 1e6,
         })  # fmt: skip
-    return {"traceEvents": events, "displayTimeUnit": "ms"}
+    trace: dict[str, Any] = {"traceEvents": events, "displayTimeUnit": "ms"}
+    if other_data is not None:
+        trace["otherData"] = dict(other_data)
+    return trace
 
 
 def partition_svg(history: Sequence[tuple[int, Sequence[int]]], keys: Sequence[str],

@@ -46,7 +46,7 @@ from typing import Any, ClassVar, Protocol
 
 from pipeline.pure.costs import MEMORY_ACTIONS, LayerCost, LinkCost
 from pipeline.pure.partition import bounds, check_sizes
-from pipeline.pure.schedule import get_schedule, in_flight
+from pipeline.pure.schedule import ScheduleFn, get_schedule, in_flight
 from pipeline.pure.simulate import simulate, stage_costs
 
 __all__ = [
@@ -141,14 +141,27 @@ class Plan:
         )  # fmt: skip
 
 
-def in_flight_counts(schedule: str, n_stages: int, n_microbatches: int) -> list[int]:
+ScheduleLike = str | ScheduleFn  # a schedule's name, or a schedule function
+
+
+def schedule_name(schedule: ScheduleLike) -> str:
+    """What a plan records as its schedule: the name, or the function's `__name__`."""
+    return schedule if isinstance(schedule, str) else getattr(schedule, "__name__", "custom")
+
+
+def in_flight_counts(schedule: ScheduleLike, n_stages: int, n_microbatches: int) -> list[int]:
     """Micro-batches each stage keeps in flight, read off the schedule itself."""
-    fn = get_schedule(schedule)
+    fn = get_schedule(schedule) if isinstance(schedule, str) else schedule
     return [in_flight(fn(n_stages, n_microbatches, s)) for s in range(n_stages)]
 
 
-def weight_copies(schedule: str) -> int:
-    """Parameter copies a stage holds: 2 for PipeDream-2BW (double-buffered), else 1."""
+def weight_copies(schedule: ScheduleLike) -> int:
+    """Parameter copies a stage holds: 2 for PipeDream-2BW (double-buffered), else 1.
+
+    A schedule function may say how many it needs in a `weight_copies` attribute.
+    """
+    if not isinstance(schedule, str):
+        return int(getattr(schedule, "weight_copies", 1))
     return 2 if schedule.lower().replace("-", "").replace("_", "") in ("2bw", "pipedream2bw") else 1
 
 
@@ -157,7 +170,7 @@ def evaluate(
     sizes: Sequence[int],
     actions: Sequence[str] | None = None,
     *,
-    schedule: str = "1f1b",
+    schedule: ScheduleLike = "1f1b",
     n_microbatches: int = 8,
     link: LinkCost | None = None,
     host_link: LinkCost | None = None,
@@ -170,7 +183,8 @@ def evaluate(
     counts = in_flight_counts(schedule, len(stages), n_microbatches)
     result = simulate(schedule, stages, n_microbatches, link)
     return Plan(
-        sizes=tuple(sizes), actions=actions, schedule=schedule, n_microbatches=n_microbatches,
+        sizes=tuple(sizes), actions=actions, schedule=schedule_name(schedule),
+        n_microbatches=n_microbatches,
         predicted_iteration_s=result.iteration_s,
         predicted_stage_s=tuple(st.forward_s + st.backward_s for st in stages),
         predicted_stage_bytes=tuple(st.state_bytes + k * st.activation_bytes
@@ -206,7 +220,7 @@ class Planner(abc.ABC):
         costs: Sequence[LayerCost],
         n_stages: int,
         *,
-        schedule: str = "1f1b",
+        schedule: ScheduleLike = "1f1b",
         n_microbatches: int = 8,
         memory_budget: int | None = None,
         link: LinkCost | None = None,
@@ -219,7 +233,7 @@ class Planner(abc.ABC):
         sizes: Sequence[int],
         actions: Sequence[str] | None = None,
         *,
-        schedule: str = "1f1b",
+        schedule: ScheduleLike = "1f1b",
         n_microbatches: int = 8,
         link: LinkCost | None = None,
     ) -> Plan:

@@ -36,6 +36,7 @@ from pipeline.pure.planner.base import (
     InfeasibleBudgetError,
     Plan,
     Planner,
+    ScheduleLike,
     check_problem,
     in_flight_counts,
     minimize,
@@ -144,7 +145,7 @@ class MemoryPlanner(Planner):
         costs: Sequence[LayerCost],
         n_stages: int,
         *,
-        schedule: str = "1f1b",
+        schedule: ScheduleLike = "1f1b",
         n_microbatches: int = 8,
         memory_budget: int | None = None,
         link: LinkCost | None = None,
@@ -175,7 +176,7 @@ class MemoryPlanner(Planner):
         sizes: Sequence[int],
         actions: Sequence[str] | None = None,
         *,
-        schedule: str = "1f1b",
+        schedule: ScheduleLike = "1f1b",
         n_microbatches: int = 8,
         link: LinkCost | None = None,
     ) -> Plan:
@@ -186,7 +187,7 @@ class MemoryPlanner(Planner):
         stage_bytes = tuple(peaks.peak(s, a, e) for s, (a, e) in enumerate(plan.bounds()))
         return replace(plan, predicted_stage_bytes=stage_bytes)
 
-    def _peaks(self, costs: Sequence[LayerCost], schedule: str, n_stages: int,
+    def _peaks(self, costs: Sequence[LayerCost], schedule: ScheduleLike, n_stages: int,
                n_microbatches: int) -> _Peaks:  # fmt: skip
         counts = in_flight_counts(schedule, n_stages, n_microbatches)
         return _Peaks(costs, counts, weight_copies(schedule), self.in_flight)

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from pipeline.pure.costs import LayerCost, LinkCost
-from pipeline.pure.planner.base import Plan, Planner
+from pipeline.pure.planner.base import Plan, Planner, ScheduleLike
 
 __all__ = ["Replan", "moved_layers", "replan"]
 
@@ -55,12 +55,14 @@ def replan(
     state_bytes: Sequence[int] | None = None,
     memory_budget: int | None = None,
     pipeline_link: LinkCost | None = None,
+    schedule: ScheduleLike | None = None,
 ) -> Replan:
     """Plan afresh from `costs` and adopt the result only if it pays back its move.
 
     state_bytes    bytes that travel with each layer (default: its LayerCost.state_bytes)
     link           the link the migrated bytes cross
     pipeline_link  the link between stages during training (for iteration predictions)
+    schedule       the schedule function when it is not a built-in one (default: by name)
     """
     if len(costs) != current.n_layers:
         raise ValueError(f"{len(costs)} layer costs for a plan of {current.n_layers} layers")
@@ -69,7 +71,8 @@ def replan(
     sizes = [c.state_bytes for c in costs] if state_bytes is None else list(state_bytes)
     if len(sizes) != len(costs):
         raise ValueError(f"{len(sizes)} state sizes for {len(costs)} layers")
-    schedule, m = current.schedule, current.n_microbatches
+    m = current.n_microbatches
+    schedule = current.schedule if schedule is None else schedule
     now = planner.evaluate(costs, current.sizes, current.actions, schedule=schedule,
                            n_microbatches=m, link=pipeline_link)  # fmt: skip
     new = planner.plan(costs, current.n_stages, schedule=schedule, n_microbatches=m,

@@ -147,9 +147,9 @@ def test_migration_records() -> None:
 
 def test_event_log_and_pictures() -> None:
     r = results()["moved"]
-    kinds = [(e["kind"], e["step"]) for e in r["events"]]
+    kinds = [(e.kind, e.step) for e in r["events"]]
     assert kinds == [("build", 0), ("migration", 2), ("migration", 4)]
-    assert r["events"][1]["new_sizes"] == (1, 1, 1, 3)
+    assert r["events"][1].details["new_sizes"] == (1, 1, 1, 3)
     assert "(2 changes)" in r["svg"] and "block5: stage 3, steps 2-3" in r["svg"]
     names = {(e["tid"], e["name"]) for e in r["trace"]["traceEvents"] if e["ph"] == "X"}
     for stage in range(4):  # every stage ran every micro-batch's forward and backward

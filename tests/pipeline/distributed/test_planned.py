@@ -16,7 +16,8 @@ import torch.nn.functional as F
 
 import pipeline
 from pipeline import ElasticPipeline, StageContext
-from pipeline.distributed.agreement import agree, profile_costs
+from pipeline.distributed.agreement import profile_costs
+from pipeline.distributed.comm import Comm
 from pipeline.local.models import transformer_stack
 from pipeline.local.profiler import CostCache
 from pipeline.local.reference import ReferenceTrainer
@@ -49,15 +50,15 @@ def predicted_vs_measured(ctx: StageContext) -> dict[str, Any]:
 def test_measured_activation_peak_is_within_10_percent_of_the_plan() -> None:
     results = pipeline.launch(predicted_vs_measured, 2, threads_per_stage=1, timeout_s=60)
     stats = results[0]["stats"]
-    plan = stats["plan"]
-    assert plan is not None and sum(plan["sizes"]) == 6
-    for entry in stats["stages"]:
-        predicted = entry["predicted_peak_bytes"]
-        measured = entry["measured_peak_bytes"]
-        assert measured == pytest.approx(predicted, rel=0.10), entry
+    plan = stats.plan
+    assert plan is not None and sum(plan.sizes) == 6
+    for entry in stats.stages:
+        predicted = entry.predicted_peak_bytes
+        assert predicted is not None
+        assert entry.measured_peak_bytes == pytest.approx(predicted, rel=0.10), entry
         # the in-flight activations alone, measured by the saved-tensor hooks
-        predicted_activations = predicted - entry["state_bytes"]
-        assert entry["measured_peak_activation_bytes"] == pytest.approx(
+        predicted_activations = predicted - entry.state_bytes
+        assert entry.activation_peak_bytes == pytest.approx(
             predicted_activations, rel=0.10), entry  # fmt: skip
         assert predicted_activations > 0.5 * predicted  # activations dominate
 
@@ -65,10 +66,11 @@ def test_measured_activation_peak_is_within_10_percent_of_the_plan() -> None:
 def under_budget(ctx: StageContext) -> dict[str, Any]:
     x, _ = batches(1)[0]
     # The budget: 75% of what equal layer counts would need (rank 0 decides, all agree).
-    costs = profile_costs(specs(), x.chunk(M)[0], device=ctx.device, opt_ratio=2.0,
+    comm = Comm()
+    costs = profile_costs(comm, specs(), x.chunk(M)[0], device=ctx.device, opt_ratio=2.0,
                           cache=CostCache())  # fmt: skip
     equal = evaluate(costs, [3, 3], schedule="gpipe", n_microbatches=M)
-    budget = agree(lambda: int(0.75 * max(equal.predicted_stage_bytes)))
+    budget = comm.agree(lambda: int(0.75 * max(equal.predicted_stage_bytes)))
     out: dict[str, Any] = {"budget": budget, "equal_peaks": equal.predicted_stage_bytes}
     for name, partition in (("planned", "auto"), ("pressure", [3, 3])):
         pipe = ElasticPipeline(specs(), optimizer=ADAM, loss_fn=F.mse_loss, n_microbatches=M,
@@ -80,7 +82,7 @@ def under_budget(ctx: StageContext) -> dict[str, Any]:
             if step == 0:
                 first = pipe.stats(last_steps=1)
         out[name] = {"losses": losses, "first": first, "last": pipe.stats(last_steps=1),
-                     "events": [e["kind"] for e in pipe.events]}  # fmt: skip
+                     "events": [e.kind for e in pipe.events]}  # fmt: skip
         pipe.close()
     return out
 
@@ -94,17 +96,17 @@ def test_a_planned_run_stays_inside_a_budget_that_equal_counts_break() -> None:
     r = budget_results()
     assert max(r["equal_peaks"]) > r["budget"]
     planned = r["planned"]["last"]
-    assert "recompute" in [a for s in planned["stages"] for a in s["memory_actions"]]
-    for entry in planned["stages"]:
-        assert entry["measured_peak_bytes"] <= r["budget"], entry
+    assert "recompute" in [a for s in planned.stages for a in s.memory_actions]
+    for entry in planned.stages:
+        assert entry.measured_peak_bytes <= r["budget"], entry
 
 
 def test_memory_pressure_triggers_a_replan_with_recompute() -> None:
     r = budget_results()["pressure"]
-    assert max(s["measured_peak_bytes"] for s in r["first"]["stages"]) > budget_results()["budget"]
+    assert max(s.measured_peak_bytes for s in r["first"].stages) > budget_results()["budget"]
     assert "replan" in r["events"]
-    for entry in r["last"]["stages"]:
-        assert entry["measured_peak_bytes"] <= budget_results()["budget"], entry
+    for entry in r["last"].stages:
+        assert entry.measured_peak_bytes <= budget_results()["budget"], entry
 
 
 def test_recompute_and_migration_change_no_loss() -> None:
@@ -133,7 +135,7 @@ def rebalancing(ctx: StageContext) -> dict[str, Any]:
 
 def test_automatic_rebalance_moves_heavy_layers_and_changes_no_loss() -> None:
     r = pipeline.launch(rebalancing, 2, threads_per_stage=1, timeout_s=120)[0]
-    kinds = [e["kind"] for e in r["events"]]
+    kinds = [e.kind for e in r["events"]]
     assert kinds.count("replan") == 2 and "migration" in kinds, r["events"]
     assert r["sizes"][0] < 4, r["sizes"]  # stage 0 gave heavy layers away
     torch.set_num_threads(1)
@@ -178,9 +180,9 @@ def drifting(ctx: StageContext, drift: float, slow: bool) -> dict[str, Any]:
 def test_drift_triggers_a_replan_that_moves_layers_off_the_slowed_stage() -> None:
     r = pipeline.launch(functools.partial(drifting, drift=0.5, slow=True), 2,
                         threads_per_stage=1, timeout_s=120)[0]  # fmt: skip
-    triggers = [e for e in r["events"] if e["kind"] == "trigger"]
-    assert triggers and "drifted" in triggers[0]["reason"], r["events"]
-    assert triggers[0]["step"] >= 3  # not before the layer slowed down and the plan settled
+    triggers = [e for e in r["events"] if e.kind == "trigger"]
+    assert triggers and "drifted" in triggers[0].details["reason"], r["events"]
+    assert triggers[0].step >= 3  # not before the layer slowed down and the plan settled
     assert r["sizes"] == [1, 7], r["sizes"]  # the slow layer alone on stage 0
 
 
@@ -189,6 +191,6 @@ def test_steady_costs_replan_at_most_once() -> None:
     first check may re-plan from measured costs; after that the plan matches the costs."""
     r = pipeline.launch(functools.partial(drifting, drift=0.5, slow=False), 2,
                         threads_per_stage=1, timeout_s=120)[0]  # fmt: skip
-    triggers = [e for e in r["events"] if e["kind"] == "trigger"]
+    triggers = [e for e in r["events"] if e.kind == "trigger"]
     assert len(triggers) <= 1, triggers
-    assert all(e["step"] == 3 for e in triggers), triggers
+    assert all(e.step == 3 for e in triggers), triggers

@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 import torch
 from torch import nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from pipeline.local.models import char_lm, transformer_stack
+from pipeline.local.models import transformer_stack
 from pipeline.local.profiler import (
     CostCache,
     estimate,
@@ -18,8 +19,17 @@ from pipeline.local.profiler import (
     trace_shapes,
 )
 from pipeline.local.spec import LayerSpec
+from search_spaces.compile import compile as compile_arch
+from search_spaces.evolved_transformer import transformer
 
 CPU = torch.device("cpu")
+IDS = torch.randint(1, 50, (4, 16), generator=torch.Generator().manual_seed(0))  # no padding
+
+
+def language_model(n_layers: int) -> list[LayerSpec]:
+    """The seed Transformer, decoder-only: embed (ids in), n_layers // 2 cells, head."""
+    arch = transformer(32, n_heads=4, n_enc=0, n_dec=n_layers)
+    return compile_arch(arch, 50, max_len=16, dropout=0.1)
 
 
 def test_shapes_and_bytes_of_a_linear_stack() -> None:
@@ -42,21 +52,25 @@ def test_identical_layers_share_a_signature() -> None:
 
 
 def test_meta_trace_agrees_with_the_real_sandbox_on_saved_bytes() -> None:
-    specs = char_lm(50, n_layers=2, d_model=32, n_heads=4, max_len=16)
-    shapes = trace_shapes(specs, torch.zeros(4, 16, dtype=torch.long))
-    measured = sandbox(specs, shapes, CPU, 2.0, CostCache())
+    specs = language_model(4)  # ids in, a tuple carry with integer ids, logits out
+    shapes = trace_shapes(specs, IDS)
+    # the meta device traces attention's math kernel; run the same kernel for real
+    with sdpa_kernel(SDPBackend.MATH):
+        measured = sandbox(specs, shapes, CPU, 2.0, CostCache())
     assert [c.activation_bytes for c in measured] == [s.saved_bytes for s in shapes]
     assert all(c.forward_s > 0 and c.backward_s > 0 for c in measured)
+    # with the kernel torch picks (a fused one on CPU keeps less), the trace is an upper bound
+    fused = sandbox(specs, shapes, CPU, 2.0, CostCache())
+    assert all(c.activation_bytes <= s.saved_bytes for c, s in zip(fused, shapes, strict=True))
 
 
 def test_sandbox_times_each_signature_once_and_reuses_the_cache() -> None:
     cache = CostCache()
-    first = char_lm(50, n_layers=3, d_model=32, n_heads=4, max_len=16)
-    ids = torch.zeros(4, 16, dtype=torch.long)
-    sandbox(first, trace_shapes(first, ids), CPU, 2.0, cache)
-    assert len(cache) == 3  # embedding, one block signature, head
-    second = char_lm(50, n_layers=5, d_model=32, n_heads=4, max_len=16)  # a deeper candidate
-    costs = sandbox(second, trace_shapes(second, ids), CPU, 2.0, cache)
+    first = language_model(4)
+    sandbox(first, trace_shapes(first, IDS), CPU, 2.0, cache)
+    assert len(cache) == 3  # embedding, one cell signature, head
+    second = language_model(8)  # a deeper candidate
+    costs = sandbox(second, trace_shapes(second, IDS), CPU, 2.0, cache)
     assert len(cache) == 3  # nothing new to time
     assert len({c.forward_s for c in costs[1:-1]}) == 1
 

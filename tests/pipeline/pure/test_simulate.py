@@ -82,9 +82,15 @@ def test_events_and_chrome_trace() -> None:
     json.dumps(trace)  # serialisable
     xs = [ev for ev in trace["traceEvents"] if ev["ph"] == "X"]
     assert len([ev for ev in xs if ev["cat"] in ("forward", "backward")]) == 2 * n_stages * m
-    assert {ev["pid"] for ev in xs} == set(range(n_stages))
-    f0 = next(ev for ev in xs if ev["name"] == "F0" and ev["pid"] == 1)
+    assert {ev["tid"] for ev in xs} == set(range(n_stages))  # one row per stage
+    rows = {ev["tid"]: ev["args"]["name"] for ev in trace["traceEvents"]
+            if ev["name"] == "thread_name"}  # fmt: skip
+    assert rows == {s: f"stage {s}" for s in range(n_stages)}
+    f0 = next(ev for ev in xs if ev["name"] == "F0" and ev["tid"] == 1)
     assert f0["ts"] == pytest.approx(1e3) and f0["dur"] == pytest.approx(1e3)  # microseconds
+    assert trace["otherData"] == {"schedule": "1f1b", "n_microbatches": m,
+                                  "iteration_s": r.iteration_s,
+                                  "bubble_fraction": r.bubble_fraction}  # fmt: skip
 
 
 def test_a_deadlocking_schedule_is_reported() -> None:

@@ -1,10 +1,14 @@
 """Demo: train a character language model pipeline-parallel and print its throughput.
 
-The text is Python's own documentation (`pydoc_data.topics`, in the standard library), so
-the demo needs no download. Every stage process reads the same text and draws the same
-batches from a seeded generator; rank 0 prints progress.
+The README's main job until the NAS harness lands. It joins the three packages the way
+the harness will: the data is `nas.tasks.CharLM` (Python's own documentation, from the
+standard library, so nothing to download), the model is the search space's seed
+Transformer compiled decoder-only for that vocabulary (`search_spaces.compile`), and
+`pipeline` trains it on stage processes with a planned partition. Every stage process
+builds the same task and draws the same batches (they depend only on the seed and the
+epoch); rank 0 prints progress.
 
-    python -m pipeline.demo --stages 2 --steps 100 --schedule 1f1b
+    python -m nas.demo --stages 2 --steps 100 --schedule 1f1b
 """
 
 from __future__ import annotations
@@ -13,57 +17,45 @@ import argparse
 import functools
 import math
 import time
+from collections.abc import Iterator
+from typing import Any
 
 import torch
-import torch.nn.functional as F
 
 import pipeline
+from nas.tasks import CharLM, masked_cross_entropy
 from pipeline import ElasticPipeline, StageContext
-from pipeline.local.models import char_lm
+from search_spaces.compile import compile as compile_arch
+from search_spaces.evolved_transformer import transformer
+
+N_HEADS = 4
 
 
-def load_text() -> str:
-    from pydoc_data.topics import topics
-
-    return "\n\n".join(topics[name] for name in sorted(topics))
-
-
-class BatchIter:
-    """Random windows of `seq + 1` characters: x = window[:-1], y = window[1:]."""
-
-    def __init__(self, ids: torch.Tensor, batch: int, seq: int, seed: int) -> None:
-        self.ids, self.batch, self.seq = ids, batch, seq
-        self.generator = torch.Generator().manual_seed(seed)
-
-    def __iter__(self) -> BatchIter:
-        return self
-
-    def __next__(self) -> tuple[torch.Tensor, torch.Tensor]:
-        high = len(self.ids) - self.seq - 1
-        starts = torch.randint(0, high, (self.batch,), generator=self.generator)
-        windows = torch.stack([self.ids[s : s + self.seq + 1] for s in starts.tolist()])
-        return windows[:, :-1], windows[:, 1:]  # (batch, seq) each
+def train_batches(task: CharLM, batch: int, seed: int) -> Iterator[tuple[Any, torch.Tensor]]:
+    """Training batches epoch after epoch, without end."""
+    epoch = 0
+    while True:
+        yield from task.batches("train", batch, seed=seed, epoch=epoch)
+        epoch += 1
 
 
-def train(ctx: StageContext, args: argparse.Namespace) -> dict[str, object]:
-    text = load_text()
-    vocab = sorted(set(text))
-    index = {c: i for i, c in enumerate(vocab)}
-    ids = torch.tensor([index[c] for c in text], dtype=torch.long)
-    specs = char_lm(len(vocab), n_layers=args.layers, d_model=args.d_model, n_heads=4,
-                    max_len=args.seq)  # fmt: skip
+def train(ctx: StageContext, args: argparse.Namespace) -> dict[str, Any]:
+    task = CharLM(seq_len=args.seq)
+    arch = transformer(args.d_model, N_HEADS, n_enc=0, n_dec=args.layers)  # decoder-only
+    specs = compile_arch(arch, len(task.vocab), max_len=args.seq, dropout=0.1)
     pipe = ElasticPipeline(
         specs, optimizer=functools.partial(torch.optim.AdamW, lr=args.lr),
-        loss_fn=F.cross_entropy, schedule=args.schedule, n_microbatches=args.microbatches,
-        seed=args.seed,
+        loss_fn=masked_cross_entropy, schedule=args.schedule,
+        n_microbatches=args.microbatches, seed=args.seed,
     )  # fmt: skip
-    data = BatchIter(ids, args.batch, args.seq, args.seed)
+    data = train_batches(task, args.batch, args.seed)
     start = time.perf_counter()
     for step in range(1, args.steps + 1):
         x, y = next(data)
         loss = pipe.train_step(x, y)  # the first step profiles the layers and plans
         if ctx.rank == 0 and step == 1:
-            print(f"{len(text):,} characters, vocabulary {len(vocab)}, {len(specs)} layers on "
+            print(f"{task.size('train'):,} training characters, vocabulary {len(task.vocab)}, "
+                  f"{len(specs)} layers (seed Transformer, {args.layers} decoder layers) on "
                   f"{ctx.world_size} stages {pipe.sizes} (planned), {args.schedule}")  # fmt: skip
         if ctx.rank == 0 and (step % args.log_every == 0 or step == args.steps):
             elapsed = time.perf_counter() - start
@@ -71,12 +63,20 @@ def train(ctx: StageContext, args: argparse.Namespace) -> dict[str, object]:
             print(f"step {step:4d}/{args.steps}  loss {loss:.3f}  "
                   f"{loss / math.log(2):.2f} bits/char  {tokens / elapsed:,.0f} tokens/s",
                   flush=True)  # fmt: skip
-    stats = pipe.stats()
+    stats: Any = pipe.stats()
     pipe.close()
-    return stats
+    return stats.to_dict() if hasattr(stats, "to_dict") else stats
 
 
-def main() -> None:
+def even_layers(text: str) -> int:
+    """--layers: the seed puts two Transformer layers in each cell."""
+    value = int(text)
+    if value < 2 or value % 2:
+        raise argparse.ArgumentTypeError(f"--layers must be even and >= 2, got {value}")
+    return value
+
+
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="Pipeline-parallel character LM demo")
     parser.add_argument("--stages", type=int, default=2)
     parser.add_argument("--schedule", default="1f1b")
@@ -84,12 +84,12 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--microbatches", type=int, default=8)
     parser.add_argument("--seq", type=int, default=64)
-    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--layers", type=even_layers, default=4)
     parser.add_argument("--d-model", type=int, default=128)
     parser.add_argument("--lr", type=float, default=3e-3)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--log-every", type=int, default=10)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     stats = pipeline.launch(functools.partial(train, args=args), n_stages=args.stages)[0]
     print(f"throughput {stats['samples_per_s'] * args.seq:,.0f} tokens/s "
           f"(median step {stats['iteration_s'] * 1e3:.1f} ms)")  # fmt: skip

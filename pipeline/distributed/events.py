@@ -1,0 +1,74 @@
+"""The pipeline's event log as typed records: what happened, at which step of which model.
+
+`ElasticPipeline.events` used to be a list of loose dicts; callers had to know the key names
+and loggers got tuples and dataclasses that JSON does not take. A `PipelineEvent` names the
+fields every event has (generation, step, kind) and keeps what is particular to its kind in
+`details`; `to_dict()` turns it into plain JSON values for a logger (W&B, a JSON-lines file).
+
+Kinds, and what `details` holds for each:
+
+    build        a stage was built: sizes, plan (a `Plan.to_dict()`, or None)
+    migration    layers moved live: the `MigrationRecord`'s fields (step, version, old_sizes,
+                 new_sizes, moved, bytes_moved, pause_s)
+    rollback     a migration was rolled back: sizes (kept), requested, error
+    trigger      a re-plan was triggered automatically: reason
+    replan       the planner was asked again: changed, reason, candidate (a plan dict)
+    reconfigure  the next model was taken: layers (its keys)
+    error        something failed; logged by the runtime's error handling
+
+This module imports nothing from torch, so tests and loggers can use it on their own.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["EVENT_KINDS", "PipelineEvent", "plain"]
+
+EVENT_KINDS = ("build", "migration", "rollback", "trigger", "replan", "reconfigure", "error")
+
+
+def plain(value: Any) -> Any:
+    """`value` as plain JSON values: tuples become lists, dataclasses dicts (their `to_dict`
+    where they have one), mapping keys strings, non-finite floats None; anything else that
+    JSON cannot take becomes its `str`, so a logger never fails on an event."""
+    if value is None or isinstance(value, bool | int | str):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        to_dict = getattr(value, "to_dict", None)
+        if callable(to_dict):
+            return plain(to_dict())
+        return plain({f.name: getattr(value, f.name) for f in dataclasses.fields(value)})
+    if isinstance(value, Mapping):
+        return {str(k): plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple | set | frozenset):
+        return [plain(v) for v in value]
+    return str(value)
+
+
+@dataclass(frozen=True)
+class PipelineEvent:
+    """One entry of `ElasticPipeline.events` (kinds and their details: module doc).
+
+    Frozen; `details` is a dict (so an event pickles across processes): treat it as read-only.
+    """
+
+    generation: int  # which model: +1 per `reconfigure`
+    step: int  # the model's step count when it happened
+    kind: str
+    details: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.kind, str) or not self.kind:
+            raise ValueError(f"an event's kind must be a non-empty string, got {self.kind!r}")
+
+    def to_dict(self) -> dict[str, Any]:
+        """{"generation", "step", "kind", "details"} in plain JSON values (see `plain`)."""
+        return {"generation": self.generation, "step": self.step, "kind": self.kind,
+                "details": plain(self.details)}  # fmt: skip

@@ -1,0 +1,263 @@
+"""Run one stage's action list for a step; a failure anywhere becomes one error on every rank.
+
+The schedule (`pipeline.pure.schedule`) gives each stage a lowered list of actions; this
+module executes it against the stage's layers (`pipeline.local.stage`) and its links to the
+neighbours (`pipeline.distributed.links`). The protocol of a training step, numbered:
+
+    1. Every stage runs its list: RECV_* posts a receive, FORWARD/BACKWARD compute (waiting
+       for their message first), SEND_* sends.
+    2. An exception in a layer's forward or backward, in the loss, or in the checks of a
+       send stops compute on that stage. The stage still walks the rest of its list, but
+       sends a failure in place of every message it owes and drains every message it is
+       owed. A neighbour that receives a failure does the same, so the news runs both ways
+       along the pipeline within the step, and no stage is left waiting.
+    3. At OPTIMIZER_STEP (the last action of every list) each stage waits for its sends,
+       then one all_reduce of [failed, loss sum, first non-finite micro-batch] decides for
+       all: if any stage failed, nobody applies the step and every rank raises the failing
+       stage's `StageError` (gathered once); if the loss is not finite and
+       on_nonfinite="raise", nobody applies it and every rank raises `NonFiniteLossError`;
+       otherwise every stage applies its optimizer step.
+    4. An exception in an optimizer step is agreed by a second all_reduce and raised on
+       every rank (the other stages' steps stand: each stage's update is its own).
+
+    1F1B, 2 stages, stage 1 fails in the forward of micro-batch 1 (x):
+
+        stage 0:  F0 F1 ·  B0 F2 ·  B1?──────── B2?──── | all_reduce: failed -> raise
+        stage 1:     F0 B0 ·  F1x ·  drain act2 · ·     | all_reduce: failed -> raise
+                              └─ grad1, grad2 sent as failures; stage 0 drains them
+
+After a failed step nothing is in flight: the caller drops the stage's gradients
+(`Stage.abort_step`) and the pipeline is ready for another step or a `reconfigure`.
+Exceptions raised by the process group itself (a dead peer, a timeout) are not caught here:
+the group is broken, and `pipeline.launch` reports the stage that died.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import traceback
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from pipeline.distributed.comm import Comm, raise_first
+from pipeline.distributed.links import ACT, GRAD, PeerFailed, PeerLink, Receive
+from pipeline.errors import NonFiniteLossError, StageError
+from pipeline.local.carry import Carry
+from pipeline.local.stage import ComputeError, InFlight, Stage, StepTimes
+from pipeline.pure.schedule import Action, Op
+
+__all__ = ["NONFINITE_POLICIES", "infer", "train_step"]
+
+NONFINITE_POLICIES = ("raise", "ignore")
+
+
+class _Run:
+    """The state of one step on one stage: posted receives, micro-batches in flight."""
+
+    def __init__(
+        self,
+        stage: Stage,
+        links: tuple[PeerLink | None, PeerLink | None],
+        step: int,
+        inputs: Sequence[Carry] | None,
+        targets: Sequence[Any] | None,
+    ) -> None:
+        self.stage, (self.prev, self.next) = stage, links
+        self.step, self.inputs, self.targets = step, inputs, targets
+        self.pending: dict[tuple[Op, int], Receive] = {}
+        self.live: dict[int, InFlight] = {}
+        self.outputs: dict[int, Carry] = {}
+        self.input_grads: dict[int, list[torch.Tensor]] = {}
+        self.losses: dict[int, torch.Tensor] = {}
+        self.failure: StageError | None = None  # raised here
+        self.peer_failed = False  # a neighbour sent a failure
+        self.inference = False
+        for link in links:
+            if link is not None:
+                link.begin_step()
+
+    @property
+    def failed(self) -> bool:
+        return self.failure is not None or self.peer_failed
+
+    def execute(self, actions: Sequence[Action]) -> None:
+        for action in actions:
+            if action.op is Op.OPTIMIZER_STEP:
+                return  # the caller agrees on the step first (protocol step 3)
+            if not self.failed:
+                try:
+                    self._do(action)
+                    continue
+                except PeerFailed:
+                    self.peer_failed = True
+                except ComputeError as error:
+                    self.failure = self._error(error.phase, error.error, error.layer,
+                                               error.microbatch)  # fmt: skip
+                except (ValueError, TypeError, RuntimeError) as error:  # a send's checks
+                    if action.op not in (Op.SEND_ACT, Op.SEND_GRAD):
+                        raise
+                    self.failure = self._error("send", error, None, action.microbatch)
+            self._unblock(action)
+
+    # -- healthy -----------------------------------------------------------------------------
+    def _do(self, action: Action) -> None:
+        op, i, stage = action.op, action.microbatch, self.stage
+        if op is Op.RECV_ACT:
+            assert self.prev is not None
+            self.pending[(op, i)] = self.prev.recv_activations(i)
+        elif op is Op.RECV_GRAD:
+            assert self.next is not None
+            self.pending[(op, i)] = self.next.recv_gradients(i)
+        elif op is Op.FORWARD:
+            carry = stage.input_carry(self._wait(Op.RECV_ACT, i, "F") or self._batch(i))
+            if self.inference:
+                self.outputs[i] = stage.infer(i, carry)
+                return
+            target = self.targets[i] if self.targets is not None else None
+            state = self.live[i] = stage.forward(i, carry, target)
+            self.outputs[i] = state.outputs[-1]
+            if state.loss is not None:
+                self.losses[i] = state.loss.detach()
+        elif op is Op.SEND_ACT:
+            assert self.next is not None
+            self.next.send_activations(self.outputs.pop(i), i)
+        elif op is Op.BACKWARD:
+            grads = self._wait(Op.RECV_GRAD, i, "B") or ()
+            grads = tuple(g.to(stage.device) for g in grads)
+            self.input_grads[i] = stage.backward(self.live.pop(i), i, grads)
+        elif op is Op.SEND_GRAD:
+            assert self.prev is not None
+            self.prev.send_gradients(self.input_grads.pop(i), i)
+
+    def _batch(self, i: int) -> Carry:
+        assert self.inputs is not None, "stage 0 gets the batch"
+        return self.inputs[i]
+
+    def _wait(self, op: Op, i: int, name: str) -> Carry | None:
+        receive = self.pending.pop((op, i), None)
+        if receive is None:
+            return None
+        t0 = time.perf_counter()
+        try:
+            return receive.wait()
+        finally:
+            self.stage.times.wait_s += self.stage.span(f"wait {name}{i}", t0, "wait")
+
+    # -- failed: send failures, drain receives (protocol step 2) ------------------------------
+    def _unblock(self, action: Action) -> None:
+        op, i = action.op, action.microbatch
+        if op in (Op.RECV_ACT, Op.RECV_GRAD):
+            self._do(action)
+        elif op in (Op.FORWARD, Op.BACKWARD):
+            receive = self.pending.pop((Op.RECV_ACT if op is Op.FORWARD else Op.RECV_GRAD, i),
+                                       None)  # fmt: skip
+            if receive is not None:
+                receive.drain()
+        elif op is Op.SEND_ACT:
+            assert self.next is not None
+            self.next.send_failure(ACT, i)
+        elif op is Op.SEND_GRAD:
+            assert self.prev is not None
+            self.prev.send_failure(GRAD, i)
+
+    def _error(
+        self, phase: str, error: BaseException, layer: str | None, microbatch: int | None
+    ) -> StageError:
+        text = "".join(traceback.format_exception(error))
+        cause = f"{type(error).__name__}: {error}"
+        failure = StageError(self.stage.index, phase, self.step, cause, text, layer=layer,
+                             microbatch=microbatch)  # fmt: skip
+        failure.__cause__ = error
+        return failure
+
+    def wait_sends(self) -> None:
+        t0 = time.perf_counter()
+        for link in (self.prev, self.next):
+            if link is not None:
+                link.wait_sends()
+        self.stage.times.wait_s += self.stage.span("wait sends", t0, "wait")
+
+    def raise_agreed(self, comm: Comm) -> None:
+        """Every rank knows a stage failed: gather the errors, raise the origin's."""
+        raise_first(comm.all_gather_object(self.failure), comm.rank, self.failure)
+
+
+def train_step(
+    stage: Stage,
+    links: tuple[PeerLink | None, PeerLink | None],
+    comm: Comm,
+    actions: Sequence[Action],
+    step: int,
+    inputs: Sequence[Carry] | None,
+    targets: Sequence[Any] | None,
+    *,
+    measure_memory: bool = False,
+    on_nonfinite: str = "raise",
+) -> tuple[float, StepTimes]:
+    """One training step on this stage: (the step's mean loss, the same on every rank; times).
+
+    Raises `StageError` (or `NonFiniteLossError`) on every rank if any stage failed; the
+    step is then applied nowhere (module docstring).
+    """
+    n_microbatches = sum(a.op is Op.FORWARD for a in actions)
+    stage.begin_step(step, n_microbatches, measure_memory)
+    run = _Run(stage, links, step, inputs, targets)
+    run.execute(actions)
+    run.wait_sends()
+    loss_sum, first_bad = _loss_sum(run.losses)
+    failed, loss_sum, first_bad = comm.all_reduce([float(run.failed), loss_sum, first_bad])
+    if failed:
+        run.raise_agreed(comm)
+    loss = loss_sum / n_microbatches
+    if on_nonfinite == "raise" and not math.isfinite(loss):
+        raise NonFiniteLossError(
+            comm.world_size - 1, "loss", step, f"the loss is {loss} (mean of the micro-batches)",
+            microbatch=int(first_bad) - 1 if first_bad else None,
+        )  # fmt: skip
+    error = None
+    try:
+        stage.optimizer_step()
+    except ComputeError as exc:
+        error = run._error("optimizer", exc.error, None, None)
+    comm.raise_together(error)
+    return loss, stage.end_step()
+
+
+def _loss_sum(losses: dict[int, torch.Tensor]) -> tuple[float, float]:
+    """(sum of the micro-batch losses, 1 + the first non-finite one's index or 0)."""
+    if not losses:
+        return 0.0, 0.0
+    values = torch.stack([losses[i] for i in sorted(losses)]).double()
+    total = float(values.sum().item())
+    if math.isfinite(total):
+        return total, 0.0
+    bad = [i for i, v in zip(sorted(losses), values.tolist(), strict=True) if not math.isfinite(v)]
+    return total, float(bad[0] + 1)
+
+
+def infer(
+    stage: Stage,
+    links: tuple[PeerLink | None, PeerLink | None],
+    comm: Comm,
+    actions: Sequence[Action],
+    step: int,
+    inputs: Sequence[Carry] | None,
+) -> list[Carry] | None:
+    """Forward-only actions in eval mode; the last stage's outputs (on CPU) on every rank."""
+    run = _Run(stage, links, step, inputs, None)
+    run.inference = True
+    with stage.evaluating(step):
+        run.execute(actions)
+    run.wait_sends()
+    last = comm.world_size - 1
+    mine = None
+    if comm.rank == last and not run.failed:
+        mine = [tuple(t.cpu() for t in run.outputs[i]) for i in sorted(run.outputs)]
+    gathered = comm.all_gather_object((run.failed, run.failure, mine))
+    if any(failed for failed, _, _ in gathered):
+        raise_first([failure for _, failure, _ in gathered], comm.rank, run.failure)
+    outputs: list[Carry] | None = gathered[last][2]
+    return outputs
