@@ -34,7 +34,6 @@ from common import (
 
 import pipeline
 from pipeline import ElasticPipeline, StageContext
-from pipeline.distributed.agreement import measured_costs
 from pipeline.pure.planner import evaluate
 
 MICROBATCHES, LAYERS = UNEVEN_MICROBATCHES, UNEVEN_LAYERS
@@ -57,7 +56,7 @@ def run(ctx: StageContext, rounds: int, steps: int) -> dict[str, Any]:
                            rounds, steps)  # fmt: skip
     planned = pipes["planned"]
     assert planned.plan is not None
-    measured, actions = measured_costs(planned.comm, planned._live_stage(), LAYERS)
+    measured, actions = planned.layer_costs()
     stats = {name: pipe.stats() for name, pipe in pipes.items()}
     return {
         "seconds": seconds,

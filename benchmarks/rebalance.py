@@ -78,13 +78,12 @@ def link_bandwidth(n_bytes: int = 64 << 20) -> float:
 
 def moved_state_bytes(pipe: ElasticPipeline, keys: set[str]) -> int:
     """Parameters, buffers and optimizer state (all tensors) of the layers in `keys`."""
-    stage = pipe._live_stage()
-    state = stage.optimizer.state if stage.optimizer is not None else {}
+    state = pipe.optimizer.state if pipe.optimizer is not None else {}
     total = 0
-    for layer in stage.layers:
-        if layer.key in keys:
-            total += sum(v.numel() * v.element_size() for v in layer.module.state_dict().values())
-            total += sum(v.numel() * v.element_size() for p in layer.module.parameters()
+    for key, module in pipe.layers.items():
+        if key in keys:
+            total += sum(v.numel() * v.element_size() for v in module.state_dict().values())
+            total += sum(v.numel() * v.element_size() for p in module.parameters()
                          for v in state.get(p, {}).values() if torch.is_tensor(v))  # fmt: skip
     totals: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(totals, total)

@@ -20,11 +20,13 @@ Methods that gather (`train_step`, `repartition`, `rebalance`, `reconfigure`, `s
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 import torch
+from torch import nn
 
 from pipeline.distributed import executor, report
 from pipeline.distributed.agreement import measured_costs, profile_costs
@@ -324,9 +326,8 @@ class ElasticPipeline:
         `rebalance_horizon`) exceeds the time to move its layers (or when the current plan
         breaks the memory budget). Returns the migration, or None when the current plan stays.
         """
-        stage = self._live_stage()
         horizon = self.rebalance_horizon if remaining_steps is None else remaining_steps
-        costs, actions = measured_costs(self.comm, stage, len(self.specs))
+        costs, actions = self.layer_costs()
         schedule = self.schedule_name or self.schedule
         current = evaluate(costs, self.sizes, actions, schedule=schedule,
                            n_microbatches=self.n_microbatches)  # fmt: skip
@@ -406,7 +407,7 @@ class ElasticPipeline:
 
         A collective: call it on every rank; rank 0 writes the file and returns its path.
         """
-        return report.save_timeline(self._live_stage(), path, f"step {self.step - 1}")
+        return report.save_timeline(self.comm, self._live_stage(), path, f"step {self.step - 1}")
 
     def full_state_dict(self) -> dict[str, dict[str, torch.Tensor]]:
         """{layer key: its state dict on CPU}, in layer order, on rank 0; {} on other ranks.
@@ -444,6 +445,21 @@ class ElasticPipeline:
     def memory_actions(self) -> tuple[str, ...]:
         """This stage's per-layer memory actions ("keep", "recompute", "swap")."""
         return tuple(layer.action for layer in self._stage.layers) if self._stage else ()
+
+    @property
+    def layers(self) -> Mapping[str, nn.Module]:
+        """This stage's modules by layer key (a read-only view; empty before the first plan)."""
+        layers = self._stage.layers if self._stage else []
+        return MappingProxyType({layer.key: layer.module for layer in layers})
+
+    @property
+    def optimizer(self) -> torch.optim.Optimizer | None:
+        """This stage's optimizer (one parameter group per layer, tagged "layer"), or None."""
+        return self._stage.optimizer if self._stage else None
+
+    def layer_costs(self) -> tuple[list[LayerCost], list[str]]:
+        """Every layer's measured costs and memory action, in layer order (a collective)."""
+        return measured_costs(self.comm, self._live_stage(), len(self.specs))
 
     def stage_layer_keys(self) -> list[tuple[str, ...]]:
         """The keys every stage holds, from the current sizes (no message; [] before a plan)."""

@@ -34,8 +34,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
-import torch.distributed as dist
 
+from pipeline.distributed.comm import Comm
 from pipeline.distributed.events import plain
 from pipeline.distributed.migration import MigrationRecord
 from pipeline.local.stage import Stage, StepTimes
@@ -196,9 +196,7 @@ def stats(pipe: ElasticPipeline, stage: Stage, last_steps: int) -> PipelineStats
         # GPU: the allocator's peak over a measured step (all memory, not only the planned)
         allocator_peak_bytes=allocator[-1] if allocator else None,
     )
-    gathered: list[Any] = [None] * pipe.n_stages
-    dist.all_gather_object(gathered, mine)
-    per_stage: tuple[StageStats, ...] = tuple(gathered)
+    per_stage: tuple[StageStats, ...] = tuple(pipe.comm.all_gather_object(mine))
     iteration_s = max(s.total_s for s in per_stage)
     return PipelineStats(
         generation=pipe.generation,
@@ -227,11 +225,10 @@ def save_partition_picture(pipe: ElasticPipeline, path: str | Path) -> Path:
     return path
 
 
-def save_timeline(stage: Stage, path: str | Path, title: str) -> Path | None:
+def save_timeline(comm: Comm, stage: Stage, path: str | Path, title: str) -> Path | None:
     """Gather every stage's spans of the last step; rank 0 writes Chrome-trace JSON."""
-    spans: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(spans, stage.spans)
-    if dist.get_rank() != 0:
+    spans = comm.all_gather_object(stage.spans)
+    if comm.rank != 0:
         return None
     path = Path(path)
     path.write_text(json.dumps(chrome_trace([s for part in spans for s in part], title)))

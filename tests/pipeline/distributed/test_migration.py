@@ -43,14 +43,12 @@ def flat_batches(n: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
 
 def optimizer_state(pipe: ElasticPipeline) -> dict[str, list[dict[str, Any]]]:
     """{layer key: [state of each parameter]} gathered from every stage (test introspection)."""
-    stage = pipe._live_stage()
-    mine = {}
-    for layer in stage.layers:
-        state = stage.optimizer.state if stage.optimizer is not None else {}
-        mine[layer.key] = [
-            {k: v.clone() if torch.is_tensor(v) else v for k, v in state.get(p, {}).items()}
-            for p in layer.module.parameters()
-        ]
+    state = pipe.optimizer.state if pipe.optimizer is not None else {}
+    mine = {
+        key: [{k: v.clone() if torch.is_tensor(v) else v for k, v in state.get(p, {}).items()}
+              for p in module.parameters()]
+        for key, module in pipe.layers.items()
+    }  # fmt: skip
     parts: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(parts, mine)
     return {k: v for part in parts for k, v in part.items()}
@@ -58,7 +56,7 @@ def optimizer_state(pipe: ElasticPipeline) -> dict[str, list[dict[str, Any]]]:
 
 def owned_keys(pipe: ElasticPipeline) -> list[list[str]]:
     keys: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(keys, [layer.key for layer in pipe._live_stage().layers])
+    dist.all_gather_object(keys, list(pipe.layer_keys))
     return keys
 
 

@@ -124,20 +124,20 @@ def planned_candidates(ctx: StageContext) -> dict[str, Any]:
     entry = pipe.cost_cache.get(signature)
     assert entry is not None
     pipe.cost_cache.put(signature, 123.0, 246.0, entry["activation_bytes"])  # a marker
-    old_modules = [layer.module for layer in pipe._live_stage().layers]
+    old_modules = list(pipe.layers.values())
     pipe.reconfigure(mlp(), partition=[1, 2], loss_fn=F.cross_entropy)
     pipe.train_step(*flat(1)[0])
     pipe.reconfigure(transformer_stack(6, 16, 2), partition="auto", loss_fn=F.mse_loss)
     pipe.train_step(*seq(1)[0])
-    stage = pipe._live_stage()
-    assert stage.optimizer is not None
-    optimized = {id(p) for group in stage.optimizer.param_groups for p in group["params"]}
+    assert pipe.optimizer is not None
+    optimized = {id(p) for group in pipe.optimizer.param_groups for p in group["params"]}
+    live = list(pipe.layers.values())
     assert pipe.plan is not None
     out = {
         "predicted_stage_s": pipe.plan.predicted_stage_s, "cache_size": len(pipe.cost_cache),
-        "keys": [layer.key for layer in stage.layers],
-        "optimizes_only_live_layers": optimized == {id(p) for p in stage.parameters()},
-        "old_modules_alive": any(m is layer.module for m in old_modules for layer in stage.layers),
+        "keys": list(pipe.layer_keys),
+        "optimizes_only_live_layers": optimized == {id(p) for m in live for p in m.parameters()},
+        "old_modules_alive": any(m is n for m in old_modules for n in live),
     }  # fmt: skip
     pipe.close()
     return out

@@ -17,6 +17,7 @@ import pytest
 from pipeline.pure.costs import LayerCost, LinkCost
 from pipeline.pure.planner import InfeasibleBudgetError, Plan, TimePlanner, get_planner
 from pipeline.pure.planner.base import solve, stage_order
+from pipeline.pure.schedule import Action, gpipe
 
 INF = math.inf
 
@@ -365,3 +366,23 @@ def test_infeasible_budget_error_survives_pickling() -> None:
 
     err = pickle.loads(pickle.dumps(InfeasibleBudgetError(100, 250, " (3 stages)")))
     assert (err.budget, err.min_budget) == (100, 250) and "250" in str(err)
+
+
+def _gpipe_under_another_name(n_stages: int, n_microbatches: int, stage: int) -> list[Action]:
+    return gpipe(n_stages, n_microbatches, stage)
+
+
+def test_a_custom_schedule_is_planned_with_its_own_in_flight_counts() -> None:
+    """Pure: a custom function plans like the built-in schedule it equals, not like 1F1B."""
+    costs = [LayerCost(f"l{i}", 1e-3 * (1 + i % 3), 2e-3, 10_000 * (1 + i), 4_000, 2_000,
+                       2_000, 4_000) for i in range(8)]  # fmt: skip
+    planner = TimePlanner()
+    budget = 120_000
+    custom = planner.plan(costs, 2, schedule=_gpipe_under_another_name, n_microbatches=4,
+                          memory_budget=budget)  # fmt: skip
+    named = planner.plan(costs, 2, schedule="gpipe", n_microbatches=4, memory_budget=budget)
+    flush = planner.plan(costs, 2, schedule="1f1b", n_microbatches=4, memory_budget=budget)
+    assert custom.schedule == "_gpipe_under_another_name"
+    assert (custom.sizes, custom.actions) == (named.sizes, named.actions)
+    assert custom.predicted_stage_bytes == named.predicted_stage_bytes
+    assert custom.predicted_stage_bytes != flush.predicted_stage_bytes
