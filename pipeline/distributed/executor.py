@@ -112,7 +112,7 @@ class _Run:
             assert self.next is not None
             self.pending[(op, i)] = self.next.recv_gradients(i)
         elif op is Op.FORWARD:
-            carry = stage.input_carry(self._wait(Op.RECV_ACT, i, "F") or self._batch(i))
+            carry = stage.input_carry(self._wait(Op.RECV_ACT, i, "F") or self._batch(i), i)
             if self.inference:
                 self.outputs[i] = stage.infer(i, carry)
                 return

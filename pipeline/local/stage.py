@@ -223,9 +223,12 @@ class Stage:
         self.spans.append(Span(self.index, name, start, end, category))
         return end - start
 
-    def input_carry(self, carry: Carry) -> Carry:
-        """A carry that arrived from outside (batch or neighbour), on this stage's device."""
-        carry = tuple(t.to(self.device, non_blocking=True) for t in carry)
+    def input_carry(self, carry: Carry, i: int) -> Carry:
+        """Micro-batch i's carry from outside (batch or neighbour), on this stage's device."""
+        try:
+            carry = tuple(t.to(self.device, non_blocking=True) for t in carry)
+        except Exception as error:
+            raise ComputeError("forward", None, i, error) from error
         return leaf(carry) if self.index > 0 else carry
 
     @contextlib.contextmanager
