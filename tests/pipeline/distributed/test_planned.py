@@ -119,8 +119,12 @@ def test_recompute_and_migration_change_no_loss() -> None:
 
 # -- automatic rebalancing -------------------------------------------------------------------
 def uneven() -> list[pipeline.LayerSpec]:
-    """Eight layers, the first four with an 8x wider feed-forward block."""
-    return transformer_stack(8, 32, 4, d_ff=[1024] * 4 + [128] * 4, dropout=0.1)
+    """Eight layers, the first four with a 32x wider feed-forward block.
+
+    Wide enough that the heavy layers cost several times the light ones even with the
+    per-layer overheads of tiny shapes, so timing noise cannot hide which stage is heavy.
+    """
+    return transformer_stack(8, 32, 4, d_ff=[4096] * 4 + [128] * 4, dropout=0.1)
 
 
 def rebalancing(ctx: StageContext) -> dict[str, Any]:
