@@ -75,19 +75,6 @@ class StageError(PipelineError):
 class NonFiniteLossError(StageError):
     """The loss of a step is NaN or infinite; the step was not applied on any stage."""
 
-    def __init__(
-        self,
-        stage: int,
-        phase: str,
-        step: int,
-        cause: str,
-        traceback: str = "",
-        *,
-        layer: str | None = None,
-        microbatch: int | None = None,
-    ) -> None:
-        super().__init__(stage, phase, step, cause, traceback, layer=layer, microbatch=microbatch)
-
 
 class StageFailedError(PipelineError):
     """A stage process raised out of the launched function, or died; `detail` says how."""
