@@ -24,6 +24,7 @@ from pipeline.distributed.elastic import ElasticPipeline
 from pipeline.distributed.events import PipelineEvent
 from pipeline.distributed.launch import StageContext, launch
 from pipeline.distributed.migration import MigrationRecord
+from pipeline.distributed.options import PipelineOptions
 from pipeline.distributed.report import PipelineStats, StageStats
 from pipeline.errors import (
     MigrationError,
@@ -53,6 +54,7 @@ __all__ = [
     "Op",
     "PipelineError",
     "PipelineEvent",
+    "PipelineOptions",
     "PipelineStats",
     "Plan",
     "Planner",

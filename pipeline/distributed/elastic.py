@@ -39,6 +39,7 @@ from pipeline.distributed.migration import (
     inherited_states,
     migrate,
 )
+from pipeline.distributed.options import PipelineOptions
 from pipeline.distributed.triggers import ReplanTriggers
 from pipeline.errors import PipelineError
 from pipeline.local.carry import as_carry, unwrap
@@ -123,21 +124,12 @@ class ElasticPipeline:
     ) -> None:
         self.comm = Comm()
         self.rank, self.n_stages = self.comm.rank, self.comm.world_size
-        if not isinstance(n_microbatches, int) or n_microbatches < 1:
-            raise ValueError(f"n_microbatches must be a positive int, got {n_microbatches!r}")
+        self.options = PipelineOptions(
+            n_microbatches, memory_budget, profile, rebalance_every, rebalance_on_drift,
+            rebalance_horizon, rebalance_settle, measure_memory_every, on_nonfinite,
+        )  # fmt: skip
         if not callable(loss_fn):
             raise TypeError(f"loss_fn must be callable, got {type(loss_fn).__name__}")
-        if memory_budget is not None and memory_budget <= 0:
-            raise ValueError(f"memory_budget must be a positive byte count, got {memory_budget}")
-        if profile not in ("sandbox", "estimate"):
-            raise ValueError(f"profile must be 'sandbox' or 'estimate', got {profile!r}")
-        if on_nonfinite not in executor.NONFINITE_POLICIES:
-            raise ValueError(f"on_nonfinite must be one of {executor.NONFINITE_POLICIES}, "
-                             f"got {on_nonfinite!r}")  # fmt: skip
-        for name, value in [("rebalance_horizon", rebalance_horizon),
-                            ("measure_memory_every", measure_memory_every)]:  # fmt: skip
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive int, got {value!r}")
         self.on_nonfinite, self.rebalance_horizon = on_nonfinite, rebalance_horizon
         self.measure_memory_every = measure_memory_every
         self.schedule = get_schedule(schedule) if isinstance(schedule, str) else schedule
@@ -147,7 +139,7 @@ class ElasticPipeline:
         self.planner = get_planner(planner) if isinstance(planner, str) else planner
         self.memory_budget, self.profile = memory_budget, profile
         self.triggers = ReplanTriggers(rebalance_every, memory_budget, rebalance_on_drift,
-                                       settle=rebalance_settle)  # fmt: skip
+                                       rebalance_settle)  # fmt: skip
         self.cost_cache = cost_cache if cost_cache is not None else CostCache()
         self.device = torch.device(device) if device is not None else self.comm.data_device
         self._links = (PeerLink(self.comm, self.rank - 1) if self.rank > 0 else None,

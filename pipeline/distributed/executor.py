@@ -49,9 +49,7 @@ from pipeline.local.carry import Carry
 from pipeline.local.stage import ComputeError, InFlight, Stage, StepTimes
 from pipeline.pure.schedule import Action, Op
 
-__all__ = ["NONFINITE_POLICIES", "infer", "train_step"]
-
-NONFINITE_POLICIES = ("raise", "ignore")
+__all__ = ["infer", "train_step"]
 
 
 class _Run:
