@@ -20,11 +20,14 @@ neighbours (`pipeline.distributed.links`). The protocol of a training step, numb
     4. An exception in an optimizer step is agreed by a second all_reduce and raised on
        every rank (the other stages' steps stand: each stage's update is its own).
 
-    1F1B, 2 stages, stage 1 fails in the forward of micro-batch 1 (x):
+    1F1B, 2 stages, 3 micro-batches; stage 1 raises in the forward of micro-batch 1 (x):
 
-        stage 0:  F0 F1 ·  B0 F2 ·  B1?──────── B2?──── | all_reduce: failed -> raise
-        stage 1:     F0 B0 ·  F1x ·  drain act2 · ·     | all_reduce: failed -> raise
-                              └─ grad1, grad2 sent as failures; stage 0 drains them
+        stage 0:  F0 F1    B0 F2    B1~ B2~  | all_reduce [failed] -> raise StageError
+        stage 1:     F0 B0    F1x  ~F2 ~B2   | all_reduce [failed] -> raise StageError
+
+    After F1x stage 1 computes nothing: it drains micro-batch 2's activations (~F2) and
+    sends failures in place of the gradients of micro-batches 1 and 2, which stage 0's
+    B1 and B2 receive (B1~, B2~) and drain. Neither stage applies its optimizer step.
 
 After a failed step nothing is in flight: the caller drops the stage's gradients
 (`Stage.abort_step`) and the pipeline is ready for another step or a `reconfigure`.
@@ -92,12 +95,12 @@ class _Run:
                 except PeerFailed:
                     self.peer_failed = True
                 except ComputeError as error:
-                    self.failure = self._error(error.phase, error.error, error.layer,
+                    self.failure = self.stage_error(error.phase, error.error, error.layer,
                                                error.microbatch)  # fmt: skip
                 except (ValueError, TypeError, RuntimeError) as error:  # a send's checks
                     if action.op not in (Op.SEND_ACT, Op.SEND_GRAD):
                         raise
-                    self.failure = self._error("send", error, None, action.microbatch)
+                    self.failure = self.stage_error("send", error, None, action.microbatch)
             self._unblock(action)
 
     # -- healthy -----------------------------------------------------------------------------
@@ -161,7 +164,7 @@ class _Run:
             assert self.prev is not None
             self.prev.send_failure(GRAD, i)
 
-    def _error(
+    def stage_error(
         self, phase: str, error: BaseException, layer: str | None, microbatch: int | None
     ) -> StageError:
         text = "".join(traceback.format_exception(error))
@@ -219,7 +222,7 @@ def train_step(
     try:
         stage.optimizer_step()
     except ComputeError as exc:
-        error = run._error("optimizer", exc.error, None, None)
+        error = run.stage_error("optimizer", exc.error, None, None)
     comm.raise_together(error)
     return loss, stage.end_step()
 
