@@ -1,0 +1,92 @@
+"""What a user sees when a study ends: the best trials, plots, and where everything is.
+
+Printed with rich: a table of the best trials (values, architecture, parameters, state),
+the best architecture's summary, and the commands to open the study in `optuna-dashboard`
+and to upload the offline W&B runs (`wandb sync`). PNG plots go to the run folder:
+optimization history, and the Pareto front for multi-objective studies.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+import optuna
+from rich.console import Console
+from rich.table import Table
+
+from nas.settings import NasSettings
+from nas.study import StudyResult
+
+__all__ = ["plot_history", "plot_pareto", "report_study"]
+
+
+def report_study(
+    settings: NasSettings, result: StudyResult, console: Console | None = None
+) -> None:
+    """Print the best trials and where the results are; write the plots."""
+    console = console or Console()
+    study = optuna.load_study(study_name=result.study_name, storage=result.storage)
+    complete = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+    table = Table(title=f"study {study.study_name}: {result.finished} trials finished")
+    for column in ["trial", "state", *settings.study.objectives, "parameters", "architecture"]:
+        table.add_column(column)
+    best = {t.number for t in study.best_trials} if complete else set()
+    for t in sorted(study.get_trials(deepcopy=False), key=lambda t: t.number):
+        values = [f"{v:.4g}" for v in t.values] if t.values else ["-"] * len(study.directions)
+        state = t.state.name.lower() + (" *" if t.number in best else "")
+        cause = t.user_attrs.get("fail_reason", "")
+        table.add_row(str(t.number), state, *values, str(t.user_attrs.get("parameters", "")),
+                      (cause or t.user_attrs.get("architecture", ""))[:70])  # fmt: skip
+    console.print(table)
+    out = Path(settings.output_dir)
+    plots = [plot_history(study, out / "optimization_history.png")]
+    if len(study.directions) > 1 and complete:
+        plots.append(plot_pareto(study, settings.study.objectives, out / "pareto_front.png"))
+    console.print(f"plots: {', '.join(str(p) for p in plots)}")
+    console.print(f"dashboard: optuna-dashboard {result.storage}")
+    if result.run_dirs:
+        console.print(f"W&B (offline): wandb sync {' '.join(result.run_dirs)}")
+
+
+def plot_history(study: optuna.Study, path: Path) -> Path:
+    """Validation loss of every finished trial, and the best so far."""
+    trials = [t for t in study.get_trials(deepcopy=False) if t.values or
+              "validation_loss" in t.user_attrs]  # fmt: skip
+    xs = [t.number for t in trials]
+    ys = [t.values[0] if t.values else t.user_attrs["validation_loss"] for t in trials]
+    best, running = [], math.inf
+    for y in ys:
+        running = min(running, y)
+        best.append(running)
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ax.scatter(xs, ys, label="trial")
+    ax.step(xs, best, where="post", color="black", label="best so far")
+    ax.set(xlabel="trial", ylabel="validation loss", title="optimization history")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def plot_pareto(study: optuna.Study, objectives: list[str] | tuple[str, ...], path: Path) -> Path:
+    """The first two objectives of every complete trial; the Pareto front highlighted."""
+    complete = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+    front = {t.number for t in study.best_trials}
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for on_front, colour in ((False, "lightgray"), (True, "tab:red")):
+        points = [t.values[:2] for t in complete if (t.number in front) == on_front]
+        if points:
+            ax.scatter(*zip(*points, strict=True), color=colour,
+                       label="Pareto front" if on_front else "trial")  # fmt: skip
+    ax.set(xlabel=objectives[0], ylabel=objectives[1], title="Pareto front")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path

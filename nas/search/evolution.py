@@ -1,0 +1,301 @@
+"""Regularized evolution (Real et al. 2019), the Evolved Transformer's search, as an Optuna sampler.
+
+Optuna has no evolutionary sampler that works on define-by-run, conditional spaces such as
+`search_spaces.evolved_transformer.sample`: NSGA-II crosses over only the parameters every
+trial shares. Regularized evolution needs no shared space: a child is its parent with one
+choice changed, and whatever the child asks that its parent never did is drawn at random.
+
+The algorithm, on a study's history (so it survives restarts and works with several workers
+sharing one storage):
+
+* population: the last `population_size` COMPLETE trials by trial number; a new complete
+  trial pushes the oldest out (ageing, the "regularized" part);
+* until `population_size` trials have completed, trials come from `warmup_sampler`
+  (default: `RandomSampler(seed)`);
+* then each trial is a child: `sample_size` distinct members drawn at random form a
+  tournament, the best of them is the parent, and the child copies the parent's parameters
+  except exactly one, the mutated one, which gets a different value from its distribution.
+
+Trials enqueued with `study.enqueue_trial` (seed architectures) are left alone: Optuna
+answers their fixed parameters itself, before it would ask the sampler, and any parameter
+they do not fix comes from the warm-up sampler.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from optuna.distributions import (
+    BaseDistribution,
+    CategoricalDistribution,
+    FloatDistribution,
+    IntDistribution,
+)
+from optuna.samplers import BaseSampler, RandomSampler
+from optuna.study import Study, StudyDirection
+from optuna.trial import FrozenTrial, TrialState
+
+__all__ = [
+    "KEY_MUTATED",
+    "KEY_MUTATION_APPLIED",
+    "KEY_PARENT",
+    "KEY_ROLE",
+    "KEY_TOURNAMENT",
+    "RegularizedEvolutionSampler",
+]
+
+# Trial system attributes this sampler writes (visible in storage, dashboards, trackers).
+KEY_ROLE = "evolution:role"  # "seed" (enqueued), "warmup" or "child"
+KEY_PARENT = "evolution:parent"  # the parent's trial number (children only)
+KEY_MUTATED = "evolution:mutated"  # the name of the mutated parameter (None: nothing mutable)
+KEY_TOURNAMENT = "evolution:tournament"  # trial numbers of the tournament, in draw order
+KEY_MUTATION_APPLIED = "evolution:mutation_applied"  # whether the child asked the mutated name
+
+_MAX_REDRAWS = 100  # random draws tried for a different numeric value before a grid step
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """What a child copies: its parent's parameters, and the one name it mutates."""
+
+    parent: int
+    params: dict[str, Any]
+    mutated: str | None
+
+
+def _positive_int(name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    return value
+
+
+def _contains(distribution: BaseDistribution, value: Any) -> bool:
+    """Whether `value` (external representation) is a legal value of `distribution`."""
+    try:
+        internal = distribution.to_internal_repr(value)
+    except (ValueError, TypeError):
+        return False
+    return bool(distribution._contains(internal))
+
+
+def _fitness_key(trial: FrozenTrial, direction: StudyDirection) -> tuple[bool, float, float]:
+    """Sort key, smaller is better: feasible first (Optuna 5 `trial.set_constraint`), then
+    the total constraint violation, then the first objective in the study's direction."""
+    violation = sum(max(0.0, c) for c in trial.constraints.values())
+    assert trial.values is not None  # only COMPLETE trials are ranked
+    value = trial.values[0]
+    objective = value if direction == StudyDirection.MINIMIZE else -value
+    if math.isnan(objective):
+        objective = math.inf
+    return violation > 0, violation, objective
+
+
+class RegularizedEvolutionSampler(BaseSampler):
+    """Regularized evolution (aging evolution with tournament selection) for Optuna.
+
+    Lifecycle (`optuna.samplers.BaseSampler`), per trial:
+
+    1. `before_trial`: decides the trial's role. An enqueued trial (fixed parameters) is a
+       "seed"; while fewer than `population_size` trials have completed it is "warmup";
+       otherwise it is a "child": the tournament is drawn, the parent chosen, and the name to
+       mutate picked uniformly among the parent's parameters that have more than one legal
+       value. The decision is written to the trial's system attributes (`evolution:role`,
+       `evolution:parent`, `evolution:mutated`, `evolution:tournament`).
+    2. `infer_relative_search_space` / `sample_relative`: a child has no relative space
+       (everything goes through `sample_independent`); seeds and warm-up trials delegate to
+       the warm-up sampler, so a multivariate warm-up sampler keeps working.
+    3. `sample_independent`, once per parameter the objective asks: a child answers its
+       parent's value, a different value for the mutated name, and a random value for a
+       name its parent never asked (its branch changed); others delegate to the warm-up
+       sampler.
+    4. `after_trial`: records `evolution:mutation_applied` (False when the objective never
+       asked the mutated name) and forgets the plan.
+
+    Why the mutated name is always one the child will ask: in a define-by-run space the names
+    asked depend only on the answers so far. The child gives its parent's answers up to the
+    mutated name, so it retraces its parent's path and reaches that name; only what comes
+    after the mutation may differ. (An objective that is not a deterministic function of its
+    answers can skip it; that is recorded, not an error.)
+
+    Fitness is the first objective in multi-objective studies (the others are ignored), in
+    the study's direction; feasible trials (all `set_constraint` values <= 0) beat
+    infeasible ones, which rank by total violation. Failed, pruned and running trials are
+    never in the population. The sampler pickles; `reseed_rng` reseeds it and the warm-up
+    sampler, as Optuna does for `n_jobs > 1`.
+    """
+
+    def __init__(
+        self,
+        population_size: int = 20,
+        sample_size: int = 5,
+        seed: int | None = None,
+        warmup_sampler: BaseSampler | None = None,
+    ) -> None:
+        self.population_size = _positive_int("population_size", population_size)
+        self.sample_size = _positive_int("sample_size", sample_size)
+        if self.sample_size > self.population_size:
+            raise ValueError(
+                f"sample_size ({sample_size!r}) must not exceed population_size "
+                f"({population_size!r})"
+            )
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+            raise ValueError(f"seed must be an integer or None, got {seed!r}")
+        if warmup_sampler is not None and not isinstance(warmup_sampler, BaseSampler):
+            raise TypeError(
+                f"warmup_sampler must be an optuna sampler, got {type(warmup_sampler).__name__}"
+            )
+        self._rng = np.random.RandomState(seed)
+        self._random = RandomSampler(seed=seed)  # parameters a child's parent never had
+        self._warmup = warmup_sampler if warmup_sampler is not None else self._random
+        self._plans: dict[int, _Plan | None] = {}  # trial id -> plan (None: not a child)
+
+    def __str__(self) -> str:
+        return (
+            f"RegularizedEvolutionSampler(population_size={self.population_size}, "
+            f"sample_size={self.sample_size})"
+        )
+
+    # --- public helpers -----------------------------------------------------------------
+
+    def population(self, study: Study) -> list[FrozenTrial]:
+        """The current population: the last `population_size` COMPLETE trials by number."""
+        complete = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+        complete.sort(key=lambda t: t.number)
+        return complete[-self.population_size :]
+
+    def select_parent(self, study: Study, candidates: Sequence[FrozenTrial]) -> FrozenTrial:
+        """The best of `candidates` (a tournament), by the study's first objective."""
+        if not candidates:
+            raise ValueError("a tournament needs at least one candidate")
+        direction = study.directions[0]
+        return min(candidates, key=lambda t: _fitness_key(t, direction))
+
+    # --- BaseSampler lifecycle ----------------------------------------------------------
+
+    def reseed_rng(self) -> None:
+        self._rng.seed()
+        self._random.reseed_rng()
+        if self._warmup is not self._random:
+            self._warmup.reseed_rng()
+
+    def before_trial(self, study: Study, trial: FrozenTrial) -> None:
+        self._warmup.before_trial(study, trial)
+        self._plans[trial._trial_id] = None
+        if "fixed_params" in trial.system_attrs:  # enqueued: Optuna answers the fixed ones
+            self._set(study, trial, KEY_ROLE, "seed")
+            return
+        population = self.population(study)
+        if len(population) < self.population_size:
+            self._set(study, trial, KEY_ROLE, "warmup")
+            return
+        drawn = self._rng.choice(len(population), size=self.sample_size, replace=False)
+        tournament = [population[int(i)] for i in drawn]
+        parent = self.select_parent(study, tournament)
+        mutable = sorted(n for n, d in parent.distributions.items() if not d.single())
+        mutated = mutable[self._rng.randint(len(mutable))] if mutable else None
+        self._plans[trial._trial_id] = _Plan(parent.number, dict(parent.params), mutated)
+        self._set(study, trial, KEY_ROLE, "child")
+        self._set(study, trial, KEY_PARENT, parent.number)
+        self._set(study, trial, KEY_MUTATED, mutated)
+        self._set(study, trial, KEY_TOURNAMENT, [t.number for t in tournament])
+
+    def infer_relative_search_space(
+        self, study: Study, trial: FrozenTrial
+    ) -> dict[str, BaseDistribution]:
+        if self._plan(study, trial) is not None:
+            return {}
+        return self._warmup.infer_relative_search_space(study, trial)
+
+    def sample_relative(
+        self, study: Study, trial: FrozenTrial, search_space: dict[str, BaseDistribution]
+    ) -> dict[str, Any]:
+        if self._plan(study, trial) is not None or not search_space:
+            return {}
+        return self._warmup.sample_relative(study, trial, search_space)
+
+    def sample_independent(
+        self,
+        study: Study,
+        trial: FrozenTrial,
+        param_name: str,
+        param_distribution: BaseDistribution,
+    ) -> Any:
+        plan = self._plan(study, trial)
+        if plan is None:
+            return self._warmup.sample_independent(study, trial, param_name, param_distribution)
+        known = param_name in plan.params and _contains(param_distribution, plan.params[param_name])
+        if not known:  # a branch the parent never took (or a changed distribution)
+            return self._random.sample_independent(study, trial, param_name, param_distribution)
+        if param_name == plan.mutated:
+            return self._mutate(study, trial, param_name, param_distribution, plan.params)
+        return plan.params[param_name]
+
+    def after_trial(
+        self,
+        study: Study,
+        trial: FrozenTrial,
+        state: TrialState,
+        values: Sequence[float] | None,
+    ) -> None:
+        plan = self._plan(study, trial)
+        self._plans.pop(trial._trial_id, None)
+        if plan is not None and plan.mutated is not None:
+            self._set(study, trial, KEY_MUTATION_APPLIED, plan.mutated in trial.params)
+        self._warmup.after_trial(study, trial, state, values)
+
+    # --- internals ----------------------------------------------------------------------
+
+    @staticmethod
+    def _set(study: Study, trial: FrozenTrial, key: str, value: Any) -> None:
+        # Optuna's own samplers write their per-trial state the same way.
+        study._storage.set_trial_system_attr(trial._trial_id, key, value)
+
+    def _plan(self, study: Study, trial: FrozenTrial) -> _Plan | None:
+        """This trial's plan: from memory, or rebuilt from storage (e.g. after unpickling)."""
+        if trial._trial_id in self._plans:
+            return self._plans[trial._trial_id]
+        attrs = study._storage.get_trial_system_attrs(trial._trial_id)
+        plan = None
+        if attrs.get(KEY_ROLE) == "child":
+            parent_id = study._storage.get_trial_id_from_study_id_trial_number(
+                study._study_id, attrs[KEY_PARENT]
+            )
+            parent = study._storage.get_trial(parent_id)
+            plan = _Plan(parent.number, dict(parent.params), attrs.get(KEY_MUTATED))
+        self._plans[trial._trial_id] = plan
+        return plan
+
+    def _mutate(
+        self,
+        study: Study,
+        trial: FrozenTrial,
+        name: str,
+        distribution: BaseDistribution,
+        params: dict[str, Any],
+    ) -> Any:
+        """A legal value of `distribution` other than the parent's `params[name]`."""
+        old = params[name]
+        if isinstance(distribution, CategoricalDistribution):
+            index = distribution.to_internal_repr(old)
+            other = self._rng.randint(len(distribution.choices) - 1)
+            return distribution.choices[other + (other >= index)]
+        for _ in range(_MAX_REDRAWS):  # honours log scales and steps
+            value = self._random.sample_independent(study, trial, name, distribution)
+            if value != old:
+                return value
+        if isinstance(distribution, IntDistribution | FloatDistribution) and distribution.step:
+            # A grid where the old value kept coming back (e.g. a wide log-int range at its
+            # dense end): a uniform other grid point.
+            step, low = distribution.step, distribution.low
+            n = round((distribution.high - low) / step) + 1
+            index = round((old - low) / step)
+            other = self._rng.randint(n - 1)
+            value = low + (other + (other >= index)) * step
+            return int(value) if isinstance(distribution, IntDistribution) else float(value)
+        raise RuntimeError(  # a continuous range cannot return one point 100 times
+            f"could not draw a value of {name!r} other than {old!r} from {distribution}"
+        )

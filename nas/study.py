@@ -1,0 +1,211 @@
+"""One NAS study on long-lived stage processes: Optuna asks on rank 0, every stage trains.
+
+`run_study(settings)` starts the stage processes once (`pipeline.launch`) and keeps them for
+the whole study; each candidate is a `reconfigure` of the same `ElasticPipeline`, never a
+restart. Per trial, numbered:
+
+    1. rank 0 asks Optuna for a trial and samples an architecture define-by-run from it
+       (an invalid one is told FAIL with its cause, and the next is asked);
+    2. the architecture (JSON) is broadcast; every rank compiles it to layers and
+       reconfigures (planned from the cost cache; weights inherited when asked);
+    3. every rank trains `train.steps` steps; every `train.eval_every` steps the validation
+       loss is measured on every rank, rank 0 reports it and decides whether to prune, and
+       broadcasts the decision;
+    4. a failure (a layer error, a NaN loss, a memory plan that cannot fit) is raised on
+       every rank by the runtime: rank 0 tells FAIL and records the cause in the trial's
+       user attributes; the study goes on with the same processes;
+    5. rank 0 tells the objective values (validation loss, and tokens/s or peak memory for
+       multi-objective studies) and the tracker logs the trial.
+
+If a stage process dies, `launch` raises; the trial left RUNNING is failed with the cause
+and the processes are started again, up to `study.max_restarts` times. Re-running with the
+same study name resumes toward `study.n_trials` finished trials.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+import time
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+import pipeline
+from nas import trials
+from nas.settings import NasSettings
+from nas.tasks import Task, TokenStats, get_task
+from nas.tracking import pipeline_metrics
+from pipeline import ElasticPipeline, InfeasibleBudgetError, PipelineError, StageContext
+from pipeline.distributed.comm import Comm
+from search_spaces.architecture import InvalidArchitecture, from_json, summary, to_json
+from search_spaces.compile import compile as compile_arch
+from search_spaces.compile import parameter_count
+
+__all__ = ["StudyResult", "run_study"]
+
+_TRIAL_ERRORS = (PipelineError, InfeasibleBudgetError, InvalidArchitecture, ValueError,
+                 RuntimeError)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class StudyResult:
+    """What a finished `run_study` hands back: where the study lives and its trials."""
+
+    study_name: str
+    storage: str
+    finished: int
+    restarts: int
+    run_dirs: tuple[str, ...]  # tracker run folders (W&B offline runs to sync)
+
+
+def run_study(settings: NasSettings) -> StudyResult:
+    """Run (or resume) the study described by `settings`; returns when it has enough trials."""
+    Path(settings.studies_dir).mkdir(parents=True, exist_ok=True)
+    Path(settings.output_dir).mkdir(parents=True, exist_ok=True)
+    study = trials.open_study(settings)
+    restarts = 0
+    run_dirs: list[str] = []
+    while trials.remaining(study, settings.study.n_trials) > 0:
+        try:
+            results = pipeline.launch(
+                functools.partial(_stage_main, settings=settings), settings.pipeline.n_stages,
+                threads_per_stage=settings.pipeline.threads_per_stage,
+                timeout_s=settings.pipeline.timeout_s,
+            )  # fmt: skip
+            run_dirs.extend(results[0])
+        except pipeline.StageFailedError as error:
+            trials.fail_running(study, f"stage {error.stage} died: {error.detail[-2000:]}")
+            restarts += 1
+            if restarts > settings.study.max_restarts:
+                raise
+    return StudyResult(settings.study.name, settings.storage_url,
+                       trials.finished(study), restarts, tuple(run_dirs))  # fmt: skip
+
+
+# -- inside every stage process -------------------------------------------------------------
+def _stage_main(ctx: StageContext, settings: NasSettings) -> list[str]:
+    comm = Comm()
+    task = get_task(settings.task.name, **settings.task.options)
+    leader = trials.Leader(settings, task) if ctx.rank == 0 else None
+    pipe: ElasticPipeline | None = None
+    try:
+        while True:
+            order = comm.broadcast_object(leader.next_trial() if leader else None, src=0)
+            if order is None:
+                break
+            number, arch_json = order
+            pipe, outcome = _run_trial(comm, settings, task, pipe, number, arch_json, leader)
+            if leader is not None:
+                leader.finish(number, outcome)
+    finally:
+        if pipe is not None:
+            pipe.close()
+        dirs = leader.close() if leader else []
+    return dirs
+
+
+def _run_trial(
+    comm: Comm,
+    settings: NasSettings,
+    task: Task,
+    pipe: ElasticPipeline | None,
+    number: int,
+    arch_json: str,
+    leader: trials.Leader | None,
+) -> tuple[ElasticPipeline | None, trials.Outcome]:
+    """Build and train one candidate on every rank; rank 0's `leader` reports and decides."""
+    arch = from_json(arch_json)
+    max_len = _max_len(task)
+    specs = compile_arch(arch, len(task.vocab), max_len=max_len, dropout=settings.train.dropout)
+    attrs: dict[str, Any] = {"architecture": summary(arch),
+                             "parameters": parameter_count(arch, len(task.vocab), max_len=max_len)}
+    started = time.perf_counter()
+    try:
+        pipe = _reconfigure(settings, task, pipe, specs)
+        values, steps, pruned = _train(comm, settings, task, pipe, leader)
+    except _TRIAL_ERRORS as error:  # raised on every rank by the runtime
+        cause = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+        detail = "".join(traceback.format_exception_only(error))[-4000:]
+        return pipe, trials.Outcome("fail", attrs | {"fail_reason": cause, "detail": detail})
+    stats = pipe.stats()
+    attrs |= {"steps": steps, "seconds": time.perf_counter() - started,
+              "partition": list(pipe.sizes), "migrations": len(stats.migrations),
+              "tokens_per_s": stats.tokens_per_s or 0.0,
+              "peak_memory_bytes": max(s.measured_peak_bytes for s in stats.stages)}
+    if pruned:
+        return pipe, trials.Outcome("pruned", attrs | {"validation_loss": values[-1]})
+    objectives = {"validation_loss": values[-1], **{k: attrs[k] for k in
+                                                    ("tokens_per_s", "peak_memory_bytes")}}
+    return pipe, trials.Outcome("complete", attrs | {"validation_loss": values[-1]},
+                                [objectives[o] for o in settings.study.objectives])
+
+
+def _reconfigure(
+    settings: NasSettings, task: Task, pipe: ElasticPipeline | None, specs: list[Any]
+) -> ElasticPipeline:
+    if pipe is None:
+        p = settings.pipeline
+        optimizer = functools.partial(torch.optim.AdamW, lr=settings.train.lr, weight_decay=0.01)
+        return ElasticPipeline(
+            specs, optimizer=optimizer, loss_fn=task.loss_fn, schedule=p.schedule,
+            n_microbatches=p.n_microbatches, seed=settings.seed, memory_budget=p.memory_budget,
+            planner=p.planner, rebalance_every=p.rebalance_every,
+        )  # fmt: skip
+    pipe.reconfigure(specs, inherit_weights=settings.study.inherit_weights)
+    return pipe
+
+
+def _train(
+    comm: Comm,
+    settings: NasSettings,
+    task: Task,
+    pipe: ElasticPipeline,
+    leader: trials.Leader | None,
+) -> tuple[list[float], int, bool]:
+    """(validation losses at each evaluation, steps trained, pruned?)."""
+    train = settings.train
+    values: list[float] = []
+    step, epoch = 0, 0
+    while step < train.steps:
+        for x, y in task.batches("train", train.batch_size, seed=settings.seed, epoch=epoch):
+            loss = pipe.train_step(x, y)
+            step += 1
+            last = step == train.steps
+            metrics: dict[str, Any] = {"loss": loss}
+            if step % train.eval_every == 0 or last:  # every rank: these are collectives
+                values.append(_validation_loss(pipe, task, train.batch_size, train.eval_batches))
+                metrics |= pipeline_metrics(pipe.stats().to_dict())
+                metrics["validation_loss"] = values[-1]
+            prune = leader.step(step, metrics, pipe) if leader else False
+            if "validation_loss" in metrics and comm.broadcast_object(prune, src=0):
+                return values, step, True
+            if last:
+                return values, step, False
+        epoch += 1
+    return values, step, False
+
+
+def _validation_loss(pipe: ElasticPipeline, task: Task, batch_size: int, batches: int) -> float:
+    stats = TokenStats()
+    for i, (x, y) in enumerate(task.batches("validation", batch_size)):
+        if i == batches:
+            break
+        stats.update(pipe.forward(x), y)
+    loss = stats.loss
+    return loss if math.isfinite(loss) else float("inf")
+
+
+def _max_len(task: Task) -> int:
+    """Positions the embeddings need: the task's longest sequence (+ BOS/EOS)."""
+    if hasattr(task, "max_chars"):
+        return int(task.max_chars) + 2
+    return int(getattr(task, "seq_len", 64))
+
+
+def architecture_json(arch: Any) -> str:
+    return json.dumps(json.loads(to_json(arch)))

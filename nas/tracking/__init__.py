@@ -1,0 +1,69 @@
+"""Experiment tracking for the NAS harness: where a study's progress is written.
+
+The study loop talks to one `Tracker` (lifecycle in `nas.tracking.base.Tracker`):
+`start_study`, then per trial `start_trial`, `log_step`..., `log_event`..., `end_trial`,
+then `end_study` and `close`. Trackers:
+
+* "wandb": `nas.tracking.wandb.WandbTracker`, a W&B run per trial grouped by study plus a
+  study run with the trials table and the Pareto front; offline by default (`wandb sync`
+  later); the only place wandb is imported, lazily.
+* "jsonl": `nas.tracking.jsonl.JsonlTracker`, one JSON-lines file per study (a local
+  mirror readable with no service).
+* "none": `NoneTracker`, nothing.
+
+`make_tracker(name, **options)` builds one by name (the `tracker=` config choice);
+`CompositeTracker` fans out to several (W&B and its JSONL mirror). This package imports
+without wandb installed: only building a "wandb" tracker needs it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from nas.tracking.base import (
+    TRIAL_STATES,
+    CompositeTracker,
+    Metrics,
+    NoneTracker,
+    Tracker,
+    clean_metrics,
+    json_safe,
+    pipeline_metrics,
+)
+from nas.tracking.jsonl import JsonlTracker, read_jsonl
+
+__all__ = [
+    "TRACKERS",
+    "TRIAL_STATES",
+    "CompositeTracker",
+    "JsonlTracker",
+    "Metrics",
+    "NoneTracker",
+    "Tracker",
+    "clean_metrics",
+    "json_safe",
+    "make_tracker",
+    "pipeline_metrics",
+    "read_jsonl",
+]
+
+TRACKERS = ("wandb", "jsonl", "none")
+
+
+def make_tracker(name: str, **options: Any) -> Tracker:
+    """The tracker called `name` ("wandb", "jsonl" or "none"), built with `options`.
+
+    "wandb" takes `WandbTracker`'s arguments (project, mode, directory, entity, tags, ...),
+    "jsonl" takes `JsonlTracker`'s (directory, fsync), "none" takes none.
+    """
+    if name == "none":
+        if options:
+            raise TypeError(f"the 'none' tracker takes no options, got {sorted(options)}")
+        return NoneTracker()
+    if name == "jsonl":
+        return JsonlTracker(**options)
+    if name == "wandb":
+        from nas.tracking.wandb import WandbTracker
+
+        return WandbTracker(**options)
+    raise ValueError(f"unknown tracker {name!r}; valid trackers: {', '.join(TRACKERS)}")

@@ -1,0 +1,178 @@
+"""A local mirror of everything tracked, as JSON lines: readable with no service and no login.
+
+W&B runs offline by default and its files are a binary log; this mirror is the plain-text
+record of a study that `grep`, `jq` and pandas read directly, and the one the tests compare
+W&B against. One file per study, `<directory>/<study name>.jsonl` (every trial of the study
+in order, so one file answers "what happened in this study"; a resumed study appends to the
+same file). Each line is one record, written with a single `write` call on a file opened
+for appending, so a crash loses at most the record being written and several processes can
+append to one study's file.
+
+Records (keys in this order; "time" is the Unix time of writing)::
+
+    {"kind": "study_start", "study", "time", "config"}
+    {"kind": "trial_start", "study", "trial", "time", "params", "config"}
+    {"kind": "step",        "study", "trial", "step", "time", "metrics"}
+    {"kind": "event",       "study", "trial", "step", "time", "event"}
+    {"kind": "trial_end",   "study", "trial", "time", "state", "error", "summary"}
+    {"kind": "study_end",   "study", "time", "trials", "pareto_front", "summary"}
+
+Values are strict JSON (`json_safe`): tuples become lists, NaN and infinities null. Step
+metrics leave out None values (not measured), so a null among a step's metrics is a
+non-finite number.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from nas.tracking.base import (
+    Metrics,
+    Tracker,
+    check_state,
+    check_step,
+    clean_metrics,
+    json_safe,
+)
+
+__all__ = ["RECORD_KINDS", "JsonlTracker", "read_jsonl", "study_file_name"]
+
+RECORD_KINDS = ("study_start", "trial_start", "step", "event", "trial_end", "study_end")
+
+
+def study_file_name(study_name: str) -> str:
+    """The file a study's records go to: its name with anything but letters, digits, '.',
+    '_' and '-' replaced by '_', plus '.jsonl'."""
+    if not isinstance(study_name, str) or not study_name.strip():
+        raise ValueError(f"a study name must be a non-empty string, got {study_name!r}")
+    return re.sub(r"[^A-Za-z0-9._-]", "_", study_name.strip()) + ".jsonl"
+
+
+def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
+    """Every record of a JSON-lines file, in order; an incomplete last line (a crash while
+    writing it) is left out."""
+    text = Path(path).read_text(encoding="utf-8")
+    lines = text.split("\n")
+    records: list[dict[str, Any]] = []
+    for number, line in enumerate(lines):
+        if not line.strip():
+            continue
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            if number == len(lines) - 1:  # the unterminated tail
+                break
+            raise
+    return records
+
+
+class JsonlTracker(Tracker):
+    """Writes every tracked call as one JSON line to `<directory>/<study>.jsonl` (module doc).
+
+    `fsync=True` also forces each line to disk (survives a machine crash, not only a
+    process crash; slower).
+    """
+
+    def __init__(self, directory: str | Path, *, fsync: bool = False) -> None:
+        self.directory = Path(directory)
+        self.fsync = fsync
+        self.path: Path | None = None  # the study's file, once the study started
+        self._fd: int | None = None
+        self._study: str | None = None
+        self._trial: int | None = None
+        self._closed = False
+
+    # -- writing ------------------------------------------------------------------------------
+    def _write(self, kind: str, **fields: Any) -> None:
+        if self._fd is None or self._study is None:
+            raise RuntimeError(f"JsonlTracker: {kind!r} before start_study")
+        record = {"kind": kind, "study": self._study, **fields}
+        line = json.dumps(json_safe(record), allow_nan=False, ensure_ascii=False) + "\n"
+        data = line.encode("utf-8")
+        while data:  # one write for a whole line in practice; loop on a short write
+            written = os.write(self._fd, data)
+            data = data[written:]
+        if self.fsync:
+            os.fsync(self._fd)
+
+    def _require_trial(self, what: str) -> int:
+        if self._trial is None:
+            raise RuntimeError(f"JsonlTracker: {what} outside a trial (call start_trial first)")
+        return self._trial
+
+    # -- the lifecycle --------------------------------------------------------------------------
+    def start_study(self, study_name: str, config: Mapping[str, Any]) -> None:
+        if self._closed:
+            raise RuntimeError("JsonlTracker: start_study after close")
+        if self._study is not None:
+            raise RuntimeError(f"JsonlTracker: study {self._study!r} is still running")
+        name = study_file_name(study_name)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.path = self.directory / name
+        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        self._study = study_name
+        self._write("study_start", time=time.time(), config=config)
+
+    def start_trial(
+        self, trial_number: int, params: Mapping[str, Any], config: Mapping[str, Any]
+    ) -> None:
+        if self._trial is not None:
+            raise RuntimeError(f"JsonlTracker: trial {self._trial} has not ended")
+        if isinstance(trial_number, bool) or not isinstance(trial_number, int):
+            raise TypeError(f"trial_number must be an int, got {trial_number!r}")
+        self._write("trial_start", trial=trial_number, time=time.time(), params=params,
+                    config=config)  # fmt: skip
+        self._trial = trial_number
+
+    def log_step(self, step: int, metrics: Metrics) -> None:
+        trial = self._require_trial("log_step")
+        check_step(step)
+        self._write("step", trial=trial, step=step, time=time.time(),
+                    metrics=clean_metrics(metrics))  # fmt: skip
+
+    def log_event(self, step: int, event: Mapping[str, Any]) -> None:
+        trial = self._require_trial("log_event")
+        check_step(step)
+        self._write("event", trial=trial, step=step, time=time.time(), event=event)
+
+    def end_trial(self, state: str, summary: Mapping[str, Any], error: str | None = None) -> None:
+        trial = self._require_trial("end_trial")
+        state = check_state(state)
+        self._write("trial_end", trial=trial, time=time.time(), state=state, error=error,
+                    summary=summary)  # fmt: skip
+        self._trial = None
+
+    def end_study(
+        self,
+        trials_table: Sequence[Mapping[str, Any]],
+        pareto_front: Sequence[Mapping[str, Any]],
+        summary: Mapping[str, Any],
+    ) -> None:
+        if self._trial is not None:
+            raise RuntimeError(f"JsonlTracker: end_study while trial {self._trial} is open")
+        self._write("study_end", time=time.time(), trials=list(trials_table),
+                    pareto_front=list(pareto_front), summary=summary)  # fmt: skip
+        self._release()
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        try:
+            if self._trial is not None and self._fd is not None:
+                self.end_trial("failed", {}, "the tracker was closed before the trial ended")
+        finally:
+            self._release()
+            self._closed = True
+
+    def _release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+        self._fd = None
+        self._study = None
+        self._trial = None

@@ -1,0 +1,184 @@
+"""Rank 0's side of a study: the Optuna study, its trials, the tracker and the progress bars.
+
+`nas.study` runs the same loop on every stage process; only rank 0 holds a `Leader`, which
+asks Optuna for trials, samples their architectures, reports intermediate values, decides
+pruning, tells results (with the cause of a failure in the trial's user attributes) and
+feeds the tracker. The helpers around it (`open_study`, `remaining`, `fail_running`) also
+run in the caller, between launches, on the same storage.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import optuna
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+from nas.search import make_pruner, make_sampler
+from nas.settings import NasSettings
+from nas.tasks import Task
+from nas.tracking import Tracker, make_tracker
+from pipeline import ElasticPipeline
+from search_spaces.architecture import InvalidArchitecture, summary, to_json
+from search_spaces.evolved_transformer import (
+    ParamWindow,
+    evolved_transformer,
+    sample,
+    seed_params,
+    transformer,
+)
+
+__all__ = ["Leader", "Outcome", "fail_running", "finished", "open_study", "remaining"]
+
+_DONE = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED,
+         optuna.trial.TrialState.FAIL)  # fmt: skip
+INTERRUPTED = "interrupted"  # user attr of a trial failed because its processes died
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How a trial ended: "complete" (with values), "pruned" or "fail"; what to record."""
+
+    state: str
+    attrs: dict[str, Any] = field(default_factory=dict)
+    values: list[float] | None = None
+
+
+def open_study(settings: NasSettings) -> optuna.Study:
+    """Create or load the study; a new one gets the seed architectures enqueued first."""
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(
+        study_name=settings.study.name, storage=settings.storage_url, load_if_exists=True,
+        directions=settings.study.directions,  # type: ignore[arg-type]
+        sampler=make_sampler(settings.sampler.name, seed=settings.seed, **settings.sampler.options),
+        pruner=make_pruner(settings.pruner.name, **settings.pruner.options),
+    )  # fmt: skip
+    if settings.study.enqueue_seeds and not study.trials:
+        for params in _seed_params(settings):
+            study.enqueue_trial(params, skip_if_exists=True)
+    return study
+
+
+def _seed_params(settings: NasSettings) -> list[dict[str, Any]]:
+    space = settings.search_space
+    d, heads, cells = space.d_model[0], space.n_heads, space.min_cells
+    n_enc = 0 if space.decoder_only else cells
+    # the smallest seeds the space holds: `transformer` counts layers (2 per cell)
+    seeds = [transformer(d, n_heads=heads, n_enc=2 * n_enc, n_dec=2 * cells),
+             evolved_transformer(d, n_heads=heads, n_enc=n_enc, n_dec=cells)]
+    return [seed_params(arch) for arch in seeds]
+
+
+def counted(trial: optuna.trial.FrozenTrial) -> bool:
+    return trial.state in _DONE and not trial.user_attrs.get(INTERRUPTED, False)
+
+
+def finished(study: optuna.Study) -> int:
+    return sum(counted(t) for t in study.get_trials(deepcopy=False))
+
+
+def remaining(study: optuna.Study, n_trials: int) -> int:
+    return max(0, n_trials - finished(study))
+
+
+def fail_running(study: optuna.Study, cause: str) -> None:
+    """Fail every trial left RUNNING (its processes died) and enqueue it again."""
+    for trial in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
+        study._storage.set_trial_user_attr(trial._trial_id, "fail_reason", cause)
+        study._storage.set_trial_user_attr(trial._trial_id, INTERRUPTED, True)
+        study._storage.set_trial_state_values(trial._trial_id, optuna.trial.TrialState.FAIL)
+        study.enqueue_trial(trial.params, skip_if_exists=False)
+
+
+class Leader:
+    """Rank 0: asks, reports, prunes, tells and tracks (module docstring)."""
+
+    def __init__(self, settings: NasSettings, task: Task) -> None:
+        self.settings, self.task = settings, task
+        self.study = open_study(settings)
+        fail_running(self.study, "left running by an earlier run that stopped")
+        self.multi = len(settings.study.objectives) > 1
+        self.tracker: Tracker = make_tracker(settings.tracker.name, **_tracker_options(settings))
+        self.tracker.start_study(settings.study.name, _plain(settings))
+        self.trial: optuna.Trial | None = None
+        self.progress = Progress(TextColumn("{task.description}"), BarColumn(),
+                                 TextColumn("{task.completed}/{task.total}"), TimeElapsedColumn())
+        self.progress.start()
+        n = settings.study.n_trials
+        self.bar_study = self.progress.add_task(f"study {settings.study.name}", total=n,
+                                                completed=finished(self.study))  # fmt: skip
+        self.bar_trial = self.progress.add_task("trial", total=settings.train.steps)
+
+    def next_trial(self) -> tuple[int, str] | None:
+        """Ask until a valid architecture comes out; None when the study has enough trials."""
+        while remaining(self.study, self.settings.study.n_trials) > 0:
+            trial = self.study.ask()
+            space = self.settings.search_space
+            try:
+                arch = sample(trial, d_model=space.d_model, decoder_only=bool(space.decoder_only),
+                              cells=(space.min_cells, space.max_cells),
+                              window=ParamWindow(*space.param_window) if space.param_window
+                              else None)  # fmt: skip
+            except InvalidArchitecture as error:
+                trial.set_user_attr("fail_reason", f"InvalidArchitecture: {error}")
+                self.study.tell(trial, state=optuna.trial.TrialState.FAIL)
+                self.progress.advance(self.bar_study)
+                continue
+            self.trial = trial
+            self.progress.reset(self.bar_trial, total=self.settings.train.steps,
+                                description=f"trial {trial.number}: {summary(arch)[:60]}")
+            self.tracker.start_trial(trial.number, dict(trial.params),
+                                     {"architecture": to_json(arch), "summary": summary(arch)})
+            return trial.number, to_json(arch)
+        return None
+
+    def step(self, step: int, metrics: dict[str, Any], pipe: ElasticPipeline) -> bool:
+        """Log one step; at an evaluation, report and say whether to prune (single objective)."""
+        self.progress.update(self.bar_trial, completed=step)
+        self.tracker.log_step(step, metrics)
+        value = metrics.get("validation_loss")
+        if value is None or self.multi or self.trial is None:
+            return False
+        self.trial.report(value, step)
+        return bool(self.trial.should_prune())
+
+    def finish(self, number: int, outcome: Outcome) -> None:
+        trial = self.trial
+        assert trial is not None and trial.number == number
+        for key, value in outcome.attrs.items():
+            trial.set_user_attr(key, value)
+        state = {"complete": optuna.trial.TrialState.COMPLETE,
+                 "pruned": optuna.trial.TrialState.PRUNED,
+                 "fail": optuna.trial.TrialState.FAIL}[outcome.state]  # fmt: skip
+        self.study.tell(trial, outcome.values if outcome.state == "complete" else None,
+                        state=state)  # fmt: skip
+        state_name = "failed" if outcome.state == "fail" else outcome.state
+        self.tracker.end_trial(state_name, outcome.attrs, outcome.attrs.get("fail_reason"))
+        self.progress.advance(self.bar_study)
+        self.trial = None
+
+    def close(self) -> list[str]:
+        self.progress.stop()
+        table = [{"number": t.number, "state": t.state.name, "values": t.values,
+                  **t.user_attrs} for t in self.study.get_trials(deepcopy=False)]  # fmt: skip
+        front = [row for row in table if row["number"] in
+                 {t.number for t in self.study.best_trials}] if finished(self.study) else []
+        self.tracker.end_study(table, front, {"finished": finished(self.study)})
+        dirs = list(getattr(self.tracker, "run_dirs", []))
+        self.tracker.close()
+        return dirs
+
+
+def _tracker_options(settings: NasSettings) -> dict[str, Any]:
+    options = dict(settings.tracker.options)
+    if settings.tracker.name in ("jsonl", "wandb"):
+        options.setdefault("directory", str(Path(settings.output_dir) / "tracking"))
+    return options
+
+
+def _plain(settings: NasSettings) -> dict[str, Any]:
+    import dataclasses
+
+    return dataclasses.asdict(settings)

@@ -1,0 +1,313 @@
+"""Regularized evolution on real Optuna studies: one mutation per child, ageing, tournaments.
+
+The main space is the Evolved Transformer's own (`search_spaces.evolved_transformer.sample`,
+decoder-only, d_model 32, about 70 conditional choices); the objective is a deterministic
+function of the choices (the number of identity branches), computed even for architectures
+that break a validity rule, so every trial completes and joins the population.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import pickle
+from pathlib import Path
+from typing import Any, Literal
+
+import optuna
+import pytest
+from optuna.trial import FrozenTrial, TrialState
+
+from nas.search import RegularizedEvolutionSampler
+from nas.search.evolution import (
+    KEY_MUTATED,
+    KEY_MUTATION_APPLIED,
+    KEY_PARENT,
+    KEY_ROLE,
+    KEY_TOURNAMENT,
+)
+from search_spaces.architecture import InvalidArchitecture
+from search_spaces.evolved_transformer import sample, seed_params, transformer
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+D_MODEL = 32
+
+
+def skips(params: dict[str, Any]) -> int:
+    return sum(1 for k, v in params.items() if k.endswith(".skip") and v is True)
+
+
+def et_objective(trial: optuna.Trial) -> float:
+    # Every choice is asked before validation, so a rejected architecture is complete too.
+    with contextlib.suppress(InvalidArchitecture):
+        sample(trial, d_model=D_MODEL, decoder_only=True, cells=(1, 2), window=None)
+    return float(skips(trial.params))
+
+
+def value(trial: FrozenTrial) -> float:
+    assert trial.value is not None
+    return trial.value
+
+
+def children(study: optuna.Study) -> list[FrozenTrial]:
+    return [t for t in study.trials if t.system_attrs.get(KEY_ROLE) == "child"]
+
+
+def parent_of(study: optuna.Study, child: FrozenTrial) -> FrozenTrial:
+    return study.trials[child.system_attrs[KEY_PARENT]]
+
+
+def window_at_birth(study: optuna.Study, child: FrozenTrial, size: int) -> list[int]:
+    """The population when `child` was born in a sequential study: the last `size`
+    COMPLETE trials numbered below it."""
+    done = [t.number for t in study.trials if t.state == TrialState.COMPLETE]
+    return [n for n in done if n < child.number][-size:]
+
+
+def test_a_child_differs_from_its_parent_in_exactly_one_choice() -> None:
+    sampler = RegularizedEvolutionSampler(population_size=8, sample_size=3, seed=0)
+    study = optuna.create_study(direction="maximize", sampler=sampler)
+    study.enqueue_trial(seed_params(transformer(D_MODEL, 4, 0, 2)))  # the paper's warm start
+    study.optimize(et_objective, n_trials=50)
+
+    branch_changes = 0
+    for child in children(study):
+        parent, mutated = parent_of(study, child), child.system_attrs[KEY_MUTATED]
+        # The mutated name is one the parent asked, the child asked it too (it retraces its
+        # parent's path up to that name), and gave it another value.
+        assert mutated in parent.params and mutated in child.params
+        assert child.params[mutated] != parent.params[mutated]
+        assert child.system_attrs[KEY_MUTATION_APPLIED] is True
+        # Among the names both asked, exactly that one differs: everything else is copied,
+        # including names asked after the mutation on a path that changed.
+        shared = child.params.keys() & parent.params.keys()
+        assert {k for k in shared if child.params[k] != parent.params[k]} == {mutated}
+        # Names asked by one side only exist when the mutation changed a branch; in this space
+        # only a branch's skip or layer choice changes which names follow.
+        if child.params.keys() != parent.params.keys():
+            assert mutated.endswith((".skip", ".layer")), mutated
+            branch_changes += 1
+    assert len(children(study)) == 50 - 8
+    assert 0 < branch_changes < len(children(study))  # both cases were exercised
+    assert study.best_value > skips(study.trials[0].params)  # and evolution improves on it
+
+
+def mixed_objective(trial: optuna.Trial) -> float:
+    """One parameter of each kind a mutation must handle, and one it must never pick."""
+    a = trial.suggest_categorical("cat", ["x", "y", None, 3])
+    b = trial.suggest_int("int", 0, 4)
+    c = trial.suggest_int("int_step", 0, 12, step=3)
+    d = trial.suggest_int("int_log", 1, 1024, log=True)
+    e = trial.suggest_float("float", -1.0, 1.0)
+    f = trial.suggest_float("float_log", 1e-4, 1.0, log=True)
+    g = trial.suggest_float("float_step", 0.0, 1.0, step=0.25)
+    h = trial.suggest_int("single", 5, 5)  # one legal value: nothing to mutate to
+    return hash(a) % 7 + b + c + d / 1024 + e + f + g + h
+
+
+@pytest.mark.parametrize("storage", ["memory", "sqlite"])
+def test_every_kind_of_distribution_mutates_within_its_range(storage: str, tmp_path: Path) -> None:
+    url = None if storage == "memory" else f"sqlite:///{tmp_path / 'study.db'}"
+    sampler = RegularizedEvolutionSampler(population_size=5, sample_size=2, seed=1)
+    study = optuna.create_study(storage=url, sampler=sampler)
+    study.optimize(mixed_objective, n_trials=60 if storage == "memory" else 25)
+    mutated = set()
+    for child in children(study):
+        parent, name = parent_of(study, child), child.system_attrs[KEY_MUTATED]
+        assert child.params.keys() == parent.params.keys()  # no branches here
+        assert [k for k in child.params if child.params[k] != parent.params[k]] == [name]
+        mutated.add(name)
+    every = {"cat", "int", "int_step", "int_log", "float", "float_log", "float_step"}
+    assert mutated == every if storage == "memory" else mutated <= every  # never "single"
+    for t in study.trials:  # within range, on the grid (Optuna would reject it otherwise)
+        assert t.params["int_step"] % 3 == 0 and 1 <= t.params["int_log"] <= 1024
+        assert t.params["float_step"] in (0.0, 0.25, 0.5, 0.75, 1.0)
+
+
+def test_population_ages_and_tournaments_draw_from_it() -> None:
+    size, tournament_size = 6, 3
+    sampler = RegularizedEvolutionSampler(size, tournament_size, seed=2)
+
+    def objective(trial: optuna.Trial) -> float:
+        value = mixed_objective(trial)
+        if trial.number % 5 == 4:  # pruned trials never join the population
+            raise optuna.TrialPruned()
+        return value
+
+    expected: list[int] = []  # ageing by hand: a first-in first-out queue of size `size`
+
+    def check(study: optuna.Study, trial: FrozenTrial) -> None:
+        if trial.state == TrialState.COMPLETE:
+            expected.append(trial.number)
+            if len(expected) > size:
+                expected.pop(0)  # the oldest leaves
+        assert [t.number for t in sampler.population(study)] == expected
+
+    study = optuna.create_study(sampler=sampler)
+    study.optimize(objective, n_trials=40, callbacks=[check])
+    assert [t.number for t in sampler.population(study)] == [32, 33, 35, 36, 37, 38]
+
+    roles = [t.system_attrs[KEY_ROLE] for t in study.trials]
+    assert roles[:7] == ["warmup"] * 7  # 6 complete trials take 7 (trial 4 is pruned)
+    assert set(roles[7:]) == {"child"}
+    for child in children(study):
+        window = window_at_birth(study, child, size)
+        drawn = child.system_attrs[KEY_TOURNAMENT]
+        assert len(drawn) == len(set(drawn)) == tournament_size
+        assert set(drawn) <= set(window)
+        assert child.system_attrs[KEY_PARENT] in drawn
+
+
+@pytest.mark.parametrize("direction", ["minimize", "maximize"])
+def test_the_tournament_picks_its_best_member(direction: Literal["minimize", "maximize"]) -> None:
+    sampler = RegularizedEvolutionSampler(population_size=6, sample_size=3, seed=3)
+    study = optuna.create_study(direction=direction, sampler=sampler)
+    study.optimize(mixed_objective, n_trials=40)
+    best = min if direction == "minimize" else max
+    for child in children(study):
+        drawn = [study.trials[n] for n in child.system_attrs[KEY_TOURNAMENT]]
+        assert child.system_attrs[KEY_PARENT] == best(drawn, key=value).number
+
+    # With the whole population in the tournament, the parent is the population's best.
+    everyone = RegularizedEvolutionSampler(population_size=5, sample_size=5, seed=4)
+    study = optuna.create_study(direction=direction, sampler=everyone)
+    study.optimize(mixed_objective, n_trials=30)
+    for child in children(study):
+        window = [study.trials[n] for n in window_at_birth(study, child, 5)]
+        assert child.system_attrs[KEY_PARENT] == best(window, key=value).number
+
+
+def test_multi_objective_studies_select_on_the_first_objective() -> None:
+    sampler = RegularizedEvolutionSampler(population_size=6, sample_size=4, seed=5)
+    study = optuna.create_study(directions=["maximize", "minimize"], sampler=sampler)
+    # The objectives disagree on every pair of trials: the second prefers the smaller value.
+    study.optimize(lambda t: (mixed_objective(t), mixed_objective(t)), n_trials=30)
+    assert children(study)
+    for child in children(study):
+        drawn = [study.trials[n] for n in child.system_attrs[KEY_TOURNAMENT]]
+        assert child.system_attrs[KEY_PARENT] == max(drawn, key=lambda t: t.values[0]).number
+
+
+def test_feasible_trials_beat_infeasible_ones() -> None:
+    sampler = RegularizedEvolutionSampler(population_size=6, sample_size=6, seed=6)
+
+    def objective(trial: optuna.Trial) -> float:
+        value = mixed_objective(trial)
+        trial.set_constraint("memory", value - 17.0)  # feasible: value <= 17
+        return value
+
+    study = optuna.create_study(direction="maximize", sampler=sampler)
+    study.optimize(objective, n_trials=30)
+    overruled = 0  # children whose window's best value was infeasible
+    for child in children(study):
+        window = [study.trials[n] for n in window_at_birth(study, child, 6)]
+        feasible = [t for t in window if value(t) <= 17.0]
+        if feasible:  # the best feasible trial
+            expected = max(feasible, key=value)
+            overruled += max(window, key=value) is not expected
+        else:  # the least violation: the smallest value
+            expected = min(window, key=value)
+        assert child.system_attrs[KEY_PARENT] == expected.number
+    assert overruled > 0
+
+
+def test_enqueued_seeds_pass_through_while_breeding() -> None:
+    sampler = RegularizedEvolutionSampler(population_size=5, sample_size=2, seed=7)
+    study = optuna.create_study(sampler=sampler)
+    study.optimize(mixed_objective, n_trials=10)
+    fixed = {
+        "cat": None,
+        "int": 2,
+        "int_step": 9,
+        "int_log": 7,
+        "float": 0.5,
+        "float_log": 0.01,
+        "float_step": 0.25,
+        "single": 5,
+    }
+    study.enqueue_trial(fixed)
+    study.enqueue_trial({"cat": "y"})  # partial: the rest comes from the warm-up sampler
+    study.optimize(mixed_objective, n_trials=3)
+    seed, partial, child = study.trials[10:]
+    assert seed.params == fixed and seed.system_attrs[KEY_ROLE] == "seed"
+    assert partial.params["cat"] == "y" and partial.system_attrs[KEY_ROLE] == "seed"
+    assert KEY_PARENT not in seed.system_attrs and KEY_PARENT not in partial.system_attrs
+    assert child.system_attrs[KEY_ROLE] == "child"
+
+
+def test_warm_up_uses_the_given_sampler() -> None:
+    plain = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=11))
+    plain.optimize(mixed_objective, n_trials=4)
+    warmup = optuna.samplers.RandomSampler(seed=11)
+    sampler = RegularizedEvolutionSampler(4, 2, seed=0, warmup_sampler=warmup)
+    study = optuna.create_study(sampler=sampler)
+    study.optimize(mixed_objective, n_trials=6)
+    assert [t.params for t in study.trials[:4]] == [t.params for t in plain.trials]
+    assert [t.system_attrs[KEY_ROLE] for t in study.trials[3:]] == ["warmup", "child", "child"]
+
+
+def test_a_mutated_name_the_child_never_asks_is_recorded() -> None:
+    asks_b = [True]
+
+    def objective(trial: optuna.Trial) -> float:  # not a function of its answers alone
+        a = trial.suggest_int("a", 0, 9)
+        b = trial.suggest_int("b", 0, 9) if asks_b[0] else 0
+        return float(a + b)
+
+    sampler = RegularizedEvolutionSampler(population_size=3, sample_size=2, seed=8)
+    study = optuna.create_study(sampler=sampler)
+    study.optimize(objective, n_trials=3)
+    asks_b[0] = False
+    study.optimize(objective, n_trials=12)
+    skipped = [c for c in children(study) if c.system_attrs[KEY_MUTATED] == "b"]
+    assert skipped and all(c.system_attrs[KEY_MUTATION_APPLIED] is False for c in skipped)
+    for c in skipped:  # nothing mutated, so it is its parent's copy on what it asked
+        assert c.params == {"a": parent_of(study, c).params["a"]}
+
+
+def test_same_seed_same_study_and_the_sampler_pickles_mid_trial() -> None:
+    def run() -> list[dict[str, Any]]:
+        study = optuna.create_study(sampler=RegularizedEvolutionSampler(5, 2, seed=9))
+        study.optimize(mixed_objective, n_trials=20)
+        return [t.params for t in study.trials]
+
+    assert run() == run()
+
+    sampler = RegularizedEvolutionSampler(5, 2, seed=10)
+    study = optuna.create_study(sampler=sampler)
+    study.optimize(mixed_objective, n_trials=5)
+    trial = study.ask()  # a child: its plan is made in before_trial
+    trial.suggest_categorical("cat", ["x", "y", None, 3])
+    # A fresh instance (another process, an unpickled copy) finishes the trial from the
+    # plan stored in the trial's system attributes.
+    study.sampler = RegularizedEvolutionSampler(5, 2, seed=99)
+    study.tell(trial, mixed_objective(trial))
+    child = study.trials[-1]
+    parent, name = parent_of(study, child), child.system_attrs[KEY_MUTATED]
+    assert [k for k in child.params if child.params[k] != parent.params[k]] == [name]
+
+    copy = pickle.loads(pickle.dumps(sampler))
+    copy.reseed_rng()
+    study.sampler = copy
+    study.optimize(mixed_objective, n_trials=2)
+    assert all(t.state == TrialState.COMPLETE for t in study.trials)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"population_size": 0}, "population_size must be a positive integer, got 0"),
+        ({"population_size": 2.5}, "population_size must be a positive integer, got 2.5"),
+        ({"sample_size": True}, "sample_size must be a positive integer, got True"),
+        ({"population_size": 3, "sample_size": 4}, r"sample_size \(4\) must not exceed"),
+        ({"seed": "1"}, "seed must be an integer or None, got '1'"),
+    ],
+)
+def test_bad_arguments_are_named(kwargs: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        RegularizedEvolutionSampler(**kwargs)
+
+
+def test_a_warmup_sampler_must_be_a_sampler() -> None:
+    with pytest.raises(TypeError, match="warmup_sampler must be an optuna sampler, got str"):
+        RegularizedEvolutionSampler(warmup_sampler="random")  # type: ignore[arg-type]

@@ -1,0 +1,258 @@
+"""A real offline W&B session: what the tracker logs is what W&B stores.
+
+Two trials and a study go through `CompositeTracker(JsonlTracker, WandbTracker)`; the runs'
+`.wandb` files are decoded with `nas.tracking.wandb.read_run` and compared with the JSONL
+mirror. The environment is sealed: W&B's home folders point into tmp_path, its server URL at
+a closed local port, error reporting off; the test also checks that the Python side opens no
+network connection and that W&B's service process is gone after `close`.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import socket
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from nas.tracking import CompositeTracker, JsonlTracker, json_safe, read_jsonl
+from nas.tracking.wandb import WandbTracker, read_run, sync_command
+
+pytest.importorskip("wandb")
+
+STUDY = "charlm-nas"
+ARCH = {"layers": [{"kind": "attention", "heads": 4}] * 2, "d_model": 64}
+BIG = "x" * 50_000  # a config larger than a 32 KiB block: its record spans blocks
+
+
+def child_wandb_processes() -> list[str]:
+    """Command lines of this process's children that are W&B's (Linux /proc)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        parent = int(stat.rsplit(")", 1)[1].split()[1])
+        if parent == os.getpid() and "wandb" in cmdline:
+            found.append(cmdline)
+    return found
+
+
+@pytest.fixture
+def sealed_wandb(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[list[Any]]:
+    """W&B confined to tmp_path and offline; yields the list of Python-side connection
+    attempts to network addresses (Unix sockets to W&B's service are allowed)."""
+    for name in list(os.environ):
+        if name.startswith("WANDB_"):
+            monkeypatch.delenv(name)
+    for name, folder in [("WANDB_DIR", "wandb_dir"), ("WANDB_CACHE_DIR", "cache"),
+                         ("WANDB_DATA_DIR", "data"), ("WANDB_CONFIG_DIR", "config"),
+                         ("WANDB_ARTIFACT_DIR", "artifacts")]:  # fmt: skip
+        monkeypatch.setenv(name, str(tmp_path / folder))
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_ERROR_REPORTING", "false")
+    monkeypatch.setenv("WANDB_BASE_URL", "http://127.0.0.1:9")  # refused at once if tried
+    monkeypatch.setenv("NETRC", str(tmp_path / "no-netrc"))
+    attempts: list[Any] = []
+    connect = socket.socket.connect
+
+    def guarded(self: socket.socket, address: Any) -> Any:
+        if self.family != socket.AF_UNIX:
+            attempts.append(address)
+            raise OSError(f"network connection attempted: {address!r}")
+        return connect(self, address)
+
+    monkeypatch.setattr(socket.socket, "connect", guarded)
+    yield attempts
+    assert not child_wandb_processes()
+
+
+def steps_of(trial: int) -> list[tuple[int, dict[str, float | int | None]]]:
+    """A fake-but-real step sequence: loss falling, validation every other step, a NaN."""
+    out: list[tuple[int, dict[str, float | int | None]]] = []
+    for step in range(1, 6):
+        out.append((step, {
+            "loss": 3.0 / step + trial, "validation_loss": 2.5 / step if step % 2 == 0 else None,
+            "tokens_per_s": 1000 + 10 * step, "bubble_fraction": 0.25,
+            "stage0/total_s": 0.01 * step, "stage1/measured_peak_bytes": 1 << 20,
+            "migrations/bytes_moved": 4096 if step >= 3 else 0,
+            "migrations/pause_s": 0.002 if step >= 3 else 0.0,
+            "grad_norm": math.nan if (trial, step) == (1, 4) else 1.0,
+        }))  # fmt: skip
+    return out
+
+
+@pytest.mark.timeout(120)
+def test_trials_and_study_round_trip_through_wandb_files(
+    tmp_path: Path, sealed_wandb: list[Any]
+) -> None:
+    started = time.perf_counter()
+    jsonl = JsonlTracker(tmp_path / "run")
+    wandb = WandbTracker("elastic-nas-test", directory=tmp_path / "run", tags=("test",))
+    tracker = CompositeTracker([jsonl, wandb])
+    tracker.start_study(STUDY, {"n_trials": 2, "task": "charlm", "notes": BIG})
+    for trial in (0, 1):
+        params = {"d_model": 64, "n_layers": 2 + trial}
+        tracker.start_trial(
+            trial, params, {"architecture": ARCH, "architecture_summary": f"{2 + trial} layers"}
+        )
+        for step, metrics in steps_of(trial):
+            tracker.log_step(step, metrics)
+        tracker.log_event(
+            3,
+            {
+                "generation": 0,
+                "step": 3,
+                "kind": "migration",
+                "details": {"moved": (("block1", 0, 1),), "bytes_moved": 4096},
+            },
+        )
+        if trial == 0:
+            tracker.end_trial(
+                "complete",
+                {
+                    "validation_loss": 0.6,
+                    "tokens_per_s": 1050.0,
+                    "peak_bytes": 1 << 20,
+                    "parameters": 12345,
+                },
+            )
+        else:
+            tracker.end_trial(
+                "failed",
+                {"parameters": 23456},
+                "StageError: stage 1 failed in backward of block3 at step 4",
+            )
+    trials = [{"number": 0, "state": "complete", "validation_loss": 0.6, "tokens_per_s": 1050.0,
+               "params": {"d_model": 64}},
+              {"number": 1, "state": "failed", "validation_loss": None, "tokens_per_s": None,
+               "params": {"d_model": 64}}]  # fmt: skip
+    tracker.end_study(
+        trials,
+        trials[:1],
+        {"objectives": ["validation_loss", "tokens_per_s"], "best_validation_loss": 0.6},
+    )
+    tracker.close()
+    logged_s = time.perf_counter() - started
+
+    assert not sealed_wandb, f"W&B tried the network: {sealed_wandb}"
+    assert set(wandb.trial_directories) == {0, 1} and wandb.study_directory is not None
+    assert wandb.run_directories == [wandb.study_directory, wandb.trial_directories[0],
+                                     wandb.trial_directories[1]]  # fmt: skip
+    assert all(d.parent == tmp_path / "run" / "wandb" and d.name.startswith("offline-run-")
+               for d in wandb.run_directories)  # fmt: skip
+    assert wandb.sync_command() == sync_command(wandb.run_directories)
+    assert wandb.sync_command().startswith("wandb sync ")
+
+    assert jsonl.path is not None
+    records = read_jsonl(jsonl.path)
+    for trial in (0, 1):
+        run = read_run(wandb.trial_directories[trial])
+        assert not run.truncated
+        assert (run.name, run.group, run.job_type) == (f"{STUDY}-trial-{trial}", STUDY, "trial")
+        # The W&B history equals the JSONL mirror's step records: same steps, keys, values
+        # (NaN is NaN in W&B and null in JSON: compared through json_safe).
+        mirror = [{"_step": r["step"], **r["metrics"]} for r in records
+                  if r["kind"] == "step" and r["trial"] == trial]  # fmt: skip
+        assert len(mirror) == 5
+        assert json_safe(run.metrics()) == mirror
+        assert "validation_loss" not in run.metrics()[0]  # None: not logged at all
+        assert run.config["params"] == {"d_model": 64, "n_layers": 2 + trial}
+        assert run.config["architecture"] == ARCH and run.config["trial"] == trial
+        assert run.config["study"] == STUDY
+        events = run.table("events")
+        assert events["columns"] == ["step", "generation", "kind", "details"]
+        assert events["data"][0][:3] == [3, 0, "migration"]
+    complete = read_run(wandb.trial_directories[0])
+    failed = read_run(wandb.trial_directories[1])
+    assert complete.exit_code == 0 and failed.exit_code == 1
+    assert complete.summary["state"] == "complete" and complete.summary["error"] is None
+    assert complete.summary["parameters"] == 12345 and complete.summary["peak_bytes"] == 1 << 20
+    assert complete.summary["loss"] == steps_of(0)[-1][1]["loss"]  # last logged value
+    assert failed.summary["state"] == "failed"
+    assert failed.summary["error"].startswith("StageError: stage 1 failed")
+    assert complete.tags == ("test", "complete") and failed.tags == ("test", "failed")
+    ends = [r for r in records if r["kind"] == "trial_end"]
+    assert [(r["state"], r["error"] is None) for r in ends] == [
+        ("complete", True),
+        ("failed", False),
+    ]
+
+    study = read_run(wandb.study_directory)
+    assert (study.name, study.group, study.job_type, study.exit_code) == (
+        f"{STUDY}-study",
+        STUDY,
+        "study",
+        0,
+    )
+    assert study.config["notes"] == BIG and study.config["n_trials"] == 2  # spans blocks
+    assert study.metrics()[-1] == {"_step": 2, "trials/ended": 2, "trials/complete": 1,
+                                   "trials/pruned": 0, "trials/failed": 1}  # fmt: skip
+    table = study.table("trials")
+    assert table["columns"] == ["number", "state", "validation_loss", "tokens_per_s", "params"]
+    assert [row[:4] for row in table["data"]] == [[0, "complete", 0.6, 1050.0],
+                                                  [1, "failed", None, None]]  # fmt: skip
+    assert table["data"][0][4] == '{"d_model": 64}'  # nested values as JSON text
+    assert study.table("pareto_front")["data"] == table["data"][:1]
+    assert study.summary["pareto_plot"]["_type"] == "image-file"
+    assert study.summary["best_validation_loss"] == 0.6
+    assert (wandb.study_directory / "pareto_front.png").stat().st_size > 0
+
+    for log in tmp_path.rglob("*.log"):  # nothing in W&B's own logs about the network
+        text = log.read_text(errors="replace")
+        assert "127.0.0.1:9" not in text and "dial tcp" not in text, log
+    assert logged_s < 30, f"the W&B session took {logged_s:.1f} s"
+
+
+@pytest.mark.timeout(120)
+def test_close_fails_an_open_trial_and_an_unfinished_study(
+    tmp_path: Path, sealed_wandb: list[Any]
+) -> None:
+    tracker = WandbTracker("elastic-nas-test", directory=tmp_path)
+    with tracker:
+        tracker.start_study("crashed", {})
+        tracker.start_trial(7, {}, {})
+        tracker.log_step(0, {"loss": 1.0})
+    assert not sealed_wandb
+    trial = read_run(tracker.trial_directories[7])
+    assert trial.exit_code == 1 and trial.summary["state"] == "failed"
+    assert "closed before" in trial.summary["error"]
+    assert tracker.study_directory is not None
+    study = read_run(tracker.study_directory)
+    assert study.exit_code == 1  # the study never ended
+    assert study.metrics() == [{"_step": 1, "trials/complete": 0, "trials/pruned": 0,
+                                "trials/failed": 1, "trials/ended": 1}]  # fmt: skip
+    with pytest.raises(RuntimeError, match="after close"):
+        tracker.start_study("again", {})
+
+
+@pytest.mark.timeout(60)
+def test_online_without_credentials_raises_instead_of_prompting(
+    tmp_path: Path, sealed_wandb: list[Any]
+) -> None:
+    tracker = WandbTracker("elastic-nas-test", mode="online", directory=tmp_path)
+    with pytest.raises(RuntimeError, match="WANDB_API_KEY"):
+        tracker.start_study("s", {})
+    tracker.close()
+    assert not sealed_wandb and not tracker.run_directories
+
+
+@pytest.mark.timeout(60)
+def test_disabled_mode_writes_nothing(tmp_path: Path, sealed_wandb: list[Any]) -> None:
+    tracker = WandbTracker("elastic-nas-test", mode="disabled", directory=tmp_path / "d")
+    tracker.start_study("s", {})
+    tracker.start_trial(0, {}, {})
+    tracker.log_step(0, {"loss": 1.0})
+    tracker.log_event(0, {"kind": "build"})
+    tracker.end_trial("complete", {})
+    tracker.end_study([{"a": 1}], [], {"objectives": ["a", "b"]})
+    tracker.close()
+    assert tracker.run_directories == [] and not (tmp_path / "d" / "wandb").exists()
