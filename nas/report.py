@@ -36,13 +36,18 @@ def report_study(
     for column in ["trial", "state", *settings.study.objectives, "parameters", "architecture"]:
         table.add_column(column)
     best = {t.number for t in study.best_trials} if complete else set()
-    for t in sorted(study.get_trials(deepcopy=False), key=lambda t: t.number):
+    shown = [t for t in study.get_trials(deepcopy=False) if not t.user_attrs.get("invalid")]
+    for t in sorted(shown, key=lambda t: t.number):
         values = [f"{v:.4g}" for v in t.values] if t.values else ["-"] * len(study.directions)
         state = t.state.name.lower() + (" *" if t.number in best else "")
         cause = t.user_attrs.get("fail_reason", "")
         table.add_row(str(t.number), state, *values, str(t.user_attrs.get("parameters", "")),
                       (cause or t.user_attrs.get("architecture", ""))[:70])  # fmt: skip
     console.print(table)
+    skipped = len(study.trials) - len(shown)
+    if skipped:
+        console.print(f"{skipped} proposed architectures broke a validity rule and were "
+                      "skipped (failed trials with their cause in the storage)")  # fmt: skip
     out = Path(settings.output_dir)
     plots = [plot_history(study, out / "optimization_history.png")]
     if len(study.directions) > 1 and complete:

@@ -19,7 +19,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from nas.search import make_pruner, make_sampler
 from nas.settings import NasSettings
 from nas.tasks import Task
-from nas.tracking import Tracker, make_tracker
+from nas.tracking import CompositeTracker, Tracker, make_tracker
 from pipeline import ElasticPipeline
 from search_spaces.architecture import InvalidArchitecture, summary, to_json
 from search_spaces.evolved_transformer import (
@@ -35,6 +35,8 @@ __all__ = ["Leader", "Outcome", "fail_running", "finished", "open_study", "remai
 _DONE = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED,
          optuna.trial.TrialState.FAIL)  # fmt: skip
 INTERRUPTED = "interrupted"  # user attr of a trial failed because its processes died
+INVALID = "invalid"  # user attr of a trial whose sampled architecture broke a rule
+MAX_INVALID_IN_A_ROW = 1000  # the sampler keeps proposing invalid architectures: stop
 
 
 @dataclass(frozen=True)
@@ -72,7 +74,14 @@ def _seed_params(settings: NasSettings) -> list[dict[str, Any]]:
 
 
 def counted(trial: optuna.trial.FrozenTrial) -> bool:
-    return trial.state in _DONE and not trial.user_attrs.get(INTERRUPTED, False)
+    """Does the trial count toward `study.n_trials`? Not if interrupted or never trained.
+
+    Most random points of the Evolved Transformer space break a validity rule (about 1 in
+    75 encoder-decoder samples is valid), so a proposal that is invalid is recorded as a
+    failed trial with its cause, and another is asked for in its place.
+    """
+    attrs = trial.user_attrs
+    return trial.state in _DONE and not attrs.get(INTERRUPTED) and not attrs.get(INVALID)
 
 
 def finished(study: optuna.Study) -> int:
@@ -100,7 +109,7 @@ class Leader:
         self.study = open_study(settings)
         fail_running(self.study, "left running by an earlier run that stopped")
         self.multi = len(settings.study.objectives) > 1
-        self.tracker: Tracker = make_tracker(settings.tracker.name, **_tracker_options(settings))
+        self.tracker = _tracker(settings)
         self.tracker.start_study(settings.study.name, _plain(settings))
         self.trial: optuna.Trial | None = None
         self.progress = Progress(TextColumn("{task.description}"), BarColumn(),
@@ -113,7 +122,11 @@ class Leader:
 
     def next_trial(self) -> tuple[int, str] | None:
         """Ask until a valid architecture comes out; None when the study has enough trials."""
+        invalid = 0
         while remaining(self.study, self.settings.study.n_trials) > 0:
+            if invalid == MAX_INVALID_IN_A_ROW:
+                raise RuntimeError(f"the {self.settings.sampler.name} sampler proposed "
+                                   f"{invalid} invalid architectures in a row")  # fmt: skip
             trial = self.study.ask()
             space = self.settings.search_space
             try:
@@ -123,8 +136,9 @@ class Leader:
                               else None)  # fmt: skip
             except InvalidArchitecture as error:
                 trial.set_user_attr("fail_reason", f"InvalidArchitecture: {error}")
+                trial.set_user_attr(INVALID, True)
                 self.study.tell(trial, state=optuna.trial.TrialState.FAIL)
-                self.progress.advance(self.bar_study)
+                invalid += 1
                 continue
             self.trial = trial
             self.progress.reset(self.bar_trial, total=self.settings.train.steps,
@@ -166,16 +180,23 @@ class Leader:
         front = [row for row in table if row["number"] in
                  {t.number for t in self.study.best_trials}] if finished(self.study) else []
         self.tracker.end_study(table, front, {"finished": finished(self.study)})
-        dirs = list(getattr(self.tracker, "run_dirs", []))
+        dirs = [str(d) for t in getattr(self.tracker, "trackers", [self.tracker])
+                for d in getattr(t, "run_directories", [])]  # fmt: skip
         self.tracker.close()
         return dirs
 
 
-def _tracker_options(settings: NasSettings) -> dict[str, Any]:
-    options = dict(settings.tracker.options)
-    if settings.tracker.name in ("jsonl", "wandb"):
-        options.setdefault("directory", str(Path(settings.output_dir) / "tracking"))
-    return options
+def _tracker(settings: NasSettings) -> Tracker:
+    """The configured tracker; W&B comes with its JSONL mirror in the run folder."""
+    name, options = settings.tracker.name, dict(settings.tracker.options)
+    if name == "none":
+        return make_tracker("none")
+    directory = str(Path(settings.output_dir) / "tracking")
+    options.setdefault("directory", directory)
+    if name == "jsonl":
+        return make_tracker("jsonl", **options)
+    return CompositeTracker([make_tracker("jsonl", directory=directory),
+                             make_tracker("wandb", **options)])
 
 
 def _plain(settings: NasSettings) -> dict[str, Any]:

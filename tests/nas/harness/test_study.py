@@ -15,7 +15,9 @@ from hydra import compose, initialize_config_dir
 from nas.config import CONFIG_DIR, register, to_settings
 from nas.settings import NasSettings
 from nas.study import run_study
-from nas.trials import INTERRUPTED
+from nas.tracking import json_safe, read_jsonl
+from nas.tracking.wandb.history import find_run_files, read_run
+from nas.trials import INTERRUPTED, INVALID, counted
 
 pytestmark = pytest.mark.multiprocess
 
@@ -32,20 +34,29 @@ def settings(tmp_path: Path, *overrides: str) -> NasSettings:
     return to_settings(cfg)
 
 
-def test_a_study_runs_resumes_and_records_failures(tmp_path: Path) -> None:
-    first = settings(tmp_path, "study.name=t", "study.n_trials=3")
+def test_a_study_runs_resumes_and_records_failures(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name in ("WANDB_DIR", "WANDB_CACHE_DIR", "WANDB_CONFIG_DIR", "WANDB_DATA_DIR"):
+        monkeypatch.setenv(name, str(tmp_path / "wandb-home"))
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    first = settings(tmp_path, "study.name=t", "study.n_trials=3", "tracker=wandb")
     result = run_study(first)
     study = optuna.load_study(study_name="t", storage=first.storage_url)
-    assert result.finished == 3 and len(study.trials) == 3
+    trained = [t for t in study.trials if counted(t)]  # invalid proposals do not count
+    assert result.finished == 3 and len(trained) == 3
+    assert all(t.user_attrs[INVALID] for t in study.trials if not counted(t))
     seeds = study.trials[:2]  # the Transformer and the Evolved Transformer come first
     assert all(t.state == optuna.trial.TrialState.COMPLETE for t in seeds)
     assert [t.user_attrs["architecture"][:9] for t in seeds] == ["d=32 enc "] * 2
-    for t in study.trials:  # a sampled architecture may break a rule: failed, with its cause
+    for t in study.trials:  # a proposal may break a rule: failed, with its cause
         assert t.state == optuna.trial.TrialState.COMPLETE or t.user_attrs["fail_reason"]
-    assert (tmp_path / "run" / "tracking").exists()
+    assert_wandb_history_equals_the_jsonl_mirror(tmp_path / "run" / "tracking", "t")
+    assert len(result.run_dirs) == 4  # three trials and the study run, to `wandb sync`
     # re-running the same study continues toward the new total on fresh processes
     assert run_study(settings(tmp_path, "study.name=t", "study.n_trials=4")).finished == 4
-    assert len(optuna.load_study(study_name="t", storage=first.storage_url).trials) == 4
+    resumed = optuna.load_study(study_name="t", storage=first.storage_url).trials
+    assert sum(map(counted, resumed)) == 4
     # a memory budget no plan fits: failed with its cause, and the next trial still runs
     tight = settings(tmp_path, "study.name=tight", "study.n_trials=2",
                      "pipeline.memory_budget=1000")
@@ -68,3 +79,18 @@ def test_invalid_values_name_the_key_and_the_valid_ones(
 ) -> None:
     with pytest.raises(ValueError, match=message):
         settings(tmp_path, override)
+
+
+def assert_wandb_history_equals_the_jsonl_mirror(directory: Path, study: str) -> None:
+    """Every trial's W&B history, decoded from its .wandb file, equals the JSONL mirror."""
+    records = read_jsonl(directory / f"{study}.jsonl")
+    runs = {run.name: run for run in map(read_run, find_run_files(directory))}
+    trials = sorted({r["trial"] for r in records if r["kind"] == "step"})
+    assert trials and f"{study}-study" in runs
+    for trial in trials:
+        run = runs[f"{study}-trial-{trial}"]
+        mirror = [{"_step": r["step"], **r["metrics"]} for r in records
+                  if r["kind"] == "step" and r["trial"] == trial]  # fmt: skip
+        assert len(mirror) == 6 and "validation_loss" in mirror[-1]
+        assert json_safe(run.metrics()) == mirror
+        assert run.group == study and run.exit_code == 0
