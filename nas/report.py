@@ -52,10 +52,11 @@ def report_study(
     plots = [plot_history(study, out / "optimization_history.png")]
     if len(study.directions) > 1 and complete:
         plots.append(plot_pareto(study, settings.study.objectives, out / "pareto_front.png"))
-    console.print(f"plots: {', '.join(str(p) for p in plots)}")
-    console.print(f"dashboard: optuna-dashboard {result.storage}")
+    # commands and paths unwrapped, so they can be copied whole
+    console.print(f"plots: {', '.join(str(p) for p in plots)}", soft_wrap=True)
+    console.print(f"dashboard: optuna-dashboard {result.storage}", soft_wrap=True)
     if result.run_dirs:
-        console.print(f"W&B (offline): wandb sync {' '.join(result.run_dirs)}")
+        console.print(f"W&B (offline): wandb sync {' '.join(result.run_dirs)}", soft_wrap=True)
 
 
 def plot_history(study: optuna.Study, path: Path) -> Path:
