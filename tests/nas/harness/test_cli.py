@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import optuna
 import pytest
+
+from nas.trials import INTERRUPTED, counted
 
 pytestmark = pytest.mark.multiprocess
 
@@ -34,3 +40,37 @@ def test_the_composed_config_prints_and_bad_overrides_name_the_key(tmp_path: Pat
     bad = run(tmp_path, "sampler=annealing")
     assert bad.returncode != 0
     assert "Could not find 'sampler/annealing'" in bad.stderr and "evolution" in bad.stderr
+
+
+def test_a_killed_study_resumes_at_the_right_trial_count(tmp_path: Path) -> None:
+    """SIGKILL the harness once a trial is done; the re-run finishes the rest, no more."""
+    overrides = ["study.name=killed", "study.n_trials=3", "tracker=none", "train.steps=30",
+                 "train.eval_every=10", "train.eval_batches=1", "train.batch_size=16",
+                 "search_space.d_model=[32]", "search_space.max_cells=1",
+                 f"hydra.run.dir={tmp_path / 'run'}", f"studies_dir={tmp_path / 'studies'}"]
+    storage = f"sqlite:///{tmp_path / 'studies' / 'killed.db'}"
+    harness = subprocess.Popen([sys.executable, "-m", "nas", *overrides], cwd=tmp_path,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                               start_new_session=True)  # fmt: skip
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and not _complete(storage):
+        time.sleep(0.5)
+    os.killpg(harness.pid, signal.SIGKILL)
+    harness.wait()
+    before = optuna.load_study(study_name="killed", storage=storage).trials
+    assert sum(t.state == optuna.trial.TrialState.COMPLETE for t in before) >= 1
+    assert run(tmp_path, *overrides[:-2]).returncode == 0
+    after = optuna.load_study(study_name="killed", storage=storage).trials
+    assert sum(map(counted, after)) == 3
+    assert not any(t.state == optuna.trial.TrialState.RUNNING for t in after)
+    for t in after:
+        if t.user_attrs.get(INTERRUPTED):  # the trial the kill interrupted, asked again
+            assert "left running" in t.user_attrs["fail_reason"]
+
+
+def _complete(storage: str) -> bool:
+    try:
+        study = optuna.load_study(study_name="killed", storage=storage)
+    except Exception:  # not created yet
+        return False
+    return any(t.state == optuna.trial.TrialState.COMPLETE for t in study.trials)

@@ -94,3 +94,13 @@ def assert_wandb_history_equals_the_jsonl_mirror(directory: Path, study: str) ->
         assert len(mirror) == 6 and "validation_loss" in mirror[-1]
         assert json_safe(run.metrics()) == mirror
         assert run.group == study and run.exit_code == 0
+
+
+def test_a_diverging_trial_fails_with_its_cause_and_the_study_goes_on(tmp_path: Path) -> None:
+    diverging = settings(tmp_path, "study.name=nan", "study.n_trials=2", "train.lr=1e12",
+                         "tracker=none")  # fmt: skip
+    assert run_study(diverging).finished == 2
+    failed = optuna.load_study(study_name="nan", storage=diverging.storage_url).trials[:2]
+    assert [t.state for t in failed] == [optuna.trial.TrialState.FAIL] * 2
+    assert all("NonFiniteLossError" in t.user_attrs["fail_reason"] for t in failed), [
+        t.user_attrs["fail_reason"] for t in failed]

@@ -1,0 +1,32 @@
+"""Everything that touches wandb, in one package (pyproject's import rule confines wandb here).
+
+`tracker`: `WandbTracker`, a run per trial and a run per study, offline by default, and
+`sync_command` for uploading offline runs later. `history`: `read_run`, which decodes an
+offline run's `.wandb` file back into its config, history rows and summary. Neither
+imports wandb at module level, so importing this package does not need wandb.
+"""
+
+from __future__ import annotations
+
+from nas.tracking.wandb.history import (
+    WandbLogError,
+    WandbRunData,
+    find_run_files,
+    iter_chunks,
+    iter_records,
+    read_run,
+)
+from nas.tracking.wandb.tracker import MODES, QUIET_SETTINGS, WandbTracker, sync_command
+
+__all__ = [
+    "MODES",
+    "QUIET_SETTINGS",
+    "WandbLogError",
+    "WandbRunData",
+    "WandbTracker",
+    "find_run_files",
+    "iter_chunks",
+    "iter_records",
+    "read_run",
+    "sync_command",
+]

@@ -1,0 +1,302 @@
+"""Read an offline W&B run back from its `.wandb` file: config, history rows, summary, exit.
+
+Offline runs are only a binary transaction log until `wandb sync` uploads them, and wandb
+0.31 ships no Python reader for it (the old `wandb.sdk.internal.datastore` is gone; the
+reader lives in the Go `wandb-core`). The tests check that what the tracker logged is what
+W&B stored, and a user may want a run's curves without uploading it; so this module
+decodes the file itself.
+
+The format (wandb-core's `pkg/leveldb`, the LevelDB log format with a W&B header):
+
+* a 7-byte file header: b":W&B", magic 0xBEE1 (uint16, little-endian), version 0 (uint8);
+* then 32 KiB blocks (the header counts toward the first one) of chunks, each a 7-byte
+  chunk header: CRC-32 (uint32 LE; zlib's CRC-32 of the type byte then the data, i.e. the
+  IEEE polynomial seeded with the type byte), data length (uint16 LE), type (uint8: 1
+  FULL, 2 FIRST, 3 MIDDLE, 4 LAST), then the data; a block's tail shorter than a chunk
+  header is zero padding;
+* a record is one FULL chunk or FIRST, MIDDLE..., LAST joined; each record is a serialized
+  `wandb.proto.wandb_internal_pb2.Record`.
+
+From the records: `run` (id, name, project, group, job type, tags, the initial config),
+`config` updates, `history` (one row per logged step: items keyed by `key` or
+`nested_key`, valued by `value_json` or the typed `none`/`boolean`/`integer`/`number`/
+`text`/`json` fields), `summary` updates and removals, and `exit` (the exit code). A file
+whose tail is cut off (a run that crashed or is still running) reads up to its last whole
+record and says so (`truncated`).
+
+wandb is imported only inside the functions that decode protobufs, so importing this
+module needs no wandb.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+import zlib
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "WandbLogError",
+    "WandbRunData",
+    "find_run_files",
+    "iter_chunks",
+    "iter_records",
+    "read_run",
+]
+
+BLOCK_SIZE = 32 * 1024
+HEADER_SIZE = 7  # both the file header and a chunk header
+FILE_IDENT = b":W&B"
+FILE_MAGIC = 0xBEE1
+FILE_VERSION = 0
+FULL, FIRST, MIDDLE, LAST = 1, 2, 3, 4
+INTERNAL_KEYS = ("_runtime", "_timestamp", "_wandb")  # what W&B adds to history rows
+
+
+class WandbLogError(ValueError):
+    """The file is not a W&B transaction log, or a record in it is corrupt."""
+
+
+def _crc(chunk_type: int, data: bytes) -> int:
+    return zlib.crc32(data, zlib.crc32(bytes([chunk_type]))) & 0xFFFFFFFF
+
+
+class _Scanner:
+    """Walks the chunks and records of one file's bytes; remembers whether it was cut off."""
+
+    def __init__(self, data: bytes, name: str) -> None:
+        self.data = data
+        self.name = name
+        self.truncated = False  # the data ends inside a chunk or a fragmented record
+
+    def _header(self) -> None:
+        data, name = self.data, self.name
+        if len(data) < HEADER_SIZE:
+            raise WandbLogError(f"{name}: {len(data)} bytes, too short for a W&B file header")
+        ident, magic, version = struct.unpack("<4sHB", data[:HEADER_SIZE])
+        if ident != FILE_IDENT or magic != FILE_MAGIC:
+            raise WandbLogError(f"{name}: not a W&B transaction log (header {data[:7]!r})")
+        if version != FILE_VERSION:
+            raise WandbLogError(
+                f"{name}: W&B log version {version}; this reader knows {FILE_VERSION}"
+            )
+
+    def chunks(self) -> Iterator[tuple[int, bytes]]:
+        self._header()
+        data, name = self.data, self.name
+        offset = HEADER_SIZE
+        while offset < len(data):
+            left_in_block = BLOCK_SIZE - offset % BLOCK_SIZE
+            if left_in_block < HEADER_SIZE:  # the block's zero padding
+                if data[offset : offset + left_in_block].strip(b"\x00"):
+                    raise WandbLogError(f"{name}: non-zero padding at offset {offset}")
+                offset += left_in_block
+                continue
+            if offset + HEADER_SIZE > len(data):
+                self.truncated = True  # a cut-off chunk header
+                return
+            header = data[offset : offset + HEADER_SIZE]
+            checksum, length, chunk_type = struct.unpack("<IHB", header)
+            if header == bytes(HEADER_SIZE):  # zero-filled space (LevelDB's zero type)
+                if not data[offset:].strip(b"\x00"):
+                    return  # nothing but zeros to the end
+                offset += left_in_block  # skip the rest of this block
+                continue
+            if HEADER_SIZE + length > left_in_block:
+                raise WandbLogError(f"{name}: the chunk at offset {offset} overruns its block")
+            start = offset + HEADER_SIZE
+            if start + length > len(data):
+                self.truncated = True  # cut-off chunk data
+                return
+            chunk = data[start : start + length]
+            if _crc(chunk_type, chunk) != checksum:
+                raise WandbLogError(f"{name}: bad checksum of the chunk at offset {offset}")
+            yield chunk_type, chunk
+            offset = start + length
+
+    def records(self) -> Iterator[bytes]:
+        name = self.name
+        parts: list[bytes] | None = None
+        for chunk_type, chunk in self.chunks():
+            if chunk_type == FULL:
+                if parts is not None:
+                    raise WandbLogError(f"{name}: a FULL chunk inside a fragmented record")
+                yield chunk
+            elif chunk_type == FIRST:
+                if parts is not None:
+                    raise WandbLogError(f"{name}: a FIRST chunk inside a fragmented record")
+                parts = [chunk]
+            elif chunk_type in (MIDDLE, LAST):
+                if parts is None:
+                    raise WandbLogError(f"{name}: a MIDDLE or LAST chunk with no FIRST before it")
+                parts.append(chunk)
+                if chunk_type == LAST:
+                    yield b"".join(parts)
+                    parts = None
+            else:
+                raise WandbLogError(f"{name}: unknown chunk type {chunk_type}")
+        if parts is not None:
+            self.truncated = True
+
+
+def iter_chunks(data: bytes, *, name: str = "<bytes>") -> Iterator[tuple[int, bytes]]:
+    """(type, data) of every chunk after the file header, checksums verified.
+
+    Raises `WandbLogError` for a bad file header, a bad checksum or non-zero padding. A
+    chunk cut off by the end of the data (a file still being written, or a crash) ends the
+    iteration quietly.
+    """
+    return _Scanner(data, name).chunks()
+
+
+def iter_records(data: bytes, *, name: str = "<bytes>") -> Iterator[bytes]:
+    """The serialized `Record`s: FULL chunks, and FIRST + MIDDLE... + LAST joined. A record
+    left incomplete by the end of the data is not yielded."""
+    return _Scanner(data, name).records()
+
+
+@dataclass
+class WandbRunData:
+    """One run as its `.wandb` file holds it.
+
+    `history`: one dict per logged step, in order, with W&B's own keys (`_step`,
+    `_runtime`, `_timestamp`) beside the logged ones; `metrics()` leaves out all but
+    `_step`. `summary` and `config`: the final values after every update. `exit_code`: None
+    when the file has no exit record (the run crashed or is still running). `truncated`:
+    the file ends inside a record.
+    """
+
+    path: Path  # the .wandb file
+    run_id: str = ""
+    name: str = ""
+    project: str = ""
+    entity: str = ""
+    group: str = ""
+    job_type: str = ""
+    tags: tuple[str, ...] = ()
+    config: dict[str, Any] = field(default_factory=dict)
+    history: list[dict[str, Any]] = field(default_factory=list)
+    summary: dict[str, Any] = field(default_factory=dict)
+    exit_code: int | None = None
+    truncated: bool = False
+
+    @property
+    def directory(self) -> Path:
+        """The run's folder (what `wandb sync` takes)."""
+        return self.path.parent
+
+    def metrics(self) -> list[dict[str, Any]]:
+        """The history rows with W&B's bookkeeping keys left out (`_step` kept)."""
+        return [{k: v for k, v in row.items() if k == "_step" or not k.startswith("_")}
+                for row in self.history]  # fmt: skip
+
+    def table(self, key: str) -> dict[str, Any]:
+        """A `wandb.Table` logged (or put in the summary) under `key`, read back from the
+        run's files: {"columns": [...], "data": [[...], ...]}."""
+        value = self.summary.get(key)
+        if not isinstance(value, dict) or "path" not in value:
+            raise KeyError(f"the run's summary has no table under {key!r}")
+        path = self.directory / "files" / value["path"]
+        table: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
+        return table
+
+
+def _set(target: dict[str, Any], path: Sequence[str], value: Any) -> None:
+    for key in path[:-1]:
+        child = target.get(key)
+        if not isinstance(child, dict):
+            child = target[key] = {}
+        target = child
+    target[path[-1]] = value
+
+
+def _remove(target: dict[str, Any], path: Sequence[str]) -> None:
+    for key in path[:-1]:
+        child = target.get(key)
+        if not isinstance(child, dict):
+            return
+        target = child
+    target.pop(path[-1], None)
+
+
+def _item_path(item: Any) -> list[str]:
+    path = list(item.nested_key) or [item.key]
+    if not all(path):
+        raise WandbLogError(f"an item with an empty key: {item}")
+    return path
+
+
+def _item_value(item: Any) -> Any:
+    """An item's value: `value_json`, or (history items) the typed oneof `value`."""
+    which = item.WhichOneof("value") if "value" in item.DESCRIPTOR.oneofs_by_name else None
+    if which is not None:
+        if which == "none":
+            return None
+        if which == "json":
+            return json.loads(item.json)
+        return getattr(item, which)
+    return json.loads(item.value_json) if item.value_json else None
+
+
+def read_run(path: str | Path) -> WandbRunData:
+    """Decode one run: `path` is its `.wandb` file or its folder (which holds one)."""
+    from wandb.proto.wandb_internal_pb2 import Record  # type: ignore[attr-defined]
+
+    path = Path(path)
+    if path.is_dir():
+        files = sorted(path.glob("*.wandb"))
+        if len(files) != 1:
+            raise FileNotFoundError(f"{path}: expected one .wandb file, found {len(files)}")
+        path = files[0]
+    data = path.read_bytes()
+    run = WandbRunData(path=path)
+    scanner = _Scanner(data, str(path))
+    for raw in scanner.records():
+        record = Record()
+        record.ParseFromString(raw)
+        kind = record.WhichOneof("record_type")
+        if kind == "run":
+            info = record.run
+            run.run_id = info.run_id or run.run_id
+            run.name = info.display_name or run.name
+            run.project = info.project or run.project
+            run.entity = info.entity or run.entity
+            run.group = info.run_group or run.group
+            run.job_type = info.job_type or run.job_type
+            if info.tags:
+                run.tags = tuple(info.tags)
+            for item in info.config.update:
+                _set(run.config, _item_path(item), _item_value(item))
+            for item in info.summary.update:
+                _set(run.summary, _item_path(item), _item_value(item))
+        elif kind == "config":
+            for item in record.config.update:
+                _set(run.config, _item_path(item), _item_value(item))
+            for item in record.config.remove:
+                _remove(run.config, _item_path(item))
+        elif kind == "history":
+            row: dict[str, Any] = {}
+            for item in record.history.item:
+                _set(row, _item_path(item), _item_value(item))
+            if "_step" not in row and record.history.HasField("step"):
+                row["_step"] = record.history.step.num
+            run.history.append(row)
+        elif kind == "summary":
+            for item in record.summary.update:
+                _set(run.summary, _item_path(item), _item_value(item))
+            for item in record.summary.remove:
+                _remove(run.summary, _item_path(item))
+        elif kind == "exit":
+            run.exit_code = record.exit.exit_code
+    run.truncated = scanner.truncated
+    return run
+
+
+def find_run_files(directory: str | Path) -> list[Path]:
+    """Every run's `.wandb` file under `directory`, oldest run folder first (W&B names
+    folders `<offline->run-<date>_<time>-<id>`; `latest-run` links are skipped)."""
+    found = [p for p in Path(directory).rglob("*.wandb") if "latest-run" not in p.parts]
+    return sorted(found, key=lambda p: (p.parent.name.split("-")[-2:-1], p.parent.name))

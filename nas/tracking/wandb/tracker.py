@@ -1,0 +1,312 @@
+"""Weights & Biases tracking for a NAS study: one run per trial, one run for the study.
+
+optuna-integration's W&B callback is deprecated and logs final values only; the harness
+wants each trial's curves (loss, validation, tokens/s, per-stage memory, migrations) and a
+study-level view (every trial, the Pareto front). This tracker makes one W&B run per trial
+(`reinit="create_new"`, grouped by study, `job_type="trial"`) and one run per study
+(`job_type="study"`) that ends with a table of the trials, a table of the Pareto front and,
+when the study names two objectives, a picture of the front.
+
+Offline by default: W&B writes each run to `<directory>/wandb/offline-run-*/` and nothing
+leaves the machine (W&B's own error reporting is turned off too, unless
+WANDB_ERROR_REPORTING is set); `wandb sync <run folders>` uploads later (`sync_command`).
+`mode="online"` logs live and needs credentials already configured (WANDB_API_KEY or
+`wandb login`): the tracker never prompts for a key, it raises instead. W&B's console
+capture and informational messages are off; its warnings and errors still print.
+
+wandb is imported when a tracker is created, never when this module is imported, so the
+harness imports and runs (`tracker=none`, `tracker=jsonl`) without wandb installed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from nas.tracking.base import (
+    Metrics,
+    Tracker,
+    check_state,
+    check_step,
+    clean_metrics,
+    json_safe,
+)
+from nas.tracking.plots import save_pareto_plot
+
+__all__ = ["MODES", "QUIET_SETTINGS", "WandbTracker", "sync_command"]
+
+MODES = ("offline", "online", "disabled")
+
+# W&B settings the tracker applies unless `settings=` overrides them: no console capture,
+# no informational output (warnings and errors still print), no system-metrics sampler
+# process, no pip freeze or code upload per run.
+QUIET_SETTINGS: dict[str, Any] = {
+    "console": "off",
+    "quiet": True,
+    "show_info": False,
+    "x_disable_stats": True,
+    "x_save_requirements": False,
+    "save_code": False,
+}
+
+
+def sync_command(directories: Iterable[str | Path]) -> str:
+    """The shell command that uploads offline runs: `wandb sync <run folder> ...`."""
+    paths = [str(d) for d in directories]
+    if not paths:
+        raise ValueError("sync_command needs at least one run folder")
+    return shlex.join(["wandb", "sync", *paths])
+
+
+def _cell(value: Any) -> Any:
+    """A table cell: scalars as they are, lists and dicts as JSON text."""
+    value = json_safe(value)
+    if isinstance(value, dict | list):
+        return json.dumps(value, sort_keys=True)
+    return value
+
+
+def _columns(rows: Sequence[Mapping[str, Any]]) -> list[str]:
+    columns: dict[str, None] = {}
+    for row in rows:
+        columns.update(dict.fromkeys(str(k) for k in row))
+    return list(columns)
+
+
+class WandbTracker(Tracker):
+    """Logs a study to W&B: a run per trial and a run for the study (module doc).
+
+    Args:
+        project: the W&B project.
+        mode: "offline" (default), "online" (needs configured credentials) or "disabled".
+        directory: where W&B writes its run folders (`<directory>/wandb/...`).
+        entity: the W&B entity (user or team); None = the default one.
+        tags: tags for every run (each trial run also gets its end state as a tag).
+        study_run: whether to make the study-level run.
+        settings: W&B settings overriding `QUIET_SETTINGS` (e.g. {"x_disable_stats": False}).
+        teardown: whether `close` also shuts down W&B's service process.
+
+    After a run starts, its folder is in `trial_directories[trial]` / `study_directory`
+    and in `run_directories` (all, in order); `sync_command()` uploads them.
+    """
+
+    def __init__(
+        self,
+        project: str = "elastic-nas",
+        mode: str = "offline",
+        directory: str | Path = "outputs",
+        entity: str | None = None,
+        tags: Sequence[str] = (),
+        *,
+        study_run: bool = True,
+        settings: Mapping[str, Any] | None = None,
+        teardown: bool = True,
+    ) -> None:
+        if mode not in MODES:
+            raise ValueError(f"unknown W&B mode {mode!r}; valid modes: {', '.join(MODES)}")
+        if isinstance(tags, str):
+            raise TypeError("tags must be a sequence of strings, not one string")
+        if settings and "mode" in settings:
+            raise ValueError("pass the W&B mode as mode=..., not in settings")
+        try:
+            import wandb
+        except ImportError as error:
+            raise ImportError(
+                "the W&B tracker needs wandb (pip install 'elastic-nas[nas]'); "
+                "use tracker=jsonl or tracker=none without it"
+            ) from error
+        self._wandb: Any = wandb
+        self.project = project
+        self.mode = mode
+        self.directory = Path(directory)
+        self.entity = entity
+        self.tags = tuple(str(t) for t in tags)
+        self.make_study_run = study_run
+        self.settings: dict[str, Any] = {**QUIET_SETTINGS, **(settings or {})}
+        self.teardown = teardown
+        self.run_directories: list[Path] = []
+        self.trial_directories: dict[int, Path] = {}
+        self.study_directory: Path | None = None
+        self._study: str | None = None
+        self._study_run: Any = None
+        self._trial: int | None = None
+        self._trial_run: Any = None
+        self._events: list[dict[str, Any]] = []
+        self._ended: dict[str, int] = {"complete": 0, "pruned": 0, "failed": 0}
+        self._set_up = False
+        self._service = False
+        self._closed = False
+
+    # -- W&B plumbing -------------------------------------------------------------------------
+    def _setup(self) -> None:
+        """Configure W&B once: quiet output, offline privacy, credentials without a prompt."""
+        if self._set_up:
+            return
+        wandb = self._wandb
+        if self.mode == "offline":
+            os.environ.setdefault("WANDB_ERROR_REPORTING", "false")
+        # The process-wide settings decide what W&B prints (not the per-run ones).
+        wandb.setup(settings=wandb.Settings(**{**self.settings, "mode": self.mode}))
+        self._service = True  # from here on, close() tears W&B down
+        if self.mode == "online" and not wandb.login(prompt=False):
+            raise RuntimeError(
+                "W&B online mode needs credentials: set WANDB_API_KEY or run `wandb login` "
+                "(or use mode='offline' and `wandb sync` later)"
+            )
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self._set_up = True
+
+    def _init(self, *, name: str, group: str, job_type: str,
+              config: Mapping[str, Any]) -> tuple[Any, Path | None]:  # fmt: skip
+        self._setup()
+        run = self._wandb.init(
+            project=self.project,
+            entity=self.entity,
+            dir=str(self.directory),
+            name=name,
+            group=group,
+            job_type=job_type,
+            tags=list(self.tags),
+            config=json_safe(config),
+            mode=self.mode,
+            reinit="create_new",
+            settings=self._wandb.Settings(**self.settings),
+        )
+        sync_dir = getattr(run.settings, "sync_dir", None) if self.mode != "disabled" else None
+        directory = Path(sync_dir) if sync_dir else None
+        if directory is not None:
+            self.run_directories.append(directory)
+        return run, directory
+
+    def _table(self, rows: Sequence[Mapping[str, Any]]) -> Any:
+        columns = _columns(rows)
+        data = [[_cell(row.get(c)) for c in columns] for row in rows]
+        return self._wandb.Table(columns=columns, data=data, allow_mixed_types=True)
+
+    def _require_trial(self, what: str) -> Any:
+        if self._trial_run is None:
+            raise RuntimeError(f"WandbTracker: {what} outside a trial (call start_trial first)")
+        return self._trial_run
+
+    # -- the lifecycle --------------------------------------------------------------------------
+    def start_study(self, study_name: str, config: Mapping[str, Any]) -> None:
+        if self._closed:
+            raise RuntimeError("WandbTracker: start_study after close")
+        if self._study is not None:
+            raise RuntimeError(f"WandbTracker: study {self._study!r} is still running")
+        if not isinstance(study_name, str) or not study_name.strip():
+            raise ValueError(f"a study name must be a non-empty string, got {study_name!r}")
+        if self.make_study_run:
+            self._study_run, self.study_directory = self._init(
+                name=f"{study_name}-study", group=study_name, job_type="study", config=config
+            )
+        else:
+            self._setup()
+        self._study = study_name
+        self._ended = dict.fromkeys(self._ended, 0)
+
+    def start_trial(
+        self, trial_number: int, params: Mapping[str, Any], config: Mapping[str, Any]
+    ) -> None:
+        if self._study is None:
+            raise RuntimeError("WandbTracker: start_trial before start_study")
+        if self._trial_run is not None:
+            raise RuntimeError(f"WandbTracker: trial {self._trial} has not ended")
+        if isinstance(trial_number, bool) or not isinstance(trial_number, int):
+            raise TypeError(f"trial_number must be an int, got {trial_number!r}")
+        run_config = {**config, "study": self._study, "trial": trial_number,
+                      "params": dict(params)}  # fmt: skip
+        run, directory = self._init(name=f"{self._study}-trial-{trial_number}",
+                                    group=self._study, job_type="trial",
+                                    config=run_config)  # fmt: skip
+        self._trial_run, self._trial = run, trial_number
+        self._events = []
+        if directory is not None:
+            self.trial_directories[trial_number] = directory
+
+    def log_step(self, step: int, metrics: Metrics) -> None:
+        run = self._require_trial("log_step")
+        check_step(step)
+        run.log(clean_metrics(metrics), step=step)
+
+    def log_event(self, step: int, event: Mapping[str, Any]) -> None:
+        """Kept and written at the end of the trial as the table `events` (in the summary,
+        so the step history holds step metrics only)."""
+        self._require_trial("log_event")
+        check_step(step)
+        self._events.append({"step": step, **json_safe(dict(event))})
+
+    def end_trial(self, state: str, summary: Mapping[str, Any], error: str | None = None) -> None:
+        run = self._require_trial("end_trial")
+        state = check_state(state)
+        try:
+            final: dict[str, Any] = {**json_safe(dict(summary)), "state": state, "error": error}
+            if self._events:
+                final["events"] = self._table(self._events)
+                final["event_count"] = len(self._events)
+            run.summary.update(final)
+            run.tags = (*tuple(run.tags or ()), state)
+        finally:
+            self._trial_run, self._trial, self._events = None, None, []
+            run.finish(exit_code=1 if state == "failed" else 0)
+        self._ended[state] += 1
+        if self._study_run is not None:
+            ended = sum(self._ended.values())
+            self._study_run.log({f"trials/{k}": v for k, v in self._ended.items()}
+                                | {"trials/ended": ended}, step=ended)  # fmt: skip
+
+    def end_study(
+        self,
+        trials_table: Sequence[Mapping[str, Any]],
+        pareto_front: Sequence[Mapping[str, Any]],
+        summary: Mapping[str, Any],
+    ) -> None:
+        if self._study is None:
+            raise RuntimeError("WandbTracker: end_study before start_study")
+        if self._trial_run is not None:
+            raise RuntimeError(f"WandbTracker: end_study while trial {self._trial} is open")
+        run = self._study_run
+        self._study, self._study_run = None, None
+        if run is None:
+            return
+        try:
+            final: dict[str, Any] = {**json_safe(dict(summary)),
+                                     "trials": self._table(trials_table),
+                                     "pareto_front": self._table(pareto_front)}  # fmt: skip
+            objectives = summary.get("objectives")
+            if (isinstance(objectives, Sequence) and not isinstance(objectives, str)
+                    and len(objectives) >= 2 and self.study_directory is not None):  # fmt: skip
+                x, y = str(objectives[0]), str(objectives[1])
+                picture = save_pareto_plot(trials_table, pareto_front, x, y,
+                                           self.study_directory / "pareto_front.png")  # fmt: skip
+                if picture is not None:
+                    final["pareto_plot"] = self._wandb.Image(str(picture))
+            run.summary.update(final)
+        finally:
+            run.finish(exit_code=0)
+
+    def close(self) -> None:
+        """End an open trial as failed, finish an unfinished study run (exit code 1), and
+        shut down W&B's service process (`teardown=True`). Safe to call twice."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            if self._trial_run is not None:
+                self.end_trial("failed", {}, "the tracker was closed before the trial ended")
+        finally:
+            study_run, self._study_run, self._study = self._study_run, None, None
+            try:
+                if study_run is not None:
+                    study_run.finish(exit_code=1)
+            finally:
+                if self.teardown and self._service:
+                    self._wandb.teardown()
+
+    def sync_command(self) -> str:
+        """`wandb sync` with every run folder this tracker made."""
+        return sync_command(self.run_directories)
