@@ -25,7 +25,6 @@ same study name resumes toward `study.n_trials` finished trials.
 from __future__ import annotations
 
 import functools
-import json
 import math
 import time
 import traceback
@@ -42,7 +41,7 @@ from nas.tasks import Task, TokenStats, get_task
 from nas.tracking import pipeline_metrics
 from pipeline import ElasticPipeline, InfeasibleBudgetError, PipelineError, StageContext
 from pipeline.distributed.comm import Comm
-from search_spaces.architecture import InvalidArchitecture, from_json, summary, to_json
+from search_spaces.architecture import InvalidArchitecture, from_json, summary
 from search_spaces.compile import compile as compile_arch
 from search_spaces.compile import parameter_count
 
@@ -205,7 +204,3 @@ def _max_len(task: Task) -> int:
     if hasattr(task, "max_chars"):
         return int(task.max_chars) + 2
     return int(getattr(task, "seq_len", 64))
-
-
-def architecture_json(arch: Any) -> str:
-    return json.dumps(json.loads(to_json(arch)))

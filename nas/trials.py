@@ -9,6 +9,7 @@ run in the caller, between launches, on the same storage.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -200,6 +201,4 @@ def _tracker(settings: NasSettings) -> Tracker:
 
 
 def _plain(settings: NasSettings) -> dict[str, Any]:
-    import dataclasses
-
     return dataclasses.asdict(settings)
