@@ -13,12 +13,11 @@ metrics) and `pipeline_metrics` (a `PipelineStats.to_dict()` flattened into step
 
 from __future__ import annotations
 
-import dataclasses
-import math
 from collections.abc import Mapping, Sequence
-from pathlib import PurePath
 from types import TracebackType
 from typing import Any
+
+from pipeline.distributed.events import plain as json_safe  # one converter for both
 
 __all__ = [
     "TRIAL_STATES",
@@ -176,43 +175,6 @@ class CompositeTracker(Tracker):
 
 
 # -- values ------------------------------------------------------------------------------------
-def json_safe(value: Any) -> Any:
-    """`value` in plain JSON values: tuples and sets become lists, mapping keys strings,
-    NaN and infinities None, dataclasses dicts (their `to_dict` where they have one),
-    numpy and torch scalars numbers, paths strings; anything else its `str`. Strict JSON
-    (`allow_nan=False`) accepts the result."""
-    if value is None or isinstance(value, bool):
-        return value
-    if isinstance(value, int):  # int subclasses (IntEnum) as plain ints
-        return int(value)
-    if isinstance(value, str):  # str subclasses (str enums) as their text
-        return str.__str__(value)
-    if isinstance(value, float):  # numpy.float64 is a float subclass
-        return float(value) if math.isfinite(value) else None
-    if isinstance(value, Mapping):
-        return {str(k): json_safe(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [json_safe(v) for v in value]
-    if isinstance(value, set | frozenset):
-        return [json_safe(v) for v in sorted(value, key=repr)]
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        to_dict = getattr(value, "to_dict", None)
-        if callable(to_dict):
-            return json_safe(to_dict())
-        return json_safe({f.name: getattr(value, f.name) for f in dataclasses.fields(value)})
-    if isinstance(value, PurePath):
-        return str(value)
-    tolist = getattr(value, "tolist", None)  # numpy and torch scalars and arrays
-    if callable(tolist):
-        try:
-            converted = tolist()
-        except (TypeError, ValueError, RuntimeError):
-            converted = value
-        if converted is not value:
-            return json_safe(converted)
-    return str(value)
-
-
 def _number(value: Any) -> float | int | None:
     """A metric value as a Python number; None stays None; anything else is an error."""
     if value is None or isinstance(value, bool):

@@ -25,6 +25,7 @@ import dataclasses
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import PurePath
 from typing import Any
 
 __all__ = ["EVENT_KINDS", "PipelineEvent", "plain"]
@@ -33,22 +34,40 @@ EVENT_KINDS = ("build", "migration", "rollback", "trigger", "replan", "reconfigu
 
 
 def plain(value: Any) -> Any:
-    """`value` as plain JSON values: tuples become lists, dataclasses dicts (their `to_dict`
-    where they have one), mapping keys strings, non-finite floats None; anything else that
-    JSON cannot take becomes its `str`, so a logger never fails on an event."""
-    if value is None or isinstance(value, bool | int | str):
+    """`value` in plain JSON values, for loggers and trackers (`nas.tracking` uses it too):
+    tuples and sets become lists, mapping keys strings, NaN and infinities None,
+    dataclasses dicts (their `to_dict` where they have one), numpy and torch scalars
+    numbers, paths strings; anything else its `str`. Strict JSON (`allow_nan=False`)
+    accepts the result."""
+    if value is None or isinstance(value, bool):
         return value
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
+    if isinstance(value, int):  # int subclasses (IntEnum) as plain ints
+        return int(value)
+    if isinstance(value, str):  # str subclasses (str enums) as their text
+        return str.__str__(value)
+    if isinstance(value, float):  # numpy.float64 is a float subclass
+        return float(value) if math.isfinite(value) else None
+    if isinstance(value, Mapping):
+        return {str(k): plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [plain(v) for v in value]
+    if isinstance(value, set | frozenset):
+        return [plain(v) for v in sorted(value, key=repr)]
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         to_dict = getattr(value, "to_dict", None)
         if callable(to_dict):
             return plain(to_dict())
         return plain({f.name: getattr(value, f.name) for f in dataclasses.fields(value)})
-    if isinstance(value, Mapping):
-        return {str(k): plain(v) for k, v in value.items()}
-    if isinstance(value, list | tuple | set | frozenset):
-        return [plain(v) for v in value]
+    if isinstance(value, PurePath):
+        return str(value)
+    tolist = getattr(value, "tolist", None)  # numpy and torch scalars and arrays
+    if callable(tolist):
+        try:
+            converted = tolist()
+        except (TypeError, ValueError, RuntimeError):
+            converted = value
+        if converted is not value:
+            return plain(converted)
     return str(value)
 
 
