@@ -130,8 +130,6 @@ class ElasticPipeline:
         )  # fmt: skip
         if not callable(loss_fn):
             raise TypeError(f"loss_fn must be callable, got {type(loss_fn).__name__}")
-        self.on_nonfinite, self.rebalance_horizon = on_nonfinite, rebalance_horizon
-        self.measure_memory_every = measure_memory_every
         self.schedule = get_schedule(schedule) if isinstance(schedule, str) else schedule
         self.schedule_name = schedule.lower() if isinstance(schedule, str) else None
         validate(self.schedule, self.n_stages, n_microbatches)
@@ -229,12 +227,12 @@ class ElasticPipeline:
             self._plan_first(chunks[0])
         stage = self._live_stage()
         inputs = [as_carry(c, "the batch input") for c in chunks]
-        measure = self._measure_next or self.step % self.measure_memory_every == 0
+        measure = self._measure_next or self.step % self.options.measure_memory_every == 0
         rng = torch.random.get_rng_state()
         try:
             loss, times = executor.train_step(
                 stage, self._links, self.comm, self._actions, self.step, inputs, targets,
-                measure_memory=measure, on_nonfinite=self.on_nonfinite,
+                measure_memory=measure, on_nonfinite=self.options.on_nonfinite,
             )  # fmt: skip
         except PipelineError as error:  # raised on every rank; nothing is in flight
             stage.abort_step()
@@ -318,7 +316,7 @@ class ElasticPipeline:
         `rebalance_horizon`) exceeds the time to move its layers (or when the current plan
         breaks the memory budget). Returns the migration, or None when the current plan stays.
         """
-        horizon = self.rebalance_horizon if remaining_steps is None else remaining_steps
+        horizon = self.options.rebalance_horizon if remaining_steps is None else remaining_steps
         costs, actions = self.layer_costs()
         schedule = self.schedule_name or self.schedule
         current = evaluate(costs, self.sizes, actions, schedule=schedule,
