@@ -30,7 +30,9 @@ def main(cfg: DictConfig) -> None:
     from nas.report import report_study  # after composing: --help and --cfg stay fast
     from nas.study import run_study
 
-    report_study(settings, run_study(settings))
+    result = run_study(settings)
+    if os.environ.get("RANK", "0") == "0":  # under torchrun: rank 0 reports
+        report_study(settings, result)
 
 
 if __name__ == "__main__":

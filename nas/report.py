@@ -3,7 +3,8 @@
 Printed with rich: a table of the best trials (values, architecture, parameters, state),
 the best architecture's summary, and the commands to open the study in `optuna-dashboard`
 and to upload the offline W&B runs (`wandb sync`). PNG plots go to the run folder:
-optimization history, and the Pareto front for multi-objective studies.
+optimization history, the Pareto front for multi-objective studies, and which layers each
+stage held over the best trial's steps (its partition, and the migrations that changed it).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from rich.table import Table
 from nas.settings import NasSettings
 from nas.study import StudyResult
 
-__all__ = ["plot_history", "plot_pareto", "report_study"]
+__all__ = ["plot_history", "plot_pareto", "plot_partition", "report_study"]
 
 
 def report_study(
@@ -52,6 +53,8 @@ def report_study(
     plots = [plot_history(study, out / "optimization_history.png")]
     if len(study.directions) > 1 and complete:
         plots.append(plot_pareto(study, settings.study.objectives, out / "pareto_front.png"))
+    if complete:
+        plots.append(plot_partition(study.best_trials[0], out / "partition_best_trial.png"))
     # commands and paths unwrapped, so they can be copied whole
     console.print(f"plots: {', '.join(str(p) for p in plots)}", soft_wrap=True)
     console.print(f"dashboard: optuna-dashboard {result.storage}", soft_wrap=True)
@@ -92,6 +95,28 @@ def plot_pareto(study: optuna.Study, objectives: list[str] | tuple[str, ...], pa
                        label="Pareto front" if on_front else "trial")  # fmt: skip
     ax.set(xlabel=objectives[0], ylabel=objectives[1], title="Pareto front")
     ax.legend()
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def plot_partition(trial: optuna.trial.FrozenTrial, path: Path) -> Path:
+    """Which layers each stage held, step by step, in `trial` (its `partition_history`)."""
+    history = trial.user_attrs.get("partition_history") or [[0, trial.user_attrs["partition"]]]
+    last = max(int(trial.user_attrs.get("steps", 0)), int(history[-1][0]) + 1)
+    fig, ax = plt.subplots(figsize=(6, 4))
+    colours = plt.get_cmap("tab10")
+    for i, (start, sizes) in enumerate(history):
+        end = history[i + 1][0] if i + 1 < len(history) else last
+        low = 0
+        for stage, size in enumerate(sizes):
+            ax.broken_barh([(start, max(end - start, 1))], (low, size), color=colours(stage),
+                           label=f"stage {stage}" if i == 0 else None)  # fmt: skip
+            low += size
+    ax.set(xlabel="step", ylabel="layers (first to last)",
+           title=f"partition over time, best trial {trial.number}")  # fmt: skip
+    ax.legend(loc="upper right")
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)

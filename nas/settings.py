@@ -193,10 +193,29 @@ class NasSettings:
                 f"search_space.decoder_only={self.search_space.decoder_only} does not fit "
                 f"task={self.task.name}; valid: {wants} (or leave it unset)"
             )
+        self._check_pruner()
         if self.train.batch_size % self.pipeline.n_microbatches:
             raise ValueError(
                 f"train.batch_size={self.train.batch_size} is not a multiple of "
                 f"pipeline.n_microbatches={self.pipeline.n_microbatches}"
+            )
+
+    def _check_pruner(self) -> None:
+        """Pruners decide at evaluations; several objectives allow only the hurdles."""
+        name, options = self.pruner.name, self.pruner.options
+        if name == "median" and len(self.study.objectives) > 1:
+            raise ValueError(
+                "pruner=median is not valid with several study.objectives (Optuna 5 "
+                "refuses report/should_prune there); valid: pdh (applied to "
+                "validation_loss), none"
+            )
+        budgets = options.get("budgets", []) if name == "pdh" else []
+        bad = [b for b in budgets if b % self.train.eval_every and b != self.train.steps]
+        if bad:
+            raise ValueError(
+                f"pruner.options.budgets={list(budgets)} has {bad}, not an evaluation step; "
+                f"valid: multiples of train.eval_every={self.train.eval_every} "
+                f"or train.steps={self.train.steps}"
             )
 
     @property

@@ -35,7 +35,7 @@ from typing import Any
 import torch
 
 import pipeline
-from nas import trials
+from nas import storage, trials
 from nas.settings import NasSettings
 from nas.tasks import Task, TokenStats, get_task
 from nas.tracking import pipeline_metrics
@@ -63,34 +63,49 @@ class StudyResult:
 
 
 def run_study(settings: NasSettings) -> StudyResult:
-    """Run (or resume) the study described by `settings`; returns when it has enough trials."""
+    """Run (or resume) the study described by `settings`; returns when it has enough trials.
+
+    Under torchrun every process calls this: each is one stage, rank 0 alone opens the
+    study, and a death is torchrun's to handle (restart the job: it resumes).
+    """
     Path(settings.studies_dir).mkdir(parents=True, exist_ok=True)
     Path(settings.output_dir).mkdir(parents=True, exist_ok=True)
+    owner = storage.this_owner()  # the trials this harness asks carry it (nas.storage)
+    if pipeline.under_torchrun():
+        finished, dirs = _launch(settings, owner)
+        return StudyResult(settings.study.name, settings.storage_url, finished, 0, tuple(dirs))
     study = trials.open_study(settings)
     restarts = 0
     run_dirs: list[str] = []
     while trials.remaining(study, settings.study.n_trials) > 0:
         try:
-            results = pipeline.launch(
-                functools.partial(_stage_main, settings=settings), settings.pipeline.n_stages,
-                threads_per_stage=settings.pipeline.threads_per_stage,
-                timeout_s=settings.pipeline.timeout_s,
-            )  # fmt: skip
-            run_dirs.extend(results[0])
+            run_dirs.extend(_launch(settings, owner)[1])
         except pipeline.StageFailedError as error:
-            trials.fail_running(study, f"stage {error.stage} died: {error.detail[-2000:]}")
+            trials.fail_running(study, f"stage {error.stage} died: {error.detail[-2000:]}", owner)
             restarts += 1
             if restarts > settings.study.max_restarts:
                 raise
-    return StudyResult(settings.study.name, settings.storage_url,
-                       trials.finished(study), restarts, tuple(run_dirs))  # fmt: skip
+    return StudyResult(settings.study.name, settings.storage_url, trials.finished(study),
+                       restarts, tuple(run_dirs))  # fmt: skip
+
+
+def _launch(settings: NasSettings, owner: str) -> tuple[int, list[str]]:
+    """Start the stage processes (or join torchrun's) and run trials until none are left;
+    rank 0's (finished trials, tracker run folders)."""
+    results = pipeline.launch(
+        functools.partial(_stage_main, settings=settings, owner=owner),
+        settings.pipeline.n_stages, threads_per_stage=settings.pipeline.threads_per_stage,
+        timeout_s=settings.pipeline.timeout_s,
+    )  # fmt: skip
+    finished, run_dirs = results[0]
+    return finished, run_dirs
 
 
 # -- inside every stage process -------------------------------------------------------------
-def _stage_main(ctx: StageContext, settings: NasSettings) -> list[str]:
+def _stage_main(ctx: StageContext, settings: NasSettings, owner: str) -> tuple[int, list[str]]:
     comm = Comm()
     task = get_task(settings.task.name, **settings.task.options)
-    leader = trials.Leader(settings, task) if ctx.rank == 0 else None
+    leader = trials.Leader(settings, task, owner) if ctx.rank == 0 else None
     pipe: ElasticPipeline | None = None
     try:
         while True:
@@ -104,8 +119,8 @@ def _stage_main(ctx: StageContext, settings: NasSettings) -> list[str]:
     finally:
         if pipe is not None:
             pipe.close()
-        dirs = leader.close() if leader else []
-    return dirs
+        done = leader.close() if leader else (0, [])
+    return done
 
 
 def _run_trial(
@@ -134,14 +149,27 @@ def _run_trial(
     stats = pipe.stats()
     attrs |= {"steps": steps, "seconds": time.perf_counter() - started,
               "partition": list(pipe.sizes), "migrations": len(stats.migrations),
+              "partition_history": [[step, list(sizes)] for step, sizes in
+                                    pipe.partition_history],
               "tokens_per_s": stats.tokens_per_s or 0.0,
               "peak_memory_bytes": max(s.measured_peak_bytes for s in stats.stages)}
+    if settings.study.inherit_weights:
+        attrs |= _inheritance(pipe)
     if pruned:
         return pipe, trials.Outcome("pruned", attrs | {"validation_loss": values[-1]})
     objectives = {"validation_loss": values[-1], **{k: attrs[k] for k in
                                                     ("tokens_per_s", "peak_memory_bytes")}}
     return pipe, trials.Outcome("complete", attrs | {"validation_loss": values[-1]},
                                 [objectives[o] for o in settings.study.objectives])
+
+
+def _inheritance(pipe: ElasticPipeline) -> dict[str, int]:
+    """What this model took from the previous one (`inherit_weights`): layers and bytes
+    inherited, and how many of them moved to another stage."""
+    found = [e.details for e in pipe.events if e.kind == "inherit" and
+             e.generation == pipe.generation]  # fmt: skip
+    record = found[-1] if found else {"layers": 0, "bytes": 0, "moved": 0, "moved_bytes": 0}
+    return {f"inherited_{k}": int(v) for k, v in record.items()}
 
 
 def _reconfigure(
@@ -180,7 +208,7 @@ def _train(
                 values.append(_validation_loss(pipe, task, train.batch_size, train.eval_batches))
                 metrics |= pipeline_metrics(pipe.stats().to_dict())
                 metrics["validation_loss"] = values[-1]
-            prune = leader.step(step, metrics, pipe) if leader else False
+            prune = leader.step(step, metrics) if leader else False
             if "validation_loss" in metrics and comm.broadcast_object(prune, src=0):
                 return values, step, True
             if last:

@@ -10,6 +10,7 @@ run in the caller, between launches, on the same storage.
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -17,11 +18,11 @@ from typing import Any
 import optuna
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from nas.search import make_pruner, make_sampler
+from nas import storage
+from nas.search import ProgressiveDynamicHurdles, make_pruner, make_sampler
 from nas.settings import NasSettings
 from nas.tasks import Task
 from nas.tracking import CompositeTracker, Tracker, make_tracker
-from pipeline import ElasticPipeline
 from search_spaces.architecture import InvalidArchitecture, summary, to_json
 from search_spaces.evolved_transformer import (
     ParamWindow,
@@ -37,6 +38,7 @@ _DONE = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED,
          optuna.trial.TrialState.FAIL)  # fmt: skip
 INTERRUPTED = "interrupted"  # user attr of a trial failed because its processes died
 INVALID = "invalid"  # user attr of a trial whose sampled architecture broke a rule
+OWNER = "owner"  # user attr: "<host>:<pid>" of the harness that asked the trial
 MAX_INVALID_IN_A_ROW = 1000  # the sampler keeps proposing invalid architectures: stop
 
 
@@ -52,8 +54,11 @@ class Outcome:
 def open_study(settings: NasSettings) -> optuna.Study:
     """Create or load the study; a new one gets the seed architectures enqueued first."""
     optuna.logging.set_verbosity(optuna.logging.WARNING)
+    # ask/tell keeps its own heartbeat (nas.storage.Heartbeat), which Optuna cannot see
+    warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used")
     study = optuna.create_study(
-        study_name=settings.study.name, storage=settings.storage_url, load_if_exists=True,
+        study_name=settings.study.name, storage=storage.make_storage(settings.storage_url),
+        load_if_exists=True,
         directions=settings.study.directions,  # type: ignore[arg-type]
         sampler=make_sampler(settings.sampler.name, seed=settings.seed, **settings.sampler.options),
         pruner=make_pruner(settings.pruner.name, **settings.pruner.options),
@@ -79,9 +84,12 @@ def counted(trial: optuna.trial.FrozenTrial) -> bool:
 
     Most random points of the Evolved Transformer space break a validity rule (about 1 in
     75 encoder-decoder samples is valid), so a proposal that is invalid is recorded as a
-    failed trial with its cause, and another is asked for in its place.
+    failed trial with its cause, and another is asked for in its place. A failed trial
+    without a `fail_reason` was failed by Optuna's heartbeat check (its worker died).
     """
     attrs = trial.user_attrs
+    if trial.state == optuna.trial.TrialState.FAIL and "fail_reason" not in attrs:
+        return False
     return trial.state in _DONE and not attrs.get(INTERRUPTED) and not attrs.get(INVALID)
 
 
@@ -93,23 +101,32 @@ def remaining(study: optuna.Study, n_trials: int) -> int:
     return max(0, n_trials - finished(study))
 
 
-def fail_running(study: optuna.Study, cause: str) -> None:
-    """Fail every trial left RUNNING (its processes died) and enqueue it again."""
+def fail_running(study: optuna.Study, cause: str, owner: str | None = None) -> None:
+    """Fail the RUNNING trials asked by `owner` (its stage processes died), or with no
+    owner given, those whose owner is gone (`nas.storage`), and enqueue them again."""
+    storage.fail_stale(study)
     for trial in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
-        study._storage.set_trial_user_attr(trial._trial_id, "fail_reason", cause)
-        study._storage.set_trial_user_attr(trial._trial_id, INTERRUPTED, True)
-        study._storage.set_trial_state_values(trial._trial_id, optuna.trial.TrialState.FAIL)
-        study.enqueue_trial(trial.params, skip_if_exists=False)
+        asked_by = trial.user_attrs.get(OWNER)
+        if asked_by != owner if owner else storage.owner_alive(asked_by):
+            continue
+        try:
+            study._storage.set_trial_user_attr(trial._trial_id, "fail_reason", cause)
+            study._storage.set_trial_user_attr(trial._trial_id, INTERRUPTED, True)
+            study._storage.set_trial_state_values(trial._trial_id, optuna.trial.TrialState.FAIL)
+        except optuna.exceptions.UpdateFinishedTrialError:  # its worker finished it meanwhile
+            continue
+        study.enqueue_trial(trial.params, user_attrs={"retry_of": trial.number})
 
 
 class Leader:
     """Rank 0: asks, reports, prunes, tells and tracks (module docstring)."""
 
-    def __init__(self, settings: NasSettings, task: Task) -> None:
-        self.settings, self.task = settings, task
+    def __init__(self, settings: NasSettings, task: Task, owner: str) -> None:
+        self.settings, self.task, self.owner = settings, task, owner
         self.study = open_study(settings)
         fail_running(self.study, "left running by an earlier run that stopped")
         self.multi = len(settings.study.objectives) > 1
+        self.heartbeat: storage.Heartbeat | None = None
         self.tracker = _tracker(settings)
         self.tracker.start_study(settings.study.name, _plain(settings))
         self.trial: optuna.Trial | None = None
@@ -129,6 +146,7 @@ class Leader:
                 raise RuntimeError(f"the {self.settings.sampler.name} sampler proposed "
                                    f"{invalid} invalid architectures in a row")  # fmt: skip
             trial = self.study.ask()
+            trial.set_user_attr(OWNER, self.owner)  # first: a crash from here on is found
             space = self.settings.search_space
             try:
                 arch = sample(trial, d_model=space.d_model, decoder_only=bool(space.decoder_only),
@@ -142,6 +160,8 @@ class Leader:
                 invalid += 1
                 continue
             self.trial = trial
+            self.heartbeat = storage.Heartbeat(self.study, trial)
+            self.heartbeat.start()
             self.progress.reset(self.bar_trial, total=self.settings.train.steps,
                                 description=f"trial {trial.number}: {summary(arch)[:60]}")
             self.tracker.start_trial(trial.number, dict(trial.params),
@@ -149,21 +169,35 @@ class Leader:
             return trial.number, to_json(arch)
         return None
 
-    def step(self, step: int, metrics: dict[str, Any], pipe: ElasticPipeline) -> bool:
-        """Log one step; at an evaluation, report and say whether to prune (single objective)."""
+    def step(self, step: int, metrics: dict[str, Any]) -> bool:
+        """Log one step; at an evaluation, report and say whether to prune."""
         self.progress.update(self.bar_trial, completed=step)
         self.tracker.log_step(step, metrics)
-        value = metrics.get("validation_loss")
-        if value is None or self.multi or self.trial is None:
+        value, trial = metrics.get("validation_loss"), self.trial
+        if value is None or trial is None:
             return False
-        self.trial.report(value, step)
-        return bool(self.trial.should_prune())
+        if not self.multi:
+            trial.report(value, step)
+            return bool(trial.should_prune())
+        # Optuna 5 refuses report/should_prune with several objectives: the hurdles are
+        # applied to the validation loss itself and the trial ends as pruned
+        pruner = self.study.pruner
+        if not isinstance(pruner, ProgressiveDynamicHurdles) or step not in pruner.budgets:
+            return False
+        pruner.record(trial, step, value)
+        return not pruner.passes(self.study, step, value, trial=trial.number)
 
     def finish(self, number: int, outcome: Outcome) -> None:
         trial = self.trial
         assert trial is not None and trial.number == number
+        if self.heartbeat is not None:
+            self.heartbeat.stop()
         for key, value in outcome.attrs.items():
             trial.set_user_attr(key, value)
+        budget = self.settings.pipeline.memory_budget
+        if budget is not None and "peak_memory_bytes" in outcome.attrs:
+            # feasible when <= 0: the samplers (TPE, NSGA-II, GP) prefer feasible trials
+            trial.set_constraint("memory", outcome.attrs["peak_memory_bytes"] - budget)
         state = {"complete": optuna.trial.TrialState.COMPLETE,
                  "pruned": optuna.trial.TrialState.PRUNED,
                  "fail": optuna.trial.TrialState.FAIL}[outcome.state]  # fmt: skip
@@ -174,7 +208,8 @@ class Leader:
         self.progress.advance(self.bar_study)
         self.trial = None
 
-    def close(self) -> list[str]:
+    def close(self) -> tuple[int, list[str]]:
+        """End the study run: (finished trials, the tracker's run folders)."""
         self.progress.stop()
         table = [{"number": t.number, "state": t.state.name, "values": t.values,
                   **t.user_attrs} for t in self.study.get_trials(deepcopy=False)]  # fmt: skip
@@ -184,7 +219,7 @@ class Leader:
         dirs = [str(d) for t in getattr(self.tracker, "trackers", [self.tracker])
                 for d in getattr(t, "run_directories", [])]  # fmt: skip
         self.tracker.close()
-        return dirs
+        return finished(self.study), dirs
 
 
 def _tracker(settings: NasSettings) -> Tracker:

@@ -22,7 +22,7 @@ This package imports only torch and numpy.
 
 from pipeline.distributed.elastic import ElasticPipeline
 from pipeline.distributed.events import PipelineEvent
-from pipeline.distributed.launch import StageContext, launch
+from pipeline.distributed.launch import StageContext, launch, under_torchrun
 from pipeline.distributed.migration import MigrationRecord
 from pipeline.distributed.options import PipelineOptions
 from pipeline.distributed.report import PipelineStats, StageStats
@@ -65,4 +65,5 @@ __all__ = [
     "StageFailedError",
     "StageStats",
     "launch",
+    "under_torchrun",
 ]

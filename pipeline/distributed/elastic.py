@@ -42,7 +42,7 @@ from pipeline.distributed.migration import (
 from pipeline.distributed.options import PipelineOptions
 from pipeline.distributed.triggers import ReplanTriggers
 from pipeline.errors import PipelineError
-from pipeline.local.carry import as_carry, unwrap
+from pipeline.local.carry import as_carry, nbytes, unwrap
 from pipeline.local.microbatch import batch_size, split_microbatches
 from pipeline.local.profiler import CostCache, optimizer_state_ratio
 from pipeline.local.spec import LayerSpec, build_layer, check_specs
@@ -373,9 +373,16 @@ class ElasticPipeline:
 
     def _take_inheritance(self) -> None:
         old, old_specs, old_sizes = self._inherit
-        states = inherited_states(self.comm, old, old_specs, old_sizes, self.specs, self.sizes)
+        found = inherited_states(self.comm, old, old_specs, old_sizes, self.specs, self.sizes)
         old.close()
-        self._live_stage().load_matching(states)
+        loaded = self._live_stage().load_matching({k: state for k, (_, state) in found.items()})
+        rank = self.comm.rank
+        rows = [(sum(nbytes(t) for t in found[k][1].values()), found[k][0] != rank)
+                for k in loaded]  # fmt: skip
+        everyone = [row for part in self.comm.all_gather_object(rows) for row in part]
+        self._log("inherit", layers=len(everyone), bytes=sum(b for b, _ in everyone),
+                  moved=sum(m for _, m in everyone),
+                  moved_bytes=sum(b for b, m in everyone if m))  # fmt: skip
         del self._inherit
 
     # -- inspection --------------------------------------------------------------------------

@@ -14,6 +14,8 @@ Kinds, and what `details` holds for each:
     trigger      a re-plan was triggered automatically: reason
     replan       the planner was asked again: changed, reason, candidate (a plan dict)
     reconfigure  the next model was taken: layers (its keys)
+    inherit      with `inherit_weights`, the old weights the next model took: layers, bytes,
+                 moved (layers fetched from another stage), moved_bytes
     error        something failed; logged by the runtime's error handling
 
 This module imports nothing from torch, so tests and loggers can use it on their own.
@@ -30,7 +32,8 @@ from typing import Any
 
 __all__ = ["EVENT_KINDS", "PipelineEvent", "plain"]
 
-EVENT_KINDS = ("build", "migration", "rollback", "trigger", "replan", "reconfigure", "error")
+EVENT_KINDS = ("build", "migration", "rollback", "trigger", "replan", "reconfigure", "inherit",
+               "error")  # fmt: skip
 
 
 def plain(value: Any) -> Any:

@@ -49,7 +49,7 @@ import torch.distributed.nn
 from pipeline.distributed.comm import Comm
 from pipeline.errors import StageFailedError
 
-__all__ = ["StageContext", "StageFailedError", "launch"]
+__all__ = ["StageContext", "StageFailedError", "launch", "under_torchrun"]
 
 _TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
@@ -91,12 +91,17 @@ def launch(
             else "gloo"  # fmt: skip
     if threads_per_stage is None:
         threads_per_stage = max(1, (os.cpu_count() or 1) // n_stages)
-    if all(v in os.environ for v in _TORCHRUN_VARS):
+    if under_torchrun():
         return _join_torchrun(fn, n_stages, backend, threads_per_stage, timeout_s)
     return _launch_local(fn, n_stages, backend, threads_per_stage, timeout_s)
 
 
 # -- under torchrun ----------------------------------------------------------------------------
+def under_torchrun() -> bool:
+    """Was this process started by torchrun (so `launch` joins its group, one stage here)?"""
+    return all(v in os.environ for v in _TORCHRUN_VARS)
+
+
 def _join_torchrun(
     fn: Callable[[StageContext], Any], n_stages: int, backend: str, threads: int, timeout_s: float
 ) -> list[Any]:

@@ -278,10 +278,10 @@ def inherited_states(
     old_sizes: list[int],
     new_specs: list[LayerSpec],
     new_sizes: list[int],
-) -> dict[str, dict[str, torch.Tensor]]:
-    """For `reconfigure(inherit_weights=True)`: the old states of the layers this rank will
-    own under the new plan whose key also existed in the old model, fetched from whichever
-    stage held them (one exchange, like a migration)."""
+) -> dict[str, tuple[int, dict[str, torch.Tensor]]]:
+    """For `reconfigure(inherit_weights=True)`: {key: (old stage, old state)} of the layers
+    this rank will own under the new plan whose key also existed in the old model, fetched
+    from whichever stage held them (one exchange, like a migration)."""
     rank = stage.index
 
     def pack() -> dict[int, Any]:
@@ -296,4 +296,4 @@ def inherited_states(
     old_owner = dict(zip((s.key for s in old_specs), owners(old_sizes), strict=True))
     new_owner = dict(zip((s.key for s in new_specs), owners(new_sizes), strict=True))
     received = exchange(comm, comm.together(pack))
-    return {k: v for states in received.values() for k, v in states.items()}
+    return {k: (src, v) for src, states in received.items() for k, v in states.items()}

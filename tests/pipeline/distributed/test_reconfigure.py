@@ -48,7 +48,8 @@ def candidates(ctx: StageContext) -> dict[str, Any]:
     # a different architecture, loss and data on the same processes
     pipe.reconfigure(mlp(), partition=[1, 2], loss_fn=F.cross_entropy)
     losses = [pipe.train_step(x, y) for x, y in flat(4)]
-    out = {"trained": trained, "inherited": inherited, "losses": losses,
+    took = [e.details for e in pipe.events if e.kind == "inherit"]
+    out = {"trained": trained, "inherited": inherited, "losses": losses, "took": took,
            "state": pipe.full_state_dict(), "generation": pipe.generation, "step": pipe.step}
     pipe.close()
     return out  # fmt: skip
@@ -150,3 +151,10 @@ def test_auto_reconfigure_plans_from_the_cache_and_frees_the_old_layers() -> Non
         assert min(r["predicted_stage_s"]) >= 3 * (123.0 + 246.0)  # planned from the marker
         assert r["optimizes_only_live_layers"] and not r["old_modules_alive"], r
         assert r["keys"] == [f"block{i}" for i in range(3 * rank, 3 * rank + 3)], r["keys"]
+
+
+def test_the_inheritance_is_recorded_in_the_events() -> None:
+    (took,) = results()["took"]  # block0-3 inherited; block2 moved from stage 1 to stage 0
+    per_layer = sum(v.numel() * v.element_size() for v in results()["trained"]["block2"].values())
+    assert (took["layers"], took["moved"]) == (4, 1)
+    assert (took["bytes"], took["moved_bytes"]) == (4 * per_layer, per_layer)

@@ -1,0 +1,130 @@
+"""Where a study lives, and how a trial whose worker died is told apart from a running one.
+
+Several harness workers (each with its own stage processes, on one machine or many) may
+share one study. A trial left RUNNING is then either being trained by another worker or
+orphaned by a crash, and failing every RUNNING trial at start (the single-worker shortcut)
+would destroy the other workers' trials. Two signals tell them apart, numbered:
+
+    1. the owner: every trial records `owner` = "<host>:<pid of the harness that asked
+       it>"; a RUNNING trial whose owner is on this host and no longer alive is orphaned
+       (a killed harness is found at once, on any storage);
+    2. the heartbeat (RDB storages: SQLite, PostgreSQL, MySQL): rank 0 records one every
+       `HEARTBEAT_S` seconds while a trial trains; a trial silent for `GRACE_S` seconds is
+       failed by `optuna.storages.fail_stale_trials` (a worker on another machine that died).
+
+Journal files (`study.storage=journal:///path/study.log`, for several machines on a shared
+file system) have no heartbeat in Optuna: there only the owner check runs, so a trial
+orphaned on another machine stays RUNNING (it does not count toward `study.n_trials`).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import warnings
+
+import optuna
+from optuna.storages import BaseStorage, JournalStorage, RDBStorage
+from optuna.storages.journal import JournalFileBackend
+
+__all__ = [
+    "GRACE_S",
+    "HEARTBEAT_S",
+    "Heartbeat",
+    "fail_stale",
+    "make_storage",
+    "owner_alive",
+    "this_owner",
+]
+
+HEARTBEAT_S = 5
+GRACE_S = 30
+JOURNAL = "journal://"
+
+
+def make_storage(url: str, *, heartbeat_s: int = HEARTBEAT_S, grace_s: int = GRACE_S) -> BaseStorage:
+    """The storage at `url`: `journal:///path` (an Optuna journal file), else any SQLAlchemy
+    URL (`sqlite:///outputs/studies/x.db`, `postgresql://...`), with heartbeats on."""
+    if url.startswith(JOURNAL):
+        path = url[len(JOURNAL) :]
+        if not path:
+            raise ValueError(f"study.storage={url!r} names no file; e.g. journal:///tmp/s.log")
+        return JournalStorage(JournalFileBackend(path))
+    if "://" not in url:
+        raise ValueError(
+            f"study.storage={url!r} is not valid; use an SQLAlchemy URL "
+            "(sqlite:///path.db, postgresql://...) or journal:///path/to/file.log"
+        )
+    with warnings.catch_warnings():  # heartbeats are "experimental" in Optuna 5
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        return RDBStorage(url, heartbeat_interval=heartbeat_s, grace_period=grace_s,
+                          heartbeat_stale_trial_callback=_ask_again)  # fmt: skip
+
+
+def fail_stale(study: optuna.Study) -> None:
+    """Fail the trials whose heartbeat stopped (RDB storages; see the module docstring)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        optuna.storages.fail_stale_trials(study)
+
+
+def _ask_again(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
+    """A stale trial is failed by Optuna (no reason recorded: it does not count); its
+    architecture is enqueued again so that the study still evaluates it."""
+    study.enqueue_trial(trial.params, user_attrs={"retry_of": trial.number})
+
+
+def this_owner() -> str:
+    """The owner tag of trials asked by this process: "<host>:<pid>"."""
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def owner_alive(owner: str | None) -> bool:
+    """False only when `owner` ran on this host and its process is gone (unknown: alive)."""
+    if not owner or ":" not in owner:
+        return True
+    host, _, pid = owner.rpartition(":")
+    if host != socket.gethostname() or not pid.isdigit():
+        return True
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process with that pid
+        return True
+    return True
+
+
+class Heartbeat:
+    """While a trial trains, record its heartbeat every `HEARTBEAT_S` s (RDB storages).
+
+    Rank 0 starts it when it asks the trial and stops it when it tells the result; on
+    storages without heartbeats it does nothing.
+    """
+
+    def __init__(self, study: optuna.Study, trial: optuna.Trial) -> None:
+        storage = study._storage
+        self._record = getattr(storage, "record_heartbeat", None)
+        interval = getattr(storage, "get_heartbeat_interval", lambda: None)()
+        self._interval = float(interval) if interval else None
+        self._trial_id = trial._trial_id
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        if self._record is not None and self._interval is not None:
+            self._thread = threading.Thread(target=self._beat, daemon=True, name="heartbeat")
+            self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+
+    def _beat(self) -> None:
+        assert self._record is not None and self._interval is not None
+        while True:
+            self._record(self._trial_id)
+            if self._stop.wait(self._interval):
+                return

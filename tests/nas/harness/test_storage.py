@@ -1,0 +1,93 @@
+"""Storages and orphaned trials: which RUNNING trials a (re)started harness may fail.
+
+Real Optuna storages (SQLite and a journal file) and real processes; no stage processes.
+"""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import optuna
+import pytest
+
+from nas import storage
+from nas.trials import INTERRUPTED, OWNER, counted, fail_running
+
+pytestmark = pytest.mark.filterwarnings("ignore:Heartbeat of storage")
+
+
+def _study(url: str, **kwargs: int) -> optuna.Study:
+    return optuna.create_study(study_name="s", storage=storage.make_storage(url, **kwargs),
+                               load_if_exists=True)  # fmt: skip
+
+
+def _dead_owner() -> str:
+    child = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                           capture_output=True, text=True, check=True)  # fmt: skip
+    return f"{socket.gethostname()}:{child.stdout.strip()}"  # exited: its pid is free
+
+
+@pytest.mark.parametrize("scheme", ["sqlite", "journal"])
+def test_only_orphaned_trials_are_failed_and_asked_again(tmp_path: Path, scheme: str) -> None:
+    url = f"sqlite:///{tmp_path / 's.db'}" if scheme == "sqlite" else \
+        f"journal://{tmp_path / 's.log'}"  # fmt: skip
+    study = _study(url)
+    orphan, live, remote, mine = (study.ask({"x": optuna.distributions.FloatDistribution(0, 1)})
+                                  for _ in range(4))  # fmt: skip
+    orphan.set_user_attr(OWNER, _dead_owner())
+    live.set_user_attr(OWNER, storage.this_owner())  # another worker, alive
+    remote.set_user_attr(OWNER, "another-machine:1")  # unknown: left to its heartbeat
+    mine.set_user_attr(OWNER, "me:7")
+    fail_running(study, "left running")  # a harness starting: orphans only
+    states = {t.number: t.state for t in study.get_trials()}
+    assert states[orphan.number] == optuna.trial.TrialState.FAIL
+    assert {states[t.number] for t in (live, remote, mine)} == {optuna.trial.TrialState.RUNNING}
+    fail_running(study, "stage 1 died", owner="me:7")  # after its own stage processes died
+    trials = study.get_trials()
+    assert trials[mine.number].state == optuna.trial.TrialState.FAIL
+    assert trials[live.number].state == optuna.trial.TrialState.RUNNING
+    failed = [t for t in trials if t.state == optuna.trial.TrialState.FAIL]
+    assert all(t.user_attrs[INTERRUPTED] and not counted(t) for t in failed)
+    retries = [t for t in trials if t.state == optuna.trial.TrialState.WAITING]
+    assert sorted(t.user_attrs["retry_of"] for t in retries) == [orphan.number, mine.number]
+    assert [t.system_attrs["fixed_params"] for t in retries] == [orphan.params, mine.params]
+
+
+def test_a_trial_whose_heartbeat_stops_is_failed_uncounted_and_asked_again(
+    tmp_path: Path,
+) -> None:
+    study = _study(f"sqlite:///{tmp_path / 's.db'}", heartbeat_s=1, grace_s=1)
+    trial = study.ask({"x": optuna.distributions.FloatDistribution(0, 1)})
+    trial.set_user_attr(OWNER, "another-machine:1")
+    beat = storage.Heartbeat(study, trial)
+    beat.start()
+    time.sleep(2.5)
+    fail_running(study, "left running")  # still beating: alive
+    assert study.get_trials()[0].state == optuna.trial.TrialState.RUNNING
+    beat.stop()  # the worker "dies"
+    time.sleep(2.5)
+    fail_running(study, "left running")
+    stale, retry = study.get_trials()
+    assert stale.state == optuna.trial.TrialState.FAIL and not counted(stale)
+    assert retry.state == optuna.trial.TrialState.WAITING
+    assert retry.user_attrs["retry_of"] == stale.number
+    assert retry.system_attrs["fixed_params"] == stale.params
+
+
+@pytest.mark.parametrize("url,message", [
+    ("outputs/x.db", "use an SQLAlchemy URL"),
+    ("journal://", "names no file"),
+])  # fmt: skip
+def test_a_bad_storage_url_says_what_is_valid(url: str, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        storage.make_storage(url)
+
+
+def test_owner_alive() -> None:
+    assert storage.owner_alive(storage.this_owner())
+    assert not storage.owner_alive(_dead_owner())
+    assert storage.owner_alive("elsewhere:1") and storage.owner_alive(None)
