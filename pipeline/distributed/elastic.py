@@ -72,7 +72,8 @@ class ElasticPipeline:
         optimizer: `factory(param_groups) -> Optimizer`, called once per stage with one
             parameter group per layer, e.g. `functools.partial(torch.optim.AdamW, lr=1e-3)`.
         loss_fn: `loss_fn(output, target) -> scalar tensor`, mean-reduced over the batch.
-        schedule: "1f1b" (PipeDream-Flush), "gpipe", or a function
+        schedule: "1f1b" (PipeDream-Flush), "gpipe", "zbh1" (zero bubble: 1F1B's memory,
+            split backwards whose weight gradients fill the drain), or a function
             `(n_stages, n_microbatches, stage) -> list[Action]` (see `pipeline.pure.schedule`).
         n_microbatches: micro-batches per step; must divide the batch size.
         seed: with the layer keys, fixes the initial weights and the dropout masks.

@@ -5,9 +5,11 @@ module executes it against the stage's layers (`pipeline.local.stage`) and its l
 neighbours (`pipeline.distributed.links`). The protocol of a training step, numbered:
 
     1. Every stage runs its list: RECV_* posts a receive, FORWARD/BACKWARD compute (waiting
-       for their message first), SEND_* sends.
-    2. An exception in a layer's forward or backward, in the loss, or in the checks of a
-       send stops compute on that stage. The stage still walks the rest of its list, but
+       for their message first), SEND_* sends. A split backward (`zbh1`) is BACKWARD_INPUT,
+       which receives and sends like BACKWARD, and later BACKWARD_WEIGHT, which exchanges
+       nothing: the micro-batch stays in `live` until it ends.
+    2. An exception in a layer's forward or backward (either half of a split one), in the
+       loss, or in the checks of a send stops compute on that stage. The stage still walks the rest of its list, but
        sends a failure in place of every message it owes and drains every message it is
        owed. A neighbour that receives a failure does the same, so the news runs both ways
        along the pipeline within the step, and no stage is left waiting.
@@ -125,10 +127,14 @@ class _Run:
         elif op is Op.SEND_ACT:
             assert self.next is not None
             self.next.send_activations(self.outputs.pop(i), i)
-        elif op is Op.BACKWARD:
-            grads = self._wait(Op.RECV_GRAD, i, "B") or ()
+        elif op in (Op.BACKWARD, Op.BACKWARD_INPUT):
+            grads = self._wait(Op.RECV_GRAD, i, op.value) or ()
             grads = tuple(g.to(stage.device) for g in grads)
-            self.input_grads[i] = stage.backward(self.live.pop(i), i, grads)
+            split = op is Op.BACKWARD_INPUT
+            state = self.live[i] if split else self.live.pop(i)
+            self.input_grads[i] = stage.backward(state, i, grads, split=split)
+        elif op is Op.BACKWARD_WEIGHT:
+            stage.backward_weight(self.live.pop(i), i)
         elif op is Op.SEND_GRAD:
             assert self.prev is not None
             self.prev.send_gradients(self.input_grads.pop(i), i)
@@ -152,7 +158,7 @@ class _Run:
         op, i = action.op, action.microbatch
         if op in (Op.RECV_ACT, Op.RECV_GRAD):
             self._do(action)
-        elif op in (Op.FORWARD, Op.BACKWARD):
+        elif op in (Op.FORWARD, Op.BACKWARD, Op.BACKWARD_INPUT):
             receive = self.pending.pop((Op.RECV_ACT if op is Op.FORWARD else Op.RECV_GRAD, i),
                                        None)  # fmt: skip
             if receive is not None:

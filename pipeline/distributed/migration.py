@@ -45,8 +45,9 @@ from pipeline.distributed.comm import Comm
 from pipeline.distributed.transfer import exchange, pack_all
 from pipeline.errors import MigrationError
 from pipeline.local.meter import LayerMeter
+from pipeline.local.objective import build_optimizer
 from pipeline.local.spec import LayerSpec, build_layer
-from pipeline.local.stage import Stage, _build_optimizer, _Layer
+from pipeline.local.stage import Stage, _Layer
 from pipeline.pure.partition import bounds
 
 __all__ = ["MigrationError", "MigrationRecord", "inherited_states", "migrate", "moves"]
@@ -141,7 +142,8 @@ def _install_optimizer(stage: Stage, incoming: _Incoming) -> None:
         return
     params = list(module.parameters())
     if stage.optimizer is None:
-        stage.optimizer = _build_optimizer(stage.optimizer_factory, [incoming.layer])
+        stage.optimizer = build_optimizer(stage.optimizer_factory,
+                                          [(incoming.layer.key, module)])
         assert stage.optimizer is not None
         group = stage.optimizer.param_groups[-1]
         group.update(packed["group"])

@@ -8,6 +8,10 @@ processes: `pipeline.distributed.executor` runs a schedule's action list and cal
                       the last stage applies the loss
     backward(i)       last stage: backward of loss_i / M; others: backward of the outputs
                       with the received gradients; returns the inputs' gradients
+    backward(i, split=True), then backward_weight(i)
+                      the same, in two parts: the inputs' gradients first, the weights'
+                      later, each node run once (`pipeline.local.backward`); a recomputed
+                      or swapped layer runs its whole backward in the first part
     optimizer_step    apply the accumulated gradients, then zero them
     end_step          the step's times; per-layer meters updated (abort_step: forget it)
 
@@ -33,24 +37,23 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import nn
 
+from pipeline.local.backward import WeightGrad, backward_input, fused_backward
 from pipeline.local.carry import Carry, as_carry, floating, leaf, nbytes, unwrap
 from pipeline.local.determinism import dropout_seed, seed_rng
 from pipeline.local.meter import LayerMeter, SavedBytes
+from pipeline.local.objective import LossFn, OptimizerFactory, build_optimizer, scalar_loss
 from pipeline.local.spec import LayerSpec, build_layer
 from pipeline.pure.costs import MEMORY_ACTIONS, LayerCost
 from pipeline.pure.timeline import Span
 
 __all__ = ["ComputeError", "InFlight", "LossFn", "OptimizerFactory", "Stage", "StepTimes"]
-
-OptimizerFactory = Callable[[list[dict[str, Any]]], torch.optim.Optimizer]
-LossFn = Callable[[Any, Any], torch.Tensor]
 
 
 @dataclass
@@ -86,6 +89,7 @@ class InFlight:
     inputs: list[Carry] = field(default_factory=list)  # per layer, detached leaves
     outputs: list[Carry] = field(default_factory=list)  # per layer; () when recomputed
     loss: torch.Tensor | None = None
+    weight: dict[int, WeightGrad] = field(default_factory=dict)  # split: W's work, by layer
 
 
 class ComputeError(Exception):
@@ -118,7 +122,7 @@ class Stage:
         self.layers = [_Layer(spec.key, build_layer(spec, seed, device)) for spec in specs]
         self.set_memory_actions(actions or ["keep"] * len(self.layers))
         self.optimizer_factory = optimizer
-        self.optimizer = _build_optimizer(optimizer, self.layers)
+        self.optimizer = build_optimizer(optimizer, [(x.key, x.module) for x in self.layers])
         self.saved = SavedBytes()
         self.spans: list[Span] = []  # what this stage did during the last step
         self._step, self._measure, self._n_microbatches = 0, False, 1
@@ -274,23 +278,27 @@ class Stage:
         if self.index == self.n_stages - 1:
             t0 = time.perf_counter()
             try:
-                state.loss = _loss(self.loss_fn, carry, target)
+                state.loss = scalar_loss(self.loss_fn, unwrap(carry), target)
             except Exception as error:
                 raise ComputeError("loss", None, i, error) from error
             times.forward_s += time.perf_counter() - t0
-        self.span(f"F{i}", start)
+        self.span(f"F{i}", start, "forward")
         return state
 
     def backward(
-        self, state: InFlight, i: int, grads: Sequence[torch.Tensor]
+        self, state: InFlight, i: int, grads: Sequence[torch.Tensor], *, split: bool = False
     ) -> list[torch.Tensor]:
-        """Back-propagate micro-batch i given its outputs' gradients; its inputs' gradients."""
+        """Back-propagate micro-batch i given its outputs' gradients; its inputs' gradients.
+
+        split=True leaves the weight gradients of the layers that can be split for
+        `backward_weight` (the graph stays in `state` until then).
+        """
         start = time.perf_counter()
         for position in reversed(range(len(self.layers))):
             layer = self.layers[position]
             t0 = time.perf_counter()
             try:
-                grads = self._backward_layer(state, position, i, grads)
+                grads = self._backward_layer(state, position, i, grads, split)
             except ComputeError:
                 raise
             except Exception as error:
@@ -301,33 +309,53 @@ class Stage:
             elapsed = time.perf_counter() - t0
             layer.backward_s += elapsed
             self.times.backward_s += elapsed
-        self.span(f"B{i}", start)
+        self.span(f"BI{i}" if split else f"B{i}", start, "backward")
         state.loss, state.inputs, state.outputs = None, [], []
-        if self._measure:
+        if self._measure and not split:
             self.saved.release(i)
         return list(grads)
 
+    def backward_weight(self, state: InFlight, i: int) -> None:
+        """The weight gradients `backward(split=True)` left for micro-batch i; frees its graph."""
+        start = time.perf_counter()
+        for position in sorted(state.weight, reverse=True):
+            layer, t0 = self.layers[position], time.perf_counter()
+            try:
+                state.weight.pop(position).run()
+            except Exception as error:
+                error.add_note(f"in the weight-gradient backward (W) of layer {layer.key!r} on "
+                               f"stage {self.index}")  # fmt: skip
+                raise ComputeError("backward", layer.key, i, error) from error
+            elapsed = time.perf_counter() - t0
+            layer.backward_s += elapsed
+            self.times.backward_s += elapsed
+        self.span(f"W{i}", start, "weight")
+        if self._measure:
+            self.saved.release(i)
+
     def _backward_layer(
-        self, state: InFlight, position: int, i: int, grads: Sequence[torch.Tensor]
+        self, state: InFlight, position: int, i: int, grads: Sequence[torch.Tensor], split: bool
     ) -> Sequence[torch.Tensor]:
         layer, inputs = self.layers[position], state.inputs[position]
+        outputs: Carry
         if position == len(self.layers) - 1 and state.loss is not None:
-            if state.loss.requires_grad:
-                (state.loss / self._n_microbatches).backward()
+            loss = state.loss / self._n_microbatches
+            outputs, grads = (loss,), (torch.ones_like(loss),)
         else:
             outputs = state.outputs[position]
             if layer.action == "recompute":
                 with torch.enable_grad():
                     outputs = self._call(layer, i, inputs)
                 self._recompute_end = time.perf_counter()  # backward time excludes it
-            pairs = [(o, g) for o, g in zip(floating(outputs), grads, strict=True)
-                     if o.requires_grad]  # fmt: skip
-            if pairs:
-                torch.autograd.backward([o for o, _ in pairs], [g for _, g in pairs])
         state.outputs[position] = ()
-        if position == 0 and self.index == 0:
-            return ()
-        return [t.grad if t.grad is not None else torch.zeros_like(t) for t in floating(inputs)]
+        wanted = floating(inputs)
+        if split and layer.action == "keep":
+            input_grads, work = backward_input(floating(outputs), grads, wanted)
+            if work:
+                state.weight[position] = work
+        else:
+            input_grads = fused_backward(floating(outputs), grads, wanted)
+        return () if position == 0 and self.index == 0 else input_grads
 
     def optimizer_step(self) -> None:
         t0 = time.perf_counter()
@@ -362,32 +390,3 @@ class Stage:
 
     def close(self) -> None:
         self.layers, self.optimizer = [], None
-
-
-def _loss(loss_fn: LossFn, out: Carry, target: Any) -> torch.Tensor:
-    loss = loss_fn(unwrap(out), target)
-    if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
-        shape = tuple(loss.shape) if isinstance(loss, torch.Tensor) else type(loss).__name__
-        raise ValueError(f"loss_fn must return a scalar tensor (mean-reduced), got {shape}")
-    return loss.reshape(())
-
-
-def _build_optimizer(
-    factory: OptimizerFactory, layers: Sequence[_Layer]
-) -> torch.optim.Optimizer | None:
-    """One optimizer per stage with one parameter group per layer (migration moves groups)."""
-    groups = [
-        {"params": params, "layer": layer.key}
-        for layer in layers
-        if (params := [p for p in layer.module.parameters() if p.requires_grad])
-    ]
-    if not groups:
-        return None
-    optimizer = factory(groups)
-    if not isinstance(optimizer, torch.optim.Optimizer):
-        raise TypeError(
-            f"the optimizer factory returned a {type(optimizer).__name__}; it must return a "
-            "torch.optim.Optimizer built from the parameter groups it is given, e.g. "
-            "functools.partial(torch.optim.AdamW, lr=1e-3)"
-        )
-    return optimizer

@@ -8,11 +8,19 @@ the micro-batches of one training step. It is a pure function
 so it can be printed, validated, simulated and tested without any process. The runtime
 (`pipeline.local.stage`) executes the list; `lower()` adds the point-to-point messages.
 
-Compute actions (what `gpipe` and `one_f_one_b` return)::
+Compute actions (what `gpipe`, `one_f_one_b` and `zbh1` return)::
 
-    FORWARD(i)   run micro-batch i through this stage's layers
-    BACKWARD(i)  back-propagate micro-batch i through them
-    OPTIMIZER_STEP  apply the accumulated gradients (once, after the last backward)
+    FORWARD(i)          run micro-batch i through this stage's layers
+    BACKWARD(i)         back-propagate micro-batch i through them (input and weight gradients)
+    BACKWARD_INPUT(i)   "BI": only the gradient of the inputs (what the previous stage waits
+                        for); the weight gradient is left for ...
+    BACKWARD_WEIGHT(i)  "W": ... this, which nothing waits for, so it can fill a bubble
+                        (`pipeline.local.backward` says how the split stays exact)
+    OPTIMIZER_STEP      apply the accumulated gradients (once, after the last backward)
+
+A micro-batch's backward is either one BACKWARD or a BACKWARD_INPUT followed, later, by a
+BACKWARD_WEIGHT; its activations stay until the end of the last of them, so `in_flight`
+counts a micro-batch from its forward to that end.
 
 Communication actions (added by `lower`)::
 
@@ -35,11 +43,33 @@ alternates one forward and one backward, then drains::
 
     stage 0:  F0 F1    B0 F2    B1    B2
     stage 1:     F0 B0    F1 B1    F2 B2
+
+ZB-H1 (`zbh1`, after Qi et al., "Zero Bubble Pipeline Parallelism", ICLR 2024): 1F1B with
+split backwards, where each stage keeps 1F1B's in-flight count min(S - s, M) and its weight
+gradients fill the time it would spend waiting. The lists come from replaying the stages
+with unit costs (F = BI = W = 1, the paper's assumption) and, whenever a stage is free,
+taking the first of: the oldest BI whose gradient has arrived; the next forward, if its
+activations have arrived and the in-flight count allows it; the oldest pending W. A list
+built from one valid execution orders every action after what it waits for, so it never
+deadlocks, whatever the real costs. 2 stages, 4 micro-batches, one column per unit of
+time (BI shown as B; 1F1B, whose backward takes two units, needs 15)::
+
+    stage 0:  F0 F1 .  B0 W0 F2 B1 W1 F3 B2 W2 .  B3 W3    <- 14 units
+    stage 1:  .  F0 B0 W0 F1 B1 W1 F2 B2 W2 F3 B3 W3
+
+The paper's ZB-H1 lets every stage hold S micro-batches (the peak of 1F1B's first stage);
+here each stage holds exactly what it holds under 1F1B, because a stage's memory budget is
+what the planner enforces and a split micro-batch keeps its whole graph until W. The last
+stage then holds one micro-batch and runs F, BI, W of each in turn, so with unit costs no
+schedule under these limits beats 3M + 2(S - 1); this one reaches it. Its bubble is 2(S - 1)
+units per stage, two thirds of 1F1B's 3(S - 1) (the paper's, with more memory: S - 1).
 """
 
 from __future__ import annotations
 
 import enum
+import functools
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -56,6 +86,7 @@ __all__ = [
     "one_f_one_b",
     "stage_actions",
     "validate",
+    "zbh1",
 ]
 
 
@@ -66,6 +97,8 @@ class ScheduleError(ValueError):
 class Op(enum.Enum):
     FORWARD = "F"
     BACKWARD = "B"
+    BACKWARD_INPUT = "BI"
+    BACKWARD_WEIGHT = "W"
     OPTIMIZER_STEP = "STEP"
     RECV_ACT = "RECV_ACT"
     SEND_ACT = "SEND_ACT"
@@ -73,7 +106,8 @@ class Op(enum.Enum):
     SEND_GRAD = "SEND_GRAD"
 
 
-COMPUTE_OPS = (Op.FORWARD, Op.BACKWARD)
+COMPUTE_OPS = (Op.FORWARD, Op.BACKWARD, Op.BACKWARD_INPUT, Op.BACKWARD_WEIGHT)
+GRAD_OPS = (Op.BACKWARD, Op.BACKWARD_INPUT)  # receive the outputs' gradient, send the inputs'
 
 
 @dataclass(frozen=True)
@@ -125,13 +159,78 @@ def one_f_one_b(n_stages: int, n_microbatches: int, stage: int) -> list[Action]:
     return actions
 
 
+def zbh1(n_stages: int, n_microbatches: int, stage: int) -> list[Action]:
+    """ZB-H1: 1F1B's in-flight counts, split backwards, W's filling the waits (module doc)."""
+    _check_shape(n_stages, n_microbatches, stage)
+    limits = tuple(min(n_stages - s, n_microbatches) for s in range(n_stages))
+    return [*_split_lists(n_stages, n_microbatches, limits)[stage], Action(Op.OPTIMIZER_STEP)]
+
+
+@functools.lru_cache(maxsize=64)
+def _split_lists(
+    n_stages: int, n_microbatches: int, limit: tuple[int, ...]
+) -> tuple[tuple[Action, ...], ...]:
+    """Every stage's compute list, from a unit-cost replay with these in-flight limits."""
+    S, M = n_stages, n_microbatches
+    lists: list[list[Action]] = [[] for _ in range(S)]
+    act = [[math.inf] * M for _ in range(S)]  # when stage s may start F_i (activation there)
+    grad = [[math.inf] * M for _ in range(S)]  # when stage s may start BI_i (gradient there)
+    act[0] = [0.0] * M
+    free = [0.0] * S
+    nxt_f, nxt_b, nxt_w = [0] * S, [0] * S, [0] * S
+    while any(w < M for w in nxt_w):
+        # the stage that can start something earliest goes first (ties: lower stage)
+        best: tuple[float, int, Action] | None = None
+        for s in range(S):
+            option = _zbh1_next(s, free[s], nxt_f[s], nxt_b[s], nxt_w[s], limit[s], M,
+                                act[s], grad[s])  # fmt: skip
+            if option is not None and (best is None or option[0] < best[0]):
+                best = (option[0], s, option[1])
+        assert best is not None, "the unit-cost replay cannot stall"
+        start, s, action = best
+        free[s] = start + 1.0
+        lists[s].append(action)
+        i = action.microbatch
+        if action.op is Op.FORWARD:
+            nxt_f[s] += 1
+            if s + 1 < S:
+                act[s + 1][i] = free[s]
+            else:
+                grad[s][i] = free[s]  # the last stage's BI follows its own forward
+        elif action.op is Op.BACKWARD_INPUT:
+            nxt_b[s] += 1
+            if s > 0:
+                grad[s - 1][i] = free[s]
+        else:
+            nxt_w[s] += 1
+    return tuple(tuple(actions) for actions in lists)
+
+
+def _zbh1_next(
+    s: int, free: float, f: int, b: int, w: int, limit: int, m: int,
+    act: list[float], grad: list[float],
+) -> tuple[float, Action] | None:  # fmt: skip
+    """(start time, action) of what stage s does next in the replay, None if nothing is left."""
+    candidates: list[tuple[float, int, Action]] = []  # (start, priority, action)
+    if b < f:
+        candidates.append((max(free, grad[b]), 0, Action(Op.BACKWARD_INPUT, b)))
+    if f < m and f - w < limit:
+        candidates.append((max(free, act[f]), 1, Action(Op.FORWARD, f)))
+    if w < b:
+        candidates.append((free, 2, Action(Op.BACKWARD_WEIGHT, w)))
+    if not candidates:
+        return None
+    start, _, action = min(candidates, key=lambda c: (c[0], c[1]))
+    return start, action
+
+
 def forward_only(n_stages: int, n_microbatches: int, stage: int) -> list[Action]:
     """Inference: every micro-batch's forward, no backward, no optimizer step."""
     _check_shape(n_stages, n_microbatches, stage)
     return [Action(Op.FORWARD, i) for i in range(n_microbatches)]
 
 
-SCHEDULES: dict[str, ScheduleFn] = {"gpipe": gpipe, "1f1b": one_f_one_b}
+SCHEDULES: dict[str, ScheduleFn] = {"gpipe": gpipe, "1f1b": one_f_one_b, "zbh1": zbh1}
 
 
 def get_schedule(name: str) -> ScheduleFn:
@@ -154,14 +253,14 @@ def lower(compute: Sequence[Action], stage: int, n_stages: int) -> list[Action]:
     def recv_for(action: Action) -> Action | None:
         if action.op is Op.FORWARD and not first:
             return Action(Op.RECV_ACT, action.microbatch)
-        if action.op is Op.BACKWARD and not last:
+        if action.op in GRAD_OPS and not last:
             return Action(Op.RECV_GRAD, action.microbatch)
         return None
 
     def send_after(action: Action) -> Action | None:
         if action.op is Op.FORWARD and not last:
             return Action(Op.SEND_ACT, action.microbatch)
-        if action.op is Op.BACKWARD and not first:
+        if action.op in GRAD_OPS and not first:
             return Action(Op.SEND_GRAD, action.microbatch)
         return None
 
@@ -195,13 +294,16 @@ def stage_actions(
 
 
 def in_flight(actions: Sequence[Action]) -> int:
-    """Largest number of micro-batches whose forward ran and whose backward has not."""
+    """Largest number of micro-batches whose forward ran and whose backward has not ended.
+
+    A split backward ends with its BACKWARD_WEIGHT: the graph is kept until then.
+    """
     live = peak = 0
     for action in actions:
         if action.op is Op.FORWARD:
             live += 1
             peak = max(peak, live)
-        elif action.op is Op.BACKWARD:
+        elif action.op in (Op.BACKWARD, Op.BACKWARD_WEIGHT):
             live -= 1
     return peak
 
@@ -210,7 +312,8 @@ def validate(schedule: str | ScheduleFn, n_stages: int, n_microbatches: int) -> 
     """Raise `ScheduleError` unless every stage's lowered list is correct and deadlock-free.
 
     Checks: each micro-batch is forwarded and back-propagated exactly once per stage, its
-    forward first; one optimizer step after the last backward; every send has the matching
+    forward first (back-propagated: one BACKWARD, or one BACKWARD_INPUT and after it one
+    BACKWARD_WEIGHT); one optimizer step after the last backward; every send has the matching
     receive on the peer (and no receive waits for a send that never comes); executing all
     stages with non-blocking sends and receives and blocking compute never deadlocks.
     """
@@ -223,7 +326,9 @@ def validate(schedule: str | ScheduleFn, n_stages: int, n_microbatches: int) -> 
 
 def _check_stage(actions: Sequence[Action], stage: int, n_microbatches: int) -> None:
     forwarded: set[int] = set()
-    backwarded: set[int] = set()
+    backwarded: set[int] = set()  # input gradient done (BACKWARD or BACKWARD_INPUT)
+    weights: set[int] = set()  # weight gradient done (BACKWARD or BACKWARD_WEIGHT)
+    split: set[int] = set()
     for position, action in enumerate(actions):
         i = action.microbatch
         if action.op in COMPUTE_OPS and not 0 <= i < n_microbatches:
@@ -232,16 +337,28 @@ def _check_stage(actions: Sequence[Action], stage: int, n_microbatches: int) -> 
             if i in forwarded:
                 raise ScheduleError(f"stage {stage}: micro-batch {i} forwarded twice")
             forwarded.add(i)
-        elif action.op is Op.BACKWARD:
+        elif action.op in GRAD_OPS:
             if i not in forwarded:
                 raise ScheduleError(f"stage {stage}: backward of {i} before its forward")
             if i in backwarded:
                 raise ScheduleError(f"stage {stage}: micro-batch {i} back-propagated twice")
             backwarded.add(i)
+            if action.op is Op.BACKWARD:
+                weights.add(i)
+            else:
+                split.add(i)
+        elif action.op is Op.BACKWARD_WEIGHT:
+            if i not in split:
+                raise ScheduleError(
+                    f"stage {stage}: weight gradient of {i} without its BACKWARD_INPUT before it"
+                )
+            if i in weights:
+                raise ScheduleError(f"stage {stage}: weight gradient of {i} computed twice")
+            weights.add(i)
         elif action.op is Op.OPTIMIZER_STEP and position != len(actions) - 1:
             raise ScheduleError(f"stage {stage}: optimizer step must be the last action")
-    missing = set(range(n_microbatches)) - backwarded
-    if missing or forwarded != backwarded:
+    missing = set(range(n_microbatches)) - (backwarded & weights)
+    if missing or forwarded != backwarded or weights != backwarded:
         raise ScheduleError(f"stage {stage}: micro-batches {sorted(missing)} never finish")
     if not actions or actions[-1].op is not Op.OPTIMIZER_STEP:
         raise ScheduleError(f"stage {stage}: no optimizer step at the end")
@@ -279,7 +396,7 @@ def _check_progress(lists: Sequence[Sequence[Action]]) -> None:
     def ready(s: int, a: Action) -> bool:
         if a.op is Op.FORWARD and s > 0:
             return (s - 1, s, "act", a.microbatch) in sent
-        if a.op is Op.BACKWARD and s < last:
+        if a.op in GRAD_OPS and s < last:
             return (s + 1, s, "grad", a.microbatch) in sent
         return True
 

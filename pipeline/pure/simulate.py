@@ -10,14 +10,20 @@ Semantics, one stage at a time in the order of its list:
 * FORWARD i / BACKWARD i start when the stage is free and their input has arrived (stage 0's
   forwards and the last stage's backwards need no message), and take the stage's
   forward_s / backward_s;
+* a split backward (`zbh1`) divides backward_s: BACKWARD_INPUT i waits like BACKWARD i and
+  takes backward_s - weight_s, BACKWARD_WEIGHT i waits for nothing and takes weight_s.
+  The split assumed (`stage_costs`): W is half of the backward of every layer the runtime
+  splits (kept layers), the rest, and the time recompute or swap adds, is BI's. Half is what
+  FLOPs give for matrix products (y = x W: dx = dy W^T and dW = x^T dy cost the same);
 * a message arrives link.time(bytes) after the compute that produced it finished; an
   activation has the sender's output_bytes, a gradient the receiver's output_bytes;
 * RECV_* / SEND_* take no stage time (non-blocking posts);
 * OPTIMIZER_STEP waits for every message the stage sent to arrive, then takes optimizer_s.
 
 A micro-batch is in flight on a stage from the start of its forward to the end of its
-backward; it holds the stage's activation_bytes meanwhile. `to_chrome_trace` renders the
-result for Perfetto / chrome://tracing (through `pipeline.pure.timeline.chrome_trace`).
+backward (of its BACKWARD_WEIGHT when split); it holds the stage's activation_bytes
+meanwhile. `to_chrome_trace` renders the result for Perfetto / chrome://tracing (through
+`pipeline.pure.timeline.chrome_trace`).
 """
 
 from __future__ import annotations
@@ -44,12 +50,22 @@ class StageCost:
     output_bytes: int = 0  # sent to the next stage per micro-batch; its gradient is as big
     state_bytes: int = 0  # parameters (all weight copies), gradients, optimizer state
     optimizer_s: float = 0.0
+    weight_s: float | None = None  # the part of backward_s a split backward's W takes
 
     def __post_init__(self) -> None:
         for name in ("forward_s", "backward_s", "activation_bytes", "output_bytes",
                      "state_bytes", "optimizer_s"):  # fmt: skip
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)!r}")
+        if self.weight_s is not None and not 0 <= self.weight_s <= self.backward_s:
+            raise ValueError(
+                f"weight_s must be in [0, backward_s={self.backward_s}], got {self.weight_s!r}"
+            )
+
+    @property
+    def split_weight_s(self) -> float:
+        """W's seconds when the backward is split: weight_s, or half of backward_s."""
+        return self.backward_s / 2 if self.weight_s is None else self.weight_s
 
 
 @dataclass(frozen=True)
@@ -96,6 +112,7 @@ def simulate(
     pc = [0] * n_stages
     arrival: dict[tuple[str, int, int], float] = {}  # (kind, receiver, micro-batch) -> s
     finished: dict[tuple[int, Op, int], float] = {}  # (stage, op, micro-batch) -> s
+    grad_done: dict[tuple[int, int], float] = {}  # (stage, micro-batch) -> inputs' grad ready
     last_arrival = [0.0] * n_stages  # latest arrival of a message the stage sent
     live = [0] * n_stages
     peak = [0] * n_stages
@@ -117,18 +134,24 @@ def simulate(
             run(s, a, ready, cost.forward_s)
             live[s] += 1
             peak[s] = max(peak[s], live[s])
-        elif a.op is Op.BACKWARD:
+        elif a.op in (Op.BACKWARD, Op.BACKWARD_INPUT):
             ready = 0.0 if s == n_stages - 1 else arrival.get(("grad", s, i))
             if ready is None:
                 return False
-            run(s, a, ready, cost.backward_s)
+            split = a.op is Op.BACKWARD_INPUT
+            run(s, a, ready, cost.backward_s - (cost.split_weight_s if split else 0.0))
+            grad_done[(s, i)] = free[s]
+            if not split:
+                live[s] -= 1
+        elif a.op is Op.BACKWARD_WEIGHT:
+            run(s, a, 0.0, cost.split_weight_s)
             live[s] -= 1
         elif a.op is Op.SEND_ACT:
             t = finished[(s, Op.FORWARD, i)] + link.time(cost.output_bytes)
             arrival[("act", s + 1, i)] = t
             last_arrival[s] = max(last_arrival[s], t)
         elif a.op is Op.SEND_GRAD:
-            t = finished[(s, Op.BACKWARD, i)] + link.time(stages[s - 1].output_bytes)
+            t = grad_done[(s, i)] + link.time(stages[s - 1].output_bytes)
             arrival[("grad", s - 1, i)] = t
             last_arrival[s] = max(last_arrival[s], t)
         elif a.op is Op.OPTIMIZER_STEP:
@@ -179,7 +202,9 @@ def stage_costs(
     The time a recompute or a swap adds counts in the backward (where it is paid, on the
     critical path); activation bytes are what each layer keeps under its action
     (`pipeline.pure.costs.action_effects`); weight_copies counts parameters more than once
-    (2 for PipeDream-2BW's double-buffered weights).
+    (2 for PipeDream-2BW's double-buffered weights). weight_s, what a split backward's W
+    takes, is half the backward of the kept layers: the runtime runs a recomputed or
+    swapped layer's whole backward in BI (`pipeline.local.backward`).
     """
     sizes = check_sizes(sizes, len(costs), len(sizes))
     effects = action_effects(costs, actions, host_link)
@@ -187,9 +212,11 @@ def stage_costs(
     for start, stop in bounds(sizes):
         layers = costs[start:stop]
         added = sum(effects[i][0] for i in range(start, stop))
+        kept = [c for i, c in enumerate(layers, start) if actions is None or actions[i] == "keep"]
         result.append(StageCost(
             forward_s=sum(c.forward_s for c in layers),
             backward_s=sum(c.backward_s for c in layers) + added,
+            weight_s=sum(c.backward_s for c in kept) / 2,
             activation_bytes=sum(effects[i][1] for i in range(start, stop)),
             output_bytes=layers[-1].output_bytes,
             state_bytes=sum(weight_copies * c.param_bytes + c.grad_bytes + c.optimizer_bytes
@@ -198,14 +225,15 @@ def stage_costs(
     return result
 
 
-_CATEGORY = {Op.FORWARD: "forward", Op.BACKWARD: "backward", Op.OPTIMIZER_STEP: "optimizer"}
+_CATEGORY = {Op.FORWARD: "forward", Op.BACKWARD: "backward", Op.BACKWARD_INPUT: "backward",
+             Op.BACKWARD_WEIGHT: "weight", Op.OPTIMIZER_STEP: "optimizer"}  # fmt: skip
 
 
 def to_chrome_trace(result: SimResult, title: str = "simulated") -> dict[str, Any]:
     """`pipeline.pure.timeline.chrome_trace` of the simulated step: one row per stage, one
-    "X" event per forward ("F3"), backward ("B3") and optimizer step, categories "forward",
-    "backward", "optimizer"; the schedule, micro-batches, iteration time and bubble fraction
-    in "otherData". Write it with `json.dump` and open it in https://ui.perfetto.dev.
+    "X" event per forward ("F3"), backward ("B3"; split: "BI3" and "W3") and optimizer step,
+    categories "forward", "backward", "weight", "optimizer"; the schedule, micro-batches,
+    iteration time and bubble fraction in "otherData". Write it with `json.dump` and open it in https://ui.perfetto.dev.
     """
     spans = [Span(e.stage, repr(e.action), e.start_s, e.end_s,
                   _CATEGORY.get(e.action.op, "other")) for e in result.events]  # fmt: skip

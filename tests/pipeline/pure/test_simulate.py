@@ -110,8 +110,11 @@ def test_stage_costs_from_layers_and_actions() -> None:
                        param_bytes=4, grad_bytes=4, optimizer_bytes=8, recompute_s=0.5)
              for i in range(4)]  # fmt: skip
     stages = stage_costs(costs, [1, 3], ["keep", "recompute", "keep", "keep"], weight_copies=2)
-    assert stages[0] == StageCost(1.0, 2.0, activation_bytes=100, output_bytes=10, state_bytes=20)
-    # layer 1 recomputed: +0.5 s in the backward, keeps its input (layer 0's 10 bytes)
-    assert stages[1] == StageCost(3.0, 6.5, activation_bytes=210, output_bytes=40, state_bytes=60)
+    assert stages[0] == StageCost(1.0, 2.0, activation_bytes=100, output_bytes=10, state_bytes=20,
+                                  weight_s=1.0)  # fmt: skip
+    # layer 1 recomputed: +0.5 s in the backward, keeps its input (layer 0's 10 bytes); a
+    # split backward runs all of its backward in BI, so W is half of the kept layers' only
+    assert stages[1] == StageCost(3.0, 6.5, activation_bytes=210, output_bytes=40, state_bytes=60,
+                                  weight_s=2.0)  # fmt: skip
     with pytest.raises(ValueError, match="partition"):
         stage_costs(costs, [1, 2])
