@@ -9,10 +9,11 @@ neighbours (`pipeline.distributed.links`). The protocol of a training step, numb
        which receives and sends like BACKWARD, and later BACKWARD_WEIGHT, which exchanges
        nothing: the micro-batch stays in `live` until it ends.
     2. An exception in a layer's forward or backward (either half of a split one), in the
-       loss, or in the checks of a send stops compute on that stage. The stage still walks the rest of its list, but
-       sends a failure in place of every message it owes and drains every message it is
-       owed. A neighbour that receives a failure does the same, so the news runs both ways
-       along the pipeline within the step, and no stage is left waiting.
+       loss, or in the checks of a send stops compute on that stage. The stage still walks
+       the rest of its list, but sends a failure in place of every message it owes and
+       drains every message it is owed. A neighbour that receives a failure does the same,
+       so the news runs both ways along the pipeline within the step, and no stage is left
+       waiting. BACKWARD_WEIGHT owes and is owed nothing: a failed stage skips it.
     3. At OPTIMIZER_STEP (the last action of every list) each stage waits for its sends,
        then one all_reduce of [failed, loss sum, first non-finite micro-batch] decides for
        all: if any stage failed, nobody applies the step and every rank raises the failing
