@@ -194,7 +194,7 @@ def test_a_stage_split_equals_fused(index: int, n_stages: int, actions: list[str
     assert len(fused_params) == len(split_params) == 6
     for a, b in zip(fused_params, split_params, strict=True):
         assert torch.equal(a, b)
-    for a, b in zip(fused_in, split_in, strict=True):
-        assert len(a) == len(b) == (0 if index == 0 else 1)
-        assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
+    for fused_grads, split_grads in zip(fused_in, split_in, strict=True):
+        assert len(fused_grads) == len(split_grads) == (0 if index == 0 else 1)
+        assert all(torch.equal(x, y) for x, y in zip(fused_grads, split_grads, strict=True))
     assert backward_s > 0
