@@ -1,7 +1,8 @@
 """Failures in one stage are errors on every rank, fast, and the processes stay usable.
 
-Injected: an exception in a layer's forward or backward, in the loss, or in the optimizer
-step, at random steps, stages and micro-batches, under GPipe and 1F1B; a NaN loss; a stage
+Injected: an exception in a layer's forward or backward (on the input side, or on the
+weight side, which ZB-H1 runs in its deferred W actions), in the loss, or in the optimizer
+step, at random steps, stages and micro-batches, under GPipe, 1F1B and ZB-H1; a NaN loss; a stage
 killed or exiting mid-step; a failure in each phase of a migration. Every rank must raise
 the same error within seconds; afterwards a `reconfigure` trains exactly like a fresh
 pipeline, and a rolled-back migration leaves every layer's state as it was.
@@ -78,6 +79,21 @@ class _RaiseInBackward(torch.autograd.Function):
         return grad, None
 
 
+class _RaiseInWeightGrad(torch.autograd.Function):
+    """Identity on the weight: its backward lies on the weight-gradient side only."""
+
+    @staticmethod
+    def forward(ctx: Any, w: torch.Tensor, who: str) -> torch.Tensor:
+        ctx.who = who
+        return w.view_as(w)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        if Fault.due("weight", M, ctx.who):
+            raise RuntimeError("injected weight failure")
+        return grad, None
+
+
 class Faulty(nn.Linear):
     """A linear layer that raises in its forward or backward when `Fault` says so."""
 
@@ -85,7 +101,8 @@ class Faulty(nn.Linear):
         who = str(id(self))
         if Fault.due("forward", M, who):
             raise ValueError("injected forward failure")
-        return _RaiseInBackward.apply(super().forward(x), who)
+        weight = _RaiseInWeightGrad.apply(self.weight, who)
+        return _RaiseInBackward.apply(F.linear(x, weight, self.bias), who)
 
 
 def faulty_loss(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -154,7 +171,7 @@ def injected(ctx: StageContext, schedule: str, cases: list[tuple[int, str, int, 
 def random_cases(n_stages: int, count: int, seed: int) -> list[tuple[int, str, int, int]]:
     rng = random.Random(seed)
     cases = []
-    for phase in ["forward", "backward", "loss", "optimizer", "nan"]:
+    for phase in ["forward", "backward", "weight", "loss", "optimizer", "nan"]:
         for _ in range(count):
             rank = n_stages - 1 if phase in ("loss", "nan") else rng.randrange(n_stages)
             microbatch = -1 if phase == "optimizer" else rng.randrange(M)
@@ -162,7 +179,7 @@ def random_cases(n_stages: int, count: int, seed: int) -> list[tuple[int, str, i
     return cases
 
 
-@pytest.mark.parametrize("schedule,n_stages", [("1f1b", 2), ("gpipe", 3)])
+@pytest.mark.parametrize("schedule,n_stages", [("1f1b", 2), ("gpipe", 3), ("zbh1", 3)])
 def test_an_injected_failure_raises_on_every_rank_and_the_processes_stay_usable(
     schedule: str, n_stages: int
 ) -> None:
@@ -175,11 +192,14 @@ def test_an_injected_failure_raises_on_every_rank_and_the_processes_stay_usable(
             expected = "NonFiniteLossError" if phase == "nan" else "StageError"
             assert record.get("type") == expected, where
             assert record["stage"] == rank and record["step"] == step, where
-            assert record["phase"] == ("loss" if phase == "nan" else phase), where
-            if phase in ("forward", "backward"):
+            phases = {"nan": "loss", "weight": "backward"}  # W is half of a backward
+            assert record["phase"] == phases.get(phase, phase), where
+            if phase in ("forward", "backward", "weight"):
                 assert record["layer"] in {f"f{i}" for i in range(5)}, where
                 assert record["microbatch"] == microbatch, where
                 assert f"injected {phase} failure" in record["text"], where
+            if phase == "weight" and schedule == "zbh1":
+                assert "weight-gradient backward (W)" in record["text"], where
             assert record["seconds"] < 10, where  # generous: it takes milliseconds
             assert record["after"] == record["fresh"], where  # trains like a fresh pipeline
     texts = [[r["text"] for r in rank_records] for rank_records in results]
