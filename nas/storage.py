@@ -23,8 +23,10 @@ import os
 import socket
 import threading
 import warnings
+from typing import Any
 
 import optuna
+import sqlalchemy
 from optuna.storages import BaseStorage, JournalStorage, RDBStorage
 from optuna.storages.journal import JournalFileBackend
 
@@ -43,7 +45,9 @@ GRACE_S = 30
 JOURNAL = "journal://"
 
 
-def make_storage(url: str, *, heartbeat_s: int = HEARTBEAT_S, grace_s: int = GRACE_S) -> BaseStorage:
+def make_storage(
+    url: str, *, heartbeat_s: int = HEARTBEAT_S, grace_s: int = GRACE_S
+) -> BaseStorage:
     """The storage at `url`: `journal:///path` (an Optuna journal file), else any SQLAlchemy
     URL (`sqlite:///outputs/studies/x.db`, `postgresql://...`), with heartbeats on."""
     if url.startswith(JOURNAL):
@@ -58,8 +62,22 @@ def make_storage(url: str, *, heartbeat_s: int = HEARTBEAT_S, grace_s: int = GRA
         )
     with warnings.catch_warnings():  # heartbeats are "experimental" in Optuna 5
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        return RDBStorage(url, heartbeat_interval=heartbeat_s, grace_period=grace_s,
-                          heartbeat_stale_trial_callback=_ask_again)  # fmt: skip
+        rdb = RDBStorage(url, heartbeat_interval=heartbeat_s, grace_period=grace_s,
+                         heartbeat_stale_trial_callback=_ask_again)  # fmt: skip
+    if url.startswith("sqlite"):
+        sqlalchemy.event.listen(rdb.engine, "connect", _write_ahead)
+        rdb.engine.dispose()  # the connections made so far reopen with it
+    return rdb
+
+
+def _write_ahead(connection: Any, _: Any) -> None:
+    """SQLite in write-ahead mode, synced at checkpoints: a sampled architecture writes
+    about 140 parameters, one commit each, about 5x faster so (safe for processes on one
+    machine; for several machines use a server database or a journal file)."""
+    cursor = connection.cursor()
+    cursor.execute("PRAGMA journal_mode=WAL")
+    cursor.execute("PRAGMA synchronous=NORMAL")
+    cursor.close()
 
 
 def fail_stale(study: optuna.Study) -> None:

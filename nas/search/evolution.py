@@ -11,7 +11,10 @@ sharing one storage):
 * population: the last `population_size` COMPLETE trials by trial number; a new complete
   trial pushes the oldest out (ageing, the "regularized" part);
 * until `population_size` trials have completed, trials come from `warmup_sampler`
-  (default: `RandomSampler(seed)`);
+  (default: `RandomSampler(seed)`), or with `warmup="mutate"` are children of the trials
+  completed so far (the Evolved Transformer's search grows its first population from the
+  seed model: in a space where most random points are invalid, random warm-up proposals
+  are mostly wasted);
 * then each trial is a child: `sample_size` distinct members drawn at random form a
   tournament, the best of them is the parent, and the child copies the parent's parameters
   except exactly one, the mutated one, which gets a different value from its distribution.
@@ -55,6 +58,7 @@ KEY_MUTATED = "evolution:mutated"  # the name of the mutated parameter (None: no
 KEY_TOURNAMENT = "evolution:tournament"  # trial numbers of the tournament, in draw order
 KEY_MUTATION_APPLIED = "evolution:mutation_applied"  # whether the child asked the mutated name
 
+_WARMUPS = ("sample", "mutate")  # how the first population is filled (module docstring)
 _MAX_REDRAWS = 100  # random draws tried for a different numeric value before a grid step
 
 
@@ -100,8 +104,9 @@ class RegularizedEvolutionSampler(BaseSampler):
     Lifecycle (`optuna.samplers.BaseSampler`), per trial:
 
     1. `before_trial`: decides the trial's role. An enqueued trial (fixed parameters) is a
-       "seed"; while fewer than `population_size` trials have completed it is "warmup";
-       otherwise it is a "child": the tournament is drawn, the parent chosen, and the name to
+       "seed"; while fewer than `population_size` trials have completed it is "warmup"
+       (with `warmup="mutate"`: while none has); otherwise it is a "child": the
+       tournament is drawn, the parent chosen, and the name to
        mutate picked uniformly among the parent's parameters that have more than one legal
        value. The decision is written to the trial's system attributes (`evolution:role`,
        `evolution:parent`, `evolution:mutated`, `evolution:tournament`).
@@ -134,7 +139,11 @@ class RegularizedEvolutionSampler(BaseSampler):
         sample_size: int = 5,
         seed: int | None = None,
         warmup_sampler: BaseSampler | None = None,
+        warmup: str = "sample",
     ) -> None:
+        if warmup not in _WARMUPS:
+            raise ValueError(f"warmup={warmup!r} is not valid; valid: {', '.join(_WARMUPS)}")
+        self.warmup = warmup
         self.population_size = _positive_int("population_size", population_size)
         self.sample_size = _positive_int("sample_size", sample_size)
         if self.sample_size > self.population_size:
@@ -189,10 +198,12 @@ class RegularizedEvolutionSampler(BaseSampler):
             self._set(study, trial, KEY_ROLE, "seed")
             return
         population = self.population(study)
-        if len(population) < self.population_size:
+        growing = self.warmup == "mutate" and population
+        if len(population) < self.population_size and not growing:
             self._set(study, trial, KEY_ROLE, "warmup")
             return
-        drawn = self._rng.choice(len(population), size=self.sample_size, replace=False)
+        size = min(self.sample_size, len(population))
+        drawn = self._rng.choice(len(population), size=size, replace=False)
         tournament = [population[int(i)] for i in drawn]
         parent = self.select_parent(study, tournament)
         mutable = sorted(n for n, d in parent.distributions.items() if not d.single())

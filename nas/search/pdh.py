@@ -43,7 +43,14 @@ from optuna.pruners import BasePruner
 from optuna.study import Study, StudyDirection
 from optuna.trial import FrozenTrial, TrialState
 
-__all__ = ["HURDLE_KEY", "VALUE_KEY", "ProgressiveDynamicHurdles", "clears", "hurdle"]
+__all__ = [
+    "HURDLE_KEY",
+    "VALUE_KEY",
+    "ProgressiveDynamicHurdles",
+    "clears",
+    "hurdle",
+    "stored_hurdle",
+]
 
 VALUE_KEY = "pdh:{budget}"  # trial user attribute: the metric at a budget (multi-objective)
 HURDLE_KEY = "pdh:hurdle:{budget}"  # study system attribute: a frozen hurdle
@@ -59,6 +66,13 @@ def hurdle(values_at_budget: Sequence[float]) -> float:
     if not all(math.isfinite(v) for v in values):
         raise ValueError(f"hurdle values must be finite, got {values}")
     return math.fsum(values) / len(values)
+
+
+def stored_hurdle(study: Study, budget: int) -> dict[str, Any] | None:
+    """The hurdle frozen at `budget` in `study` (value, member trials, min_trials), if any."""
+    attrs = study._storage.get_study_system_attrs(study._study_id)
+    stored = attrs.get(HURDLE_KEY.format(budget=budget))
+    return None if stored is None else dict(stored)
 
 
 def _direction(direction: StudyDirection | str) -> StudyDirection:
@@ -183,10 +197,9 @@ class ProgressiveDynamicHurdles(BasePruner):
     def _frozen(self, study: Study, budget: int) -> dict[str, Any] | None:
         """The stored hurdle at `budget`, set now from the counted trials if possible."""
         self._check_budget(budget)
-        key = HURDLE_KEY.format(budget=budget)
-        stored = study._storage.get_study_system_attrs(study._study_id).get(key)
+        stored = stored_hurdle(study, budget)
         if stored is not None and stored.get("min_trials") == self.min_trials:
-            return dict(stored)
+            return stored
         values = self.values_at(study, budget)
         if len(values) < self.min_trials:
             return None
@@ -196,5 +209,6 @@ class ProgressiveDynamicHurdles(BasePruner):
             "trials": members,
             "min_trials": self.min_trials,
         }
-        study._storage.set_study_system_attr(study._study_id, key, frozen)
+        study._storage.set_study_system_attr(study._study_id, HURDLE_KEY.format(budget=budget),
+                                             frozen)  # fmt: skip
         return frozen

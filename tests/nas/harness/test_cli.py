@@ -13,7 +13,7 @@ from pathlib import Path
 import optuna
 import pytest
 
-from nas.trials import INTERRUPTED, counted
+from nas.trials import INTERRUPTED, OWNER, counted
 
 pytestmark = pytest.mark.multiprocess
 
@@ -68,6 +68,30 @@ def test_a_killed_study_resumes_at_the_right_trial_count(tmp_path: Path) -> None
     for t in after:
         if t.user_attrs.get(INTERRUPTED):  # the trial the kill interrupted, asked again
             assert "left running" in t.user_attrs["fail_reason"]
+
+
+def test_two_workers_share_one_study(tmp_path: Path) -> None:
+    """Two harnesses (each with its own stage processes) on one SQLite study: together they
+    finish it, and neither fails the other's running trials as orphans."""
+    overrides = ["study.name=shared", "study.n_trials=4", "tracker=none", "train.steps=4",
+                 "train.eval_every=2", "train.eval_batches=1", "train.batch_size=16",
+                 "search_space.d_model=[32]", "search_space.max_cells=1",
+                 f"studies_dir={tmp_path / 'studies'}"]  # fmt: skip
+    (tmp_path / "studies").mkdir()
+    url = f"sqlite:///{tmp_path / 'studies' / 'shared.db'}"
+    optuna.create_study(study_name="shared", storage=url)  # created once, before both start
+    workers = [subprocess.Popen([sys.executable, "-m", "nas", *overrides,
+                                 f"hydra.run.dir={tmp_path / f'run{i}'}"], cwd=tmp_path,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+               for i in range(2)]  # fmt: skip
+    for worker in workers:
+        _, err = worker.communicate(timeout=600)
+        assert worker.returncode == 0, err[-3000:]
+    trials = optuna.load_study(study_name="shared", storage=url).trials
+    assert 4 <= sum(map(counted, trials)) <= 5  # each stops once 4 are done: one may overshoot
+    assert not any(t.user_attrs.get(INTERRUPTED) for t in trials)
+    assert not any(t.state == optuna.trial.TrialState.RUNNING for t in trials)
+    assert len({t.user_attrs[OWNER] for t in trials if counted(t)}) == 2
 
 
 def _complete(db: Path) -> bool:

@@ -95,6 +95,7 @@ def test_a_child_differs_from_its_parent_in_exactly_one_choice() -> None:
 def mixed_objective(trial: optuna.Trial) -> float:
     """One parameter of each kind a mutation must handle, and one it must never pick."""
     a = trial.suggest_categorical("cat", ["x", "y", None, 3])
+    choices: list[object] = ["x", "y", None, 3]
     b = trial.suggest_int("int", 0, 4)
     c = trial.suggest_int("int_step", 0, 12, step=3)
     d = trial.suggest_int("int_log", 1, 1024, log=True)
@@ -102,7 +103,7 @@ def mixed_objective(trial: optuna.Trial) -> float:
     f = trial.suggest_float("float_log", 1e-4, 1.0, log=True)
     g = trial.suggest_float("float_step", 0.0, 1.0, step=0.25)
     h = trial.suggest_int("single", 5, 5)  # one legal value: nothing to mutate to
-    return hash(a) % 7 + b + c + d / 1024 + e + f + g + h
+    return choices.index(a) * 3 + b + c + d / 1024 + e + f + g + h  # no hash(): salted
 
 
 @pytest.mark.parametrize("storage", ["memory", "sqlite"])
@@ -249,6 +250,24 @@ def test_warm_up_uses_the_given_sampler() -> None:
     study.optimize(mixed_objective, n_trials=6)
     assert [t.params for t in study.trials[:4]] == [t.params for t in plain.trials]
     assert [t.system_attrs[KEY_ROLE] for t in study.trials[3:]] == ["warmup", "child", "child"]
+
+
+def test_a_mutating_warm_up_grows_the_first_population_from_the_seeds() -> None:
+    sampler = RegularizedEvolutionSampler(4, 3, seed=0, warmup="mutate")
+    study = optuna.create_study(sampler=sampler)
+    study.enqueue_trial({"cat": "x", "int": 1, "int_step": 3, "int_log": 8, "float": 0.0,
+                         "float_log": 0.01, "float_step": 0.5, "single": 5})  # fmt: skip
+    study.optimize(mixed_objective, n_trials=5)
+    roles = [t.system_attrs[KEY_ROLE] for t in study.trials]
+    assert roles == ["seed", "child", "child", "child", "child"]
+    first = study.trials[1]  # a one-member population: the seed is the parent
+    assert first.system_attrs[KEY_PARENT] == 0 and first.system_attrs[KEY_TOURNAMENT] == [0]
+    assert all(len(t.system_attrs[KEY_TOURNAMENT]) <= 3 for t in study.trials[1:])
+
+
+def test_a_warm_up_mode_must_be_known() -> None:
+    with pytest.raises(ValueError, match="warmup='grow' is not valid; valid: sample, mutate"):
+        RegularizedEvolutionSampler(warmup="grow")
 
 
 def test_a_mutated_name_the_child_never_asks_is_recorded() -> None:
