@@ -15,7 +15,8 @@ later proposals may differ; the two seeds are the same in both).
 Reported: wall seconds, trials per hour and their ratio; the best trial's
 validation loss and parameters beside the two seeds' (trained with the same budget, they
 are the study's first two trials); and the same evolution study with and without
-`study.inherit_weights` (best validation loss and when it was reached).
+`study.inherit_weights` (the best validation loss over time, and the best each reached by
+the time the shorter run ended).
 
     python benchmarks/nas_study.py [--trials 8] [--steps 30]   # JSON in benchmarks/results/
 
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import tempfile
 import time
 from dataclasses import replace
@@ -63,12 +65,17 @@ def summarise(s: NasSettings, seconds: float) -> dict[str, Any]:
     elapsed = [(t.datetime_complete - study.trials[0].datetime_start).total_seconds()
                for t in complete if t.datetime_complete and study.trials[0].datetime_start]
     best_at = elapsed[complete.index(best)] if elapsed else None
+    curve, running = [], math.inf  # (seconds into the study, best validation loss so far)
+    for t, at in sorted(zip(complete, elapsed, strict=True), key=lambda pair: pair[1]):
+        running = min(running, t.values[0])
+        curve.append([at, running])
     return {
         "seconds": seconds, "trials": len(done), "trials_per_hour": 3600 * len(done) / seconds,
         "best": {"trial": best.number, "validation_loss": best.values[0],
                  "parameters": best.user_attrs.get("parameters"),
                  "architecture": best.user_attrs.get("architecture"),
                  "reached_after_s": best_at},
+        "best_so_far": curve,
         "seeds": [{"trial": t.number, "validation_loss": t.values[0] if t.values else None,
                    "parameters": t.user_attrs.get("parameters")} for t in study.trials[:2]],
     }  # fmt: skip
@@ -89,6 +96,20 @@ def cold(root: Path, trials: int, steps: int) -> dict[str, Any]:
     return summarise(s, time.perf_counter() - start)
 
 
+def compare_inheritance(off: dict[str, Any], on: dict[str, Any]) -> dict[str, Any]:
+    """The same evolution study without and with inherited weights: the best validation
+    loss each had reached by the time the shorter of the two ended (per hour of study)."""
+    horizon = min(off["seconds"], on["seconds"])
+
+    def by(curve: list[list[float]]) -> float | None:
+        reached = [best for at, best in curve if at <= horizon]
+        return reached[-1] if reached else None
+
+    return {"off": off["best"], "on": on["best"], "horizon_s": horizon,
+            "best_by_horizon": {"off": by(off["best_so_far"]), "on": by(on["best_so_far"])},
+            "best_so_far": {"off": off["best_so_far"], "on": on["best_so_far"]}}  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--trials", type=int, default=8)
@@ -103,10 +124,8 @@ def main() -> None:
                "cold": cold(root, args.trials, args.steps)}  # fmt: skip
         out["warm_vs_cold_trials_per_hour"] = (out["warm"]["trials_per_hour"]
                                                / out["cold"]["trials_per_hour"])  # fmt: skip
-        out["inherit_weights"] = {
-            "off": out["warm"]["best"],
-            "on": warm(root, "inherit", args.trials, args.steps, inherit=True)["best"],
-        }
+        inherit = warm(root, "inherit", args.trials, args.steps, inherit=True)
+        out["inherit_weights"] = compare_inheritance(out["warm"], inherit)
     text = json.dumps(out, indent=2, default=str)
     print(text)
     args.out.write_text(text + "\n")

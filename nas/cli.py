@@ -4,6 +4,8 @@ Hydra composes `conf/` (see `nas.config`), changes nothing else: the run folder 
 output directory, the study storage sits at a stable path under `outputs/studies/` so a
 re-run with the same `study.name` resumes, and the study itself is the plain function
 `nas.study.run_study(settings)`. At the end the results are summarised (`nas.report`).
+Under `--multirun` each job is its own study, named `<study.name>-<the job's overrides>`
+unless the sweep sets `study.name` itself.
 
     python -m nas study.name=demo study.n_trials=4 train.steps=40 sampler=evolution
     python -m nas --multirun pipeline.schedule=1f1b,gpipe seed=0,1
@@ -12,9 +14,12 @@ re-run with the same `study.name` resumes, and the study itself is the plain fun
 from __future__ import annotations
 
 import os
+import re
+import sys
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from nas.config import CONFIG_DIR, register, to_settings
@@ -25,7 +30,11 @@ register()
 @hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="config")
 def main(cfg: DictConfig) -> None:
     os.environ.setdefault("WANDB_MODE", "offline")
-    OmegaConf.update(cfg, "output_dir", HydraConfig.get().runtime.output_dir, force_add=True)
+    hydra_cfg = HydraConfig.get()
+    OmegaConf.update(cfg, "output_dir", hydra_cfg.runtime.output_dir, force_add=True)
+    if hydra_cfg.mode == RunMode.MULTIRUN:
+        cfg.study.name = _job_study_name(cfg.study.name, list(hydra_cfg.overrides.task),
+                                         hydra_cfg.job.num)  # fmt: skip
     settings = to_settings(cfg)
     from nas.report import report_study  # after composing: --help and --cfg stay fast
     from nas.study import run_study
@@ -33,6 +42,20 @@ def main(cfg: DictConfig) -> None:
     result = run_study(settings)
     if os.environ.get("RANK", "0") == "0":  # under torchrun: rank 0 reports
         report_study(settings, result)
+
+
+def _job_study_name(name: str, overrides: list[str], number: int) -> str:
+    """A multirun job's study: `name` + the values this job sweeps (`nas-seed=1`), so that
+    each job is its own study (and re-running the sweep resumes each); `name` itself when
+    the sweep sets `study.name`; `name-<job number>` when the swept keys are unknown."""
+    swept = {arg.split("=", 1)[0].lstrip("+~") for arg in sys.argv[1:]
+             if "=" in arg and "," in arg.split("=", 1)[1]
+             and not arg.split("=", 1)[1].startswith("[")}  # fmt: skip
+    if "study.name" in swept:
+        return name
+    mine = [o.lstrip("+~") for o in overrides if o.split("=", 1)[0].lstrip("+~") in swept]
+    suffix = re.sub(r"[^A-Za-z0-9_.=,+-]", "_", ",".join(mine)) or str(number)
+    return f"{name}-{suffix}"
 
 
 if __name__ == "__main__":

@@ -45,6 +45,11 @@ def report_study(
         table.add_row(str(t.number), state, *values, str(t.user_attrs.get("parameters", "")),
                       (cause or t.user_attrs.get("architecture", ""))[:70])  # fmt: skip
     console.print(table)
+    if complete:
+        top = study.best_trials[0]
+        console.print(f"best architecture (trial {top.number}, "
+                      f"{top.user_attrs.get('parameters', '?')} parameters): "
+                      f"{top.user_attrs.get('architecture', '?')}", soft_wrap=True)  # fmt: skip
     skipped = len(study.trials) - len(shown)
     if skipped:
         console.print(f"{skipped} proposed architectures broke a validity rule and were "
