@@ -49,6 +49,20 @@ def test_a_multirun_runs_one_study_per_job(tmp_path: Path) -> None:
         assert (tmp_path / "sweep" / str(seed) / "optimization_history.png").exists()
 
 
+def test_stages_started_by_torchrun_run_the_study(tmp_path: Path) -> None:
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+           "2", "-m", "nas", "study.name=tr", "study.n_trials=2", "tracker=jsonl",
+           "train.steps=2", "train.eval_every=2", "train.eval_batches=1", "train.batch_size=16",
+           "search_space.d_model=[32]", "search_space.max_cells=1",
+           f"hydra.run.dir={tmp_path / 'run'}", f"studies_dir={tmp_path / 'studies'}"]  # fmt: skip
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.count("study tr: 2 trials finished") == 1  # rank 0 reports
+    study = optuna.load_study(study_name="tr", storage=f"sqlite:///{tmp_path / 'studies'}/tr.db")
+    assert [t.state for t in study.trials if counted(t)] == [optuna.trial.TrialState.COMPLETE] * 2
+    assert (tmp_path / "run" / "tracking" / "tr.jsonl").exists()
+
+
 def test_the_composed_config_prints_and_bad_overrides_name_the_key(tmp_path: Path) -> None:
     shown = run(tmp_path, "--cfg", "job", "sampler=nsga2")
     assert shown.returncode == 0 and "name: nsga2" in shown.stdout
