@@ -63,6 +63,9 @@ what the planner enforces and a split micro-batch keeps its whole graph until W.
 stage then holds one micro-batch and runs F, BI, W of each in turn, so with unit costs no
 schedule under these limits beats 3M + 2(S - 1); this one reaches it. Its bubble is 2(S - 1)
 units per stage, two thirds of 1F1B's 3(S - 1) (the paper's, with more memory: S - 1).
+Under these limits every W comes right after its own BI (so at most one micro-batch waits
+for its W): the step is shorter because the gradient leaves a stage after BI instead of
+after the whole backward, and the stage above runs its BI while this one runs W.
 """
 
 from __future__ import annotations

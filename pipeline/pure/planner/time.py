@@ -11,7 +11,8 @@ The model (shared with `pipeline.pure.planner.base.evaluate`), for stage s holdi
                  + recompute_time of each recomputed layer (+ 2 host transfers if swapped)
     memory(s)  = sum of state bytes (parameters x weight copies, gradients, optimizer)
                  + k_s x sum of activation bytes kept per micro-batch
-    k_s        = in_flight(schedule, S, M, s) micro-batches (1F1B: min(S - s, M); GPipe: M)
+    k_s        = in_flight(schedule, S, M, s) micro-batches (1F1B and ZB-H1: min(S - s, M);
+                 GPipe: M)
 
 A recomputed (or swapped) layer keeps only its input per micro-batch,
 `pipeline.pure.costs.kept_bytes`; every other layer keeps its activation_bytes. So a stage that
