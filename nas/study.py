@@ -36,10 +36,17 @@ import torch
 
 import pipeline
 from nas import storage, trials
+from nas.inheritance import WeightBank
 from nas.settings import NasSettings
 from nas.tasks import Task, TokenStats, get_task
 from nas.tracking import pipeline_metrics
-from pipeline import ElasticPipeline, InfeasibleBudgetError, PipelineError, StageContext
+from pipeline import (
+    ElasticPipeline,
+    InfeasibleBudgetError,
+    PipelineError,
+    StageContext,
+    WeightSnapshot,
+)
 from pipeline.distributed.comm import Comm
 from search_spaces.architecture import InvalidArchitecture, from_json, summary
 from search_spaces.compile import compile as compile_arch
@@ -47,6 +54,7 @@ from search_spaces.compile import parameter_count
 
 __all__ = ["StudyResult", "run_study"]
 
+_KEEP = 32  # trained trials whose weights a later candidate may start from (at least)
 _TRIAL_ERRORS = (PipelineError, InfeasibleBudgetError, InvalidArchitecture, ValueError,
                  RuntimeError)  # fmt: skip
 
@@ -106,14 +114,21 @@ def _stage_main(ctx: StageContext, settings: NasSettings, owner: str) -> tuple[i
     comm = Comm()
     task = get_task(settings.task.name, **settings.task.options)
     leader = trials.Leader(settings, task, owner) if ctx.rank == 0 else None
+    bank = WeightBank(keep=max(_KEEP, int(settings.sampler.options.get("population_size", 0))))
     pipe: ElasticPipeline | None = None
     try:
         while True:
             order = comm.broadcast_object(leader.next_trial() if leader else None, src=0)
             if order is None:
                 break
-            number, arch_json = order
-            pipe, outcome = _run_trial(comm, settings, task, pipe, number, arch_json, leader)
+            number, arch_json, parent = order
+            source = bank.source(parent) if settings.study.inherit_weights else None
+            pipe, outcome = _run_trial(comm, settings, task, pipe, number, arch_json, leader,
+                                       (source, bank.get(source)))  # fmt: skip
+            if pipe is not None and source is not None:
+                outcome.attrs["inherited_from"] = source
+            if pipe is not None and settings.study.inherit_weights and outcome.state != "fail":
+                bank.add(number, pipe)
             if leader is not None:
                 leader.finish(number, outcome)
     finally:
@@ -131,8 +146,12 @@ def _run_trial(
     number: int,
     arch_json: str,
     leader: trials.Leader | None,
+    source: tuple[int | None, WeightSnapshot | None],
 ) -> tuple[ElasticPipeline | None, trials.Outcome]:
-    """Build and train one candidate on every rank; rank 0's `leader` reports and decides."""
+    """Build and train one candidate on every rank; rank 0's `leader` reports and decides.
+
+    `source`: the trial whose weights it starts from (`nas.inheritance`) and their snapshot.
+    """
     arch = from_json(arch_json)
     max_len = _max_len(task)
     specs = compile_arch(arch, len(task.vocab), max_len=max_len, dropout=settings.train.dropout)
@@ -140,7 +159,7 @@ def _run_trial(
                              "parameters": parameter_count(arch, len(task.vocab), max_len=max_len)}
     started = time.perf_counter()
     try:
-        pipe = _reconfigure(settings, task, pipe, specs)
+        pipe = _reconfigure(settings, task, pipe, specs, source[1])
         values, steps, pruned = _train(comm, settings, task, pipe, leader)
     except _TRIAL_ERRORS as error:  # raised on every rank by the runtime
         cause = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
@@ -164,8 +183,8 @@ def _run_trial(
 
 
 def _inheritance(pipe: ElasticPipeline) -> dict[str, int]:
-    """What this model took from the previous one (`inherit_weights`): layers and bytes
-    inherited, and how many of them moved to another stage."""
+    """What this model took from the trial it came from (`inherit_weights`): layers and
+    bytes inherited, and how many of them moved to another stage."""
     found = [e.details for e in pipe.events if e.kind == "inherit" and
              e.generation == pipe.generation]  # fmt: skip
     record = found[-1] if found else {"layers": 0, "bytes": 0, "moved": 0, "moved_bytes": 0}
@@ -173,7 +192,11 @@ def _inheritance(pipe: ElasticPipeline) -> dict[str, int]:
 
 
 def _reconfigure(
-    settings: NasSettings, task: Task, pipe: ElasticPipeline | None, specs: list[Any]
+    settings: NasSettings,
+    task: Task,
+    pipe: ElasticPipeline | None,
+    specs: list[Any],
+    snapshot: WeightSnapshot | None,
 ) -> ElasticPipeline:
     if pipe is None:
         p = settings.pipeline
@@ -183,7 +206,7 @@ def _reconfigure(
             n_microbatches=p.n_microbatches, seed=settings.seed, memory_budget=p.memory_budget,
             planner=p.planner, rebalance_every=p.rebalance_every,
         )  # fmt: skip
-    pipe.reconfigure(specs, inherit_weights=settings.study.inherit_weights)
+    pipe.reconfigure(specs, inherit_from=snapshot)
     return pipe
 
 

@@ -20,6 +20,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from nas import storage
 from nas.search import ProgressiveDynamicHurdles, make_pruner, make_sampler
+from nas.search.evolution import KEY_PARENT
 from nas.settings import NasSettings
 from nas.tasks import Task
 from nas.tracking import CompositeTracker, Tracker, make_tracker
@@ -138,8 +139,9 @@ class Leader:
                                                 completed=finished(self.study))  # fmt: skip
         self.bar_trial = self.progress.add_task("trial", total=settings.train.steps)
 
-    def next_trial(self) -> tuple[int, str] | None:
-        """Ask until a valid architecture comes out; None when the study has enough trials."""
+    def next_trial(self) -> tuple[int, str, int | None] | None:
+        """Ask until a valid architecture comes out: (trial number, architecture JSON,
+        evolution parent or None); None when the study has enough trials."""
         invalid = 0
         while remaining(self.study, self.settings.study.n_trials) > 0:
             if invalid == MAX_INVALID_IN_A_ROW:
@@ -166,7 +168,8 @@ class Leader:
                                 description=f"trial {trial.number}: {summary(arch)[:60]}")
             self.tracker.start_trial(trial.number, dict(trial.params),
                                      {"architecture": to_json(arch), "summary": summary(arch)})
-            return trial.number, to_json(arch)
+            parent = self.study._storage.get_trial_system_attrs(trial._trial_id).get(KEY_PARENT)
+            return trial.number, to_json(arch), parent
         return None
 
     def step(self, step: int, metrics: dict[str, Any]) -> bool:

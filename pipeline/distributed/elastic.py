@@ -36,6 +36,7 @@ from pipeline.distributed.links import PeerLink
 from pipeline.distributed.migration import (
     MigrationError,
     MigrationRecord,
+    WeightSnapshot,
     inherited_states,
     migrate,
 )
@@ -339,6 +340,7 @@ class ElasticPipeline:
         *,
         partition: str | Sequence[int] | Plan = "auto",
         inherit_weights: bool = False,
+        inherit_from: WeightSnapshot | None = None,
         loss_fn: LossFn | None = None,
         optimizer: OptimizerFactory | None = None,
     ) -> None:
@@ -348,35 +350,52 @@ class ElasticPipeline:
         partition="auto": planned on the next step, from the cost cache where it can); the
         step count restarts at 0, so the new model trains exactly as a fresh pipeline would.
         With `inherit_weights`, a new layer whose key existed before and whose state has
-        the same shapes starts from the old layer's weights (fetched from its old stage).
+        the same shapes starts from the old layer's weights (fetched from its old stage);
+        with `inherit_from` (a `snapshot()` of an earlier model, taken on every rank), from
+        that model's weights instead. An "inherit" event records what was taken.
         `loss_fn` and `optimizer`, when given, replace the current ones.
         """
         new_specs = check_specs(specs)
         requests = self.comm.all_gather_object([s.key for s in new_specs])
         if any(r != requests[0] for r in requests):
             raise ValueError("ranks passed different models to reconfigure")
-        old, old_specs, old_sizes = self._stage, self.specs, self.sizes
+        if inherit_from is not None and not isinstance(inherit_from, WeightSnapshot):
+            raise TypeError(f"inherit_from must be a WeightSnapshot (from snapshot()), "
+                            f"got {type(inherit_from).__name__}")  # fmt: skip
+        source = inherit_from
+        if source is None and inherit_weights and self._stage is not None:
+            source = self._snapshot(copy=False)  # references: the old layers are freed next
         self._loss_fn = loss_fn or self._loss_fn
         if optimizer is not None:
             self._opt_ratio = optimizer_state_ratio(optimizer)
             self._optimizer = optimizer
         self.generation += 1
-        pending = inherit_weights and old is not None
-        if old is not None and not pending:
-            old.close()  # free the old layers before building the new ones
+        if self._stage is not None:
+            self._stage.close()  # free the old layers before building the new ones
         self._setup(new_specs, partition)
         self._log("reconfigure", layers=[s.key for s in new_specs])
-        if pending:
-            assert old is not None
-            self._inherit = (old, old_specs, old_sizes)
+        if source is not None:
+            self._inherit = source
             if self._stage is not None:
                 self._take_inheritance()
 
+    def snapshot(self) -> WeightSnapshot:
+        """This rank's layers' weights (CPU copies) with the model's keys and partition, to
+        start a later model from (`reconfigure(..., inherit_from=snapshot)`); every rank
+        takes its own, after at least one step."""
+        if self._stage is None:
+            raise RuntimeError("nothing to snapshot before the first step builds the layers")
+        return self._snapshot(copy=True)
+
+    def _snapshot(self, copy: bool) -> WeightSnapshot:
+        layers = self._live_stage().layers
+        states = {layer.key: {k: v.detach().cpu().clone() if copy else v for k, v in
+                              layer.module.state_dict().items()} for layer in layers}  # fmt: skip
+        return WeightSnapshot(tuple(s.key for s in self.specs), tuple(self.sizes), states)
+
     def _take_inheritance(self) -> None:
-        old, old_specs, old_sizes = self._inherit
-        found = inherited_states(self.comm, old, old_specs, old_sizes, self.specs, self.sizes)
-        old.close()
-        loaded = self._live_stage().load_matching({k: state for k, (_, state) in found.items()})
+        found = inherited_states(self.comm, self._inherit, self.specs, self.sizes)
+        loaded = self._live_stage().load_matching({k: dict(v) for k, (_, v) in found.items()})
         rank = self.comm.rank
         rows = [(sum(nbytes(t) for t in found[k][1].values()), found[k][0] != rank)
                 for k in loaded]  # fmt: skip

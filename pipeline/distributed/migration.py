@@ -35,7 +35,7 @@ and a rolled-back commit restores the objects themselves, so no state is copied 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -50,7 +50,14 @@ from pipeline.local.spec import LayerSpec, build_layer
 from pipeline.local.stage import Stage, _Layer
 from pipeline.pure.partition import bounds
 
-__all__ = ["MigrationError", "MigrationRecord", "inherited_states", "migrate", "moves"]
+__all__ = [
+    "MigrationError",
+    "MigrationRecord",
+    "WeightSnapshot",
+    "inherited_states",
+    "migrate",
+    "moves",
+]
 
 T = TypeVar("T")
 
@@ -273,29 +280,44 @@ def _commit(
     stage.set_memory_actions([layer.action for layer in stage.layers])
 
 
+@dataclass(frozen=True)
+class WeightSnapshot:
+    """One model's weights as one rank held them, to start a later model from.
+
+    `ElasticPipeline.snapshot()` takes it on every rank (each keeps its own layers' states);
+    `reconfigure(specs, inherit_from=snapshot)` gives them to the layers of the new model
+    with the same key and shapes, wherever the new plan puts them.
+    """
+
+    keys: tuple[str, ...]  # the model's layer keys, in order
+    sizes: tuple[int, ...]  # its partition when taken
+    states: Mapping[str, Mapping[str, torch.Tensor]]  # {key: state} of this rank's layers
+
+    def __post_init__(self) -> None:
+        if sum(self.sizes) != len(self.keys):
+            raise ValueError(f"a snapshot of {len(self.keys)} layers has sizes {self.sizes}")
+
+
 def inherited_states(
-    comm: Comm,
-    stage: Stage,
-    old_specs: list[LayerSpec],
-    old_sizes: list[int],
-    new_specs: list[LayerSpec],
-    new_sizes: list[int],
-) -> dict[str, tuple[int, dict[str, torch.Tensor]]]:
-    """For `reconfigure(inherit_weights=True)`: {key: (old stage, old state)} of the layers
-    this rank will own under the new plan whose key also existed in the old model, fetched
-    from whichever stage held them (one exchange, like a migration)."""
-    rank = stage.index
+    comm: Comm, source: WeightSnapshot, new_specs: list[LayerSpec], new_sizes: list[int]
+) -> dict[str, tuple[int, Mapping[str, torch.Tensor]]]:
+    """For `reconfigure` with inheritance: {key: (old stage, old state)} of the layers this
+    rank will own under the new plan whose key is in `source`, fetched from whichever stage
+    held them (one exchange, like a migration)."""
+    rank = comm.rank
+    if len(source.sizes) != comm.world_size:
+        raise ValueError(f"the snapshot has {len(source.sizes)} stages, the pipeline "
+                         f"{comm.world_size}")  # fmt: skip
 
     def pack() -> dict[int, Any]:
-        mine = {layer.key: layer for layer in stage.layers}
         outgoing: dict[int, dict[str, dict[str, torch.Tensor]]] = {}
         for key, dst in new_owner.items():
-            if old_owner.get(key) == rank:
-                state = {k: v.detach().cpu() for k, v in mine[key].module.state_dict().items()}
+            if old_owner.get(key) == rank and key in source.states:
+                state = {k: v.detach().cpu() for k, v in source.states[key].items()}
                 outgoing.setdefault(dst, {})[key] = state
         return pack_all(outgoing, rank)
 
-    old_owner = dict(zip((s.key for s in old_specs), owners(old_sizes), strict=True))
+    old_owner = dict(zip(source.keys, owners(list(source.sizes)), strict=True))
     new_owner = dict(zip((s.key for s in new_specs), owners(new_sizes), strict=True))
     received = exchange(comm, comm.together(pack))
     return {k: (src, v) for src, states in received.items() for k, v in states.items()}

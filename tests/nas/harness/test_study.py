@@ -113,7 +113,7 @@ def test_a_multi_objective_study_with_hurdles_a_budget_and_inherited_weights(
 ) -> None:
     budget = 10**9
     config = settings(tmp_path, "study.name=multi", "study.n_trials=5", "objective=loss_throughput",
-                      "pruner=pdh", "pruner.options.budgets=[3]", "sampler=nsga2",
+                      "pruner=pdh", "pruner.options.budgets=[3]", "sampler=evolution",
                       f"pipeline.memory_budget={budget}", "study.inherit_weights=true")  # fmt: skip
     result = run_study(config)
     study = optuna.load_study(study_name="multi", storage=config.storage_url)
@@ -139,6 +139,11 @@ def test_a_multi_objective_study_with_hurdles_a_budget_and_inherited_weights(
         assert 0 <= moved <= inherited and (inherited > 0) == (t.user_attrs["inherited_bytes"] > 0)
     assert trials[0].user_attrs["inherited_layers"] == 0  # nothing before the first trial
     assert any(t.user_attrs["inherited_layers"] > 0 for t in trials[1:])  # same layer keys
+    assert trials[1].user_attrs["inherited_from"] == trials[0].number  # the previous trial
+    children = [t for t in trials if "evolution:parent" in t.system_attrs]
+    assert children  # a child starts from its evolution parent's weights
+    assert all(t.user_attrs["inherited_from"] == t.system_attrs["evolution:parent"]
+               for t in children)  # fmt: skip
     report_study(config, result)
     for name in ("optimization_history", "pareto_front", "partition_best_trial"):
         assert (tmp_path / "run" / f"{name}.png").stat().st_size > 1000

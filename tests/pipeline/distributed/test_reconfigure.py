@@ -45,12 +45,17 @@ def candidates(ctx: StageContext) -> dict[str, Any]:
     pipe.reconfigure(transformer_stack(6, 16, 2), partition=[3, 3], inherit_weights=True)
     inherited = pipe.full_state_dict()
     pipe.train_step(*seq(1)[0])
+    six, snapshot = pipe.full_state_dict(), pipe.snapshot()
     # a different architecture, loss and data on the same processes
     pipe.reconfigure(mlp(), partition=[1, 2], loss_fn=F.cross_entropy)
     losses = [pipe.train_step(x, y) for x, y in flat(4)]
-    took = [e.details for e in pipe.events if e.kind == "inherit"]
-    out = {"trained": trained, "inherited": inherited, "losses": losses, "took": took,
+    out = {"trained": trained, "inherited": inherited, "losses": losses, "six": six,
            "state": pipe.full_state_dict(), "generation": pipe.generation, "step": pipe.step}
+    # four layers of the six-layer model, from its snapshot, on another partition
+    pipe.reconfigure(transformer_stack(4, 16, 2), partition=[1, 3], inherit_from=snapshot,
+                     loss_fn=F.mse_loss)  # fmt: skip
+    out["from_snapshot"] = pipe.full_state_dict()
+    out["took"] = [e.details for e in pipe.events if e.kind == "inherit"]
     pipe.close()
     return out  # fmt: skip
 
@@ -153,8 +158,18 @@ def test_auto_reconfigure_plans_from_the_cache_and_frees_the_old_layers() -> Non
         assert r["keys"] == [f"block{i}" for i in range(3 * rank, 3 * rank + 3)], r["keys"]
 
 
+def test_a_snapshot_of_an_earlier_model_starts_a_later_one() -> None:
+    r = results()
+    assert list(r["from_snapshot"]) == [f"block{i}" for i in range(4)]
+    for key, state in r["from_snapshot"].items():
+        for name, value in state.items():
+            assert torch.equal(value, r["six"][key][name])
+
+
 def test_the_inheritance_is_recorded_in_the_events() -> None:
-    (took,) = results()["took"]  # block0-3 inherited; block2 moved from stage 1 to stage 0
+    took, back = results()["took"]  # block0-3 inherited; block2 moved from stage 1 to stage 0
     per_layer = sum(v.numel() * v.element_size() for v in results()["trained"]["block2"].values())
     assert (took["layers"], took["moved"]) == (4, 1)
     assert (took["bytes"], took["moved_bytes"]) == (4 * per_layer, per_layer)
+    # [3, 3] -> [1, 3]: block1 and block2 move to stage 1
+    assert (back["layers"], back["moved"], back["moved_bytes"]) == (4, 2, 2 * per_layer)

@@ -1,0 +1,51 @@
+"""Incremental candidates (vPipe's NAS scenario): which trained weights a candidate starts from.
+
+With `study.inherit_weights=true`, a candidate's layers that share a key (and shapes) with
+the trial it came from keep that trial's trained weights, migrated to wherever the new plan
+puts them, instead of starting from scratch. The trial it came from is the evolution parent
+when the sampler names one (regularized evolution mutates one choice of it), else the
+previous trial this worker trained.
+
+Every stage process keeps a `WeightBank`: a `pipeline.WeightSnapshot` of its own layers per
+recently trained trial (complete or pruned), at most `keep` of them, oldest dropped first.
+The bank's contents are the same list of trial numbers on every rank (each rank adds after
+every trained trial), so every rank picks the same source without a message.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+from pipeline import ElasticPipeline, WeightSnapshot
+
+__all__ = ["WeightBank"]
+
+
+class WeightBank:
+    """The weights of the last `keep` trained trials, this rank's layers of each."""
+
+    def __init__(self, keep: int) -> None:
+        if keep < 1:
+            raise ValueError(f"a weight bank must keep at least one trial, got keep={keep}")
+        self.keep = keep
+        self._kept: OrderedDict[int, WeightSnapshot] = OrderedDict()
+
+    @property
+    def numbers(self) -> list[int]:
+        """The trials kept, oldest first."""
+        return list(self._kept)
+
+    def source(self, parent: int | None) -> int | None:
+        """The trial to start from: `parent` if kept, else the last trial trained, if any."""
+        if parent is not None and parent in self._kept:
+            return parent
+        return next(reversed(self._kept), None)
+
+    def get(self, number: int | None) -> WeightSnapshot | None:
+        return None if number is None else self._kept.get(number)
+
+    def add(self, number: int, pipe: ElasticPipeline) -> None:
+        """Keep the weights `pipe` holds now as trial `number`'s (on every rank)."""
+        self._kept[number] = pipe.snapshot()
+        while len(self._kept) > self.keep:
+            self._kept.popitem(last=False)
