@@ -44,37 +44,27 @@ alternates one forward and one backward, then drains::
     stage 0:  F0 F1    B0 F2    B1    B2
     stage 1:     F0 B0    F1 B1    F2 B2
 
-ZB-H1 (`zbh1`, after Qi et al., "Zero Bubble Pipeline Parallelism", ICLR 2024): 1F1B with
-split backwards, where each stage keeps 1F1B's in-flight count min(S - s, M) and its weight
-gradients fill the time it would spend waiting. The lists come from replaying the stages
-with unit costs (F = BI = W = 1, the paper's assumption) and, whenever a stage is free,
-taking the first of: the oldest BI whose gradient has arrived; the next forward, if its
-activations have arrived and the in-flight count allows it; the oldest pending W. A list
-built from one valid execution orders every action after what it waits for, so it never
-deadlocks, whatever the real costs. 2 stages, 4 micro-batches, one column per unit of
-time (BI shown as B; 1F1B, whose backward takes two units, needs 15)::
+ZB-H1 (`zbh1`, `pipeline.pure.zero_bubble`): 1F1B with split backwards and 1F1B's in-flight
+counts, each stage's weight gradients run after the input gradient has left::
 
-    stage 0:  F0 F1 .  B0 W0 F2 B1 W1 F3 B2 W2 .  B3 W3    <- 14 units
-    stage 1:  .  F0 B0 W0 F1 B1 W1 F2 B2 W2 F3 B3 W3
-
-The paper's ZB-H1 lets every stage hold S micro-batches (the peak of 1F1B's first stage);
-here each stage holds exactly what it holds under 1F1B, because a stage's memory budget is
-what the planner enforces and a split micro-batch keeps its whole graph until W. The last
-stage then holds one micro-batch and runs F, BI, W of each in turn, so with unit costs no
-schedule under these limits beats 3M + 2(S - 1); this one reaches it. Its bubble is 2(S - 1)
-units per stage, two thirds of 1F1B's 3(S - 1) (the paper's, with more memory: S - 1).
-Under these limits every W comes right after its own BI (so at most one micro-batch waits
-for its W): the step is shorter because the gradient leaves a stage after BI instead of
-after the whole backward, and the stage above runs its BI while this one runs W.
+    stage 0:  F0 F1 .  B0 W0 F2 B1 W1 F3 B2 W2 .  B3 W3    <- 14 units (BI shown as B)
+    stage 1:  .  F0 B0 W0 F1 B1 W1 F2 B2 W2 F3 B3 W3       <- 1F1B: 15 units
 """
 
 from __future__ import annotations
 
-import enum
-import functools
-import math
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
+
+from pipeline.pure.actions import (
+    COMPUTE_OPS,
+    GRAD_OPS,
+    Action,
+    Op,
+    ScheduleError,
+    ScheduleFn,
+)
+from pipeline.pure.actions import check_shape as _check_shape
+from pipeline.pure.zero_bubble import zbh1
 
 __all__ = [
     "SCHEDULES",
@@ -91,47 +81,6 @@ __all__ = [
     "validate",
     "zbh1",
 ]
-
-
-class ScheduleError(ValueError):
-    """A schedule is malformed: it would compute wrong gradients or deadlock."""
-
-
-class Op(enum.Enum):
-    FORWARD = "F"
-    BACKWARD = "B"
-    BACKWARD_INPUT = "BI"
-    BACKWARD_WEIGHT = "W"
-    OPTIMIZER_STEP = "STEP"
-    RECV_ACT = "RECV_ACT"
-    SEND_ACT = "SEND_ACT"
-    RECV_GRAD = "RECV_GRAD"
-    SEND_GRAD = "SEND_GRAD"
-
-
-COMPUTE_OPS = (Op.FORWARD, Op.BACKWARD, Op.BACKWARD_INPUT, Op.BACKWARD_WEIGHT)
-GRAD_OPS = (Op.BACKWARD, Op.BACKWARD_INPUT)  # receive the outputs' gradient, send the inputs'
-
-
-@dataclass(frozen=True)
-class Action:
-    op: Op
-    microbatch: int = -1  # -1 for actions that concern no micro-batch (OPTIMIZER_STEP)
-
-    def __repr__(self) -> str:
-        return self.op.value if self.microbatch < 0 else f"{self.op.value}{self.microbatch}"
-
-
-ScheduleFn = Callable[[int, int, int], list[Action]]
-
-
-def _check_shape(n_stages: int, n_microbatches: int, stage: int) -> None:
-    if n_stages < 1:
-        raise ValueError(f"n_stages must be >= 1, got {n_stages}")
-    if n_microbatches < 1:
-        raise ValueError(f"n_microbatches must be >= 1, got {n_microbatches}")
-    if not 0 <= stage < n_stages:
-        raise ValueError(f"stage must be in [0, {n_stages}), got {stage}")
 
 
 def gpipe(n_stages: int, n_microbatches: int, stage: int) -> list[Action]:
@@ -160,71 +109,6 @@ def one_f_one_b(n_stages: int, n_microbatches: int, stage: int) -> list[Action]:
         next_backward += 1
     actions.append(Action(Op.OPTIMIZER_STEP))
     return actions
-
-
-def zbh1(n_stages: int, n_microbatches: int, stage: int) -> list[Action]:
-    """ZB-H1: 1F1B's in-flight counts, split backwards, W's filling the waits (module doc)."""
-    _check_shape(n_stages, n_microbatches, stage)
-    limits = tuple(min(n_stages - s, n_microbatches) for s in range(n_stages))
-    return [*_split_lists(n_stages, n_microbatches, limits)[stage], Action(Op.OPTIMIZER_STEP)]
-
-
-@functools.lru_cache(maxsize=64)
-def _split_lists(
-    n_stages: int, n_microbatches: int, limit: tuple[int, ...]
-) -> tuple[tuple[Action, ...], ...]:
-    """Every stage's compute list, from a unit-cost replay with these in-flight limits."""
-    S, M = n_stages, n_microbatches
-    lists: list[list[Action]] = [[] for _ in range(S)]
-    act = [[math.inf] * M for _ in range(S)]  # when stage s may start F_i (activation there)
-    grad = [[math.inf] * M for _ in range(S)]  # when stage s may start BI_i (gradient there)
-    act[0] = [0.0] * M
-    free = [0.0] * S
-    nxt_f, nxt_b, nxt_w = [0] * S, [0] * S, [0] * S
-    while any(w < M for w in nxt_w):
-        # the stage that can start something earliest goes first (ties: lower stage)
-        best: tuple[float, int, Action] | None = None
-        for s in range(S):
-            option = _zbh1_next(s, free[s], nxt_f[s], nxt_b[s], nxt_w[s], limit[s], M,
-                                act[s], grad[s])  # fmt: skip
-            if option is not None and (best is None or option[0] < best[0]):
-                best = (option[0], s, option[1])
-        assert best is not None, "the unit-cost replay cannot stall"
-        start, s, action = best
-        free[s] = start + 1.0
-        lists[s].append(action)
-        i = action.microbatch
-        if action.op is Op.FORWARD:
-            nxt_f[s] += 1
-            if s + 1 < S:
-                act[s + 1][i] = free[s]
-            else:
-                grad[s][i] = free[s]  # the last stage's BI follows its own forward
-        elif action.op is Op.BACKWARD_INPUT:
-            nxt_b[s] += 1
-            if s > 0:
-                grad[s - 1][i] = free[s]
-        else:
-            nxt_w[s] += 1
-    return tuple(tuple(actions) for actions in lists)
-
-
-def _zbh1_next(
-    s: int, free: float, f: int, b: int, w: int, limit: int, m: int,
-    act: list[float], grad: list[float],
-) -> tuple[float, Action] | None:  # fmt: skip
-    """(start time, action) of what stage s does next in the replay, None if nothing is left."""
-    candidates: list[tuple[float, int, Action]] = []  # (start, priority, action)
-    if b < f:
-        candidates.append((max(free, grad[b]), 0, Action(Op.BACKWARD_INPUT, b)))
-    if f < m and f - w < limit:
-        candidates.append((max(free, act[f]), 1, Action(Op.FORWARD, f)))
-    if w < b:
-        candidates.append((free, 2, Action(Op.BACKWARD_WEIGHT, w)))
-    if not candidates:
-        return None
-    start, _, action = min(candidates, key=lambda c: (c[0], c[1]))
-    return start, action
 
 
 def forward_only(n_stages: int, n_microbatches: int, stage: int) -> list[Action]:
