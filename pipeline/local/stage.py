@@ -13,6 +13,9 @@ processes: `pipeline.distributed.executor` runs a schedule's action list and cal
                       later, each node run once (`pipeline.local.backward`); a recomputed
                       or swapped layer runs its whole backward in the first part
     optimizer_step    apply the accumulated gradients, then zero them
+    use_step(t)       PipeDream-2BW streams: the step of the next compute, whose weight
+                      version W(t-1) the layers run with (`pipeline.local.versions`,
+                      made by `enable_versions`); optimizer_step then applies update u
     end_step          the step's times; per-layer meters updated (abort_step: forget it)
 
 An exception in a layer, the loss or the optimizer comes out as `ComputeError`, which says
@@ -50,6 +53,7 @@ from pipeline.local.determinism import dropout_seed, seed_rng
 from pipeline.local.meter import LayerMeter, SavedBytes
 from pipeline.local.objective import LossFn, OptimizerFactory, build_optimizer, scalar_loss
 from pipeline.local.spec import LayerSpec, build_layer
+from pipeline.local.versions import WeightVersions
 from pipeline.pure.costs import MEMORY_ACTIONS, LayerCost
 from pipeline.pure.timeline import Span
 
@@ -126,6 +130,7 @@ class Stage:
         self.saved = SavedBytes()
         self.spans: list[Span] = []  # what this stage did during the last step
         self._step, self._measure, self._n_microbatches = 0, False, 1
+        self.versions: WeightVersions | None = None  # 2BW's two weight versions
         self.times, self._start, self._recompute_end = StepTimes(), 0.0, 0.0
 
     def set_memory_actions(self, actions: Sequence[str]) -> None:
@@ -184,10 +189,24 @@ class Stage:
             yield from layer.module.parameters()
 
     # -- one step, one micro-batch at a time (the executor decides the order) -----------------
-    def begin_step(self, step: int, n_microbatches: int, measure_memory: bool) -> None:
+    def enable_versions(self, updates: int) -> WeightVersions:
+        """Two weight versions from now on (2BW), W(updates - 1) = W(updates) if new."""
+        if self.versions is None:
+            self.versions = WeightVersions(updates)
+            for layer in self.layers:
+                self.versions.attach(layer.key, layer.module)
+        return self.versions
+
+    def use_step(self, step: int) -> None:  # streams: steps interleave
+        self._step = step
+
+    def begin_step(
+        self, step: int, n_microbatches: int, measure_memory: bool, keep_spans: bool = False
+    ) -> None:
         """Reset this step's sums; with `measure_memory`, count saved activations."""
         self._step, self._n_microbatches, self._measure = step, n_microbatches, measure_memory
-        self.times, self.spans = StepTimes(), []
+        self.times = StepTimes()
+        self.spans = self.spans if keep_spans else []
         self._start = time.perf_counter()
         for layer in self.layers:
             layer.forward_s = layer.backward_s = 0.0
@@ -219,6 +238,8 @@ class Stage:
         """Forget a failed step: accumulated gradients and activation counts are dropped."""
         for p in self.parameters():
             p.grad = None
+        if self.versions is not None:
+            self.versions.zero_grads()
         self.saved.begin_step([])
 
     def span(self, name: str, start: float, category: str = "compute") -> float:
@@ -249,7 +270,11 @@ class Stage:
     def _call(self, layer: _Layer, i: int, carry: Carry) -> Carry:
         seed_rng(dropout_seed(self.seed, self._step, i, layer.key), self.device)
         try:
-            out = layer.module(unwrap(carry))
+            if self.versions is None:
+                out = layer.module(unwrap(carry))
+            else:  # 2BW: micro-batches of step t run with W(t - 1)
+                weights = self.versions.weights(layer.key, self._step - 1)
+                out = torch.func.functional_call(layer.module, weights, (unwrap(carry),))
             return as_carry(out, f"the output of layer {layer.key!r}")
         except Exception as error:
             shapes = [tuple(t.shape) for t in carry]
@@ -358,14 +383,17 @@ class Stage:
         return () if position == 0 and self.index == 0 else input_grads
 
     def optimizer_step(self) -> None:
-        t0 = time.perf_counter()
-        if self.optimizer is not None:
-            try:
-                self.optimizer.step()
-            except Exception as error:
-                raise ComputeError("optimizer", None, None, error) from error
-            finally:
-                self.optimizer.zero_grad(set_to_none=True)
+        t0, optimizer = time.perf_counter(), self.optimizer
+        try:
+            if self.versions is not None:  # 2BW: update u, with the gradients at W(u - 1)
+                self.versions.apply_update(optimizer.step if optimizer else lambda: None)
+            elif optimizer is not None:
+                optimizer.step()
+        except Exception as error:
+            raise ComputeError("optimizer", None, None, error) from error
+        finally:
+            if optimizer is not None:
+                optimizer.zero_grad(set_to_none=True)
         self.times.optimizer_s += self.span("optimizer step", t0, "optimizer")
 
     @torch.no_grad()
@@ -389,4 +417,4 @@ class Stage:
                 layer.module.train(mode)
 
     def close(self) -> None:
-        self.layers, self.optimizer = [], None
+        self.layers, self.optimizer, self.versions = [], None, None

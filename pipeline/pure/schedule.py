@@ -49,6 +49,11 @@ counts, each stage's weight gradients run after the input gradient has left::
 
     stage 0:  F0 F1 .  B0 W0 F2 B1 W1 F3 B2 W2 .  B3 W3    <- 14 units (BI shown as B)
     stage 1:  .  F0 B0 W0 F1 B1 W1 F2 B2 W2 F3 B3 W3       <- 1F1B: 15 units
+
+PipeDream-2BW (`2bw`, `pipeline.pure.two_bw`) spans a *stream* of steps: the functions with
+a true `stream` attribute take a fourth argument, n_steps, number micro-batch i of step t
+as t * M + i and put an OPTIMIZER_STEP(t) after each step's last backward. `stage_actions`,
+`validate` and `simulate` take n_steps for them (1 by default).
 """
 
 from __future__ import annotations
@@ -64,6 +69,7 @@ from pipeline.pure.actions import (
     ScheduleFn,
 )
 from pipeline.pure.actions import check_shape as _check_shape
+from pipeline.pure.two_bw import pipedream_2bw
 from pipeline.pure.zero_bubble import zbh1
 
 __all__ = [
@@ -75,8 +81,10 @@ __all__ = [
     "forward_only",
     "gpipe",
     "in_flight",
+    "is_stream",
     "lower",
     "one_f_one_b",
+    "pipedream_2bw",
     "stage_actions",
     "validate",
     "zbh1",
@@ -117,7 +125,15 @@ def forward_only(n_stages: int, n_microbatches: int, stage: int) -> list[Action]
     return [Action(Op.FORWARD, i) for i in range(n_microbatches)]
 
 
-SCHEDULES: dict[str, ScheduleFn] = {"gpipe": gpipe, "1f1b": one_f_one_b, "zbh1": zbh1}
+SCHEDULES: dict[str, ScheduleFn] = {
+    "gpipe": gpipe, "1f1b": one_f_one_b, "zbh1": zbh1, "2bw": pipedream_2bw,
+}  # fmt: skip
+
+
+def is_stream(schedule: str | ScheduleFn) -> bool:
+    """True for schedules without a flush, whose lists span a stream of steps (2BW)."""
+    fn = get_schedule(schedule) if isinstance(schedule, str) else schedule
+    return bool(getattr(fn, "stream", False))
 
 
 def get_schedule(name: str) -> ScheduleFn:
@@ -173,10 +189,18 @@ def lower(compute: Sequence[Action], stage: int, n_stages: int) -> list[Action]:
 
 
 def stage_actions(
-    schedule: str | ScheduleFn, n_stages: int, n_microbatches: int, stage: int
+    schedule: str | ScheduleFn, n_stages: int, n_microbatches: int, stage: int,
+    n_steps: int = 1,
 ) -> list[Action]:
-    """The lowered action list one stage executes per training step."""
+    """The lowered action list one stage executes per training step (per stream of
+    `n_steps` steps for a stream schedule)."""
     fn = get_schedule(schedule) if isinstance(schedule, str) else schedule
+    if is_stream(fn):
+        compute = fn(n_stages, n_microbatches, stage, n_steps)  # type: ignore[call-arg]
+        return lower(compute, stage, n_stages)
+    if n_steps != 1:
+        raise ValueError(f"schedule {getattr(fn, '__name__', fn)!r} has a flush: one step per "
+                         f"list, got n_steps={n_steps}")  # fmt: skip
     return lower(fn(n_stages, n_microbatches, stage), stage, n_stages)
 
 
@@ -195,18 +219,25 @@ def in_flight(actions: Sequence[Action]) -> int:
     return peak
 
 
-def validate(schedule: str | ScheduleFn, n_stages: int, n_microbatches: int) -> None:
+def validate(
+    schedule: str | ScheduleFn, n_stages: int, n_microbatches: int, n_steps: int = 1
+) -> None:
     """Raise `ScheduleError` unless every stage's lowered list is correct and deadlock-free.
 
     Checks: each micro-batch is forwarded and back-propagated exactly once per stage, its
     forward first (back-propagated: one BACKWARD, or one BACKWARD_INPUT and after it one
-    BACKWARD_WEIGHT); one optimizer step after the last backward; every send has the matching
+    BACKWARD_WEIGHT); one optimizer step after the last backward (a stream: OPTIMIZER_STEP(t)
+    after step t's last backward and before the stage's first forward of step t + 2, so two
+    weight versions suffice: `pipeline.pure.two_bw.check_2bw`); every send has the matching
     receive on the peer (and no receive waits for a send that never comes); executing all
     stages with non-blocking sends and receives and blocking compute never deadlocks.
     """
-    lists = [stage_actions(schedule, n_stages, n_microbatches, s) for s in range(n_stages)]
+    lists = [stage_actions(schedule, n_stages, n_microbatches, s, n_steps)
+             for s in range(n_stages)]  # fmt: skip
     for s, actions in enumerate(lists):
-        _check_stage(actions, s, n_microbatches)
+        _check_stage(actions, s, n_microbatches * n_steps)
+        if n_steps > 1 or is_stream(schedule):
+            _check_versions(actions, s, n_microbatches, n_steps)
     _check_messages(lists)
     _check_progress(lists)
 
@@ -242,13 +273,34 @@ def _check_stage(actions: Sequence[Action], stage: int, n_microbatches: int) -> 
             if i in weights:
                 raise ScheduleError(f"stage {stage}: weight gradient of {i} computed twice")
             weights.add(i)
-        elif action.op is Op.OPTIMIZER_STEP and position != len(actions) - 1:
+        elif (action.op is Op.OPTIMIZER_STEP and position != len(actions) - 1
+              and action.microbatch < 0):  # a stream's steps name themselves  # fmt: skip
             raise ScheduleError(f"stage {stage}: optimizer step must be the last action")
     missing = set(range(n_microbatches)) - (backwarded & weights)
     if missing or forwarded != backwarded or weights != backwarded:
         raise ScheduleError(f"stage {stage}: micro-batches {sorted(missing)} never finish")
     if not actions or actions[-1].op is not Op.OPTIMIZER_STEP:
         raise ScheduleError(f"stage {stage}: no optimizer step at the end")
+
+
+def _check_versions(actions: Sequence[Action], stage: int, m: int, n_steps: int) -> None:
+    """A stream's OPTIMIZER_STEP(t): after step t's backwards, before step t + 2's forwards."""
+    done = -1  # the last optimizer step taken
+    for action in actions:
+        step = action.microbatch // m
+        if action.op is Op.OPTIMIZER_STEP:
+            if action.microbatch != done + 1:
+                raise ScheduleError(f"stage {stage}: {action} after STEP{done}")
+            done += 1
+        elif action.op in COMPUTE_OPS and step <= done:
+            raise ScheduleError(f"stage {stage}: {action} of step {step} after its optimizer step")
+        elif action.op is Op.FORWARD and step > done + 2:
+            raise ScheduleError(
+                f"stage {stage}: {action} of step {step} before STEP{step - 2}: its weight "
+                "version does not exist yet (two versions: needs more micro-batches per step)"
+            )
+    if done != n_steps - 1:
+        raise ScheduleError(f"stage {stage}: {done + 1} optimizer steps for {n_steps} steps")
 
 
 def _messages(lists: Sequence[Sequence[Action]]) -> tuple[list[tuple], list[tuple]]:

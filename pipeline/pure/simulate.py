@@ -18,7 +18,13 @@ Semantics, one stage at a time in the order of its list:
 * a message arrives link.time(bytes) after the compute that produced it finished; an
   activation has the sender's output_bytes, a gradient the receiver's output_bytes;
 * RECV_* / SEND_* take no stage time (non-blocking posts);
-* OPTIMIZER_STEP waits for every message the stage sent to arrive, then takes optimizer_s.
+* OPTIMIZER_STEP waits for every message the stage sent to arrive, then takes optimizer_s;
+  in a stream (`2bw`, n_steps > 1 steps in one list, no flush) it waits for nothing.
+
+A stream's `step_s` is its steady-state time per step: the time between the stages'
+(latest) OPTIMIZER_STEP(0) and OPTIMIZER_STEP(T - 2), over T - 2 steps, so neither the
+warm-up nor the cool-down counts (T >= 3; fewer: iteration_s / T). For one step it is
+iteration_s.
 
 A micro-batch is in flight on a stage from the start of its forward to the end of its
 backward (of its BACKWARD_WEIGHT when split); it holds the stage's activation_bytes
@@ -34,7 +40,15 @@ from typing import Any
 
 from pipeline.pure.costs import LayerCost, LinkCost, action_effects
 from pipeline.pure.partition import bounds, check_sizes
-from pipeline.pure.schedule import Action, Op, ScheduleError, ScheduleFn, stage_actions, validate
+from pipeline.pure.schedule import (
+    Action,
+    Op,
+    ScheduleError,
+    ScheduleFn,
+    is_stream,
+    stage_actions,
+    validate,
+)
 from pipeline.pure.timeline import Span, chrome_trace
 
 __all__ = ["Event", "SimResult", "StageCost", "simulate", "stage_costs", "to_chrome_trace"]
@@ -89,6 +103,8 @@ class SimResult:
     peak_in_flight: tuple[int, ...]  # micro-batches, per stage
     peak_activation_bytes: tuple[int, ...]  # peak_in_flight * activation_bytes, per stage
     events: tuple[Event, ...]  # forwards, backwards and optimizer steps, by start time
+    n_steps: int = 1  # steps in the list (a stream schedule's; else 1)
+    step_s: float = 0.0  # steady-state seconds per step (module doc)
 
     @property
     def n_stages(self) -> int:
@@ -100,14 +116,18 @@ def simulate(
     stages: Sequence[StageCost],
     n_microbatches: int,
     link: LinkCost | None = None,
+    n_steps: int = 1,
 ) -> SimResult:
     """Execute every stage's lowered action list against `stages` costs (see module doc)."""
     n_stages = len(stages)
     if n_stages < 1:
         raise ValueError("simulate needs at least one stage")
-    validate(schedule, n_stages, n_microbatches)  # malformed or deadlocking: ScheduleError
+    # malformed or deadlocking: ScheduleError
+    validate(schedule, n_stages, n_microbatches, n_steps)
     link = link or LinkCost.free()
-    lists = [stage_actions(schedule, n_stages, n_microbatches, s) for s in range(n_stages)]
+    stream = is_stream(schedule)
+    lists = [stage_actions(schedule, n_stages, n_microbatches, s, n_steps)
+             for s in range(n_stages)]  # fmt: skip
     free = [0.0] * n_stages
     pc = [0] * n_stages
     arrival: dict[tuple[str, int, int], float] = {}  # (kind, receiver, micro-batch) -> s
@@ -155,7 +175,7 @@ def simulate(
             arrival[("grad", s - 1, i)] = t
             last_arrival[s] = max(last_arrival[s], t)
         elif a.op is Op.OPTIMIZER_STEP:
-            run(s, a, last_arrival[s], cost.optimizer_s)
+            run(s, a, 0.0 if stream else last_arrival[s], cost.optimizer_s)
         return True  # receives are posts: no stage time
 
     progressed = True
@@ -176,6 +196,9 @@ def simulate(
     idle = [iteration - b for b in busy]
     bubble = sum(idle) / (n_stages * iteration) if iteration > 0 else 0.0
     name = schedule if isinstance(schedule, str) else getattr(schedule, "__name__", "custom")
+    updates = [max(finished[(s, Op.OPTIMIZER_STEP, t)] for s in range(n_stages))
+               for t in range(n_steps)] if stream else []  # fmt: skip
+    step_s = (updates[-2] - updates[0]) / (n_steps - 2) if n_steps >= 3 else iteration / n_steps
     return SimResult(
         schedule=name,
         n_microbatches=n_microbatches,
@@ -186,6 +209,8 @@ def simulate(
         peak_in_flight=tuple(peak),
         peak_activation_bytes=tuple(peak[s] * stages[s].activation_bytes for s in range(n_stages)),
         events=tuple(sorted(events, key=lambda e: (e.start_s, e.stage))),
+        n_steps=n_steps,
+        step_s=step_s,
     )
 
 

@@ -46,7 +46,7 @@ from typing import Any, ClassVar, Protocol
 
 from pipeline.pure.costs import MEMORY_ACTIONS, LayerCost, LinkCost
 from pipeline.pure.partition import bounds, check_sizes
-from pipeline.pure.schedule import ScheduleFn, get_schedule, in_flight
+from pipeline.pure.schedule import SCHEDULES, ScheduleFn, get_schedule, in_flight, is_stream
 from pipeline.pure.simulate import simulate, stage_costs
 
 __all__ = [
@@ -155,6 +155,9 @@ def in_flight_counts(schedule: ScheduleLike, n_stages: int, n_microbatches: int)
     return [in_flight(fn(n_stages, n_microbatches, s)) for s in range(n_stages)]
 
 
+STREAM_STEPS = 5  # steps a stream schedule is simulated over to predict its time per step
+
+
 def weight_copies(schedule: ScheduleLike) -> int:
     """Parameter copies a stage holds: 2 for PipeDream-2BW (double-buffered), else 1.
 
@@ -162,6 +165,8 @@ def weight_copies(schedule: ScheduleLike) -> int:
     """
     if not isinstance(schedule, str):
         return int(getattr(schedule, "weight_copies", 1))
+    if schedule.lower() in SCHEDULES:
+        return int(getattr(SCHEDULES[schedule.lower()], "weight_copies", 1))
     return 2 if schedule.lower().replace("-", "").replace("_", "") in ("2bw", "pipedream2bw") else 1
 
 
@@ -181,11 +186,13 @@ def evaluate(
     copies = weight_copies(schedule)
     stages = stage_costs(costs, sizes, actions, host_link=host_link, weight_copies=copies)
     counts = in_flight_counts(schedule, len(stages), n_microbatches)
-    result = simulate(schedule, stages, n_microbatches, link)
+    # a stream (2BW): the steady-state time per step of a stream long enough to show it
+    n_steps = STREAM_STEPS if is_stream(schedule) else 1
+    result = simulate(schedule, stages, n_microbatches, link, n_steps=n_steps)
     return Plan(
         sizes=tuple(sizes), actions=actions, schedule=schedule_name(schedule),
         n_microbatches=n_microbatches,
-        predicted_iteration_s=result.iteration_s,
+        predicted_iteration_s=result.step_s,
         predicted_stage_s=tuple(st.forward_s + st.backward_s for st in stages),
         predicted_stage_bytes=tuple(st.state_bytes + k * st.activation_bytes
                                     for st, k in zip(stages, counts, strict=True)),
