@@ -38,6 +38,7 @@ import optuna
 
 from nas.settings import (
     NasSettings,
+    SamplerSettings,
     SearchSpaceSettings,
     StudySettings,
     TrackerSettings,
@@ -52,6 +53,9 @@ def settings(root: Path, name: str, trials: int, steps: int, inherit: bool) -> N
         study=StudySettings(name=name, n_trials=trials, inherit_weights=inherit),
         train=TrainSettings(steps=steps, batch_size=16, eval_every=steps, eval_batches=2),
         search_space=SearchSpaceSettings(d_model=(32,), max_cells=1),
+        sampler=SamplerSettings(name="evolution",  # as conf/sampler/evolution.yaml
+                                options={"population_size": 4, "sample_size": 2,
+                                         "warmup": "mutate"}),
         tracker=TrackerSettings(name="none"),
         output_dir=str(root / name), studies_dir=str(root / "studies"),
     )  # fmt: skip
