@@ -18,6 +18,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import optuna
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from nas.settings import NasSettings
@@ -42,14 +43,16 @@ def report_study(
         values = [f"{v:.4g}" for v in t.values] if t.values else ["-"] * len(study.directions)
         state = t.state.name.lower() + (" *" if t.number in best else "")
         cause = t.user_attrs.get("fail_reason", "")
+        text = escape((cause or t.user_attrs.get("architecture", ""))[:70])  # [..] is not markup
         table.add_row(str(t.number), state, *values, str(t.user_attrs.get("parameters", "")),
-                      (cause or t.user_attrs.get("architecture", ""))[:70])  # fmt: skip
+                      text)  # fmt: skip
     console.print(table)
     if complete:
         top = study.best_trials[0]
         console.print(f"best architecture (trial {top.number}, "
                       f"{top.user_attrs.get('parameters', '?')} parameters): "
-                      f"{top.user_attrs.get('architecture', '?')}", soft_wrap=True)  # fmt: skip
+                      f"{escape(top.user_attrs.get('architecture', '?'))}",
+                      soft_wrap=True)  # fmt: skip
     skipped = len(study.trials) - len(shown)
     if skipped:
         console.print(f"{skipped} proposed architectures broke a validity rule and were "

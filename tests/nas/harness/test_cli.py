@@ -30,6 +30,8 @@ def test_a_small_study_from_the_command_line(tmp_path: Path) -> None:
                "search_space.d_model=[32]", "search_space.max_cells=1")  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     assert "study cli: 2 trials finished" in done.stdout
+    best = next(line for line in done.stdout.splitlines() if "best architecture" in line)
+    assert " enc 1x[" in best  # the whole summary: brackets are not taken for markup
     assert (tmp_path / "run" / "optimization_history.png").stat().st_size > 0
     assert (tmp_path / "studies" / "cli.db").exists()
     assert f"optuna-dashboard sqlite:///{tmp_path / 'studies' / 'cli.db'}" in done.stdout
