@@ -34,7 +34,7 @@ import torch.distributed as dist
 
 from pipeline.errors import PipelineError, StageError
 
-__all__ = ["Comm", "raise_first"]
+__all__ = ["Comm", "PendingReduce", "raise_first"]
 
 T = TypeVar("T")
 
@@ -82,6 +82,14 @@ class Comm:
         t = torch.tensor(list(values), dtype=torch.float64)
         dist.all_reduce(t, op=_OPS[op], group=self._control)
         return [float(v) for v in t.tolist()]
+
+    def all_reduce_async(self, values: Sequence[float], op: str = "sum") -> PendingReduce:
+        """`all_reduce`, posted now and waited for later (`PendingReduce.wait`). Every rank
+        must post its collectives in the same order, waited or not."""
+        t = torch.tensor(list(values), dtype=torch.float64)
+        work = dist.all_reduce(t, op=_OPS[op], group=self._control, async_op=True)
+        assert work is not None, "an async all_reduce returns a Work"
+        return PendingReduce(work, t)
 
     def all_gather_tensor(self, t: torch.Tensor) -> list[torch.Tensor]:
         out = [torch.empty_like(t) for _ in range(self.world_size)]
@@ -138,6 +146,17 @@ class Comm:
             return
         portable = None if error is None else _portable(error, self.rank)
         raise_first(self.all_gather_object(portable), self.rank, error)
+
+
+class PendingReduce:
+    """An all_reduce in flight: `wait()` gives its values (once it has been posted by all)."""
+
+    def __init__(self, work: dist.Work, values: torch.Tensor) -> None:
+        self._work, self._values = work, values
+
+    def wait(self) -> list[float]:
+        self._work.wait()
+        return [float(v) for v in self._values.tolist()]
 
 
 def raise_first(

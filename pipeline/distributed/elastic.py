@@ -13,14 +13,18 @@ partition="auto" it is made on the first `train_step`, from a profile of that ba
 shapes; later `rebalance()` (or `rebalance_every`, or a stage running short of its memory
 budget) re-plans from measured costs and migrates live (`pipeline.distributed.migration`).
 
-Methods that gather (`train_step`, `repartition`, `rebalance`, `reconfigure`, `stats`,
+`train(batches)` is a generator of each step's loss: for the flushed schedules a
+`train_step` per batch, for PipeDream-2BW ("2bw") one list across the steps without a
+flush (`pipeline.distributed.stream`); any other call first drains a stream in flight.
+
+Methods that gather (`train`, `train_step`, `repartition`, `rebalance`, `reconfigure`, `stats`,
 `full_state_dict`, `save_timeline`) are collectives: call them on every rank in order.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
@@ -28,7 +32,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from pipeline.distributed import executor, report
+from pipeline.distributed import executor, report, stream
 from pipeline.distributed.agreement import measured_costs, profile_costs
 from pipeline.distributed.comm import Comm
 from pipeline.distributed.events import PipelineEvent
@@ -56,9 +60,11 @@ from pipeline.pure.schedule import (
     ScheduleFn,
     forward_only,
     get_schedule,
+    is_stream,
     stage_actions,
     validate,
 )
+from pipeline.pure.two_bw import check_2bw
 
 __all__ = ["ElasticPipeline"]
 
@@ -74,7 +80,9 @@ class ElasticPipeline:
             parameter group per layer, e.g. `functools.partial(torch.optim.AdamW, lr=1e-3)`.
         loss_fn: `loss_fn(output, target) -> scalar tensor`, mean-reduced over the batch.
         schedule: "1f1b" (PipeDream-Flush), "gpipe", "zbh1" (zero bubble: 1F1B's memory,
-            split backwards whose weight gradients fill the drain), or a function
+            split backwards whose weight gradients fill the drain), "2bw" (PipeDream-2BW:
+            no flush between the steps of `train`, two weight versions, step t computes
+            with W(t - 1); needs n_microbatches >= n_stages - 1), or a function
             `(n_stages, n_microbatches, stage) -> list[Action]` (see `pipeline.pure.schedule`).
         n_microbatches: micro-batches per step; must divide the batch size.
         seed: with the layer keys, fixes the initial weights and the dropout masks.
@@ -134,7 +142,10 @@ class ElasticPipeline:
             raise TypeError(f"loss_fn must be callable, got {type(loss_fn).__name__}")
         self.schedule = get_schedule(schedule) if isinstance(schedule, str) else schedule
         self.schedule_name = schedule.lower() if isinstance(schedule, str) else None
+        if is_stream(self.schedule):
+            check_2bw(self.n_stages, n_microbatches)
         validate(self.schedule, self.n_stages, n_microbatches)
+        self.active_stream: stream.Segment | None = None  # a `train` stream in flight
         self.n_microbatches = n_microbatches
         self.planner = get_planner(planner) if isinstance(planner, str) else planner
         self.memory_budget, self.profile = memory_budget, profile
@@ -219,10 +230,36 @@ class ElasticPipeline:
         self.events.append(PipelineEvent(self.generation, self.step, kind, details))
 
     # -- training ----------------------------------------------------------------------------
+    def train(self, batches: Iterable[tuple[Any, Any]]) -> Iterator[float]:
+        """Train on each (x, y) in turn, yielding each step's loss (the same on every rank).
+
+        Under "2bw" the steps run without a flush (`pipeline.distributed.stream`); a failure
+        raises `StageError` on every rank from the generator, as `train_step` does.
+        """
+        if not is_stream(self.schedule):
+            for x, y in batches:
+                yield self.train_step(x, y)
+            return
+        yield from stream.train(self, batches)
+
+    def drain(self) -> None:
+        """Finish the `train` stream in flight, if any (its cool-down); every rank calls it."""
+        segment, self.active_stream = self.active_stream, None
+        if segment is not None:
+            segment.drain()
+
+    def plan_for(self, x: Any) -> None:
+        """partition="auto": plan and build from the batch input x, unless done already."""
+        if self._stage is None:
+            self._plan_first(split_microbatches(x, self.n_microbatches, "x")[0])
+
     def train_step(self, x: Any, y: Any) -> float:
         """One optimizer step on the batch (x, y); returns the mean micro-batch loss."""
         if self._closed:
             raise RuntimeError("this ElasticPipeline is closed")
+        if is_stream(self.schedule):  # a stream of one step (after any stream in flight)
+            self.drain()
+            return next(iter(list(stream.train(self, [(x, y)]))))
         chunks = split_microbatches(x, self.n_microbatches, "x")
         targets = split_microbatches(y, self.n_microbatches, "y")
         if self._stage is None:
@@ -256,6 +293,7 @@ class ElasticPipeline:
         """
         if self._closed:
             raise RuntimeError("this ElasticPipeline is closed")
+        self.drain()
         size = batch_size(x)
         m = max(k for k in range(1, self.n_microbatches + 1) if size % k == 0)
         chunks = [as_carry(c, "the batch input") for c in split_microbatches(x, m, "x")]
@@ -288,6 +326,7 @@ class ElasticPipeline:
         On failure the old partition stays in force and `pipeline.MigrationError` is
         raised on every rank.
         """
+        self.drain()
         stage = self._live_stage()
         new = _checked_sizes(sizes, len(self.specs), self.n_stages)
         try:
@@ -318,6 +357,7 @@ class ElasticPipeline:
         `rebalance_horizon`) exceeds the time to move its layers (or when the current plan
         breaks the memory budget). Returns the migration, or None when the current plan stays.
         """
+        self.drain()
         horizon = self.options.rebalance_horizon if remaining_steps is None else remaining_steps
         costs, actions = self.layer_costs()
         schedule = self.schedule_name or self.schedule
@@ -356,6 +396,7 @@ class ElasticPipeline:
         `loss_fn` and `optimizer`, when given, replace the current ones.
         """
         new_specs = check_specs(specs)
+        self.drain()
         requests = self.comm.all_gather_object([s.key for s in new_specs])
         if any(r != requests[0] for r in requests):
             raise ValueError("ranks passed different models to reconfigure")
@@ -385,6 +426,7 @@ class ElasticPipeline:
         takes its own, after at least one step."""
         if self._stage is None:
             raise RuntimeError("nothing to snapshot before the first step builds the layers")
+        self.drain()
         return self._snapshot(copy=True)
 
     def _snapshot(self, copy: bool) -> WeightSnapshot:
@@ -435,6 +477,7 @@ class ElasticPipeline:
         """
         if self._closed:
             raise RuntimeError("this ElasticPipeline is closed")
+        self.drain()
         mine = self.comm.together(self._own_states)
         gathered = self.comm.gather_object(mine, dst=0)
         if gathered is None:
@@ -484,6 +527,8 @@ class ElasticPipeline:
 
     def close(self) -> None:
         """Finish pending messages and free this stage's layers; the pipeline is unusable after."""
+        if not self._closed:
+            self.drain()
         for link in self._links:
             if link is not None:
                 link.wait_sends()

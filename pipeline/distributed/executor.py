@@ -43,8 +43,8 @@ from __future__ import annotations
 import math
 import time
 import traceback
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import Any, TypeVar
 
 import torch
 
@@ -57,6 +57,9 @@ from pipeline.pure.schedule import Action, Op
 
 __all__ = ["infer", "train_step"]
 
+T = TypeVar("T")
+Batches = Sequence[T] | Mapping[int, T]  # micro-batch i's item at [i] (a stream: a dict)
+
 
 class _Run:
     """The state of one step on one stage: posted receives, micro-batches in flight."""
@@ -66,8 +69,8 @@ class _Run:
         stage: Stage,
         links: tuple[PeerLink | None, PeerLink | None],
         step: int,
-        inputs: Sequence[Carry] | None,
-        targets: Sequence[Any] | None,
+        inputs: Batches[Carry] | None,
+        targets: Batches[Any] | None,
     ) -> None:
         self.stage, (self.prev, self.next) = stage, links
         self.step, self.inputs, self.targets = step, inputs, targets
@@ -91,20 +94,24 @@ class _Run:
         for action in actions:
             if action.op is Op.OPTIMIZER_STEP:
                 return  # the caller agrees on the step first (protocol step 3)
-            if not self.failed:
-                try:
-                    self._do(action)
-                    continue
-                except PeerFailed:
-                    self.peer_failed = True
-                except ComputeError as error:
-                    self.failure = self.stage_error(error.phase, error.error, error.layer,
-                                               error.microbatch)  # fmt: skip
-                except (ValueError, TypeError, RuntimeError) as error:  # a send's checks
-                    if action.op not in (Op.SEND_ACT, Op.SEND_GRAD):
-                        raise
-                    self.failure = self.stage_error("send", error, None, action.microbatch)
-            self._unblock(action)
+            self.act(action)
+
+    def act(self, action: Action) -> None:
+        """Run one non-optimizer action; after a failure here or at a peer, unblock instead."""
+        if not self.failed:
+            try:
+                self._do(action)
+                return
+            except PeerFailed:
+                self.peer_failed = True
+            except ComputeError as error:
+                self.failure = self.stage_error(error.phase, error.error, error.layer,
+                                                error.microbatch)  # fmt: skip
+            except (ValueError, TypeError, RuntimeError) as error:  # a send's checks
+                if action.op not in (Op.SEND_ACT, Op.SEND_GRAD):
+                    raise
+                self.failure = self.stage_error("send", error, None, action.microbatch)
+        self._unblock(action)
 
     # -- healthy -----------------------------------------------------------------------------
     def _do(self, action: Action) -> None:

@@ -5,7 +5,16 @@ layers whose owner changes travel, directly from the old stage to the new one, c
 everything that makes the next step compute exactly what it would have computed anyway:
 parameters and buffers (`state_dict`), pending gradients, the optimizer's state for the
 layer's parameters (step counts included) and its parameter-group hyper-parameters, the
-layer's memory action and its measured costs.
+layer's memory action and its measured costs, and under PipeDream-2BW its second weight
+version (`pipeline.local.versions`).
+
+Under 2BW a migration happens between two `train` streams (the pipeline drains the one in
+flight first), so no micro-batch is in flight and every stage has applied the same u
+updates. A moving layer then carries both of its versions: W(u), its parameters (in its
+state dict), and W(u-1), the version the next stream's first step computes with
+("previous"); its optimizer state travels as for any schedule. The receiver attaches the
+two (W(u) as the parameters, W(u-1) in the other slot), so the next step computes exactly
+what it would have computed without the move.
 
 The protocol (numbered as in DESIGN.md, section 3). Each phase that runs local work ends
 with a vote (an all_reduce of "failed here?"); a failed vote raises `MigrationError` on
@@ -98,6 +107,8 @@ def _pack_layer(stage: Stage, layer: _Layer) -> dict[str, Any]:
         "action": layer.action,
         "meter": vars(layer.meter).copy(),
         "module": {k: v.detach().cpu() for k, v in layer.module.state_dict().items()},
+        "previous": None if stage.versions is None or layer.key not in stage.versions.layer_keys()
+        else {k: v.cpu() for k, v in stage.versions.previous(layer.key).items()},
         "grads": [None if p.grad is None else p.grad.detach().cpu() for p in params],
         "group": None if group is None else {k: v for k, v in group.items() if k != "params"},
         "optimizer": [
@@ -253,6 +264,7 @@ class _Snapshot:
         opt = stage.optimizer
         self.groups = list(opt.param_groups) if opt is not None else []
         self.state = dict(opt.state) if opt is not None else {}
+        self.versions = stage.versions.index() if stage.versions is not None else None
 
     def restore(self, stage: Stage) -> None:
         stage.layers, stage.optimizer = self.layers, self.optimizer
@@ -262,6 +274,8 @@ class _Snapshot:
             self.optimizer.param_groups[:] = self.groups
             self.optimizer.state.clear()
             self.optimizer.state.update(self.state)
+        if stage.versions is not None and self.versions is not None:
+            stage.versions.restore(self.versions)
 
 
 def _commit(
@@ -277,6 +291,13 @@ def _commit(
         if key in incoming:
             _install_optimizer(stage, incoming[key])
     stage.layers = [kept[k] if k in kept else incoming[k].layer for k in wanted]
+    versions = stage.versions
+    if versions is not None:  # 2BW: both weight versions (module doc)
+        for key in set(versions.layer_keys()) - set(wanted):
+            versions.drop(key)
+        for key in wanted:
+            if key in incoming:
+                versions.attach(key, incoming[key].layer.module, incoming[key].packed["previous"])
     stage.set_memory_actions([layer.action for layer in stage.layers])
 
 

@@ -268,7 +268,9 @@ class Stage:
             yield
 
     def _call(self, layer: _Layer, i: int, carry: Carry) -> Carry:
-        seed_rng(dropout_seed(self.seed, self._step, i, layer.key), self.device)
+        # a stream numbers micro-batches across its steps: i % M is the index in the step
+        seed_rng(dropout_seed(self.seed, self._step, i % self._n_microbatches, layer.key),
+                 self.device)  # fmt: skip
         try:
             if self.versions is None:
                 out = layer.module(unwrap(carry))

@@ -29,6 +29,7 @@ A layer migrates with its parameters (W(u), in its state dict) and `previous(key
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import nn
@@ -64,11 +65,18 @@ class WeightVersions:
         self._slots[key] = (current, older) if self.updates % 2 == 0 else (older, current)
         self._params[key] = params
 
+    def index(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        """What `restore` puts back (a migration's rollback): which layers have versions."""
+        return dict(self._slots), dict(self._params)
+
+    def restore(self, index: tuple[dict[str, Any], dict[str, Any]]) -> None:
+        self._slots, self._params = dict(index[0]), dict(index[1])
+
     def drop(self, key: str) -> None:
         self._slots.pop(key, None)
         self._params.pop(key, None)
 
-    def keys(self) -> list[str]:
+    def layer_keys(self) -> list[str]:
         return list(self._slots)
 
     def weights(self, key: str, version: int) -> dict[str, torch.Tensor]:
@@ -95,8 +103,10 @@ class WeightVersions:
                 with torch.no_grad():
                     target.copy_(p)
                 p.data = target.data
-        step()
-        self.updates += 1
+        try:
+            step()
+        finally:  # a failed step is skipped here, not repeated: the slots stay consistent
+            self.updates += 1
 
     def zero_grads(self) -> None:
         """Forget the gradients of micro-batches that will not be applied (a failed stream)."""

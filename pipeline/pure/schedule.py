@@ -58,7 +58,7 @@ as t * M + i and put an OPTIMIZER_STEP(t) after each step's last backward. `stag
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 
 from pipeline.pure.actions import (
     COMPUTE_OPS,
@@ -83,6 +83,7 @@ __all__ = [
     "in_flight",
     "is_stream",
     "lower",
+    "lower_lazily",
     "one_f_one_b",
     "pipedream_2bw",
     "stage_actions",
@@ -151,41 +152,50 @@ def lower(compute: Sequence[Action], stage: int, n_stages: int) -> list[Action]:
     Each receive is posted just before the compute action that precedes its consumer (one
     action of look-ahead), each send right after the action that produced its payload.
     """
+    return list(lower_lazily(compute, stage, n_stages))
+
+
+def lower_lazily(compute: Iterable[Action], stage: int, n_stages: int) -> Iterator[Action]:
+    """`lower`, reading `compute` one compute action ahead of what it yields (streams)."""
     first, last = stage == 0, stage == n_stages - 1
 
-    def recv_for(action: Action) -> Action | None:
+    def recv_for(action: Action) -> list[Action]:
         if action.op is Op.FORWARD and not first:
-            return Action(Op.RECV_ACT, action.microbatch)
+            return [Action(Op.RECV_ACT, action.microbatch)]
         if action.op in GRAD_OPS and not last:
-            return Action(Op.RECV_GRAD, action.microbatch)
-        return None
+            return [Action(Op.RECV_GRAD, action.microbatch)]
+        return []
 
-    def send_after(action: Action) -> Action | None:
+    def send_after(action: Action) -> list[Action]:
         if action.op is Op.FORWARD and not last:
-            return Action(Op.SEND_ACT, action.microbatch)
+            return [Action(Op.SEND_ACT, action.microbatch)]
         if action.op in GRAD_OPS and not first:
-            return Action(Op.SEND_GRAD, action.microbatch)
+            return [Action(Op.SEND_GRAD, action.microbatch)]
+        return []
+
+    actions = iter(compute)
+
+    def next_compute(between: list[Action]) -> Action | None:
+        for action in actions:
+            if action.op in COMPUTE_OPS:
+                return action
+            between.append(action)
         return None
 
-    computes = [a for a in compute if a.op in COMPUTE_OPS]
-    # The receive for computes[k] is posted before computes[k - 1] (before computes[0] for k=0).
-    posts: dict[int, list[Action]] = {}
-    for k, action in enumerate(computes):
-        recv = recv_for(action)
-        if recv is not None:
-            posts.setdefault(max(k - 1, 0), []).append(recv)
-
-    lowered: list[Action] = []
-    k = 0
-    for action in compute:
-        if action.op in COMPUTE_OPS:
-            lowered.extend(posts.get(k, []))
-            k += 1
-        lowered.append(action)
-        send = send_after(action)
-        if send is not None:
-            lowered.append(send)
-    return lowered
+    before: list[Action] = []
+    current = next_compute(before)
+    yield from before
+    if current is not None:
+        yield from recv_for(current)
+    while current is not None:
+        after: list[Action] = []
+        upcoming = next_compute(after)
+        if upcoming is not None:  # its receive is posted before the compute preceding it
+            yield from recv_for(upcoming)
+        yield current
+        yield from send_after(current)
+        yield from after
+        current = upcoming
 
 
 def stage_actions(

@@ -1,0 +1,174 @@
+"""PipeDream-2BW and `train` streams: real processes, gloo, 1 thread each.
+
+One launch per stage count runs every configuration in the same stage processes. Under
+"2bw", the weights after 5 steps of `pipe.train(...)` equal `ReferenceTrainer` applying the
+2BW rule (<= 1e-5); a repartition between two streams (and a stream split in two) keeps
+the trajectory of one stream (<= 1e-6); `train` under 1f1b equals `train_step`. A failure
+mid-stream raises `StageError` on every rank, from the generator, and the pipeline trains
+on after it: the steps before the failing one stand.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import pytest
+import torch
+
+import pipeline
+from pipeline import ElasticPipeline, StageContext, StageError
+from pipeline.local.reference import ReferenceTrainer
+from tests.pipeline.distributed.test_elastic import ADAM, MODELS, STEPS, batches, max_state_diff
+from tests.pipeline.distributed.test_faults import OPT, Fault, data, faulty_loss, faulty_stack
+
+pytestmark = pytest.mark.multiprocess
+
+Split = tuple[int, list[int] | None] | None  # (steps before the break, new sizes or None)
+
+
+def train(model: str, schedule: str, m: int, partition: Any, split: Split,
+          stepwise: bool = False) -> dict[str, Any]:  # fmt: skip
+    make_specs, kind, loss_fn = MODELS[model]
+    pipe = ElasticPipeline(make_specs(), optimizer=ADAM, loss_fn=loss_fn, schedule=schedule,
+                           n_microbatches=m, seed=3, partition=partition)  # fmt: skip
+    data = batches(kind)
+    if stepwise:
+        losses = [pipe.train_step(x, y) for x, y in data]
+    elif split is None:
+        losses = list(pipe.train(data))
+    elif split[1] is None:  # a stream left open, drained by a train_step-less call
+        stream = pipe.train(data)
+        losses = [next(stream) for _ in range(split[0])]
+        pipe.full_state_dict()  # drains: the steps already pulled finish, losses kept
+        losses += list(stream)  # ... and come out here, then a new segment goes on
+    else:  # two streams, a repartition between them
+        losses = list(pipe.train(data[: split[0]]))
+        pipe.repartition(split[1])
+        losses += list(pipe.train(data[split[0] :]))
+    result = {"losses": losses, "state": pipe.full_state_dict(), "steps": pipe.step}
+    pipe.close()
+    return result
+
+
+def configs(n_stages: int) -> dict[str, tuple[Any, ...]]:
+    """name: (model, schedule, micro-batches, partition, split[, stepwise])."""
+    if n_stages == 2:
+        return {
+            "transformer M=4": ("transformer", "2bw", 4, "auto", None),
+            "mlp M=1": ("mlp", "2bw", 1, [2, 3], None),
+            "tuple M=2": ("tuple", "2bw", 2, [3, 2], None),
+            "transformer split": ("transformer", "2bw", 4, "auto", (2, None)),
+            "transformer moved": ("transformer", "2bw", 4, [1, 3], (2, [3, 1])),
+            "transformer static": ("transformer", "2bw", 4, [1, 3], None),
+            "1f1b train": ("mlp", "1f1b", 4, [2, 3], None),
+            "1f1b train_step": ("mlp", "1f1b", 4, [2, 3], None, True),
+        }
+    return {
+        "mlp M=2": ("mlp", "2bw", 2, [2, 2, 1], None),
+        "mlp M=4": ("mlp", "2bw", 4, "auto", None),
+        "mlp moved": ("mlp", "2bw", 4, [2, 2, 1], (3, [1, 2, 2])),
+        "mlp static": ("mlp", "2bw", 4, [2, 2, 1], None),
+    }
+
+
+def run_configs(ctx: StageContext, n_stages: int) -> dict[str, Any]:
+    return {name: train(*config) for name, config in configs(n_stages).items()}
+
+
+@functools.cache
+def pipelined(n_stages: int) -> dict[str, Any]:
+    results = pipeline.launch(functools.partial(run_configs, n_stages=n_stages), n_stages,
+                              threads_per_stage=1, timeout_s=60)  # fmt: skip
+    return results[0]
+
+
+@functools.cache
+def reference(model: str, m: int) -> tuple[list[float], dict[str, Any]]:
+    make_specs, kind, loss_fn = MODELS[model]
+    ref = ReferenceTrainer(make_specs(), optimizer=ADAM, loss_fn=loss_fn, n_microbatches=m,
+                           seed=3, pipedream_2bw=True)  # fmt: skip
+    return [ref.train_step(x, y) for x, y in batches(kind)], ref.full_state_dict()
+
+
+@pytest.mark.parametrize("n_stages", [2, 3])
+def test_2bw_matches_the_2bw_reference(n_stages: int) -> None:
+    torch.set_num_threads(1)
+    for name, (model, schedule, m, *_) in configs(n_stages).items():
+        if schedule != "2bw":
+            continue
+        result, (ref_losses, ref_state) = pipelined(n_stages)[name], reference(model, m)
+        what = f"{name} on {n_stages} stages"
+        assert len(result["losses"]) == STEPS and result["steps"] == STEPS, what
+        assert result["losses"] == pytest.approx(ref_losses, abs=1e-5), what
+        assert max_state_diff(result["state"], ref_state) <= 1e-5, what
+
+
+def test_2bw_is_not_synchronous_training() -> None:
+    """The reference rule differs from plain gradient accumulation (the test has teeth)."""
+    make_specs, kind, loss_fn = MODELS["transformer"]
+    sync = ReferenceTrainer(make_specs(), optimizer=ADAM, loss_fn=loss_fn, n_microbatches=4,
+                            seed=3)  # fmt: skip
+    for x, y in batches(kind):
+        sync.train_step(x, y)
+    assert max_state_diff(sync.full_state_dict(), reference("transformer", 4)[1]) > 1e-5
+
+
+@pytest.mark.parametrize("n_stages,a,b", [(2, "transformer moved", "transformer static"),
+                                          (2, "transformer split", "transformer M=4"),
+                                          (3, "mlp moved", "mlp static")])  # fmt: skip
+def test_repartition_between_2bw_streams_keeps_the_trajectory(n_stages: int, a: str,
+                                                              b: str) -> None:  # fmt: skip
+    one, other = pipelined(n_stages)[a], pipelined(n_stages)[b]
+    assert one["losses"] == pytest.approx(other["losses"], abs=1e-6)
+    assert max_state_diff(one["state"], other["state"]) <= 1e-6
+
+
+def test_train_under_1f1b_equals_train_step() -> None:
+    one, other = pipelined(2)["1f1b train"], pipelined(2)["1f1b train_step"]
+    assert one["losses"] == other["losses"]
+    assert max_state_diff(one["state"], other["state"]) == 0.0
+
+
+def failing_stream(ctx: StageContext, cases: list[tuple[int, str, int, int]]) -> Any:
+    sizes = [5 - 2 * (ctx.world_size - 1)] + [2] * (ctx.world_size - 1)
+    pipe = ElasticPipeline(faulty_stack(), optimizer=OPT, loss_fn=faulty_loss, schedule="2bw",
+                           n_microbatches=4, partition=sizes)  # fmt: skip
+    out = []
+    for rank, phase, step, microbatch in cases:
+        pipe.reconfigure(faulty_stack(), partition=sizes, loss_fn=faulty_loss)
+        Fault.arm(rank, phase, step, microbatch)
+        record: dict[str, Any] = {"losses": []}
+        try:
+            for loss in pipe.train(data(step + 3)):
+                record["losses"].append(loss)
+        except StageError as error:
+            record.update(type=type(error).__name__, stage=error.stage, phase=error.phase,
+                          step=error.step, microbatch=error.microbatch)  # fmt: skip
+        Fault.arm(-1, "", -1, -1)
+        record["steps"] = pipe.step
+        record["after"] = list(pipe.train(data(2, seed=1)))  # still usable
+        out.append(record)
+    pipe.close()
+    return out
+
+
+@pytest.mark.parametrize("n_stages", [2, 3])
+def test_a_failure_mid_stream_raises_on_every_rank(n_stages: int) -> None:
+    cases = [(n_stages - 1, "forward", 2, 1), (0, "backward", 1, 3), (n_stages - 1, "loss", 3, 0),
+             (0, "optimizer", 2, -1)]  # fmt: skip
+    results = pipeline.launch(functools.partial(failing_stream, cases=cases), n_stages,
+                              threads_per_stage=1, timeout_s=60)  # fmt: skip
+    for records in results:
+        for record, (rank, phase, step, microbatch) in zip(records, cases, strict=True):
+            assert record.get("type") == "StageError", record
+            assert (record["stage"], record["phase"], record["step"]) == (rank, phase, step)
+            assert record["microbatch"] == (None if microbatch < 0 else microbatch)
+            # the steps before the failing one stand (a failure can stop the step before it
+            # on a neighbour that learns of it first); an optimizer step fails after its
+            # step's loss was agreed and yielded
+            done = len(record["losses"])
+            assert record["steps"] == done, record
+            assert done == step + 1 if phase == "optimizer" else step - 1 <= done <= step
+            assert len(record["after"]) == 2
+    assert all(r == results[0] for r in results)
