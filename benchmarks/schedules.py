@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import itertools
 import json
 import math
 import os
@@ -65,7 +66,7 @@ import pipeline
 from pipeline import CostCache, ElasticPipeline, PipelineStats, StageContext
 from pipeline.local.spec import build_layer
 from pipeline.pure.partition import bounds, equal_sizes
-from pipeline.pure.schedule import SCHEDULES
+from pipeline.pure.schedule import SCHEDULES, is_stream
 from pipeline.pure.simulate import StageCost, simulate
 
 MICROBATCHES = (4, 8)
@@ -283,16 +284,27 @@ def torch_run(
 
 # -- ours ---------------------------------------------------------------------------------------
 def ours_run(
-    name: str, m: int, cache: CostCache
+    name: str, m: int, cache: CostCache, steps: int = 1
 ) -> tuple[Callable[[], None], ElasticPipeline, float]:
-    """(step, pipeline, the first step's loss): the first step also plans the partition."""
+    """(step, pipeline, the first step's loss): the first step also plans the partition.
+
+    A stream schedule (2bw) is measured through `pipe.train`: the first call of every
+    `steps` calls (one round) trains a stream of `steps` steps, the others do nothing, so a
+    round pays one warm-up and one cool-down; streams are drained within the round, as the
+    other runs share the process group's message tags.
+    """
     pipe = ElasticPipeline(specs(), optimizer=OPTIMIZER, loss_fn=F.mse_loss, schedule=name,
                            n_microbatches=m, cost_cache=cache)  # fmt: skip
     x, y = batch()
     first_loss = pipe.train_step(x, y)
+    calls = itertools.count()
 
     def step() -> None:
-        pipe.train_step(x, y)
+        if not is_stream(name):
+            pipe.train_step(x, y)
+        elif next(calls) % steps == 0:
+            for _ in pipe.train(itertools.repeat((x, y), steps)):
+                pass
 
     return step, pipe, first_loss
 
@@ -303,6 +315,8 @@ def replay_measured(name: str, stats: PipelineStats) -> float | None:
     costs = [StageCost(s.forward_s / m, s.backward_s / m, optimizer_s=s.optimizer_s)
              for s in stats.stages]  # fmt: skip
     try:
+        if is_stream(name):  # steady state per step of a stream (`SimResult.step_s`)
+            return simulate(name, costs, m, n_steps=5).step_s
         return simulate(name, costs, m).iteration_s
     except Exception:  # a schedule whose costs need more than forward/backward
         return None
@@ -368,7 +382,7 @@ def run_all(ctx: StageContext, rounds: int, steps: int, warmup: int,
             key = f"ours_{name}_M{m}"
             records[key] = {"kind": "ours", "schedule": name, "exact": name in EXACT}
             try:
-                step, pipe, first_loss = ours_run(name, m, cache)
+                step, pipe, first_loss = ours_run(name, m, cache, steps)
             except Exception as error:  # raised on every rank by the runtime
                 records[key]["error"] = f"{type(error).__name__}: {error}"[:2000]
                 continue

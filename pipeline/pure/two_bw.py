@@ -50,19 +50,22 @@ def stream_actions(
 ) -> Iterator[Action]:
     """Stage `stage`'s compute list for a stream whose step t exists iff `has_step(t)`.
 
-    `has_step` is asked for steps 0, 1, 2, ... in order, each once its answer matters, and
-    must stay False once it has been False.
+    `has_step` is asked for steps 0, 1, 2, ... in order, each once, when the list first
+    needs its answer; after a False it is asked nothing more.
     """
     check_shape(n_stages, n_microbatches, stage)
     m, warmup = n_microbatches, n_stages - stage - 1
     forwarded = backwarded = 0
-    known = -1  # the last step known to exist
+    known, ended = -1, False  # the last step known to exist; has_step said False
 
     def more() -> bool:
-        nonlocal known
+        nonlocal known, ended
         t = forwarded // m
-        if t > known and has_step(t):
-            known = t
+        if t > known and not ended:
+            if has_step(t):
+                known = t
+            else:
+                ended = True
         return t <= known
 
     while forwarded < warmup and more():
