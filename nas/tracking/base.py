@@ -22,6 +22,7 @@ from pipeline.distributed.events import plain as json_safe  # one converter for 
 __all__ = [
     "TRIAL_STATES",
     "CompositeTracker",
+    "LifecycleTracker",
     "Metrics",
     "NoneTracker",
     "Tracker",
@@ -113,6 +114,127 @@ class Tracker:
         traceback: TracebackType | None,
     ) -> None:
         self.close()
+
+
+class LifecycleTracker(Tracker):
+    """A tracker that checks the lifecycle (the class doc of `Tracker`) for its subclass.
+
+    The public methods refuse a call out of order (a trial before its study, a step outside
+    a trial, a second study while one runs, anything after `close`) and a malformed value (a
+    trial number that is not an int, a bad step or state), naming the tracker; then they call
+    the subclass's hook, which only writes: `_on_start_study`, `_on_start_trial`,
+    `_on_step`, `_on_event`, `_on_end_trial`, `_on_end_study`, `_on_close`. `_study` and
+    `_trial` hold the open study's name and trial number (set before the start hooks run,
+    cleared after the end hooks, even when a hook raises).
+    """
+
+    _study: str | None = None
+    _trial: int | None = None
+    _closed: bool = False
+
+    def _on_start_study(self, study_name: str, config: Mapping[str, Any]) -> None: ...
+
+    def _on_start_trial(self, number: int, params: Mapping[str, Any],
+                        config: Mapping[str, Any]) -> None: ...  # fmt: skip
+
+    def _on_step(self, step: int, metrics: Metrics) -> None: ...
+
+    def _on_event(self, step: int, event: Mapping[str, Any]) -> None: ...
+
+    def _on_end_trial(self, state: str, summary: Mapping[str, Any], error: str | None) -> None:
+        ...
+
+    def _on_end_study(
+        self,
+        trials_table: Sequence[Mapping[str, Any]],
+        pareto_front: Sequence[Mapping[str, Any]],
+        summary: Mapping[str, Any],
+    ) -> None: ...
+
+    def _on_close(self) -> None: ...
+
+    def _refuse(self, what: str) -> RuntimeError:
+        return RuntimeError(f"{type(self).__name__}: {what}")
+
+    def _require_trial(self, what: str) -> int:
+        if self._trial is None:
+            raise self._refuse(f"{what} outside a trial (call start_trial first)")
+        return self._trial
+
+    def start_study(self, study_name: str, config: Mapping[str, Any]) -> None:
+        if self._closed:
+            raise self._refuse("start_study after close")
+        if self._study is not None:
+            raise self._refuse(f"study {self._study!r} is still running")
+        if not isinstance(study_name, str) or not study_name.strip():
+            raise ValueError(f"a study name must be a non-empty string, got {study_name!r}")
+        self._study = study_name
+        try:
+            self._on_start_study(study_name, config)
+        except BaseException:
+            self._study = None
+            raise
+
+    def start_trial(
+        self, trial_number: int, params: Mapping[str, Any], config: Mapping[str, Any]
+    ) -> None:
+        if self._study is None:
+            raise self._refuse("start_trial before start_study")
+        if self._trial is not None:
+            raise self._refuse(f"trial {self._trial} has not ended")
+        if isinstance(trial_number, bool) or not isinstance(trial_number, int):
+            raise TypeError(f"trial_number must be an int, got {trial_number!r}")
+        self._trial = trial_number
+        try:
+            self._on_start_trial(trial_number, params, config)
+        except BaseException:
+            self._trial = None
+            raise
+
+    def log_step(self, step: int, metrics: Metrics) -> None:
+        self._require_trial("log_step")
+        check_step(step)
+        self._on_step(step, metrics)
+
+    def log_event(self, step: int, event: Mapping[str, Any]) -> None:
+        self._require_trial("log_event")
+        check_step(step)
+        self._on_event(step, event)
+
+    def end_trial(self, state: str, summary: Mapping[str, Any], error: str | None = None) -> None:
+        self._require_trial("end_trial")
+        state = check_state(state)
+        try:
+            self._on_end_trial(state, summary, error)
+        finally:
+            self._trial = None
+
+    def end_study(
+        self,
+        trials_table: Sequence[Mapping[str, Any]],
+        pareto_front: Sequence[Mapping[str, Any]],
+        summary: Mapping[str, Any],
+    ) -> None:
+        if self._study is None:
+            raise self._refuse("end_study before start_study")
+        if self._trial is not None:
+            raise self._refuse(f"end_study while trial {self._trial} is open")
+        try:
+            self._on_end_study(trials_table, pareto_front, summary)
+        finally:
+            self._study = None
+
+    def close(self) -> None:
+        """End an open trial as failed and release everything. Safe to call twice."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            if self._trial is not None:
+                self.end_trial("failed", {}, "the tracker was closed before the trial ended")
+        finally:
+            self._on_close()
+            self._study = None
 
 
 class NoneTracker(Tracker):

@@ -32,14 +32,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from nas.tracking.base import (
-    Metrics,
-    Tracker,
-    check_state,
-    check_step,
-    clean_metrics,
-    json_safe,
-)
+from nas.tracking.base import LifecycleTracker, Metrics, clean_metrics, json_safe
 
 __all__ = ["RECORD_KINDS", "JsonlTracker", "read_jsonl", "study_file_name"]
 
@@ -72,7 +65,7 @@ def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
     return records
 
 
-class JsonlTracker(Tracker):
+class JsonlTracker(LifecycleTracker):
     """Writes every tracked call as one JSON line to `<directory>/<study>.jsonl` (module doc).
 
     `fsync=True` also forces each line to disk (survives a machine crash, not only a
@@ -84,14 +77,10 @@ class JsonlTracker(Tracker):
         self.fsync = fsync
         self.path: Path | None = None  # the study's file, once the study started
         self._fd: int | None = None
-        self._study: str | None = None
-        self._trial: int | None = None
-        self._closed = False
 
     # -- writing ------------------------------------------------------------------------------
     def _write(self, kind: str, **fields: Any) -> None:
-        if self._fd is None or self._study is None:
-            raise RuntimeError(f"JsonlTracker: {kind!r} before start_study")
+        assert self._fd is not None and self._study is not None  # the lifecycle's checks
         record = {"kind": kind, "study": self._study, **fields}
         line = json.dumps(json_safe(record), allow_nan=False, ensure_ascii=False) + "\n"
         data = line.encode("utf-8")
@@ -101,78 +90,43 @@ class JsonlTracker(Tracker):
         if self.fsync:
             os.fsync(self._fd)
 
-    def _require_trial(self, what: str) -> int:
-        if self._trial is None:
-            raise RuntimeError(f"JsonlTracker: {what} outside a trial (call start_trial first)")
-        return self._trial
-
-    # -- the lifecycle --------------------------------------------------------------------------
-    def start_study(self, study_name: str, config: Mapping[str, Any]) -> None:
-        if self._closed:
-            raise RuntimeError("JsonlTracker: start_study after close")
-        if self._study is not None:
-            raise RuntimeError(f"JsonlTracker: study {self._study!r} is still running")
+    # -- the lifecycle (checked by LifecycleTracker) ---------------------------------------------
+    def _on_start_study(self, study_name: str, config: Mapping[str, Any]) -> None:
         name = study_file_name(study_name)
         self.directory.mkdir(parents=True, exist_ok=True)
         self.path = self.directory / name
         self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        self._study = study_name
         self._write("study_start", time=time.time(), config=config)
 
-    def start_trial(
-        self, trial_number: int, params: Mapping[str, Any], config: Mapping[str, Any]
+    def _on_start_trial(
+        self, number: int, params: Mapping[str, Any], config: Mapping[str, Any]
     ) -> None:
-        if self._trial is not None:
-            raise RuntimeError(f"JsonlTracker: trial {self._trial} has not ended")
-        if isinstance(trial_number, bool) or not isinstance(trial_number, int):
-            raise TypeError(f"trial_number must be an int, got {trial_number!r}")
-        self._write("trial_start", trial=trial_number, time=time.time(), params=params,
-                    config=config)  # fmt: skip
-        self._trial = trial_number
+        self._write("trial_start", trial=number, time=time.time(), params=params, config=config)
 
-    def log_step(self, step: int, metrics: Metrics) -> None:
-        trial = self._require_trial("log_step")
-        check_step(step)
-        self._write("step", trial=trial, step=step, time=time.time(),
+    def _on_step(self, step: int, metrics: Metrics) -> None:
+        self._write("step", trial=self._trial, step=step, time=time.time(),
                     metrics=clean_metrics(metrics))  # fmt: skip
 
-    def log_event(self, step: int, event: Mapping[str, Any]) -> None:
-        trial = self._require_trial("log_event")
-        check_step(step)
-        self._write("event", trial=trial, step=step, time=time.time(), event=event)
+    def _on_event(self, step: int, event: Mapping[str, Any]) -> None:
+        self._write("event", trial=self._trial, step=step, time=time.time(), event=event)
 
-    def end_trial(self, state: str, summary: Mapping[str, Any], error: str | None = None) -> None:
-        trial = self._require_trial("end_trial")
-        state = check_state(state)
-        self._write("trial_end", trial=trial, time=time.time(), state=state, error=error,
+    def _on_end_trial(self, state: str, summary: Mapping[str, Any], error: str | None) -> None:
+        self._write("trial_end", trial=self._trial, time=time.time(), state=state, error=error,
                     summary=summary)  # fmt: skip
-        self._trial = None
 
-    def end_study(
+    def _on_end_study(
         self,
         trials_table: Sequence[Mapping[str, Any]],
         pareto_front: Sequence[Mapping[str, Any]],
         summary: Mapping[str, Any],
     ) -> None:
-        if self._trial is not None:
-            raise RuntimeError(f"JsonlTracker: end_study while trial {self._trial} is open")
-        self._write("study_end", time=time.time(), trials=list(trials_table),
-                    pareto_front=list(pareto_front), summary=summary)  # fmt: skip
-        self._release()
-
-    def close(self) -> None:
-        if self._closed:
-            return
         try:
-            if self._trial is not None and self._fd is not None:
-                self.end_trial("failed", {}, "the tracker was closed before the trial ended")
+            self._write("study_end", time=time.time(), trials=list(trials_table),
+                        pareto_front=list(pareto_front), summary=summary)  # fmt: skip
         finally:
-            self._release()
-            self._closed = True
+            self._on_close()
 
-    def _release(self) -> None:
+    def _on_close(self) -> None:
         if self._fd is not None:
             os.close(self._fd)
         self._fd = None
-        self._study = None
-        self._trial = None

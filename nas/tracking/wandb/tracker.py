@@ -27,14 +27,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from nas.tracking.base import (
-    Metrics,
-    Tracker,
-    check_state,
-    check_step,
-    clean_metrics,
-    json_safe,
-)
+from nas.tracking.base import LifecycleTracker, Metrics, clean_metrics, json_safe
 from nas.tracking.plots import save_pareto_plot
 
 __all__ = ["MODES", "QUIET_SETTINGS", "WandbTracker", "sync_command"]
@@ -77,7 +70,7 @@ def _columns(rows: Sequence[Mapping[str, Any]]) -> list[str]:
     return list(columns)
 
 
-class WandbTracker(Tracker):
+class WandbTracker(LifecycleTracker):
     """Logs a study to W&B: a run per trial and a run for the study (module doc).
 
     Args:
@@ -131,15 +124,12 @@ class WandbTracker(Tracker):
         self.run_directories: list[Path] = []
         self.trial_directories: dict[int, Path] = {}
         self.study_directory: Path | None = None
-        self._study: str | None = None
         self._study_run: Any = None
-        self._trial: int | None = None
         self._trial_run: Any = None
         self._events: list[dict[str, Any]] = []
         self._ended: dict[str, int] = {"complete": 0, "pruned": 0, "failed": 0}
         self._set_up = False
         self._service = False
-        self._closed = False
 
     # -- W&B plumbing -------------------------------------------------------------------------
     def _setup(self) -> None:
@@ -187,62 +177,37 @@ class WandbTracker(Tracker):
         data = [[_cell(row.get(c)) for c in columns] for row in rows]
         return self._wandb.Table(columns=columns, data=data, allow_mixed_types=True)
 
-    def _require_trial(self, what: str) -> Any:
-        if self._trial_run is None:
-            raise RuntimeError(f"WandbTracker: {what} outside a trial (call start_trial first)")
-        return self._trial_run
-
-    # -- the lifecycle --------------------------------------------------------------------------
-    def start_study(self, study_name: str, config: Mapping[str, Any]) -> None:
-        if self._closed:
-            raise RuntimeError("WandbTracker: start_study after close")
-        if self._study is not None:
-            raise RuntimeError(f"WandbTracker: study {self._study!r} is still running")
-        if not isinstance(study_name, str) or not study_name.strip():
-            raise ValueError(f"a study name must be a non-empty string, got {study_name!r}")
+    # -- the lifecycle (checked by LifecycleTracker) ---------------------------------------------
+    def _on_start_study(self, study_name: str, config: Mapping[str, Any]) -> None:
         if self.make_study_run:
             self._study_run, self.study_directory = self._init(
                 name=f"{study_name}-study", group=study_name, job_type="study", config=config
             )
         else:
             self._setup()
-        self._study = study_name
         self._ended = dict.fromkeys(self._ended, 0)
 
-    def start_trial(
-        self, trial_number: int, params: Mapping[str, Any], config: Mapping[str, Any]
+    def _on_start_trial(
+        self, number: int, params: Mapping[str, Any], config: Mapping[str, Any]
     ) -> None:
-        if self._study is None:
-            raise RuntimeError("WandbTracker: start_trial before start_study")
-        if self._trial_run is not None:
-            raise RuntimeError(f"WandbTracker: trial {self._trial} has not ended")
-        if isinstance(trial_number, bool) or not isinstance(trial_number, int):
-            raise TypeError(f"trial_number must be an int, got {trial_number!r}")
-        run_config = {**config, "study": self._study, "trial": trial_number,
-                      "params": dict(params)}  # fmt: skip
-        run, directory = self._init(name=f"{self._study}-trial-{trial_number}",
-                                    group=self._study, job_type="trial",
-                                    config=run_config)  # fmt: skip
-        self._trial_run, self._trial = run, trial_number
+        run_config = {**config, "study": self._study, "trial": number, "params": dict(params)}
+        run, directory = self._init(name=f"{self._study}-trial-{number}", group=str(self._study),
+                                    job_type="trial", config=run_config)  # fmt: skip
+        self._trial_run = run
         self._events = []
         if directory is not None:
-            self.trial_directories[trial_number] = directory
+            self.trial_directories[number] = directory
 
-    def log_step(self, step: int, metrics: Metrics) -> None:
-        run = self._require_trial("log_step")
-        check_step(step)
-        run.log(clean_metrics(metrics), step=step)
+    def _on_step(self, step: int, metrics: Metrics) -> None:
+        self._trial_run.log(clean_metrics(metrics), step=step)
 
-    def log_event(self, step: int, event: Mapping[str, Any]) -> None:
+    def _on_event(self, step: int, event: Mapping[str, Any]) -> None:
         """Kept and written at the end of the trial as the table `events` (in the summary,
         so the step history holds step metrics only)."""
-        self._require_trial("log_event")
-        check_step(step)
         self._events.append({"step": step, **json_safe(dict(event))})
 
-    def end_trial(self, state: str, summary: Mapping[str, Any], error: str | None = None) -> None:
-        run = self._require_trial("end_trial")
-        state = check_state(state)
+    def _on_end_trial(self, state: str, summary: Mapping[str, Any], error: str | None) -> None:
+        run = self._trial_run
         try:
             final: dict[str, Any] = {**json_safe(dict(summary)), "state": state, "error": error}
             if self._events:
@@ -251,7 +216,7 @@ class WandbTracker(Tracker):
             run.summary.update(final)
             run.tags = (*tuple(run.tags or ()), state)
         finally:
-            self._trial_run, self._trial, self._events = None, None, []
+            self._trial_run, self._events = None, []
             run.finish(exit_code=1 if state == "failed" else 0)
         self._ended[state] += 1
         if self._study_run is not None:
@@ -259,18 +224,13 @@ class WandbTracker(Tracker):
             self._study_run.log({f"trials/{k}": v for k, v in self._ended.items()}
                                 | {"trials/ended": ended}, step=ended)  # fmt: skip
 
-    def end_study(
+    def _on_end_study(
         self,
         trials_table: Sequence[Mapping[str, Any]],
         pareto_front: Sequence[Mapping[str, Any]],
         summary: Mapping[str, Any],
     ) -> None:
-        if self._study is None:
-            raise RuntimeError("WandbTracker: end_study before start_study")
-        if self._trial_run is not None:
-            raise RuntimeError(f"WandbTracker: end_study while trial {self._trial} is open")
-        run = self._study_run
-        self._study, self._study_run = None, None
+        run, self._study_run = self._study_run, None
         if run is None:
             return
         try:
@@ -289,23 +249,16 @@ class WandbTracker(Tracker):
         finally:
             run.finish(exit_code=0)
 
-    def close(self) -> None:
-        """End an open trial as failed, finish an unfinished study run (exit code 1), and
-        shut down W&B's service process (`teardown=True`). Safe to call twice."""
-        if self._closed:
-            return
-        self._closed = True
+    def _on_close(self) -> None:
+        """Finish an unfinished study run (exit code 1) and shut down W&B's service process
+        (`teardown=True`)."""
+        study_run, self._study_run = self._study_run, None
         try:
-            if self._trial_run is not None:
-                self.end_trial("failed", {}, "the tracker was closed before the trial ended")
+            if study_run is not None:
+                study_run.finish(exit_code=1)
         finally:
-            study_run, self._study_run, self._study = self._study_run, None, None
-            try:
-                if study_run is not None:
-                    study_run.finish(exit_code=1)
-            finally:
-                if self.teardown and self._service:
-                    self._wandb.teardown()
+            if self.teardown and self._service:
+                self._wandb.teardown()
 
     def sync_command(self) -> str:
         """`wandb sync` with every run folder this tracker made."""
