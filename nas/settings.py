@@ -34,7 +34,7 @@ PRUNERS = ("pdh", "median", "none")
 TRACKERS = ("wandb", "jsonl", "none")
 # pipeline.pure.schedule.SCHEDULES, spelled out so that composing a config needs no torch
 # import (tests/nas/test_settings.py keeps the two equal)
-SCHEDULES = ("1f1b", "gpipe", "zbh1")
+SCHEDULES = ("1f1b", "gpipe", "zbh1", "2bw")
 
 
 def _one_of(key: str, value: Any, valid: tuple[str, ...] | list[str]) -> None:

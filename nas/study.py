@@ -25,9 +25,11 @@ same study name resumes toward `study.n_trials` finished trials.
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 import time
 import traceback
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -217,27 +219,41 @@ def _train(
     pipe: ElasticPipeline,
     leader: trials.Leader | None,
 ) -> tuple[list[float], int, bool]:
-    """(validation losses at each evaluation, steps trained, pruned?)."""
+    """(validation losses at each evaluation, steps trained, pruned?).
+
+    The steps between two evaluations are one `pipe.train` stream (no flush between them
+    under "2bw"); the stream drains before each evaluation.
+    """
     train = settings.train
     values: list[float] = []
-    step, epoch = 0, 0
+    source = _endless(task, train.batch_size, settings.seed)
+    step = 0
     while step < train.steps:
-        for x, y in task.batches("train", train.batch_size, seed=settings.seed, epoch=epoch):
-            loss = pipe.train_step(x, y)
+        segment = min(train.eval_every - step % train.eval_every, train.steps - step)
+        last_loss = None
+        for loss in pipe.train(itertools.islice(source, segment)):
             step += 1
-            last = step == train.steps
-            metrics: dict[str, Any] = {"loss": loss}
-            if step % train.eval_every == 0 or last:  # every rank: these are collectives
-                values.append(_validation_loss(pipe, task, train.batch_size, train.eval_batches))
-                metrics |= pipeline_metrics(pipe.stats().to_dict())
-                metrics["validation_loss"] = values[-1]
-            prune = leader.step(step, metrics) if leader else False
-            if "validation_loss" in metrics and comm.broadcast_object(prune, src=0):
-                return values, step, True
-            if last:
-                return values, step, False
-        epoch += 1
+            if last_loss is not None and leader is not None:  # all but the segment's last
+                leader.step(step - 1, {"loss": last_loss})
+            last_loss = loss
+        if last_loss is None:
+            raise ValueError(f"task {settings.task.name!r} yielded no training batches")
+        # every rank: these are collectives
+        values.append(_validation_loss(pipe, task, train.batch_size, train.eval_batches))
+        metrics: dict[str, Any] = {"loss": last_loss, **pipeline_metrics(pipe.stats().to_dict()),
+                                   "validation_loss": values[-1]}  # fmt: skip
+        prune = leader.step(step, metrics) if leader else False
+        if comm.broadcast_object(prune, src=0):
+            return values, step, True
     return values, step, False
+
+
+def _endless(task: Task, batch_size: int, seed: int) -> Iterator[tuple[Any, Any]]:
+    """The task's training batches, epoch after epoch."""
+    epoch = 0
+    while True:
+        yield from task.batches("train", batch_size, seed=seed, epoch=epoch)
+        epoch += 1
 
 
 def _validation_loss(pipe: ElasticPipeline, task: Task, batch_size: int, batches: int) -> float:

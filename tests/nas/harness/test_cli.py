@@ -38,17 +38,18 @@ def test_a_small_study_from_the_command_line(tmp_path: Path) -> None:
 
 
 def test_a_multirun_runs_one_study_per_job(tmp_path: Path) -> None:
-    done = run(tmp_path, "--multirun", "seed=0,1", "study.n_trials=1", "tracker=none",
-               "train.steps=2", "train.eval_every=2", "train.eval_batches=1",
+    done = run(tmp_path, "--multirun", "pipeline.schedule=1f1b,2bw", "study.n_trials=1",
+               "tracker=none",
+               "train.steps=4", "train.eval_every=2", "train.eval_batches=1",
                "train.batch_size=16", "search_space.d_model=[32]", "search_space.max_cells=1",
                f"hydra.sweep.dir={tmp_path / 'sweep'}")  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
-    for seed in (0, 1):
-        name = f"nas-seed={seed}"  # the swept value names the job's study
+    for job, schedule in enumerate(("1f1b", "2bw")):  # 2bw: steps streamed without flush
+        name = f"nas-pipeline.schedule={schedule}"  # the swept value names the job's study
         study = optuna.load_study(study_name=name,
                                   storage=f"sqlite:///{tmp_path / 'studies' / name}.db")
-        assert sum(map(counted, study.trials)) == 1
-        assert (tmp_path / "sweep" / str(seed) / "optimization_history.png").exists()
+        assert [t.state for t in study.trials if counted(t)] == [optuna.trial.TrialState.COMPLETE]
+        assert (tmp_path / "sweep" / str(job) / "optimization_history.png").exists()
 
 
 def test_stages_started_by_torchrun_run_the_study(tmp_path: Path) -> None:
