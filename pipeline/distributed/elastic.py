@@ -49,6 +49,7 @@ from pipeline.distributed.triggers import ReplanTriggers
 from pipeline.errors import PipelineError
 from pipeline.local.carry import as_carry, nbytes, unwrap
 from pipeline.local.microbatch import batch_size, split_microbatches
+from pipeline.local.pipemare import PipeMareConfig, check_pipemare
 from pipeline.local.profiler import CostCache, optimizer_state_ratio
 from pipeline.local.spec import LayerSpec, build_layer, check_specs
 from pipeline.local.stage import LossFn, OptimizerFactory, Stage, StepTimes
@@ -82,7 +83,9 @@ class ElasticPipeline:
         schedule: "1f1b" (PipeDream-Flush), "gpipe", "zbh1" (zero bubble: 1F1B's memory,
             split backwards whose weight gradients fill the drain), "2bw" (PipeDream-2BW:
             no flush between the steps of `train`, two weight versions, step t computes
-            with W(t - 1); needs n_microbatches >= n_stages - 1), or a function
+            with W(t - 1); needs n_microbatches >= n_stages - 1), "pipemare" (asynchronous
+            1F1B without flushes, one weight copy updated every few micro-batches; see
+            `pipemare`), or a function
             `(n_stages, n_microbatches, stage) -> list[Action]` (see `pipeline.pure.schedule`).
         n_microbatches: micro-batches per step; must divide the batch size.
         seed: with the layer keys, fixes the initial weights and the dropout masks.
@@ -104,6 +107,9 @@ class ElasticPipeline:
         on_nonfinite: "raise" (a NaN or infinite loss raises `NonFiniteLossError` on every
             rank and the step is applied nowhere) or "ignore" (train on).
         device: this stage's device (default: cuda:<local device> under NCCL, else cpu).
+        pipemare: under schedule="pipemare", a `pipeline.local.pipemare.PipeMareConfig` (or
+            a dict of its fields): T1 on/off and its warm-up updates, T2 on/off and its decay,
+            update_every (must divide n_microbatches). Default: `PipeMareConfig()`.
 
     Failures: an exception in any stage's layer, loss or optimizer step makes `train_step`
     (or `forward`) raise `pipeline.StageError` on every rank (see
@@ -131,18 +137,22 @@ class ElasticPipeline:
         measure_memory_every: int = 10,
         on_nonfinite: str = "raise",
         device: torch.device | str | None = None,
+        pipemare: PipeMareConfig | dict[str, Any] | None = None,
     ) -> None:
         self.comm = Comm()
         self.rank, self.n_stages = self.comm.rank, self.comm.world_size
         self.options = PipelineOptions(
             n_microbatches, memory_budget, profile, rebalance_every, rebalance_on_drift,
             rebalance_horizon, rebalance_settle, measure_memory_every, on_nonfinite,
+            check_pipemare(schedule.lower() if isinstance(schedule, str) else None, pipemare,
+                           n_microbatches),
         )  # fmt: skip
+        self.pipemare = self.options.pipemare  # PipeMare's T1/T2 (None: another schedule)
         if not callable(loss_fn):
             raise TypeError(f"loss_fn must be callable, got {type(loss_fn).__name__}")
         self.schedule = get_schedule(schedule) if isinstance(schedule, str) else schedule
         self.schedule_name = schedule.lower() if isinstance(schedule, str) else None
-        if is_stream(self.schedule):
+        if is_stream(self.schedule) and self.pipemare is None:
             check_2bw(self.n_stages, n_microbatches)
         validate(self.schedule, self.n_stages, n_microbatches)
         self.active_stream: stream.Segment | None = None  # a `train` stream in flight

@@ -16,6 +16,15 @@ state dict), and W(u-1), the version the next stream's first step computes with
 two (W(u) as the parameters, W(u-1) in the other slot), so the next step computes exactly
 what it would have computed without the move.
 
+Under PipeMare (`pipeline.local.asynchronous`) a migration also happens between two
+streams, with every micro-batch finished and every stage at the same update count k. A
+moving layer carries, beside its weights (one copy) and optimizer state, its T2 delta
+buffers and k (T1's counter; the receiver checks it equals its own), as "previous"; the
+receiver `attach`es them, with its own stage's delay (T1's scale, T2's gamma and lags).
+The layer then follows the rule of its new stage: its staleness is its stage's, so the
+trajectory is the rule's with the new partition (`ReferenceTrainer.drain(sizes)`), which
+differs from no move.
+
 The protocol (numbered as in DESIGN.md, section 3). Each phase that runs local work ends
 with a vote (an all_reduce of "failed here?"); a failed vote raises `MigrationError` on
 every rank, naming the phase and each failing stage's cause, and leaves the old plan:

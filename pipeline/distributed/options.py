@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from pipeline.local.pipemare import PipeMareConfig
+
 __all__ = ["NONFINITE_POLICIES", "PROFILE_SOURCES", "PipelineOptions"]
 
 NONFINITE_POLICIES = ("raise", "ignore")
@@ -29,6 +31,7 @@ class PipelineOptions:
     rebalance_settle: int = 3
     measure_memory_every: int = 10
     on_nonfinite: str = "raise"
+    pipemare: PipeMareConfig | None = None  # checked by `check_pipemare` with the schedule
 
     def __post_init__(self) -> None:
         positive = {"n_microbatches": self.n_microbatches,
@@ -48,6 +51,8 @@ class PipelineOptions:
             raise ValueError(f"rebalance_on_drift must be a fraction > 0, got {drift!r}")
         if self.profile not in PROFILE_SOURCES:
             raise ValueError(f"profile must be one of {PROFILE_SOURCES}, got {self.profile!r}")
+        if self.pipemare is not None and not isinstance(self.pipemare, PipeMareConfig):
+            raise TypeError(f"pipemare must be a PipeMareConfig, got {self.pipemare!r}")
         if self.on_nonfinite not in NONFINITE_POLICIES:
             raise ValueError(
                 f"on_nonfinite must be one of {NONFINITE_POLICIES}, got {self.on_nonfinite!r}"

@@ -40,6 +40,24 @@ else (`train_step`, `repartition`, `reconfigure`, ...: `drain`). The protocol, p
         stage 0:  F0 F1 B0 F2 B1 P0 F3 B2 W0 U0 F4 B3 P1 F5 B4 W1 U1 F6 ...
         stage 1:     F0 B0 F1 B1 P0 F2 B2 F3 B3 W0 U0 P1 F4 B4 F5 B5 W1 U1 P2 ...
 
+PipeMare (`schedule="pipemare"`, `pipeline.pure.pipemare`) runs the same list and the same
+agreements with one weight copy (`pipeline.local.asynchronous`). Its protocol, per stage:
+
+    P1. F(g) records how many updates this stage has applied; B(g) runs with the storage at
+        the current weights (T2: extrapolated back by the updates since F(g), put back
+        right after); after B(g) with (g + 1) % N == 0 the stage updates in place, at once,
+        from its own gradients (T1: lr rescaled by its delay). No agreement guards it.
+    P2. OPTIMIZER_STEP(t) posts A(t) as in step 2; waiting for A(t) (step 3) applies
+        nothing: it yields step t's loss and closes step t's times. Every stage applies
+        M / N updates per step, so after a drain all stages hold the same count.
+    P3. A failure (step 4) stops compute as for 2BW, but updates already applied stand on
+        each stage (there is no second copy to fall back to): after a `StageError` the
+        stages may have applied different numbers of updates of the failing step and the
+        one before; `pipe.step` counts the steps agreed healthy.
+    P4. A drain (step 5) lets every micro-batch in flight finish: the next segment's first
+        forwards see every update, so a stream split in two differs from one stream
+        (`ReferenceTrainer.drain` models it); a layer's staleness is its stage's.
+
 After a segment every stage has applied the same updates; both weight versions stay with
 the stage (and travel with its layers in a migration), so the next segment, or a stream
 split in two, trains exactly as one long stream does.
@@ -183,7 +201,11 @@ class Segment:
 
     def _steps(self) -> Iterator[None]:
         stage, run, m = self.stage, self._run, self.m
-        stage.enable_versions(self.start)
+        config = self.pipe.pipemare
+        if config is None:
+            stage.enable_versions(self.start)
+        else:  # T1's counter: every stage has applied M / N updates per step
+            stage.enable_pipemare(config, self.start * m // config.update_every, m)
         stage.begin_step(self.start, m, False)
         computes = stream_actions(self.comm.world_size, m, self.comm.rank, self.has_step)
         last_step = -1
@@ -238,7 +260,8 @@ class Segment:
             self._fix_limit()
             return
         try:
-            self.stage.optimizer_step()
+            if self.pipe.pipemare is None:  # PipeMare updated during the step (module doc)
+                self.stage.optimizer_step()
         except ComputeError as exc:  # agreed in A(t + 1) or at the end (protocol step 4)
             failure = self._run.stage_error("optimizer", exc.error, None, None)
             self._run.failure = self._globally(failure, self.start + step)

@@ -22,7 +22,8 @@ T2, discrepancy correction: the backward uses weights extrapolated back toward t
         u      = w - lag * delta                                      for the backward
 
     with lag the number of updates between the forward and the backward of a micro-batch
-    and gamma = decay ** (1 / lag) (so the average spans about one delay).
+    (the runtime counts them per micro-batch; the stage's `delay` is the worst case) and
+    gamma = decay ** (1 / delay) (so the average spans about one delay).
 
 These are the formulas as `REFERENCE.md` restates them; the paper could not be opened from
 this machine to check them, so they stand as recalled. Both pieces are pure tensor
@@ -39,7 +40,7 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["DiscrepancyCorrection", "PipeMareConfig", "delay", "rescaled_lr"]
+__all__ = ["DiscrepancyCorrection", "PipeMareConfig", "check_pipemare", "delay", "rescaled_lr"]
 
 
 @dataclass(frozen=True)
@@ -61,6 +62,30 @@ class PipeMareConfig:
             raise ValueError(
                 f"correction_decay={self.correction_decay!r} is not valid; it must be in (0, 1)"
             )
+
+
+def check_pipemare(
+    schedule: str | None, config: PipeMareConfig | dict[str, object] | None, n_microbatches: int
+) -> PipeMareConfig | None:
+    """The PipeMare configuration of a pipeline (None unless schedule="pipemare"), checked:
+    a dict is taken as `PipeMareConfig`'s fields; `update_every` must divide the micro-batches
+    of a step, so that every update falls inside one step."""
+    if schedule != "pipemare":
+        if config is not None:
+            raise ValueError(f"pipemare= configures schedule='pipemare', not {schedule!r}")
+        return None
+    if config is None:
+        config = PipeMareConfig()
+    elif isinstance(config, dict):
+        config = PipeMareConfig(**config)  # type: ignore[arg-type]
+    elif not isinstance(config, PipeMareConfig):
+        raise TypeError(f"pipemare must be a PipeMareConfig or a dict, got {type(config).__name__}")
+    if n_microbatches % config.update_every:
+        raise ValueError(
+            f"PipeMare's update_every={config.update_every} must divide n_microbatches="
+            f"{n_microbatches}: an update would straddle two steps"
+        )
+    return config
 
 
 def delay(n_stages: int, stage: int, update_every: int = 1) -> int:
@@ -101,6 +126,8 @@ class DiscrepancyCorrection:
                 d.mul_(self.gamma).add_(p.detach() - old, alpha=1.0 - self.gamma)
         self._before = None
 
-    def backward_weights(self) -> list[torch.Tensor]:
-        """u = w - lag * delta: the weights a backward should use (new tensors)."""
-        return [p.detach() - self.lag * d for p, d in zip(self.params, self.delta, strict=True)]
+    def backward_weights(self, lag: int | None = None) -> list[torch.Tensor]:
+        """u = w - lag * delta: the weights a backward should use (new tensors); `lag`
+        (default: the stage's) is the number of updates since the micro-batch's forward."""
+        lag = self.lag if lag is None else lag
+        return [p.detach() - lag * d for p, d in zip(self.params, self.delta, strict=True)]

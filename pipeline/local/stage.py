@@ -15,7 +15,9 @@ processes: `pipeline.distributed.executor` runs a schedule's action list and cal
     optimizer_step    apply the accumulated gradients, then zero them
     use_step(t)       PipeDream-2BW streams: the step of the next compute, whose weight
                       version W(t-1) the layers run with (`pipeline.local.versions`,
-                      made by `enable_versions`); optimizer_step then applies update u
+                      made by `enable_versions`); optimizer_step then applies update u.
+                      PipeMare (`enable_pipemare`): one weight copy, updated inside
+                      backward(i) every N micro-batches (`pipeline.local.asynchronous`)
     end_step          the step's times; per-layer meters updated (abort_step: forget it)
 
 An exception in a layer, the loss or the optimizer comes out as `ComputeError`, which says
@@ -47,11 +49,13 @@ from typing import Any
 import torch
 from torch import nn
 
+from pipeline.local.asynchronous import AsyncWeights
 from pipeline.local.backward import WeightGrad, backward_input, fused_backward
 from pipeline.local.carry import Carry, as_carry, floating, leaf, nbytes, unwrap
 from pipeline.local.determinism import dropout_seed, seed_rng
 from pipeline.local.meter import LayerMeter, SavedBytes
 from pipeline.local.objective import LossFn, OptimizerFactory, build_optimizer, scalar_loss
+from pipeline.local.pipemare import PipeMareConfig, delay
 from pipeline.local.spec import LayerSpec, build_layer
 from pipeline.local.versions import WeightVersions
 from pipeline.pure.costs import MEMORY_ACTIONS, LayerCost
@@ -130,7 +134,8 @@ class Stage:
         self.saved = SavedBytes()
         self.spans: list[Span] = []  # what this stage did during the last step
         self._step, self._measure, self._n_microbatches = 0, False, 1
-        self.versions: WeightVersions | None = None  # 2BW's two weight versions
+        # 2BW's two weight versions, or PipeMare's one copy (`pipeline.local.asynchronous`)
+        self.versions: WeightVersions | AsyncWeights | None = None
         self.times, self._start, self._recompute_end = StepTimes(), 0.0, 0.0
 
     def set_memory_actions(self, actions: Sequence[str]) -> None:
@@ -191,10 +196,22 @@ class Stage:
     # -- one step, one micro-batch at a time (the executor decides the order) -----------------
     def enable_versions(self, updates: int) -> WeightVersions:
         """Two weight versions from now on (2BW), W(updates - 1) = W(updates) if new."""
-        if self.versions is None:
+        if not isinstance(self.versions, WeightVersions):
             self.versions = WeightVersions(updates)
             for layer in self.layers:
                 self.versions.attach(layer.key, layer.module)
+        return self.versions
+
+    def enable_pipemare(
+        self, config: PipeMareConfig, updates: int, n_microbatches: int
+    ) -> AsyncWeights:
+        """PipeMare's one weight copy, updated every `config.update_every` backwards."""
+        if not isinstance(self.versions, AsyncWeights):
+            lag = delay(self.n_stages, self.index, config.update_every)
+            self.versions = AsyncWeights(config, lag, n_microbatches, updates)
+            for layer in self.layers:
+                self.versions.attach(layer.key, layer.module)
+        self.versions.m = n_microbatches
         return self.versions
 
     def use_step(self, step: int) -> None:  # streams: steps interleave
@@ -287,6 +304,8 @@ class Stage:
     def forward(self, i: int, carry: Carry, target: Any) -> InFlight:
         """Micro-batch i through this stage's layers (and the loss on the last stage)."""
         state, start, times = InFlight(), time.perf_counter(), self.times
+        if isinstance(self.versions, AsyncWeights):
+            self.versions.note_forward(i)
         for position, layer in enumerate(self.layers):
             if position > 0:
                 carry = leaf(carry)
@@ -321,6 +340,25 @@ class Stage:
         `backward_weight` (the graph stays in `state` until then).
         """
         start = time.perf_counter()
+        asynchronous = self.versions if isinstance(self.versions, AsyncWeights) else None
+        with asynchronous.backward_weights(i) if asynchronous else contextlib.nullcontext():
+            grads = self._backward_layers(state, i, grads, split)
+        self.span(f"BI{i}" if split else f"B{i}", start, "backward")
+        state.loss, state.inputs, state.outputs = None, [], []
+        if self._measure and not split:
+            self.saved.release(i)
+        if asynchronous is not None and asynchronous.due(i):  # PipeMare: update in place
+            t0 = time.perf_counter()
+            try:
+                asynchronous.update(self.optimizer)
+            except Exception as error:
+                raise ComputeError("optimizer", None, i, error) from error
+            self.times.optimizer_s += self.span("optimizer step", t0, "optimizer")
+        return list(grads)
+
+    def _backward_layers(
+        self, state: InFlight, i: int, grads: Sequence[torch.Tensor], split: bool
+    ) -> Sequence[torch.Tensor]:
         for position in reversed(range(len(self.layers))):
             layer = self.layers[position]
             t0 = time.perf_counter()
@@ -336,11 +374,7 @@ class Stage:
             elapsed = time.perf_counter() - t0
             layer.backward_s += elapsed
             self.times.backward_s += elapsed
-        self.span(f"BI{i}" if split else f"B{i}", start, "backward")
-        state.loss, state.inputs, state.outputs = None, [], []
-        if self._measure and not split:
-            self.saved.release(i)
-        return list(grads)
+        return grads
 
     def backward_weight(self, state: InFlight, i: int) -> None:
         """The weight gradients `backward(split=True)` left for micro-batch i; frees its graph."""
@@ -387,7 +421,9 @@ class Stage:
     def optimizer_step(self) -> None:
         t0, optimizer = time.perf_counter(), self.optimizer
         try:
-            if self.versions is not None:  # 2BW: update u, with the gradients at W(u - 1)
+            if isinstance(self.versions, AsyncWeights):  # PipeMare updated in its backwards
+                pass
+            elif self.versions is not None:  # 2BW: update u, with the gradients at W(u - 1)
                 self.versions.apply_update(optimizer.step if optimizer else lambda: None)
             elif optimizer is not None:
                 optimizer.step()

@@ -69,7 +69,7 @@ class WeightVersions:
         """What `restore` puts back (a migration's rollback): which layers have versions."""
         return dict(self._slots), dict(self._params)
 
-    def restore(self, index: tuple[dict[str, Any], dict[str, Any]]) -> None:
+    def restore(self, index: tuple[dict[str, Any], ...]) -> None:
         self._slots, self._params = dict(index[0]), dict(index[1])
 
     def drop(self, key: str) -> None:

@@ -69,6 +69,7 @@ from pipeline.pure.actions import (
     ScheduleFn,
 )
 from pipeline.pure.actions import check_shape as _check_shape
+from pipeline.pure.pipemare import pipemare
 from pipeline.pure.two_bw import pipedream_2bw
 from pipeline.pure.zero_bubble import zbh1
 
@@ -128,6 +129,7 @@ def forward_only(n_stages: int, n_microbatches: int, stage: int) -> list[Action]
 
 SCHEDULES: dict[str, ScheduleFn] = {
     "gpipe": gpipe, "1f1b": one_f_one_b, "zbh1": zbh1, "2bw": pipedream_2bw,
+    "pipemare": pipemare,
 }  # fmt: skip
 
 
