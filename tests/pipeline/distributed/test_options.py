@@ -36,6 +36,7 @@ def test_defaults_are_documented_values_and_frozen() -> None:
         "n_microbatches": 4, "memory_budget": None, "profile": "sandbox",
         "rebalance_every": None, "rebalance_on_drift": None, "rebalance_horizon": 100,
         "rebalance_settle": 3, "measure_memory_every": 10, "on_nonfinite": "raise",
+        "pipemare": None,
     }  # fmt: skip
     with pytest.raises(dataclasses.FrozenInstanceError):
         options.n_microbatches = 8  # type: ignore[misc]
