@@ -34,7 +34,9 @@ PRUNERS = ("pdh", "median", "none")
 TRACKERS = ("wandb", "jsonl", "none")
 # pipeline.pure.schedule.SCHEDULES, spelled out so that composing a config needs no torch
 # import (tests/nas/test_settings.py keeps the two equal)
-SCHEDULES = ("1f1b", "gpipe", "zbh1", "2bw")
+PIPEMARE_OPTIONS = ("lr_reschedule", "warmup_updates", "correction", "correction_decay",
+                    "update_every")  # pipeline.local.pipemare.PipeMareConfig's fields
+SCHEDULES = ("1f1b", "gpipe", "zbh1", "2bw", "pipemare")
 
 
 def _one_of(key: str, value: Any, valid: tuple[str, ...] | list[str]) -> None:
@@ -104,6 +106,9 @@ class PipelineSettings:
     rebalance_every: int | None = None
     threads_per_stage: int | None = 1
     timeout_s: float = 300.0
+    # schedule=pipemare: PipeMareConfig's fields (lr_reschedule, warmup_updates, correction,
+    # correction_decay, update_every); checked by the runtime when the pipeline is built
+    pipemare: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         _positive("pipeline.n_stages", self.n_stages)
@@ -113,6 +118,13 @@ class PipelineSettings:
         _positive("pipeline.threads_per_stage", self.threads_per_stage, allow_none=True)
         _one_of("pipeline.schedule", self.schedule, SCHEDULES)
         _one_of("pipeline.planner", self.planner, ("time", "memory"))
+        if self.pipemare and self.schedule != "pipemare":
+            raise ValueError(f"pipeline.pipemare is set but pipeline.schedule={self.schedule!r}; "
+                             "PipeMare's options apply to schedule=pipemare only")  # fmt: skip
+        unknown = sorted(set(self.pipemare) - set(PIPEMARE_OPTIONS))
+        if unknown:
+            raise ValueError(f"pipeline.pipemare has unknown options {unknown}; valid: "
+                             + ", ".join(PIPEMARE_OPTIONS))  # fmt: skip
 
 
 @dataclass

@@ -207,6 +207,7 @@ def _reconfigure(
             specs, optimizer=optimizer, loss_fn=task.loss_fn, schedule=p.schedule,
             n_microbatches=p.n_microbatches, seed=settings.seed, memory_budget=p.memory_budget,
             planner=p.planner, rebalance_every=p.rebalance_every,
+            pipemare=dict(p.pipemare) if p.schedule == "pipemare" else None,
         )  # fmt: skip
     pipe.reconfigure(specs, inherit_from=snapshot)
     return pipe

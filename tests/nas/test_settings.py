@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from nas import settings
+from pipeline.local.pipemare import PipeMareConfig
 from pipeline.pure.schedule import SCHEDULES
 
 
@@ -15,6 +16,14 @@ def test_every_schedule_of_the_runtime_can_be_configured() -> None:
 @pytest.mark.parametrize("schedule", sorted(SCHEDULES))
 def test_a_pipeline_setting_takes_each_schedule(schedule: str) -> None:
     assert settings.PipelineSettings(schedule=schedule).schedule == schedule
+
+
+def test_pipemare_options_are_the_runtimes() -> None:
+    assert set(settings.PIPEMARE_OPTIONS) == set(PipeMareConfig.__dataclass_fields__)
+    with pytest.raises(ValueError, match=r"unknown options \['decay'\]"):
+        settings.PipelineSettings(schedule="pipemare", pipemare={"decay": 0.5})
+    with pytest.raises(ValueError, match="apply to schedule=pipemare only"):
+        settings.PipelineSettings(schedule="1f1b", pipemare={"update_every": 2})
 
 
 def test_pdh_budgets_must_be_evaluation_steps() -> None:
