@@ -126,7 +126,7 @@ def _stage_main(ctx: StageContext, settings: NasSettings, owner: str) -> tuple[i
             number, arch_json, parent = order
             source = bank.source(parent) if settings.study.inherit_weights else None
             pipe, outcome = _run_trial(comm, settings, task, pipe, number, arch_json, leader,
-                                       (source, bank.get(source)))  # fmt: skip
+                                       bank.get(source))  # fmt: skip
             if pipe is not None and source is not None:
                 outcome.attrs["inherited_from"] = source
             if pipe is not None and settings.study.inherit_weights and outcome.state != "fail":
@@ -148,11 +148,11 @@ def _run_trial(
     number: int,
     arch_json: str,
     leader: trials.Leader | None,
-    source: tuple[int | None, WeightSnapshot | None],
+    inherit_from: WeightSnapshot | None,
 ) -> tuple[ElasticPipeline | None, trials.Outcome]:
     """Build and train one candidate on every rank; rank 0's `leader` reports and decides.
 
-    `source`: the trial whose weights it starts from (`nas.inheritance`) and their snapshot.
+    `inherit_from`: the weights of the trial it came from (`nas.inheritance`), if any.
     """
     arch = from_json(arch_json)
     max_len = _max_len(task)
@@ -161,7 +161,7 @@ def _run_trial(
                              "parameters": parameter_count(arch, len(task.vocab), max_len=max_len)}
     started = time.perf_counter()
     try:
-        pipe = _reconfigure(settings, task, pipe, specs, source[1])
+        pipe = _reconfigure(settings, task, pipe, specs, inherit_from)
         values, steps, pruned = _train(comm, settings, task, pipe, leader)
     except _TRIAL_ERRORS as error:  # raised on every rank by the runtime
         cause = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"

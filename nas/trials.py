@@ -108,7 +108,8 @@ def fail_running(study: optuna.Study, cause: str, owner: str | None = None) -> N
     storage.fail_stale(study)
     for trial in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
         asked_by = trial.user_attrs.get(OWNER)
-        if asked_by != owner if owner else storage.owner_alive(asked_by):
+        orphaned = asked_by == owner if owner else not storage.owner_alive(asked_by)
+        if not orphaned:
             continue
         try:
             study._storage.set_trial_user_attr(trial._trial_id, "fail_reason", cause)
@@ -213,6 +214,8 @@ class Leader:
 
     def close(self) -> tuple[int, list[str]]:
         """End the study run: (finished trials, the tracker's run folders)."""
+        if self.heartbeat is not None:
+            self.heartbeat.stop()
         self.progress.stop()
         table = [{"number": t.number, "state": t.state.name, "values": t.values,
                   **t.user_attrs} for t in self.study.get_trials(deepcopy=False)]  # fmt: skip
