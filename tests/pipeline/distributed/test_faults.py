@@ -340,3 +340,28 @@ def test_a_failure_in_any_migration_phase_rolls_back_everywhere() -> None:
     assert "pickle" in results[0]["serialise"]["error"].lower()
     # after the rollback the next step is the same on every rank
     assert all(r[p]["loss"] == results[0][p]["loss"] for r in results for p in r)
+
+
+def failing_stream(ctx: StageContext, schedule: str, cases: list[tuple[int, str, int, int]]) -> Any:
+    """For stream schedules (2bw, pipemare): each case arms a fault, trains a `pipe.train`
+    stream into it, records the error every rank raised, and checks the pipeline trains on."""
+    sizes = [5 - 2 * (ctx.world_size - 1)] + [2] * (ctx.world_size - 1)
+    pipe = ElasticPipeline(faulty_stack(), optimizer=OPT, loss_fn=faulty_loss, schedule=schedule,
+                           n_microbatches=4, partition=sizes)  # fmt: skip
+    out = []
+    for rank, phase, step, microbatch in cases:
+        pipe.reconfigure(faulty_stack(), partition=sizes, loss_fn=faulty_loss)
+        Fault.arm(rank, phase, step, microbatch)
+        record: dict[str, Any] = {"losses": []}
+        try:
+            for loss in pipe.train(data(step + 3)):
+                record["losses"].append(loss)
+        except StageError as error:
+            record.update(type=type(error).__name__, stage=error.stage, phase=error.phase,
+                          step=error.step, microbatch=error.microbatch)  # fmt: skip
+        Fault.arm(-1, "", -1, -1)
+        record["steps"] = pipe.step
+        record["after"] = list(pipe.train(data(2, seed=1)))  # still usable
+        out.append(record)
+    pipe.close()
+    return out

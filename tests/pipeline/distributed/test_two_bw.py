@@ -17,10 +17,10 @@ import pytest
 import torch
 
 import pipeline
-from pipeline import ElasticPipeline, StageContext, StageError
+from pipeline import ElasticPipeline, StageContext
 from pipeline.local.reference import ReferenceTrainer
 from tests.pipeline.distributed.test_elastic import ADAM, MODELS, STEPS, batches, max_state_diff
-from tests.pipeline.distributed.test_faults import OPT, Fault, data, faulty_loss, faulty_stack
+from tests.pipeline.distributed.test_faults import failing_stream
 
 pytestmark = pytest.mark.multiprocess
 
@@ -130,35 +130,12 @@ def test_train_under_1f1b_equals_train_step() -> None:
     assert max_state_diff(one["state"], other["state"]) == 0.0
 
 
-def failing_stream(ctx: StageContext, cases: list[tuple[int, str, int, int]]) -> Any:
-    sizes = [5 - 2 * (ctx.world_size - 1)] + [2] * (ctx.world_size - 1)
-    pipe = ElasticPipeline(faulty_stack(), optimizer=OPT, loss_fn=faulty_loss, schedule="2bw",
-                           n_microbatches=4, partition=sizes)  # fmt: skip
-    out = []
-    for rank, phase, step, microbatch in cases:
-        pipe.reconfigure(faulty_stack(), partition=sizes, loss_fn=faulty_loss)
-        Fault.arm(rank, phase, step, microbatch)
-        record: dict[str, Any] = {"losses": []}
-        try:
-            for loss in pipe.train(data(step + 3)):
-                record["losses"].append(loss)
-        except StageError as error:
-            record.update(type=type(error).__name__, stage=error.stage, phase=error.phase,
-                          step=error.step, microbatch=error.microbatch)  # fmt: skip
-        Fault.arm(-1, "", -1, -1)
-        record["steps"] = pipe.step
-        record["after"] = list(pipe.train(data(2, seed=1)))  # still usable
-        out.append(record)
-    pipe.close()
-    return out
-
-
 @pytest.mark.parametrize("n_stages", [2, 3])
 def test_a_failure_mid_stream_raises_on_every_rank(n_stages: int) -> None:
     cases = [(n_stages - 1, "forward", 2, 1), (0, "backward", 1, 3), (n_stages - 1, "loss", 3, 0),
              (0, "optimizer", 2, -1)]  # fmt: skip
-    results = pipeline.launch(functools.partial(failing_stream, cases=cases), n_stages,
-                              threads_per_stage=1, timeout_s=60)  # fmt: skip
+    run = functools.partial(failing_stream, schedule="2bw", cases=cases)
+    results = pipeline.launch(run, n_stages, threads_per_stage=1, timeout_s=60)
     for records in results:
         for record, (rank, phase, step, microbatch) in zip(records, cases, strict=True):
             assert record.get("type") == "StageError", record
