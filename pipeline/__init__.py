@@ -35,6 +35,7 @@ from pipeline.errors import (
 )
 from pipeline.local.profiler import CostCache
 from pipeline.local.reference import ReferenceTrainer
+from pipeline.local.separable import separable
 from pipeline.local.spec import LayerSpec
 from pipeline.pure.costs import LayerCost
 from pipeline.pure.planner import InfeasibleBudgetError, Plan, Planner
@@ -66,5 +67,6 @@ __all__ = [
     "StageStats",
     "WeightSnapshot",
     "launch",
+    "separable",
     "under_torchrun",
 ]

@@ -33,6 +33,7 @@ import torch
 from torch import nn
 
 from pipeline.distributed import executor, report, stream
+from pipeline.distributed import handoff as handoff_cut
 from pipeline.distributed.agreement import measured_costs, profile_costs
 from pipeline.distributed.comm import Comm
 from pipeline.distributed.events import PipelineEvent
@@ -110,6 +111,11 @@ class ElasticPipeline:
         pipemare: under schedule="pipemare", a `pipeline.local.pipemare.PipeMareConfig` (or
             a dict of its fields): T1 on/off and its warm-up updates, T2 on/off and its decay,
             update_every (must divide n_microbatches). Default: `PipeMareConfig()`.
+        handoff: Bi-Partition with explicit stage sizes: per boundary s | s+1, how many of
+            stage s's last layers run their backward on stage s + 1 (they must be separable:
+            nn.Linear, or a type registered with `pipeline.separable`); flushed schedules
+            only. planner="bipartition" chooses it (and the sizes) with partition="auto".
+            The cut in force is `pipe.handoff`; see `pipeline.distributed.handoff`.
 
     Failures: an exception in any stage's layer, loss or optimizer step makes `train_step`
     (or `forward`) raise `pipeline.StageError` on every rank (see
@@ -138,6 +144,7 @@ class ElasticPipeline:
         on_nonfinite: str = "raise",
         device: torch.device | str | None = None,
         pipemare: PipeMareConfig | dict[str, Any] | None = None,
+        handoff: Sequence[int] | None = None,
     ) -> None:
         self.comm = Comm()
         self.rank, self.n_stages = self.comm.rank, self.comm.world_size
@@ -146,6 +153,7 @@ class ElasticPipeline:
             rebalance_horizon, rebalance_settle, measure_memory_every, on_nonfinite,
             check_pipemare(schedule.lower() if isinstance(schedule, str) else None, pipemare,
                            n_microbatches),
+            None if handoff is None else tuple(handoff),
         )  # fmt: skip
         self.pipemare = self.options.pipemare  # PipeMare's T1/T2 (None: another schedule)
         if not callable(loss_fn):
@@ -155,6 +163,11 @@ class ElasticPipeline:
         if is_stream(self.schedule) and self.pipemare is None:
             check_2bw(self.n_stages, n_microbatches)
         validate(self.schedule, self.n_stages, n_microbatches)
+        if handoff is not None and isinstance(partition, str):
+            raise ValueError("handoff= needs explicit stage sizes (partition=[...]); with "
+                             "partition='auto', planner='bipartition' chooses the cut")  # fmt: skip
+        self._requested_handoff = self.options.handoff
+        self.handoff: tuple[int, ...] = ()  # Bi-Partition's cut in force (() before a build)
         self.active_stream: stream.Segment | None = None  # a `train` stream in flight
         self.n_microbatches = n_microbatches
         self.planner = get_planner(planner) if isinstance(planner, str) else planner
@@ -210,10 +223,25 @@ class ElasticPipeline:
         if costs is not None:
             self._stage.seed_meters(costs[start:stop])
         self.sizes, self.plan = list(sizes), plan
+        self._set_handoff(plan.handoff if plan is not None and plan.handoff
+                          else self._requested_handoff)  # fmt: skip
         self._plan_step = self.step
         self._measure_next = True  # measure memory on the first step of every plan
         self.partition_history[:] = [(self.step, list(sizes))]
         self._log("build", sizes=list(sizes), plan=None if plan is None else plan.to_dict())
+
+    def _set_handoff(self, handoff: Sequence[int] | None) -> None:
+        """Put Bi-Partition's cut in force (`pipeline.distributed.handoff`); every rank."""
+        stage, cut = self._live_stage(), handoff_cut.check_handoff(handoff, self.sizes)
+        if any(cut) and is_stream(self.schedule):
+            raise ValueError(f"handoff {list(cut)} needs a flushed schedule (gpipe, 1f1b, "
+                             f"zbh1), not {self.schedule_name or self.schedule!r}")  # fmt: skip
+        self.comm.together(lambda: handoff_cut.configure(stage, self.specs, self.sizes, cut,
+                                                         self._seed))  # fmt: skip
+        handoff_cut.share_weights(stage, self._links)
+        if any(cut) or any(self.handoff):
+            self._log("handoff", handoff=list(cut))
+        self.handoff = cut
 
     def _plan_first(self, example: Any) -> None:
         """partition="auto": profile one micro-batch's shapes, plan on rank 0, build."""
@@ -326,29 +354,35 @@ class ElasticPipeline:
 
     # -- elasticity --------------------------------------------------------------------------
     def repartition(
-        self, sizes: Sequence[int], actions: Sequence[str] | None = None
-    ) -> MigrationRecord:
+        self, sizes: Sequence[int], actions: Sequence[str] | None = None,
+        handoff: Sequence[int] | None = None,
+    ) -> MigrationRecord:  # fmt: skip
         """Move layers live so that stage s holds `sizes[s]` layers; call on every rank.
 
         Only the layers whose stage changes travel, with their parameters, buffers,
         gradients and optimizer state; the next step computes exactly what it would have
-        computed without the move. `actions` optionally sets every layer's memory action.
-        On failure the old partition stays in force and `pipeline.MigrationError` is
-        raised on every rank.
+        computed without the move. `actions` optionally sets every layer's memory action,
+        `handoff` Bi-Partition's cut for the new sizes (default: none). On failure the old
+        partition stays in force and `pipeline.MigrationError` is raised on every rank.
         """
         self.drain()
         stage = self._live_stage()
         new = _checked_sizes(sizes, len(self.specs), self.n_stages)
+        handoff_cut.check_handoff(handoff, new)
+        old_cut, self.handoff = self.handoff, ()
+        stage.set_handoff(0, None)  # replicas go; the owners hold every handed layer's state
         try:
             record = migrate(self.comm, stage, self.specs, self.sizes, new, self.step,
                              self.version + 1)
         except MigrationError as exc:
+            self._set_handoff(old_cut)
             self._log("rollback", sizes=list(self.sizes), requested=new, error=str(exc))
             raise
         if actions is not None:
             a, b = bounds(new)[self.rank]
             stage.set_memory_actions(list(actions)[a:b])
         self.sizes, self.version = new, record.version
+        self._set_handoff(handoff)
         if self.plan is not None and list(self.plan.sizes) != new:
             self.plan = None  # explicit sizes: the plan's predictions no longer apply
         self._plan_step = self.step
@@ -372,7 +406,7 @@ class ElasticPipeline:
         costs, actions = self.layer_costs()
         schedule = self.schedule_name or self.schedule
         current = evaluate(costs, self.sizes, actions, schedule=schedule,
-                           n_microbatches=self.n_microbatches)  # fmt: skip
+                           n_microbatches=self.n_microbatches, handoff=self.handoff)  # fmt: skip
         decision = self.comm.agree(lambda: replan(
             current, costs, self.planner, remaining_steps=horizon, link=self._link,
             memory_budget=self.memory_budget, schedule=schedule,
@@ -382,7 +416,8 @@ class ElasticPipeline:
         self.plan, self._plan_step = decision.plan, self.step
         if not decision.changed:
             return None
-        return self.repartition(decision.plan.sizes, decision.plan.actions)
+        return self.repartition(decision.plan.sizes, decision.plan.actions,
+                                decision.plan.handoff or None)
 
     def reconfigure(
         self,
@@ -421,6 +456,7 @@ class ElasticPipeline:
             self._opt_ratio = optimizer_state_ratio(optimizer)
             self._optimizer = optimizer
         self.generation += 1
+        self._requested_handoff, self.handoff = None, ()  # a Plan may carry a new one
         if self._stage is not None:
             self._stage.close()  # free the old layers before building the new ones
         self._setup(new_specs, partition)

@@ -14,14 +14,17 @@ neighbours (`pipeline.distributed.links`). The protocol of a training step, numb
        drains every message it is owed. A neighbour that receives a failure does the same,
        so the news runs both ways along the pipeline within the step, and no stage is left
        waiting. BACKWARD_WEIGHT owes and is owed nothing: a failed stage skips it.
-    3. At OPTIMIZER_STEP (the last action of every list) each stage waits for its sends,
-       then one all_reduce of [failed, loss sum, first non-finite micro-batch] decides for
-       all: if any stage failed, nobody applies the step and every rank raises the failing
-       stage's `StageError` (gathered once); if the loss is not finite and
+    3. At OPTIMIZER_STEP (the last action of every list) each stage waits for its sends
+       (and, under Bi-Partition, the handed layers' gradients reach their owners,
+       `pipeline.distributed.handoff`), then one all_reduce of [failed, loss sum, first
+       non-finite micro-batch] decides for all: if any stage failed, nobody applies the
+       step and every rank raises the failing stage's `StageError` (gathered once); if the
+       loss is not finite and
        on_nonfinite="raise", nobody applies it and every rank raises `NonFiniteLossError`;
        otherwise every stage applies its optimizer step.
     4. An exception in an optimizer step is agreed by a second all_reduce and raised on
-       every rank (the other stages' steps stand: each stage's update is its own).
+       every rank (the other stages' steps stand: each stage's update is its own). Before
+       that, owners of handed layers send their weights, applied or not, to the replicas.
 
     1F1B, 2 stages, 3 micro-batches; stage 1 raises in the forward of micro-batch 1 (x):
 
@@ -48,6 +51,7 @@ from typing import Any, TypeVar
 
 import torch
 
+from pipeline.distributed import handoff
 from pipeline.distributed.comm import Comm, raise_first
 from pipeline.distributed.links import ACT, GRAD, PeerFailed, PeerLink, Receive
 from pipeline.errors import NonFiniteLossError, StageError
@@ -129,12 +133,13 @@ class _Run:
                 return
             target = self.targets[i] if self.targets is not None else None
             state = self.live[i] = stage.forward(i, carry, target)
-            self.outputs[i] = state.outputs[-1]
+            self.outputs[i] = state.wire if state.wire is not None else state.outputs[-1]
             if state.loss is not None:
                 self.losses[i] = state.loss.detach()
         elif op is Op.SEND_ACT:
             assert self.next is not None
-            self.next.send_activations(self.outputs.pop(i), i)
+            flags = None if self.inference else self.stage.wire_grads
+            self.next.send_activations(self.outputs.pop(i), i, flags)
         elif op in (Op.BACKWARD, Op.BACKWARD_INPUT):
             grads = self._wait(Op.RECV_GRAD, i, op.value) or ()
             grads = tuple(g.to(stage.device) for g in grads)
@@ -222,6 +227,7 @@ def train_step(
     run = _Run(stage, links, step, inputs, targets)
     run.execute(actions)
     run.wait_sends()
+    handoff.exchange_gradients(stage, links)  # Bi-Partition, `pipeline.distributed.handoff`
     loss_sum, first_bad = _loss_sum(run.losses)
     failed, loss_sum, first_bad = comm.all_reduce([float(run.failed), loss_sum, first_bad])
     if failed:
@@ -237,6 +243,7 @@ def train_step(
         stage.optimizer_step()
     except ComputeError as exc:
         error = run.stage_error("optimizer", exc.error, None, None)
+    handoff.share_weights(stage, links)
     comm.raise_together(error)
     return loss, stage.end_step()
 

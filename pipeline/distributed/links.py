@@ -71,8 +71,14 @@ class TensorMeta:
     requires_grad: bool  # a gradient flows back for this tensor: it is floating point
 
 
-def carry_meta(carry: Carry) -> tuple[TensorMeta, ...]:
-    return tuple(TensorMeta(tuple(t.shape), t.dtype, t.is_floating_point()) for t in carry)
+def carry_meta(carry: Carry, grads: Sequence[bool] | None = None) -> tuple[TensorMeta, ...]:
+    """The metas of a carry; `grads` says which tensors get a gradient back (default: the
+    floating ones; Bi-Partition sends tensors that only ride along)."""
+    flags = [t.is_floating_point() for t in carry] if grads is None else list(grads)
+    if len(flags) != len(carry):
+        raise ValueError(f"{len(flags)} gradient flags for a carry of {len(carry)} tensors")
+    return tuple(TensorMeta(tuple(t.shape), t.dtype, bool(g) and t.is_floating_point())
+                 for t, g in zip(carry, flags, strict=True))  # fmt: skip
 
 
 def _encode(metas: Sequence[TensorMeta], ok: bool = True) -> torch.Tensor:
@@ -109,6 +115,11 @@ def _decode(header: torch.Tensor) -> tuple[TensorMeta, ...] | None:
 
 def _tag(kind: int, microbatch: int, index: int) -> int:
     return (microbatch * 4 + kind) * (_MAX_TENSORS + 1) + index
+
+
+def _state_tag(channel: int, j: int) -> int:
+    """Tags past the header's (micro-batch 0 of the header kind): micro-batches >= 1."""
+    return _tag(_HEADER, 1 + 2 * (j // _MAX_TENSORS) + channel, j % _MAX_TENSORS)
 
 
 class Receive:
@@ -182,9 +193,12 @@ class PeerLink:
         self.sent: set[tuple[int, int]] = set()  # (kind, micro-batch) sent this step
 
     # -- activations ---------------------------------------------------------------------
-    def send_activations(self, carry: Carry, microbatch: int) -> None:
-        """Send one micro-batch's carry; checks it before anything goes on the wire."""
-        metas = carry_meta(carry)
+    def send_activations(
+        self, carry: Carry, microbatch: int, grads: Sequence[bool] | None = None
+    ) -> None:
+        """Send one micro-batch's carry; checks it before anything goes on the wire.
+        `grads`: which tensors get a gradient back (`carry_meta`)."""
+        metas = carry_meta(carry, grads)
         if self.header_sent is None:
             header = _encode(metas)  # raises on an unsupported carry: nothing sent yet
             self.grad_meta, self.header_sent = metas, True
@@ -238,6 +252,20 @@ class PeerLink:
         device = self.comm.data_device
         tensors = [torch.empty(m.shape, dtype=m.dtype, device=device) for m in dummies]
         self._send(kind, microbatch, tensors, ok=False)
+
+    # -- state between steps (Bi-Partition's handed layers) ---------------------------------
+    def send_state(self, tensors: Sequence[torch.Tensor], channel: int) -> None:
+        """Send tensors whose shapes both ends know (handed layers' gradients, channel 0, or
+        weights, channel 1) outside the step's messages; `wait_sends` completes them."""
+        for j, t in enumerate(tensors):
+            self._isend(t.detach(), _state_tag(channel, j))
+
+    def recv_state(self, buffers: Sequence[torch.Tensor], channel: int) -> None:
+        """Receive into `buffers` what the peer's `send_state` sent on `channel`; waits."""
+        works = [self.comm.irecv(b, self.peer, _state_tag(channel, j))
+                 for j, b in enumerate(buffers)]  # fmt: skip
+        for work in works:
+            work.wait()
 
     # -- completion ----------------------------------------------------------------------
     def _send(

@@ -32,6 +32,7 @@ class PipelineOptions:
     measure_memory_every: int = 10
     on_nonfinite: str = "raise"
     pipemare: PipeMareConfig | None = None  # checked by `check_pipemare` with the schedule
+    handoff: tuple[int, ...] | None = None  # Bi-Partition's cut, checked against the sizes
 
     def __post_init__(self) -> None:
         positive = {"n_microbatches": self.n_microbatches,
@@ -53,6 +54,10 @@ class PipelineOptions:
             raise ValueError(f"profile must be one of {PROFILE_SOURCES}, got {self.profile!r}")
         if self.pipemare is not None and not isinstance(self.pipemare, PipeMareConfig):
             raise TypeError(f"pipemare must be a PipeMareConfig, got {self.pipemare!r}")
+        if self.handoff is not None and any(
+            isinstance(k, bool) or not isinstance(k, int) or k < 0 for k in self.handoff
+        ):
+            raise ValueError(f"handoff must be layer counts >= 0, got {self.handoff!r}")
         if self.on_nonfinite not in NONFINITE_POLICIES:
             raise ValueError(
                 f"on_nonfinite must be one of {NONFINITE_POLICIES}, got {self.on_nonfinite!r}"

@@ -34,6 +34,7 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 from pipeline.local.carry import Carry, as_carry, floating, leaf, nbytes, unwrap
+from pipeline.local.separable import is_separable
 from pipeline.local.spec import LayerSpec, build_layer
 from pipeline.pure.costs import LayerCost
 
@@ -60,6 +61,7 @@ class LayerShape:
     output_bytes: int
     param_bytes: int
     grad_bytes: int
+    separable: bool = False  # Bi-Partition may hand its backward on (`pipeline.local.separable`)
 
 
 def _signature(module: nn.Module, carry: Carry) -> str:
@@ -133,6 +135,7 @@ def trace_shapes(specs: Sequence[LayerSpec], example: Any) -> list[LayerShape]:
             output_bytes=sum(nbytes(t) for t in out),
             param_bytes=sum(nbytes(p) for p in params),
             grad_bytes=sum(nbytes(p) for p in params if p.requires_grad),
+            separable=is_separable(module) and len(carry) == 1 and len(out) == 1,
         ))  # fmt: skip
         carry = out
     return shapes
@@ -186,7 +189,7 @@ def _cost(shape: LayerShape, forward_s: float, backward_s: float, opt_ratio: flo
         key=shape.key, forward_s=forward_s, backward_s=backward_s,
         activation_bytes=shape.saved_bytes, output_bytes=shape.output_bytes,
         param_bytes=shape.param_bytes, grad_bytes=shape.grad_bytes,
-        optimizer_bytes=int(shape.param_bytes * opt_ratio),
+        optimizer_bytes=int(shape.param_bytes * opt_ratio), separable=shape.separable,
     )  # fmt: skip
 
 

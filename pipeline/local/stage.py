@@ -56,6 +56,7 @@ from pipeline.local.determinism import dropout_seed, seed_rng
 from pipeline.local.meter import LayerMeter, SavedBytes
 from pipeline.local.objective import LossFn, OptimizerFactory, build_optimizer, scalar_loss
 from pipeline.local.pipemare import PipeMareConfig, delay
+from pipeline.local.separable import HandedLayers, is_separable
 from pipeline.local.spec import LayerSpec, build_layer
 from pipeline.local.versions import WeightVersions
 from pipeline.pure.costs import MEMORY_ACTIONS, LayerCost
@@ -98,6 +99,10 @@ class InFlight:
     outputs: list[Carry] = field(default_factory=list)  # per layer; () when recomputed
     loss: torch.Tensor | None = None
     weight: dict[int, WeightGrad] = field(default_factory=dict)  # split: W's work, by layer
+    # Bi-Partition (`pipeline.local.separable`): what goes to the next stage, when it is
+    # more than the last output, and the inputs of the layers handed from the previous one
+    wire: Carry | None = None
+    handed: Carry = ()
 
 
 class ComputeError(Exception):
@@ -136,7 +141,26 @@ class Stage:
         self._step, self._measure, self._n_microbatches = 0, False, 1
         # 2BW's two weight versions, or PipeMare's one copy (`pipeline.local.asynchronous`)
         self.versions: WeightVersions | AsyncWeights | None = None
+        # Bi-Partition: this stage's last `handoff_out` layers run their backward on the
+        # next stage; `handed_in` runs the previous stage's handed layers' backward here
+        self.handoff_out = 0
+        self.handed_in: HandedLayers | None = None
         self.times, self._start, self._recompute_end = StepTimes(), 0.0, 0.0
+
+    def set_handoff(self, handoff_out: int, handed_in: HandedLayers | None) -> None:
+        """Bi-Partition's cut at both ends of this stage (`pipeline.distributed.handoff`)."""
+        if not 0 <= handoff_out < len(self.layers) or (handoff_out and self.versions):
+            raise ValueError(f"stage {self.index} cannot hand {handoff_out} of its "
+                             f"{len(self.layers)} layers' backward to the next stage")  # fmt: skip
+        if handoff_out and self.index == self.n_stages - 1:
+            raise ValueError("the last stage has no next stage to hand a backward to")
+        self.handoff_out, self.handed_in = handoff_out, handed_in
+
+    @property
+    def wire_grads(self) -> tuple[bool, ...] | None:
+        """Which tensors of the carry sent on carry a gradient back (None: the floating
+        ones): with a handoff, only the first handed layer's input does."""
+        return None if not self.handoff_out else (True,) + (False,) * self.handoff_out
 
     def set_memory_actions(self, actions: Sequence[str]) -> None:
         if len(actions) != len(self.layers):
@@ -183,6 +207,7 @@ class Stage:
             grad_bytes=sum(nbytes(p) for p in params if p.requires_grad),
             optimizer_bytes=sum(nbytes(v) for p in params for v in state.get(p, {}).values()
                                 if isinstance(v, torch.Tensor) and v.dim() > 0),
+            separable=is_separable(layer.module),
         )  # fmt: skip
 
     def state_bytes(self) -> int:
@@ -241,14 +266,17 @@ class Stage:
         if self._measure and self.device.type == "cuda":
             times.allocator_peak_bytes = torch.cuda.max_memory_allocated(self.device)
         m = self._n_microbatches
-        for layer in self.layers:
+        first_handed = len(self.layers) - self.handoff_out
+        for position, layer in enumerate(self.layers):
             meter = layer.meter
             # A recomputed or swapped layer saves less than it would keep: its meter keeps the
             # bytes it keeps when kept (measured then, or profiled), which is what plans use.
             kept = self._measure and layer.action == "keep"
             activation = layer.activation_bytes / m if kept else meter.activation_bytes
             output = layer.output_bytes / m if self._measure else meter.output_bytes
-            meter.update(layer.forward_s / m, layer.backward_s / m, activation, output)
+            # a handed layer's backward runs on the next stage: its meter keeps its estimate
+            backward = meter.backward_s if position >= first_handed else layer.backward_s / m
+            meter.update(layer.forward_s / m, backward, activation, output)
         return times
 
     def abort_step(self) -> None:
@@ -257,6 +285,8 @@ class Stage:
             p.grad = None
         if self.versions is not None:
             self.versions.zero_grads()
+        if self.handed_in is not None:
+            self.handed_in.zero_grads()
         self.saved.begin_step([])
 
     def span(self, name: str, start: float, category: str = "compute") -> float:
@@ -306,21 +336,27 @@ class Stage:
         state, start, times = InFlight(), time.perf_counter(), self.times
         if isinstance(self.versions, AsyncWeights):
             self.versions.note_forward(i)
+        if self.handed_in is not None:  # the handed layers' inputs ride ahead of the carry
+            k = len(self.handed_in)
+            state.handed, carry = tuple(t.detach() for t in carry[:k]), leaf(carry[k:])
+        own = len(self.layers) - self.handoff_out
+        wire: list[torch.Tensor] = []
         for position, layer in enumerate(self.layers):
+            if position >= own:  # handed: no graph here, its input travels with the carry
+                wire.extend(carry)
+                with torch.no_grad():
+                    carry = self._timed_call(layer, i, carry, [0])
+                continue
             if position > 0:
                 carry = leaf(carry)
-            t0 = time.perf_counter()
             added = [self.saved.hold(i, carry) if self._measure else 0]
             with self._memory_mode(layer, i, added):
-                out = self._call(layer, i, carry)
-            elapsed = time.perf_counter() - t0
-            layer.forward_s += elapsed
-            times.forward_s += elapsed
-            layer.activation_bytes += added[0]
-            layer.output_bytes += sum(nbytes(t) for t in out)
+                out = self._timed_call(layer, i, carry, added)
             state.inputs.append(carry)
             state.outputs.append(out)
             carry = out
+        if self.handoff_out:
+            state.wire = (*wire, *carry)
         if self.index == self.n_stages - 1:
             t0 = time.perf_counter()
             try:
@@ -330,6 +366,16 @@ class Stage:
             times.forward_s += time.perf_counter() - t0
         self.span(f"F{i}", start, "forward")
         return state
+
+    def _timed_call(self, layer: _Layer, i: int, carry: Carry, added: list[int]) -> Carry:
+        t0 = time.perf_counter()
+        out = self._call(layer, i, carry)
+        elapsed = time.perf_counter() - t0
+        layer.forward_s += elapsed
+        self.times.forward_s += elapsed
+        layer.activation_bytes += added[0]
+        layer.output_bytes += sum(nbytes(t) for t in out)
+        return out
 
     def backward(
         self, state: InFlight, i: int, grads: Sequence[torch.Tensor], *, split: bool = False
@@ -343,8 +389,10 @@ class Stage:
         asynchronous = self.versions if isinstance(self.versions, AsyncWeights) else None
         with asynchronous.backward_weights(i) if asynchronous else contextlib.nullcontext():
             grads = self._backward_layers(state, i, grads, split)
+        if self.handed_in is not None:
+            grads = [self._handed_backward(state, i, grads)]
         self.span(f"BI{i}" if split else f"B{i}", start, "backward")
-        state.loss, state.inputs, state.outputs = None, [], []
+        state.loss, state.inputs, state.outputs, state.handed = None, [], [], ()
         if self._measure and not split:
             self.saved.release(i)
         if asynchronous is not None and asynchronous.due(i):  # PipeMare: update in place
@@ -359,7 +407,7 @@ class Stage:
     def _backward_layers(
         self, state: InFlight, i: int, grads: Sequence[torch.Tensor], split: bool
     ) -> Sequence[torch.Tensor]:
-        for position in reversed(range(len(self.layers))):
+        for position in reversed(range(len(self.layers) - self.handoff_out)):
             layer = self.layers[position]
             t0 = time.perf_counter()
             try:
@@ -375,6 +423,21 @@ class Stage:
             layer.backward_s += elapsed
             self.times.backward_s += elapsed
         return grads
+
+    def _handed_backward(
+        self, state: InFlight, i: int, grads: Sequence[torch.Tensor]
+    ) -> torch.Tensor:
+        """The previous stage's handed layers' backward, from the gradient of their output."""
+        assert self.handed_in is not None and len(grads) == 1, "a handed layer has one output"
+        t0 = time.perf_counter()
+        try:
+            grad = self.handed_in.backward(state.handed, grads[0])
+        except Exception as error:
+            keys = ", ".join(self.handed_in.keys)
+            error.add_note(f"in the backward of handed layers [{keys}] on stage {self.index}")
+            raise ComputeError("backward", self.handed_in.keys[-1], i, error) from error
+        self.times.backward_s += time.perf_counter() - t0
+        return grad
 
     def backward_weight(self, state: InFlight, i: int) -> None:
         """The weight gradients `backward(split=True)` left for micro-batch i; frees its graph."""
@@ -456,3 +519,4 @@ class Stage:
 
     def close(self) -> None:
         self.layers, self.optimizer, self.versions = [], None, None
+        self.handoff_out, self.handed_in = 0, None

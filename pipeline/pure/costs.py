@@ -73,6 +73,7 @@ class LayerCost:
     output_bytes      handed to the next layer per micro-batch (the stage boundary if last)
     param/grad/optimizer_bytes  the layer's state, whatever the micro-batch count
     recompute_s       time a recompute adds; None means forward_s (see `recompute_time`)
+    separable         the next stage can run its backward (`pipeline.pure.bipartition`)
 
     CAPSlog peaks (`pipeline.pure.planner.memory`), None = derived from the numbers above:
     added_peak_bytes     what the layer adds to a stage's peak: activation + state bytes
@@ -90,6 +91,7 @@ class LayerCost:
     recompute_s: float | None = None
     isolated_peak_bytes: int | None = None
     added_peak_bytes: int | None = None
+    separable: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.key, str) or not self.key:

@@ -20,12 +20,14 @@ from pipeline.pure.planner.base import (
     evaluate,
     in_flight_counts,
 )
+from pipeline.pure.planner.bipartition import BiPartitionPlanner
 from pipeline.pure.planner.memory import MemoryPlanner
 from pipeline.pure.planner.payback import Replan, moved_layers, replan
 from pipeline.pure.planner.time import TimePlanner
 
 __all__ = [
     "PLANNERS",
+    "BiPartitionPlanner",
     "InfeasibleBudgetError",
     "MemoryPlanner",
     "Plan",
@@ -39,7 +41,9 @@ __all__ = [
     "replan",
 ]
 
-PLANNERS: dict[str, type[Planner]] = {"time": TimePlanner, "memory": MemoryPlanner}
+PLANNERS: dict[str, type[Planner]] = {
+    "time": TimePlanner, "memory": MemoryPlanner, "bipartition": BiPartitionPlanner,
+}  # fmt: skip
 
 
 def get_planner(name: str, **options: Any) -> Planner:

@@ -44,6 +44,7 @@ from dataclasses import dataclass
 from itertools import pairwise
 from typing import Any, ClassVar, Protocol
 
+from pipeline.pure.bipartition import handed_stage_costs
 from pipeline.pure.costs import MEMORY_ACTIONS, LayerCost, LinkCost
 from pipeline.pure.partition import bounds, check_sizes
 from pipeline.pure.schedule import SCHEDULES, ScheduleFn, get_schedule, in_flight, is_stream
@@ -87,11 +88,19 @@ class Plan:
     predicted_stage_s: tuple[float, ...]  # per micro-batch, forward + backward + added
     predicted_stage_bytes: tuple[int, ...]  # peak memory per stage
     planner: str = ""
+    # Bi-Partition (`pipeline.pure.bipartition`): per boundary s | s+1, the last layers of
+    # stage s whose backward runs on s + 1; () for none
+    handoff: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "sizes", tuple(self.sizes))
         object.__setattr__(self, "actions", tuple(self.actions))
+        object.__setattr__(self, "handoff", tuple(self.handoff))
         check_sizes(self.sizes, sum(self.sizes), len(self.sizes))
+        if self.handoff and (len(self.handoff) != len(self.sizes) - 1 or any(
+                not 0 <= k < n for k, n in zip(self.handoff, self.sizes, strict=False))):
+            raise ValueError(f"handoff {self.handoff} does not fit stage sizes {self.sizes}: "
+                             "one count per boundary, fewer than the stage's layers")
         if len(self.actions) != sum(self.sizes):
             raise ValueError(f"{len(self.actions)} memory actions for {sum(self.sizes)} layers")
         unknown = set(self.actions) - set(MEMORY_ACTIONS)
@@ -126,7 +135,7 @@ class Plan:
             "predicted_iteration_s": self.predicted_iteration_s,
             "predicted_stage_s": list(self.predicted_stage_s),
             "predicted_stage_bytes": list(self.predicted_stage_bytes),
-            "planner": self.planner,
+            "planner": self.planner, "handoff": list(self.handoff),
         }  # fmt: skip
 
     @classmethod
@@ -137,7 +146,7 @@ class Plan:
             predicted_iteration_s=data["predicted_iteration_s"],
             predicted_stage_s=tuple(data["predicted_stage_s"]),
             predicted_stage_bytes=tuple(data["predicted_stage_bytes"]),
-            planner=data.get("planner", ""),
+            planner=data.get("planner", ""), handoff=tuple(data.get("handoff", ())),
         )  # fmt: skip
 
 
@@ -180,11 +189,15 @@ def evaluate(
     link: LinkCost | None = None,
     host_link: LinkCost | None = None,
     planner: str = "",
+    handoff: Sequence[int] = (),
 ) -> Plan:
-    """A Plan for a given layout, with its predicted times and memory (module doc)."""
+    """A Plan for a given layout, with its predicted times and memory (module doc);
+    `handoff`: Bi-Partition's cut (`pipeline.pure.bipartition`), none by default."""
     actions = tuple(actions) if actions is not None else ("keep",) * len(costs)
     copies = weight_copies(schedule)
     stages = stage_costs(costs, sizes, actions, host_link=host_link, weight_copies=copies)
+    if any(handoff):
+        stages = handed_stage_costs(stages, costs, sizes, handoff)
     counts = in_flight_counts(schedule, len(stages), n_microbatches)
     # a stream (2BW): the steady-state time per step of a stream long enough to show it
     n_steps = STREAM_STEPS if is_stream(schedule) else 1
@@ -196,7 +209,7 @@ def evaluate(
         predicted_stage_s=tuple(st.forward_s + st.backward_s for st in stages),
         predicted_stage_bytes=tuple(st.state_bytes + k * st.activation_bytes
                                     for st, k in zip(stages, counts, strict=True)),
-        planner=planner,
+        planner=planner, handoff=tuple(handoff) if any(handoff) else (),
     )  # fmt: skip
 
 
@@ -243,10 +256,12 @@ class Planner(abc.ABC):
         schedule: ScheduleLike = "1f1b",
         n_microbatches: int = 8,
         link: LinkCost | None = None,
+        handoff: Sequence[int] = (),
     ) -> Plan:
         """Put this planner's numbers on a layout it did not choose (e.g. the current one)."""
         return evaluate(costs, sizes, actions, schedule=schedule, n_microbatches=n_microbatches,
-                        link=link, host_link=self.host_link, planner=self.name)  # fmt: skip
+                        link=link, host_link=self.host_link, planner=self.name,
+                        handoff=handoff)  # fmt: skip
 
     def __repr__(self) -> str:
         options = ", ".join(f"{k}={v!r}" for k, v in vars(self).items() if not k.startswith("_"))

@@ -179,10 +179,15 @@ class MemoryPlanner(Planner):
         schedule: ScheduleLike = "1f1b",
         n_microbatches: int = 8,
         link: LinkCost | None = None,
+        handoff: Sequence[int] = (),
     ) -> Plan:
-        """The shared evaluation, with stage memory replaced by CAPSlog's predicted peaks."""
+        """The shared evaluation, with stage memory replaced by CAPSlog's predicted peaks
+        (which model whole layers: a handoff keeps the shared evaluation's memory)."""
         plan = super().evaluate(costs, sizes, actions, schedule=schedule,
-                                n_microbatches=n_microbatches, link=link)  # fmt: skip
+                                n_microbatches=n_microbatches, link=link,
+                                handoff=handoff)  # fmt: skip
+        if any(handoff):
+            return plan
         peaks = self._peaks(costs, schedule, len(sizes), n_microbatches)
         stage_bytes = tuple(peaks.peak(s, a, e) for s, (a, e) in enumerate(plan.bounds()))
         return replace(plan, predicted_stage_bytes=stage_bytes)

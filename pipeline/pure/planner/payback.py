@@ -74,7 +74,8 @@ def replan(
     m = current.n_microbatches
     schedule = current.schedule if schedule is None else schedule
     now = planner.evaluate(costs, current.sizes, current.actions, schedule=schedule,
-                           n_microbatches=m, link=pipeline_link)  # fmt: skip
+                           n_microbatches=m, link=pipeline_link,
+                           handoff=current.handoff)  # fmt: skip
     new = planner.plan(costs, current.n_stages, schedule=schedule, n_microbatches=m,
                        memory_budget=memory_budget, link=pipeline_link)  # fmt: skip
     moved = moved_layers(now, new)
@@ -84,7 +85,7 @@ def replan(
     over = memory_budget is not None and max(now.predicted_stage_bytes) > memory_budget
     if over:
         adopt, reason = True, "the current plan exceeds the memory budget"
-    elif new.sizes == now.sizes and new.actions == now.actions:
+    elif (new.sizes, new.actions, new.handoff) == (now.sizes, now.actions, now.handoff):
         adopt, reason = False, "the best plan is the current one"
     else:
         adopt = saving > move_s

@@ -1,0 +1,123 @@
+"""Layers whose backward another stage can run, exactly: what Bi-Partition's cut needs.
+
+Bi-Partition (REFERENCE.md) cuts the forward and the backward at different places: the
+last k layers of stage s run their forward on s and their backward on s + 1, which moves
+about two thirds of their cost (B ~ 2F) across the boundary instead of all of it, so the
+stages even out where whole layers cannot. An autograd graph cannot cross processes, and
+recomputing the layer on s + 1 to get one would be dominated by simply moving the layer
+(s + 1 would pay F + B, exactly what the move costs, while s would save less). What is left,
+and what this module provides, are layers whose backward is a closed formula of tensors that
+can be shipped: the layer's input x (sent with the activations), its parameters (a replica
+on s + 1, refreshed after every update) and the gradient of its output g (which s + 1
+computes anyway). `nn.Linear` is one, with the products autograd's addmm backward computes:
+
+    grad_x = g W        grad_W = g^T x        grad_b = sum of g over the leading dims
+
+A user makes another layer type eligible with `separable(MyLayer)(backward_fn)`, where
+`backward_fn(module, x, g)` returns (grad_x, {parameter name: gradient}) for one tensor in
+and one tensor out; `tests/pipeline/local/test_separable.py` holds every registered type
+to autograd's gradients (the contract every registration must pass).
+
+`HandedLayers` is the receiving stage's side: replicas of the previous stage's last k
+layers, their backward run in reverse order, and their summed gradients, which go back to
+the owner before its optimizer step (`pipeline.distributed.handoff` has the protocol).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+from torch import nn
+
+from pipeline.local.spec import LayerSpec, build_layer
+
+__all__ = ["HandedLayers", "SeparableBackward", "is_separable", "separable"]
+
+SeparableBackward = Callable[
+    [nn.Module, torch.Tensor, torch.Tensor], tuple[torch.Tensor, dict[str, torch.Tensor]]
+]
+_REGISTRY: dict[type[nn.Module], SeparableBackward] = {}
+
+
+def separable(cls: type[nn.Module]) -> Callable[[SeparableBackward], SeparableBackward]:
+    """Register `fn(module, x, grad_out) -> (grad_x, {param name: grad})` for `cls`."""
+    if not (isinstance(cls, type) and issubclass(cls, nn.Module)):
+        raise TypeError(f"separable() takes an nn.Module subclass, got {cls!r}")
+
+    def register(fn: SeparableBackward) -> SeparableBackward:
+        if not callable(fn):
+            raise TypeError(f"a separable backward must be callable, got {fn!r}")
+        _REGISTRY[cls] = fn
+        return fn
+
+    return register
+
+
+def _backward_fn(module: nn.Module) -> SeparableBackward | None:
+    return _REGISTRY.get(type(module))  # exact type: a subclass may change the forward
+
+
+def is_separable(module: nn.Module) -> bool:
+    """Whether another stage can run this layer's backward (a registered exact type)."""
+    return _backward_fn(module) is not None
+
+
+@separable(nn.Linear)
+def _linear_backward(
+    module: nn.Module, x: torch.Tensor, grad: torch.Tensor
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    assert isinstance(module, nn.Linear)
+    g2 = grad.reshape(-1, grad.shape[-1])
+    grads = {"weight": g2.t().mm(x.reshape(-1, x.shape[-1]))}
+    if module.bias is not None:
+        grads["bias"] = g2.sum(0)
+    return grad.matmul(module.weight), grads
+
+
+class HandedLayers:
+    """Replicas of the previous stage's last k layers, whose backward runs on this stage."""
+
+    def __init__(self, specs: Sequence[LayerSpec], seed: int, device: torch.device) -> None:
+        self.keys = [spec.key for spec in specs]
+        self.modules = [build_layer(spec, seed, device) for spec in specs]
+        for key, module in zip(self.keys, self.modules, strict=True):
+            if not is_separable(module):
+                raise ValueError(
+                    f"layer {key!r} ({type(module).__name__}) cannot have its backward run on "
+                    "the next stage: Bi-Partition needs a separable layer (nn.Linear, or a "
+                    "type registered with pipeline.separable)"
+                )
+        self._grads: list[dict[str, torch.Tensor]] = [{} for _ in self.modules]
+
+    def __len__(self) -> int:
+        return len(self.modules)
+
+    def parameters(self) -> list[torch.Tensor]:
+        """In a fixed order the owner shares: layer by layer, `named_parameters` order."""
+        return [p for m in self.modules for p in m.parameters()]
+
+    def backward(self, inputs: Sequence[torch.Tensor], grad: torch.Tensor) -> torch.Tensor:
+        """The handed layers' backward, last first; accumulates their parameter gradients
+        and returns the gradient of the first handed layer's input."""
+        with torch.no_grad():
+            for j in reversed(range(len(self.modules))):
+                module = self.modules[j]
+                fn = _backward_fn(module)
+                assert fn is not None, "checked when the replicas were built"
+                grad, grads = fn(module, inputs[j], grad)
+                acc = self._grads[j]
+                for name, g in grads.items():
+                    acc[name] = acc[name] + g if name in acc else g.clone()
+        return grad
+
+    def gradients(self) -> list[torch.Tensor]:
+        """This step's summed gradients in `parameters()` order (zeros where none arrived)."""
+        out = []
+        for module, acc in zip(self.modules, self._grads, strict=True):
+            for name, p in module.named_parameters():
+                out.append(acc.get(name, torch.zeros_like(p)))
+        return out
+
+    def zero_grads(self) -> None:
+        self._grads = [{} for _ in self.modules]
