@@ -32,7 +32,7 @@ from torch import nn
 
 from pipeline.local.spec import LayerSpec, build_layer
 
-__all__ = ["HandedLayers", "SeparableBackward", "is_separable", "separable"]
+__all__ = ["HandedLayers", "SeparableBackward", "is_separable", "separable", "separable_types"]
 
 SeparableBackward = Callable[
     [nn.Module, torch.Tensor, torch.Tensor], tuple[torch.Tensor, dict[str, torch.Tensor]]
@@ -56,6 +56,11 @@ def separable(cls: type[nn.Module]) -> Callable[[SeparableBackward], SeparableBa
 
 def _backward_fn(module: nn.Module) -> SeparableBackward | None:
     return _REGISTRY.get(type(module))  # exact type: a subclass may change the forward
+
+
+def separable_types() -> tuple[type[nn.Module], ...]:
+    """Every layer type registered so far (what the contract test holds to autograd)."""
+    return tuple(_REGISTRY)
 
 
 def is_separable(module: nn.Module) -> bool:

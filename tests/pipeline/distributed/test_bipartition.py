@@ -1,0 +1,213 @@
+"""Bi-Partition trains exactly like one process: real processes, gloo, 1 thread each.
+
+One launch per stage count runs every configuration in the same stage processes: handed
+backwards under GPipe, 1F1B and ZB-H1, a stage that both receives and hands on, the cut
+moved by repartitions, the planner's own choice, a failure inside a handed backward, and
+the refusals. Losses and full state dicts are compared with `ReferenceTrainer` (<= 1e-5
+after 5 steps) and with the same run without the repartitions (<= 1e-6).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import pipeline
+from pipeline import ElasticPipeline, LayerSpec, StageContext, StageError
+from pipeline.local.models import MLPBlock
+from pipeline.local.reference import ReferenceTrainer
+from tests.pipeline.distributed.test_elastic import ADAM, STEPS, batches, max_state_diff
+
+pytestmark = pytest.mark.multiprocess
+
+
+class Brittle(nn.Linear):
+    """A Linear whose handed backward fails on large inputs (registered below)."""
+
+
+@pipeline.separable(Brittle)
+def _brittle_backward(
+    module: nn.Module, x: torch.Tensor, g: torch.Tensor
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    assert isinstance(module, nn.Linear)
+    if x.abs().max() > 1e3:
+        raise RuntimeError("brittle backward: input too large")
+    g2 = g.reshape(-1, g.shape[-1])
+    grads = {"weight": g2.t().mm(x.reshape(-1, x.shape[-1])), "bias": g2.sum(0)}
+    return g.matmul(module.weight), grads
+
+
+def specs(brittle: bool = False) -> list[LayerSpec]:
+    """in b0 p0 p1 | b1 p2 | head: Linear layers (p*) where stages can cut backwards."""
+    p1 = Brittle if brittle else nn.Linear
+    return [LayerSpec("in", functools.partial(nn.Linear, 12, 32)),
+            LayerSpec("b0", functools.partial(MLPBlock, 32, 32, 0.1, False)),
+            LayerSpec("p0", functools.partial(nn.Linear, 32, 24)),
+            LayerSpec("p1", functools.partial(p1, 24, 32)),
+            LayerSpec("b1", functools.partial(MLPBlock, 32, 16, 0.1, False)),
+            LayerSpec("p2", functools.partial(nn.Linear, 16, 16)),
+            LayerSpec("head", functools.partial(nn.Linear, 16, 5))]  # fmt: skip
+
+
+def wide() -> list[LayerSpec]:
+    """Three big Linear layers between two small ones: whole layers cannot balance them."""
+    return [LayerSpec("in", functools.partial(nn.Linear, 12, 64)),
+            *[LayerSpec(f"h{i}", functools.partial(nn.Linear, 64, 64)) for i in range(3)],
+            LayerSpec("head", functools.partial(nn.Linear, 64, 5))]  # fmt: skip
+
+
+Moves = dict[int, tuple[list[int], list[int]]]  # step -> (sizes, handoff)
+CONFIGS: dict[int, dict[str, tuple[str, Any, Any, Moves]]] = {
+    # name: (schedule, partition, handoff, repartitions)
+    2: {"1f1b": ("1f1b", [4, 3], [2], {}),
+        "gpipe": ("gpipe", [4, 3], [1], {}),
+        "zbh1": ("zbh1", [4, 3], [2], {}),
+        "1f1b moved": ("1f1b", [4, 3], [2], {2: ([3, 4], [1]), 3: ([5, 2], [0]),
+                                              4: ([4, 3], [2])})},
+    3: {"1f1b": ("1f1b", [4, 2, 1], [2, 1], {}),
+        "zbh1": ("zbh1", [3, 3, 1], [1, 1], {}),
+        "zbh1 moved": ("zbh1", [3, 3, 1], [1, 1], {1: ([4, 2, 1], [2, 1]),
+                                                   3: ([3, 3, 1], [1, 1])})},
+}  # fmt: skip
+
+
+def train(schedule: str, partition: Any, handoff: Any, moves: Moves) -> dict[str, Any]:
+    pipe = ElasticPipeline(specs(), optimizer=ADAM, loss_fn=F.cross_entropy,
+                           schedule=schedule, n_microbatches=4, seed=3, partition=partition,
+                           handoff=handoff)  # fmt: skip
+    losses, cuts = [], [pipe.handoff]
+    for step, (x, y) in enumerate(batches("flat")):
+        if step in moves:
+            pipe.repartition(moves[step][0], handoff=moves[step][1])
+            cuts.append(pipe.handoff)
+        losses.append(pipe.train_step(x, y))
+    result = {"losses": losses, "state": pipe.full_state_dict(), "cuts": cuts,
+              "output": pipe.forward(batches("flat")[0][0])}  # fmt: skip
+    pipe.close()
+    return result
+
+
+def planned() -> dict[str, Any]:
+    """planner="bipartition" on the estimate profile (FLOPs: deterministic costs)."""
+    pipe = ElasticPipeline(wide(), optimizer=ADAM, loss_fn=F.cross_entropy, n_microbatches=4,
+                           seed=3, planner="bipartition", profile="estimate")  # fmt: skip
+    losses = [pipe.train_step(x, y) for x, y in batches("flat")]
+    assert pipe.plan is not None
+    result = {"losses": losses, "state": pipe.full_state_dict(), "handoff": pipe.handoff,
+              "sizes": pipe.sizes, "plan": pipe.plan.to_dict()}  # fmt: skip
+    pipe.close()
+    return result
+
+
+def failing() -> dict[str, Any]:
+    """Step 2's batch is huge: the handed backward of p1 raises on the stage after its own."""
+    pipe = ElasticPipeline(specs(brittle=True), optimizer=ADAM, loss_fn=F.cross_entropy,
+                           n_microbatches=4, seed=3, partition=[4, 3], handoff=[1])  # fmt: skip
+    losses, errors = [], []
+    for step, (x, y) in enumerate(batches("flat")):
+        try:
+            losses.append(pipe.train_step(x * 1e6 if step == 2 else x, y))
+        except StageError as error:
+            errors.append((error.stage, error.phase, error.layer, error.step, str(error)))
+    result = {"losses": losses, "errors": errors, "state": pipe.full_state_dict()}
+    pipe.close()
+    return result
+
+
+def refusals() -> dict[str, str]:
+    bad: dict[str, dict[str, Any]] = {"auto": dict(partition="auto", handoff=[1]),
+           "not separable": dict(partition=[4, 3], handoff=[3]),
+           "too many": dict(partition=[4, 3], handoff=[4]),
+           "stream": dict(partition=[4, 3], handoff=[1], schedule="2bw")}  # fmt: skip
+    out = {}
+    for name, kwargs in bad.items():
+        try:
+            ElasticPipeline(specs(), optimizer=ADAM, loss_fn=F.cross_entropy, n_microbatches=4,
+                            **kwargs).close()  # fmt: skip
+            out[name] = "accepted"
+        except ValueError as error:
+            out[name] = str(error)
+    return out
+
+
+def run_all(ctx: StageContext, n_stages: int) -> dict[str, Any]:
+    out: dict[str, Any] = {name: train(*c) for name, c in CONFIGS[n_stages].items()}
+    if n_stages == 2:
+        out.update(planned=planned(), failing=failing(), refusals=refusals())
+    return out
+
+
+@functools.cache
+def pipelined(n_stages: int) -> dict[str, Any]:
+    results = pipeline.launch(functools.partial(run_all, n_stages=n_stages), n_stages,
+                              threads_per_stage=1, timeout_s=90)  # fmt: skip
+    return results[0]  # rank 0 holds the full state; every rank the losses
+
+
+def reference(make: Any, skip: int | None = None) -> tuple[list[float], dict[str, Any], Any]:
+    ref = ReferenceTrainer(make(), optimizer=ADAM, loss_fn=F.cross_entropy, n_microbatches=4,
+                           seed=3)  # fmt: skip
+    losses = [ref.train_step(x, y) for step, (x, y) in enumerate(batches("flat")) if step != skip]
+    with torch.no_grad():
+        for layer in ref.layers:
+            layer.eval()
+        out = batches("flat")[0][0]
+        for layer in ref.layers:
+            out = layer(out)
+    return losses, ref.full_state_dict(), out
+
+
+@pytest.mark.parametrize("n_stages", [2, 3])
+def test_bipartition_matches_single_process(n_stages: int) -> None:
+    torch.set_num_threads(1)
+    ref_losses, ref_state, ref_out = reference(specs)
+    for name in CONFIGS[n_stages]:
+        result, what = pipelined(n_stages)[name], f"{name} on {n_stages} stages"
+        assert result["cuts"][0] == tuple(CONFIGS[n_stages][name][2]), what
+        assert len(result["losses"]) == STEPS
+        assert result["losses"] == pytest.approx(ref_losses, abs=1e-5), what
+        assert max_state_diff(result["state"], ref_state) <= 1e-5, what
+        torch.testing.assert_close(result["output"], ref_out, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("n_stages,moved,static", [(2, "1f1b moved", "1f1b"),
+                                                   (3, "zbh1 moved", "zbh1")])
+def test_moving_the_cut_keeps_the_trajectory(n_stages: int, moved: str, static: str) -> None:
+    a, b = pipelined(n_stages)[moved], pipelined(n_stages)[static]
+    expected = [tuple(CONFIGS[n_stages][moved][2])]
+    expected += [tuple(h) for _, h in sorted(CONFIGS[n_stages][moved][3].values())]
+    assert sorted(a["cuts"]) == sorted(expected)
+    assert a["losses"] == pytest.approx(b["losses"], abs=1e-6)
+    assert max_state_diff(a["state"], b["state"]) <= 1e-6
+
+
+def test_the_planner_chooses_a_cut_that_trains_exactly() -> None:
+    result = pipelined(2)["planned"]
+    assert any(result["handoff"]) and result["plan"]["handoff"] == list(result["handoff"])
+    ref_losses, ref_state, _ = reference(wide)
+    assert result["losses"] == pytest.approx(ref_losses, abs=1e-5)
+    assert max_state_diff(result["state"], ref_state) <= 1e-5
+
+
+def test_a_failed_handed_backward_raises_everywhere_and_training_goes_on() -> None:
+    result = pipelined(2)["failing"]
+    assert len(result["errors"]) == 1
+    stage, phase, layer, step, text = result["errors"][0]
+    assert (stage, phase, layer, step) == (1, "backward", "p1", 2), text
+    assert "brittle backward" in text
+    ref_losses, ref_state, _ = reference(lambda: specs(brittle=True), skip=2)
+    assert result["losses"] == pytest.approx(ref_losses, abs=1e-5)
+    assert max_state_diff(result["state"], ref_state) <= 1e-5
+
+
+def test_bad_cuts_are_refused_with_the_value_and_what_is_valid() -> None:
+    errors = pipelined(2)["refusals"]
+    assert "needs explicit stage sizes" in errors["auto"]
+    assert "'b0' (MLPBlock) cannot" in errors["not separable"]
+    assert "handoff[0]=4 is not valid" in errors["too many"] and "0..3" in errors["too many"]
+    assert "needs a flushed schedule" in errors["stream"]
