@@ -37,6 +37,7 @@ TRACKERS = ("wandb", "jsonl", "none")
 PIPEMARE_OPTIONS = ("lr_reschedule", "warmup_updates", "correction", "correction_decay",
                     "update_every")  # pipeline.local.pipemare.PipeMareConfig's fields
 SCHEDULES = ("1f1b", "gpipe", "zbh1", "2bw", "pipemare")
+PLANNERS = ("time", "memory", "bipartition")  # bipartition: Bi-Partition's cut where it helps
 
 
 def _one_of(key: str, value: Any, valid: tuple[str, ...] | list[str]) -> None:
@@ -117,7 +118,7 @@ class PipelineSettings:
         _positive("pipeline.rebalance_every", self.rebalance_every, allow_none=True)
         _positive("pipeline.threads_per_stage", self.threads_per_stage, allow_none=True)
         _one_of("pipeline.schedule", self.schedule, SCHEDULES)
-        _one_of("pipeline.planner", self.planner, ("time", "memory"))
+        _one_of("pipeline.planner", self.planner, PLANNERS)
         if self.pipemare and self.schedule != "pipemare":
             raise ValueError(f"pipeline.pipemare is set but pipeline.schedule={self.schedule!r}; "
                              "PipeMare's options apply to schedule=pipemare only")  # fmt: skip

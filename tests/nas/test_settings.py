@@ -6,11 +6,14 @@ import pytest
 
 from nas import settings
 from pipeline.local.pipemare import PipeMareConfig
+from pipeline.pure.planner import PLANNERS
 from pipeline.pure.schedule import SCHEDULES
 
 
-def test_every_schedule_of_the_runtime_can_be_configured() -> None:
+def test_every_schedule_and_planner_of_the_runtime_can_be_configured() -> None:
     assert set(settings.SCHEDULES) == set(SCHEDULES)
+    assert set(settings.PLANNERS) == set(PLANNERS)
+    assert settings.PipelineSettings(planner="bipartition").planner == "bipartition"
 
 
 @pytest.mark.parametrize("schedule", sorted(SCHEDULES))
