@@ -23,6 +23,7 @@ from pipeline import PipelineOptions
         ("rebalance_on_drift", 0.0, "rebalance_on_drift must be a fraction > 0, got 0.0"),
         ("profile", "guess", r"profile must be one of \('sandbox', 'estimate'\), got 'guess'"),
         ("on_nonfinite", "warn", r"on_nonfinite must be one of \('raise', 'ignore'\)"),
+        ("handoff", (1, -1), r"handoff must be layer counts >= 0, got \(1, -1\)"),
     ],
 )
 def test_a_bad_knob_names_its_value_and_what_is_valid(field: str, value: Any, match: str) -> None:
@@ -36,7 +37,7 @@ def test_defaults_are_documented_values_and_frozen() -> None:
         "n_microbatches": 4, "memory_budget": None, "profile": "sandbox",
         "rebalance_every": None, "rebalance_on_drift": None, "rebalance_horizon": 100,
         "rebalance_settle": 3, "measure_memory_every": 10, "on_nonfinite": "raise",
-        "pipemare": None,
+        "pipemare": None, "handoff": None,
     }  # fmt: skip
     with pytest.raises(dataclasses.FrozenInstanceError):
         options.n_microbatches = 8  # type: ignore[misc]
