@@ -86,6 +86,11 @@ if TYPE_CHECKING:
 
 __all__ = ["Segment", "train"]
 
+# A segment counts saved activations over its first steps' micro-batches: the warm-up and
+# one steady-state step, where each stage reaches its in-flight peak (a hook per saved
+# tensor is not free, so the rest of the segment runs without).
+_MEASURED_STEPS = 2
+
 
 def train(pipe: ElasticPipeline, batches: Iterable[tuple[Any, Any]]) -> Iterator[float]:
     """Each step's loss, one segment after another (module doc)."""
@@ -206,7 +211,8 @@ class Segment:
             stage.enable_versions(self.start)
         else:  # T1's counter: every stage has applied M / N updates per step
             stage.enable_pipemare(config, self.start * m // config.update_every, m)
-        stage.begin_step(self.start, m, False)
+        stage.measure_stream(_MEASURED_STEPS * m)
+        stage.begin_step(self.start, m, True, stream=True)
         computes = stream_actions(self.comm.world_size, m, self.comm.rank, self.has_step)
         last_step = -1
         try:
@@ -266,7 +272,8 @@ class Segment:
             failure = self._run.stage_error("optimizer", exc.error, None, None)
             self._run.failure = self._globally(failure, self.start + step)
         times = self.stage.end_step()
-        self.stage.begin_step(self.start + step + 1, self.m, False, keep_spans=True)
+        self.stage.begin_step(self.start + step + 1, self.m, step + 1 < _MEASURED_STEPS,
+                              keep_spans=True, stream=True)  # fmt: skip
         samples, tokens = self.sizes[step]
         self.pipe._history.append((samples, tokens, times))
         self.pipe.step += 1

@@ -119,6 +119,10 @@ class AsyncWeights:
         """Layer `key`'s compute leaves, for `functional_call` (there is one version)."""
         return self._leaves[key]
 
+    def tensors(self) -> list[torch.Tensor]:
+        """The compute leaves (they share the parameters' storage)."""
+        return [w for leaves in self._leaves.values() for w in leaves.values()]
+
     def nbytes(self) -> int:
         """Bytes beyond the parameters: T2's delta buffers."""
         return sum(d.numel() * d.element_size() for c in self._corrections.values()

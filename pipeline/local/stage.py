@@ -139,6 +139,8 @@ class Stage:
         self.saved = SavedBytes()
         self.spans: list[Span] = []  # what this stage did during the last step
         self._step, self._measure, self._n_microbatches = 0, False, 1
+        # streams measure memory over a window of micro-batches (`measure_stream`)
+        self._stream, self._measure_below = False, 0
         # 2BW's two weight versions, or PipeMare's one copy (`pipeline.local.asynchronous`)
         self.versions: WeightVersions | AsyncWeights | None = None
         # Bi-Partition: this stage's last `handoff_out` layers run their backward on the
@@ -211,8 +213,14 @@ class Stage:
         )  # fmt: skip
 
     def state_bytes(self) -> int:
-        """Parameters + gradients + optimizer state of this stage (what the planner counts)."""
-        return sum(c.state_bytes for c in map(self.measured_cost, range(len(self.layers))))
+        """Parameters + gradients + optimizer state of this stage (what the planner counts),
+        with 2BW's second weight version or PipeMare's T2 buffers, and Bi-Partition's
+        replicas of the previous stage's handed layers (parameters and gradients)."""
+        layers = sum(c.state_bytes for c in map(self.measured_cost, range(len(self.layers))))
+        extra = self.versions.nbytes() if self.versions is not None else 0
+        if self.handed_in is not None:
+            extra += 2 * sum(nbytes(p) for p in self.handed_in.parameters())
+        return layers + extra
 
     def parameters(self) -> Iterator[torch.Tensor]:
         for layer in self.layers:
@@ -243,20 +251,40 @@ class Stage:
         self._step = step
 
     def begin_step(
-        self, step: int, n_microbatches: int, measure_memory: bool, keep_spans: bool = False
-    ) -> None:
-        """Reset this step's sums; with `measure_memory`, count saved activations."""
+        self, step: int, n_microbatches: int, measure_memory: bool, keep_spans: bool = False,
+        stream: bool = False,
+    ) -> None:  # fmt: skip
+        """Reset this step's sums; with `measure_memory`, count saved activations. In a
+        `stream` the steps interleave: the count goes on (`measure_stream` started it)."""
         self._step, self._n_microbatches, self._measure = step, n_microbatches, measure_memory
+        self._stream = stream
         self.times = StepTimes()
         self.spans = self.spans if keep_spans else []
         self._start = time.perf_counter()
         for layer in self.layers:
             layer.forward_s = layer.backward_s = 0.0
             layer.activation_bytes = layer.output_bytes = 0
-        if measure_memory:
-            self.saved.begin_step(list(self.parameters()))
+        if measure_memory and not stream:
+            self._measure_below = -1  # every micro-batch
+            self.saved.begin_step(self._weight_tensors())
             if self.device.type == "cuda":
                 torch.cuda.reset_peak_memory_stats(self.device)
+
+    def measure_stream(self, window: int) -> None:
+        """From now on, count the saved activations of micro-batches numbered below `window`
+        (a segment's first steps, which reach its in-flight peak); each stream step then
+        reports the peak so far. Per-layer meters keep their values in streams (a step's
+        micro-batches interleave with the next step's, so per-step sums mean nothing)."""
+        self._measure_below = window
+        self.saved.begin_step(self._weight_tensors())
+
+    def _weight_tensors(self) -> list[torch.Tensor]:
+        """Parameters and every weight version (2BW): what saved activations exclude."""
+        extra = self.versions.tensors() if self.versions is not None else []
+        return [*self.parameters(), *extra]
+
+    def _measuring(self, i: int) -> bool:
+        return self._measure and (self._measure_below < 0 or i < self._measure_below)
 
     def end_step(self) -> StepTimes:
         """Close a step that succeeded: its times, and each layer's meter updated."""
@@ -271,9 +299,10 @@ class Stage:
             meter = layer.meter
             # A recomputed or swapped layer saves less than it would keep: its meter keeps the
             # bytes it keeps when kept (measured then, or profiled), which is what plans use.
-            kept = self._measure and layer.action == "keep"
+            sums = self._measure and not self._stream
+            kept = sums and layer.action == "keep"
             activation = layer.activation_bytes / m if kept else meter.activation_bytes
-            output = layer.output_bytes / m if self._measure else meter.output_bytes
+            output = layer.output_bytes / m if sums else meter.output_bytes
             # a handed layer's backward runs on the next stage: its meter keeps its estimate
             backward = meter.backward_s if position >= first_handed else layer.backward_s / m
             meter.update(layer.forward_s / m, backward, activation, output)
@@ -310,7 +339,7 @@ class Stage:
                 stack.enter_context(torch.no_grad())
             elif layer.action == "swap":
                 stack.enter_context(torch.autograd.graph.save_on_cpu(pin_memory=True))
-            if self._measure and layer.action != "swap":
+            if self._measuring(i) and layer.action != "swap":
                 stack.enter_context(self.saved.saving(i, added))
             yield
 
@@ -349,7 +378,7 @@ class Stage:
                 continue
             if position > 0:
                 carry = leaf(carry)
-            added = [self.saved.hold(i, carry) if self._measure else 0]
+            added = [self.saved.hold(i, carry) if self._measuring(i) else 0]
             with self._memory_mode(layer, i, added):
                 out = self._timed_call(layer, i, carry, added)
             state.inputs.append(carry)

@@ -115,6 +115,10 @@ class WeightVersions:
                 for t in slot.values():
                     t.grad = None
 
+    def tensors(self) -> list[torch.Tensor]:
+        """Every weight tensor of both versions (what saved activations exclude)."""
+        return [t for slots in self._slots.values() for slot in slots for t in slot.values()]
+
     def nbytes(self) -> int:
         """Bytes of the copy beyond the parameters (one slot is the parameters' storage)."""
         return sum(t.numel() * t.element_size() for key in self._slots

@@ -46,7 +46,9 @@ def train(model: str, schedule: str, m: int, partition: Any, split: Split,
         losses = list(pipe.train(data[: split[0]]))
         pipe.repartition(split[1])
         losses += list(pipe.train(data[split[0] :]))
-    result = {"losses": losses, "state": pipe.full_state_dict(), "steps": pipe.step}
+    memory = [(s.activation_peak_bytes, s.state_bytes, s.param_bytes) for s in pipe.stats().stages]
+    result = {"losses": losses, "state": pipe.full_state_dict(), "steps": pipe.step,
+              "memory": memory}  # fmt: skip
     pipe.close()
     return result
 
@@ -62,6 +64,7 @@ def configs(n_stages: int) -> dict[str, tuple[Any, ...]]:
             "transformer moved": ("transformer", "2bw", 4, [1, 3], (2, [3, 1])),
             "transformer static": ("transformer", "2bw", 4, [1, 3], None),
             "1f1b train": ("mlp", "1f1b", 4, [2, 3], None),
+            "mlp M=4": ("mlp", "2bw", 4, [2, 3], None),
             "1f1b train_step": ("mlp", "1f1b", 4, [2, 3], None, True),
         }
     return {
@@ -122,6 +125,15 @@ def test_repartition_between_2bw_streams_keeps_the_trajectory(n_stages: int, a: 
     one, other = pipelined(n_stages)[a], pipelined(n_stages)[b]
     assert one["losses"] == pytest.approx(other["losses"], abs=1e-6)
     assert max_state_diff(one["state"], other["state"]) <= 1e-6
+
+
+def test_streams_measure_their_memory() -> None:
+    """2BW keeps 1F1B's micro-batches in flight, and a second copy of the weights."""
+    for (two_bw, state, params), (flush, flush_state, _) in zip(
+        pipelined(2)["mlp M=4"]["memory"], pipelined(2)["1f1b train"]["memory"], strict=True
+    ):
+        assert two_bw > 0 and abs(two_bw - flush) <= 0.25 * flush, (two_bw, flush)
+        assert state == flush_state + params
 
 
 def test_train_under_1f1b_equals_train_step() -> None:
