@@ -77,7 +77,11 @@ def ours(schedule: str, planner: str, m: int, cache: CostCache) -> tuple[Step, E
                            n_microbatches=m, planner=planner, cost_cache=cache)  # fmt: skip
     x, y = batch()
     first = pipe.train_step(x, y)
-    return (lambda: pipe.train_step(x, y)), pipe, first
+
+    def step() -> None:
+        pipe.train_step(x, y)
+
+    return step, pipe, first
 
 
 def torch_run(ctx: StageContext, cls: type, sizes: list[int], m: int) -> Callable[[], None]:
