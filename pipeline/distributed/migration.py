@@ -25,6 +25,13 @@ The layer then follows the rule of its new stage: its staleness is its stage's, 
 trajectory is the rule's with the new partition (`ReferenceTrainer.drain(sizes)`), which
 differs from no move.
 
+Under Bi-Partition (`pipeline.distributed.handoff`) the cut is not state: a handed layer's
+weights, gradients and optimizer state live with its owner, and after every step the
+replicas equal the owners' weights. `ElasticPipeline.repartition` drops the replicas,
+migrates whole layers as above, then sets the new cut (its own argument, or the new plan's)
+and gives the new replicas their owners' weights, so the next step computes exactly what
+it would have computed with that cut from the start.
+
 The protocol (numbered as in DESIGN.md, section 3). Each phase that runs local work ends
 with a vote (an all_reduce of "failed here?"); a failed vote raises `MigrationError` on
 every rank, naming the phase and each failing stage's cause, and leaves the old plan:
