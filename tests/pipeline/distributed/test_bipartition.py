@@ -93,13 +93,21 @@ def train(schedule: str, partition: Any, handoff: Any, moves: Moves) -> dict[str
 
 
 def planned() -> dict[str, Any]:
-    """planner="bipartition" on the estimate profile (FLOPs: deterministic costs)."""
+    """planner="bipartition" on the estimate profile (FLOPs: deterministic costs), then a
+    re-plan from measured costs mid-training (whatever it decides, training stays exact)."""
     pipe = ElasticPipeline(wide(), optimizer=ADAM, loss_fn=F.cross_entropy, n_microbatches=4,
                            seed=3, planner="bipartition", profile="estimate")  # fmt: skip
-    losses = [pipe.train_step(x, y) for x, y in batches("flat")]
-    assert pipe.plan is not None
-    result = {"losses": losses, "state": pipe.full_state_dict(), "handoff": pipe.handoff,
-              "sizes": pipe.sizes, "plan": pipe.plan.to_dict()}  # fmt: skip
+    losses, first = [], None
+    for step, (x, y) in enumerate(batches("flat")):
+        if step == 3:
+            assert pipe.plan is not None
+            first = (pipe.handoff, pipe.sizes, pipe.plan.to_dict())
+            pipe.rebalance(remaining_steps=10**6)
+        losses.append(pipe.train_step(x, y))
+    assert first is not None and pipe.plan is not None
+    result = {"losses": losses, "state": pipe.full_state_dict(), "handoff": first[0],
+              "sizes": first[1], "plan": first[2],
+              "after_replan": (pipe.handoff, pipe.plan.handoff or (0,))}  # fmt: skip
     pipe.close()
     return result
 
@@ -189,6 +197,8 @@ def test_moving_the_cut_keeps_the_trajectory(n_stages: int, moved: str, static: 
 def test_the_planner_chooses_a_cut_that_trains_exactly() -> None:
     result = pipelined(2)["planned"]
     assert any(result["handoff"]) and result["plan"]["handoff"] == list(result["handoff"])
+    in_force, planned = result["after_replan"]
+    assert in_force == planned  # the re-plan's cut (or none) is the one in force
     ref_losses, ref_state, _ = reference(wide)
     assert result["losses"] == pytest.approx(ref_losses, abs=1e-5)
     assert max_state_diff(result["state"], ref_state) <= 1e-5
