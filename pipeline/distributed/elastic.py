@@ -238,7 +238,6 @@ class ElasticPipeline:
                              f"zbh1), not {self.schedule_name or self.schedule!r}")  # fmt: skip
         self.comm.together(lambda: handoff_cut.configure(stage, self.specs, self.sizes, cut,
                                                          self._seed))  # fmt: skip
-        handoff_cut.share_weights(stage, self._links)
         if any(cut) or any(self.handoff):
             self._log("handoff", handoff=list(cut))
         self.handoff = cut

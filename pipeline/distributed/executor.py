@@ -4,6 +4,8 @@ The schedule (`pipeline.pure.schedule`) gives each stage a lowered list of actio
 module executes it against the stage's layers (`pipeline.local.stage`) and its links to the
 neighbours (`pipeline.distributed.links`). The protocol of a training step, numbered:
 
+    0. Under Bi-Partition, owners of handed layers send their weights to the replicas
+       (`pipeline.distributed.handoff`).
     1. Every stage runs its list: RECV_* posts a receive, FORWARD/BACKWARD compute (waiting
        for their message first), SEND_* sends. A split backward (`zbh1`) is BACKWARD_INPUT,
        which receives and sends like BACKWARD, and later BACKWARD_WEIGHT, which exchanges
@@ -23,8 +25,7 @@ neighbours (`pipeline.distributed.links`). The protocol of a training step, numb
        on_nonfinite="raise", nobody applies it and every rank raises `NonFiniteLossError`;
        otherwise every stage applies its optimizer step.
     4. An exception in an optimizer step is agreed by a second all_reduce and raised on
-       every rank (the other stages' steps stand: each stage's update is its own). Before
-       that, owners of handed layers send their weights, applied or not, to the replicas.
+       every rank (the other stages' steps stand: each stage's update is its own).
 
     1F1B, 2 stages, 3 micro-batches; stage 1 raises in the forward of micro-batch 1 (x):
 
@@ -224,6 +225,7 @@ def train_step(
     """
     n_microbatches = sum(a.op is Op.FORWARD for a in actions)
     stage.begin_step(step, n_microbatches, measure_memory)
+    handoff.share_weights(stage, links)  # Bi-Partition: replicas take the owners' weights
     run = _Run(stage, links, step, inputs, targets)
     run.execute(actions)
     run.wait_sends()
@@ -243,7 +245,6 @@ def train_step(
         stage.optimizer_step()
     except ComputeError as exc:
         error = run.stage_error("optimizer", exc.error, None, None)
-    handoff.share_weights(stage, links)
     comm.raise_together(error)
     return loss, stage.end_step()
 

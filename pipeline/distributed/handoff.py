@@ -5,6 +5,10 @@ be separable, `pipeline.local.separable`). Stage s owns those layers (their weig
 optimizer state, checkpoints and migrations are its, as for any layer); s + 1 holds
 replicas for their backward. One step of a flushed schedule (GPipe, 1F1B, ZB-H1), numbered:
 
+    0. Start of the step: s sends the handed layers' weights; s + 1 loads them into its
+       replicas before anything else (it would wait for s's first forward anyway). So
+       the replicas hold exactly the weights the forward uses, whatever changed them
+       since the last step: an update, a migration, inherited weights, the user.
     1. Forward, per micro-batch: s runs the handed layers without a graph and sends
        (x_1, ..., x_k, y): their inputs, then the output, with a gradient flag on x_1
        only. s + 1 keeps x_1..x_k until its backward and trains on y as usual.
@@ -15,21 +19,18 @@ replicas for their backward. One step of a flushed schedule (GPipe, 1F1B, ZB-H1)
        s + 1 sends the handed layers' summed gradients; s receives them as their `.grad`.
        Both always exchange, failed or not, so nothing stays in flight; a failed step is
        then dropped everywhere by the agreement.
-    4. After the optimizer step (applied or raised): s sends the handed layers' weights,
-       s + 1 loads them into its replicas, so step t + 1's backward uses W(t + 1), as the
-       forward on s does. s + 1 would wait for s's first forward anyway.
 
     2 stages, 1F1B, layers a b | c with b handed (F = 1, B = 2 per layer):
 
-        stage 0:  Fa Fb(no graph) ──(x_b, y_b)──>      <──g_x_b── Ba   | <─dW_b─  step  W_b─>
-        stage 1:                    Fc  Bc  Bb(replica) ──────────>    | ─dW_b─>  step  <─W_b
+        stage 0:  W_b─> Fa Fb(no graph) ──(x_b, y_b)──>      <──g_x_b── Ba   | <─dW_b─ step
+        stage 1:  <─W_b                    Fc  Bc  Bb(replica) ──────────>    | ─dW_b─> step
 
     Whole layers: stage 0 costs 2F + 2B = 6, stage 1 F + B = 3; handed: 2F + B = 4 and
     F + 2B = 5, a bottleneck of 5 instead of 6.
 
 A migration or a new plan drops every replica first (the owners hold the truth, step 3
 put the gradients there), moves whole layers as for any schedule, then `configure`
-builds the new cut's replicas and shares their weights.
+builds the new cut's replicas; the next step's step 0 gives them their weights.
 """
 
 from __future__ import annotations
@@ -71,9 +72,10 @@ def configure(
     stage: Stage, specs: Sequence[LayerSpec], sizes: Sequence[int], handoff: Sequence[int],
     seed: int,
 ) -> None:  # fmt: skip
-    """Set this stage's cut on both sides and build the replicas (`share_weights` then
-    gives them the owners' weights). Every rank calls it with the same arguments; a layer
-    that is not separable raises ValueError where its replica would be (`comm.together`)."""
+    """Set this stage's cut on both sides and build the replicas (each step's
+    `share_weights` gives them the owners' weights). Every rank calls it with the same
+    arguments; a layer that is not separable raises ValueError where its replica would
+    be (`comm.together`)."""
     rank, (start, _) = stage.index, bounds(sizes)[stage.index]
     k_in = handoff[rank - 1] if rank > 0 else 0
     handed = HandedLayers(specs[start - k_in : start], seed, stage.device) if k_in else None
@@ -100,7 +102,8 @@ def exchange_gradients(stage: Stage, links: Links) -> None:
 
 
 def share_weights(stage: Stage, links: Links) -> None:
-    """Step 4: the owner's weights of its handed layers go to the replicas."""
+    """Step 0: the owner's weights of its handed layers go to the replicas (the owner's
+    sends complete with the step's other sends)."""
     prev, nxt = links
     if stage.handoff_out:
         assert nxt is not None
@@ -113,8 +116,6 @@ def share_weights(stage: Stage, links: Links) -> None:
         with torch.no_grad():
             for p, w in zip(params, buffers, strict=True):
                 p.copy_(w)
-    if nxt is not None:
-        nxt.wait_sends()
 
 
 def _handed_params(stage: Stage) -> list[torch.Tensor]:

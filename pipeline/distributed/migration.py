@@ -29,8 +29,8 @@ Under Bi-Partition (`pipeline.distributed.handoff`) the cut is not state: a hand
 weights, gradients and optimizer state live with its owner, and after every step the
 replicas equal the owners' weights. `ElasticPipeline.repartition` drops the replicas,
 migrates whole layers as above, then sets the new cut (its own argument, or the new plan's)
-and gives the new replicas their owners' weights, so the next step computes exactly what
-it would have computed with that cut from the start.
+and the next step starts by giving the new replicas their owners' weights, so it computes
+exactly what it would have computed with that cut from the start.
 
 The protocol (numbered as in DESIGN.md, section 3). Each phase that runs local work ends
 with a vote (an all_reduce of "failed here?"); a failed vote raises `MigrationError` on

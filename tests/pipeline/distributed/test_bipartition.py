@@ -68,7 +68,8 @@ CONFIGS: dict[int, dict[str, tuple[str, Any, Any, Moves]]] = {
         "gpipe": ("gpipe", [4, 3], [1], {}),
         "zbh1": ("zbh1", [4, 3], [2], {}),
         "1f1b moved": ("1f1b", [4, 3], [2], {2: ([3, 4], [1]), 3: ([5, 2], [0]),
-                                              4: ([4, 3], [2])})},
+                                              4: ([4, 3], [2])}),
+        "1f1b edited": ("1f1b", [4, 3], [2], {})},
     3: {"1f1b": ("1f1b", [4, 2, 1], [2, 1], {}),
         "zbh1": ("zbh1", [3, 3, 1], [1, 1], {}),
         "zbh1 moved": ("zbh1", [3, 3, 1], [1, 1], {1: ([4, 2, 1], [2, 1]),
@@ -76,7 +77,18 @@ CONFIGS: dict[int, dict[str, tuple[str, Any, Any, Moves]]] = {
 }  # fmt: skip
 
 
-def train(schedule: str, partition: Any, handoff: Any, moves: Moves) -> dict[str, Any]:
+EDIT_AT = 2
+
+
+def edit_weights(layers: Any) -> None:
+    """The user changes a handed layer's weights between two steps."""
+    if "p1" in layers:
+        with torch.no_grad():
+            layers["p1"].weight.mul_(0.5)
+
+
+def train(schedule: str, partition: Any, handoff: Any, moves: Moves,
+          edit: bool = False) -> dict[str, Any]:  # fmt: skip
     pipe = ElasticPipeline(specs(), optimizer=ADAM, loss_fn=F.cross_entropy,
                            schedule=schedule, n_microbatches=4, seed=3, partition=partition,
                            handoff=handoff)  # fmt: skip
@@ -85,6 +97,8 @@ def train(schedule: str, partition: Any, handoff: Any, moves: Moves) -> dict[str
         if step in moves:
             pipe.repartition(moves[step][0], handoff=moves[step][1])
             cuts.append(pipe.handoff)
+        if edit and step == EDIT_AT:
+            edit_weights(pipe.layers)  # only this rank's layers: the owner of p1 edits it
         losses.append(pipe.train_step(x, y))
     result = {"losses": losses, "state": pipe.full_state_dict(), "cuts": cuts,
               "output": pipe.forward(batches("flat")[0][0])}  # fmt: skip
@@ -144,7 +158,8 @@ def refusals() -> dict[str, str]:
 
 
 def run_all(ctx: StageContext, n_stages: int) -> dict[str, Any]:
-    out: dict[str, Any] = {name: train(*c) for name, c in CONFIGS[n_stages].items()}
+    out: dict[str, Any] = {name: train(*c, edit="edited" in name)
+                           for name, c in CONFIGS[n_stages].items()}  # fmt: skip
     if n_stages == 2:
         out.update(planned=planned(), failing=failing(), refusals=refusals())
     return out
@@ -157,10 +172,16 @@ def pipelined(n_stages: int) -> dict[str, Any]:
     return results[0]  # rank 0 holds the full state; every rank the losses
 
 
-def reference(make: Any, skip: int | None = None) -> tuple[list[float], dict[str, Any], Any]:
+def reference(make: Any, skip: int | None = None,
+              edit: bool = False) -> tuple[list[float], dict[str, Any], Any]:  # fmt: skip
     ref = ReferenceTrainer(make(), optimizer=ADAM, loss_fn=F.cross_entropy, n_microbatches=4,
                            seed=3)  # fmt: skip
-    losses = [ref.train_step(x, y) for step, (x, y) in enumerate(batches("flat")) if step != skip]
+    losses = []
+    for step, (x, y) in enumerate(batches("flat")):
+        if edit and step == EDIT_AT:
+            edit_weights({s.key: layer for s, layer in zip(ref.specs, ref.layers, strict=True)})
+        if step != skip:
+            losses.append(ref.train_step(x, y))
     with torch.no_grad():
         for layer in ref.layers:
             layer.eval()
@@ -173,8 +194,8 @@ def reference(make: Any, skip: int | None = None) -> tuple[list[float], dict[str
 @pytest.mark.parametrize("n_stages", [2, 3])
 def test_bipartition_matches_single_process(n_stages: int) -> None:
     torch.set_num_threads(1)
-    ref_losses, ref_state, ref_out = reference(specs)
     for name in CONFIGS[n_stages]:
+        ref_losses, ref_state, ref_out = reference(specs, edit="edited" in name)
         result, what = pipelined(n_stages)[name], f"{name} on {n_stages} stages"
         assert result["cuts"][0] == tuple(CONFIGS[n_stages][name][2]), what
         assert len(result["losses"]) == STEPS
