@@ -115,6 +115,16 @@ class ComputeError(Exception):
         self.phase, self.layer, self.microbatch, self.error = phase, layer, microbatch, error
 
 
+def _one_tensor(carry: Carry, key: str, what: str, i: int) -> Carry:
+    """A handed layer (Bi-Partition) takes and returns one floating tensor."""
+    if len(carry) != 1 or not carry[0].is_floating_point():
+        error = TypeError(f"layer {key!r} runs its backward on the next stage (handoff), so "
+                          f"its {what} must be one floating-point tensor, got "
+                          f"{[(tuple(t.shape), t.dtype) for t in carry]}")  # fmt: skip
+        raise ComputeError("forward", key, i, error)
+    return carry
+
+
 class Stage:
     """The layers one stage holds, their optimizer, meters, and their compute."""
 
@@ -372,9 +382,10 @@ class Stage:
         wire: list[torch.Tensor] = []
         for position, layer in enumerate(self.layers):
             if position >= own:  # handed: no graph here, its input travels with the carry
-                wire.extend(carry)
+                wire.extend(_one_tensor(carry, layer.key, "input", i))
                 with torch.no_grad():
                     carry = self._timed_call(layer, i, carry, [0])
+                _one_tensor(carry, layer.key, "output", i)
                 continue
             if position > 0:
                 carry = leaf(carry)

@@ -42,9 +42,20 @@ def _brittle_backward(
     return g.matmul(module.weight), grads
 
 
-def specs(brittle: bool = False) -> list[LayerSpec]:
+class Twice(nn.Linear):
+    """A registered type that breaks the rule: it returns two tensors."""
+
+    def forward(self, x: torch.Tensor) -> Any:
+        y = super().forward(x)
+        return y, y
+
+
+pipeline.separable(Twice)(_brittle_backward)
+
+
+def specs(brittle: bool = False, twice: bool = False) -> list[LayerSpec]:
     """in b0 p0 p1 | b1 p2 | head: Linear layers (p*) where stages can cut backwards."""
-    p1 = Brittle if brittle else nn.Linear
+    p1 = Brittle if brittle else Twice if twice else nn.Linear
     return [LayerSpec("in", functools.partial(nn.Linear, 12, 32)),
             LayerSpec("b0", functools.partial(MLPBlock, 32, 32, 0.1, False)),
             LayerSpec("p0", functools.partial(nn.Linear, 32, 24)),
@@ -147,6 +158,14 @@ def refusals() -> dict[str, str]:
            "too many": dict(partition=[4, 3], handoff=[4]),
            "stream": dict(partition=[4, 3], handoff=[1], schedule="2bw")}  # fmt: skip
     out = {}
+    pipe = ElasticPipeline(specs(twice=True), optimizer=ADAM, loss_fn=F.cross_entropy,
+                           n_microbatches=4, partition=[4, 3], handoff=[1])  # fmt: skip
+    try:
+        pipe.train_step(*batches("flat")[0])
+        out["two outputs"] = "accepted"
+    except StageError as error:
+        out["two outputs"] = f"{error.stage} {error.phase} {error.layer}: {error}"
+    pipe.close()
     for name, kwargs in bad.items():
         try:
             ElasticPipeline(specs(), optimizer=ADAM, loss_fn=F.cross_entropy, n_microbatches=4,
@@ -242,3 +261,5 @@ def test_bad_cuts_are_refused_with_the_value_and_what_is_valid() -> None:
     assert "'b0' (MLPBlock) cannot" in errors["not separable"]
     assert "handoff[0]=4 is not valid" in errors["too many"] and "0..3" in errors["too many"]
     assert "needs a flushed schedule" in errors["stream"]
+    assert errors["two outputs"].startswith("0 forward p1: ")
+    assert "its output must be one floating-point tensor" in errors["two outputs"]
