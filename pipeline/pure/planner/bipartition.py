@@ -8,6 +8,12 @@ only where the simulator predicts a shorter iteration and the memory budget stil
 It keeps the whole-layer plan when that needed recompute or swap (the search models no
 memory actions) and for stream schedules (2BW, PipeMare), whose weight versions the
 runtime does not replicate.
+
+A cut is not free: the boundary carries the handed layers' inputs besides the output, on
+every micro-batch (for a Linear, its input beside its output). So both plans are simulated
+with the link between stages (`link`; without one, `STAGE_LINK`, about gloo between two
+processes on one host), and a cut whose saving the extra bytes eat is not taken. The
+search itself balances compute only; the simulator has the last word.
 """
 
 from __future__ import annotations
@@ -21,7 +27,9 @@ from pipeline.pure.planner.base import Plan, Planner, ScheduleLike, check_proble
 from pipeline.pure.planner.time import TimePlanner
 from pipeline.pure.schedule import is_stream
 
-__all__ = ["BiPartitionPlanner"]
+__all__ = ["STAGE_LINK", "BiPartitionPlanner"]
+
+STAGE_LINK = LinkCost(bandwidth_bytes_per_s=1e9, latency_s=1e-4)  # when none is given
 
 
 class BiPartitionPlanner(Planner):
@@ -45,6 +53,7 @@ class BiPartitionPlanner(Planner):
         link: LinkCost | None = None,
     ) -> Plan:
         check_problem(costs, n_stages, n_microbatches)
+        link = STAGE_LINK if link is None else link
         whole = TimePlanner().plan(costs, n_stages, schedule=schedule,
                                    n_microbatches=n_microbatches, memory_budget=memory_budget,
                                    link=link)  # fmt: skip

@@ -14,7 +14,7 @@ from collections.abc import Iterator, Sequence
 import pytest
 
 from pipeline.pure.bipartition import search, stage_times
-from pipeline.pure.costs import LayerCost
+from pipeline.pure.costs import LayerCost, LinkCost
 from pipeline.pure.planner import Plan, get_planner
 from pipeline.pure.planner.base import evaluate
 
@@ -107,6 +107,8 @@ def test_the_planner_cuts_only_where_the_simulator_predicts_a_gain() -> None:
     # nothing separable, a stream schedule, or a budget the cut breaks: whole layers
     assert planner.plan([layer(i, 1.0, False) for i in range(3)], 2).handoff == ()
     assert planner.plan(separable, 2, schedule="2bw", n_microbatches=8).handoff == ()
+    # the handed input crosses the link on every micro-batch: a slow link eats the saving
+    assert planner.plan(separable, 2, n_microbatches=8, link=LinkCost(2.0)).handoff == ()
     whole_peak = max(get_planner("time").plan(separable, 2, n_microbatches=8)
                      .predicted_stage_bytes)  # fmt: skip
     tight = planner.plan(separable, 2, n_microbatches=8, memory_budget=whole_peak)
