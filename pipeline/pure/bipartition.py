@@ -67,6 +67,7 @@ def handed_stage_costs(
             forward_s=src.forward_s, backward_s=src.backward_s - moved,
             activation_bytes=max(src.activation_bytes - sum(c.activation_bytes for c in handed), 0),
             output_bytes=src.output_bytes + inputs, state_bytes=src.state_bytes,
+            grad_bytes=costs[e - k - 1].output_bytes,  # the first handed layer's input
             optimizer_s=src.optimizer_s,
             weight_s=None if src.weight_s is None else max(src.weight_s - moved / 2, 0.0),
         )  # fmt: skip

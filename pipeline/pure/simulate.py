@@ -65,6 +65,7 @@ class StageCost:
     state_bytes: int = 0  # parameters (all weight copies), gradients, optimizer state
     optimizer_s: float = 0.0
     weight_s: float | None = None  # the part of backward_s a split backward's W takes
+    grad_bytes: int | None = None  # the gradient sent back per micro-batch (None: output's)
 
     def __post_init__(self) -> None:
         for name in ("forward_s", "backward_s", "activation_bytes", "output_bytes",
@@ -171,7 +172,9 @@ def simulate(
             arrival[("act", s + 1, i)] = t
             last_arrival[s] = max(last_arrival[s], t)
         elif a.op is Op.SEND_GRAD:
-            t = grad_done[(s, i)] + link.time(stages[s - 1].output_bytes)
+            sent = stages[s - 1]
+            t = grad_done[(s, i)] + link.time(sent.output_bytes if sent.grad_bytes is None
+                                              else sent.grad_bytes)  # fmt: skip
             arrival[("grad", s - 1, i)] = t
             last_arrival[s] = max(last_arrival[s], t)
         elif a.op is Op.OPTIMIZER_STEP:
