@@ -378,6 +378,8 @@ class Stage:
         if self.handed_in is not None:  # the handed layers' inputs ride ahead of the carry
             k = len(self.handed_in)
             state.handed, carry = tuple(t.detach() for t in carry[:k]), leaf(carry[k:])
+            if self._measuring(i):  # kept until the backward, counted in no layer's meter
+                self.saved.hold(i, state.handed)
         own = len(self.layers) - self.handoff_out
         wire: list[torch.Tensor] = []
         for position, layer in enumerate(self.layers):

@@ -64,11 +64,15 @@ def specs(brittle: bool = False, twice: bool = False) -> list[LayerSpec]:
             LayerSpec("head", functools.partial(nn.Linear, 16, 5))]  # fmt: skip
 
 
+WIDE = 1024
+
+
 def wide() -> list[LayerSpec]:
-    """Three big Linear layers between two small ones: whole layers cannot balance them."""
-    return [LayerSpec("in", functools.partial(nn.Linear, 12, 64)),
-            *[LayerSpec(f"h{i}", functools.partial(nn.Linear, 64, 64)) for i in range(3)],
-            LayerSpec("head", functools.partial(nn.Linear, 64, 5))]  # fmt: skip
+    """Three big Linear layers between two small ones: whole layers cannot balance them
+    (wide enough that compute, not the link's latency, decides the plan)."""
+    return [LayerSpec("in", functools.partial(nn.Linear, 12, WIDE)),
+            *[LayerSpec(f"h{i}", functools.partial(nn.Linear, WIDE, WIDE)) for i in range(3)],
+            LayerSpec("head", functools.partial(nn.Linear, WIDE, 5))]  # fmt: skip
 
 
 Moves = dict[int, tuple[list[int], list[int]]]  # step -> (sizes, handoff)
