@@ -28,16 +28,24 @@ The base learning rate decays by a cosine to zero over the run, for every run; T
 K = the run's updates. Why: T1 only lowers early steps, so under a constant rate a stage
 runs at the full rate and full delay after K updates, i.e. plain asynchronous training, and
 at a rate where that is unstable the run blows up after K as plain asynchronous runs do
-(measured: 8 stages, constant lr 0.02, K = 100: 2 of 4 seeds NaN with T1 alone, 1 of 4 plain
-async, 1 of 4 with T1 + T2). The paper trains with decaying schedules too.
+(`--constant-lr --warmup 100 --seeds 4 --lrs --no-pipeline --out /tmp/c.json`: NaN in 2 of
+4 seeds for async, T1 alone and T1 + T2 alike; sync 3.37-3.54). K shorter than the run
+fails the same way in part (5 seeds: K = 200 ends 0.12 behind sync, K = 400 or 800 0.05).
+
+T2 alone does not help on this model, and neither does its exact version (the backward on
+the forward's own weights, measured with a patched reference: +0.16 behind sync, async
++0.15): the gap here is staleness, which T1 addresses; T2's extrapolation itself works
+(`tests/pipeline/local/test_pipemare_convergence.py`).
 
 Outputs: the three training curves on the real pipeline (`pipeline.launch`, one seed, each
 checked against the one-process reference), the validation losses of all five variants for
 `--seeds` seeds in one process (`ReferenceTrainer` applies the pipeline's exact rule), the
-per-seed margins to `sync`, a JSON (`benchmarks/results/pipemare.json`) and a PNG beside it.
+per-seed margins to `sync`, the three modes over `--lrs` (where synchronous training is
+best, and how far above it the chosen rate is: staleness costs most at high rates), a JSON
+(`benchmarks/results/pipemare.json`) and a PNG beside it.
 
-    python benchmarks/pipemare.py                 # ~10 minutes on 2 cores
-    python benchmarks/pipemare.py --no-pipeline   # the reference table only, ~2 minutes
+    python benchmarks/pipemare.py                 # ~6 minutes on 2 cores
+    python benchmarks/pipemare.py --no-pipeline   # the reference runs only, ~4 minutes
 """
 
 from __future__ import annotations
@@ -324,6 +332,7 @@ def plot_rates(ax: Any, sweep: dict[str, Any]) -> None:
     lrs = [float(lr) for lr in sweep["mean"]]
     for mode in ("sync", "pipemare", "async"):
         ax.plot(lrs, [means[mode] for means in sweep["mean"].values()], marker="o", label=mode)
+    ax.set_xticks(lrs, [f"{lr:g}" for lr in lrs])
     ax.set(xlabel="base learning rate", ylabel="validation loss",
            title=f"mean of {len(sweep['seeds'])} seeds (reference)")  # fmt: skip
     ax.legend()
