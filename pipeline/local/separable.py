@@ -15,8 +15,10 @@ computes anyway). `nn.Linear` is one, with the products autograd's addmm backwar
 
 A user makes another layer type eligible with `separable(MyLayer)(backward_fn)`, where
 `backward_fn(module, x, g)` returns (grad_x, {parameter name: gradient}) for one tensor in
-and one tensor out; `tests/pipeline/local/test_separable.py` holds every registered type
-to autograd's gradients (the contract every registration must pass).
+and one tensor out, or (grad_x, a zero-argument function returning that dict): a split
+schedule (ZB-H1) then computes the weight gradients in its W action, off the critical
+path, as the built-in Linear does. `tests/pipeline/local/test_separable.py` holds every
+registered type to autograd's gradients (the contract every registration must pass).
 
 `HandedLayers` is the receiving stage's side: replicas of the previous stage's last k
 layers, their backward run in reverse order, and their summed gradients, which go back to
@@ -25,6 +27,7 @@ the owner before its optimizer step (`pipeline.distributed.handoff` has the prot
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 
 import torch
@@ -34,8 +37,9 @@ from pipeline.local.spec import LayerSpec, build_layer
 
 __all__ = ["HandedLayers", "SeparableBackward", "is_separable", "separable", "separable_types"]
 
+Grads = dict[str, torch.Tensor]
 SeparableBackward = Callable[
-    [nn.Module, torch.Tensor, torch.Tensor], tuple[torch.Tensor, dict[str, torch.Tensor]]
+    [nn.Module, torch.Tensor, torch.Tensor], tuple[torch.Tensor, Grads | Callable[[], Grads]]
 ]
 _REGISTRY: dict[type[nn.Module], SeparableBackward] = {}
 
@@ -71,13 +75,18 @@ def is_separable(module: nn.Module) -> bool:
 @separable(nn.Linear)
 def _linear_backward(
     module: nn.Module, x: torch.Tensor, grad: torch.Tensor
-) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+) -> tuple[torch.Tensor, Callable[[], Grads]]:
     assert isinstance(module, nn.Linear)
     g2 = grad.reshape(-1, grad.shape[-1])
-    grads = {"weight": g2.t().mm(x.reshape(-1, x.shape[-1]))}
-    if module.bias is not None:
-        grads["bias"] = g2.sum(0)
-    return grad.matmul(module.weight), grads
+    bias = module.bias is not None
+
+    def weight_grads() -> Grads:
+        grads = {"weight": g2.t().mm(x.reshape(-1, x.shape[-1]))}
+        if bias:
+            grads["bias"] = g2.sum(0)
+        return grads
+
+    return grad.matmul(module.weight), weight_grads
 
 
 class HandedLayers:
@@ -102,19 +111,30 @@ class HandedLayers:
         """In a fixed order the owner shares: layer by layer, `named_parameters` order."""
         return [p for m in self.modules for p in m.parameters()]
 
-    def backward(self, inputs: Sequence[torch.Tensor], grad: torch.Tensor) -> torch.Tensor:
-        """The handed layers' backward, last first; accumulates their parameter gradients
-        and returns the gradient of the first handed layer's input."""
+    def backward(
+        self, inputs: Sequence[torch.Tensor], grad: torch.Tensor, defer: bool = False
+    ) -> tuple[torch.Tensor, list[Callable[[], None]]]:
+        """The handed layers' backward, last first: the gradient of the first handed
+        layer's input, and (with `defer`) what still accumulates their weight gradients,
+        for a split schedule's W; without `defer` they are accumulated now."""
+        later: list[Callable[[], None]] = []
         with torch.no_grad():
             for j in reversed(range(len(self.modules))):
                 module = self.modules[j]
                 fn = _backward_fn(module)
                 assert fn is not None, "checked when the replicas were built"
                 grad, grads = fn(module, inputs[j], grad)
-                acc = self._grads[j]
-                for name, g in grads.items():
-                    acc[name] = acc[name] + g if name in acc else g.clone()
-        return grad
+                if defer and callable(grads):
+                    later.append(functools.partial(self._accumulate, j, grads))
+                else:
+                    self._accumulate(j, grads)
+        return grad, later
+
+    def _accumulate(self, j: int, grads: Grads | Callable[[], Grads]) -> None:
+        with torch.no_grad():
+            acc = self._grads[j]
+            for name, g in (grads() if callable(grads) else grads).items():
+                acc[name] = acc[name] + g if name in acc else g.clone()
 
     def gradients(self) -> list[torch.Tensor]:
         """This step's summed gradients in `parameters()` order (zeros where none arrived)."""

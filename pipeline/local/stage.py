@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -103,6 +103,7 @@ class InFlight:
     # more than the last output, and the inputs of the layers handed from the previous one
     wire: Carry | None = None
     handed: Carry = ()
+    handed_weight: list[Callable[[], None]] = field(default_factory=list)  # split: W's
 
 
 class ComputeError(Exception):
@@ -432,7 +433,7 @@ class Stage:
         with asynchronous.backward_weights(i) if asynchronous else contextlib.nullcontext():
             grads = self._backward_layers(state, i, grads, split)
         if self.handed_in is not None:
-            grads = [self._handed_backward(state, i, grads)]
+            grads = [self._handed_backward(state, i, grads, split)]
         self.span(f"BI{i}" if split else f"B{i}", start, "backward")
         state.loss, state.inputs, state.outputs, state.handed = None, [], [], ()
         if self._measure and not split:
@@ -467,19 +468,33 @@ class Stage:
         return grads
 
     def _handed_backward(
-        self, state: InFlight, i: int, grads: Sequence[torch.Tensor]
+        self, state: InFlight, i: int, grads: Sequence[torch.Tensor], split: bool
     ) -> torch.Tensor:
-        """The previous stage's handed layers' backward, from the gradient of their output."""
+        """The previous stage's handed layers' backward, from the gradient of their output
+        (split: their weight gradients wait for `backward_weight`)."""
         assert self.handed_in is not None and len(grads) == 1, "a handed layer has one output"
         t0 = time.perf_counter()
         try:
-            grad = self.handed_in.backward(state.handed, grads[0])
+            grad, state.handed_weight = self.handed_in.backward(state.handed, grads[0], split)
         except Exception as error:
             keys = ", ".join(self.handed_in.keys)
             error.add_note(f"in the backward of handed layers [{keys}] on stage {self.index}")
             raise ComputeError("backward", self.handed_in.keys[-1], i, error) from error
         self.times.backward_s += time.perf_counter() - t0
         return grad
+
+    def _handed_weight(self, state: InFlight, i: int) -> None:
+        assert self.handed_in is not None
+        t0 = time.perf_counter()
+        try:
+            for accumulate in state.handed_weight:
+                accumulate()
+        except Exception as error:
+            error.add_note(f"in the weight-gradient backward (W) of handed layers on stage "
+                           f"{self.index}")  # fmt: skip
+            raise ComputeError("backward", self.handed_in.keys[-1], i, error) from error
+        state.handed_weight = []
+        self.times.backward_s += time.perf_counter() - t0
 
     def backward_weight(self, state: InFlight, i: int) -> None:
         """The weight gradients `backward(split=True)` left for micro-batch i; frees its graph."""
@@ -495,6 +510,8 @@ class Stage:
             elapsed = time.perf_counter() - t0
             layer.backward_s += elapsed
             self.times.backward_s += elapsed
+        if state.handed_weight:
+            self._handed_weight(state, i)
         self.span(f"W{i}", start, "weight")
         if self._measure:
             self.saved.release(i)

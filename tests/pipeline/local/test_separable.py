@@ -57,8 +57,9 @@ def autograd_grads(module: nn.Module, xs: list[torch.Tensor], gs: list[torch.Ten
 
 @pytest.mark.parametrize("cls", separable_types(), ids=lambda c: c.__name__)
 @pytest.mark.parametrize("shape", [(5,), (3, 4)])
+@pytest.mark.parametrize("defer", [False, True], ids=["fused", "weights in W"])
 def test_every_separable_type_matches_autograd(
-    cls: type[nn.Module], shape: tuple[int, ...]
+    cls: type[nn.Module], shape: tuple[int, ...], defer: bool
 ) -> None:
     linear: list[Callable[[], nn.Module]] | None = None
     if issubclass(cls, nn.Linear):
@@ -74,7 +75,14 @@ def test_every_separable_type_matches_autograd(
         out = module(xs[0]).shape
         gs = [torch.randn(out, generator=g) for _ in range(3)]
         expected_inputs, expected_params = autograd_grads(module, xs, gs)
-        got_inputs = [handed.backward([x], grad) for x, grad in zip(xs, gs, strict=True)]
+        got_inputs, deferred = [], []
+        for x, grad in zip(xs, gs, strict=True):
+            got, later = handed.backward([x], grad, defer=defer)
+            got_inputs.append(got)
+            deferred += later
+        assert bool(deferred) == (defer and cls is nn.Linear)  # Linear defers its W
+        for accumulate in deferred:  # a split schedule's W actions, in micro-batch order
+            accumulate()
         for got, want in zip(got_inputs, expected_inputs, strict=True):
             torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-7)
         for got, want in zip(handed.gradients(), expected_params, strict=True):
@@ -92,7 +100,7 @@ def test_a_chain_of_handed_layers_backpropagates_in_reverse() -> None:
     hidden = a(x)
     grad = torch.randn(4, 6)
     b(hidden).backward(grad)
-    got = handed.backward([x.detach(), hidden.detach()], grad)
+    got, _ = handed.backward([x.detach(), hidden.detach()], grad)
     torch.testing.assert_close(got, x.grad)
     expected = [p.grad for p in (*a.parameters(), *b.parameters())]
     for g_got, g_want in zip(handed.gradients(), expected, strict=True):
