@@ -17,7 +17,11 @@ processes: `pipeline.distributed.executor` runs a schedule's action list and cal
                       version W(t-1) the layers run with (`pipeline.local.versions`,
                       made by `enable_versions`); optimizer_step then applies update u.
                       PipeMare (`enable_pipemare`): one weight copy, updated inside
-                      backward(i) every N micro-batches (`pipeline.local.asynchronous`)
+                      backward(i) every N micro-batches (`pipeline.local.asynchronous`);
+                      `measure_stream` counts a stream's memory over its first steps
+    set_handoff       Bi-Partition (`pipeline.distributed.handoff`): the last k layers run
+                      forward without a graph and send their inputs with the carry; the
+                      next stage runs their backward on replicas (`pipeline.local.separable`)
     end_step          the step's times; per-layer meters updated (abort_step: forget it)
 
 An exception in a layer, the loss or the optimizer comes out as `ComputeError`, which says
