@@ -46,7 +46,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -54,9 +54,10 @@ import torch
 from torch import nn
 
 from pipeline.local.asynchronous import AsyncWeights
-from pipeline.local.backward import WeightGrad, backward_input, fused_backward
+from pipeline.local.backward import backward_input, fused_backward
 from pipeline.local.carry import Carry, as_carry, floating, leaf, nbytes, unwrap
 from pipeline.local.determinism import dropout_seed, seed_rng
+from pipeline.local.inflight import ComputeError, InFlight, StepTimes
 from pipeline.local.meter import LayerMeter, SavedBytes
 from pipeline.local.objective import LossFn, OptimizerFactory, build_optimizer, scalar_loss
 from pipeline.local.pipemare import PipeMareConfig, delay
@@ -70,19 +71,6 @@ __all__ = ["ComputeError", "InFlight", "LossFn", "OptimizerFactory", "Stage", "S
 
 
 @dataclass
-class StepTimes:
-    """Where one stage's time went during one step (seconds)."""
-
-    forward_s: float = 0.0
-    backward_s: float = 0.0
-    wait_s: float = 0.0  # blocked on a receive or on the sends before the optimizer step
-    optimizer_s: float = 0.0
-    total_s: float = 0.0
-    peak_activation_bytes: int = 0  # measured in-flight peak (steps that measure memory)
-    allocator_peak_bytes: int = 0  # GPU only: torch.cuda.max_memory_allocated in the step
-
-
-@dataclass
 class _Layer:
     key: str
     module: nn.Module
@@ -93,31 +81,6 @@ class _Layer:
     backward_s: float = 0.0
     activation_bytes: int = 0
     output_bytes: int = 0
-
-
-@dataclass
-class InFlight:
-    """What a micro-batch leaves on this stage between its forward and its backward."""
-
-    inputs: list[Carry] = field(default_factory=list)  # per layer, detached leaves
-    outputs: list[Carry] = field(default_factory=list)  # per layer; () when recomputed
-    loss: torch.Tensor | None = None
-    weight: dict[int, WeightGrad] = field(default_factory=dict)  # split: W's work, by layer
-    # Bi-Partition (`pipeline.local.separable`): what goes to the next stage, when it is
-    # more than the last output, and the inputs of the layers handed from the previous one
-    wire: Carry | None = None
-    handed: Carry = ()
-    handed_weight: list[Callable[[], None]] = field(default_factory=list)  # split: W's
-
-
-class ComputeError(Exception):
-    """An exception in a layer, the loss or the optimizer step, and where it happened."""
-
-    def __init__(
-        self, phase: str, layer: str | None, microbatch: int | None, error: BaseException
-    ) -> None:
-        super().__init__(f"{type(error).__name__}: {error}")
-        self.phase, self.layer, self.microbatch, self.error = phase, layer, microbatch, error
 
 
 def _one_tensor(carry: Carry, key: str, what: str, i: int) -> Carry:
