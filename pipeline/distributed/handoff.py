@@ -15,6 +15,8 @@ replicas for their backward. One step of a flushed schedule (GPipe, 1F1B, ZB-H1)
     2. Backward, per micro-batch: s + 1 back-propagates its own layers to the gradient of
        y, runs the handed layers' backward from it (accumulating their weight gradients)
        and sends the gradient of x_1, which s back-propagates from its layer before them.
+       Under ZB-H1 that is s + 1's BI; the handed weight gradients wait for its W when
+       the layer's separable backward defers them (nn.Linear does).
     3. End of the lists, before the agreement (`pipeline.distributed.executor`, step 3):
        s + 1 sends the handed layers' summed gradients; s receives them as their `.grad`.
        Both always exchange, failed or not, so nothing stays in flight; a failed step is
