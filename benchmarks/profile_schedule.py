@@ -1,0 +1,77 @@
+"""Where a schedule's time goes: cProfile of every stage on the throughput stack.
+
+Why it exists: issue 12 asks, where a throughput target is missed, for a profile of what
+costs the time. `benchmarks/schedules.py` reports each stage's compute, waits and the
+rest; this shows the functions under them: autograd engine calls (a split backward makes
+about seven per layer where a fused one makes one), layer kernels, waits on messages, the
+runtime's own Python. It trains `--steps` steps of one schedule of ours on the stack of
+`benchmarks/throughput.py` (2 stages, CPU gloo, 1 thread each), as one `pipe.train`
+stream, after a warm-up, with cProfile on in every stage process, and writes the top
+functions by own time per stage to benchmarks/results/profile_<schedule>_M<m>.json.
+
+    python benchmarks/profile_schedule.py zbh1 --microbatches 8 --steps 6
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import functools
+import itertools
+import json
+import pstats
+import time
+from pathlib import Path
+from typing import Any
+
+import torch.nn.functional as F
+from throughput import BATCH, OPTIMIZER, STAGES, batch, specs
+
+import pipeline
+from pipeline import SCHEDULES, ElasticPipeline, StageContext
+
+
+def profile(ctx: StageContext, schedule: str, m: int, steps: int, top: int) -> dict[str, Any]:
+    pipe = ElasticPipeline(specs(), optimizer=OPTIMIZER, loss_fn=F.mse_loss, schedule=schedule,
+                           n_microbatches=m)  # fmt: skip
+    x, y = batch()
+    for _ in pipe.train(itertools.repeat((x, y), 2)):  # plan, warm up
+        pass
+    profiler = cProfile.Profile()
+    start = time.perf_counter()
+    profiler.enable()
+    for _ in pipe.train(itertools.repeat((x, y), steps)):
+        pass
+    profiler.disable()
+    seconds = time.perf_counter() - start
+    stats = pstats.Stats(profiler)
+    table = stats.stats  # type: ignore[attr-defined]
+    rows = sorted(table.items(), key=lambda kv: kv[1][2], reverse=True)[:top]
+    functions = [{"function": f"{path}:{line}({name})", "calls": nc, "own_s": tt,
+                  "cumulative_s": ct}
+                 for (path, line, name), (_, nc, tt, ct, _) in rows]  # fmt: skip
+    pipe.close()
+    return {"stage": ctx.rank, "seconds": seconds, "samples_per_s": BATCH * steps / seconds,
+            "top_by_own_time": functions}  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("schedule", choices=sorted(SCHEDULES))
+    parser.add_argument("--microbatches", type=int, default=8)
+    parser.add_argument("--steps", type=int, default=6)
+    parser.add_argument("--top", type=int, default=15)
+    args = parser.parse_args()
+    run = functools.partial(profile, schedule=args.schedule, m=args.microbatches,
+                            steps=args.steps, top=args.top)  # fmt: skip
+    stages = pipeline.launch(run, STAGES, threads_per_stage=1, timeout_s=1200)
+    out = Path(__file__).parent / "results" / f"profile_{args.schedule}_M{args.microbatches}.json"
+    out.write_text(json.dumps({"config": vars(args), "stages": stages}, indent=1))
+    for stage in stages:
+        print(f"stage {stage['stage']}: {stage['samples_per_s']:.1f} samples/s")
+        for row in stage["top_by_own_time"][:8]:
+            print(f"  {row['own_s']:7.3f} s own  {row['calls']:6d} calls  {row['function']}")
+
+
+if __name__ == "__main__":
+    main()
