@@ -8,10 +8,14 @@ recomputing the layer on s + 1 to get one would be dominated by simply moving th
 (s + 1 would pay F + B, exactly what the move costs, while s would save less). What is left,
 and what this module provides, are layers whose backward is a closed formula of tensors that
 can be shipped: the layer's input x (sent with the activations), its parameters (a replica
-on s + 1, refreshed after every update) and the gradient of its output g (which s + 1
-computes anyway). `nn.Linear` is one, with the products autograd's addmm backward computes:
+on s + 1, refreshed at every step) and the gradient of its output g (which s + 1 computes
+anyway). `nn.Linear` is one, with the products autograd's addmm backward computes:
 
     grad_x = g W        grad_W = g^T x        grad_b = sum of g over the leading dims
+
+and so are the parameterless activations `nn.GELU`, `nn.ReLU`, `nn.SiLU` and `nn.Tanh`
+(autograd's own backward kernels, fed the input), so a cut can hand on a Linear with its
+activation.
 
 A user makes another layer type eligible with `separable(MyLayer)(backward_fn)`, where
 `backward_fn(module, x, g)` returns (grad_x, {parameter name: gradient}) for one tensor in
@@ -87,6 +91,26 @@ def _linear_backward(
         return grads
 
     return grad.matmul(module.weight), weight_grads
+
+
+# Activations without parameters: autograd's own backward kernels, from the input
+_ACTIVATIONS: dict[type[nn.Module], Callable[[nn.Module, torch.Tensor, torch.Tensor],
+                                              torch.Tensor]] = {
+    nn.GELU: lambda m, x, g: torch.ops.aten.gelu_backward(g, x, approximate=m.approximate),
+    nn.ReLU: lambda m, x, g: torch.ops.aten.threshold_backward(g, x, 0),
+    nn.SiLU: lambda m, x, g: torch.ops.aten.silu_backward(g, x),
+    nn.Tanh: lambda m, x, g: torch.ops.aten.tanh_backward(g, torch.tanh(x)),
+}  # fmt: skip
+
+
+def _activation_backward(
+    module: nn.Module, x: torch.Tensor, grad: torch.Tensor
+) -> tuple[torch.Tensor, Grads]:
+    return _ACTIVATIONS[type(module)](module, x, grad), {}
+
+
+for _cls in _ACTIVATIONS:
+    separable(_cls)(_activation_backward)
 
 
 class HandedLayers:

@@ -75,6 +75,15 @@ def wide() -> list[LayerSpec]:
             LayerSpec("head", functools.partial(nn.Linear, WIDE, 5))]  # fmt: skip
 
 
+def activated() -> list[LayerSpec]:
+    """Linear layers with their activations as layers of their own: a cut hands on both."""
+    return [LayerSpec("in", functools.partial(nn.Linear, 12, 32)),
+            LayerSpec("a0", nn.GELU),
+            LayerSpec("p", functools.partial(nn.Linear, 32, 32)),
+            LayerSpec("a1", nn.SiLU),
+            LayerSpec("head", functools.partial(nn.Linear, 32, 5))]  # fmt: skip
+
+
 Moves = dict[int, tuple[list[int], list[int]]]  # step -> (sizes, handoff)
 CONFIGS: dict[int, dict[str, tuple[str, Any, Any, Moves]]] = {
     # name: (schedule, partition, handoff, repartitions)
@@ -116,6 +125,17 @@ def train(schedule: str, partition: Any, handoff: Any, moves: Moves,
         losses.append(pipe.train_step(x, y))
     result = {"losses": losses, "state": pipe.full_state_dict(), "cuts": cuts,
               "output": pipe.forward(batches("flat")[0][0])}  # fmt: skip
+    pipe.close()
+    return result
+
+
+def with_activations() -> dict[str, Any]:
+    """Stage 0 = in a0 p a1, handing p and a1 (a Linear and its activation) under zbh1."""
+    pipe = ElasticPipeline(activated(), optimizer=ADAM, loss_fn=F.cross_entropy,
+                           schedule="zbh1", n_microbatches=4, seed=3, partition=[4, 1],
+                           handoff=[2])  # fmt: skip
+    losses = [pipe.train_step(x, y) for x, y in batches("flat")]
+    result = {"losses": losses, "state": pipe.full_state_dict(), "handoff": pipe.handoff}
     pipe.close()
     return result
 
@@ -185,7 +205,8 @@ def run_all(ctx: StageContext, n_stages: int) -> dict[str, Any]:
     out: dict[str, Any] = {name: train(*c, edit="edited" in name)
                            for name, c in CONFIGS[n_stages].items()}  # fmt: skip
     if n_stages == 2:
-        out.update(planned=planned(), failing=failing(), refusals=refusals())
+        out.update(planned=planned(), failing=failing(), refusals=refusals(),
+                   activations=with_activations())
     return out
 
 
@@ -237,6 +258,14 @@ def test_moving_the_cut_keeps_the_trajectory(n_stages: int, moved: str, static: 
     assert sorted(a["cuts"]) == sorted(expected)
     assert a["losses"] == pytest.approx(b["losses"], abs=1e-6)
     assert max_state_diff(a["state"], b["state"]) <= 1e-6
+
+
+def test_a_cut_hands_on_a_linear_with_its_activation() -> None:
+    result = pipelined(2)["activations"]
+    ref_losses, ref_state, _ = reference(activated)
+    assert result["handoff"] == (2,)
+    assert result["losses"] == pytest.approx(ref_losses, abs=1e-5)
+    assert max_state_diff(result["state"], ref_state) <= 1e-5
 
 
 def test_the_planner_chooses_a_cut_that_trains_exactly() -> None:

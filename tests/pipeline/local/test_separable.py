@@ -40,6 +40,8 @@ def _scale_backward(
 EXAMPLES: dict[type[nn.Module], list[Callable[[], nn.Module]]] = {
     nn.Linear: [functools.partial(nn.Linear, 8, 6), functools.partial(nn.Linear, 8, 6, bias=False)],
     Scale: [functools.partial(Scale, 8)],
+    nn.GELU: [nn.GELU, functools.partial(nn.GELU, approximate="tanh")],
+    nn.ReLU: [nn.ReLU], nn.SiLU: [nn.SiLU], nn.Tanh: [nn.Tanh],
 }  # fmt: skip
 
 
