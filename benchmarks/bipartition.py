@@ -40,14 +40,13 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from common import timed_rounds
+from common import timed_rounds, torch_pipelining_step
 from torch import nn
-from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+from torch.distributed.pipelining import Schedule1F1B, ScheduleGPipe
 
 import pipeline
 from pipeline import CostCache, ElasticPipeline, LayerSpec, ReferenceTrainer, StageContext
 from pipeline.local.spec import build_layer
-from pipeline.pure.partition import bounds
 
 WIDTH, TOKENS, BATCH, STAGES = 1024, 32, 32, 2
 OPTIMIZER = functools.partial(torch.optim.SGD, lr=1e-4)
@@ -82,25 +81,6 @@ def ours(schedule: str, planner: str, m: int, cache: CostCache) -> tuple[Step, E
         pipe.train_step(x, y)
 
     return step, pipe, first
-
-
-def torch_run(ctx: StageContext, cls: type, sizes: list[int], m: int) -> Callable[[], None]:
-    start, stop = bounds(sizes)[ctx.rank]
-    module = nn.Sequential(*[build_layer(s, 0, ctx.device) for s in specs()[start:stop]])
-    schedule = cls(PipelineStage(module, ctx.rank, STAGES, ctx.device), n_microbatches=m,
-                   loss_fn=F.mse_loss)  # fmt: skip
-    optimizer = OPTIMIZER(module.parameters())
-    x, y = batch()
-
-    def step() -> None:
-        if ctx.rank == 0:
-            schedule.step(x)
-        else:
-            schedule.step(target=y, losses=[])
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-
-    return step
 
 
 def one_process(ctx: StageContext, m: int) -> Callable[[], None]:
@@ -150,8 +130,8 @@ def run_m(ctx: StageContext, m: int, rounds: int, steps: int) -> dict[str, Any]:
     whole = records["ours 1f1b whole layers"]["partition"]
     for cls in (Schedule1F1B, ScheduleGPipe):
         name = f"torch {cls.__name__.removeprefix('Schedule')} whole layers"
-        runs[name], records[name] = torch_run(ctx, cls, whole, m), {"kind": "torch",
-                                                                    "partition": whole}  # fmt: skip
+        runs[name] = torch_pipelining_step(ctx, specs(), whole, cls, m, OPTIMIZER, batch())
+        records[name] = {"kind": "torch", "partition": whole}
     runs["one process"], records["one process"] = one_process(ctx, m), {"kind": "one process"}
     for step in runs.values():
         step()

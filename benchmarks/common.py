@@ -1,4 +1,5 @@
-"""Shared by the benchmarks: the deliberately unbalanced stack and interleaved timing."""
+"""Shared by the benchmarks: the deliberately unbalanced stack, interleaved timing, and a
+training step of torch.distributed.pipelining (the peer) on any layer list and split."""
 
 from __future__ import annotations
 
@@ -8,9 +9,14 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+from torch.distributed.pipelining import PipelineStage
 
-from pipeline import LayerSpec
+from pipeline import LayerSpec, StageContext
 from pipeline.local.models import transformer_stack
+from pipeline.local.spec import build_layer
+from pipeline.pure.partition import bounds
 
 D_MODEL, HEADS, SEQ, BATCH = 256, 4, 64, 32
 
@@ -59,3 +65,28 @@ def timed_rounds(
             dist.barrier()
             seconds[name].append((time.perf_counter() - t0) / steps)
     return seconds
+
+
+def torch_pipelining_step(
+    ctx: StageContext, specs: list[LayerSpec], sizes: list[int], schedule_cls: type,
+    n_microbatches: int, optimizer: Callable[..., torch.optim.Optimizer],
+    xy: tuple[torch.Tensor, torch.Tensor],
+) -> Callable[[], None]:  # fmt: skip
+    """One training step (MSE loss) of torch.distributed.pipelining on this rank's share
+    (`sizes`, one stage per rank) of the same layers, weights from `build_layer` seed 0."""
+    start, stop = bounds(sizes)[ctx.rank]
+    module = nn.Sequential(*[build_layer(s, 0, ctx.device) for s in specs[start:stop]])
+    stage = PipelineStage(module, ctx.rank, len(sizes), ctx.device)
+    schedule = schedule_cls(stage, n_microbatches=n_microbatches, loss_fn=F.mse_loss)
+    opt = optimizer(module.parameters())
+    x, y = xy
+
+    def step() -> None:
+        if ctx.rank == 0:
+            schedule.step(x)
+        else:
+            schedule.step(target=y, losses=[])
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    return step

@@ -27,15 +27,15 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from common import timed_rounds
+from common import timed_rounds, torch_pipelining_step
 from torch import nn
-from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+from torch.distributed.pipelining import Schedule1F1B, ScheduleGPipe
 
 import pipeline
 from pipeline import ElasticPipeline, StageContext
 from pipeline.local.models import transformer_stack
 from pipeline.local.spec import build_layer
-from pipeline.pure.partition import bounds, equal_sizes
+from pipeline.pure.partition import equal_sizes
 
 LAYERS, D_MODEL, HEADS, SEQ, BATCH, MICROBATCHES, STAGES = 8, 256, 4, 64, 32, 8, 2
 OPTIMIZER = functools.partial(torch.optim.SGD, lr=1e-3)
@@ -53,22 +53,8 @@ def batch() -> tuple[torch.Tensor, torch.Tensor]:
 
 def torch_pipelining(ctx: StageContext, schedule_cls: type) -> Callable[[], None]:
     """One step of torch.distributed.pipelining on this rank's share of the same layers."""
-    start, stop = bounds(equal_sizes(LAYERS, STAGES))[ctx.rank]
-    module = nn.Sequential(*[build_layer(s, 0, ctx.device) for s in specs()[start:stop]])
-    stage = PipelineStage(module, ctx.rank, STAGES, ctx.device)
-    schedule = schedule_cls(stage, n_microbatches=MICROBATCHES, loss_fn=F.mse_loss)
-    optimizer = OPTIMIZER(module.parameters())
-    x, y = batch()
-
-    def step() -> None:
-        if ctx.rank == 0:
-            schedule.step(x)
-        else:
-            schedule.step(target=y, losses=[])
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-
-    return step
+    return torch_pipelining_step(ctx, specs(), equal_sizes(LAYERS, STAGES), schedule_cls,
+                                 MICROBATCHES, OPTIMIZER, batch())  # fmt: skip
 
 
 def ours(ctx: StageContext, schedule: str) -> tuple[Callable[[], None], ElasticPipeline]:
