@@ -45,10 +45,11 @@ alternates one forward and one backward, then drains::
     stage 1:     F0 B0    F1 B1    F2 B2
 
 ZB-H1 (`zbh1`, `pipeline.pure.zero_bubble`): 1F1B with split backwards and 1F1B's in-flight
-counts, each stage's weight gradients run after the input gradient has left::
+counts, each stage's weight gradients run after the input gradient has left (the first
+stage, which sends no gradient, runs each backward whole where its W would be)::
 
-    stage 0:  F0 F1 .  B0 W0 F2 B1 W1 F3 B2 W2 .  B3 W3    <- 14 units (BI shown as B)
-    stage 1:  .  F0 B0 W0 F1 B1 W1 F2 B2 W2 F3 B3 W3       <- 1F1B: 15 units
+    stage 0:  F0 F1 .  B0    F2 B1    F3 B2    .  B3       <- 14 units (B: 2 units)
+    stage 1:  .  F0 B0 W0 F1 B1 W1 F2 B2 W2 F3 B3 W3       <- 1F1B: 15 units (BI shown as B)
 
 PipeDream-2BW (`2bw`, `pipeline.pure.two_bw`) spans a *stream* of steps: the functions with
 a true `stream` attribute take a fourth argument, n_steps, number micro-batch i of step t

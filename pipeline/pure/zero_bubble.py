@@ -26,6 +26,12 @@ units per stage, two thirds of 1F1B's 3(S - 1) (the paper's, with more memory: S
 Under these limits every W comes right after its own BI (so at most one micro-batch waits
 for its W): the step is shorter because the gradient leaves a stage after BI instead of
 after the whole backward, and the stage above runs its BI while this one runs W.
+
+The first stage sends no gradient upstream, so its split would buy nothing and cost the
+split's overhead (`pipeline.local.backward`: 1.15-1.18x a fused backward on CPU): its list
+runs one fused BACKWARD where the replay put W, the same work at the same point::
+
+    stage 0:  F0 F1 .  B0    F2 B1    F3 B2    .  B3       <- the same 14 units
 """
 
 from __future__ import annotations
@@ -42,7 +48,23 @@ def zbh1(n_stages: int, n_microbatches: int, stage: int) -> list[Action]:
     """ZB-H1: 1F1B's in-flight counts, split backwards, W's filling the waits (module doc)."""
     check_shape(n_stages, n_microbatches, stage)
     limits = tuple(min(n_stages - s, n_microbatches) for s in range(n_stages))
-    return [*_split_lists(n_stages, n_microbatches, limits)[stage], Action(Op.OPTIMIZER_STEP)]
+    actions = list(_split_lists(n_stages, n_microbatches, limits)[stage])
+    if stage == 0:
+        actions = _fused_at_w(actions)
+    return [*actions, Action(Op.OPTIMIZER_STEP)]
+
+
+def _fused_at_w(actions: list[Action]) -> list[Action]:
+    """The first stage's lists without splits: each BI_i dropped, its W_i a whole B_i.
+
+    Nothing waits for the first stage's input gradient (the batch needs none), so its BI
+    only delays W's work; a fused backward where W stood does the same work in one pass,
+    at the same point, and skips the split's cost (planning it, one engine call per split
+    node, the weight half run later and away from its operands in cache).
+    """
+    fused = [a for a in actions if a.op is not Op.BACKWARD_INPUT]
+    return [Action(Op.BACKWARD, a.microbatch) if a.op is Op.BACKWARD_WEIGHT else a
+            for a in fused]  # fmt: skip
 
 
 @functools.lru_cache(maxsize=64)

@@ -198,7 +198,7 @@ def test_an_injected_failure_raises_on_every_rank_and_the_processes_stay_usable(
                 assert record["layer"] in {f"f{i}" for i in range(5)}, where
                 assert record["microbatch"] == microbatch, where
                 assert f"injected {phase} failure" in record["text"], where
-            if phase == "weight" and schedule == "zbh1":
+            if phase == "weight" and schedule == "zbh1" and rank > 0:  # stage 0: no split
                 assert "weight-gradient backward (W)" in record["text"], where
             assert record["seconds"] < 10, where  # generous: it takes milliseconds
             assert record["after"] == record["fresh"], where  # trains like a fresh pipeline

@@ -38,8 +38,9 @@ def test_valid_split_and_as_much_in_flight_as_1f1b(n_stages: int, n_microbatches
         actions = zbh1(n_stages, n_microbatches, s)
         assert in_flight(actions) == in_flight(one_f_one_b(n_stages, n_microbatches, s))
         assert in_flight(actions) == min(n_stages - s, n_microbatches)
-        assert B not in {a.op for a in actions}  # every backward is split
-        weights = [a.microbatch for a in actions if a.op is W]
+        whole = B if s == 0 else W  # the first stage sends no gradient: nothing to split
+        assert {B, BI, W} & {a.op for a in actions} == ({B} if s == 0 else {BI, W})
+        weights = [a.microbatch for a in actions if a.op is whole]
         assert weights == list(range(n_microbatches))  # gradients accumulate in order
     assert in_flight_counts("zbh1", n_stages, n_microbatches) == in_flight_counts(
         "1f1b", n_stages, n_microbatches
@@ -48,7 +49,7 @@ def test_valid_split_and_as_much_in_flight_as_1f1b(n_stages: int, n_microbatches
 
 def test_the_two_stage_shape() -> None:
     assert [repr(a) for a in zbh1(2, 4, 0)] == [
-        "F0", "F1", "BI0", "W0", "F2", "BI1", "W1", "F3", "BI2", "W2", "BI3", "W3", "STEP",
+        "F0", "F1", "B0", "F2", "B1", "F3", "B2", "B3", "STEP",
     ]  # fmt: skip
     assert [repr(a) for a in zbh1(2, 4, 1)] == [
         "F0", "BI0", "W0", "F1", "BI1", "W1", "F2", "BI2", "W2", "F3", "BI3", "W3", "STEP",
@@ -110,9 +111,10 @@ def test_simulated_bubble_is_two_thirds_of_1f1b_with_equal_costs(
 
 
 def test_w_takes_weight_s_and_bi_the_rest() -> None:
-    r = simulate("zbh1", [StageCost(1.0, 3.0, weight_s=0.5)], 2)
-    spans = {repr(e.action): e.end_s - e.start_s for e in r.events}
-    assert spans["BI0"] == pytest.approx(2.5) and spans["W0"] == pytest.approx(0.5)
+    r = simulate("zbh1", [StageCost(1.0, 3.0, weight_s=0.5)] * 2, 2)
+    spans = {(e.stage, repr(e.action)): e.end_s - e.start_s for e in r.events}
+    assert spans[1, "BI0"] == pytest.approx(2.5) and spans[1, "W0"] == pytest.approx(0.5)
+    assert spans[0, "B0"] == pytest.approx(3.0)  # the first stage's backward is whole
     assert StageCost(1.0, 3.0).split_weight_s == 1.5  # unset: half of the backward
     with pytest.raises(ValueError, match="weight_s"):
         StageCost(1.0, 1.0, weight_s=2.0)
@@ -122,7 +124,7 @@ def test_chrome_trace_shows_input_and_weight_backwards() -> None:
     r = simulate("zbh1", [StageCost(1e-3, 2e-3)] * 2, 4)
     xs = [ev for ev in to_chrome_trace(r)["traceEvents"] if ev["ph"] == "X"]
     assert {ev["cat"] for ev in xs} == {"forward", "backward", "weight", "optimizer"}
-    assert sorted(ev["name"] for ev in xs if ev["cat"] == "weight" and ev["tid"] == 0) == [
+    assert sorted(ev["name"] for ev in xs if ev["cat"] == "weight" and ev["tid"] == 1) == [
         "W0", "W1", "W2", "W3",
     ]  # fmt: skip
     assert any(ev["name"] == "BI3" and ev["cat"] == "backward" for ev in xs)
