@@ -19,11 +19,16 @@ flush (`pipeline.distributed.stream`); any other call first drains a stream in f
 
 Methods that gather (`train`, `train_step`, `repartition`, `rebalance`, `reconfigure`, `stats`,
 `full_state_dict`, `save_timeline`) are collectives: call them on every rank in order.
+
+This module is the facade: the state and the documented methods. The work is done by
+functions taking the pipeline, in `pipeline.distributed.build` (planning and building a
+model), `.steps` (a flushed `train_step`, `forward`), `.stream` (2BW's `train`),
+`.elasticity` (repartition, rebalance, reconfigure), `.weights` (full state dict, snapshots,
+inheritance) and `.report` (stats, pictures).
 """
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from types import MappingProxyType
@@ -32,35 +37,25 @@ from typing import Any
 import torch
 from torch import nn
 
-from pipeline.distributed import executor, report, stream
-from pipeline.distributed import handoff as handoff_cut
-from pipeline.distributed.agreement import measured_costs, profile_costs
+from pipeline.distributed import build, elasticity, report, steps, stream, weights
+from pipeline.distributed.agreement import measured_costs
 from pipeline.distributed.comm import Comm
 from pipeline.distributed.events import PipelineEvent
 from pipeline.distributed.links import PeerLink
-from pipeline.distributed.migration import (
-    MigrationError,
-    MigrationRecord,
-    WeightSnapshot,
-    inherited_states,
-    migrate,
-)
+from pipeline.distributed.migration import MigrationRecord, WeightSnapshot
 from pipeline.distributed.options import PipelineOptions
 from pipeline.distributed.triggers import ReplanTriggers
-from pipeline.errors import PipelineError
-from pipeline.local.carry import as_carry, nbytes, unwrap
-from pipeline.local.microbatch import batch_size, split_microbatches
+from pipeline.local.microbatch import split_microbatches
 from pipeline.local.pipemare import PipeMareConfig, check_pipemare
 from pipeline.local.profiler import CostCache, optimizer_state_ratio
-from pipeline.local.spec import LayerSpec, build_layer, check_specs
+from pipeline.local.spec import LayerSpec
 from pipeline.local.stage import LossFn, OptimizerFactory, Stage, StepTimes
 from pipeline.pure.costs import LayerCost, LinkCost
-from pipeline.pure.partition import bounds, check_sizes, equal_sizes
-from pipeline.pure.planner import Plan, Planner, evaluate, get_planner, replan
+from pipeline.pure.partition import bounds
+from pipeline.pure.planner import Plan, Planner, get_planner
 from pipeline.pure.schedule import (
     Action,
     ScheduleFn,
-    forward_only,
     get_schedule,
     is_stream,
     stage_actions,
@@ -121,6 +116,20 @@ class ElasticPipeline:
     (or `forward`) raise `pipeline.StageError` on every rank (see
     `pipeline.distributed.executor`); the step is not applied and the pipeline stays usable.
     """
+
+    # The model in force, set by `pipeline.distributed.build` (and changed by `elasticity`):
+    specs: list[LayerSpec]
+    plan: Plan | None
+    sizes: list[int]  # layers per stage; [] until planned
+    step: int
+    version: int  # plan version: +1 per committed migration
+    migrations: list[MigrationRecord]
+    partition_history: list[tuple[int, list[int]]]  # (step, sizes) of this model
+    _history: list[tuple[int, int | None, StepTimes]]  # (samples, tokens, times) per step
+    _stage: Stage | None
+    _plan_step: int  # the step the plan in force started at
+    _measure_next: bool  # measure memory on the next step
+    _inherit: WeightSnapshot  # weights the next build takes (set only while pending)
 
     def __init__(
         self,
@@ -188,80 +197,7 @@ class ElasticPipeline:
         self.generation = 0  # +1 per reconfigure: which model this is
         self.events: list[PipelineEvent] = []  # the pipeline's life: builds, migrations...
         self._closed = False
-        self._setup(specs, partition)
-
-    # -- building a model --------------------------------------------------------------------
-    def _setup(self, specs: Sequence[LayerSpec], partition: str | Sequence[int] | Plan) -> None:
-        """Validate a model and its partition; build now, or on the first step if "auto"."""
-        self.specs = check_specs(specs)
-        self.plan: Plan | None = None
-        self.sizes: list[int] = []  # layers per stage; [] until planned
-        self._stage: Stage | None = None
-        self._reset_counters()
-        if isinstance(partition, str):
-            if partition != "auto":
-                raise ValueError(
-                    f"partition must be 'auto', stage sizes or a Plan, got {partition!r}"
-                )
-            equal_sizes(len(self.specs), self.n_stages)  # more stages than layers: fail now
-            return
-        if isinstance(partition, Plan):
-            self._build(_checked_sizes(partition.sizes, len(self.specs), self.n_stages), partition)
-            return
-        self._build(_checked_sizes(partition, len(self.specs), self.n_stages))
-
-    def _build(
-        self, sizes: list[int], plan: Plan | None = None, costs: list[LayerCost] | None = None
-    ) -> None:
-        start, stop = bounds(sizes)[self.rank]
-        actions = list(plan.actions[start:stop]) if plan is not None else None
-        # Factories run here: a bad one raises on every rank, not only where it is built.
-        self._stage = self.comm.together(lambda: Stage(
-            self.rank, self.n_stages, self.specs[start:stop], seed=self._seed, device=self.device,
-            optimizer=self._optimizer, loss_fn=self._loss_fn, actions=actions,
-        ))  # fmt: skip
-        if costs is not None:
-            self._stage.seed_meters(costs[start:stop])
-        self.sizes, self.plan = list(sizes), plan
-        self._set_handoff(plan.handoff if plan is not None and plan.handoff
-                          else self._requested_handoff)  # fmt: skip
-        self._plan_step = self.step
-        self._measure_next = True  # measure memory on the first step of every plan
-        self.partition_history[:] = [(self.step, list(sizes))]
-        self._log("build", sizes=list(sizes), plan=None if plan is None else plan.to_dict())
-
-    def _set_handoff(self, handoff: Sequence[int] | None) -> None:
-        """Put Bi-Partition's cut in force (`pipeline.distributed.handoff`); every rank."""
-        stage, cut = self._live_stage(), handoff_cut.check_handoff(handoff, self.sizes)
-        if any(cut) and is_stream(self.schedule):
-            raise ValueError(f"handoff {list(cut)} needs a flushed schedule (gpipe, 1f1b, "
-                             f"zbh1), not {self.schedule_name or self.schedule!r}")  # fmt: skip
-        self.comm.together(lambda: handoff_cut.configure(stage, self.specs, self.sizes, cut,
-                                                         self._seed))  # fmt: skip
-        if any(cut) or any(self.handoff):
-            self._log("handoff", handoff=list(cut))
-        self.handoff = cut
-
-    def _plan_first(self, example: Any) -> None:
-        """partition="auto": profile one micro-batch's shapes, plan on rank 0, build."""
-        costs = profile_costs(self.comm, self.specs, example, device=self.device,
-                              opt_ratio=self._opt_ratio, cache=self.cost_cache,
-                              source=self.profile)  # fmt: skip
-        schedule = self.schedule_name or self.schedule
-        plan = self.comm.agree(lambda: self.planner.plan(
-            costs, self.n_stages, schedule=schedule,
-            n_microbatches=self.n_microbatches, memory_budget=self.memory_budget,
-        ))  # fmt: skip
-        self._build(list(plan.sizes), plan, costs)
-        if hasattr(self, "_inherit"):
-            self._take_inheritance()
-
-    def _reset_counters(self) -> None:
-        self.step = 0
-        self.version = 0  # plan version: +1 per committed migration
-        self.migrations: list[MigrationRecord] = []
-        self._history: list[tuple[int, int | None, StepTimes]] = []  # (samples, tokens, times)
-        self.partition_history: list[tuple[int, list[int]]] = []
+        build.setup(self, specs, partition)
 
     def _log(self, kind: str, **details: Any) -> None:
         self.events.append(PipelineEvent(self.generation, self.step, kind, details))
@@ -288,7 +224,7 @@ class ElasticPipeline:
     def plan_for(self, x: Any) -> None:
         """partition="auto": plan and build from the batch input x, unless done already."""
         if self._stage is None:
-            self._plan_first(split_microbatches(x, self.n_microbatches, "x")[0])
+            build.plan_first(self, split_microbatches(x, self.n_microbatches, "x")[0])
 
     def train_step(self, x: Any, y: Any) -> float:
         """One optimizer step on the batch (x, y); returns the mean micro-batch loss."""
@@ -297,30 +233,7 @@ class ElasticPipeline:
         if is_stream(self.schedule):  # a stream of one step (after any stream in flight)
             self.drain()
             return next(iter(list(stream.train(self, [(x, y)]))))
-        chunks = split_microbatches(x, self.n_microbatches, "x")
-        targets = split_microbatches(y, self.n_microbatches, "y")
-        if self._stage is None:
-            self._plan_first(chunks[0])
-        stage = self._live_stage()
-        inputs = [as_carry(c, "the batch input") for c in chunks]
-        measure = self._measure_next or self.step % self.options.measure_memory_every == 0
-        rng = torch.random.get_rng_state()
-        try:
-            loss, times = executor.train_step(
-                stage, self._links, self.comm, self._actions, self.step, inputs, targets,
-                measure_memory=measure, on_nonfinite=self.options.on_nonfinite,
-            )  # fmt: skip
-        except PipelineError as error:  # raised on every rank; nothing is in flight
-            stage.abort_step()
-            self._log("error", error=str(error).split("\n", 1)[0])
-            raise
-        finally:
-            torch.random.set_rng_state(rng)
-        self._measure_next = False
-        self.step += 1
-        self._history.append((batch_size(x), report.token_count(x), times))
-        self._maybe_rebalance(measure)
-        return loss
+        return steps.train_step(self, x, y)
 
     def forward(self, x: Any) -> Any:
         """Inference on a batch (eval mode, no gradients): the model's output, on every rank.
@@ -330,26 +243,7 @@ class ElasticPipeline:
         """
         if self._closed:
             raise RuntimeError("this ElasticPipeline is closed")
-        self.drain()
-        size = batch_size(x)
-        m = max(k for k in range(1, self.n_microbatches + 1) if size % k == 0)
-        chunks = [as_carry(c, "the batch input") for c in split_microbatches(x, m, "x")]
-        if self._stage is None:
-            self._plan_first(chunks[0])
-        actions = stage_actions(forward_only, self.n_stages, m, self.rank)
-        outputs = executor.infer(self._live_stage(), self._links, self.comm, actions, self.step,
-                                 chunks)  # fmt: skip
-        assert outputs is not None
-        return unwrap(tuple(torch.cat(parts) for parts in zip(*outputs, strict=True)))
-
-    def _maybe_rebalance(self, measured: bool) -> None:
-        reason = self.triggers.reason(
-            self.comm, self.step, self._live_stage(), self.plan, measured,
-            steps_on_plan=self.step - self._plan_step,
-        )  # fmt: skip
-        if reason is not None:
-            self._log("trigger", reason=reason)
-            self.rebalance()
+        return steps.forward(self, x)
 
     # -- elasticity --------------------------------------------------------------------------
     def repartition(
@@ -364,34 +258,7 @@ class ElasticPipeline:
         `handoff` Bi-Partition's cut for the new sizes (default: none). On failure the old
         partition stays in force and `pipeline.MigrationError` is raised on every rank.
         """
-        self.drain()
-        stage = self._live_stage()
-        new = _checked_sizes(sizes, len(self.specs), self.n_stages)
-        handoff_cut.check_handoff(handoff, new)
-        old_cut, self.handoff = self.handoff, ()
-        stage.set_handoff(0, None)  # replicas go; the owners hold every handed layer's state
-        try:
-            record = migrate(self.comm, stage, self.specs, self.sizes, new, self.step,
-                             self.version + 1)
-        except MigrationError as exc:
-            self._set_handoff(old_cut)
-            self._log("rollback", sizes=list(self.sizes), requested=new, error=str(exc))
-            raise
-        if actions is not None:
-            a, b = bounds(new)[self.rank]
-            stage.set_memory_actions(list(actions)[a:b])
-        self.sizes, self.version = new, record.version
-        self._set_handoff(handoff)
-        if self.plan is not None and list(self.plan.sizes) != new:
-            self.plan = None  # explicit sizes: the plan's predictions no longer apply
-        self._plan_step = self.step
-        self.migrations.append(record)
-        self.partition_history.append((self.step, list(new)))
-        self._measure_next = True
-        if record.bytes_moved and record.pause_s > 0:  # the link as measured by this move
-            self._link = LinkCost(record.bytes_moved / record.pause_s)
-        self._log("migration", **dataclasses.asdict(record))
-        return record
+        return elasticity.repartition(self, sizes, actions, handoff)
 
     def rebalance(self, remaining_steps: int | None = None) -> MigrationRecord | None:
         """Re-plan from the costs measured while training; migrate if it pays back.
@@ -400,23 +267,7 @@ class ElasticPipeline:
         `rebalance_horizon`) exceeds the time to move its layers (or when the current plan
         breaks the memory budget). Returns the migration, or None when the current plan stays.
         """
-        self.drain()
-        horizon = self.options.rebalance_horizon if remaining_steps is None else remaining_steps
-        costs, actions = self.layer_costs()
-        schedule = self.schedule_name or self.schedule
-        current = evaluate(costs, self.sizes, actions, schedule=schedule,
-                           n_microbatches=self.n_microbatches, handoff=self.handoff)  # fmt: skip
-        decision = self.comm.agree(lambda: replan(
-            current, costs, self.planner, remaining_steps=horizon, link=self._link,
-            memory_budget=self.memory_budget, schedule=schedule,
-        ))  # fmt: skip
-        self._log("replan", changed=decision.changed, reason=decision.reason,
-                  candidate=decision.candidate.to_dict())  # fmt: skip
-        self.plan, self._plan_step = decision.plan, self.step
-        if not decision.changed:
-            return None
-        return self.repartition(decision.plan.sizes, decision.plan.actions,
-                                decision.plan.handoff or None)
+        return elasticity.rebalance(self, remaining_steps)
 
     def reconfigure(
         self,
@@ -439,31 +290,9 @@ class ElasticPipeline:
         that model's weights instead. An "inherit" event records what was taken.
         `loss_fn` and `optimizer`, when given, replace the current ones.
         """
-        new_specs = check_specs(specs)
-        self.drain()
-        requests = self.comm.all_gather_object([s.key for s in new_specs])
-        if any(r != requests[0] for r in requests):
-            raise ValueError("ranks passed different models to reconfigure")
-        if inherit_from is not None and not isinstance(inherit_from, WeightSnapshot):
-            raise TypeError(f"inherit_from must be a WeightSnapshot (from snapshot()), "
-                            f"got {type(inherit_from).__name__}")  # fmt: skip
-        source = inherit_from
-        if source is None and inherit_weights and self._stage is not None:
-            source = self._snapshot(copy=False)  # references: the old layers are freed next
-        self._loss_fn = loss_fn or self._loss_fn
-        if optimizer is not None:
-            self._opt_ratio = optimizer_state_ratio(optimizer)
-            self._optimizer = optimizer
-        self.generation += 1
-        self._requested_handoff, self.handoff = None, ()  # a Plan may carry a new one
-        if self._stage is not None:
-            self._stage.close()  # free the old layers before building the new ones
-        self._setup(new_specs, partition)
-        self._log("reconfigure", layers=[s.key for s in new_specs])
-        if source is not None:
-            self._inherit = source
-            if self._stage is not None:
-                self._take_inheritance()
+        elasticity.reconfigure(self, specs, partition=partition, inherit_weights=inherit_weights,
+                               inherit_from=inherit_from, loss_fn=loss_fn,
+                               optimizer=optimizer)  # fmt: skip
 
     def snapshot(self) -> WeightSnapshot:
         """This rank's layers' weights (CPU copies) with the model's keys and partition, to
@@ -472,25 +301,7 @@ class ElasticPipeline:
         if self._stage is None:
             raise RuntimeError("nothing to snapshot before the first step builds the layers")
         self.drain()
-        return self._snapshot(copy=True)
-
-    def _snapshot(self, copy: bool) -> WeightSnapshot:
-        layers = self._live_stage().layers
-        states = {layer.key: {k: v.detach().cpu().clone() if copy else v for k, v in
-                              layer.module.state_dict().items()} for layer in layers}  # fmt: skip
-        return WeightSnapshot(tuple(s.key for s in self.specs), tuple(self.sizes), states)
-
-    def _take_inheritance(self) -> None:
-        found = inherited_states(self.comm, self._inherit, self.specs, self.sizes)
-        loaded = self._live_stage().load_matching({k: dict(v) for k, (_, v) in found.items()})
-        rank = self.comm.rank
-        rows = [(sum(nbytes(t) for t in found[k][1].values()), found[k][0] != rank)
-                for k in loaded]  # fmt: skip
-        everyone = [row for part in self.comm.all_gather_object(rows) for row in part]
-        self._log("inherit", layers=len(everyone), bytes=sum(b for b, _ in everyone),
-                  moved=sum(m for _, m in everyone),
-                  moved_bytes=sum(b for b, m in everyone if m))  # fmt: skip
-        del self._inherit
+        return weights.snapshot(self, copy=True)
 
     # -- inspection --------------------------------------------------------------------------
     def stats(self, last_steps: int = 20) -> report.PipelineStats:
@@ -523,22 +334,7 @@ class ElasticPipeline:
         if self._closed:
             raise RuntimeError("this ElasticPipeline is closed")
         self.drain()
-        mine = self.comm.together(self._own_states)
-        gathered = self.comm.gather_object(mine, dst=0)
-        if gathered is None:
-            return {}
-        merged = {k: v for part in gathered for k, v in part.items()}
-        return {spec.key: merged[spec.key] for spec in self.specs}
-
-    def _own_states(self) -> dict[str, dict[str, torch.Tensor]]:
-        if self._stage is not None:
-            modules = {layer.key: layer.module for layer in self._stage.layers}
-        else:  # not built yet: every rank builds a share, in turns
-            cpu = torch.device("cpu")
-            modules = {spec.key: build_layer(spec, self._seed, cpu)
-                       for i, spec in enumerate(self.specs) if i % self.n_stages == self.rank}
-        return {key: {k: v.detach().cpu() for k, v in module.state_dict().items()}
-                for key, module in modules.items()}  # fmt: skip
+        return weights.full_state_dict(self)
 
     # -- read-only views -----------------------------------------------------------------
     @property
@@ -590,10 +386,3 @@ class ElasticPipeline:
                 "train a step first, or pass explicit stage sizes"
             )
         return self._stage
-
-
-def _checked_sizes(sizes: Sequence[int], n_layers: int, n_stages: int) -> list[int]:
-    if n_stages > n_layers:
-        equal_sizes(n_layers, n_stages)  # raises the clear "more stages than layers" error
-    return check_sizes(list(sizes), n_layers, n_stages)
-

@@ -1,0 +1,115 @@
+"""Planning and building a model on the stages: what `ElasticPipeline` runs when a model starts.
+
+Kept apart from `pipeline.distributed.elastic` so the facade stays short. A model starts at
+construction and at every `reconfigure` (`pipeline.distributed.elasticity`): `setup` checks
+its specs and partition and resets the step counters; with explicit sizes (or a `Plan`)
+`build` makes this rank's `Stage` at once, with partition="auto" `plan_first` does on the
+first step: it profiles one micro-batch's shapes (`pipeline.distributed.agreement`), plans on
+rank 0 and builds. Every build puts Bi-Partition's cut in force (`set_handoff`, the protocol
+is `pipeline.distributed.handoff`), and a model waiting for inherited weights takes them
+(`pipeline.distributed.weights`). Everything here runs on every rank, in the same order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from pipeline.distributed import handoff as handoff_cut
+from pipeline.distributed import weights
+from pipeline.distributed.agreement import profile_costs
+from pipeline.local.spec import LayerSpec, check_specs
+from pipeline.local.stage import Stage
+from pipeline.pure.costs import LayerCost
+from pipeline.pure.partition import bounds, check_sizes, equal_sizes
+from pipeline.pure.planner import Plan
+from pipeline.pure.schedule import is_stream
+
+if TYPE_CHECKING:
+    from pipeline.distributed.elastic import ElasticPipeline
+
+__all__ = ["build", "checked_sizes", "plan_first", "set_handoff", "setup"]
+
+
+def setup(
+    pipe: ElasticPipeline, specs: Sequence[LayerSpec], partition: str | Sequence[int] | Plan
+) -> None:
+    """Validate a model and its partition; build now, or on the first step if "auto"."""
+    pipe.specs = check_specs(specs)
+    pipe.plan = None
+    pipe.sizes = []  # layers per stage; [] until planned
+    pipe._stage = None
+    pipe.step = 0
+    pipe.version = 0  # plan version: +1 per committed migration
+    pipe.migrations = []
+    pipe._history = []  # (samples, tokens, times) per step
+    pipe.partition_history = []
+    if isinstance(partition, str):
+        if partition != "auto":
+            raise ValueError(f"partition must be 'auto', stage sizes or a Plan, got {partition!r}")
+        equal_sizes(len(pipe.specs), pipe.n_stages)  # more stages than layers: fail now
+        return
+    if isinstance(partition, Plan):
+        build(pipe, checked_sizes(partition.sizes, len(pipe.specs), pipe.n_stages), partition)
+        return
+    build(pipe, checked_sizes(partition, len(pipe.specs), pipe.n_stages))
+
+
+def build(
+    pipe: ElasticPipeline,
+    sizes: list[int],
+    plan: Plan | None = None,
+    costs: list[LayerCost] | None = None,
+) -> None:
+    """Build this rank's stage of `sizes` (with `plan`'s memory actions, meters from `costs`)."""
+    start, stop = bounds(sizes)[pipe.rank]
+    actions = list(plan.actions[start:stop]) if plan is not None else None
+    # Factories run here: a bad one raises on every rank, not only where it is built.
+    pipe._stage = pipe.comm.together(lambda: Stage(
+        pipe.rank, pipe.n_stages, pipe.specs[start:stop], seed=pipe._seed, device=pipe.device,
+        optimizer=pipe._optimizer, loss_fn=pipe._loss_fn, actions=actions,
+    ))  # fmt: skip
+    if costs is not None:
+        pipe._stage.seed_meters(costs[start:stop])
+    pipe.sizes, pipe.plan = list(sizes), plan
+    set_handoff(pipe, plan.handoff if plan is not None and plan.handoff
+                else pipe._requested_handoff)  # fmt: skip
+    pipe._plan_step = pipe.step
+    pipe._measure_next = True  # measure memory on the first step of every plan
+    pipe.partition_history[:] = [(pipe.step, list(sizes))]
+    pipe._log("build", sizes=list(sizes), plan=None if plan is None else plan.to_dict())
+
+
+def set_handoff(pipe: ElasticPipeline, handoff: Sequence[int] | None) -> None:
+    """Put Bi-Partition's cut in force (`pipeline.distributed.handoff`); every rank."""
+    stage, cut = pipe._live_stage(), handoff_cut.check_handoff(handoff, pipe.sizes)
+    if any(cut) and is_stream(pipe.schedule):
+        raise ValueError(f"handoff {list(cut)} needs a flushed schedule (gpipe, 1f1b, "
+                         f"zbh1), not {pipe.schedule_name or pipe.schedule!r}")  # fmt: skip
+    pipe.comm.together(lambda: handoff_cut.configure(stage, pipe.specs, pipe.sizes, cut,
+                                                     pipe._seed))  # fmt: skip
+    if any(cut) or any(pipe.handoff):
+        pipe._log("handoff", handoff=list(cut))
+    pipe.handoff = cut
+
+
+def plan_first(pipe: ElasticPipeline, example: Any) -> None:
+    """partition="auto": profile one micro-batch's shapes, plan on rank 0, build."""
+    costs = profile_costs(pipe.comm, pipe.specs, example, device=pipe.device,
+                          opt_ratio=pipe._opt_ratio, cache=pipe.cost_cache,
+                          source=pipe.profile)  # fmt: skip
+    schedule = pipe.schedule_name or pipe.schedule
+    plan = pipe.comm.agree(lambda: pipe.planner.plan(
+        costs, pipe.n_stages, schedule=schedule,
+        n_microbatches=pipe.n_microbatches, memory_budget=pipe.memory_budget,
+    ))  # fmt: skip
+    build(pipe, list(plan.sizes), plan, costs)
+    if hasattr(pipe, "_inherit"):
+        weights.take_inheritance(pipe)
+
+
+def checked_sizes(sizes: Sequence[int], n_layers: int, n_stages: int) -> list[int]:
+    """Stage sizes as a list, checked against the model's layers and the stages."""
+    if n_stages > n_layers:
+        equal_sizes(n_layers, n_stages)  # raises the clear "more stages than layers" error
+    return check_sizes(list(sizes), n_layers, n_stages)

@@ -1,0 +1,148 @@
+"""Changing a running pipeline: `repartition`, `rebalance`, `reconfigure` (its elasticity).
+
+Kept apart from `pipeline.distributed.elastic` so the facade stays short; its methods of the
+same names delegate here and carry the documentation. Every function is a collective (all
+ranks call it, in the same order), and the three below first drain a `train` stream in flight:
+
+    repartition  moves layers live to new stage sizes (`pipeline.distributed.migration`);
+                 on failure the old partition and Bi-Partition cut stay in force
+    rebalance    re-plans from the measured costs (`pipeline.pure.planner.replan`, agreed
+                 on rank 0) and repartitions when the new plan pays back its migration;
+                 `maybe_rebalance` runs it after a step when a trigger fires
+                 (`pipeline.distributed.triggers`)
+    reconfigure  swaps in the next model on the same processes (`pipeline.distributed.build`),
+                 optionally starting it from the old weights (`pipeline.distributed.weights`)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from pipeline.distributed import build, weights
+from pipeline.distributed import handoff as handoff_cut
+from pipeline.distributed.migration import (
+    MigrationError,
+    MigrationRecord,
+    WeightSnapshot,
+    migrate,
+)
+from pipeline.local.objective import LossFn, OptimizerFactory
+from pipeline.local.profiler import optimizer_state_ratio
+from pipeline.local.spec import LayerSpec, check_specs
+from pipeline.pure.costs import LinkCost
+from pipeline.pure.partition import bounds
+from pipeline.pure.planner import Plan, evaluate, replan
+
+if TYPE_CHECKING:
+    from pipeline.distributed.elastic import ElasticPipeline
+
+__all__ = ["maybe_rebalance", "rebalance", "reconfigure", "repartition"]
+
+
+def repartition(
+    pipe: ElasticPipeline,
+    sizes: Sequence[int],
+    actions: Sequence[str] | None,
+    handoff: Sequence[int] | None,
+) -> MigrationRecord:
+    """Move layers live so that stage s holds `sizes[s]` layers (`ElasticPipeline.repartition`)."""
+    pipe.drain()
+    stage = pipe._live_stage()
+    new = build.checked_sizes(sizes, len(pipe.specs), pipe.n_stages)
+    handoff_cut.check_handoff(handoff, new)
+    old_cut, pipe.handoff = pipe.handoff, ()
+    stage.set_handoff(0, None)  # replicas go; the owners hold every handed layer's state
+    try:
+        record = migrate(pipe.comm, stage, pipe.specs, pipe.sizes, new, pipe.step,
+                         pipe.version + 1)  # fmt: skip
+    except MigrationError as exc:
+        build.set_handoff(pipe, old_cut)
+        pipe._log("rollback", sizes=list(pipe.sizes), requested=new, error=str(exc))
+        raise
+    if actions is not None:
+        a, b = bounds(new)[pipe.rank]
+        stage.set_memory_actions(list(actions)[a:b])
+    pipe.sizes, pipe.version = new, record.version
+    build.set_handoff(pipe, handoff)
+    if pipe.plan is not None and list(pipe.plan.sizes) != new:
+        pipe.plan = None  # explicit sizes: the plan's predictions no longer apply
+    pipe._plan_step = pipe.step
+    pipe.migrations.append(record)
+    pipe.partition_history.append((pipe.step, list(new)))
+    pipe._measure_next = True
+    if record.bytes_moved and record.pause_s > 0:  # the link as measured by this move
+        pipe._link = LinkCost(record.bytes_moved / record.pause_s)
+    pipe._log("migration", **dataclasses.asdict(record))
+    return record
+
+
+def rebalance(pipe: ElasticPipeline, remaining_steps: int | None) -> MigrationRecord | None:
+    """Re-plan from measured costs; migrate if it pays back (`ElasticPipeline.rebalance`)."""
+    pipe.drain()
+    horizon = pipe.options.rebalance_horizon if remaining_steps is None else remaining_steps
+    costs, actions = pipe.layer_costs()
+    schedule = pipe.schedule_name or pipe.schedule
+    current = evaluate(costs, pipe.sizes, actions, schedule=schedule,
+                       n_microbatches=pipe.n_microbatches, handoff=pipe.handoff)  # fmt: skip
+    decision = pipe.comm.agree(lambda: replan(
+        current, costs, pipe.planner, remaining_steps=horizon, link=pipe._link,
+        memory_budget=pipe.memory_budget, schedule=schedule,
+    ))  # fmt: skip
+    pipe._log("replan", changed=decision.changed, reason=decision.reason,
+              candidate=decision.candidate.to_dict())  # fmt: skip
+    pipe.plan, pipe._plan_step = decision.plan, pipe.step
+    if not decision.changed:
+        return None
+    return pipe.repartition(decision.plan.sizes, decision.plan.actions,
+                            decision.plan.handoff or None)  # fmt: skip
+
+
+def maybe_rebalance(pipe: ElasticPipeline, measured: bool) -> None:
+    """After a step: rebalance when a trigger fires (`pipeline.distributed.triggers`)."""
+    reason = pipe.triggers.reason(
+        pipe.comm, pipe.step, pipe._live_stage(), pipe.plan, measured,
+        steps_on_plan=pipe.step - pipe._plan_step,
+    )  # fmt: skip
+    if reason is not None:
+        pipe._log("trigger", reason=reason)
+        pipe.rebalance()
+
+
+def reconfigure(
+    pipe: ElasticPipeline,
+    specs: Sequence[LayerSpec],
+    *,
+    partition: str | Sequence[int] | Plan,
+    inherit_weights: bool,
+    inherit_from: WeightSnapshot | None,
+    loss_fn: LossFn | None,
+    optimizer: OptimizerFactory | None,
+) -> None:
+    """Take the next model on the same processes (`ElasticPipeline.reconfigure`)."""
+    new_specs = check_specs(specs)
+    pipe.drain()
+    requests = pipe.comm.all_gather_object([s.key for s in new_specs])
+    if any(r != requests[0] for r in requests):
+        raise ValueError("ranks passed different models to reconfigure")
+    if inherit_from is not None and not isinstance(inherit_from, WeightSnapshot):
+        raise TypeError(f"inherit_from must be a WeightSnapshot (from snapshot()), "
+                        f"got {type(inherit_from).__name__}")  # fmt: skip
+    source = inherit_from
+    if source is None and inherit_weights and pipe._stage is not None:
+        source = weights.snapshot(pipe, copy=False)  # references: the old layers are freed next
+    pipe._loss_fn = loss_fn or pipe._loss_fn
+    if optimizer is not None:
+        pipe._opt_ratio = optimizer_state_ratio(optimizer)
+        pipe._optimizer = optimizer
+    pipe.generation += 1
+    pipe._requested_handoff, pipe.handoff = None, ()  # a Plan may carry a new one
+    if pipe._stage is not None:
+        pipe._stage.close()  # free the old layers before building the new ones
+    build.setup(pipe, new_specs, partition)
+    pipe._log("reconfigure", layers=[s.key for s in new_specs])
+    if source is not None:
+        pipe._inherit = source
+        if pipe._stage is not None:
+            weights.take_inheritance(pipe)

@@ -1,0 +1,70 @@
+"""One flushed training step and one inference pass of the whole pipeline, batch in, result out.
+
+Kept apart from `pipeline.distributed.elastic` so the facade stays short; its `train_step`
+(for the flushed schedules: gpipe, 1f1b, zbh1) and `forward` delegate here, as its `train`
+does to `pipeline.distributed.stream` for the stream schedules. Both split the batch into
+micro-batches, plan and build on the first call of a partition="auto" model
+(`pipeline.distributed.build`) and run this stage's action list
+(`pipeline.distributed.executor`). A training step then counts itself, records its times
+for `stats` and lets the re-plan triggers look at it (`pipeline.distributed.elasticity`).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from pipeline.distributed import build, elasticity, executor, report
+from pipeline.errors import PipelineError
+from pipeline.local.carry import as_carry, unwrap
+from pipeline.local.microbatch import batch_size, split_microbatches
+from pipeline.pure.schedule import forward_only, stage_actions
+
+if TYPE_CHECKING:
+    from pipeline.distributed.elastic import ElasticPipeline
+
+__all__ = ["forward", "train_step"]
+
+
+def train_step(pipe: ElasticPipeline, x: Any, y: Any) -> float:
+    """One optimizer step on (x, y) under a flushed schedule; the mean micro-batch loss."""
+    chunks = split_microbatches(x, pipe.n_microbatches, "x")
+    targets = split_microbatches(y, pipe.n_microbatches, "y")
+    if pipe._stage is None:
+        build.plan_first(pipe, chunks[0])
+    stage = pipe._live_stage()
+    inputs = [as_carry(c, "the batch input") for c in chunks]
+    measure = pipe._measure_next or pipe.step % pipe.options.measure_memory_every == 0
+    rng = torch.random.get_rng_state()
+    try:
+        loss, times = executor.train_step(
+            stage, pipe._links, pipe.comm, pipe._actions, pipe.step, inputs, targets,
+            measure_memory=measure, on_nonfinite=pipe.options.on_nonfinite,
+        )  # fmt: skip
+    except PipelineError as error:  # raised on every rank; nothing is in flight
+        stage.abort_step()
+        pipe._log("error", error=str(error).split("\n", 1)[0])
+        raise
+    finally:
+        torch.random.set_rng_state(rng)
+    pipe._measure_next = False
+    pipe.step += 1
+    pipe._history.append((batch_size(x), report.token_count(x), times))
+    elasticity.maybe_rebalance(pipe, measure)
+    return loss
+
+
+def forward(pipe: ElasticPipeline, x: Any) -> Any:
+    """The model's output on the batch x (eval mode, no gradients), on every rank."""
+    pipe.drain()
+    size = batch_size(x)
+    m = max(k for k in range(1, pipe.n_microbatches + 1) if size % k == 0)
+    chunks = [as_carry(c, "the batch input") for c in split_microbatches(x, m, "x")]
+    if pipe._stage is None:
+        build.plan_first(pipe, chunks[0])
+    actions = stage_actions(forward_only, pipe.n_stages, m, pipe.rank)
+    outputs = executor.infer(pipe._live_stage(), pipe._links, pipe.comm, actions, pipe.step,
+                             chunks)  # fmt: skip
+    assert outputs is not None
+    return unwrap(tuple(torch.cat(parts) for parts in zip(*outputs, strict=True)))
