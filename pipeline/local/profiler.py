@@ -10,7 +10,7 @@ parameter, gradient and optimizer-state bytes (`pipeline.pure.costs.LayerCost`).
    device's measured matmul rate (backward: 2x the forward FLOPs).
 2. `sandbox`: one real, timed forward and backward per *distinct* layer signature
    (a model of 24 identical blocks is timed once), on inputs of the right shapes.
-3. measured: while training, `pipeline.local.meter.LayerMeter` (see `pipeline.local.stage`).
+3. measured: while training, `pipeline.local.meter.LayerMeter` (see `pipeline.local.stage_costs`).
 
 `CostCache` maps a layer signature (module type, its repr, which holds its dimensions, and
 the shapes it sees, which hold sequence length and micro-batch size) to its costs, so the

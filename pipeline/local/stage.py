@@ -6,12 +6,9 @@ processes: `pipeline.distributed.executor` runs a schedule's action list and cal
     begin_step        reset this step's sums (and, when asked, the memory counters)
     forward(i)        micro-batch i through the layers, each seeded by (seed, step, i, key);
                       the last stage applies the loss
-    backward(i)       last stage: backward of loss_i / M; others: backward of the outputs
-                      with the received gradients; returns the inputs' gradients
-    backward(i, split=True), then backward_weight(i)
-                      the same, in two parts: the inputs' gradients first, the weights'
-                      later, each node run once (`pipeline.local.backward`); a recomputed
-                      or swapped layer runs its whole backward in the first part
+    backward(i)       the inputs' gradients of micro-batch i from its outputs' (with
+                      split=True, the weights' wait for backward_weight(i): zero bubble);
+                      `pipeline.local.stage_backward`
     optimizer_step    apply the accumulated gradients, then zero them
     use_step(t)       PipeDream-2BW streams: the step of the next compute, whose weight
                       version W(t-1) the layers run with (`pipeline.local.versions`,
@@ -22,24 +19,17 @@ processes: `pipeline.distributed.executor` runs a schedule's action list and cal
     set_handoff       Bi-Partition (`pipeline.distributed.handoff`): the last k layers run
                       forward without a graph and send their inputs with the carry; the
                       next stage runs their backward on replicas (`pipeline.local.separable`)
-    end_step          the step's times; per-layer meters updated (abort_step: forget it)
+    end_step          the step's times; per-layer meters updated (abort_step: forget it),
+                      read back by the planner as costs (`pipeline.local.stage_costs`)
 
 An exception in a layer, the loss or the optimizer comes out as `ComputeError`, which says
 where (phase, layer key, micro-batch) and keeps the original exception as its cause.
 
 Layers run one at a time in both directions: each layer's input is a detached leaf, and
 backward walks the layers in reverse, handing each one the gradient of its outputs. That
-costs one autograd call per layer and buys per-layer time measurements and per-layer memory
-actions, chosen by the planner:
-
-    keep       autograd keeps the layer's saved tensors until its backward (the default)
-    recompute  forward under no_grad keeping only the input; re-run with grad at backward,
-               with the same RNG seed, so the result is bit-identical
-    swap       saved tensors go to host memory and come back for backward (GPU only)
-
-The loss of a step is the mean of the micro-batch losses and the gradients are those of
-that mean, exactly as one process with gradient accumulation computes them. A carry tensor
-carries a gradient exactly when it is floating point.
+costs one autograd call per layer and buys per-layer time measurements
+(`pipeline.local.stage_costs`) and per-layer memory actions, chosen by the planner: keep,
+recompute or swap (`pipeline.local.stage_memory`, which also counts the saved bytes).
 """
 
 from __future__ import annotations
@@ -53,18 +43,18 @@ from typing import Any
 import torch
 from torch import nn
 
+from pipeline.local import stage_backward, stage_costs, stage_memory
 from pipeline.local.asynchronous import AsyncWeights
-from pipeline.local.backward import backward_input, fused_backward
-from pipeline.local.carry import Carry, as_carry, floating, leaf, nbytes, unwrap
+from pipeline.local.carry import Carry, as_carry, leaf, nbytes, unwrap
 from pipeline.local.determinism import dropout_seed, seed_rng
 from pipeline.local.inflight import ComputeError, InFlight, StepTimes
 from pipeline.local.meter import LayerMeter, SavedBytes
 from pipeline.local.objective import LossFn, OptimizerFactory, build_optimizer, scalar_loss
 from pipeline.local.pipemare import PipeMareConfig, delay
-from pipeline.local.separable import HandedLayers, is_separable
+from pipeline.local.separable import HandedLayers
 from pipeline.local.spec import LayerSpec, build_layer
 from pipeline.local.versions import WeightVersions
-from pipeline.pure.costs import MEMORY_ACTIONS, LayerCost
+from pipeline.pure.costs import LayerCost
 from pipeline.pure.timeline import Span
 
 __all__ = ["ComputeError", "InFlight", "LossFn", "OptimizerFactory", "Stage", "StepTimes"]
@@ -143,16 +133,7 @@ class Stage:
         return None if not self.handoff_out else (True,) + (False,) * self.handoff_out
 
     def set_memory_actions(self, actions: Sequence[str]) -> None:
-        if len(actions) != len(self.layers):
-            raise ValueError(f"{len(actions)} memory actions for {len(self.layers)} layers")
-        for layer, action in zip(self.layers, actions, strict=True):
-            if action not in MEMORY_ACTIONS:
-                raise ValueError(f"memory action {action!r} is not one of {MEMORY_ACTIONS}")
-            if action == "swap" and self.device.type != "cuda":
-                action = "keep"  # host memory *is* the device memory: nothing to swap
-            layer.action = action
-        if self.index == self.n_stages - 1:
-            self.layers[-1].action = "keep"  # the loss is computed from it in the forward
+        stage_memory.set_memory_actions(self, actions)
 
     def load_matching(self, states: dict[str, dict[str, torch.Tensor]]) -> list[str]:
         """Load each layer's state from `states[key]` where every shape matches."""
@@ -168,37 +149,20 @@ class Stage:
 
     def seed_meters(self, costs: Sequence[LayerCost]) -> None:
         """Start each layer's meter from profiled costs (the first steps refine them)."""
-        for layer, cost in zip(self.layers, costs, strict=True):
-            layer.meter = LayerMeter(cost.forward_s, cost.backward_s, cost.activation_bytes,
-                                     cost.output_bytes, steps=1)  # fmt: skip
+        stage_costs.seed_meters(self, costs)
 
     def param_bytes(self) -> int:
         return sum(nbytes(p) for p in self.parameters())
 
     def measured_cost(self, index: int) -> LayerCost:
         """Layer `index`'s costs as measured here: smoothed times, bytes, state bytes."""
-        layer, meter = self.layers[index], self.layers[index].meter
-        params = list(layer.module.parameters())
-        state = self.optimizer.state if self.optimizer is not None else {}
-        return LayerCost(
-            key=layer.key, forward_s=meter.forward_s, backward_s=meter.backward_s,
-            activation_bytes=round(meter.activation_bytes), output_bytes=round(meter.output_bytes),
-            param_bytes=sum(nbytes(p) for p in params),
-            grad_bytes=sum(nbytes(p) for p in params if p.requires_grad),
-            optimizer_bytes=sum(nbytes(v) for p in params for v in state.get(p, {}).values()
-                                if isinstance(v, torch.Tensor) and v.dim() > 0),
-            separable=is_separable(layer.module),
-        )  # fmt: skip
+        return stage_costs.measured_cost(self, index)
 
     def state_bytes(self) -> int:
         """Parameters + gradients + optimizer state of this stage (what the planner counts),
         with 2BW's second weight version or PipeMare's T2 buffers, and Bi-Partition's
         replicas of the previous stage's handed layers (parameters and gradients)."""
-        layers = sum(c.state_bytes for c in map(self.measured_cost, range(len(self.layers))))
-        extra = self.versions.nbytes() if self.versions is not None else 0
-        if self.handed_in is not None:
-            extra += 2 * sum(nbytes(p) for p in self.handed_in.parameters())
-        return layers + extra
+        return stage_costs.state_bytes(self)
 
     def parameters(self) -> Iterator[torch.Tensor]:
         for layer in self.layers:
@@ -243,47 +207,21 @@ class Stage:
             layer.forward_s = layer.backward_s = 0.0
             layer.activation_bytes = layer.output_bytes = 0
         if measure_memory and not stream:
-            self._measure_below = -1  # every micro-batch
-            self.saved.begin_step(self._weight_tensors())
-            if self.device.type == "cuda":
-                torch.cuda.reset_peak_memory_stats(self.device)
+            stage_memory.begin_step(self)
 
     def measure_stream(self, window: int) -> None:
         """From now on, count the saved activations of micro-batches numbered below `window`
         (a segment's first steps, which reach its in-flight peak); each stream step then
         reports the peak so far. Per-layer meters keep their values in streams (a step's
         micro-batches interleave with the next step's, so per-step sums mean nothing)."""
-        self._measure_below = window
-        self.saved.begin_step(self._weight_tensors())
-
-    def _weight_tensors(self) -> list[torch.Tensor]:
-        """Parameters and every weight version (2BW): what saved activations exclude."""
-        extra = self.versions.tensors() if self.versions is not None else []
-        return [*self.parameters(), *extra]
-
-    def _measuring(self, i: int) -> bool:
-        return self._measure and (self._measure_below < 0 or i < self._measure_below)
+        stage_memory.measure_stream(self, window)
 
     def end_step(self) -> StepTimes:
         """Close a step that succeeded: its times, and each layer's meter updated."""
         times = self.times
         times.total_s = time.perf_counter() - self._start
-        times.peak_activation_bytes = self.saved.peak if self._measure else 0
-        if self._measure and self.device.type == "cuda":
-            times.allocator_peak_bytes = torch.cuda.max_memory_allocated(self.device)
-        m = self._n_microbatches
-        first_handed = len(self.layers) - self.handoff_out
-        for position, layer in enumerate(self.layers):
-            meter = layer.meter
-            # A recomputed or swapped layer saves less than it would keep: its meter keeps the
-            # bytes it keeps when kept (measured then, or profiled), which is what plans use.
-            sums = self._measure and not self._stream
-            kept = sums and layer.action == "keep"
-            activation = layer.activation_bytes / m if kept else meter.activation_bytes
-            output = layer.output_bytes / m if sums else meter.output_bytes
-            # a handed layer's backward runs on the next stage: its meter keeps its estimate
-            backward = meter.backward_s if position >= first_handed else layer.backward_s / m
-            meter.update(layer.forward_s / m, backward, activation, output)
+        stage_memory.end_step(self, times)
+        stage_costs.update_meters(self)
         return times
 
     def abort_step(self) -> None:
@@ -310,17 +248,6 @@ class Stage:
             raise ComputeError("forward", None, i, error) from error
         return leaf(carry) if self.index > 0 else carry
 
-    @contextlib.contextmanager
-    def _memory_mode(self, layer: _Layer, i: int, added: list[int]) -> Iterator[None]:
-        with contextlib.ExitStack() as stack:
-            if layer.action == "recompute":
-                stack.enter_context(torch.no_grad())
-            elif layer.action == "swap":
-                stack.enter_context(torch.autograd.graph.save_on_cpu(pin_memory=True))
-            if self._measuring(i) and layer.action != "swap":
-                stack.enter_context(self.saved.saving(i, added))
-            yield
-
     def _call(self, layer: _Layer, i: int, carry: Carry) -> Carry:
         # a stream numbers micro-batches across its steps: i % M is the index in the step
         seed_rng(dropout_seed(self.seed, self._step, i % self._n_microbatches, layer.key),
@@ -346,7 +273,8 @@ class Stage:
         if self.handed_in is not None:  # the handed layers' inputs ride ahead of the carry
             k = len(self.handed_in)
             state.handed, carry = tuple(t.detach() for t in carry[:k]), leaf(carry[k:])
-            if self._measuring(i):  # kept until the backward, counted in no layer's meter
+            # kept until the backward, counted in no layer's meter
+            if stage_memory.measuring(self, i):
                 self.saved.hold(i, state.handed)
         own = len(self.layers) - self.handoff_out
         wire: list[torch.Tensor] = []
@@ -359,8 +287,8 @@ class Stage:
                 continue
             if position > 0:
                 carry = leaf(carry)
-            added = [self.saved.hold(i, carry) if self._measuring(i) else 0]
-            with self._memory_mode(layer, i, added):
+            added = [self.saved.hold(i, carry) if stage_memory.measuring(self, i) else 0]
+            with stage_memory.memory_mode(self, layer, i, added):
                 out = self._timed_call(layer, i, carry, added)
             state.inputs.append(carry)
             state.outputs.append(out)
@@ -395,117 +323,11 @@ class Stage:
         split=True leaves the weight gradients of the layers that can be split for
         `backward_weight` (the graph stays in `state` until then).
         """
-        start = time.perf_counter()
-        asynchronous = self.versions if isinstance(self.versions, AsyncWeights) else None
-        with asynchronous.backward_weights(i) if asynchronous else contextlib.nullcontext():
-            grads = self._backward_layers(state, i, grads, split)
-        if self.handed_in is not None:
-            grads = [self._handed_backward(state, i, grads, split)]
-        self.span(f"BI{i}" if split else f"B{i}", start, "backward")
-        state.loss, state.inputs, state.outputs, state.handed = None, [], [], ()
-        if self._measure and not split:
-            self.saved.release(i)
-        if asynchronous is not None and asynchronous.due(i):  # PipeMare: update in place
-            t0 = time.perf_counter()
-            try:
-                asynchronous.update(self.optimizer)
-            except Exception as error:
-                raise ComputeError("optimizer", None, i, error) from error
-            self.times.optimizer_s += self.span("optimizer step", t0, "optimizer")
-        return list(grads)
-
-    def _backward_layers(
-        self, state: InFlight, i: int, grads: Sequence[torch.Tensor], split: bool
-    ) -> Sequence[torch.Tensor]:
-        for position in reversed(range(len(self.layers) - self.handoff_out)):
-            layer = self.layers[position]
-            t0 = time.perf_counter()
-            try:
-                grads = self._backward_layer(state, position, i, grads, split)
-            except ComputeError:
-                raise
-            except Exception as error:
-                error.add_note(f"in the backward of layer {layer.key!r} on stage {self.index}")
-                raise ComputeError("backward", layer.key, i, error) from error
-            if layer.action == "recompute":
-                t0 = self._recompute_end
-            elapsed = time.perf_counter() - t0
-            layer.backward_s += elapsed
-            self.times.backward_s += elapsed
-        return grads
-
-    def _handed_backward(
-        self, state: InFlight, i: int, grads: Sequence[torch.Tensor], split: bool
-    ) -> torch.Tensor:
-        """The previous stage's handed layers' backward, from the gradient of their output
-        (split: their weight gradients wait for `backward_weight`)."""
-        assert self.handed_in is not None and len(grads) == 1, "a handed layer has one output"
-        t0 = time.perf_counter()
-        try:
-            grad, state.handed_weight = self.handed_in.backward(state.handed, grads[0], split)
-        except Exception as error:
-            keys = ", ".join(self.handed_in.keys)
-            error.add_note(f"in the backward of handed layers [{keys}] on stage {self.index}")
-            raise ComputeError("backward", self.handed_in.keys[-1], i, error) from error
-        self.times.backward_s += time.perf_counter() - t0
-        return grad
-
-    def _handed_weight(self, state: InFlight, i: int) -> None:
-        assert self.handed_in is not None
-        t0 = time.perf_counter()
-        try:
-            for accumulate in state.handed_weight:
-                accumulate()
-        except Exception as error:
-            error.add_note(f"in the weight-gradient backward (W) of handed layers on stage "
-                           f"{self.index}")  # fmt: skip
-            raise ComputeError("backward", self.handed_in.keys[-1], i, error) from error
-        state.handed_weight = []
-        self.times.backward_s += time.perf_counter() - t0
+        return stage_backward.backward(self, state, i, grads, split)
 
     def backward_weight(self, state: InFlight, i: int) -> None:
         """The weight gradients `backward(split=True)` left for micro-batch i; frees its graph."""
-        start = time.perf_counter()
-        for position in sorted(state.weight, reverse=True):
-            layer, t0 = self.layers[position], time.perf_counter()
-            try:
-                state.weight.pop(position).run()
-            except Exception as error:
-                error.add_note(f"in the weight-gradient backward (W) of layer {layer.key!r} on "
-                               f"stage {self.index}")  # fmt: skip
-                raise ComputeError("backward", layer.key, i, error) from error
-            elapsed = time.perf_counter() - t0
-            layer.backward_s += elapsed
-            self.times.backward_s += elapsed
-        if state.handed_weight:
-            self._handed_weight(state, i)
-        self.span(f"W{i}", start, "weight")
-        if self._measure:
-            self.saved.release(i)
-
-    def _backward_layer(
-        self, state: InFlight, position: int, i: int, grads: Sequence[torch.Tensor], split: bool
-    ) -> Sequence[torch.Tensor]:
-        layer, inputs = self.layers[position], state.inputs[position]
-        outputs: Carry
-        if position == len(self.layers) - 1 and state.loss is not None:
-            loss = state.loss / self._n_microbatches
-            outputs, grads = (loss,), (torch.ones_like(loss),)
-        else:
-            outputs = state.outputs[position]
-            if layer.action == "recompute":
-                with torch.enable_grad():
-                    outputs = self._call(layer, i, inputs)
-                self._recompute_end = time.perf_counter()  # backward time excludes it
-        state.outputs[position] = ()
-        wanted = floating(inputs)
-        if split and layer.action == "keep":
-            input_grads, work = backward_input(floating(outputs), grads, wanted)
-            if work:
-                state.weight[position] = work
-        else:
-            input_grads = fused_backward(floating(outputs), grads, wanted)
-        return () if position == 0 and self.index == 0 else input_grads
+        stage_backward.backward_weight(self, state, i)
 
     def optimizer_step(self) -> None:
         t0, optimizer = time.perf_counter(), self.optimizer

@@ -7,7 +7,7 @@ lets all of that run and be tested without a process or a tensor.
 
 Units: seconds per micro-batch, bytes per micro-batch for activations, bytes for state.
 
-Memory actions, per layer (the runtime's `pipeline.local.stage` implements them)::
+Memory actions, per layer (the runtime's `pipeline.local.stage_memory` implements them)::
 
     keep       saved activations stay on the device until the backward: activation_bytes
     recompute  the forward keeps only its input; re-run before the backward: +recompute_s

@@ -1,0 +1,85 @@
+"""What one stage's layers cost, as measured while they train: what the planner reads back.
+
+Kept apart from `pipeline.local.stage` so the stage stays short; its `seed_meters`,
+`measured_cost`, `state_bytes` and `end_step` delegate here. Each layer has a
+`pipeline.local.meter.LayerMeter`, started from the profiled costs when the stage is built
+from a plan; every step that succeeds adds its per-micro-batch times and bytes
+(`update_meters`), and a re-plan reads them back as `pipeline.pure.costs.LayerCost`s
+(`pipeline.distributed.agreement.measured_costs` gathers them from every stage).
+
+What a meter keeps when a step cannot measure a number:
+
+    activation bytes   a recomputed or swapped layer saves less than it would keep: its
+                       meter keeps the bytes it keeps when kept (measured then, or profiled),
+                       which is what plans use; steps that do not measure memory, and
+                       streams (whose micro-batches interleave across steps), leave it as is
+    backward time      a handed layer's backward runs on the next stage (Bi-Partition): its
+                       meter keeps its estimate
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import torch
+
+from pipeline.local.carry import nbytes
+from pipeline.local.meter import LayerMeter
+from pipeline.local.separable import is_separable
+from pipeline.pure.costs import LayerCost
+
+if TYPE_CHECKING:
+    from pipeline.local.stage import Stage
+
+__all__ = ["measured_cost", "seed_meters", "state_bytes", "update_meters"]
+
+
+def seed_meters(stage: Stage, costs: Sequence[LayerCost]) -> None:
+    """Start each layer's meter from profiled costs (the first steps refine them)."""
+    for layer, cost in zip(stage.layers, costs, strict=True):
+        layer.meter = LayerMeter(cost.forward_s, cost.backward_s, cost.activation_bytes,
+                                 cost.output_bytes, steps=1)  # fmt: skip
+
+
+def update_meters(stage: Stage) -> None:
+    """Add the step that just succeeded (its sums over micro-batches) to every layer's meter."""
+    m = stage._n_microbatches
+    first_handed = len(stage.layers) - stage.handoff_out
+    for position, layer in enumerate(stage.layers):
+        meter = layer.meter
+        # A recomputed or swapped layer saves less than it would keep (module doc).
+        sums = stage._measure and not stage._stream
+        kept = sums and layer.action == "keep"
+        activation = layer.activation_bytes / m if kept else meter.activation_bytes
+        output = layer.output_bytes / m if sums else meter.output_bytes
+        # a handed layer's backward runs on the next stage: its meter keeps its estimate
+        backward = meter.backward_s if position >= first_handed else layer.backward_s / m
+        meter.update(layer.forward_s / m, backward, activation, output)
+
+
+def measured_cost(stage: Stage, index: int) -> LayerCost:
+    """Layer `index`'s costs as measured here: smoothed times, bytes, state bytes."""
+    layer, meter = stage.layers[index], stage.layers[index].meter
+    params = list(layer.module.parameters())
+    state = stage.optimizer.state if stage.optimizer is not None else {}
+    return LayerCost(
+        key=layer.key, forward_s=meter.forward_s, backward_s=meter.backward_s,
+        activation_bytes=round(meter.activation_bytes), output_bytes=round(meter.output_bytes),
+        param_bytes=sum(nbytes(p) for p in params),
+        grad_bytes=sum(nbytes(p) for p in params if p.requires_grad),
+        optimizer_bytes=sum(nbytes(v) for p in params for v in state.get(p, {}).values()
+                            if isinstance(v, torch.Tensor) and v.dim() > 0),
+        separable=is_separable(layer.module),
+    )  # fmt: skip
+
+
+def state_bytes(stage: Stage) -> int:
+    """Parameters + gradients + optimizer state of the stage (what the planner counts), with
+    2BW's second weight version or PipeMare's T2 buffers, and Bi-Partition's replicas of
+    the previous stage's handed layers (parameters and gradients)."""
+    layers = sum(c.state_bytes for c in map(stage.measured_cost, range(len(stage.layers))))
+    extra = stage.versions.nbytes() if stage.versions is not None else 0
+    if stage.handed_in is not None:
+        extra += 2 * sum(nbytes(p) for p in stage.handed_in.parameters())
+    return layers + extra
