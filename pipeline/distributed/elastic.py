@@ -50,7 +50,7 @@ from pipeline.local.pipemare import PipeMareConfig, check_pipemare
 from pipeline.local.profiler import CostCache, optimizer_state_ratio
 from pipeline.local.spec import LayerSpec
 from pipeline.local.stage import LossFn, OptimizerFactory, Stage, StepTimes
-from pipeline.pure.costs import LayerCost, LinkCost
+from pipeline.pure.costs import HOST_LINK, LayerCost
 from pipeline.pure.partition import bounds
 from pipeline.pure.planner import Plan, Planner, get_planner
 from pipeline.pure.schedule import (
@@ -64,8 +64,6 @@ from pipeline.pure.schedule import (
 from pipeline.pure.two_bw import check_2bw
 
 __all__ = ["ElasticPipeline"]
-
-_DEFAULT_LINK = LinkCost(bandwidth_bytes_per_s=1e9, latency_s=1e-4)  # until one is measured
 
 
 class ElasticPipeline:
@@ -193,7 +191,7 @@ class ElasticPipeline:
         )
         self._opt_ratio = optimizer_state_ratio(optimizer)  # also checks the factory
         self._seed, self._optimizer, self._loss_fn = seed, optimizer, loss_fn
-        self._link = _DEFAULT_LINK
+        self._link = HOST_LINK  # until one is measured
         self.generation = 0  # +1 per reconfigure: which model this is
         self.events: list[PipelineEvent] = []  # the pipeline's life: builds, migrations...
         self._closed = False

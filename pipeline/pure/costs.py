@@ -163,6 +163,10 @@ class LinkCost:
         return self.latency_s + nbytes / self.bandwidth_bytes_per_s
 
 
+# About gloo between two processes on one host: what plans assume until a link is measured.
+HOST_LINK = LinkCost(bandwidth_bytes_per_s=1e9, latency_s=1e-4)
+
+
 def kept_bytes(costs: Sequence[LayerCost], index: int) -> int:
     """Bytes layer `index` keeps per micro-batch when recomputed or swapped: its input."""
     held = costs[index - 1].output_bytes if index > 0 else 0

@@ -11,9 +11,9 @@ runtime does not replicate.
 
 A cut is not free: the boundary carries the handed layers' inputs besides the output, on
 every micro-batch (for a Linear, its input beside its output). So both plans are simulated
-with the link between stages (`link`; without one, `STAGE_LINK`, about gloo between two
-processes on one host), and a cut whose saving the extra bytes eat is not taken. The
-search itself balances compute only; the simulator has the last word.
+with the link between stages (`link`; without one, `pipeline.pure.costs.HOST_LINK`, about
+gloo between two processes on one host), and a cut whose saving the extra bytes eat is not
+taken. The search itself balances compute only; the simulator has the last word.
 """
 
 from __future__ import annotations
@@ -22,14 +22,12 @@ import dataclasses
 from collections.abc import Sequence
 
 from pipeline.pure.bipartition import search
-from pipeline.pure.costs import LayerCost, LinkCost
+from pipeline.pure.costs import HOST_LINK, LayerCost, LinkCost
 from pipeline.pure.planner.base import Plan, Planner, ScheduleLike, check_problem
 from pipeline.pure.planner.time import TimePlanner
 from pipeline.pure.schedule import is_stream
 
-__all__ = ["STAGE_LINK", "BiPartitionPlanner"]
-
-STAGE_LINK = LinkCost(bandwidth_bytes_per_s=1e9, latency_s=1e-4)  # when none is given
+__all__ = ["BiPartitionPlanner"]
 
 
 class BiPartitionPlanner(Planner):
@@ -53,7 +51,7 @@ class BiPartitionPlanner(Planner):
         link: LinkCost | None = None,
     ) -> Plan:
         check_problem(costs, n_stages, n_microbatches)
-        link = STAGE_LINK if link is None else link
+        link = HOST_LINK if link is None else link
         whole = TimePlanner().plan(costs, n_stages, schedule=schedule,
                                    n_microbatches=n_microbatches, memory_budget=memory_budget,
                                    link=link)  # fmt: skip
