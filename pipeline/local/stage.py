@@ -115,7 +115,7 @@ class Stage:
         # next stage; `handed_in` runs the previous stage's handed layers' backward here
         self.handoff_out = 0
         self.handed_in: HandedLayers | None = None
-        self.times, self._start, self._recompute_end = StepTimes(), 0.0, 0.0
+        self.times, self._start = StepTimes(), 0.0
 
     def set_handoff(self, handoff_out: int, handed_in: HandedLayers | None) -> None:
         """Bi-Partition's cut at both ends of this stage (`pipeline.distributed.handoff`)."""

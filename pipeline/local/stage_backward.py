@@ -97,15 +97,13 @@ def _backward_layers(
         layer = stage.layers[position]
         t0 = time.perf_counter()
         try:
-            grads = _backward_layer(stage, state, position, i, grads, split)
+            grads, recomputed_at = _backward_layer(stage, state, position, i, grads, split)
         except ComputeError:
             raise
         except Exception as error:
             error.add_note(f"in the backward of layer {layer.key!r} on stage {stage.index}")
             raise ComputeError("backward", layer.key, i, error) from error
-        if layer.action == "recompute":
-            t0 = stage._recompute_end
-        elapsed = time.perf_counter() - t0
+        elapsed = time.perf_counter() - (t0 if recomputed_at is None else recomputed_at)
         layer.backward_s += elapsed
         stage.times.backward_s += elapsed
     return grads
@@ -118,9 +116,11 @@ def _backward_layer(
     i: int,
     grads: Sequence[torch.Tensor],
     split: bool,
-) -> Sequence[torch.Tensor]:
+) -> tuple[Sequence[torch.Tensor], float | None]:
+    """(the layer's inputs' gradients, when its recompute ended: backward time excludes it)."""
     layer, inputs = stage.layers[position], state.inputs[position]
     outputs: Carry
+    recomputed_at = None
     if position == len(stage.layers) - 1 and state.loss is not None:
         loss = state.loss / stage._n_microbatches
         outputs, grads = (loss,), (torch.ones_like(loss),)
@@ -129,7 +129,7 @@ def _backward_layer(
         if layer.action == "recompute":
             with torch.enable_grad():
                 outputs = stage._call(layer, i, inputs)
-            stage._recompute_end = time.perf_counter()  # backward time excludes it
+            recomputed_at = time.perf_counter()
     state.outputs[position] = ()
     wanted = floating(inputs)
     if split and layer.action == "keep":
@@ -138,7 +138,7 @@ def _backward_layer(
             state.weight[position] = work
     else:
         input_grads = fused_backward(floating(outputs), grads, wanted)
-    return () if position == 0 and stage.index == 0 else input_grads
+    return (() if position == 0 and stage.index == 0 else input_grads), recomputed_at
 
 
 def _handed_backward(

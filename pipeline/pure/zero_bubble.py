@@ -28,7 +28,7 @@ for its W): the step is shorter because the gradient leaves a stage after BI ins
 after the whole backward, and the stage above runs its BI while this one runs W.
 
 The first stage sends no gradient upstream, so its split would buy nothing and cost the
-split's overhead (`pipeline.local.backward`: 1.15-1.18x a fused backward on CPU): its list
+split's overhead (`pipeline.local.backward`: about 1.2x a fused backward on CPU): its list
 runs one fused BACKWARD where the replay put W, the same work at the same point::
 
     stage 0:  F0 F1 .  B0    F2 B1    F3 B2    .  B3       <- the same 14 units
@@ -55,12 +55,12 @@ def zbh1(n_stages: int, n_microbatches: int, stage: int) -> list[Action]:
 
 
 def _fused_at_w(actions: list[Action]) -> list[Action]:
-    """The first stage's lists without splits: each BI_i dropped, its W_i a whole B_i.
+    """The first stage's list without splits: each BI_i dropped, its W_i a whole B_i.
 
     Nothing waits for the first stage's input gradient (the batch needs none), so its BI
     only delays W's work; a fused backward where W stood does the same work in one pass,
-    at the same point, and skips the split's cost (planning it, one engine call per split
-    node, the weight half run later and away from its operands in cache).
+    at the same point, and skips the split's cost, which lies outside the kernels (planning
+    the split in Python, one autograd engine call per split node, the hooks).
     """
     fused = [a for a in actions if a.op is not Op.BACKWARD_INPUT]
     return [Action(Op.BACKWARD, a.microbatch) if a.op is Op.BACKWARD_WEIGHT else a
