@@ -11,9 +11,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from nas.plugins import is_import_path
+
 __all__ = [
     "DIRECTIONS",
     "OBJECTIVES",
+    "TASK_METRICS",
     "NasSettings",
     "PipelineSettings",
     "PrunerSettings",
@@ -25,10 +28,28 @@ __all__ = [
     "TrainSettings",
 ]
 
-OBJECTIVES = {"validation_loss": "minimize", "tokens_per_s": "maximize",
-              "peak_memory_bytes": "minimize"}  # fmt: skip
+# What a study may optimise: every metric a trial logs once it has trained, with its
+# direction. The first objective is the fitness: measured at every evaluation (a
+# `validation_*` metric), it is what pruners and hurdles see and what evolution ranks by.
+OBJECTIVES = {
+    "validation_loss": "minimize",
+    "validation_accuracy": "maximize",
+    "validation_chrf": "maximize",
+    "validation_exact_match": "maximize",
+    "validation_bits_per_char": "minimize",
+    "tokens_per_s": "maximize",
+    "peak_memory_bytes": "minimize",
+    "parameters": "minimize",
+}
 DIRECTIONS = ("minimize", "maximize")
 TASKS = ("translation", "charlm", "textfile")
+# The validation metrics each task measures (nas.tasks: `evaluate` of each task).
+TASK_METRICS = {
+    "translation": ("validation_loss", "validation_accuracy", "validation_chrf",
+                    "validation_exact_match"),
+    "charlm": ("validation_loss", "validation_accuracy", "validation_bits_per_char"),
+    "textfile": ("validation_loss", "validation_accuracy", "validation_bits_per_char"),
+}  # fmt: skip
 SAMPLERS = ("tpe", "nsga2", "random", "gp", "evolution")
 PRUNERS = ("pdh", "median", "none")
 TRACKERS = ("wandb", "jsonl", "none")
@@ -43,6 +64,15 @@ PLANNERS = ("time", "memory", "bipartition")  # bipartition: Bi-Partition's cut 
 def _one_of(key: str, value: Any, valid: tuple[str, ...] | list[str]) -> None:
     if value not in valid:
         raise ValueError(f"{key}={value!r} is not valid; valid values: {', '.join(valid)}")
+
+
+def _built_in_or_class(key: str, value: Any, valid: tuple[str, ...]) -> None:
+    """One of the built-in choices, or a user's class by import path (`nas.plugins`)."""
+    if not (isinstance(value, str) and is_import_path(value)):
+        try:
+            _one_of(key, value, valid)
+        except ValueError as error:
+            raise ValueError(f"{error}, or a class as 'package.module:ClassName'") from None
 
 
 def _positive(key: str, value: Any, *, allow_none: bool = False) -> None:
@@ -71,12 +101,23 @@ class StudySettings:
                              + ", ".join(OBJECTIVES))  # fmt: skip
         for objective in self.objectives:
             _one_of("study.objectives", objective, list(OBJECTIVES))
-        if self.objectives[0] != "validation_loss":
-            raise ValueError("study.objectives must start with validation_loss (the fitness)")
+        if not self.objectives[0].startswith("validation_"):
+            raise ValueError(
+                f"study.objectives={list(self.objectives)} must start with a validation metric "
+                "(the fitness, measured at every evaluation); valid first objectives: "
+                + ", ".join(o for o in OBJECTIVES if o.startswith("validation_"))
+            )
+        if len(set(self.objectives)) != len(self.objectives):
+            raise ValueError(f"study.objectives={list(self.objectives)} names one twice")
 
     @property
     def directions(self) -> list[str]:
         return [OBJECTIVES[o] for o in self.objectives]
+
+    @property
+    def fitness(self) -> str:
+        """The first objective: what pruners, hurdles and evolution compare."""
+        return self.objectives[0]
 
 
 @dataclass
@@ -85,12 +126,22 @@ class TrainSettings:
     batch_size: int = 32
     lr: float = 2e-3
     eval_every: int = 20
-    eval_batches: int = 4
+    eval_batches: int = 4  # validation batches per evaluation; the final one reads them all
+    # translation: validation pairs greedily decoded (chrF, exact match) per evaluation
+    # (a fixed, evenly spaced subset) and at the final one; None: all, 0: none
+    decode_pairs: int | None = 64
+    final_decode_pairs: int | None = None
     dropout: float = 0.1
 
     def __post_init__(self) -> None:
         for key in ("steps", "batch_size", "eval_every", "eval_batches"):
             _positive(f"train.{key}", getattr(self, key))
+        for key in ("decode_pairs", "final_decode_pairs"):
+            value = getattr(self, key)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                                      or value < 0):  # fmt: skip
+                raise ValueError(f"train.{key}={value!r} is not valid; use a count >= 0 "
+                                 "(0: no decoding) or null (all pairs)")  # fmt: skip
         if not self.lr > 0:
             raise ValueError(f"train.lr={self.lr!r} is not valid; it must be > 0")
         if not 0 <= self.dropout < 1:
@@ -162,7 +213,7 @@ class SamplerSettings:
     options: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        _one_of("sampler", self.name, SAMPLERS)
+        _built_in_or_class("sampler", self.name, SAMPLERS)
 
 
 @dataclass
@@ -180,7 +231,7 @@ class TrackerSettings:
     options: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        _one_of("tracker", self.name, TRACKERS)
+        _built_in_or_class("tracker", self.name, TRACKERS)
 
 
 @dataclass
@@ -208,6 +259,14 @@ class NasSettings:
                 f"search_space.decoder_only={self.search_space.decoder_only} does not fit "
                 f"task={self.task.name}; valid: {wants} (or leave it unset)"
             )
+        measured = TASK_METRICS[self.task.name]
+        for objective in self.study.objectives:
+            if objective.startswith("validation_") and objective not in measured:
+                raise ValueError(
+                    f"study.objectives has {objective}, which task={self.task.name} does not "
+                    f"measure; valid: {', '.join(measured)} and "
+                    + ", ".join(o for o in OBJECTIVES if not o.startswith("validation_"))
+                )
         self._check_pruner()
         if self.train.batch_size % self.pipeline.n_microbatches:
             raise ValueError(

@@ -30,9 +30,12 @@ import sqlalchemy
 from optuna.storages import BaseStorage, JournalStorage, RDBStorage
 from optuna.storages.journal import JournalFileBackend
 
+from nas.errors import HeartbeatError, describe
+
 __all__ = [
     "GRACE_S",
     "HEARTBEAT_S",
+    "SQLITE_BUSY_S",
     "Heartbeat",
     "fail_stale",
     "make_storage",
@@ -42,6 +45,7 @@ __all__ = [
 
 HEARTBEAT_S = 5
 GRACE_S = 30
+SQLITE_BUSY_S = 20.0  # how long a write waits for another process's lock (sqlite3: 5 s)
 JOURNAL = "journal://"
 
 
@@ -60,9 +64,13 @@ def make_storage(
             f"study.storage={url!r} is not valid; use an SQLAlchemy URL "
             "(sqlite:///path.db, postgresql://...) or journal:///path/to/file.log"
         )
+    # a SQLite writer waits SQLITE_BUSY_S for a lock (a `?timeout=` in the URL wins)
+    busy = {"connect_args": {"timeout": SQLITE_BUSY_S}}
+    engine = busy if url.startswith("sqlite") and "timeout=" not in url else None
     with warnings.catch_warnings():  # heartbeats are "experimental" in Optuna 5
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        rdb = RDBStorage(url, heartbeat_interval=heartbeat_s, grace_period=grace_s,
+        rdb = RDBStorage(url, engine_kwargs=engine, heartbeat_interval=heartbeat_s,
+                         grace_period=grace_s,
                          heartbeat_stale_trial_callback=_ask_again)  # fmt: skip
     if url.startswith("sqlite"):
         sqlalchemy.event.listen(rdb.engine, "connect", _write_ahead)
@@ -118,7 +126,10 @@ class Heartbeat:
     """While a trial trains, record its heartbeat every `HEARTBEAT_S` s (RDB storages).
 
     Rank 0 starts it when it asks the trial and stops it when it tells the result; on
-    storages without heartbeats it does nothing.
+    storages without heartbeats it does nothing. If recording raises (the storage is gone,
+    or locked past its busy timeout), the thread ends and keeps the error: `check()`, which
+    rank 0 calls at every decision of the trial, raises it, so the trial fails with that
+    cause instead of being failed later, silently, as stale.
     """
 
     def __init__(self, study: optuna.Study, trial: optuna.Trial) -> None:
@@ -129,6 +140,7 @@ class Heartbeat:
         self._trial_id = trial._trial_id
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
 
     def start(self) -> None:
         if self._record is not None and self._interval is not None:
@@ -140,9 +152,19 @@ class Heartbeat:
         if self._thread is not None:
             self._thread.join()
 
+    def check(self) -> None:
+        """Raise `HeartbeatError` if the thread died (once: the error is then cleared)."""
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise HeartbeatError(f"the trial's heartbeat stopped: {describe(error)}") from error
+
     def _beat(self) -> None:
         assert self._record is not None and self._interval is not None
         while True:
-            self._record(self._trial_id)
+            try:
+                self._record(self._trial_id)
+            except Exception as error:
+                self._error = error
+                return
             if self._stop.wait(self._interval):
                 return

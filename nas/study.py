@@ -1,46 +1,60 @@
-"""One NAS study on long-lived stage processes: Optuna asks on rank 0, every stage trains.
+"""One NAS study on long-lived stage processes, top to bottom: the lifecycle in one place.
 
 `run_study(settings)` starts the stage processes once (`pipeline.launch`) and keeps them for
 the whole study; each candidate is a `reconfigure` of the same `ElasticPipeline`, never a
-restart. Per trial, numbered:
+restart. Every stage process runs `_stage_main`; rank 0 alone holds the study
+(`nas.leader.Leader`) and makes the decisions, numbered as they happen:
 
-    1. rank 0 asks Optuna for a trial and samples an architecture define-by-run from it
-       (an invalid one is told FAIL with its cause, and the next is asked);
-    2. the architecture (JSON) is broadcast; every rank compiles it to layers and
-       reconfigures (planned from the cost cache; weights inherited when asked);
-    3. every rank trains `train.steps` steps; every `train.eval_every` steps the validation
-       loss is measured on every rank, rank 0 reports it and decides whether to prune, and
-       broadcasts the decision;
-    4. a failure (a layer error, a NaN loss, a memory plan that cannot fit) is raised on
-       every rank by the runtime: rank 0 tells FAIL and records the cause in the trial's
-       user attributes; the study goes on with the same processes;
-    5. rank 0 tells the objective values (validation loss, and tokens/s or peak memory for
-       multi-objective studies) and the tracker logs the trial.
+    1. open    rank 0 opens the study (seeds enqueued), the tracker and the progress bars;
+    2. ask     rank 0 asks Optuna for a trial and samples its architecture (every sample is
+               a valid architecture; see `search_spaces.evolved_transformer`);
+    3. build   every rank compiles the architecture to layers and reconfigures (planned
+               from the cost cache; weights inherited when asked);
+    4. train   every rank trains `train.steps` steps; every `train.eval_every` steps every
+               rank evaluates (loss, accuracy, chrF and exact match of greedy decoding, or
+               bits per character), and rank 0 logs, reports the fitness and decides pruning;
+    5. tell    rank 0 records the outcome: the objective values, or the cause of a failure;
+    6. close   rank 0 ends the tracker's runs and says how the study went.
 
-If a stage process dies, `launch` raises; the trial left RUNNING is failed with the cause
-and the processes are started again, up to `study.max_restarts` times. Re-running with the
-same study name resumes toward `study.n_trials` finished trials.
+Rank 0's decisions (1, 2, 4's report, 5) go through `Decisions`: every rank waits in the same
+broadcast and receives the decision, or, if rank 0 raised while making it (storage locked or
+gone, a tracker or sampler error), the same `LeaderError`. Failures, by where they happen:
+
+* in the runtime while a trial builds or trains (a layer error, a NaN loss, a memory plan
+  that cannot fit): raised on every rank by the runtime; the trial fails with its cause;
+* in rank 0's decision during training (4): the trial fails with that cause, the study
+  goes on;
+* in rank 0's decision at 1, 2 or 5: the study stops on every rank, the processes end
+  cleanly, and `run_study` raises the `LeaderError`;
+* a stage process dies: `launch` raises; the trial left RUNNING is failed with the cause and
+  the processes are started again, up to `study.max_restarts` times.
+
+Re-running with the same study name resumes toward `study.n_trials` finished trials.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import itertools
 import math
+import sys
 import time
 import traceback
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
 import pipeline
 from nas import storage, trials
+from nas.errors import LeaderError, describe
 from nas.inheritance import WeightBank
-from nas.settings import NasSettings
-from nas.tasks import Task, TokenStats, get_task
+from nas.leader import Leader, StudyEnd, TrialOrder
+from nas.settings import OBJECTIVES, NasSettings
+from nas.tasks import Task, get_task
 from nas.tracking import pipeline_metrics
 from pipeline import (
     ElasticPipeline,
@@ -56,6 +70,7 @@ from search_spaces.compile import parameter_count
 
 __all__ = ["StudyResult", "run_study"]
 
+T = TypeVar("T")
 _KEEP = 32  # trained trials whose weights a later candidate may start from (at least)
 _TRIAL_ERRORS = (PipelineError, InfeasibleBudgetError, InvalidArchitecture, ValueError,
                  RuntimeError)  # fmt: skip
@@ -75,21 +90,27 @@ class StudyResult:
 def run_study(settings: NasSettings) -> StudyResult:
     """Run (or resume) the study described by `settings`; returns when it has enough trials.
 
-    Under torchrun every process calls this: each is one stage, rank 0 alone opens the
-    study, and a death is torchrun's to handle (restart the job: it resumes).
+    Raises `LeaderError` (on every process) when rank 0 could not open the study, ask for a
+    trial or record one. Under torchrun every process calls this: each is one stage, rank 0
+    alone opens the study, and a death is torchrun's to handle (restart the job: it resumes).
     """
     Path(settings.studies_dir).mkdir(parents=True, exist_ok=True)
     Path(settings.output_dir).mkdir(parents=True, exist_ok=True)
     owner = storage.this_owner()  # the trials this harness asks carry it (nas.storage)
     if pipeline.under_torchrun():
-        finished, dirs = _launch(settings, owner)
-        return StudyResult(settings.study.name, settings.storage_url, finished, 0, tuple(dirs))
+        end = _launch(settings, owner)
+        return StudyResult(settings.study.name, settings.storage_url, end.finished, 0,
+                           end.run_dirs)  # fmt: skip
     study = trials.open_study(settings)
     restarts = 0
     run_dirs: list[str] = []
     while trials.remaining(study, settings.study.n_trials) > 0:
         try:
-            run_dirs.extend(_launch(settings, owner)[1])
+            run_dirs.extend(_launch(settings, owner).run_dirs)
+        except LeaderError as error:  # the study stopped on every rank: its trial is retried
+            with contextlib.suppress(Exception):  # the storage may be what failed
+                trials.fail_running(study, f"the study stopped: {error}", owner)
+            raise
         except pipeline.StageFailedError as error:
             trials.fail_running(study, f"stage {error.stage} died: {error.detail[-2000:]}", owner)
             restarts += 1
@@ -99,107 +120,141 @@ def run_study(settings: NasSettings) -> StudyResult:
                        restarts, tuple(run_dirs))  # fmt: skip
 
 
-def _launch(settings: NasSettings, owner: str) -> tuple[int, list[str]]:
+def _launch(settings: NasSettings, owner: str) -> StudyEnd:
     """Start the stage processes (or join torchrun's) and run trials until none are left;
-    rank 0's (finished trials, tracker run folders)."""
+    rank 0's account of the run. A study stopped by an error raises it here."""
     results = pipeline.launch(
         functools.partial(_stage_main, settings=settings, owner=owner),
         settings.pipeline.n_stages, threads_per_stage=settings.pipeline.threads_per_stage,
         timeout_s=settings.pipeline.timeout_s,
     )  # fmt: skip
-    finished, run_dirs = results[0]
-    return finished, run_dirs
+    end, error = results[0]
+    if error is not None:
+        raise error
+    assert end is not None
+    return end
 
 
 # -- inside every stage process -------------------------------------------------------------
-def _stage_main(ctx: StageContext, settings: NasSettings, owner: str) -> tuple[int, list[str]]:
+class Decisions:
+    """Rank 0's decisions, agreed on every rank (the module docstring's numbered steps).
+
+    `decide(what, Leader.method, *args)` runs `leader.method(*args)` on rank 0 and returns
+    its result on every rank; if it raises, every rank raises `LeaderError(what, cause)`.
+    `log_step` is the one call that decides nothing: rank 0 logs, the others go on.
+    """
+
+    def __init__(self, comm: Comm, leader: Leader | None) -> None:
+        self.comm, self.leader = comm, leader
+
+    def __call__(self, what: str, method: Callable[..., T], *args: Any) -> T:
+        def make() -> T:
+            assert self.leader is not None, "only rank 0 decides"
+            try:
+                return method(self.leader, *args)
+            except Exception as error:
+                raise LeaderError.of(what, error) from error
+
+        return self.comm.agree(make)
+
+    def log_step(self, step: int, metrics: dict[str, Any]) -> None:
+        if self.leader is not None:
+            self.leader.log_step(step, metrics)
+
+
+def _stage_main(
+    ctx: StageContext, settings: NasSettings, owner: str
+) -> tuple[StudyEnd | None, BaseException | None]:
+    """The study loop on one rank; rank 0 returns (its account, the error that stopped it)."""
     comm = Comm()
-    task = get_task(settings.task.name, **settings.task.options)
-    leader = trials.Leader(settings, task, owner) if ctx.rank == 0 else None
-    bank = WeightBank(keep=max(_KEEP, int(settings.sampler.options.get("population_size", 0))))
+    try:  # bad task options (a missing text file) fail the same way on every rank
+        task = comm.together(lambda: get_task(settings.task.name, **settings.task.options))
+    except (ValueError, TypeError, OSError) as error:
+        return None, error if ctx.rank == 0 else None
+    leader: Leader | None = None
     pipe: ElasticPipeline | None = None
+    stopped: BaseException | None = None
+    end: StudyEnd | None = None
     try:
-        while True:
-            order = comm.broadcast_object(leader.next_trial() if leader else None, src=0)
-            if order is None:
-                break
-            number, arch_json, parent = order
-            source = bank.source(parent) if settings.study.inherit_weights else None
-            pipe, outcome = _run_trial(comm, settings, task, pipe, number, arch_json, leader,
-                                       bank.get(source))  # fmt: skip
-            if pipe is not None and source is not None:
-                outcome.attrs["inherited_from"] = source
-            if pipe is not None and settings.study.inherit_weights and outcome.state != "fail":
-                bank.add(number, pipe)
-            if leader is not None:
-                leader.finish(number, outcome)
+        leader = _open(comm, settings, owner)  # 1.
+        decide = Decisions(comm, leader)
+        bank = WeightBank(keep=max(_KEEP, int(settings.sampler.options.get("population_size", 0))))
+        while (order := decide("ask for a trial", Leader.next_trial)) is not None:  # 2.
+            pipe, outcome = _run_trial(settings, task, pipe, order, decide, bank)  # 3., 4.
+            decide(f"record trial {order.number}", Leader.finish, order.number, outcome)  # 5.
+    except LeaderError as error:  # agreed on every rank: the study stops here, cleanly
+        stopped = error
     finally:
         if pipe is not None:
             pipe.close()
-        done = leader.close() if leader else (0, [])
-    return done
+        if leader is not None:  # 6. (also when this rank crashes: the runs still finish)
+            end = leader.close(stopped or sys.exc_info()[1])
+    return end, stopped
+
+
+def _open(comm: Comm, settings: NasSettings, owner: str) -> Leader | None:
+    """Rank 0 opens the study (1.); every rank learns whether it could (else LeaderError)."""
+    opened: list[Leader] = []
+
+    def make() -> None:
+        try:
+            opened.append(Leader(settings, owner))
+        except Exception as error:
+            raise LeaderError.of("open the study", error) from error
+
+    comm.agree(make)
+    return opened[0] if opened else None
 
 
 def _run_trial(
-    comm: Comm,
     settings: NasSettings,
     task: Task,
     pipe: ElasticPipeline | None,
-    number: int,
-    arch_json: str,
-    leader: trials.Leader | None,
-    inherit_from: WeightSnapshot | None,
+    order: TrialOrder,
+    decide: Decisions,
+    bank: WeightBank,
 ) -> tuple[ElasticPipeline | None, trials.Outcome]:
-    """Build and train one candidate on every rank; rank 0's `leader` reports and decides.
-
-    `inherit_from`: the weights of the trial it came from (`nas.inheritance`), if any.
-    """
-    arch = from_json(arch_json)
+    """Build and train one candidate on every rank (3. and 4.); how it ended."""
+    arch = from_json(order.architecture)
     max_len = _max_len(task)
     specs = compile_arch(arch, len(task.vocab), max_len=max_len, dropout=settings.train.dropout)
     attrs: dict[str, Any] = {"architecture": summary(arch),
                              "parameters": parameter_count(arch, len(task.vocab), max_len=max_len)}
+    source = bank.source(order.parent) if settings.study.inherit_weights else None
+    if source is not None:
+        attrs["inherited_from"] = source
     started = time.perf_counter()
     try:
-        pipe = _reconfigure(settings, task, pipe, specs, inherit_from)
-        values, steps, pruned = _train(comm, settings, task, pipe, leader)
-    except _TRIAL_ERRORS as error:  # raised on every rank by the runtime
-        cause = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
-        detail = "".join(traceback.format_exception_only(error))[-4000:]
-        return pipe, trials.Outcome("fail", attrs | {"fail_reason": cause, "detail": detail})
+        pipe = _build(settings, task, pipe, specs, bank.get(source))
+        evaluation, steps, pruned = _train(settings, task, pipe, decide)
+    except (LeaderError, *_TRIAL_ERRORS) as error:  # raised on every rank
+        detail = getattr(error, "detail", "") or "".join(traceback.format_exception_only(error))
+        return pipe, trials.Outcome("fail", attrs | {"fail_reason": describe(error),
+                                                     "detail": detail[-4000:]})  # fmt: skip
     stats = pipe.stats()
-    attrs |= {"steps": steps, "seconds": time.perf_counter() - started,
-              "partition": list(pipe.sizes), "migrations": len(stats.migrations),
-              "partition_history": [[step, list(sizes)] for step, sizes in
-                                    pipe.partition_history],
-              "tokens_per_s": stats.tokens_per_s or 0.0,
-              "peak_memory_bytes": max(s.measured_peak_bytes for s in stats.stages)}
+    attrs |= evaluation | {
+        "steps": steps, "seconds": time.perf_counter() - started,
+        "partition": list(pipe.sizes), "migrations": len(stats.migrations),
+        "partition_history": [[step, list(sizes)] for step, sizes in pipe.partition_history],
+        "tokens_per_s": stats.tokens_per_s or 0.0,
+        "peak_memory_bytes": max(s.measured_peak_bytes for s in stats.stages)}  # fmt: skip
     if settings.study.inherit_weights:
         attrs |= _inheritance(pipe)
+        bank.add(order.number, pipe)
     if pruned:
-        return pipe, trials.Outcome("pruned", attrs | {"validation_loss": values[-1]})
-    objectives = {"validation_loss": values[-1], **{k: attrs[k] for k in
-                                                    ("tokens_per_s", "peak_memory_bytes")}}
-    return pipe, trials.Outcome("complete", attrs | {"validation_loss": values[-1]},
-                                [objectives[o] for o in settings.study.objectives])
+        return pipe, trials.Outcome("pruned", attrs)
+    values = [_objective(attrs, name) for name in settings.study.objectives]
+    return pipe, trials.Outcome("complete", attrs, values)
 
 
-def _inheritance(pipe: ElasticPipeline) -> dict[str, int]:
-    """What this model took from the trial it came from (`inherit_weights`): layers and
-    bytes inherited, and how many of them moved to another stage."""
-    found = [e.details for e in pipe.events if e.kind == "inherit" and
-             e.generation == pipe.generation]  # fmt: skip
-    record = found[-1] if found else {"layers": 0, "bytes": 0, "moved": 0, "moved_bytes": 0}
-    return {f"inherited_{k}": int(v) for k, v in record.items()}
-
-
-def _reconfigure(
+def _build(
     settings: NasSettings,
     task: Task,
     pipe: ElasticPipeline | None,
     specs: list[Any],
     snapshot: WeightSnapshot | None,
 ) -> ElasticPipeline:
+    """The first candidate builds the pipeline; every later one reconfigures it."""
     if pipe is None:
         p = settings.pipeline
         optimizer = functools.partial(torch.optim.AdamW, lr=settings.train.lr, weight_decay=0.01)
@@ -214,39 +269,64 @@ def _reconfigure(
 
 
 def _train(
-    comm: Comm,
-    settings: NasSettings,
-    task: Task,
-    pipe: ElasticPipeline,
-    leader: trials.Leader | None,
-) -> tuple[list[float], int, bool]:
-    """(validation losses at each evaluation, steps trained, pruned?).
+    settings: NasSettings, task: Task, pipe: ElasticPipeline, decide: Decisions
+) -> tuple[dict[str, float], int, bool]:
+    """(the last evaluation's metrics, steps trained, pruned?).
 
     The steps between two evaluations are one `pipe.train` stream (no flush between them
     under "2bw"); the stream drains before each evaluation.
     """
     train = settings.train
-    values: list[float] = []
     source = _endless(task, train.batch_size, settings.seed)
     step = 0
-    while step < train.steps:
+    while True:
         segment = min(train.eval_every - step % train.eval_every, train.steps - step)
         last_loss = None
         for loss in pipe.train(itertools.islice(source, segment)):
             step += 1
-            if last_loss is not None and leader is not None:  # all but the segment's last
-                leader.step(step - 1, {"loss": last_loss})
+            if last_loss is not None:  # all but the segment's last: no decision
+                decide.log_step(step - 1, {"loss": last_loss})
             last_loss = loss
         if last_loss is None:
             raise ValueError(f"task {settings.task.name!r} yielded no training batches")
-        # every rank: these are collectives
-        values.append(_validation_loss(pipe, task, train.batch_size, train.eval_batches))
-        metrics: dict[str, Any] = {"loss": last_loss, **pipeline_metrics(pipe.stats().to_dict()),
-                                   "validation_loss": values[-1]}  # fmt: skip
-        prune = leader.step(step, metrics) if leader else False
-        if comm.broadcast_object(prune, src=0):
-            return values, step, True
-    return values, step, False
+        evaluation = _evaluate(settings, task, pipe, final=step == train.steps)  # every rank
+        metrics = {"loss": last_loss, **pipeline_metrics(pipe.stats().to_dict()), **evaluation}
+        if decide(f"report step {step}", Leader.evaluated, step, metrics):  # 4.
+            return evaluation, step, True
+        if step == train.steps:
+            return evaluation, step, False
+
+
+def _evaluate(
+    settings: NasSettings, task: Task, pipe: ElasticPipeline, *, final: bool
+) -> dict[str, float]:
+    """The validation metrics, named `validation_<metric>`: on `train.eval_batches` batches
+    and `train.decode_pairs` decoded pairs, or at the final evaluation on the whole split
+    and `train.final_decode_pairs` pairs. Collectives: every rank calls it."""
+    train = settings.train
+    started = time.perf_counter()
+    metrics = task.evaluate(pipe.forward, "validation", batch_size=train.batch_size,
+                            max_batches=None if final else train.eval_batches,
+                            decode=train.final_decode_pairs if final else train.decode_pairs)
+    metrics["s"] = time.perf_counter() - started  # fmt: skip
+    return {f"validation_{name}": value for name, value in metrics.items()}
+
+
+def _objective(attrs: dict[str, Any], name: str) -> float:
+    """The objective `name` of a trained trial; NaN (nothing to measure) counts as worst."""
+    value = float(attrs[name])
+    if math.isfinite(value):
+        return value
+    return math.inf if OBJECTIVES[name] == "minimize" else -math.inf
+
+
+def _inheritance(pipe: ElasticPipeline) -> dict[str, int]:
+    """What this model took from the trial it came from (`inherit_weights`): layers and
+    bytes inherited, and how many of them moved to another stage."""
+    found = [e.details for e in pipe.events if e.kind == "inherit" and
+             e.generation == pipe.generation]  # fmt: skip
+    record = found[-1] if found else {"layers": 0, "bytes": 0, "moved": 0, "moved_bytes": 0}
+    return {f"inherited_{k}": int(v) for k, v in record.items()}
 
 
 def _endless(task: Task, batch_size: int, seed: int) -> Iterator[tuple[Any, Any]]:
@@ -255,16 +335,6 @@ def _endless(task: Task, batch_size: int, seed: int) -> Iterator[tuple[Any, Any]
     while True:
         yield from task.batches("train", batch_size, seed=seed, epoch=epoch)
         epoch += 1
-
-
-def _validation_loss(pipe: ElasticPipeline, task: Task, batch_size: int, batches: int) -> float:
-    stats = TokenStats()
-    for i, (x, y) in enumerate(task.batches("validation", batch_size)):
-        if i == batches:
-            break
-        stats.update(pipe.forward(x), y)
-    loss = stats.loss
-    return loss if math.isfinite(loss) else float("inf")
 
 
 def _max_len(task: Task) -> int:

@@ -18,7 +18,7 @@ import hashlib
 import json
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -32,6 +32,7 @@ __all__ = [
     "SPLITS",
     "UNK",
     "Batch",
+    "Forward",
     "Task",
     "TokenStats",
     "Vocab",
@@ -48,6 +49,8 @@ SPLITS = ("train", "validation", "test")
 
 # x is a tensor (decoder-only) or a tuple of tensors (encoder-decoder); y is (batch, seq).
 Batch = tuple[torch.Tensor | tuple[torch.Tensor, ...], torch.Tensor]
+# The model in evaluation mode: a batch's x -> logits (B, V, T) (e.g. `pipe.forward`).
+Forward = Callable[[Any], torch.Tensor]
 
 
 def check_split(split: str) -> None:
@@ -239,6 +242,30 @@ class Task(ABC):
     def summarise(self, stats: TokenStats) -> dict[str, float]:
         """The task's metrics from token statistics accumulated over any number of batches."""
         return {"loss": stats.loss, "accuracy": stats.accuracy, "tokens": float(stats.count)}
+
+    def evaluate(
+        self,
+        forward: Forward,
+        split: str = "validation",
+        *,
+        batch_size: int,
+        max_batches: int | None = None,
+        decode: int | None = None,
+    ) -> dict[str, float]:
+        """The task's metrics of the model `forward` on `split` (`summarise`'s keys).
+
+        Token statistics come from the split's first `max_batches` batches (None: all of it).
+        `decode`: how many examples to generate from and score (tasks that generate; None:
+        all, 0: none); the others ignore it. Every call with the same arguments reads the
+        same examples, so evaluations of different models compare.
+        """
+        check_split(split)
+        stats = TokenStats()
+        for i, (x, y) in enumerate(self.batches(split, batch_size)):
+            if max_batches is not None and i >= max_batches:
+                break
+            stats.update(forward(x), y)
+        return self.summarise(stats)
 
     def describe(self) -> dict[str, Any]:
         return {

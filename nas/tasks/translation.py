@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import gettext
 import random
+import time
 import unicodedata
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -39,6 +40,7 @@ from nas.tasks.base import (
     EOS,
     PAD,
     SPLITS,
+    Forward,
     Task,
     Vocab,
     check_batch_size,
@@ -168,7 +170,8 @@ def greedy_decode(step_fn: StepFn, src_ids: torch.Tensor, max_len: int) -> list[
 
 
 class Translation(Task):
-    """English->German names; `metrics` reports loss (nats/token), token accuracy."""
+    """English->German names: loss (nats/token) and token accuracy; `evaluate` adds chrF
+    and exact match of greedy translations."""
 
     name = "translation"
     baseline_metric = "loss"
@@ -226,52 +229,103 @@ class Translation(Task):
                 tgt_out[i, : len(b) + 1] = torch.tensor([*b, EOS], dtype=torch.long)
         return (src, tgt_in), tgt_out
 
-    def _chunks(
-        self, split: str, batch_size: int, seed: int, epoch: int
-    ) -> Iterator[tuple[list[int], TranslationBatch]]:
-        """(indices into the split, batch); filler rows carry no index."""
+    def batches(
+        self, split: str, batch_size: int, *, seed: int = 0, epoch: int = 0
+    ) -> Iterator[TranslationBatch]:
         check_split(split)
         check_batch_size(batch_size)
         data = self._encoded[split]
         if split == "train":
-            order = torch.randperm(len(data), generator=generator("translation", seed, epoch))
             if len(data) < batch_size:
                 raise ValueError(
                     f"the training split has {len(data)} pairs, fewer than batch_size={batch_size}"
                 )
+            order = torch.randperm(len(data), generator=generator("translation", seed, epoch))
             indices = order.tolist()
             indices = indices[: len(indices) - len(indices) % batch_size]
         else:
             indices = list(range(len(data)))
         for start in range(0, len(indices), batch_size):
             chunk = indices[start : start + batch_size]
-            yield chunk, self._collate([data[i] for i in chunk], batch_size - len(chunk))
+            yield self._collate([data[i] for i in chunk], batch_size - len(chunk))
 
-    def batches(
-        self, split: str, batch_size: int, *, seed: int = 0, epoch: int = 0
-    ) -> Iterator[TranslationBatch]:
-        for _, batch in self._chunks(split, batch_size, seed, epoch):
-            yield batch
+    def decode_subset(self, split: str, pairs: int | None) -> list[int]:
+        """Indices of the pairs of `split` that an evaluation decoding `pairs` of them reads:
+        evenly spaced over the (sorted) split, so a subset samples every initial letter
+        and is the same for every model; None (or more than the split holds): all."""
+        check_split(split)
+        total = len(self.splits[split])
+        if pairs is None or pairs >= total:
+            return list(range(total))
+        if pairs < 0:
+            raise ValueError(f"pairs={pairs} is not valid; use None (all) or a count >= 0")
+        return [i * total // pairs for i in range(pairs)]
 
     def generate(
-        self, step_fn: StepFn, split: str, *, batch_size: int = 64, max_len: int | None = None
+        self,
+        step_fn: StepFn,
+        split: str,
+        *,
+        batch_size: int = 64,
+        max_len: int | None = None,
+        indices: Sequence[int] | None = None,
     ) -> list[str]:
-        """Greedy translations of every source of `split`, in `pairs(split)` order."""
+        """Greedy translations of the sources of `split` at `indices` (default: every pair,
+        in `pairs(split)` order)."""
         if split == "train":
             raise ValueError("generate() reads an evaluation split: 'validation' or 'test'")
+        check_split(split)
+        check_batch_size(batch_size)
+        data = self._encoded[split]
+        chosen = range(len(data)) if indices is None else indices
         limit = self.max_chars + 1 if max_len is None else max_len
         out: list[str] = []
-        for chunk, ((src, _), _) in self._chunks(split, batch_size, 0, 0):
-            ids = greedy_decode(step_fn, src, limit)[: len(chunk)]
+        for start in range(0, len(chosen), batch_size):
+            rows = [data[i] for i in chosen[start : start + batch_size]]
+            (src, _), _ = self._collate(rows, batch_size - len(rows))
+            ids = greedy_decode(step_fn, src, limit)[: len(rows)]
             out += [self.vocab.decode(row) for row in ids]
         return out
 
     def generation_metrics(
-        self, step_fn: StepFn, split: str = "validation", *, batch_size: int = 64
+        self,
+        step_fn: StepFn,
+        split: str = "validation",
+        *,
+        batch_size: int = 64,
+        pairs: int | None = None,
     ) -> dict[str, float]:
-        """Exact match and chrF of greedy translations against the references."""
-        hypotheses = self.generate(step_fn, split, batch_size=batch_size)
-        return decode_metrics(hypotheses, [de for _, de in self.splits[split]])
+        """Exact match and corpus chrF of greedy translations of `pairs` pairs of `split`
+        (`decode_subset`; None: all) against their references."""
+        indices = self.decode_subset(split, pairs)
+        hypotheses = self.generate(step_fn, split, batch_size=batch_size, indices=indices)
+        references = [self.splits[split][i][1] for i in indices]
+        return decode_metrics(hypotheses, references)
+
+    def evaluate(
+        self,
+        forward: Forward,
+        split: str = "validation",
+        *,
+        batch_size: int,
+        max_batches: int | None = None,
+        decode: int | None = None,
+        decode_batch_size: int = 128,
+    ) -> dict[str, float]:
+        """Loss and token accuracy (teacher forcing), then, unless `decode=0`, greedy
+        decoding of `decode` pairs (None: all) in batches of `decode_batch_size` (one
+        forward per generated token, so few large batches cost least): `chrf`,
+        `exact_match`, `decoded` (pairs) and `decode_s` (what decoding cost, in seconds)."""
+        metrics = super().evaluate(forward, split, batch_size=batch_size,
+                                   max_batches=max_batches)  # fmt: skip
+        if decode == 0:
+            return metrics
+        started = time.perf_counter()
+        decoded = self.generation_metrics(lambda src, tgt: forward((src, tgt)), split,
+                                          batch_size=decode_batch_size, pairs=decode)  # fmt: skip
+        return metrics | {"chrf": decoded["chrf"], "exact_match": decoded["exact_match"],
+                          "decoded": decoded["n"],
+                          "decode_s": time.perf_counter() - started}  # fmt: skip
 
     def unigram_baseline(self, split: str) -> float:
         """Nats per target token (characters and EOS) under the training unigram."""

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from nas.plugins import is_import_path, load_class
 from nas.tracking.base import (
     TRIAL_STATES,
     CompositeTracker,
@@ -54,8 +55,11 @@ def make_tracker(name: str, **options: Any) -> Tracker:
     """The tracker called `name` ("wandb", "jsonl" or "none"), built with `options`.
 
     "wandb" takes `WandbTracker`'s arguments (project, mode, directory, entity, tags, ...),
-    "jsonl" takes `JsonlTracker`'s (directory, fsync), "none" takes none.
+    "jsonl" takes `JsonlTracker`'s (directory, fsync), "none" takes none. A user's own
+    `Tracker` subclass is named by import path, "package.module:ClassName" (`nas.plugins`).
     """
+    if is_import_path(name):
+        return load_class("tracker", name, Tracker)(**options)
     if name == "none":
         if options:
             raise TypeError(f"the 'none' tracker takes no options, got {sorted(options)}")

@@ -15,7 +15,9 @@ import optuna
 import pytest
 
 from nas import storage
+from nas.errors import HeartbeatError
 from nas.trials import INTERRUPTED, OWNER, counted, fail_running
+from tests.nas.harness.common import locked
 
 pytestmark = pytest.mark.filterwarnings("ignore:Heartbeat of storage")
 
@@ -91,3 +93,27 @@ def test_owner_alive() -> None:
     assert storage.owner_alive(storage.this_owner())
     assert not storage.owner_alive(_dead_owner())
     assert storage.owner_alive("elsewhere:1") and storage.owner_alive(None)
+
+
+def test_a_heartbeat_that_cannot_record_is_reported_not_silent(tmp_path: Path) -> None:
+    path = tmp_path / "s.db"
+    study = _study(f"sqlite:///{path}?timeout=0.2", heartbeat_s=1, grace_s=5)
+    trial = study.ask({"x": optuna.distributions.FloatDistribution(0, 1)})
+    beat = storage.Heartbeat(study, trial)
+    beat.start()
+    beat.check()  # beating: nothing to report
+    with locked(path):  # another process holds the write lock past the busy timeout
+        time.sleep(1.6)
+    with pytest.raises(HeartbeatError, match="database is locked"):
+        beat.check()
+    beat.stop()
+
+
+def test_a_write_waits_for_a_lock_shorter_than_the_busy_timeout(tmp_path: Path) -> None:
+    path = tmp_path / "s.db"
+    study = _study(f"sqlite:///{path}")  # SQLITE_BUSY_S, longer than sqlite3's 5 s
+    trial = study.ask({"x": optuna.distributions.FloatDistribution(0, 1)})
+    with locked(path, release_after_s=6.0):
+        study.tell(trial, 0.5)  # waits for the lock instead of raising after 5 s
+    assert study.get_trials()[0].state == optuna.trial.TrialState.COMPLETE
+

@@ -1,0 +1,273 @@
+"""Rank 0's side of a study: the Optuna study, its trials, the tracker and the progress bars.
+
+Every stage process runs the same study loop (`nas.study`); only rank 0 holds a `Leader`,
+which makes the decisions the others wait for: which trial (and architecture) comes next,
+whether a trial is pruned, and what is recorded when it ends. Each public method is one
+such decision, called inside `nas.study`'s `_decide`, which hands the result, or the error
+that prevented it, to every rank. So a method may raise anything (a locked or vanished
+storage, a tracker that fails, a sampler bug) and no rank is left waiting:
+
+    ┌ rank 0 ──────────────────────┐         ┌ ranks 1..S-1 ┐
+    │ decision = leader.method()   │         │              │
+    │   or LeaderError(cause)      │─bcast──>│ same value / │
+    └──────────────────────────────┘         │ same error   │
+                                             └──────────────┘
+
+Training steps between two evaluations make no decision: their metrics are logged at once,
+and a logging error is kept and raised by the next decision (`evaluated` or `finish`), so
+it reaches every rank at the next evaluation. A heartbeat thread that dies is raised there
+too. `close` never raises: it finishes every tracker run even when one part fails and
+returns what went wrong, so the first error of a study is never replaced by a later one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import optuna
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+from nas import storage
+from nas.errors import HeartbeatError, LeaderError, describe
+from nas.search import ProgressiveDynamicHurdles
+from nas.search.evolution import KEY_PARENT
+from nas.settings import NasSettings
+from nas.tracking import CompositeTracker, Tracker, make_tracker
+from nas.trials import (
+    INVALID,
+    OWNER,
+    Outcome,
+    fail_running,
+    finished,
+    open_study,
+    remaining,
+    trials_table,
+)
+from search_spaces.architecture import InvalidArchitecture, summary, to_json
+from search_spaces.evolved_transformer import ParamWindow, sample
+
+__all__ = ["MAX_INVALID_IN_A_ROW", "Leader", "LeaderError", "TrialOrder"]
+
+MAX_INVALID_IN_A_ROW = 1000  # the space's window rejects every proposal: stop
+
+
+@dataclass(frozen=True)
+class TrialOrder:
+    """What every rank needs to train a trial: its number, architecture, evolution parent."""
+
+    number: int
+    architecture: str  # JSON (search_spaces.architecture.to_json)
+    parent: int | None
+
+
+@dataclass(frozen=True)
+class StudyEnd:
+    """Rank 0's account of a study run: finished trials, tracker run folders, errors met
+    while closing (kept, never raised over the study's own error)."""
+
+    finished: int
+    run_dirs: tuple[str, ...]
+    close_errors: tuple[str, ...] = ()
+
+
+class Leader:
+    """Rank 0: asks, reports, prunes, tells and tracks (module docstring)."""
+
+    def __init__(self, settings: NasSettings, owner: str) -> None:
+        self.settings, self.owner = settings, owner
+        self.study = open_study(settings)
+        fail_running(self.study, "left running by an earlier run that stopped")
+        self.multi = len(settings.study.objectives) > 1
+        self.trial: optuna.Trial | None = None
+        self.heartbeat: storage.Heartbeat | None = None
+        self.deferred: BaseException | None = None  # a logging error between decisions
+        self.end: StudyEnd | None = None  # set by close()
+        self.tracker = _tracker(settings)
+        self.progress = Progress(TextColumn("{task.description}"), BarColumn(),
+                                 TextColumn("{task.completed}/{task.total}"), TimeElapsedColumn())
+        self.bar_study = self.progress.add_task(f"study {settings.study.name}",
+                                                total=settings.study.n_trials,
+                                                completed=finished(self.study))  # fmt: skip
+        self.bar_trial = self.progress.add_task("trial", total=settings.train.steps)
+        try:
+            self.tracker.start_study(settings.study.name, dataclasses.asdict(settings))
+        except Exception:
+            self.tracker.close()  # no run is left open
+            raise
+        self.progress.start()
+
+    # -- decisions -------------------------------------------------------------------------
+    def next_trial(self) -> TrialOrder | None:
+        """Ask until an architecture comes out; None when the study has enough trials.
+
+        A proposal outside the space's parameter window (the one rule a sample can still
+        break) is failed as invalid, does not count, and the next is asked. A sampler that
+        raises while the architecture is sampled fails that trial with its cause.
+        """
+        invalid = 0
+        while remaining(self.study, self.settings.study.n_trials) > 0:
+            if invalid == MAX_INVALID_IN_A_ROW:
+                raise RuntimeError(f"{invalid} proposals in a row fell outside the parameter "
+                                   f"window {self.settings.search_space.param_window}")  # fmt: skip
+            trial = self.study.ask()
+            trial.set_user_attr(OWNER, self.owner)  # first: a crash from here on is found
+            try:
+                arch = self._sample(trial)
+            except InvalidArchitecture as error:
+                trial.set_user_attr(INVALID, True)
+                self._fail_now(trial, f"InvalidArchitecture: {error}")
+                invalid += 1
+                continue
+            except Exception as error:  # the sampler (or a bug) raised while suggesting
+                self._fail_now(trial, f"sampling raised {describe(error)}")
+                continue
+            return self._begin(trial, to_json(arch), summary(arch))
+        return None
+
+    def log_step(self, step: int, metrics: dict[str, Any]) -> None:
+        """A training step between evaluations: no decision; an error waits for the next."""
+        self.progress.update(self.bar_trial, completed=step)
+        if self.deferred is None:
+            try:
+                self.tracker.log_step(step, metrics)
+            except Exception as error:
+                self.deferred = error
+
+    def evaluated(self, step: int, metrics: dict[str, Any]) -> bool:
+        """An evaluation: log it, report the fitness and decide whether to prune."""
+        self._raise_deferred()
+        self.progress.update(self.bar_trial, completed=step)
+        self.tracker.log_step(step, metrics)
+        value, trial = metrics[self.settings.study.fitness], self.trial
+        assert trial is not None, "evaluated() outside a trial"
+        if not self.multi:
+            trial.report(value, step)
+            return bool(trial.should_prune())
+        # Optuna 5 refuses report/should_prune with several objectives: the hurdles are
+        # applied to the fitness itself and the trial ends as pruned
+        pruner = self.study.pruner
+        if not isinstance(pruner, ProgressiveDynamicHurdles) or step not in pruner.budgets:
+            return False
+        pruner.record(trial, step, value)
+        return not pruner.passes(self.study, step, value, trial=trial.number)
+
+    def finish(self, number: int, outcome: Outcome) -> None:
+        """Record how trial `number` ended; its tracker run ends whatever storage says."""
+        trial = self.trial
+        assert trial is not None and trial.number == number, (number, trial)
+        self.trial = None
+        try:
+            if self.heartbeat is not None:
+                self.heartbeat.stop()
+            try:  # an error left by the last steps fails the trial it happened in
+                self._raise_deferred()
+            except (LeaderError, HeartbeatError) as error:
+                outcome = Outcome("fail", outcome.attrs | {"fail_reason": describe(error)})
+            self._tell(trial, outcome)
+        finally:
+            state = "failed" if outcome.state == "fail" else outcome.state
+            self.tracker.end_trial(state, outcome.attrs, outcome.attrs.get("fail_reason"))
+            self.progress.advance(self.bar_study)
+
+    def close(self, error: BaseException | None = None) -> StudyEnd:
+        """End the study run: its summary to the tracker, every tracker run finished.
+
+        Never raises; what fails here is returned in `close_errors` (and, when the study
+        already failed with `error`, added to it as a note, so the first error stays first).
+        A second call returns the first call's account.
+        """
+        if self.end is not None:
+            return self.end
+        problems: list[str] = []
+
+        def attempt(what: str, work: Any) -> Any:
+            try:
+                return work()
+            except Exception as failure:
+                problems.append(f"{what}: {describe(failure)}")
+                return None
+
+        if self.heartbeat is not None:
+            attempt("stop the heartbeat", self.heartbeat.stop)
+        attempt("stop the progress bars", self.progress.stop)
+        if self.trial is not None:  # a study that stopped mid-trial
+            attempt("fail the open trial", lambda: self._fail_now(
+                self.trial, f"the study stopped: {error}"))  # fmt: skip
+        attempt("end the study", self._end_study)
+        attempt("close the tracker", self.tracker.close)
+        count = attempt("count finished trials", lambda: finished(self.study)) or 0
+        if error is not None:
+            for problem in problems:
+                error.add_note(f"while closing the study, also: {problem}")
+        self.end = StudyEnd(count, tuple(self._run_dirs()), tuple(problems))
+        return self.end
+
+    # -- helpers ---------------------------------------------------------------------------
+    def _sample(self, trial: optuna.Trial) -> Any:
+        space = self.settings.search_space
+        window = ParamWindow(*space.param_window) if space.param_window else None
+        return sample(trial, d_model=space.d_model, decoder_only=bool(space.decoder_only),
+                      cells=(space.min_cells, space.max_cells), window=window)  # fmt: skip
+
+    def _begin(self, trial: optuna.Trial, arch_json: str, text: str) -> TrialOrder:
+        self.trial = trial
+        self.heartbeat = storage.Heartbeat(self.study, trial)
+        self.heartbeat.start()
+        self.progress.reset(self.bar_trial, total=self.settings.train.steps,
+                            description=f"trial {trial.number}: {text[:60]}")  # fmt: skip
+        self.tracker.start_trial(trial.number, dict(trial.params),
+                                 {"architecture": arch_json, "summary": text})
+        parent = self.study._storage.get_trial_system_attrs(trial._trial_id).get(KEY_PARENT)
+        return TrialOrder(trial.number, arch_json, parent)
+
+    def _tell(self, trial: optuna.Trial, outcome: Outcome) -> None:
+        for key, value in outcome.attrs.items():
+            trial.set_user_attr(key, value)
+        budget = self.settings.pipeline.memory_budget
+        if budget is not None and "peak_memory_bytes" in outcome.attrs:
+            # feasible when <= 0: the samplers (TPE, NSGA-II, GP) prefer feasible trials
+            trial.set_constraint("memory", outcome.attrs["peak_memory_bytes"] - budget)
+        state = {"complete": optuna.trial.TrialState.COMPLETE,
+                 "pruned": optuna.trial.TrialState.PRUNED,
+                 "fail": optuna.trial.TrialState.FAIL}[outcome.state]  # fmt: skip
+        self.study.tell(trial, outcome.values if outcome.state == "complete" else None,
+                        state=state)  # fmt: skip
+
+    def _fail_now(self, trial: optuna.Trial | None, cause: str) -> None:
+        assert trial is not None
+        trial.set_user_attr("fail_reason", cause)
+        self.study.tell(trial, state=optuna.trial.TrialState.FAIL)
+
+    def _raise_deferred(self) -> None:
+        if self.heartbeat is not None:
+            self.heartbeat.check()
+        if self.deferred is not None:
+            error, self.deferred = self.deferred, None
+            raise LeaderError.of("log a training step", error)
+
+    def _end_study(self) -> None:
+        table = trials_table(self.study)
+        best = {t.number for t in self.study.best_trials} if finished(self.study) else set()
+        front = [row for row in table if row["number"] in best]
+        self.tracker.end_study(table, front, {"finished": finished(self.study),
+                                              "objectives": list(self.settings.study.objectives)})
+
+    def _run_dirs(self) -> list[str]:
+        trackers = getattr(self.tracker, "trackers", [self.tracker])
+        return [str(d) for t in trackers for d in getattr(t, "run_directories", [])]
+
+
+def _tracker(settings: NasSettings) -> Tracker:
+    """The configured tracker, writing under the run folder: W&B comes with its JSONL
+    mirror; a user's own class (by import path) gets its options as they are."""
+    name, options = settings.tracker.name, dict(settings.tracker.options)
+    directory = str(Path(settings.output_dir) / "tracking")
+    if name == "wandb":
+        return CompositeTracker([make_tracker("jsonl", directory=directory),
+                                 make_tracker("wandb", **{"directory": directory} | options)])
+    if name == "jsonl":
+        options.setdefault("directory", directory)
+    return make_tracker(name, **options)

@@ -1,0 +1,54 @@
+"""Helpers shared by the harness tests: a tiny study's settings, a locked SQLite file."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from hydra import compose, initialize_config_dir
+
+from nas.config import CONFIG_DIR, register, to_settings
+from nas.settings import NasSettings
+
+# A study that trains in seconds: 2 stages, d_model 32, one cell per side, few steps.
+TINY = ("tracker=jsonl", "train.steps=6", "train.eval_every=3", "train.eval_batches=1",
+        "train.batch_size=16", "train.decode_pairs=16", "train.final_decode_pairs=32",
+        "search_space.d_model=[32]", "search_space.max_cells=1")  # fmt: skip
+
+
+def tiny_settings(tmp_path: Path, *overrides: str) -> NasSettings:
+    """The composed settings of a tiny study under `tmp_path` (overrides win)."""
+    register()
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
+        cfg = compose("config", overrides=[*TINY, f"studies_dir={tmp_path / 'studies'}",
+                                           f"output_dir={tmp_path / 'run'}", *overrides])
+    return to_settings(cfg)
+
+
+class locked:
+    """Hold SQLite's write lock on `path` from another process (a real lock, as another
+    worker or a backup tool holds it) until the block ends or `release_after_s`."""
+
+    def __init__(self, path: Path, release_after_s: float | None = None) -> None:
+        hold = "import sys, time\nwhile sys.stdin.readline().strip() != 'release': pass\n" \
+            if release_after_s is None else f"import time\ntime.sleep({release_after_s})\n"
+        self.code = ("import sqlite3, sys\n"
+                     f"db = sqlite3.connect({str(path)!r}, isolation_level=None)\n"
+                     "db.execute('BEGIN EXCLUSIVE')\nprint('locked', flush=True)\n"
+                     + hold + "db.execute('COMMIT')\n")  # fmt: skip
+
+    def __enter__(self) -> locked:
+        self.process = subprocess.Popen([sys.executable, "-c", self.code], text=True,
+                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        assert self.process.stdout is not None and self.process.stdout.readline() == "locked\n"
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        assert self.process.stdin is not None
+        try:
+            self.process.stdin.write("release\n")
+            self.process.stdin.flush()
+        except BrokenPipeError:  # it released on its own already
+            pass
+        self.process.wait(timeout=30)

@@ -1,0 +1,75 @@
+"""Parts that fail on purpose, for the fault tests: a tracker and a sampler with a bug.
+
+They are named by import path in a study's settings (`tracker.name=tests.nas.harness.
+faulty:FailingTracker`), as a user names their own parts, so the stage processes import them
+the same way. Each fails at one chosen point and works everywhere else.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import optuna
+from optuna.distributions import BaseDistribution
+from optuna.samplers import RandomSampler
+
+from nas.tracking import JsonlTracker, Metrics
+
+TRACKER = "tests.nas.harness.faulty:FailingTracker"
+SAMPLER = "tests.nas.harness.faulty:FailingSampler"
+
+
+class TrackerBug(RuntimeError):
+    """What FailingTracker raises."""
+
+
+class SamplerBug(RuntimeError):
+    """What FailingSampler raises."""
+
+
+class FailingTracker(JsonlTracker):
+    """A JSONL tracker whose `log_step` raises at `step` of trial `trial`, and whose
+    `end_study` raises if `fail_end_study`."""
+
+    def __init__(self, directory: str, *, trial: int = -1, step: int = 1,
+                 fail_end_study: bool = False) -> None:  # fmt: skip
+        super().__init__(directory)
+        self.fail_trial, self.fail_step, self.fail_end_study = trial, step, fail_end_study
+
+    def _on_step(self, step: int, metrics: Metrics) -> None:
+        if self._trial == self.fail_trial and step == self.fail_step:
+            raise TrackerBug(f"log_step failed at step {step} of trial {self._trial}")
+        super()._on_step(step, metrics)
+
+    def _on_end_study(self, trials_table: Any, pareto_front: Any, summary: Any) -> None:
+        super()._on_end_study(trials_table, pareto_front, summary)
+        if self.fail_end_study:
+            raise TrackerBug("end_study failed")
+
+
+class FailingSampler(RandomSampler):
+    """Random search with a bug at trial `trial`: raises while a parameter is sampled
+    (`where="sample"`, after the trial exists) or in `before_trial` (`where="ask"`)."""
+
+    def __init__(self, seed: int | None = None, *, trial: int = 2, where: str = "sample") -> None:
+        super().__init__(seed=seed)
+        self.fail_trial, self.where = trial, where
+
+    def before_trial(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
+        if self.where == "ask" and trial.number == self.fail_trial:
+            raise SamplerBug(f"before_trial failed for trial {trial.number}")
+        super().before_trial(study, trial)
+
+    def sample_independent(
+        self, study: optuna.Study, trial: optuna.trial.FrozenTrial, name: str,
+        distribution: BaseDistribution,
+    ) -> Any:  # fmt: skip
+        if self.where == "sample" and trial.number == self.fail_trial:
+            raise SamplerBug(f"sample_independent failed for {name} of trial {trial.number}")
+        return super().sample_independent(study, trial, name, distribution)
+
+
+def summaries(records: Sequence[Mapping[str, Any]]) -> dict[int, str]:
+    """trial number -> its end state, from a JSONL tracker's records."""
+    return {r["trial"]: r["state"] for r in records if r["kind"] == "trial_end"}
