@@ -9,7 +9,6 @@ stage held over the best trial's steps (its partition, and the migrations that c
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
 import matplotlib
@@ -21,7 +20,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from nas.settings import NasSettings
+from nas.settings import TASK_METRICS, NasSettings
 from nas.study import StudyResult
 
 __all__ = ["plot_history", "plot_pareto", "plot_partition", "report_study"]
@@ -35,17 +34,21 @@ def report_study(
     study = optuna.load_study(study_name=result.study_name, storage=result.storage)
     complete = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
     table = Table(title=f"study {study.study_name}: {result.finished} trials finished")
-    for column in ["trial", "state", *settings.study.objectives, "parameters", "architecture"]:
-        table.add_column(column)
+    objectives = list(settings.study.objectives)
+    measured = [m for m in TASK_METRICS[settings.task.name] if m not in objectives]
+    extra = [m for m in ("parameters",) if m not in objectives]
+    for column in ["trial", "state", *objectives, *measured, *extra]:
+        table.add_column(column.removeprefix("validation_"))
+    table.add_column("architecture", no_wrap=True, overflow="ellipsis", ratio=1)  # one line
     best = {t.number for t in study.best_trials} if complete else set()
     shown = [t for t in study.get_trials(deepcopy=False) if not t.user_attrs.get("invalid")]
     for t in sorted(shown, key=lambda t: t.number):
         values = [f"{v:.4g}" for v in t.values] if t.values else ["-"] * len(study.directions)
+        others = [_cell(t.user_attrs.get(m)) for m in (*measured, *extra)]
         state = t.state.name.lower() + (" *" if t.number in best else "")
         cause = t.user_attrs.get("fail_reason", "")
         text = escape((cause or t.user_attrs.get("architecture", ""))[:70])  # [..] is not markup
-        table.add_row(str(t.number), state, *values, str(t.user_attrs.get("parameters", "")),
-                      text)  # fmt: skip
+        table.add_row(str(t.number), state, *values, *others, text)
     console.print(table)
     if complete:
         top = study.best_trials[0]
@@ -55,10 +58,10 @@ def report_study(
                       soft_wrap=True)  # fmt: skip
     skipped = len(study.trials) - len(shown)
     if skipped:
-        console.print(f"{skipped} proposed architectures broke a validity rule and were "
-                      "skipped (failed trials with their cause in the storage)")  # fmt: skip
+        console.print(f"{skipped} proposed architectures fell outside the parameter "
+                      "window and were skipped (failed trials, their cause in the storage)")
     out = Path(settings.output_dir)
-    plots = [plot_history(study, out / "optimization_history.png")]
+    plots = [plot_history(study, out / "optimization_history.png", settings.study.fitness)]
     if len(study.directions) > 1 and complete:
         plots.append(plot_pareto(study, settings.study.objectives, out / "pareto_front.png"))
     if complete:
@@ -70,20 +73,26 @@ def report_study(
         console.print(f"W&B (offline): wandb sync {' '.join(result.run_dirs)}", soft_wrap=True)
 
 
-def plot_history(study: optuna.Study, path: Path) -> Path:
-    """Validation loss of every finished trial, and the best so far."""
+def _cell(value: object) -> str:
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return "-" if value is None else str(value)
+
+
+def plot_history(study: optuna.Study, path: Path, fitness: str = "validation_loss") -> Path:
+    """The fitness (first objective) of every trained trial, and the best so far."""
     trials = [t for t in study.get_trials(deepcopy=False) if t.values or
-              "validation_loss" in t.user_attrs]  # fmt: skip
+              fitness in t.user_attrs]  # fmt: skip
     xs = [t.number for t in trials]
-    ys = [t.values[0] if t.values else t.user_attrs["validation_loss"] for t in trials]
-    best, running = [], math.inf
+    ys = [t.values[0] if t.values else t.user_attrs[fitness] for t in trials]
+    better = max if study.directions[0] == optuna.study.StudyDirection.MAXIMIZE else min
+    best: list[float] = []
     for y in ys:
-        running = min(running, y)
-        best.append(running)
+        best.append(better(best[-1], y) if best else y)
     fig, ax = plt.subplots(figsize=(6, 4))
     ax.scatter(xs, ys, label="trial")
     ax.step(xs, best, where="post", color="black", label="best so far")
-    ax.set(xlabel="trial", ylabel="validation loss", title="optimization history")
+    ax.set(xlabel="trial", ylabel=fitness.replace("_", " "), title="optimization history")
     ax.legend()
     fig.tight_layout()
     fig.savefig(path)
