@@ -220,7 +220,8 @@ class Leader:
                             description=f"trial {trial.number}: {text[:60]}")  # fmt: skip
         self.tracker.start_trial(trial.number, dict(trial.params),
                                  {"architecture": arch_json, "summary": text})
-        parent = self.study._storage.get_trial_system_attrs(trial._trial_id).get(KEY_PARENT)
+        stored = self.study.get_trials(deepcopy=False)[trial.number]  # numbers are indices
+        parent = stored.system_attrs.get(KEY_PARENT)
         return TrialOrder(trial.number, arch_json, parent)
 
     def _tell(self, trial: optuna.Trial, outcome: Outcome) -> None:

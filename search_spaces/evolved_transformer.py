@@ -1,13 +1,14 @@
 """The Evolved Transformer search space: define-by-run sampling, validity, and the seeds.
 
 `sample(suggest)` asks a `Suggest` (an Optuna trial, a `FixedSuggest`, a `RandomSuggest`)
-for every choice under a stable name and returns a valid `Architecture`, or raises
-`InvalidArchitecture` saying which rule it breaks. Parameter names:
+for every choice under a stable name and returns an `Architecture`. Parameter names:
 
     d_model                          one choice, or a few if `d_model` is a sequence
     enc.cells, dec.cells             cells per side, in [cells[0], cells[1]]
+    dec.cross_block                  encoder-decoder: the block whose left branch is
+                                       attention to the encoder
     enc.block3.left.skip             every branch: True = an identity (skip) branch
-    enc.block3.left.layer              when not a skip: any other layer, dead included
+    enc.block3.left.layer              when not a skip: any other layer (right: dead too)
     enc.block3.left.input              not for a dead branch
     enc.block3.left.norm               not for skip / dead
     enc.block3.left.dim                layers whose width is a choice (see architecture.py)
@@ -16,15 +17,33 @@ for every choice under a stable name and returns a valid `Architecture`, or rais
     enc.block3.left.reduction          lightweight convolutions
     enc.block3.combiner              only when both branches are live
 
+Every sample is a valid architecture (`validate` with no parameter window passes), so every
+sampler's proposals are trials worth training. Choices for a name never change within a
+study (Optuna requires it), so the rules hold by how the space is encoded, or by one
+deterministic repair, numbered as `validate` checks them:
+
+    1. at most one dead branch per block: only the right branch may be dead (a block whose
+       left branch is dead computes what the mirrored block computes: no combiner applies);
+    2. attention to the encoder only in an encoder-decoder's decoder: only its layer lists
+       hold it;
+    3. every decoder cell of an encoder-decoder attends to the encoder: `dec.cross_block`
+       names the block whose left branch is that attention (its `skip` and `layer` are not
+       asked; the other branches may attend too);
+    4. a residual path from the cell input to a cell output: when the sampled cell has none,
+       its last block's right branch becomes an identity of the last hidden state on the
+       residual chain, joined by "add" (the last state is read by no block, so it is always
+       a cell output; the cross branch is a left branch, so rule 3 still holds). A pure
+       function of the answers, the same on every process; valid cells are never changed;
+    5. the parameter window (optional): the one rule a sample can still break; `sample`
+       raises `InvalidArchitecture` for it.
+
 The skip decision comes first so that a uniform sampler proposes identity branches half
-the time (as often as the seeds use them) instead of 1 time in 15: the set of
-architectures is the same, but a cell then has a residual path about 25% of the time
-rather than 3%. Choices for a name never change within a study (Optuna requires it), so
-impossible combinations (two dead branches) are sampled and then rejected.
+the time, as often as the seeds use them, instead of 1 time in 15.
 
 The seeds `transformer(...)` and `evolved_transformer(...)` are the paper's warm start;
 `seed_params(arch)` is the flat dict that `FixedSuggest` or `study.enqueue_trial` replays
-through `sample` to give the same architecture back.
+through `sample` to give the same architecture back (for any architecture that follows
+rules 1 and 3 as encoded: dead branches on the right, a left cross branch).
 """
 
 from __future__ import annotations
@@ -62,6 +81,7 @@ __all__ = [
     "seed_params",
     "transformer",
     "validate",
+    "with_residual",
 ]
 
 DECODER_LAYERS = LAYER_NAMES
@@ -149,11 +169,15 @@ def validate(arch: Architecture, *, window: ParamWindow | None = DEFAULT_WINDOW)
 # --- define-by-run sampling -----------------------------------------------------------------
 
 
-def _sample_branch(suggest: Suggest, name: str, block: int, layers: Sequence[str]) -> Branch:
-    """A branch of block `block` (it may read hidden states 0..block)."""
-    if choose(suggest, f"{name}.skip", (True, False)):
-        return Branch(suggest.suggest_int(f"{name}.input", 0, block), "identity")
-    layer = choose(suggest, f"{name}.layer", [n for n in layers if n != "identity"])
+def _sample_branch(
+    suggest: Suggest, name: str, block: int, layers: Sequence[str], *, layer: str | None = None
+) -> Branch:
+    """A branch of block `block` (it may read hidden states 0..block); `layer` fixes the
+    layer instead of asking for it (the cross branch)."""
+    if layer is None:
+        if choose(suggest, f"{name}.skip", (True, False)):
+            return Branch(suggest.suggest_int(f"{name}.input", 0, block), "identity")
+        layer = choose(suggest, f"{name}.layer", [n for n in layers if n != "identity"])
     if layer == "dead":
         return Branch(0, "dead")
     index = suggest.suggest_int(f"{name}.input", 0, block)
@@ -167,15 +191,42 @@ def _sample_branch(suggest: Suggest, name: str, block: int, layers: Sequence[str
     return Branch(index, layer, norm, dim, act, heads, reduction)
 
 
-def _sample_cell(suggest: Suggest, side: str, n_blocks: int, layers: Sequence[str]) -> Cell:
+def _sample_cell(
+    suggest: Suggest, side: str, n_blocks: int, layers: Sequence[str], cross: int | None = None
+) -> Cell:
+    """A cell whose blocks follow rules 1-3 (module docstring); rule 4 by `with_residual`."""
+    left_layers = [n for n in layers if n != "dead"]  # rule 1
     blocks = []
     for i in range(n_blocks):
-        left = _sample_branch(suggest, f"{side}.block{i}.left", i, layers)
+        fixed = "encoder_attention" if i == cross else None  # rule 3
+        left = _sample_branch(suggest, f"{side}.block{i}.left", i, left_layers, layer=fixed)
         right = _sample_branch(suggest, f"{side}.block{i}.right", i, layers)
-        live = not (left.dead or right.dead)
-        combiner = choose(suggest, f"{side}.block{i}.combiner", COMBINERS) if live else "add"
+        combiner = "add" if right.dead else choose(suggest, f"{side}.block{i}.combiner",
+                                                   COMBINERS)  # fmt: skip
         blocks.append(Block(left, right, combiner))
-    return Cell(tuple(blocks))
+    return with_residual(Cell(tuple(blocks)))
+
+
+def _reached(blocks: Sequence[Block]) -> set[int]:
+    """Hidden states reached from the cell input by a chain of identity branches in add
+    blocks (or beside a dead branch)."""
+    reached = {0}
+    for i, block in enumerate(blocks):
+        skips = [b for b in block.branches if b.layer == "identity" and b.input in reached]
+        if skips and block.combiner == "add":  # dead-branch blocks are canonically "add"
+            reached.add(i + 1)
+    return reached
+
+
+def with_residual(cell: Cell) -> Cell:
+    """`cell` itself if it has a residual path, else the cell whose last block's right
+    branch is an identity of the last state on the residual chain, joined by "add" (rule 4
+    of the module docstring; the last state is always a cell output)."""
+    if _residual_path(cell):
+        return cell
+    *before, last = cell.blocks
+    chain_end = max(_reached(before))
+    return Cell((*before, Block(last.left, Branch(chain_end, "identity"), "add")))
 
 
 def sample(
@@ -186,29 +237,36 @@ def sample(
     cells: tuple[int, int] = (1, 6),
     window: ParamWindow | None = DEFAULT_WINDOW,
 ) -> Architecture:
-    """Ask `suggest` for an architecture; InvalidArchitecture if it breaks a rule."""
+    """Ask `suggest` for an architecture: always valid but for `window`, which raises
+    InvalidArchitecture when the parameter count falls outside it."""
     d_models = [d_model] if isinstance(d_model, int) else list(d_model)
     if not 1 <= cells[0] <= cells[1]:
         raise ValueError(f"cells range {cells} must satisfy 1 <= low <= high")
     d = choose(suggest, "d_model", d_models)
-    n_enc, encoder = 0, None
+    n_enc, encoder, cross = 0, None, None
     if not decoder_only:
         n_enc = suggest.suggest_int("enc.cells", *cells)
         encoder = _sample_cell(suggest, "enc", ENCODER_BLOCKS, ENCODER_LAYERS)
+        cross = suggest.suggest_int("dec.cross_block", 0, DECODER_BLOCKS - 1)
     n_dec = suggest.suggest_int("dec.cells", *cells)
     decoder_layers = ENCODER_LAYERS if decoder_only else DECODER_LAYERS
-    decoder = _sample_cell(suggest, "dec", DECODER_BLOCKS, decoder_layers)
+    decoder = _sample_cell(suggest, "dec", DECODER_BLOCKS, decoder_layers, cross)
     arch = Architecture(d, n_enc, encoder, n_dec, decoder)
     validate(arch, window=window)
     return arch
 
 
-def _branch_params(name: str, b: Branch) -> dict[str, CategoricalChoice]:
-    """The answers `_sample_branch` needs to return b."""
+def _branch_params(
+    name: str, b: Branch, *, fixed_layer: bool = False
+) -> dict[str, CategoricalChoice]:
+    """The answers `_sample_branch` needs to return b (`fixed_layer`: its layer is not
+    asked, as for the cross branch)."""
     skip = b.layer == "identity"
-    params: dict[str, CategoricalChoice] = {f"{name}.skip": skip}
-    if not skip:
-        params[f"{name}.layer"] = b.layer
+    params: dict[str, CategoricalChoice] = {}
+    if not fixed_layer:
+        params[f"{name}.skip"] = skip
+        if not skip:
+            params[f"{name}.layer"] = b.layer
     if b.dead:
         return params
     params[f"{name}.input"] = b.input
@@ -224,25 +282,40 @@ def _branch_params(name: str, b: Branch) -> dict[str, CategoricalChoice]:
     return params
 
 
-def _cell_params(side: str, cell: Cell) -> dict[str, CategoricalChoice]:
+def _cell_params(side: str, cell: Cell, cross: int | None = None) -> dict[str, CategoricalChoice]:
     params: dict[str, CategoricalChoice] = {}
     for i, block in enumerate(cell.blocks):
-        params |= _branch_params(f"{side}.block{i}.left", block.left)
+        if block.left.dead:
+            raise ValueError(f"{side}.block{i}: the left branch is dead; this space keeps "
+                             "dead branches on the right (mirror the block)")  # fmt: skip
+        params |= _branch_params(f"{side}.block{i}.left", block.left, fixed_layer=i == cross)
         params |= _branch_params(f"{side}.block{i}.right", block.right)
-        if not (block.left.dead or block.right.dead):
+        if not block.right.dead:
             params[f"{side}.block{i}.combiner"] = block.combiner
     return params
+
+
+def _cross_block(cell: Cell) -> int:
+    """The first block whose left branch attends to the encoder (`dec.cross_block`)."""
+    for i, block in enumerate(cell.blocks):
+        if block.left.layer == "encoder_attention":
+            return i
+    raise ValueError("the decoder cell has no left branch attending to the encoder; this "
+                     "space asks for one (dec.cross_block)")  # fmt: skip
 
 
 def seed_params(arch: Architecture) -> dict[str, CategoricalChoice]:
     """The flat parameters that make `sample` return `arch` (for `FixedSuggest` or
     `study.enqueue_trial`); pass `sample` the same d_model and decoder_only."""
     params: dict[str, CategoricalChoice] = {"d_model": arch.d_model}
+    cross = None
     if arch.encoder is not None:
         params["enc.cells"] = arch.encoder_cells
         params |= _cell_params("enc", arch.encoder)
+        cross = _cross_block(arch.decoder)
+        params["dec.cross_block"] = cross
     params["dec.cells"] = arch.decoder_cells
-    return params | _cell_params("dec", arch.decoder)
+    return params | _cell_params("dec", arch.decoder, cross)
 
 
 # --- seeds ----------------------------------------------------------------------------------
