@@ -104,3 +104,13 @@ def test_textfile_errors_name_the_path(tmp_path: Path) -> None:
         TextFile(binary)
     with pytest.raises(ValueError, match="seq_len must be positive"):
         TextFile(short, seq_len=0)
+
+
+def test_charlm_evaluate_gives_bits_per_char_and_accuracy(lm: CharLM) -> None:
+    def uniform(x: torch.Tensor) -> torch.Tensor:
+        return torch.zeros(x.shape[0], len(lm.vocab), x.shape[1])
+
+    metrics = lm.evaluate(uniform, batch_size=32, max_batches=2, decode=5)  # nothing decodes
+    assert set(metrics) == {"loss", "bits_per_char", "accuracy", "tokens"}
+    assert math.isclose(metrics["bits_per_char"], math.log2(len(lm.vocab)), rel_tol=1e-6)
+    assert metrics["tokens"] == 2 * 32 * 64

@@ -167,3 +167,25 @@ def test_facade_and_errors(task: Translation) -> None:
         task.size("dev")
     with pytest.raises(ValueError, match="batch_size"):
         next(task.batches("train", 0))
+
+
+def test_evaluate_scores_teacher_forcing_and_greedy_decoding(task: Translation) -> None:
+    _, step_fn = oracle(task)
+
+    def forward(x: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        return step_fn(*x)
+
+    full = task.evaluate(forward, batch_size=64)  # the final evaluation: everything
+    assert full["accuracy"] == 1.0 and full["tokens"] == sum(
+        len(de) + 1 for _, de in task.pairs("validation"))  # fmt: skip
+    assert full["chrf"] >= 99.0 and full["exact_match"] >= 0.99  # two names have 2 answers
+    assert full["decoded"] == task.size("validation") and full["decode_s"] > 0
+    part = task.evaluate(forward, batch_size=64, max_batches=1, decode=16)
+    assert part["decoded"] == 16 and part["tokens"] < full["tokens"]
+    assert "chrf" not in task.evaluate(forward, batch_size=64, max_batches=1, decode=0)
+    subset = task.decode_subset("validation", 16)  # evenly spaced over the sorted split
+    assert subset == sorted(set(subset)) and subset[0] == 0
+    assert subset[-1] >= 0.9 * task.size("validation")
+    assert task.decode_subset("validation", None) == list(range(task.size("validation")))
+    with pytest.raises(ValueError, match="pairs=-1 is not valid"):
+        task.decode_subset("validation", -1)
