@@ -177,7 +177,8 @@ class Leader:
 
         Never raises; what fails here is returned in `close_errors` (and, when the study
         already failed with `error`, added to it as a note, so the first error stays first).
-        A second call returns the first call's account.
+        A trial still open stays RUNNING: the caller fails it as interrupted and asks it
+        again (`trials.fail_running`). A second call returns the first call's account.
         """
         if self.end is not None:
             return self.end
@@ -193,9 +194,6 @@ class Leader:
         if self.heartbeat is not None:
             attempt("stop the heartbeat", self.heartbeat.stop)
         attempt("stop the progress bars", self.progress.stop)
-        if self.trial is not None:  # a study that stopped mid-trial
-            attempt("fail the open trial", lambda: self._fail_now(
-                self.trial, f"the study stopped: {error}"))  # fmt: skip
         attempt("end the study", self._end_study)
         attempt("close the tracker", self.tracker.close)
         count = attempt("count finished trials", lambda: finished(self.study)) or 0
@@ -237,8 +235,7 @@ class Leader:
         self.study.tell(trial, outcome.values if outcome.state == "complete" else None,
                         state=state)  # fmt: skip
 
-    def _fail_now(self, trial: optuna.Trial | None, cause: str) -> None:
-        assert trial is not None
+    def _fail_now(self, trial: optuna.Trial, cause: str) -> None:
         trial.set_user_attr("fail_reason", cause)
         self.study.tell(trial, state=optuna.trial.TrialState.FAIL)
 

@@ -93,6 +93,7 @@ def assert_wandb_history_equals_the_jsonl_mirror(directory: Path, study: str) ->
         assert [row["validation_decoded"] for row in evaluations] == [16, 32]
         assert json_safe(run.metrics()) == mirror
         assert run.group == study and run.exit_code == 0
+        assert all(key in run.summary for key in VALIDATION)  # the final evaluation's
 
 
 def test_a_diverging_trial_fails_with_its_cause_and_the_study_goes_on(tmp_path: Path) -> None:
