@@ -1,4 +1,4 @@
-"""Helpers shared by the harness tests: a tiny study's settings, a locked SQLite file."""
+"""Helpers shared by the harness tests: composed settings, a text file, a locked SQLite file."""
 
 from __future__ import annotations
 
@@ -17,13 +17,27 @@ TINY = ("tracker=jsonl", "train.steps=6", "train.eval_every=3", "train.eval_batc
         "search_space.d_model=[32]", "search_space.max_cells=1")  # fmt: skip
 
 
-def tiny_settings(tmp_path: Path, *overrides: str) -> NasSettings:
-    """The composed settings of a tiny study under `tmp_path` (overrides win)."""
+def composed(*overrides: str) -> NasSettings:
+    """`conf/config.yaml` composed with `overrides`, as typed settings."""
     register()
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
-        cfg = compose("config", overrides=[*TINY, f"studies_dir={tmp_path / 'studies'}",
-                                           f"output_dir={tmp_path / 'run'}", *overrides])
-    return to_settings(cfg)
+        return to_settings(compose("config", overrides=list(overrides)))
+
+
+def tiny_settings(tmp_path: Path, *overrides: str) -> NasSettings:
+    """The composed settings of a tiny study under `tmp_path` (overrides win)."""
+    return composed(*TINY, f"studies_dir={tmp_path / 'studies'}",
+                    f"output_dir={tmp_path / 'run'}", *overrides)
+
+
+def write_text(path: Path, chars: int = 4000) -> Path:
+    """A UTF-8 file of `chars` characters of real English text (Python's help topics)."""
+    from pydoc_data.topics import topics
+
+    text = "\n\n".join(topics[key] for key in sorted(topics))
+    assert len(text) >= chars
+    path.write_text(text[:chars], encoding="utf-8")
+    return path
 
 
 class locked:

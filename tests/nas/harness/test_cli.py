@@ -13,15 +13,47 @@ from pathlib import Path
 import optuna
 import pytest
 
+from nas.settings import TASK_METRICS
 from nas.trials import INTERRUPTED, OWNER, counted
+from tests.nas.harness.common import write_text
 
 pytestmark = pytest.mark.multiprocess
 
 
-def run(tmp_path: Path, *overrides: str) -> subprocess.CompletedProcess[str]:
+def run(
+    tmp_path: Path, *overrides: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     cmd = [sys.executable, "-m", "nas", *overrides, f"hydra.run.dir={tmp_path / 'run'}",
            f"studies_dir={tmp_path / 'studies'}"]  # fmt: skip
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=tmp_path,
+                          env=env)  # fmt: skip
+
+
+# One trial of each task, as small as it gets: a few steps, one evaluation batch, a few
+# decoded pairs (translation), short windows (the language models).
+ONE_TRIAL = ("tracker=jsonl", "study.n_trials=1", "train.steps=2", "train.eval_every=2",
+             "train.eval_batches=1", "train.batch_size=16", "train.decode_pairs=4",
+             "train.final_decode_pairs=8", "search_space.d_model=[32]",
+             "search_space.max_cells=1")  # fmt: skip
+TASK_OPTIONS = {"translation": (), "charlm": ("task.options.seq_len=16",),
+                "textfile": ("task.options.seq_len=16",)}  # fmt: skip
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("task", sorted(TASK_OPTIONS))
+def test_one_trial_of_each_task_from_the_command_line(tmp_path: Path, task: str) -> None:
+    options = list(TASK_OPTIONS[task])
+    if task == "textfile":  # 4,000 characters of real text: 20 * (16 + 2) = 360 needed
+        options.append(f"task.options.path={write_text(tmp_path / 'corpus.txt')}")
+    env = {**os.environ, "WANDB_MODE": "offline"}
+    done = run(tmp_path, f"task={task}", f"study.name={task}", *ONE_TRIAL, *options, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    study = optuna.load_study(study_name=task,
+                              storage=f"sqlite:///{tmp_path / 'studies' / task}.db")  # fmt: skip
+    assert [t.state for t in study.trials if counted(t)] == [optuna.trial.TrialState.COMPLETE]
+    trial = next(t for t in study.trials if counted(t))
+    assert set(TASK_METRICS[task]) <= set(trial.user_attrs), sorted(trial.user_attrs)
+    assert (tmp_path / "run" / "tracking" / f"{task}.jsonl").exists()
 
 
 def test_a_small_study_from_the_command_line(tmp_path: Path) -> None:
