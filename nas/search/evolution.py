@@ -118,7 +118,10 @@ class RegularizedEvolutionSampler(BaseSampler):
        name its parent never asked (its branch changed); others delegate to the warm-up
        sampler.
     4. `after_trial`: records `evolution:mutation_applied` (False when the objective never
-       asked the mutated name) and forgets the plan.
+       asked the mutated name) and forgets the plan. A trial that never gets there (its
+       worker died, or the harness failed it through the storage) has its plan forgotten
+       at the next `before_trial`, which keeps plans of RUNNING trials only; so the plans
+       held (`pending_plans`) never outnumber the running trials plus the one beginning.
 
     Why the mutated name is always one the child will ask: in a define-by-run space the names
     asked depend only on the answers so far. The child gives its parent's answers up to the
@@ -160,7 +163,9 @@ class RegularizedEvolutionSampler(BaseSampler):
         self._rng = np.random.RandomState(seed)
         self._random = RandomSampler(seed=seed)  # parameters a child's parent never had
         self._warmup = warmup_sampler if warmup_sampler is not None else self._random
-        self._plans: dict[int, _Plan | None] = {}  # trial id -> plan (None: not a child)
+        # trial id -> plan (None: not a child), one object for the whole trial; only RUNNING
+        # trials' are kept (`_forget_finished`)
+        self._plans: dict[int, _Plan | None] = {}
 
     def __str__(self) -> str:
         return (
@@ -169,6 +174,11 @@ class RegularizedEvolutionSampler(BaseSampler):
         )
 
     # --- public helpers -----------------------------------------------------------------
+
+    @property
+    def pending_plans(self) -> int:
+        """How many trials' plans the sampler holds in memory (read-only; for monitoring)."""
+        return len(self._plans)
 
     def population(self, study: Study) -> list[FrozenTrial]:
         """The current population: the last `population_size` COMPLETE trials by number."""
@@ -193,6 +203,7 @@ class RegularizedEvolutionSampler(BaseSampler):
 
     def before_trial(self, study: Study, trial: FrozenTrial) -> None:
         self._warmup.before_trial(study, trial)
+        self._forget_finished(study)
         self._plans[trial._trial_id] = None
         if "fixed_params" in trial.system_attrs:  # enqueued: Optuna answers the fixed ones
             self._set(study, trial, KEY_ROLE, "seed")
@@ -264,6 +275,21 @@ class RegularizedEvolutionSampler(BaseSampler):
     def _set(study: Study, trial: FrozenTrial, key: str, value: Any) -> None:
         # Optuna's own samplers write their per-trial state the same way.
         study._storage.set_trial_system_attr(trial._trial_id, key, value)
+
+    def _forget_finished(self, study: Study) -> None:
+        """Drop the plans of trials that are no longer RUNNING in `study`: `after_trial` is
+        never called for a trial whose worker died or that was failed through the storage.
+
+        The held ids are listed before the running ones are read: a trial gets its plan only
+        after it is created RUNNING, so a plan another thread adds meanwhile is not dropped.
+        A plan of another study sharing this sampler is dropped too; `_plan` rebuilds it from
+        the storage, equal, if that trial asks again."""
+        held = list(self._plans)
+        running = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+        alive = {t._trial_id for t in running}
+        for trial_id in held:
+            if trial_id not in alive:
+                self._plans.pop(trial_id, None)
 
     def _plan(self, study: Study, trial: FrozenTrial) -> _Plan | None:
         """This trial's plan: from memory, or rebuilt from storage (e.g. after unpickling)."""

@@ -21,11 +21,24 @@ retried trial would count twice); NaN and infinities do not count either.
 When a hurdle is set (frozen): at the first `prune`/`passes` call at b that sees at least
 `min_trials` counted trials. The `min_trials` lowest-numbered of them (in a sequential study,
 the first `min_trials` models trained to b) are its members; its value is their mean. It is
-stored in the study's system attribute `pdh:hurdle:<b>` (value, members, min_trials) and never
-changes afterwards, whatever later trials score, even if a member fails later, and across
-workers sharing the storage (a study resumed with another `min_trials` sets it afresh).
-Members pass b (they trained before the hurdle existed, as in the paper); until the hurdle
-is set nothing is pruned at b.
+stored in the study's system attribute `pdh:hurdle:<b>:<min_trials>` (value, members,
+min_trials) and never changes afterwards, whatever later trials score, even if a member
+fails later (a study resumed with another `min_trials` sets its own). Members pass b (they
+trained before the hurdle existed, as in the paper); until the hurdle is set nothing is
+pruned at b.
+
+Several workers on one storage may freeze the same hurdle at once, each from what it has
+seen (one may see a trial at b that the other does not yet). Optuna's attribute writes are
+upserts (the last writer wins), so the first writer wins another way, atomically, and every
+worker then uses the stored hurdle, never its own candidate (`_claim`), numbered:
+
+    1. RDB storages (SQLite, PostgreSQL, MySQL): the candidate is INSERTed into Optuna's
+       `study_system_attributes` table, whose (study_id, key) is unique: one insert
+       commits, every other fails with an IntegrityError and changes nothing;
+    2. journal files and in-memory storages: each candidate is stored under its own key
+       `<key>#<uuid>`; the shared log (or the one process's lock) orders the writes, every
+       reader replays that order into the attribute dict, and the first candidate in it is
+       the hurdle, for every worker and for good.
 
 Passing means strictly beating the hurdle, as in the paper ("if its fitness is at or below the
 hurdle it stops"): a value equal to the hurdle stops the trial, in either direction.
@@ -33,13 +46,18 @@ hurdle it stops"): a value equal to the hurdle stops the trial, in either direct
 
 from __future__ import annotations
 
+import contextlib
 import itertools
+import json
 import math
+import uuid
 from collections.abc import Sequence
 from typing import Any
 
 import optuna
+import sqlalchemy
 from optuna.pruners import BasePruner
+from optuna.storages import RDBStorage
 from optuna.study import Study, StudyDirection
 from optuna.trial import FrozenTrial, TrialState
 
@@ -53,7 +71,7 @@ __all__ = [
 ]
 
 VALUE_KEY = "pdh:{budget}"  # trial user attribute: the metric at a budget (multi-objective)
-HURDLE_KEY = "pdh:hurdle:{budget}"  # study system attribute: a frozen hurdle
+HURDLE_KEY = "pdh:hurdle:{budget}:{min_trials}"  # study system attribute: a hurdle
 
 _COUNTED = (TrialState.RUNNING, TrialState.COMPLETE, TrialState.PRUNED)
 
@@ -68,11 +86,34 @@ def hurdle(values_at_budget: Sequence[float]) -> float:
     return math.fsum(values) / len(values)
 
 
-def stored_hurdle(study: Study, budget: int) -> dict[str, Any] | None:
-    """The hurdle frozen at `budget` in `study` (value, member trials, min_trials), if any."""
+def stored_hurdle(study: Study, budget: int, min_trials: int) -> dict[str, Any] | None:
+    """The hurdle frozen at `budget` for `min_trials` in `study` (value, member trials,
+    min_trials), if any: the first writer's (module docstring)."""
+    key = HURDLE_KEY.format(budget=budget, min_trials=min_trials)
     attrs = study._storage.get_study_system_attrs(study._study_id)
-    stored = attrs.get(HURDLE_KEY.format(budget=budget))
-    return None if stored is None else dict(stored)
+    if key in attrs:
+        return dict(attrs[key])
+    first = next((value for name, value in attrs.items() if name.startswith(f"{key}#")), None)
+    return None if first is None else dict(first)
+
+
+def _claim(study: Study, budget: int, candidate: dict[str, Any]) -> dict[str, Any]:
+    """Store `candidate` as the hurdle at `budget` unless another writer did first; return
+    the stored hurdle (the numbered steps of the module docstring)."""
+    key = HURDLE_KEY.format(budget=budget, min_trials=candidate["min_trials"])
+    storage = study._storage
+    backend = getattr(storage, "_backend", storage)  # Optuna wraps an RDBStorage in a cache
+    if isinstance(backend, RDBStorage):  # 1.
+        table = sqlalchemy.Table("study_system_attributes", sqlalchemy.MetaData(),
+                                 autoload_with=backend.engine)  # fmt: skip
+        row = {"study_id": study._study_id, "key": key, "value_json": json.dumps(candidate)}
+        with contextlib.suppress(sqlalchemy.exc.IntegrityError), backend.engine.begin() as db:
+            db.execute(table.insert().values(**row))
+    else:  # 2.
+        storage.set_study_system_attr(study._study_id, f"{key}#{uuid.uuid4().hex}", candidate)
+    stored = stored_hurdle(study, budget, candidate["min_trials"])
+    assert stored is not None, "a hurdle was just stored"
+    return stored
 
 
 def _direction(direction: StudyDirection | str) -> StudyDirection:
@@ -197,8 +238,8 @@ class ProgressiveDynamicHurdles(BasePruner):
     def _frozen(self, study: Study, budget: int) -> dict[str, Any] | None:
         """The stored hurdle at `budget`, set now from the counted trials if possible."""
         self._check_budget(budget)
-        stored = stored_hurdle(study, budget)
-        if stored is not None and stored.get("min_trials") == self.min_trials:
+        stored = stored_hurdle(study, budget, self.min_trials)
+        if stored is not None:
             return stored
         values = self.values_at(study, budget)
         if len(values) < self.min_trials:
@@ -209,6 +250,4 @@ class ProgressiveDynamicHurdles(BasePruner):
             "trials": members,
             "min_trials": self.min_trials,
         }
-        study._storage.set_study_system_attr(study._study_id, HURDLE_KEY.format(budget=budget),
-                                             frozen)  # fmt: skip
-        return frozen
+        return _claim(study, budget, frozen)

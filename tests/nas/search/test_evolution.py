@@ -335,3 +335,32 @@ def test_bad_arguments_are_named(kwargs: dict[str, Any], message: str) -> None:
 def test_a_warmup_sampler_must_be_a_sampler() -> None:
     with pytest.raises(TypeError, match="warmup_sampler must be an optuna sampler, got str"):
         RegularizedEvolutionSampler(warmup_sampler="random")  # type: ignore[arg-type]
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("storage", ["memory", "sqlite"])
+def test_trials_that_never_finish_leave_no_plans_behind(storage: str, tmp_path: Path) -> None:
+    sampler = RegularizedEvolutionSampler(5, 2, seed=3)
+    url = None if storage == "memory" else f"sqlite:///{tmp_path / 'study.db'}"
+    study = optuna.create_study(sampler=sampler, storage=url)
+    study.optimize(mixed_objective, n_trials=5)  # the first population: children from here
+    assert sampler.pending_plans == 0  # a told trial forgets its plan
+    keeper = study.ask()  # a child that runs throughout
+    keeper.suggest_categorical("cat", ["x", "y", None, 3])
+    abandoned = [study.ask() for _ in range(10)]  # asked, never told: their workers died
+    assert sampler.pending_plans == 11  # running trials keep theirs
+    for trial in abandoned:  # the harness fails them through the storage
+        study._storage.set_trial_state_values(trial._trial_id, TrialState.FAIL)
+    for _ in range(30):  # and so on, each new trial failed the same way
+        trial = study.ask()
+        trial.suggest_int("int", 0, 4)
+        assert sampler.pending_plans == 2  # the keeper's and this one's
+        study._storage.set_trial_state_values(trial._trial_id, TrialState.FAIL)
+    # The keeper still copies its parent except in the one mutated name.
+    study.tell(keeper, mixed_objective(keeper))
+    child = study.trials[keeper.number]
+    assert child.system_attrs[KEY_ROLE] == "child"
+    parent, name = parent_of(study, child), child.system_attrs[KEY_MUTATED]
+    assert [k for k in child.params if child.params[k] != parent.params[k]] == [name]
+    study.ask()
+    assert sampler.pending_plans == 1  # only the trial just begun

@@ -16,7 +16,7 @@ import pytest
 from optuna.trial import TrialState
 
 from nas.search import ProgressiveDynamicHurdles, clears, hurdle, make_pruner
-from nas.search.pdh import HURDLE_KEY
+from nas.search.pdh import stored_hurdle
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -99,8 +99,7 @@ def test_first_hurdle_against_a_hand_computed_mean(
     far = -100.0 if direction == "minimize" else 100.0
     assert [run(study, {10: far}) for _ in range(3)] == [None] * 3
     assert pdh(study).hurdle_at(study, 10) == 3.0
-    stored = study._storage.get_study_system_attrs(study._study_id)[HURDLE_KEY.format(budget=10)]
-    assert stored == {"value": 3.0, "trials": [0, 1, 2], "min_trials": 3}
+    assert stored_hurdle(study, 10, 3) == {"value": 3.0, "trials": [0, 1, 2], "min_trials": 3}
     states = [t.state for t in study.trials]
     assert states == [TrialState.COMPLETE] * 4 + [TrialState.PRUNED] * 3 + [TrialState.COMPLETE] * 3
 
