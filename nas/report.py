@@ -38,8 +38,9 @@ def report_study(
     measured = [m for m in TASK_METRICS[settings.task.name] if m not in objectives]
     extra = [m for m in ("parameters",) if m not in objectives]
     for column in ["trial", "state", *objectives, *measured, *extra]:
-        table.add_column(column.removeprefix("validation_"))
-    table.add_column("architecture", no_wrap=True, overflow="ellipsis", ratio=1)  # one line
+        name = column.removeprefix("validation_")
+        table.add_column(name, no_wrap=True, min_width=10 if name == "state" else len(name))
+    table.add_column("architecture", no_wrap=True, overflow="ellipsis")  # one line
     best = {t.number for t in study.best_trials} if complete else set()
     shown = [t for t in study.get_trials(deepcopy=False) if not t.user_attrs.get("invalid")]
     for t in sorted(shown, key=lambda t: t.number):
