@@ -29,11 +29,13 @@ deterministic repair, numbered as `validate` checks them:
     3. every decoder cell of an encoder-decoder attends to the encoder: `dec.cross_block`
        names the block whose left branch is that attention (its `skip` and `layer` are not
        asked; the other branches may attend too);
-    4. a residual path from the cell input to a cell output: when the sampled cell has none,
-       its last block's right branch becomes an identity of the last hidden state on the
-       residual chain, joined by "add" (the last state is read by no block, so it is always
-       a cell output; the cross branch is a left branch, so rule 3 still holds). A pure
-       function of the answers, the same on every process; valid cells are never changed;
+    4. a residual path from the cell input to a cell output: a cell without one (3 in 4
+       uniform samples) is repaired: the first block whose combiner, made "add", gives it
+       a path gets "add" (one answer overridden; half the repairs); else its last block's
+       right branch becomes an identity of the last state on the residual chain, joined by
+       "add" (the last state is read by no block, so it is always a cell output; the cross
+       branch is a left branch, so rule 3 still holds). A pure function of the answers, the
+       same on every process; valid cells are never changed; `repair=False` rejects instead;
     5. the parameter window (optional): the one rule a sample can still break; `sample`
        raises `InvalidArchitecture` for it.
 
@@ -49,7 +51,7 @@ rules 1 and 3 as encoded: dead branches on the right, a left cross branch).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from search_spaces.architecture import (
     ACTIVATIONS,
@@ -113,16 +115,20 @@ DEFAULT_WINDOW = ParamWindow()
 # --- validity -------------------------------------------------------------------------------
 
 
-def _residual_path(cell: Cell) -> bool:
-    """Whether a chain of identity branches in add blocks (or beside a dead branch) leads
-    from the cell input to a cell output. The output's projection to d_model, if its width
-    differs, counts as part of the path (a projection shortcut, as in ResNet)."""
+def _reached(blocks: Sequence[Block]) -> set[int]:
+    """States reached from the cell input by identity branches in add (or dead) blocks."""
     reached = {0}
-    for i, block in enumerate(cell.blocks):
+    for i, block in enumerate(blocks):
         skips = [b for b in block.branches if b.layer == "identity" and b.input in reached]
         if skips and block.combiner == "add":  # dead-branch blocks are canonically "add"
             reached.add(i + 1)
-    return any(j in reached for j in cell_outputs(cell))
+    return reached
+
+
+def _residual_path(cell: Cell) -> bool:
+    """Whether the residual chain (`_reached`) reaches a cell output. The output's projection
+    to d_model, if its width differs, counts as part of it (a shortcut, as in ResNet)."""
+    return not _reached(cell.blocks).isdisjoint(cell_outputs(cell))
 
 
 def _check_cell(side: str, cell: Cell, attends: bool) -> None:
@@ -191,9 +197,8 @@ def _sample_branch(
     return Branch(index, layer, norm, dim, act, heads, reduction)
 
 
-def _sample_cell(
-    suggest: Suggest, side: str, n_blocks: int, layers: Sequence[str], cross: int | None = None
-) -> Cell:
+def _sample_cell(suggest: Suggest, side: str, n_blocks: int, layers: Sequence[str],
+                 cross: int | None, repair: bool) -> Cell:  # fmt: skip
     """A cell whose blocks follow rules 1-3 (module docstring); rule 4 by `with_residual`."""
     left_layers = [n for n in layers if n != "dead"]  # rule 1
     blocks = []
@@ -201,32 +206,26 @@ def _sample_cell(
         fixed = "encoder_attention" if i == cross else None  # rule 3
         left = _sample_branch(suggest, f"{side}.block{i}.left", i, left_layers, layer=fixed)
         right = _sample_branch(suggest, f"{side}.block{i}.right", i, layers)
-        combiner = "add" if right.dead else choose(suggest, f"{side}.block{i}.combiner",
-                                                   COMBINERS)  # fmt: skip
+        combiner = "add" if right.dead else choose(suggest, f"{side}.block{i}.combiner", COMBINERS)
         blocks.append(Block(left, right, combiner))
-    return with_residual(Cell(tuple(blocks)))
-
-
-def _reached(blocks: Sequence[Block]) -> set[int]:
-    """Hidden states reached from the cell input by a chain of identity branches in add
-    blocks (or beside a dead branch)."""
-    reached = {0}
-    for i, block in enumerate(blocks):
-        skips = [b for b in block.branches if b.layer == "identity" and b.input in reached]
-        if skips and block.combiner == "add":  # dead-branch blocks are canonically "add"
-            reached.add(i + 1)
-    return reached
+    cell = Cell(tuple(blocks))
+    return with_residual(cell) if repair else cell
 
 
 def with_residual(cell: Cell) -> Cell:
-    """`cell` itself if it has a residual path, else the cell whose last block's right
-    branch is an identity of the last state on the residual chain, joined by "add" (rule 4
-    of the module docstring; the last state is always a cell output)."""
+    """`cell` itself if it has a residual path, else repaired by rule 4 (module docstring):
+    the first combiner that, made "add", gives it one; else the last block's right branch
+    becomes an identity of the chain's last state, by "add"."""
     if _residual_path(cell):
         return cell
-    *before, last = cell.blocks
-    chain_end = max(_reached(before))
-    return Cell((*before, Block(last.left, Branch(chain_end, "identity"), "add")))
+    blocks = cell.blocks
+    for i, block in enumerate(blocks):
+        if block.combiner != "add":  # dead-branch blocks are "add" already
+            added = Cell((*blocks[:i], replace(block, combiner="add"), *blocks[i + 1 :]))
+            if _residual_path(added):
+                return added
+    *before, last = blocks
+    return Cell((*before, Block(last.left, Branch(max(_reached(before)), "identity"), "add")))
 
 
 def sample(
@@ -236,9 +235,12 @@ def sample(
     decoder_only: bool = False,
     cells: tuple[int, int] = (1, 6),
     window: ParamWindow | None = DEFAULT_WINDOW,
+    repair: bool = True,
 ) -> Architecture:
     """Ask `suggest` for an architecture: always valid but for `window`, which raises
-    InvalidArchitecture when the parameter count falls outside it."""
+    InvalidArchitecture when the parameter count falls outside it. `repair=False` skips the
+    residual repair (rule 4), so a cell without a residual path is rejected instead: the
+    same answers then say whether `sample` repaired them (a valid result is the same)."""
     d_models = [d_model] if isinstance(d_model, int) else list(d_model)
     if not 1 <= cells[0] <= cells[1]:
         raise ValueError(f"cells range {cells} must satisfy 1 <= low <= high")
@@ -246,11 +248,11 @@ def sample(
     n_enc, encoder, cross = 0, None, None
     if not decoder_only:
         n_enc = suggest.suggest_int("enc.cells", *cells)
-        encoder = _sample_cell(suggest, "enc", ENCODER_BLOCKS, ENCODER_LAYERS)
+        encoder = _sample_cell(suggest, "enc", ENCODER_BLOCKS, ENCODER_LAYERS, None, repair)
         cross = suggest.suggest_int("dec.cross_block", 0, DECODER_BLOCKS - 1)
     n_dec = suggest.suggest_int("dec.cells", *cells)
     decoder_layers = ENCODER_LAYERS if decoder_only else DECODER_LAYERS
-    decoder = _sample_cell(suggest, "dec", DECODER_BLOCKS, decoder_layers, cross)
+    decoder = _sample_cell(suggest, "dec", DECODER_BLOCKS, decoder_layers, cross, repair)
     arch = Architecture(d, n_enc, encoder, n_dec, decoder)
     validate(arch, window=window)
     return arch
@@ -270,15 +272,10 @@ def _branch_params(
     if b.dead:
         return params
     params[f"{name}.input"] = b.input
-    if has_norm_and_activation(b.layer):
-        params[f"{name}.norm"] = b.norm
-        if b.dim is not None:
-            params[f"{name}.dim"] = b.dim
-        params[f"{name}.activation"] = b.activation
-    if b.heads is not None:
-        params[f"{name}.heads"] = b.heads
-    if b.reduction is not None:
-        params[f"{name}.reduction"] = b.reduction
+    if has_norm_and_activation(b.layer):  # the fields that apply are the ones not None
+        fields = {"norm": b.norm, "dim": b.dim, "activation": b.activation, "heads": b.heads,
+                  "reduction": b.reduction}  # fmt: skip
+        params |= {f"{name}.{k}": v for k, v in fields.items() if v is not None}
     return params
 
 

@@ -6,17 +6,26 @@ import collections
 import contextlib
 import dataclasses
 import json
+import random
 import re
+from collections.abc import Sequence
+from typing import Any
 
 import pytest
 
 from search_spaces.architecture import (
+    COMBINERS,
+    DEAD,
+    DECODER_BLOCKS,
+    ENCODER_BLOCKS,
+    LAYER_NAMES,
     Architecture,
     Block,
     Branch,
     Cell,
     InvalidArchitecture,
     from_json,
+    has_dim,
     summary,
     to_json,
 )
@@ -30,7 +39,7 @@ from search_spaces.evolved_transformer import (
     validate,
     with_residual,
 )
-from search_spaces.suggest import FixedSuggest, RandomSuggest, Suggest, choose
+from search_spaces.suggest import CategoricalChoice, FixedSuggest, RandomSuggest, Suggest, choose
 from tests.search_spaces.common import D, build
 
 REASONS = {
@@ -53,28 +62,84 @@ def reason(error: InvalidArchitecture) -> str:
     return matches[0]
 
 
+class RecordingSuggest(RandomSuggest):
+    """RandomSuggest that records every name's choices (or int range) as asked."""
+
+    def __init__(self, seed: int, asked: dict[str, object]) -> None:
+        super().__init__(seed)
+        self.asked = asked
+
+    def suggest_categorical(self, name: str, choices: Sequence[CategoricalChoice]) -> Any:
+        assert self.asked.setdefault(name, list(choices)) == list(choices), name
+        return super().suggest_categorical(name, choices)
+
+    def suggest_int(self, name: str, low: int, high: int) -> int:
+        assert self.asked.setdefault(name, (low, high)) == (low, high), name
+        return super().suggest_int(name, low, high)
+
+
 @pytest.mark.parametrize("cells", [(1, 1), (1, 3)])
 @pytest.mark.parametrize("decoder_only", [False, True], ids=["enc_dec", "decoder_only"])
 def test_every_random_sample_is_a_valid_architecture(
     decoder_only: bool, cells: tuple[int, int]
 ) -> None:
+    space: dict[str, Any] = {"d_model": [D, 2 * D], "decoder_only": decoder_only,
+                             "cells": cells, "window": None}  # fmt: skip
+    asked: dict[str, object] = {}  # name -> choices: fixed for the whole study (Optuna)
     repaired = 0
     for seed in range(1500):
-        suggest = RandomSuggest(seed)
-        arch = sample(suggest, d_model=[D, 2 * D], decoder_only=decoder_only, cells=cells,
-                      window=None)  # fmt: skip
+        suggest = RecordingSuggest(seed, asked)
+        arch = sample(suggest, **space)
         validate(arch, window=None)  # every rule holds, by construction or repair
         assert arch.decoder_only == decoder_only
         replay = FixedSuggest(suggest.params)  # deterministic: the same answers, same model
-        assert sample(replay, d_model=[D, 2 * D], decoder_only=decoder_only, cells=cells,
-                      window=None) == arch  # fmt: skip
-        own = seed_params(arch)  # and the architecture's own parameters give it back
-        assert sample(FixedSuggest(own), d_model=[D, 2 * D], decoder_only=decoder_only,
-                      cells=cells, window=None) == arch  # fmt: skip
-        repaired += own != suggest.params
+        assert sample(replay, **space) == arch and replay.unused() == []
+        own = FixedSuggest(seed_params(arch))  # the architecture's own parameters give it back
+        assert sample(own, **space) == arch and own.unused() == []
+        try:  # without the repair the same answers give the same model, or are rejected
+            assert sample(FixedSuggest(suggest.params), **space, repair=False) == arch
+        except InvalidArchitecture as error:
+            assert reason(error) == "residual"
+            repaired += 1
         assert from_json(to_json(arch)) == arch
         assert "\n" not in summary(arch)
     assert 0 < repaired < 1500  # the residual repair runs where it must, not always
+
+
+def random_branch(rng: random.Random, i: int, side: str) -> Branch:
+    """A uniformly random branch of block i, dead allowed (no rule of the space applied)."""
+    if rng.random() < 0.5:
+        return Branch(rng.randint(0, i), "identity")
+    layer = rng.choice([n for n in LAYER_NAMES if n != "identity" and
+                        (side == "dec" or n != "encoder_attention")])  # fmt: skip
+    if layer == "dead":
+        return DEAD
+    return Branch(rng.randint(0, i), layer, "layer_norm", 1.0 if has_dim(layer) else None,
+                  "relu", 4 if "attention" in layer else None,
+                  4 if layer.startswith("light_conv") else None)  # fmt: skip
+
+
+def random_cell(rng: random.Random, side: str) -> Cell:
+    blocks = []
+    for i in range(ENCODER_BLOCKS if side == "enc" else DECODER_BLOCKS):
+        left, right = random_branch(rng, i, side), random_branch(rng, i, side)
+        combiner = "add" if DEAD in (left, right) else rng.choice(COMBINERS)
+        blocks.append(Block(left, right, combiner))
+    return Cell(tuple(blocks))
+
+
+def test_without_the_encoding_and_repair_most_random_points_are_invalid() -> None:
+    """What the space's encoding and repair fix: the rules checked on uniform random cells
+    (dead on either side, no cross block, no repair) reject nearly all of them."""
+    rng, reasons = random.Random(0), collections.Counter[str]()
+    for _ in range(300):
+        arch = Architecture(D, 1, random_cell(rng, "enc"), 1, random_cell(rng, "dec"))
+        try:
+            validate(arch, window=None)
+            reasons["valid"] += 1
+        except InvalidArchitecture as error:
+            reasons[reason(error)] += 1
+    assert reasons["valid"] < 30 and {"dead", "attends", "residual"} <= set(reasons), reasons
 
 
 def test_the_residual_repair_changes_only_cells_without_a_residual_path() -> None:
@@ -82,17 +147,53 @@ def test_the_residual_repair_changes_only_cells_without_a_residual_path() -> Non
         for cell in (seed.encoder, seed.decoder):
             if cell is not None:
                 assert with_residual(cell) is cell, name
-    gated = dataclasses.replace(SEEDS["evolved"].encoder.blocks[0],  # type: ignore[union-attr]
-                                combiner="multiply")  # breaks the chain at block 0
-    broken = replace_block(SEEDS["evolved"], "enc", 0, gated).encoder
-    assert broken is not None
+    et = SEEDS["evolved"]
+    assert et.encoder is not None
+    gated = dataclasses.replace(et.encoder.blocks[0], combiner="multiply")  # breaks the chain
+    broken = replace_block(et, "enc", 0, gated)
     with pytest.raises(InvalidArchitecture, match=REASONS["residual"]):
-        validate(replace_block(SEEDS["evolved"], "enc", 0, gated))
-    fixed = with_residual(broken)
-    assert fixed.blocks[:-1] == broken.blocks[:-1]  # only the last block's right branch
-    assert fixed.blocks[-1].left == broken.blocks[-1].left
+        validate(broken)
+    assert broken.encoder is not None and with_residual(broken.encoder) == et.encoder  # "add"
+    conv = Block(et.encoder.blocks[0].left, Branch(0, "conv_3x1", dim=1.0), "multiply")
+    broken = replace_block(et, "enc", 0, conv)  # no identity of the input: no combiner helps
+    assert broken.encoder is not None
+    fixed = with_residual(broken.encoder)
+    assert fixed.blocks[:-1] == broken.encoder.blocks[:-1]  # only the last block's right
+    assert fixed.blocks[-1].left == broken.encoder.blocks[-1].left
     assert fixed.blocks[-1].right == Branch(0, "identity")  # the chain ends at the input
     assert fixed.blocks[-1].combiner == "add" and with_residual(fixed) is fixed
+    validate(replace_block(broken, "enc", 5, fixed.blocks[-1]), window=None)
+
+
+def test_the_residual_repair_of_random_cells() -> None:
+    """Any cell comes back with a residual path, changed in one combiner (the first that
+    works) or else in its last block's right branch, nothing else."""
+    rng, kinds = random.Random(1), collections.Counter[str]()
+    for _ in range(2000):
+        side = rng.choice(["enc", "dec"])
+        cell = random_cell(rng, side)
+        fixed = with_residual(cell)
+        assert with_residual(fixed) is fixed  # it has a path now (a cell with one is kept)
+        assert with_residual(cell) == fixed  # and the repair is pure
+        pairs = zip(cell.blocks, fixed.blocks, strict=True)
+        changed = [i for i, (a, b) in enumerate(pairs) if a != b]
+        if fixed is cell:
+            kinds["valid"] += 1
+        elif fixed.blocks[changed[0]] == dataclasses.replace(cell.blocks[changed[0]],
+                                                             combiner="add"):  # fmt: skip
+            assert len(changed) == 1
+            kinds["combiner"] += 1
+            for i in range(changed[0]):  # no earlier combiner would have done
+                if cell.blocks[i].combiner != "add":
+                    added = dataclasses.replace(cell.blocks[i], combiner="add")
+                    other = Cell((*cell.blocks[:i], added, *cell.blocks[i + 1 :]))
+                    assert with_residual(other) is not other
+        else:
+            assert changed == [len(cell.blocks) - 1]
+            last = fixed.blocks[-1]
+            assert last.left == cell.blocks[-1].left and last.right.layer == "identity"
+            kinds["last_block"] += 1
+    assert min(kinds.values()) > 100, kinds
 
 
 @pytest.mark.parametrize("window", [ParamWindow(), ParamWindow(0.9, 1.1)])
