@@ -21,7 +21,9 @@ from __future__ import annotations
 
 import os
 import socket
+import sqlite3
 import threading
+import time
 import warnings
 from typing import Any
 
@@ -81,11 +83,24 @@ def make_storage(
 def _write_ahead(connection: Any, _: Any) -> None:
     """SQLite in write-ahead mode, synced at checkpoints: a sampled architecture writes
     about 140 parameters, one commit each, about 5x faster so (safe for processes on one
-    machine; for several machines use a server database or a journal file)."""
+    machine; for several machines use a server database or a journal file).
+
+    Switching the journal mode needs the database to itself and does not wait on SQLite's
+    busy handler, so two harnesses opening a new study at once retry (the mode, once set,
+    stays in the file: later connections find it set and skip the switch)."""
     cursor = connection.cursor()
-    cursor.execute("PRAGMA journal_mode=WAL")
-    cursor.execute("PRAGMA synchronous=NORMAL")
-    cursor.close()
+    try:
+        deadline = time.monotonic() + SQLITE_BUSY_S
+        while cursor.execute("PRAGMA journal_mode").fetchone()[0].lower() != "wal":
+            try:
+                cursor.execute("PRAGMA journal_mode=WAL")
+            except sqlite3.OperationalError as error:
+                if "locked" not in str(error) or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
+        cursor.execute("PRAGMA synchronous=NORMAL")
+    finally:
+        cursor.close()
 
 
 def fail_stale(study: optuna.Study) -> None:
