@@ -2,12 +2,15 @@
 
 Hydra composes `conf/` (see `nas.config`), changes nothing else: the run folder is Hydra's
 output directory, the study storage sits at a stable path under `outputs/studies/` so a
-re-run with the same `study.name` resumes, and the study itself is the plain function
-`nas.study.run_study(settings)`. At the end the results are summarised (`nas.report`).
+re-run with the same `study.name` resumes, and the stages are plain functions: the search
+`nas.study.run_study(settings)`, then the retrain of its best `nas.retrain.retrain(settings)`
+(`stages=[retrain]` alone retrains a stored study). At the end the results are summarised
+(`nas.report`).
 Under `--multirun` each job is its own study, named `<study.name>-<the job's overrides>`
 unless the sweep sets `study.name` itself.
 
     python -m nas study.name=demo study.n_trials=4 train.steps=40 sampler=evolution
+    python -m nas study.name=demo stages=[retrain] retrain.top_k=2 retrain.seeds=[0,1,2]
     python -m nas --multirun pipeline.schedule=1f1b,gpipe seed=0,1
 """
 
@@ -37,11 +40,13 @@ def main(cfg: DictConfig) -> None:
                                          hydra_cfg.job.num)  # fmt: skip
     settings = to_settings(cfg)
     from nas.report import report_study  # after composing: --help and --cfg stay fast
+    from nas.retrain import retrain
     from nas.study import run_study
 
-    result = run_study(settings)
+    result = run_study(settings) if "search" in settings.stages else None
+    retrained = retrain(settings) if "retrain" in settings.stages else None
     if os.environ.get("RANK", "0") == "0":  # under torchrun: rank 0 reports
-        report_study(settings, result)
+        report_study(settings, result, retrained)
 
 
 def _job_study_name(name: str, overrides: list[str], number: int) -> str:

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import optuna
@@ -35,7 +34,7 @@ from nas.errors import HeartbeatError, LeaderError, describe
 from nas.search import ProgressiveDynamicHurdles
 from nas.search.evolution import KEY_PARENT
 from nas.settings import NasSettings
-from nas.tracking import CompositeTracker, Tracker, make_tracker
+from nas.tracking.configured import run_directories, study_tracker
 from nas.trials import (
     INVALID,
     OWNER,
@@ -85,9 +84,13 @@ class Leader:
         self.heartbeat: storage.Heartbeat | None = None
         self.deferred: BaseException | None = None  # a logging error between decisions
         self.end: StudyEnd | None = None  # set by close()
-        self.tracker = _tracker(settings)
-        self.progress = Progress(TextColumn("{task.description}"), BarColumn(),
-                                 TextColumn("{task.completed}/{task.total}"), TimeElapsedColumn())
+        self.tracker = study_tracker(settings)
+        self.progress = Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            TextColumn("{task.completed}/{task.total}"),
+            TimeElapsedColumn(),
+        )
         self.bar_study = self.progress.add_task(f"study {settings.study.name}",
                                                 total=settings.study.n_trials,
                                                 completed=finished(self.study))  # fmt: skip
@@ -200,7 +203,7 @@ class Leader:
         if error is not None:
             for problem in problems:
                 error.add_note(f"while closing the study, also: {problem}")
-        self.end = StudyEnd(count, tuple(self._run_dirs()), tuple(problems))
+        self.end = StudyEnd(count, tuple(run_directories(self.tracker)), tuple(problems))
         return self.end
 
     # -- helpers ---------------------------------------------------------------------------
@@ -216,8 +219,9 @@ class Leader:
         self.heartbeat.start()
         self.progress.reset(self.bar_trial, total=self.settings.train.steps,
                             description=f"trial {trial.number}: {text[:60]}")  # fmt: skip
-        self.tracker.start_trial(trial.number, dict(trial.params),
-                                 {"architecture": arch_json, "summary": text})
+        self.tracker.start_trial(
+            trial.number, dict(trial.params), {"architecture": arch_json, "summary": text}
+        )
         stored = self.study.get_trials(deepcopy=False)[trial.number]  # numbers are indices
         parent = stored.system_attrs.get(KEY_PARENT)
         return TrialOrder(trial.number, arch_json, parent)
@@ -250,22 +254,8 @@ class Leader:
         table = trials_table(self.study)
         best = {t.number for t in self.study.best_trials} if finished(self.study) else set()
         front = [row for row in table if row["number"] in best]
-        self.tracker.end_study(table, front, {"finished": finished(self.study),
-                                              "objectives": list(self.settings.study.objectives)})
-
-    def _run_dirs(self) -> list[str]:
-        trackers = getattr(self.tracker, "trackers", [self.tracker])
-        return [str(d) for t in trackers for d in getattr(t, "run_directories", [])]
-
-
-def _tracker(settings: NasSettings) -> Tracker:
-    """The configured tracker, writing under the run folder: W&B comes with its JSONL
-    mirror; a user's own class (by import path) gets its options as they are."""
-    name, options = settings.tracker.name, dict(settings.tracker.options)
-    directory = str(Path(settings.output_dir) / "tracking")
-    if name == "wandb":
-        return CompositeTracker([make_tracker("jsonl", directory=directory),
-                                 make_tracker("wandb", **{"directory": directory} | options)])
-    if name == "jsonl":
-        options.setdefault("directory", directory)
-    return make_tracker(name, **options)
+        self.tracker.end_study(
+            table,
+            front,
+            {"finished": finished(self.study), "objectives": list(self.settings.study.objectives)},
+        )

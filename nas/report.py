@@ -16,10 +16,12 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import optuna
+from rich import box
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from nas.retrain import RetrainResult, model_table
 from nas.settings import TASK_METRICS, NasSettings
 from nas.study import StudyResult
 
@@ -27,73 +29,155 @@ __all__ = ["plot_history", "plot_pareto", "plot_partition", "report_study"]
 
 
 def report_study(
-    settings: NasSettings, result: StudyResult, console: Console | None = None
+    settings: NasSettings,
+    result: StudyResult | None,
+    retrained: RetrainResult | None = None,
+    console: Console | None = None,
 ) -> None:
-    """Print the best trials and where the results are; write the plots."""
+    """Print the trials, the retrained models and where everything is; write the plots.
+    `result` is None when this run only retrained (`stages=[retrain]`)."""
     console = console or Console()
-    study = optuna.load_study(study_name=result.study_name, storage=result.storage)
+    storage_url = result.storage if result else settings.storage_url
+    study = optuna.load_study(study_name=settings.study.name, storage=storage_url)
+    console.print(_trials_table(settings, study, console.width))
     complete = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
-    table = Table(title=f"study {study.study_name}: {result.finished} trials finished")
-    objectives = list(settings.study.objectives)
-    measured = [m for m in TASK_METRICS[settings.task.name] if m not in objectives]
-    extra = [m for m in ("parameters",) if m not in objectives]
-    for column in ["trial", "state", *objectives, *measured, *extra]:
-        name = column.removeprefix("validation_")
-        table.add_column(name, no_wrap=True, min_width=10 if name == "state" else len(name))
-    table.add_column("architecture", no_wrap=True, overflow="ellipsis")  # one line
-    best = {t.number for t in study.best_trials} if complete else set()
-    shown = [t for t in study.get_trials(deepcopy=False) if not t.user_attrs.get("invalid")]
-    for t in sorted(shown, key=lambda t: t.number):
-        values = [f"{v:.4g}" for v in t.values] if t.values else ["-"] * len(study.directions)
-        others = [_cell(t.user_attrs.get(m)) for m in (*measured, *extra)]
-        state = t.state.name.lower() + (" *" if t.number in best else "")
-        cause = t.user_attrs.get("fail_reason", "")
-        text = escape((cause or t.user_attrs.get("architecture", ""))[:70])  # [..] is not markup
-        table.add_row(str(t.number), state, *values, *others, text)
-    console.print(table)
     if complete:
         top = study.best_trials[0]
         console.print(f"best architecture (trial {top.number}, "
                       f"{top.user_attrs.get('parameters', '?')} parameters): "
                       f"{escape(top.user_attrs.get('architecture', '?'))}",
                       soft_wrap=True)  # fmt: skip
-    skipped = len(study.trials) - len(shown)
+    skipped = sum(bool(t.user_attrs.get("invalid")) for t in study.trials)
     if skipped:
-        console.print(f"{skipped} proposed architectures fell outside the parameter "
-                      "window and were skipped (failed trials, their cause in the storage)")
+        console.print(
+            f"{skipped} proposed architectures fell outside the parameter "
+            "window and were skipped (failed trials, their cause in the storage)"
+        )
     out = Path(settings.output_dir)
     plots = [plot_history(study, out / "optimization_history.png", settings.study.fitness)]
     if len(study.directions) > 1 and complete:
         plots.append(plot_pareto(study, settings.study.objectives, out / "pareto_front.png"))
     if complete:
         plots.append(plot_partition(study.best_trials[0], out / "partition_best_trial.png"))
+    run_dirs = list(result.run_dirs) if result else []
+    if retrained is not None:
+        _report_retrained(settings, retrained, console)
+        run_dirs += retrained.run_dirs
     # commands and paths unwrapped, so they can be copied whole
     console.print(f"plots: {', '.join(str(p) for p in plots)}", soft_wrap=True)
-    console.print(f"dashboard: optuna-dashboard {result.storage}", soft_wrap=True)
-    if result.run_dirs:
-        console.print(f"W&B (offline): wandb sync {' '.join(result.run_dirs)}", soft_wrap=True)
+    console.print(f"dashboard: optuna-dashboard {storage_url}", soft_wrap=True)
+    if run_dirs:
+        console.print(f"W&B (offline): wandb sync {' '.join(run_dirs)}", soft_wrap=True)
 
 
-def _cell(value: object) -> str:
+def _trials_table(settings: NasSettings, study: optuna.Study, width: int = 100) -> Table:
+    """One line per trial: state, objectives, the task's metrics, size, speed, memory; the
+    architecture's short name (or the failure's cause) takes what width is left."""
+    finished = sum(t.state.is_finished() for t in study.trials)
+    objectives = list(settings.study.objectives)
+    measured = [m for m in TASK_METRICS[settings.task.name] if m not in objectives]
+    extra = [m for m in ("parameters", "samples_per_s", "peak_memory_bytes") if m not in objectives]
+    best = {t.number for t in study.best_trials} if study.best_trials else set()
+    shown = [t for t in study.get_trials(deepcopy=False) if not t.user_attrs.get("invalid")]
+    rows = []
+    for t in sorted(shown, key=lambda t: t.number):
+        values = [f"{v:.4g}" for v in t.values] if t.values else ["-"] * len(study.directions)
+        others = [_cell(t.user_attrs.get(m), m) for m in (*measured, *extra)]
+        state = t.state.name.lower() + (" *" if t.number in best else "")
+        text = t.user_attrs.get("fail_reason") or t.user_attrs.get("short_name") or \
+            t.user_attrs.get("architecture", "")  # fmt: skip
+        rows.append([str(t.number), state, *values, *others, escape(text[:70])])
+    table = Table(title=f"study {study.study_name}: {finished} trials", box=box.SIMPLE_HEAD,
+                  pad_edge=False, collapse_padding=True)
+    used = 0
+    for i, column in enumerate(["trial", "state", *objectives, *measured, *extra]):
+        name = _HEADERS.get(column, column.removeprefix("validation_"))
+        fits = max([len(name)] + [len(row[i]) for row in rows])  # numbers are never cut
+        table.add_column(name, no_wrap=True, min_width=fits)
+        used += fits + 2
+    table.add_column("architecture", no_wrap=True, overflow="ellipsis",
+                     max_width=max(12, width - used - 2))  # one line, what width is left
+    for row in rows:
+        table.add_row(*row)
+    return table
+
+
+def _report_retrained(settings: NasSettings, retrained: RetrainResult, console: Console) -> None:
+    """The retrained models side by side (mean ± sd over their seeds, the chosen one first
+    and starred), where each was exported, and how to load the chosen one."""
+    rows = model_table(retrained.runs, retrained.fitness)
+    table = Table(title=f"retrained from scratch: {len(retrained.runs)} runs, chosen on "
+                        "validation, test split read once", box=box.SIMPLE_HEAD)  # fmt: skip
+    table.add_column("")
+    for row in rows:
+        star = " *" if row["model"] == retrained.selected else ""
+        table.add_column(row["model"] + star, justify="right", no_wrap=True)
+    metrics = [m for m in (*TASK_METRICS[settings.task.name], "test_loss", "samples_per_s")
+               if any(f"{m}_mean" in row for row in rows)]  # fmt: skip
+    table.add_row("seeds (failed)", *[f"{r['seeds']} ({r['failed']})" for r in rows])
+    for m in metrics:
+        cells = [f"{r[f'{m}_mean']:.4g} ± {r[f'{m}_sd']:.2g}" if f"{m}_mean" in r else "-"
+                 for r in rows]  # fmt: skip
+        table.add_row(m.replace("_", " "), *cells)
+    table.add_row("parameters", *[str(r["parameters"]) for r in rows])
+    console.print(table)
+    for run in retrained.runs:
+        if run.error:
+            console.print(f"retrain {run.model} seed {run.seed} failed: "
+                          f"{escape(run.error.splitlines()[0])}")  # fmt: skip
+    for name, folder in retrained.exported.items():
+        console.print(f"exported {name}: {folder}", soft_wrap=True)
+    if retrained.selected and retrained.selected in retrained.exported:
+        folder = retrained.exported[retrained.selected]
+        call = "m.translate(['Germany', 'France'])" if settings.task.name == "translation" \
+            else "m"  # fmt: skip
+        console.print(
+            f'load the chosen model ({retrained.selected}): python -c "import nas; '
+            f"m = nas.load_model('{folder}'); print({call})\"",
+            soft_wrap=True,
+        )
+
+
+_HEADERS = {"samples_per_s": "smp/s", "peak_memory_bytes": "MB", "parameters": "params",
+            "validation_exact_match": "exact", "validation_accuracy": "acc",
+            "validation_bits_per_char": "bpc", "trial": "#"}  # fmt: skip
+
+
+def _cell(value: object, column: str = "") -> str:
+    if column == "peak_memory_bytes" and isinstance(value, int | float):
+        return f"{value / 2**20:.0f}"
     if isinstance(value, float):
         return f"{value:.4g}"
     return "-" if value is None else str(value)
 
 
 def plot_history(study: optuna.Study, path: Path, fitness: str = "validation_loss") -> Path:
-    """The fitness (first objective) of every trained trial, and the best so far."""
-    trials = [t for t in study.get_trials(deepcopy=False) if t.values or
-              fitness in t.user_attrs]  # fmt: skip
-    xs = [t.number for t in trials]
-    ys = [t.values[0] if t.values else t.user_attrs[fitness] for t in trials]
-    better = max if study.directions[0] == optuna.study.StudyDirection.MAXIMIZE else min
-    best: list[float] = []
-    for y in ys:
-        best.append(better(best[-1], y) if best else y)
+    """The fitness (first objective) of every trained trial against the wall-clock time it
+    finished at, pruned trials marked (their last evaluation), and the best so far."""
+    trained = [t for t in study.get_trials(deepcopy=False) if t.datetime_complete and
+               (t.values or fitness in t.user_attrs)]  # fmt: skip
+    trained.sort(key=lambda t: t.datetime_complete)  # type: ignore[arg-type, return-value]
+    starts = [t.datetime_start for t in study.trials if t.datetime_start]
+    zero = min(starts) if starts else None
     fig, ax = plt.subplots(figsize=(6, 4))
-    ax.scatter(xs, ys, label="trial")
-    ax.step(xs, best, where="post", color="black", label="best so far")
-    ax.set(xlabel="trial", ylabel=fitness.replace("_", " "), title="optimization history")
+    better = max if study.directions[0] == optuna.study.StudyDirection.MAXIMIZE else min
+    xs: list[float] = []
+    best: list[float] = []
+    for t in trained:
+        x = (t.datetime_complete - zero).total_seconds() / 60 if zero else 0.0  # type: ignore[operator]
+        y = t.values[0] if t.values else float(t.user_attrs[fitness])
+        pruned = t.state == optuna.trial.TrialState.PRUNED
+        ax.scatter([x], [y], marker="x" if pruned else "o", color="tab:red" if pruned
+                   else "tab:blue", s=30)  # fmt: skip
+        if t.state == optuna.trial.TrialState.COMPLETE:
+            xs.append(x)
+            best.append(better(best[-1], y) if best else y)
+    if xs:
+        ax.step(xs, best, where="post", color="black", label="best so far")
+    ax.scatter([], [], marker="o", color="tab:blue", label="complete")
+    ax.scatter([], [], marker="x", color="tab:red", label="pruned")
+    ax.set(xlabel="wall-clock time (minutes since the study began)",
+           ylabel=fitness.replace("_", " "), title="optimization history")  # fmt: skip
     ax.legend()
     fig.tight_layout()
     fig.savefig(path)

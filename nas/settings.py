@@ -20,6 +20,7 @@ __all__ = [
     "NasSettings",
     "PipelineSettings",
     "PrunerSettings",
+    "RetrainSettings",
     "SamplerSettings",
     "SearchSpaceSettings",
     "StudySettings",
@@ -55,10 +56,17 @@ PRUNERS = ("pdh", "median", "none")
 TRACKERS = ("wandb", "jsonl", "none")
 # pipeline.pure.schedule.SCHEDULES, spelled out so that composing a config needs no torch
 # import (tests/nas/test_settings.py keeps the two equal)
-PIPEMARE_OPTIONS = ("lr_reschedule", "warmup_updates", "correction", "correction_decay",
-                    "update_every")  # pipeline.local.pipemare.PipeMareConfig's fields
+PIPEMARE_OPTIONS = (
+    "lr_reschedule",
+    "warmup_updates",
+    "correction",
+    "correction_decay",
+    "update_every",
+)  # pipeline.local.pipemare.PipeMareConfig's fields
 SCHEDULES = ("1f1b", "gpipe", "zbh1", "2bw", "pipemare")
 PLANNERS = ("time", "memory", "bipartition")  # bipartition: Bi-Partition's cut where it helps
+LR_SCHEDULES = ("constant", "cosine")  # nas.learning_rate.SCHEDULES
+STAGES = ("search", "retrain")  # in this order
 
 
 def _one_of(key: str, value: Any, valid: tuple[str, ...] | list[str]) -> None:
@@ -132,6 +140,11 @@ class TrainSettings:
     decode_pairs: int | None = 64
     final_decode_pairs: int | None = None
     dropout: float = 0.1
+    # nas.learning_rate: linear warm-up over `warmup_steps`, then constant or a cosine decay
+    # to `min_lr_ratio` x lr at the last step
+    lr_schedule: str = "constant"
+    warmup_steps: int = 0
+    min_lr_ratio: float = 0.1
 
     def __post_init__(self) -> None:
         for key in ("steps", "batch_size", "eval_every", "eval_batches"):
@@ -146,6 +159,14 @@ class TrainSettings:
             raise ValueError(f"train.lr={self.lr!r} is not valid; it must be > 0")
         if not 0 <= self.dropout < 1:
             raise ValueError(f"train.dropout={self.dropout!r} is not valid; it must be in [0, 1)")
+        _one_of("train.lr_schedule", self.lr_schedule, LR_SCHEDULES)
+        if isinstance(self.warmup_steps, bool) or not isinstance(self.warmup_steps, int) or \
+                self.warmup_steps < 0:  # fmt: skip
+            raise ValueError(f"train.warmup_steps={self.warmup_steps!r} is not valid; "
+                             "use a count >= 0")  # fmt: skip
+        if not 0 <= self.min_lr_ratio <= 1:
+            raise ValueError(f"train.min_lr_ratio={self.min_lr_ratio!r} is not valid; it must "
+                             "be in [0, 1]")  # fmt: skip
 
 
 @dataclass
@@ -235,6 +256,30 @@ class TrackerSettings:
 
 
 @dataclass
+class RetrainSettings:
+    """The retrain stage (`nas.retrain`): the `top_k` best architectures of the study (and,
+    with `seed_models`, both seed architectures) trained from scratch for `steps` steps
+    (None: `train.steps`) once per training seed in `seeds`, then exported to
+    `<models_dir>/<study>/<model>/`."""
+
+    top_k: int = 1
+    seeds: tuple[int, ...] = (0,)
+    steps: int | None = None
+    seed_models: bool = False
+    models_dir: str = "outputs/models"
+
+    def __post_init__(self) -> None:
+        _positive("retrain.top_k", self.top_k)
+        _positive("retrain.steps", self.steps, allow_none=True)
+        if not self.seeds or any(isinstance(s, bool) or not isinstance(s, int)
+                                 for s in self.seeds):  # fmt: skip
+            raise ValueError(f"retrain.seeds={list(self.seeds)!r} is not valid; use a "
+                             "non-empty list of integers")  # fmt: skip
+        if len(set(self.seeds)) != len(self.seeds):
+            raise ValueError(f"retrain.seeds={list(self.seeds)!r} names a seed twice")
+
+
+@dataclass
 class NasSettings:
     """Everything one study needs; `output_dir` is the run folder (Hydra's, or any)."""
 
@@ -246,11 +291,19 @@ class NasSettings:
     sampler: SamplerSettings = field(default_factory=SamplerSettings)
     pruner: PrunerSettings = field(default_factory=PrunerSettings)
     tracker: TrackerSettings = field(default_factory=TrackerSettings)
+    retrain: RetrainSettings = field(default_factory=RetrainSettings)
+    # what a run does: "search" (run or resume the study), then "retrain" (its best,
+    # from scratch, exported); either alone (retrain alone reads the stored study)
+    stages: tuple[str, ...] = ("search", "retrain")
     seed: int = 0
     output_dir: str = "outputs/run"
     studies_dir: str = "outputs/studies"
 
     def __post_init__(self) -> None:
+        if not self.stages or any(s not in STAGES for s in self.stages) or \
+                list(self.stages) != sorted(set(self.stages), key=STAGES.index):  # fmt: skip
+            raise ValueError(f"stages={list(self.stages)!r} is not valid; valid: [search], "
+                             "[retrain] or [search, retrain]")  # fmt: skip
         wants = self.task.name != "translation"  # the language models are decoder-only
         if self.search_space.decoder_only is None:
             self.search_space.decoder_only = wants

@@ -36,23 +36,21 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import itertools
 import math
 import sys
 import time
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-import torch
-
 import pipeline
-from nas import storage, trials
+from nas import storage, training, trials
 from nas.errors import LeaderError, describe
 from nas.inheritance import WeightBank
 from nas.leader import Leader, StudyEnd, TrialOrder
+from nas.learning_rate import ScheduledOptimizer
 from nas.settings import OBJECTIVES, NasSettings
 from nas.tasks import Task, get_task
 from nas.tracking import pipeline_metrics
@@ -61,12 +59,9 @@ from pipeline import (
     InfeasibleBudgetError,
     PipelineError,
     StageContext,
-    WeightSnapshot,
 )
 from pipeline.distributed.comm import Comm
-from search_spaces.architecture import InvalidArchitecture, from_json, summary
-from search_spaces.compile import compile as compile_arch
-from search_spaces.compile import parameter_count
+from search_spaces.architecture import InvalidArchitecture, from_json, short_name, summary
 
 __all__ = ["StudyResult", "run_study"]
 
@@ -179,8 +174,11 @@ def _stage_main(
         leader = _open(comm, settings, owner)  # 1.
         decide = Decisions(comm, leader)
         bank = WeightBank(keep=max(_KEEP, int(settings.sampler.options.get("population_size", 0))))
+        optimizer = training.rates(settings.train)  # one factory: the pipeline keeps it
         while (order := decide("ask for a trial", Leader.next_trial)) is not None:  # 2.
-            pipe, outcome = _run_trial(settings, task, pipe, order, decide, bank)  # 3., 4.
+            pipe, outcome = _run_trial(
+                settings, task, pipe, order, decide, bank, optimizer
+            )  # 3., 4.
             decide(f"record trial {order.number}", Leader.finish, order.number, outcome)  # 5.
     except LeaderError as error:  # agreed on every rank: the study stops here, cleanly
         stopped = error
@@ -213,20 +211,22 @@ def _run_trial(
     order: TrialOrder,
     decide: Decisions,
     bank: WeightBank,
+    optimizer: ScheduledOptimizer,
 ) -> tuple[ElasticPipeline | None, trials.Outcome]:
     """Build and train one candidate on every rank (3. and 4.); how it ended."""
     arch = from_json(order.architecture)
-    max_len = _max_len(task)
-    specs = compile_arch(arch, len(task.vocab), max_len=max_len, dropout=settings.train.dropout)
-    attrs: dict[str, Any] = {"architecture": summary(arch),
-                             "parameters": parameter_count(arch, len(task.vocab), max_len=max_len)}
+    specs, parameters = training.compile_model(arch, task, settings.train.dropout)
+    attrs: dict[str, Any] = {"architecture": summary(arch), "short_name": short_name(arch),
+                             "parameters": parameters}  # fmt: skip
     source = bank.source(order.parent) if settings.study.inherit_weights else None
     if source is not None:
         attrs["inherited_from"] = source
     started = time.perf_counter()
     try:
-        pipe = _build(settings, task, pipe, specs, bank.get(source))
-        evaluation, steps, pruned = _train(settings, task, pipe, decide)
+        optimizer.set_step(0, None)
+        pipe = training.build(settings, task, specs, optimizer, seed=settings.seed, pipe=pipe,
+                              snapshot=bank.get(source))  # fmt: skip
+        evaluation, steps, pruned = _train(settings, task, pipe, decide, optimizer)
     except (LeaderError, *_TRIAL_ERRORS) as error:  # raised on every rank
         detail = getattr(error, "detail", "") or "".join(traceback.format_exception_only(error))
         return pipe, trials.Outcome("fail", attrs | {"fail_reason": describe(error),
@@ -236,7 +236,7 @@ def _run_trial(
         "steps": steps, "seconds": time.perf_counter() - started,
         "partition": list(pipe.sizes), "migrations": len(stats.migrations),
         "partition_history": [[step, list(sizes)] for step, sizes in pipe.partition_history],
-        "tokens_per_s": stats.tokens_per_s or 0.0,
+        "tokens_per_s": stats.tokens_per_s or 0.0, "samples_per_s": stats.samples_per_s or 0.0,
         "peak_memory_bytes": max(s.measured_peak_bytes for s in stats.stages)}  # fmt: skip
     if settings.study.inherit_weights:
         attrs |= _inheritance(pipe)
@@ -247,29 +247,12 @@ def _run_trial(
     return pipe, trials.Outcome("complete", attrs, values)
 
 
-def _build(
+def _train(
     settings: NasSettings,
     task: Task,
-    pipe: ElasticPipeline | None,
-    specs: list[Any],
-    snapshot: WeightSnapshot | None,
-) -> ElasticPipeline:
-    """The first candidate builds the pipeline; every later one reconfigures it."""
-    if pipe is None:
-        p = settings.pipeline
-        optimizer = functools.partial(torch.optim.AdamW, lr=settings.train.lr, weight_decay=0.01)
-        return ElasticPipeline(
-            specs, optimizer=optimizer, loss_fn=task.loss_fn, schedule=p.schedule,
-            n_microbatches=p.n_microbatches, seed=settings.seed, memory_budget=p.memory_budget,
-            planner=p.planner, rebalance_every=p.rebalance_every,
-            pipemare=dict(p.pipemare) if p.schedule == "pipemare" else None,
-        )  # fmt: skip
-    pipe.reconfigure(specs, inherit_from=snapshot)
-    return pipe
-
-
-def _train(
-    settings: NasSettings, task: Task, pipe: ElasticPipeline, decide: Decisions
+    pipe: ElasticPipeline,
+    decide: Decisions,
+    optimizer: ScheduledOptimizer,
 ) -> tuple[dict[str, float], int, bool]:
     """(the last evaluation's metrics, steps trained, pruned?).
 
@@ -277,39 +260,25 @@ def _train(
     under "2bw"); the stream drains before each evaluation.
     """
     train = settings.train
-    source = _endless(task, train.batch_size, settings.seed)
+    source = training.batches(task, train.batch_size, settings.seed)
     step = 0
     while True:
         segment = min(train.eval_every - step % train.eval_every, train.steps - step)
         last_loss = None
-        for loss in pipe.train(itertools.islice(source, segment)):
-            step += 1
+        for done, loss in training.steps(pipe, source, optimizer, start=step, count=segment):
             if last_loss is not None:  # all but the segment's last: no decision
-                decide.log_step(step - 1, {"loss": last_loss})
-            last_loss = loss
+                decide.log_step(done - 1, {"loss": last_loss})
+            step, last_loss = done, loss
         if last_loss is None:
             raise ValueError(f"task {settings.task.name!r} yielded no training batches")
-        evaluation = _evaluate(settings, task, pipe, final=step == train.steps)  # every rank
-        metrics = {"loss": last_loss, **pipeline_metrics(pipe.stats().to_dict()), **evaluation}
+        final = step == train.steps  # every rank evaluates
+        evaluation = training.evaluate(train, task, pipe, final=final)
+        metrics = {"loss": last_loss, "lr": optimizer.rate(step - 1),
+                   **pipeline_metrics(pipe.stats().to_dict()), **evaluation}  # fmt: skip
         if decide(f"report step {step}", Leader.evaluated, step, metrics):  # 4.
             return evaluation, step, True
-        if step == train.steps:
+        if final:
             return evaluation, step, False
-
-
-def _evaluate(
-    settings: NasSettings, task: Task, pipe: ElasticPipeline, *, final: bool
-) -> dict[str, float]:
-    """The validation metrics, named `validation_<metric>`: on `train.eval_batches` batches
-    and `train.decode_pairs` decoded pairs, or at the final evaluation on the whole split
-    and `train.final_decode_pairs` pairs. Collectives: every rank calls it."""
-    train = settings.train
-    started = time.perf_counter()
-    metrics = task.evaluate(pipe.forward, "validation", batch_size=train.batch_size,
-                            max_batches=None if final else train.eval_batches,
-                            decode=train.final_decode_pairs if final else train.decode_pairs)
-    metrics["s"] = time.perf_counter() - started  # fmt: skip
-    return {f"validation_{name}": value for name, value in metrics.items()}
 
 
 def _objective(attrs: dict[str, Any], name: str) -> float:
@@ -327,18 +296,3 @@ def _inheritance(pipe: ElasticPipeline) -> dict[str, int]:
              e.generation == pipe.generation]  # fmt: skip
     record = found[-1] if found else {"layers": 0, "bytes": 0, "moved": 0, "moved_bytes": 0}
     return {f"inherited_{k}": int(v) for k, v in record.items()}
-
-
-def _endless(task: Task, batch_size: int, seed: int) -> Iterator[tuple[Any, Any]]:
-    """The task's training batches, epoch after epoch."""
-    epoch = 0
-    while True:
-        yield from task.batches("train", batch_size, seed=seed, epoch=epoch)
-        epoch += 1
-
-
-def _max_len(task: Task) -> int:
-    """Positions the embeddings need: the task's longest sequence (+ BOS/EOS)."""
-    if hasattr(task, "max_chars"):
-        return int(task.max_chars) + 2
-    return int(getattr(task, "seq_len", 64))

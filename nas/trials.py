@@ -19,6 +19,7 @@ from nas import storage
 from nas.plugins import is_import_path, load_class
 from nas.search import make_pruner, make_sampler
 from nas.settings import NasSettings
+from search_spaces.architecture import Architecture
 from search_spaces.evolved_transformer import evolved_transformer, seed_params, transformer
 
 __all__ = [
@@ -31,6 +32,7 @@ __all__ = [
     "finished",
     "open_study",
     "remaining",
+    "seed_architectures",
     "trials_table",
 ]
 
@@ -63,8 +65,8 @@ def open_study(settings: NasSettings) -> optuna.Study:
         pruner=make_pruner(settings.pruner.name, **settings.pruner.options),
     )  # fmt: skip
     if settings.study.enqueue_seeds and not study.trials:
-        for params in _seed_params(settings):
-            study.enqueue_trial(params, skip_if_exists=True)
+        for arch in seed_architectures(settings).values():
+            study.enqueue_trial(seed_params(arch), skip_if_exists=True)
     return study
 
 
@@ -78,14 +80,15 @@ def _sampler(settings: NasSettings) -> optuna.samplers.BaseSampler:
     return make_sampler(name, seed=settings.seed, **options)
 
 
-def _seed_params(settings: NasSettings) -> list[dict[str, Any]]:
+def seed_architectures(settings: NasSettings) -> dict[str, Architecture]:
+    """The two seed architectures of the configured space, the smallest it holds:
+    `transformer` (2 layers per cell) and `evolved_transformer`."""
     space = settings.search_space
     d, heads, cells = space.d_model[0], space.n_heads, space.min_cells
     n_enc = 0 if space.decoder_only else cells
-    # the smallest seeds the space holds: `transformer` counts layers (2 per cell)
-    seeds = [transformer(d, n_heads=heads, n_enc=2 * n_enc, n_dec=2 * cells),
-             evolved_transformer(d, n_heads=heads, n_enc=n_enc, n_dec=cells)]
-    return [seed_params(arch) for arch in seeds]
+    return {"transformer": transformer(d, n_heads=heads, n_enc=2 * n_enc, n_dec=2 * cells),
+            "evolved_transformer": evolved_transformer(d, n_heads=heads, n_enc=n_enc,
+                                                       n_dec=cells)}  # fmt: skip
 
 
 def counted(trial: optuna.trial.FrozenTrial) -> bool:

@@ -58,8 +58,10 @@ __all__ = [
     "Cell",
     "InvalidArchitecture",
     "block_widths",
+    "branch_text",
     "cell_outputs",
     "from_json",
+    "short_name",
     "has_dim",
     "has_norm_and_activation",
     "summary",
@@ -292,7 +294,8 @@ _DIM_TEXT = {0.5: "d/2", 1.0: "d", 2.0: "2d", 4.0: "4d"}
 _COMBINER_TEXT = {"add": "+", "multiply": "*", "concat": "&"}
 
 
-def _branch_text(b: Branch) -> str:
+def branch_text(b: Branch) -> str:
+    """A branch in `summary`'s notation (e.g. `ln.attn4h>d@0`)."""
     if b.dead:
         return "dead"
     text = ("ln." if b.norm == "layer_norm" else "") + _SHORT.get(b.layer, b.layer)
@@ -308,8 +311,27 @@ def _cell_text(cell: Cell) -> str:
     for block in cell.blocks:
         live = [b for b in block.branches if not b.dead]
         op = f" {_COMBINER_TEXT[block.combiner]} " if len(live) == 2 else ""
-        blocks.append(op.join(_branch_text(b) for b in live))
+        blocks.append(op.join(branch_text(b) for b in live))
     return "[" + " | ".join(blocks) + "]"
+
+
+def short_name(arch: Architecture) -> str:
+    """A few words for a table: width, cells per side and the live branches by kind, e.g.
+    `d64 e1 d2 4ffn 3attn 2xattn 1glu` (`summary` has every detail)."""
+    kinds: dict[str, int] = {}
+    for cell in (arch.encoder, arch.decoder):
+        for block in cell.blocks if cell is not None else ():
+            for b in block.branches:
+                if not b.dead and b.layer != "identity":
+                    kind = next(k for prefix, k in _KINDS if b.layer.startswith(prefix))
+                    kinds[kind] = kinds.get(kind, 0) + 1
+    counts = " ".join(f"{n}{kind}" for kind, n in sorted(kinds.items(), key=lambda x: -x[1]))
+    return f"d{arch.d_model} e{arch.encoder_cells} d{arch.decoder_cells} {counts}".strip()
+
+
+_KINDS = (("attention", "attn"), ("encoder_attention", "xattn"), ("conv_1x1", "ffn"),
+          ("conv_3x1", "conv"), ("sep_conv", "sepconv"), ("light_conv", "lconv"),
+          ("glu", "glu"), ("", "other"))  # fmt: skip
 
 
 def summary(arch: Architecture) -> str:

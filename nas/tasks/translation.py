@@ -50,7 +50,15 @@ from nas.tasks.base import (
 )
 from nas.tasks.metrics import decode_metrics
 
-__all__ = ["DOMAINS", "Translation", "greedy_decode", "load_pairs", "read_catalog", "split_pairs"]
+__all__ = [
+    "DOMAINS",
+    "Translation",
+    "greedy_decode",
+    "load_pairs",
+    "read_catalog",
+    "split_pairs",
+    "translate_ids",
+]
 
 DOMAINS = ("iso3166-1", "iso3166-2", "iso639-3", "iso4217", "iso15924")
 FRACTIONS = (0.8, 0.1, 0.1)  # train, validation, test
@@ -169,6 +177,32 @@ def greedy_decode(step_fn: StepFn, src_ids: torch.Tensor, max_len: int) -> list[
     return out
 
 
+def translate_ids(
+    step_fn: StepFn,
+    vocab: Vocab,
+    sources: Sequence[Sequence[int]],
+    *,
+    batch_size: int,
+    max_len: int,
+    width: int | None = None,
+) -> list[str]:
+    """Greedy translations of encoded `sources`, decoded to text, in batches as evaluation
+    makes them: each padded to its longest source (or to `width`) and filled up to
+    `batch_size` rows with copies of its first source, so a model translates a source the
+    same way here as in `Translation.evaluate`."""
+    check_batch_size(batch_size)
+    out: list[str] = []
+    for start in range(0, len(sources), batch_size):
+        rows = list(sources[start : start + batch_size])
+        src = torch.full((batch_size, width or max(len(r) for r in rows)), PAD, dtype=torch.long)
+        for i in range(batch_size):
+            row = rows[i] if i < len(rows) else rows[0]
+            src[i, : len(row)] = torch.tensor(row, dtype=torch.long)
+        ids = greedy_decode(step_fn, src, max_len)[: len(rows)]
+        out += [vocab.decode(row) for row in ids]
+    return out
+
+
 class Translation(Task):
     """English->German names: loss (nats/token) and token accuracy; `evaluate` adds chrF
     and exact match of greedy translations."""
@@ -275,17 +309,12 @@ class Translation(Task):
         if split == "train":
             raise ValueError("generate() reads an evaluation split: 'validation' or 'test'")
         check_split(split)
-        check_batch_size(batch_size)
         data = self._encoded[split]
         chosen = range(len(data)) if indices is None else indices
-        limit = self.max_chars + 1 if max_len is None else max_len
-        out: list[str] = []
-        for start in range(0, len(chosen), batch_size):
-            rows = [data[i] for i in chosen[start : start + batch_size]]
-            (src, _), _ = self._collate(rows, batch_size - len(rows))
-            ids = greedy_decode(step_fn, src, limit)[: len(rows)]
-            out += [self.vocab.decode(row) for row in ids]
-        return out
+        sources = [data[i][0] for i in chosen]
+        return translate_ids(step_fn, self.vocab, sources, batch_size=batch_size,
+                             max_len=self.max_chars + 1 if max_len is None else max_len,
+                             width=self.max_chars if self.fixed_length else None)  # fmt: skip
 
     def generation_metrics(
         self,

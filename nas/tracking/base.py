@@ -55,7 +55,9 @@ class Tracker:
 
     * `config` of `start_study`: the study's resolved configuration (plain values).
     * `config` of `start_trial`: what identifies the trial: the architecture as JSON, its
-      one-line summary, the trial number and the sampled parameters (plain values).
+      one-line summary, the trial number and the sampled parameters (plain values). A run
+      that is not a search trial says so: `job_type` ("retrain") and `run_name`
+      ("retrain-trial-7-seed-1"); the trial number is then the run's index.
     * `metrics` of `log_step`: numbers keyed by name: loss, validation metric, tokens/s,
       per-stage time and memory, bubble fraction, migration bytes and pause
       (`pipeline_metrics` flattens a `PipelineStats.to_dict()` into these). A None value
@@ -141,8 +143,7 @@ class LifecycleTracker(Tracker):
 
     def _on_event(self, step: int, event: Mapping[str, Any]) -> None: ...
 
-    def _on_end_trial(self, state: str, summary: Mapping[str, Any], error: str | None) -> None:
-        ...
+    def _on_end_trial(self, state: str, summary: Mapping[str, Any], error: str | None) -> None: ...
 
     def _on_end_study(
         self,

@@ -5,7 +5,8 @@ wants each trial's curves (loss, validation, tokens/s, per-stage memory, migrati
 study-level view (every trial, the Pareto front). This tracker makes one W&B run per trial
 (`reinit="create_new"`, grouped by study, `job_type="trial"`) and one run per study
 (`job_type="study"`) that ends with a table of the trials, a table of the Pareto front and,
-when the study names two objectives, a picture of the front.
+when the study names two objectives, a picture of the front. The retrain stage's runs join
+the group as `job_type="retrain"` (their `start_trial` config says so).
 
 Offline by default: W&B writes each run to `<directory>/wandb/offline-run-*/` and nothing
 leaves the machine (W&B's own error reporting is turned off too, unless
@@ -191,8 +192,10 @@ class WandbTracker(LifecycleTracker):
         self, number: int, params: Mapping[str, Any], config: Mapping[str, Any]
     ) -> None:
         run_config = {**config, "study": self._study, "trial": number, "params": dict(params)}
-        run, directory = self._init(name=f"{self._study}-trial-{number}", group=str(self._study),
-                                    job_type="trial", config=run_config)  # fmt: skip
+        job_type = str(config.get("job_type", "trial"))
+        name = str(config.get("run_name", f"trial-{number}"))
+        run, directory = self._init(name=f"{self._study}-{name}", group=str(self._study),
+                                    job_type=job_type, config=run_config)  # fmt: skip
         self._trial_run = run
         self._events = []
         if directory is not None:

@@ -1,0 +1,328 @@
+"""The retrain stage: the search's best architectures, trained from scratch and exported.
+
+A trial's score is a proxy: a short budget, one training seed, maybe weights inherited from
+its parent. Before anyone uses what a study found, its best architectures (and, to compare,
+both seed architectures) are trained again from scratch at the full budget with several
+training seeds, on the same pipeline runtime, scored on whole splits and exported. It runs
+after the search (`stages: [search, retrain]`) or alone against a stored study
+(`stages: [retrain]`). In order:
+
+    1. select  (caller)     the `retrain.top_k` complete trials with the best fitness, one
+                            per architecture, named `trial-<number>`; with
+                            `retrain.seed_models` also `transformer` and
+                            `evolved_transformer` (the trials skip their architectures)
+    2. train   (every rank) per model and training seed: a fresh pipeline seeded with it,
+                            `retrain.steps` steps with the learning-rate schedule, evaluated
+                            every `train.eval_every` steps as a trial is
+    3. score   (every rank) the whole validation split, every pair decoded, then the test
+                            split once; choices read validation only
+    4. export  (rank 0)     each model's best seed by validation fitness (`nas.export`)
+    5. track   (caller)     one tracker run per (model, seed): `job_type="retrain"`, in
+                            the study's group, with its step history and final metrics
+
+A run that fails (a layer error, a memory plan that cannot fit) is recorded with its cause
+and the next one goes on. `RetrainResult.selected` is the model with the best mean
+validation fitness over its seeds: the study's answer.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import statistics
+import time
+import traceback
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import optuna
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+import pipeline
+from nas import storage, training, trials
+from nas.errors import describe
+from nas.export import export_model
+from nas.settings import OBJECTIVES, NasSettings, TrainSettings
+from nas.tasks import Task, get_task
+from nas.tracking.configured import run_directories, study_tracker
+from pipeline import ElasticPipeline, InfeasibleBudgetError, PipelineError, StageContext
+from pipeline.distributed.comm import Comm
+from search_spaces.architecture import from_json, to_json
+from search_spaces.evolved_transformer import sample, seed_params
+from search_spaces.suggest import FixedSuggest
+
+__all__ = ["Model", "RetrainResult", "RetrainRun", "model_table", "retrain", "select_models"]
+
+_RUN_ERRORS = (PipelineError, InfeasibleBudgetError, ValueError, RuntimeError)
+
+
+@dataclass(frozen=True)
+class Model:
+    """An architecture to retrain: its name, trial (None for a seed), parameters, JSON."""
+
+    name: str
+    trial: int | None
+    params: dict[str, Any]
+    architecture: str
+
+
+@dataclass
+class RetrainRun:
+    """One model trained with one seed: what it scored and how the training went."""
+
+    model: str
+    seed: int
+    trial: int | None
+    params: dict[str, Any]
+    parameters: int = 0
+    steps: int = 0
+    seconds: float = 0.0
+    samples_per_s: float = 0.0
+    tokens_per_s: float = 0.0
+    peak_memory_bytes: int = 0
+    metrics: dict[str, float] = field(default_factory=dict)  # validation_*, test_*
+    history: list[dict[str, float]] = field(default_factory=list)  # per step
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class RetrainResult:
+    """Every run, the folder each model was exported to, and the model chosen."""
+
+    study_name: str
+    runs: tuple[RetrainRun, ...]
+    exported: dict[str, str]
+    selected: str | None
+    fitness: str
+    run_dirs: tuple[str, ...] = ()
+
+
+def retrain(settings: NasSettings) -> RetrainResult:
+    """Retrain and export the best of the stored study `settings.study.name` (module doc)."""
+    study = _load_study(settings)
+    models = select_models(study, settings)
+    if not models:
+        raise ValueError(f"study {settings.study.name!r} has no complete trial to retrain")
+    results = pipeline.launch(
+        functools.partial(_stage_main, settings=settings, models=tuple(models)),
+        settings.pipeline.n_stages, threads_per_stage=settings.pipeline.threads_per_stage,
+        timeout_s=settings.pipeline.timeout_s,
+    )  # fmt: skip
+    runs, exported = results[0] if results[0] is not None else ((), {})
+    fitness = settings.study.fitness
+    table = model_table(runs, fitness)
+    selected = table[0]["model"] if table and math.isfinite(table[0][f"{fitness}_mean"]) else None
+    run_dirs = _track(settings, runs, selected) if results[0] is not None else ()
+    return RetrainResult(settings.study.name, tuple(runs), exported, selected, fitness,
+                         tuple(run_dirs))  # fmt: skip
+
+
+def select_models(study: optuna.Study, settings: NasSettings) -> list[Model]:
+    """Step 1: the `top_k` best complete trials, one per architecture (then the seeds)."""
+    seeds = trials.seed_architectures(settings) if settings.retrain.seed_models else {}
+    taken = {to_json(arch) for arch in seeds.values()}
+    sign = -1.0 if OBJECTIVES[settings.study.fitness] == "maximize" else 1.0
+    complete = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+    ranked = sorted(complete, key=lambda t: (sign * t.values[0], t.number))
+    chosen: list[Model] = []
+    for trial in ranked:
+        if len(chosen) == settings.retrain.top_k:
+            break
+        architecture = to_json(_rebuild(trial.params, settings))
+        if architecture not in taken:
+            taken.add(architecture)
+            chosen.append(Model(f"trial-{trial.number}", trial.number, dict(trial.params),
+                                architecture))  # fmt: skip
+    chosen += [Model(name, None, seed_params(arch), to_json(arch)) for name, arch in seeds.items()]
+    return chosen
+
+
+def model_table(runs: Sequence[RetrainRun], fitness: str) -> list[dict[str, Any]]:
+    """One row per model, best mean `fitness` first: mean and sd over its seeds of every
+    metric, its parameters and training throughput, and the seeds that failed."""
+    names = list(dict.fromkeys(run.model for run in runs))
+    rows = []
+    for name in names:
+        mine = [r for r in runs if r.model == name]
+        done = [r for r in mine if r.error is None]
+        row: dict[str, Any] = {"model": name, "trial": mine[0].trial, "seeds": len(done),
+                               "failed": len(mine) - len(done),
+                               "parameters": mine[0].parameters}  # fmt: skip
+        keys = sorted({k for r in done for k in r.metrics} | {"samples_per_s", "tokens_per_s"})
+        for key in keys:
+            values = [float(r.metrics.get(key, getattr(r, key, math.nan))) for r in done]
+            row[f"{key}_mean"] = statistics.fmean(values) if values else math.nan
+            row[f"{key}_sd"] = statistics.stdev(values) if len(values) > 1 else 0.0
+            row[f"{key}_values"] = values
+        row.setdefault(f"{fitness}_mean", math.nan)
+        rows.append(row)
+    sign = -1.0 if OBJECTIVES[fitness] == "maximize" else 1.0
+
+    def order(row: dict[str, Any]) -> float:
+        value = row[f"{fitness}_mean"]
+        return sign * value if math.isfinite(value) else math.inf
+
+    return sorted(rows, key=order)
+
+
+# -- inside every stage process -------------------------------------------------------------
+def _stage_main(
+    ctx: StageContext, settings: NasSettings, models: tuple[Model, ...]
+) -> tuple[list[RetrainRun], dict[str, str]] | None:
+    """Steps 2-4 on one rank; rank 0 returns the runs and the exported folders."""
+    comm = Comm()
+    task = comm.together(lambda: get_task(settings.task.name, **settings.task.options))
+    steps = settings.retrain.steps or settings.train.steps
+    seeds = settings.retrain.seeds
+    progress = _progress(len(models) * len(seeds) * steps) if ctx.rank == 0 else None
+    runs: list[RetrainRun] = []
+    exported: dict[str, str] = {}
+    try:
+        for model in models:
+            best: tuple[float, RetrainRun, dict[str, Any]] | None = None
+            for seed in seeds:
+                run, state = _train(settings, task, model, seed, steps, progress)
+                runs.append(run)
+                score = _score(run, settings.study.fitness)
+                if state and (best is None or score < best[0]):
+                    best = (score, run, state)
+            if ctx.rank == 0 and best is not None:
+                exported[model.name] = str(_export(settings, task, model, best[1], best[2], runs))
+    finally:
+        if progress is not None:
+            progress[0].stop()
+    return (runs, exported) if ctx.rank == 0 else None
+
+
+def _train(
+    settings: NasSettings, task: Task, model: Model, seed: int, steps: int,
+    progress: tuple[Progress, Any] | None,
+) -> tuple[RetrainRun, dict[str, Any]]:  # fmt: skip
+    """Steps 2 and 3 for one (model, seed): the run, and rank 0's weights ({} elsewhere)."""
+    arch = from_json(model.architecture)
+    specs, parameters = training.compile_model(arch, task, settings.train.dropout)
+    run = RetrainRun(model.name, seed, model.trial, model.params, parameters)
+    if progress is not None:
+        progress[0].update(progress[1], description=f"retrain {model.name} seed {seed}")
+    optimizer = training.rates(settings.train, steps)
+    pipe: ElasticPipeline | None = None
+    started = time.perf_counter()
+    try:
+        pipe = training.build(settings, task, specs, optimizer, seed=seed)
+        source = training.batches(task, settings.train.batch_size, seed)
+        for step, loss in training.steps(pipe, source, optimizer, start=0, count=steps):
+            entry = {"step": step, "loss": loss, "lr": optimizer.rate(step - 1)}
+            if step % settings.train.eval_every == 0 and step != steps:
+                entry |= training.evaluate(settings.train, task, pipe, final=False)
+            run.history.append(entry)
+            if progress is not None:
+                progress[0].advance(progress[1])
+        stats = pipe.stats()
+        run.steps, run.seconds = steps, time.perf_counter() - started
+        run.samples_per_s, run.tokens_per_s = stats.samples_per_s or 0.0, stats.tokens_per_s or 0.0
+        run.peak_memory_bytes = max(s.measured_peak_bytes for s in stats.stages)
+        final = _final_train(settings)
+        run.metrics = training.evaluate(final, task, pipe, final=True)
+        run.metrics |= training.evaluate(final, task, pipe, "test", final=True)
+        run.history[-1] |= {k: v for k, v in run.metrics.items() if k.startswith("validation_")}
+        return run, pipe.full_state_dict()
+    except _RUN_ERRORS as error:  # raised on every rank by the runtime
+        detail = getattr(error, "detail", "") or "".join(traceback.format_exception_only(error))
+        run.error = f"{describe(error)}\n{detail[-2000:]}"
+        return run, {}
+    finally:
+        if pipe is not None:
+            pipe.close()
+
+
+def _final_train(settings: NasSettings) -> TrainSettings:
+    """The final evaluation decodes every pair of the split, whatever the search did."""
+    return replace(settings.train, final_decode_pairs=None)
+
+
+def _score(run: RetrainRun, fitness: str) -> float:
+    """Lower is better: the run's validation fitness, signed by its direction."""
+    value = run.metrics.get(fitness, math.nan) if run.error is None else math.nan
+    sign = -1.0 if OBJECTIVES[fitness] == "maximize" else 1.0
+    return sign * value if math.isfinite(value) else math.inf
+
+
+def _export(
+    settings: NasSettings, task: Task, model: Model, run: RetrainRun, state: dict[str, Any],
+    runs: Sequence[RetrainRun],
+) -> Path:  # fmt: skip
+    """Step 4: the model's best seed, with every seed's validation figures beside it."""
+    metrics: dict[str, Any] = dict(run.metrics)
+    if "validation_chrf" in metrics:  # the names a translation user looks for
+        metrics |= {"chrf": metrics["validation_chrf"],
+                    "exact_match": metrics["validation_exact_match"]}  # fmt: skip
+    mine = [r for r in runs if r.model == model.name and r.error is None]
+    metrics |= {"params": run.parameters, "steps": run.steps, "seed": run.seed,
+                "samples_per_s": run.samples_per_s, "trial": model.trial,
+                "per_seed": [{"seed": r.seed, **r.metrics} for r in mine]}  # fmt: skip
+    folder = Path(settings.retrain.models_dir) / settings.study.name / model.name
+    return export_model(folder, state=state, arch=from_json(model.architecture),
+                        params=model.params, task=task, settings=settings, metrics=metrics,
+                        max_len=training.max_len(task))  # fmt: skip
+
+
+def _progress(total: int) -> tuple[Progress, Any]:
+    progress = Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total} steps"),
+        TimeElapsedColumn(),
+    )
+    bar = progress.add_task("retrain", total=total)  # fmt: skip
+    progress.start()
+    return progress, bar
+
+
+# -- in the caller --------------------------------------------------------------------------
+def _load_study(settings: NasSettings) -> optuna.Study:
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    try:
+        return optuna.load_study(study_name=settings.study.name,
+                                 storage=storage.make_storage(settings.storage_url))  # fmt: skip
+    except KeyError as error:
+        raise ValueError(f"no study {settings.study.name!r} in {settings.storage_url}; run "
+                         "the search first (stages=[search])") from error  # fmt: skip
+
+
+def _rebuild(params: dict[str, Any], settings: NasSettings) -> Any:
+    """A trial's architecture from its parameters: the space replays them (and repairs
+    them the same way), so the parameters are all a model needs."""
+    space = settings.search_space
+    return sample(FixedSuggest(params), d_model=space.d_model,
+                  decoder_only=bool(space.decoder_only),
+                  cells=(space.min_cells, space.max_cells), window=None)  # fmt: skip
+
+
+def _track(settings: NasSettings, runs: Sequence[RetrainRun], selected: str | None) -> list[str]:
+    """Step 5: a tracker run per (model, seed), in the study's group."""
+    tracker = study_tracker(settings, study_run=False)
+    try:
+        tracker.start_study(settings.study.name, asdict(settings))
+        for index, run in enumerate(runs):
+            config = {"job_type": "retrain", "run_name": f"retrain-{run.model}-seed-{run.seed}",
+                      "model": run.model, "seed": run.seed, "trial": run.trial}  # fmt: skip
+            tracker.start_trial(index, run.params, config)
+            for entry in run.history:
+                tracker.log_step(int(entry["step"]), {k: v for k, v in entry.items()
+                                                      if k != "step"})  # fmt: skip
+            summary_ = {
+                **run.metrics,
+                "parameters": run.parameters,
+                "steps": run.steps,
+                "samples_per_s": run.samples_per_s,
+                "selected": run.model == selected,
+            }
+            tracker.end_trial("failed" if run.error else "complete", summary_, run.error)
+        rows = model_table(runs, settings.study.fitness)
+        tracker.end_study(rows, [r for r in rows if r["model"] == selected],
+                          {"selected": selected, "stage": "retrain"})  # fmt: skip
+    finally:
+        tracker.close()
+    return run_directories(tracker)

@@ -1,0 +1,36 @@
+"""The tracker a study's settings ask for, writing under the run folder.
+
+Both the search (`nas.leader`) and the retrain stage (`nas.retrain`) log through it: W&B
+comes with its JSON-lines mirror beside it; a user's own class (by import path) gets its
+options as they are.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from nas.settings import NasSettings
+from nas.tracking import CompositeTracker, Tracker, make_tracker
+
+__all__ = ["run_directories", "study_tracker"]
+
+
+def study_tracker(settings: NasSettings, *, study_run: bool = True) -> Tracker:
+    """The configured tracker; `study_run=False`: no W&B run of its own for the study
+    (the retrain stage's runs join the search's group)."""
+    name, options = settings.tracker.name, dict(settings.tracker.options)
+    directory = str(Path(settings.output_dir) / "tracking")
+    if name == "wandb":
+        wandb_options = {"directory": directory, "study_run": study_run} | options
+        return CompositeTracker([make_tracker("jsonl", directory=directory),
+                                 make_tracker("wandb", **wandb_options)])  # fmt: skip
+    if name == "jsonl":
+        options.setdefault("directory", directory)
+    return make_tracker(name, **options)
+
+
+def run_directories(tracker: Tracker) -> list[str]:
+    """The run folders `tracker` (or the trackers it fans out to) wrote: W&B's offline runs,
+    for `wandb sync`."""
+    trackers = getattr(tracker, "trackers", [tracker])
+    return [str(d) for t in trackers for d in getattr(t, "run_directories", [])]

@@ -1,0 +1,118 @@
+"""One model's training on the pipeline runtime: the parts a search trial and a retrain share.
+
+A trial (`nas.study`) and a retrain run (`nas.retrain`) both compile an architecture to
+layers, build (or reconfigure) an `ElasticPipeline`, stream the task's training batches
+through it with the learning-rate schedule (`nas.learning_rate`), and evaluate it with the
+task's metrics. Every function here is called on every rank with the same arguments (the
+runtime's collectives), so every rank sees the same losses and metrics.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from nas.learning_rate import ScheduledOptimizer
+from nas.settings import NasSettings, TrainSettings
+from nas.tasks import Task
+from pipeline import ElasticPipeline, LayerSpec, WeightSnapshot
+from search_spaces.architecture import Architecture
+from search_spaces.compile import compile as compile_arch
+from search_spaces.compile import parameter_count
+
+__all__ = ["build", "compile_model", "evaluate", "max_len", "rates", "steps"]
+
+
+def max_len(task: Task) -> int:
+    """Positions the embeddings need: the task's longest sequence (+ BOS/EOS)."""
+    if hasattr(task, "max_chars"):
+        return int(task.max_chars) + 2
+    return int(getattr(task, "seq_len", 64))
+
+
+def compile_model(arch: Architecture, task: Task, dropout: float) -> tuple[list[LayerSpec], int]:
+    """The architecture's layers for `task`, and its parameter count."""
+    length, vocab = max_len(task), len(task.vocab)
+    specs = compile_arch(arch, vocab, max_len=length, dropout=dropout)
+    return specs, parameter_count(arch, vocab, max_len=length)
+
+
+def rates(train: TrainSettings, total: int | None = None) -> ScheduledOptimizer:
+    """The optimizer factory of a run of `total` steps (default `train.steps`)."""
+    return ScheduledOptimizer(train.lr, total or train.steps, warmup=train.warmup_steps,
+                              schedule=train.lr_schedule, min_ratio=train.min_lr_ratio)  # fmt: skip
+
+
+def build(
+    settings: NasSettings,
+    task: Task,
+    specs: list[LayerSpec],
+    optimizer: ScheduledOptimizer,
+    *,
+    seed: int,
+    pipe: ElasticPipeline | None = None,
+    snapshot: WeightSnapshot | None = None,
+) -> ElasticPipeline:
+    """A new pipeline for `specs`, or `pipe` reconfigured to them (weights from `snapshot`
+    where keys and shapes match)."""
+    if pipe is not None:
+        pipe.reconfigure(specs, inherit_from=snapshot)
+        return pipe
+    p = settings.pipeline
+    return ElasticPipeline(
+        specs, optimizer=optimizer, loss_fn=task.loss_fn, schedule=p.schedule,
+        n_microbatches=p.n_microbatches, seed=seed, memory_budget=p.memory_budget,
+        planner=p.planner, rebalance_every=p.rebalance_every,
+        pipemare=dict(p.pipemare) if p.schedule == "pipemare" else None,
+    )  # fmt: skip
+
+
+def batches(task: Task, batch_size: int, seed: int) -> Iterator[tuple[Any, Any]]:
+    """The task's training batches, epoch after epoch."""
+    epoch = 0
+    while True:
+        yield from task.batches("train", batch_size, seed=seed, epoch=epoch)
+        epoch += 1
+
+
+def steps(
+    pipe: ElasticPipeline,
+    source: Iterator[tuple[Any, Any]],
+    optimizer: ScheduledOptimizer,
+    *,
+    start: int,
+    count: int,
+) -> Iterator[tuple[int, float]]:
+    """Train `count` steps from step `start` as one `pipe.train` stream; (step, loss) each.
+
+    The rate is set before every step. Under the stream schedules ("2bw", "pipemare") an
+    update may run a step or two after the rate it was meant for; the schedule is smooth,
+    so that shift does not matter.
+    """
+    optimizer.set_step(start, pipe.optimizer)
+    step = start
+    for loss in pipe.train(itertools.islice(source, count)):
+        step += 1
+        optimizer.set_step(step, pipe.optimizer)
+        yield step, loss
+
+
+def evaluate(
+    train: TrainSettings, task: Task, pipe: ElasticPipeline, split: str = "validation", *,
+    final: bool,
+) -> dict[str, float]:  # fmt: skip
+    """The task's metrics on `split`, named `<split>_<metric>`: on `train.eval_batches`
+    batches and `train.decode_pairs` decoded pairs, or (final) on the whole split and
+    `train.final_decode_pairs` pairs; `<split>_s` is what it cost. Every rank calls it."""
+    started = time.perf_counter()
+    metrics = task.evaluate(
+        pipe.forward,
+        split,
+        batch_size=train.batch_size,
+        max_batches=None if final else train.eval_batches,
+        decode=train.final_decode_pairs if final else train.decode_pairs,
+    )
+    metrics["s"] = time.perf_counter() - started  # fmt: skip
+    return {f"{split}_{name}": value for name, value in metrics.items()}
