@@ -43,10 +43,11 @@ from nas.trials import (
     finished,
     open_study,
     remaining,
+    seed_architectures,
     trials_table,
 )
 from search_spaces.architecture import InvalidArchitecture, summary, to_json
-from search_spaces.evolved_transformer import ParamWindow, sample
+from search_spaces.evolved_transformer import ParamWindow, sample, validate
 
 __all__ = ["MAX_INVALID_IN_A_ROW", "Leader", "LeaderError", "TrialOrder"]
 
@@ -80,6 +81,7 @@ class Leader:
         self.study = open_study(settings)
         fail_running(self.study, "left running by an earlier run that stopped")
         self.multi = len(settings.study.objectives) > 1
+        self.seeds = {to_json(arch) for arch in seed_architectures(settings).values()}
         self.trial: optuna.Trial | None = None
         self.heartbeat: storage.Heartbeat | None = None
         self.deferred: BaseException | None = None  # a logging error between decisions
@@ -208,10 +210,16 @@ class Leader:
 
     # -- helpers ---------------------------------------------------------------------------
     def _sample(self, trial: optuna.Trial) -> Any:
+        """The trial's architecture. The parameter window is relative to the seed
+        Transformer of the space (2 layers per cell of `min_cells`), and the two seed
+        architectures are trained whatever the window says: they are the baselines."""
         space = self.settings.search_space
-        window = ParamWindow(*space.param_window) if space.param_window else None
-        return sample(trial, d_model=space.d_model, decoder_only=bool(space.decoder_only),
-                      cells=(space.min_cells, space.max_cells), window=window)  # fmt: skip
+        arch = sample(trial, d_model=space.d_model, decoder_only=bool(space.decoder_only),
+                      cells=(space.min_cells, space.max_cells), window=None)  # fmt: skip
+        if space.param_window and to_json(arch) not in self.seeds:
+            window = ParamWindow(*space.param_window, layers=2 * space.min_cells)
+            validate(arch, window=window)
+        return arch
 
     def _begin(self, trial: optuna.Trial, arch_json: str, text: str) -> TrialOrder:
         self.trial = trial

@@ -87,16 +87,21 @@ def _trials_table(settings: NasSettings, study: optuna.Study, width: int = 100) 
         text = t.user_attrs.get("fail_reason") or t.user_attrs.get("short_name") or \
             t.user_attrs.get("architecture", "")  # fmt: skip
         rows.append([str(t.number), state, *values, *others, escape(text[:70])])
-    table = Table(title=f"study {study.study_name}: {finished} trials", box=box.SIMPLE_HEAD,
-                  pad_edge=False, collapse_padding=True)
+    table = Table(
+        title=f"study {study.study_name}: {finished} trials",
+        box=box.SIMPLE_HEAD,
+        pad_edge=False,
+        collapse_padding=True,
+    )
     used = 0
     for i, column in enumerate(["trial", "state", *objectives, *measured, *extra]):
         name = _HEADERS.get(column, column.removeprefix("validation_"))
         fits = max([len(name)] + [len(row[i]) for row in rows])  # numbers are never cut
         table.add_column(name, no_wrap=True, min_width=fits)
         used += fits + 2
-    table.add_column("architecture", no_wrap=True, overflow="ellipsis",
-                     max_width=max(12, width - used - 2))  # one line, what width is left
+    table.add_column(
+        "architecture", no_wrap=True, overflow="ellipsis", max_width=max(12, width - used - 2)
+    )  # one line, what width is left
     for row in rows:
         table.add_row(*row)
     return table

@@ -14,8 +14,9 @@ after the search (`stages: [search, retrain]`) or alone against a stored study
     2. train   (every rank) per model and training seed: a fresh pipeline seeded with it,
                             `retrain.steps` steps with the learning-rate schedule, evaluated
                             every `train.eval_every` steps as a trial is
-    3. score   (every rank) the whole validation split, every pair decoded, then the test
-                            split once; choices read validation only
+    3. score   (every rank) the whole validation split, every pair decoded (or
+                            `retrain.decode_pairs`), then the test split once; choices read
+                            validation only
     4. export  (rank 0)     each model's best seed by validation fitness (`nas.export`)
     5. track   (caller)     one tracker run per (model, seed): `job_type="retrain"`, in
                             the study's group, with its step history and final metrics
@@ -53,7 +54,8 @@ from search_spaces.architecture import from_json, to_json
 from search_spaces.evolved_transformer import sample, seed_params
 from search_spaces.suggest import FixedSuggest
 
-__all__ = ["Model", "RetrainResult", "RetrainRun", "model_table", "retrain", "select_models"]
+__all__ = ["Model", "RetrainResult", "RetrainRun", "model_table", "retrain", "retrain_models",
+           "select_models"]  # fmt: skip
 
 _RUN_ERRORS = (PipelineError, InfeasibleBudgetError, ValueError, RuntimeError)
 
@@ -105,6 +107,11 @@ def retrain(settings: NasSettings) -> RetrainResult:
     models = select_models(study, settings)
     if not models:
         raise ValueError(f"study {settings.study.name!r} has no complete trial to retrain")
+    return retrain_models(settings, models)
+
+
+def retrain_models(settings: NasSettings, models: Sequence[Model]) -> RetrainResult:
+    """Steps 2-5 for any `models` (e.g. architectures a benchmark picked)."""
     results = pipeline.launch(
         functools.partial(_stage_main, settings=settings, models=tuple(models)),
         settings.pipeline.n_stages, threads_per_stage=settings.pipeline.threads_per_stage,
@@ -238,8 +245,9 @@ def _train(
 
 
 def _final_train(settings: NasSettings) -> TrainSettings:
-    """The final evaluation decodes every pair of the split, whatever the search did."""
-    return replace(settings.train, final_decode_pairs=None)
+    """The final scoring decodes `retrain.decode_pairs` (default every pair), whatever the
+    search's trials decoded."""
+    return replace(settings.train, final_decode_pairs=settings.retrain.decode_pairs)
 
 
 def _score(run: RetrainRun, fitness: str) -> float:

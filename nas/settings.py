@@ -217,7 +217,8 @@ class SearchSpaceSettings:
     n_heads: int = 4
     min_cells: int = 1
     max_cells: int = 2
-    param_window: tuple[float, float] | None = None  # (low, high) x the seed's parameters
+    # (low, high) x the body parameters of the seed Transformer (2 layers per min_cells)
+    param_window: tuple[float, float] | None = None
 
     def __post_init__(self) -> None:
         if not self.d_model or any(d < 32 or d % 32 for d in self.d_model):
@@ -259,18 +260,20 @@ class TrackerSettings:
 class RetrainSettings:
     """The retrain stage (`nas.retrain`): the `top_k` best architectures of the study (and,
     with `seed_models`, both seed architectures) trained from scratch for `steps` steps
-    (None: `train.steps`) once per training seed in `seeds`, then exported to
-    `<models_dir>/<study>/<model>/`."""
+    (None: `train.steps`) once per training seed in `seeds`, scored on whole splits with
+    `decode_pairs` pairs decoded (None: all), then exported to `<models_dir>/<study>/<model>/`."""
 
     top_k: int = 1
     seeds: tuple[int, ...] = (0,)
     steps: int | None = None
     seed_models: bool = False
     models_dir: str = "outputs/models"
+    decode_pairs: int | None = None  # pairs decoded in the final scoring; None: every pair
 
     def __post_init__(self) -> None:
         _positive("retrain.top_k", self.top_k)
         _positive("retrain.steps", self.steps, allow_none=True)
+        _positive("retrain.decode_pairs", self.decode_pairs, allow_none=True)
         if not self.seeds or any(isinstance(s, bool) or not isinstance(s, int)
                                  for s in self.seeds):  # fmt: skip
             raise ValueError(f"retrain.seeds={list(self.seeds)!r} is not valid; use a "

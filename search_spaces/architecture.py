@@ -61,9 +61,9 @@ __all__ = [
     "branch_text",
     "cell_outputs",
     "from_json",
-    "short_name",
     "has_dim",
     "has_norm_and_activation",
+    "short_name",
     "summary",
     "to_json",
 ]

@@ -17,7 +17,10 @@ Records (keys in this order; "time" is the Unix time of writing)::
     {"kind": "trial_end",   "study", "trial", "time", "state", "error", "summary"}
     {"kind": "study_end",   "study", "time", "trials", "pareto_front", "summary"}
 
-Values are strict JSON (`json_safe`): tuples become lists, NaN and infinities null. Step
+The records of a run that is not a search trial (a retrain run: its `trial_start` config has
+`job_type`) carry that as `"job"` after `"trial"`, so a reader tells them apart from the
+trials with the same index. Values are strict JSON (`json_safe`): tuples become lists, NaN
+and infinities null. Step
 metrics leave out None values (not measured), so a null among a step's metrics is a
 non-finite number.
 """
@@ -77,11 +80,15 @@ class JsonlTracker(LifecycleTracker):
         self.fsync = fsync
         self.path: Path | None = None  # the study's file, once the study started
         self._fd: int | None = None
+        self._job: str | None = None  # "retrain" while such a run is open
 
     # -- writing ------------------------------------------------------------------------------
     def _write(self, kind: str, **fields: Any) -> None:
         assert self._fd is not None and self._study is not None  # the lifecycle's checks
         record = {"kind": kind, "study": self._study, **fields}
+        if "trial" in fields and self._job is not None:
+            record = {**dict(list(record.items())[:3]), "job": self._job,
+                      **dict(list(record.items())[3:])}  # fmt: skip
         line = json.dumps(json_safe(record), allow_nan=False, ensure_ascii=False) + "\n"
         data = line.encode("utf-8")
         while data:  # one write for a whole line in practice; loop on a short write
@@ -101,6 +108,8 @@ class JsonlTracker(LifecycleTracker):
     def _on_start_trial(
         self, number: int, params: Mapping[str, Any], config: Mapping[str, Any]
     ) -> None:
+        job = config.get("job_type")
+        self._job = None if job in (None, "trial") else str(job)
         self._write("trial_start", trial=number, time=time.time(), params=params, config=config)
 
     def _on_step(self, step: int, metrics: Metrics) -> None:
@@ -111,8 +120,11 @@ class JsonlTracker(LifecycleTracker):
         self._write("event", trial=self._trial, step=step, time=time.time(), event=event)
 
     def _on_end_trial(self, state: str, summary: Mapping[str, Any], error: str | None) -> None:
-        self._write("trial_end", trial=self._trial, time=time.time(), state=state, error=error,
-                    summary=summary)  # fmt: skip
+        try:
+            self._write("trial_end", trial=self._trial, time=time.time(), state=state,
+                        error=error, summary=summary)  # fmt: skip
+        finally:
+            self._job = None
 
     def _on_end_study(
         self,
