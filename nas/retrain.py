@@ -291,12 +291,17 @@ def _progress(total: int) -> tuple[Progress, Any]:
 # -- in the caller --------------------------------------------------------------------------
 def _load_study(settings: NasSettings) -> optuna.Study:
     optuna.logging.set_verbosity(optuna.logging.WARNING)
+    missing = ValueError(f"no study {settings.study.name!r} in {settings.storage_url}; run "
+                         "the search first (stages=[search])")  # fmt: skip
+    url = settings.storage_url
+    for prefix in ("sqlite:///", storage.JOURNAL):  # a file that is not there: no study
+        if url.startswith(prefix) and not Path(url[len(prefix):].split("?")[0]).exists():
+            raise missing
     try:
         return optuna.load_study(study_name=settings.study.name,
                                  storage=storage.make_storage(settings.storage_url))  # fmt: skip
     except KeyError as error:
-        raise ValueError(f"no study {settings.study.name!r} in {settings.storage_url}; run "
-                         "the search first (stages=[search])") from error  # fmt: skip
+        raise missing from error
 
 
 def _rebuild(params: dict[str, Any], settings: NasSettings) -> Any:

@@ -41,3 +41,39 @@ def test_the_median_pruner_needs_a_single_objective() -> None:
             study=settings.StudySettings(objectives=("validation_loss", "tokens_per_s")),
             pruner=settings.PrunerSettings("median"),
         )
+
+
+@pytest.mark.parametrize("stages,valid", [
+    (("search",), True), (("retrain",), True), (("search", "retrain"), True),
+    ((), False), (("retrain", "search"), False), (("search", "search"), False),
+    (("export",), False),
+])  # fmt: skip
+def test_stages_run_in_order_each_once(stages: tuple[str, ...], valid: bool) -> None:
+    if valid:
+        assert settings.NasSettings(stages=stages).stages == stages
+    else:
+        with pytest.raises(ValueError, match=r"stages=.* is not valid; valid: \[search\]"):
+            settings.NasSettings(stages=stages)
+
+
+@pytest.mark.parametrize("retrain,message", [
+    ({"top_k": 0}, "retrain.top_k=0 is not valid"),
+    ({"steps": -5}, "retrain.steps=-5 is not valid"),
+    ({"decode_pairs": 0}, "retrain.decode_pairs=0 is not valid"),
+    ({"seeds": ()}, r"retrain.seeds=\[\] is not valid; use a non-empty list of integers"),
+    ({"seeds": (1, 1)}, r"retrain.seeds=\[1, 1\] names a seed twice"),
+    ({"seeds": (0.5,)}, r"retrain.seeds=\[0.5\] is not valid"),
+])  # fmt: skip
+def test_retrain_settings_name_the_bad_value(retrain: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        settings.RetrainSettings(**retrain)
+
+
+@pytest.mark.parametrize("train,message", [
+    ({"lr_schedule": "step"}, "train.lr_schedule='step' is not valid"),
+    ({"warmup_steps": -1}, "train.warmup_steps=-1 is not valid; use a count >= 0"),
+    ({"min_lr_ratio": 1.5}, r"train.min_lr_ratio=1.5 is not valid; it must be in \[0, 1\]"),
+])  # fmt: skip
+def test_learning_rate_settings_name_the_bad_value(train: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        settings.TrainSettings(**train)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sqlite3
@@ -31,9 +32,9 @@ def run(
 
 # One trial of each task, as small as it gets: a few steps, one evaluation batch, a few
 # decoded pairs (translation), short windows (the language models).
-ONE_TRIAL = ("tracker=jsonl", "study.n_trials=1", "train.steps=2", "train.eval_every=2",
-             "train.eval_batches=1", "train.batch_size=16", "train.decode_pairs=4",
-             "train.final_decode_pairs=8", "search_space.d_model=[32]",
+ONE_TRIAL = ("tracker=jsonl", "stages=[search]", "study.n_trials=1", "train.steps=2",
+             "train.eval_every=2", "train.eval_batches=1", "train.batch_size=16",
+             "train.decode_pairs=4", "train.final_decode_pairs=8", "search_space.d_model=[32]",
              "search_space.max_cells=1")  # fmt: skip
 TASK_OPTIONS = {"translation": (), "charlm": ("task.options.seq_len=16",),
                 "textfile": ("task.options.seq_len=16",)}  # fmt: skip
@@ -56,12 +57,38 @@ def test_one_trial_of_each_task_from_the_command_line(tmp_path: Path, task: str)
     assert (tmp_path / "run" / "tracking" / f"{task}.jsonl").exists()
 
 
+# Loads an exported model in a fresh process (no pipeline, no Optuna, no W&B) and scores its
+# greedy translations of the whole validation split as the retrain's final evaluation did.
+LOAD_AND_SCORE = """
+import json, sys
+import nas
+from nas.tasks import get_task
+from nas.tasks.metrics import decode_metrics
+model = nas.load_model(sys.argv[1])
+pairs = get_task("translation").pairs("validation")
+scores = decode_metrics(model.translate([src for src, _ in pairs]), [tgt for _, tgt in pairs])
+print(json.dumps(scores))
+"""
+
+
 def test_a_small_study_from_the_command_line(tmp_path: Path) -> None:
+    """Search, retrain and export; the exported model, loaded alone, scores as reported."""
     done = run(tmp_path, "study.name=cli", "study.n_trials=2", "tracker=none", "train.steps=4",
                "train.eval_every=2", "train.eval_batches=1", "train.batch_size=16",
-               "search_space.d_model=[32]", "search_space.max_cells=1")  # fmt: skip
+               "search_space.d_model=[32]", "search_space.max_cells=1",
+               f"retrain.models_dir={tmp_path / 'models'}")  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
-    assert "study cli: 2 trials finished" in done.stdout
+    assert "study cli: 2 trials" in done.stdout
+    [folder] = (tmp_path / "models" / "cli").iterdir()
+    assert folder.name.startswith("trial-") and f"exported {folder.name}" in done.stdout
+    assert "nas.load_model(" in done.stdout
+    metrics = json.loads((folder / "metrics.json").read_text())
+    loaded = subprocess.run([sys.executable, "-c", LOAD_AND_SCORE, str(folder)],
+                            capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert loaded.returncode == 0, loaded.stderr[-3000:]
+    scores = json.loads(loaded.stdout)
+    assert scores["chrf"] == pytest.approx(metrics["chrf"], abs=1e-9)
+    assert scores["exact_match"] == pytest.approx(metrics["exact_match"], abs=1e-9)
     best = next(line for line in done.stdout.splitlines() if "best architecture" in line)
     assert " enc 1x[" in best  # the whole summary: brackets are not taken for markup
     assert (tmp_path / "run" / "optimization_history.png").stat().st_size > 0
@@ -71,6 +98,7 @@ def test_a_small_study_from_the_command_line(tmp_path: Path) -> None:
 
 def test_a_multirun_runs_one_study_per_job(tmp_path: Path) -> None:
     done = run(tmp_path, "--multirun", "pipeline.schedule=1f1b,2bw", "study.n_trials=1",
+               "stages=[search]",
                "tracker=none",
                "train.steps=4", "train.eval_every=2", "train.eval_batches=1",
                "train.batch_size=16", "search_space.d_model=[32]", "search_space.max_cells=1",
@@ -92,7 +120,7 @@ def test_stages_started_by_torchrun_run_the_study(tmp_path: Path) -> None:
            f"hydra.run.dir={tmp_path / 'run'}", f"studies_dir={tmp_path / 'studies'}"]  # fmt: skip
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.count("study tr: 2 trials finished") == 1  # rank 0 reports
+    assert done.stdout.count("study tr: 2 trials") == 1  # rank 0 reports
     study = optuna.load_study(study_name="tr", storage=f"sqlite:///{tmp_path / 'studies'}/tr.db")
     assert [t.state for t in study.trials if counted(t)] == [optuna.trial.TrialState.COMPLETE] * 2
     assert (tmp_path / "run" / "tracking" / "tr.jsonl").exists()
@@ -108,9 +136,9 @@ def test_the_composed_config_prints_and_bad_overrides_name_the_key(tmp_path: Pat
 
 def test_a_killed_study_resumes_at_the_right_trial_count(tmp_path: Path) -> None:
     """SIGKILL the harness once a trial is done; the re-run finishes the rest, no more."""
-    overrides = ["study.name=killed", "study.n_trials=3", "tracker=none", "train.steps=30",
-                 "train.eval_every=10", "train.eval_batches=1", "train.batch_size=16",
-                 "search_space.d_model=[32]", "search_space.max_cells=1",
+    overrides = ["study.name=killed", "study.n_trials=3", "stages=[search]", "tracker=none",
+                 "train.steps=30", "train.eval_every=10", "train.eval_batches=1",
+                 "train.batch_size=16", "search_space.d_model=[32]", "search_space.max_cells=1",
                  f"hydra.run.dir={tmp_path / 'run'}", f"studies_dir={tmp_path / 'studies'}"]
     storage = f"sqlite:///{tmp_path / 'studies' / 'killed.db'}"
     harness = subprocess.Popen([sys.executable, "-m", "nas", *overrides], cwd=tmp_path,
@@ -136,9 +164,9 @@ def test_a_killed_study_resumes_at_the_right_trial_count(tmp_path: Path) -> None
 def test_two_workers_share_one_study(tmp_path: Path) -> None:
     """Two harnesses (each with its own stage processes) on one SQLite study: together they
     finish it, and neither fails the other's running trials as orphans."""
-    overrides = ["study.name=shared", "study.n_trials=4", "tracker=none", "train.steps=4",
-                 "train.eval_every=2", "train.eval_batches=1", "train.batch_size=16",
-                 "search_space.d_model=[32]", "search_space.max_cells=1",
+    overrides = ["study.name=shared", "study.n_trials=4", "stages=[search]", "tracker=none",
+                 "train.steps=4", "train.eval_every=2", "train.eval_batches=1",
+                 "train.batch_size=16", "search_space.d_model=[32]", "search_space.max_cells=1",
                  f"studies_dir={tmp_path / 'studies'}"]  # fmt: skip
     (tmp_path / "studies").mkdir()
     url = f"sqlite:///{tmp_path / 'studies' / 'shared.db'}"

@@ -1,0 +1,86 @@
+"""The retrain stage end to end: a stored study's best and both seeds retrained from scratch
+with two training seeds on stage processes, exported, loaded alone, tracked in W&B."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import optuna
+import pytest
+
+import nas
+from nas.export import TranslationModel
+from nas.retrain import retrain
+from nas.study import run_study
+from nas.tasks import get_task
+from nas.tracking.wandb.history import find_run_files, read_run
+from nas.trials import counted, seed_architectures
+from search_spaces.compile import parameter_count
+from search_spaces.evolved_transformer import ParamWindow, sample, validate
+from search_spaces.suggest import FixedSuggest
+from tests.nas.harness.common import tiny_settings
+
+pytestmark = pytest.mark.multiprocess
+RETRAIN = ("retrain.top_k=1", "retrain.seeds=[0,1]", "retrain.seed_models=true",
+           "retrain.steps=6", "retrain.decode_pairs=16")  # fmt: skip
+
+
+@pytest.mark.timeout(600)
+def test_the_best_and_both_seeds_are_retrained_exported_and_load_alone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name in ("WANDB_DIR", "WANDB_CACHE_DIR", "WANDB_CONFIG_DIR", "WANDB_DATA_DIR"):
+        monkeypatch.setenv(name, str(tmp_path / "wandb-home"))
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    settings = tiny_settings(tmp_path, "study.name=r", "study.n_trials=3", "tracker=wandb",
+                             "search_space.param_window=[0.3,0.9]",
+                             f"retrain.models_dir={tmp_path / 'models'}", *RETRAIN)  # fmt: skip
+    run_study(settings)
+    study = optuna.load_study(study_name="r", storage=settings.storage_url)
+    trials = [t for t in study.trials if counted(t)]  # proposals outside the window are not
+    assert [t.state for t in trials] == [optuna.trial.TrialState.COMPLETE] * 3
+    # the window is relative to the seed Transformer; the seeds themselves are exempt
+    window = ParamWindow(0.3, 0.9, layers=2)
+    proposed = sample(FixedSuggest(trials[2].params), d_model=[32], cells=(1, 1),
+                      window=None)  # fmt: skip
+    validate(proposed, window=window)
+    seed_sizes = [parameter_count(arch) for arch in seed_architectures(settings).values()]
+    assert max(seed_sizes) > 0.9 * window.reference(32, False)  # trained all the same
+
+    result = retrain(settings)
+    best = f"trial-{trials[2].number}"  # the seeds' trials are retrained as seeds
+    assert sorted(result.exported) == sorted([best, "transformer", "evolved_transformer"])
+    assert [(r.model, r.seed) for r in result.runs] == [
+        (m, s) for m in (best, "transformer", "evolved_transformer") for s in (0, 1)]
+    assert all(r.error is None and r.steps == 6 for r in result.runs)
+    assert result.selected in result.exported
+
+    task = get_task("translation")
+    for name, folder in result.exported.items():
+        metrics = json.loads((Path(folder) / "metrics.json").read_text())
+        chosen = next(r for r in result.runs if r.model == name and r.seed == metrics["seed"])
+        assert metrics["validation_loss"] == chosen.metrics["validation_loss"]
+        model = nas.load_model(folder)  # one process: no pipeline, Optuna or W&B
+        assert isinstance(model, TranslationModel) and not model.training
+        alone = task.evaluate(model, "validation", batch_size=settings.train.batch_size,
+                              decode=16)  # fmt: skip
+        assert alone["loss"] == pytest.approx(metrics["validation_loss"], abs=1e-5)
+        assert alone["accuracy"] == pytest.approx(metrics["validation_accuracy"], abs=1e-6)
+        assert alone["chrf"] == metrics["chrf"] and alone["exact_match"] == metrics["exact_match"]
+        assert metrics["steps"] == 6 and metrics["params"] == chosen.parameters
+        assert "test_loss" in metrics and (Path(folder) / "config.yaml").exists()
+
+    runs = [read_run(path) for path in find_run_files(tmp_path / "run" / "tracking")]
+    retrained = [run for run in runs if run.job_type == "retrain"]
+    assert sorted(run.name for run in retrained) == sorted(
+        f"r-retrain-{r.model}-seed-{r.seed}" for r in result.runs)
+    assert all(run.group == "r" and run.exit_code == 0 for run in retrained)
+    assert all("validation_chrf" in run.summary and "test_loss" in run.summary
+               for run in retrained)  # fmt: skip
+
+
+def test_retraining_a_study_that_does_not_exist_names_it(tmp_path: Path) -> None:
+    settings = tiny_settings(tmp_path, "study.name=missing", "stages=[retrain]")
+    with pytest.raises(ValueError, match="no study 'missing' in sqlite:.*run the search first"):
+        retrain(settings)
