@@ -23,6 +23,8 @@ returns what went wrong, so the first error of a study is never replaced by a la
 from __future__ import annotations
 
 import dataclasses
+import math
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -76,8 +78,9 @@ class StudyEnd:
 class Leader:
     """Rank 0: asks, reports, prunes, tells and tracks (module docstring)."""
 
-    def __init__(self, settings: NasSettings, owner: str) -> None:
+    def __init__(self, settings: NasSettings, owner: str, deadline: float = math.inf) -> None:
         self.settings, self.owner = settings, owner
+        self.deadline = deadline  # time.time() after which no trial starts
         self.study = open_study(settings)
         fail_running(self.study, "left running by an earlier run that stopped")
         self.multi = len(settings.study.objectives) > 1
@@ -106,14 +109,16 @@ class Leader:
 
     # -- decisions -------------------------------------------------------------------------
     def next_trial(self) -> TrialOrder | None:
-        """Ask until an architecture comes out; None when the study has enough trials.
+        """Ask until an architecture comes out; None when the study has enough trials or
+        its time (`study.timeout_s`) is up.
 
         A proposal outside the space's parameter window (the one rule a sample can still
         break) is failed as invalid, does not count, and the next is asked. A sampler that
         raises while the architecture is sampled fails that trial with its cause.
         """
         invalid = 0
-        while remaining(self.study, self.settings.study.n_trials) > 0:
+        while remaining(self.study, self.settings.study.n_trials) > 0 and \
+                time.time() < self.deadline:  # fmt: skip
             if invalid == MAX_INVALID_IN_A_ROW:
                 raise RuntimeError(f"{invalid} proposals in a row fell outside the parameter "
                                    f"window {self.settings.search_space.param_window}")  # fmt: skip

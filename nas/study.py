@@ -92,16 +92,18 @@ def run_study(settings: NasSettings) -> StudyResult:
     Path(settings.studies_dir).mkdir(parents=True, exist_ok=True)
     Path(settings.output_dir).mkdir(parents=True, exist_ok=True)
     owner = storage.this_owner()  # the trials this harness asks carry it (nas.storage)
+    timeout = settings.study.timeout_s
+    deadline = math.inf if timeout is None else time.time() + timeout  # no trial starts after
     if pipeline.under_torchrun():
-        end = _launch(settings, owner)
+        end = _launch(settings, owner, deadline)
         return StudyResult(settings.study.name, settings.storage_url, end.finished, 0,
                            end.run_dirs)  # fmt: skip
     study = trials.open_study(settings)
     restarts = 0
     run_dirs: list[str] = []
-    while trials.remaining(study, settings.study.n_trials) > 0:
+    while trials.remaining(study, settings.study.n_trials) > 0 and time.time() < deadline:
         try:
-            run_dirs.extend(_launch(settings, owner).run_dirs)
+            run_dirs.extend(_launch(settings, owner, deadline).run_dirs)
         except LeaderError as error:  # the study stopped on every rank: its trial is retried
             with contextlib.suppress(Exception):  # the storage may be what failed
                 trials.fail_running(study, f"the study stopped: {error}", owner)
@@ -115,11 +117,11 @@ def run_study(settings: NasSettings) -> StudyResult:
                        restarts, tuple(run_dirs))  # fmt: skip
 
 
-def _launch(settings: NasSettings, owner: str) -> StudyEnd:
+def _launch(settings: NasSettings, owner: str, deadline: float) -> StudyEnd:
     """Start the stage processes (or join torchrun's) and run trials until none are left;
     rank 0's account of the run. A study stopped by an error raises it here."""
     results = pipeline.launch(
-        functools.partial(_stage_main, settings=settings, owner=owner),
+        functools.partial(_stage_main, settings=settings, owner=owner, deadline=deadline),
         settings.pipeline.n_stages, threads_per_stage=settings.pipeline.threads_per_stage,
         timeout_s=settings.pipeline.timeout_s,
     )  # fmt: skip
@@ -158,7 +160,7 @@ class Decisions:
 
 
 def _stage_main(
-    ctx: StageContext, settings: NasSettings, owner: str
+    ctx: StageContext, settings: NasSettings, owner: str, deadline: float
 ) -> tuple[StudyEnd | None, BaseException | None]:
     """The study loop on one rank; rank 0 returns (its account, the error that stopped it)."""
     comm = Comm()
@@ -171,7 +173,7 @@ def _stage_main(
     stopped: BaseException | None = None
     end: StudyEnd | None = None
     try:
-        leader = _open(comm, settings, owner)  # 1.
+        leader = _open(comm, settings, owner, deadline)  # 1.
         decide = Decisions(comm, leader)
         bank = WeightBank(keep=max(_KEEP, int(settings.sampler.options.get("population_size", 0))))
         optimizer = training.rates(settings.train)  # one factory: the pipeline keeps it
@@ -190,13 +192,13 @@ def _stage_main(
     return end, stopped
 
 
-def _open(comm: Comm, settings: NasSettings, owner: str) -> Leader | None:
+def _open(comm: Comm, settings: NasSettings, owner: str, deadline: float) -> Leader | None:
     """Rank 0 opens the study (1.); every rank learns whether it could (else LeaderError)."""
     opened: list[Leader] = []
 
     def make() -> None:
         try:
-            opened.append(Leader(settings, owner))
+            opened.append(Leader(settings, owner, deadline))
         except Exception as error:
             raise LeaderError.of("open the study", error) from error
 

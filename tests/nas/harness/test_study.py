@@ -145,3 +145,12 @@ def test_a_multi_objective_study_with_hurdles_a_budget_and_inherited_weights(
     report_study(config, result)
     for name in ("optimization_history", "pareto_front", "partition_best_trial"):
         assert (tmp_path / "run" / f"{name}.png").stat().st_size > 1000
+
+
+def test_a_study_with_a_time_limit_starts_no_trial_after_it(tmp_path: Path) -> None:
+    limited = settings(tmp_path, "study.name=timed", "study.n_trials=50", "study.timeout_s=1")
+    result = run_study(limited)  # the stage processes take longer than 1 s to start
+    trials = optuna.load_study(study_name="timed", storage=limited.storage_url).trials
+    ran = [t for t in trials if t.state != optuna.trial.TrialState.WAITING]  # seeds queued
+    assert result.finished == len(ran) <= 1
+    assert all(t.state == optuna.trial.TrialState.COMPLETE for t in ran)
