@@ -10,9 +10,12 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from hydra import compose, initialize_config_dir
 from torch import nn
 from torch.distributed.pipelining import PipelineStage
 
+from nas.config import CONFIG_DIR, register, to_settings
+from nas.settings import NasSettings
 from pipeline import LayerSpec, StageContext
 from pipeline.local.models import transformer_stack
 from pipeline.local.spec import build_layer
@@ -90,3 +93,11 @@ def torch_pipelining_step(
         opt.zero_grad(set_to_none=True)
 
     return step
+
+
+def experiment_settings(experiment: str, overrides: list[str]) -> NasSettings:
+    register()
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
+        cfg = compose("config", overrides=[f"experiment={experiment}", "tracker=none",
+                                           *overrides])  # fmt: skip
+    return to_settings(cfg)

@@ -30,10 +30,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from hydra import compose, initialize_config_dir
+from common import experiment_settings
 from scipy.stats import kendalltau
 
-from nas.config import CONFIG_DIR, register, to_settings
 from nas.retrain import Model, RetrainResult, retrain_models
 from nas.settings import NasSettings
 from nas.trials import seed_architectures
@@ -43,14 +42,6 @@ from search_spaces.evolved_transformer import ParamWindow, sample, seed_params
 from search_spaces.suggest import RandomSuggest
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def experiment_settings(experiment: str, overrides: list[str]) -> NasSettings:
-    register()
-    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
-        cfg = compose("config", overrides=[f"experiment={experiment}", "tracker=none",
-                                           *overrides])  # fmt: skip
-    return to_settings(cfg)
 
 
 def architectures(settings: NasSettings, count: int, seed: int) -> list[Model]:

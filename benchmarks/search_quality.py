@@ -1,0 +1,293 @@
+"""Does the search find anything better than its seeds, and which search settings find it?
+
+Every study is the experiment's (`search_1h` by default: evolution, PDH, the parameter
+window, the trial budget that `proxy_rank.py` measured), run for a wall-clock budget with
+`study.timeout_s`, from scratch, one after another on this machine. Parts (`--parts`):
+
+* `samplers`  evolution, random and TPE at equal wall-clock (`--compare-minutes`), each with
+              `--study-seeds` seeds: best-so-far against minutes, final best mean and sd;
+* `pruning`   evolution without PDH, same seeds and time: training steps per trial and per
+              hour against PDH's, and whether the same best is found (within 1 sd);
+* `warm`      evolution with inherited weights (live `reconfigure`, warm weights) against
+              cold restarts (a fresh `run_study`, new stage processes, per trial): trials
+              per hour, and what each picks, judged after retraining from scratch;
+* `best`      the headline: the evolution study of `--search-minutes`, its best retrained
+              from scratch against both seeds with `--retrain-seeds` training seeds
+              (`nas.retrain.retrain_models`, `retrain.steps`): mean and sd of validation
+              loss, accuracy, chrF, test loss, parameters and throughput; the goal is met
+              when the best beats both seeds on validation loss and chrF with no more
+              parameters than either seed.
+
+`proxy_rank.json`'s Kendall tau is copied in when present. The studies of one part share
+nothing; a study whose settings equal another's is run once (the headline is the evolution
+study of seed 0 when `--search-minutes` equals `--compare-minutes`).
+
+    python benchmarks/search_quality.py                       # the full figures, ~5 hours
+    python benchmarks/search_quality.py --compare-minutes 4 --search-minutes 4 \\
+        --study-seeds 1 retrain.steps=400                     # a reduced run, ~1 hour
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+import optuna
+from common import experiment_settings
+
+from nas.retrain import Model, model_table, retrain_models, select_models
+from nas.settings import OBJECTIVES, NasSettings, PrunerSettings, SamplerSettings
+from nas.study import run_study
+from nas.trials import counted, finished, open_study, seed_architectures
+from search_spaces.architecture import summary
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "benchmarks" / "results"
+PARTS = ("samplers", "pruning", "warm", "best")
+# a study's variant: what it changes in the experiment's settings (typed: an override like
+# `sampler=random` would keep the experiment's evolution options)
+VARIANTS: dict[str, Callable[[NasSettings], NasSettings]] = {
+    "evolution": lambda s: s,
+    "random": lambda s: replace(s, sampler=SamplerSettings("random")),
+    "tpe": lambda s: replace(s, sampler=SamplerSettings("tpe")),
+    "evolution-no-pdh": lambda s: replace(s, pruner=PrunerSettings("none")),
+    "evolution-inherit": lambda s: replace(s, study=replace(s.study, inherit_weights=True)),
+    "evolution-cold": lambda s: s,  # one run_study (fresh stage processes) per trial
+}
+
+
+def main() -> None:
+    args = _arguments()
+    os.environ.setdefault("WANDB_MODE", "offline")
+    root = Path(tempfile.mkdtemp(prefix="search_quality_"))
+    base = experiment_settings(args.experiment, [f"studies_dir={root / 'studies'}",
+                                                 f"output_dir={root / 'run'}", *args.overrides])
+    started = time.perf_counter()
+    runs: dict[str, dict[str, Any]] = {}
+    wanted = _variants(args.parts)
+    for seed in range(args.study_seeds):  # seeds outermost: a slow stretch hits every variant
+        for variant in wanted:
+            minutes = args.compare_minutes
+            runs[f"{variant}/{seed}"] = _study(base, variant, seed, minutes)
+    if "best" in args.parts:
+        key = "evolution/0"
+        if key not in runs or args.search_minutes != args.compare_minutes:
+            key = "headline"
+            runs[key] = _study(base, "evolution", 0, args.search_minutes)
+        retrained = _retrain(base, runs, key, args)
+    result = {
+        "experiment": args.experiment, "overrides": args.overrides,
+        "compare_minutes": args.compare_minutes, "search_minutes": args.search_minutes,
+        "study_seeds": args.study_seeds, "train": base.train.__dict__,
+        "retrain_steps": base.retrain.steps, "fitness": base.study.fitness,
+        "studies": runs, "summary": _summary(runs, wanted, args.study_seeds),
+        "retrained": retrained if "best" in args.parts else None,
+        "proxy": _proxy(), "seconds": time.perf_counter() - started,
+    }  # fmt: skip
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / "search_quality.json").write_text(json.dumps(result, indent=2, default=str) + "\n")
+    _plot(runs, RESULTS / "search_quality.png", base.study.fitness)
+    print(json.dumps({"summary": result["summary"], "retrained": _brief(result["retrained"])},
+                     indent=2, default=str))  # fmt: skip
+
+
+def _arguments() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--experiment", default="search_1h")
+    parser.add_argument("--parts", default=",".join(PARTS),
+                        help=f"comma-separated, of {', '.join(PARTS)}")  # fmt: skip
+    parser.add_argument("--compare-minutes", type=float, default=15.0)
+    parser.add_argument("--search-minutes", type=float, default=60.0)
+    parser.add_argument("--study-seeds", type=int, default=2)
+    parser.add_argument("--retrain-seeds", type=int, default=3)
+    parser.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. retrain.steps=400")
+    args = parser.parse_args()
+    args.parts = [p for p in args.parts.split(",") if p]
+    unknown = sorted(set(args.parts) - set(PARTS))
+    if unknown:
+        parser.error(f"--parts {unknown} is not valid; valid: {', '.join(PARTS)}")
+    return args
+
+
+def _variants(parts: list[str]) -> list[str]:
+    chosen = {"samplers": ["evolution", "random", "tpe"], "pruning": ["evolution",
+              "evolution-no-pdh"], "warm": ["evolution-inherit", "evolution-cold"]}  # fmt: skip
+    return list(dict.fromkeys(v for part in parts for v in chosen.get(part, [])))
+
+
+def _study(base: NasSettings, variant: str, seed: int,
+           minutes: float) -> dict[str, Any]:  # fmt: skip
+    """Run one study for `minutes` (cold: one `run_study` per trial) and read it back."""
+    name = f"{variant}-{seed}-{minutes:g}m"
+    settings = VARIANTS[variant](replace(
+        base, seed=seed, study=replace(base.study, name=name, n_trials=100000),
+        output_dir=f"{base.output_dir}/{name}"))  # fmt: skip
+    print(f"study {name}: {minutes:g} minutes", flush=True)
+    start, deadline = datetime.now(), time.time() + 60 * minutes
+    cold = variant == "evolution-cold"  # a fresh run_study (new processes) per trial
+    while time.time() < deadline:
+        limit = finished(open_study(settings)) + 1 if cold else settings.study.n_trials
+        run_study(replace(settings, study=replace(settings.study, n_trials=limit,
+                                                  timeout_s=deadline - time.time())))
+        if not cold:
+            break
+    study = optuna.load_study(study_name=name, storage=settings.storage_url)
+    return _read(study, settings, variant, seed, start, time.time() - start.timestamp())
+
+
+def _read(study: optuna.Study, settings: NasSettings, variant: str, seed: int,
+          start: datetime, seconds: float) -> dict[str, Any]:  # fmt: skip
+    """What a study did: trials by state, steps trained, best-so-far against minutes."""
+    sign = -1.0 if OBJECTIVES[settings.study.fitness] == "maximize" else 1.0
+    ended = {t.number: t.datetime_complete for t in study.trials
+             if counted(t) and t.datetime_complete is not None}  # fmt: skip
+    done = sorted((t for t in study.trials if t.number in ended),
+                  key=lambda t: ended[t.number])  # fmt: skip
+    curve, best = [], math.inf
+    for t in done:
+        if t.state == optuna.trial.TrialState.COMPLETE and sign * t.values[0] < best:
+            best = sign * t.values[0]
+            curve.append([(ended[t.number] - start).total_seconds() / 60, sign * best])
+    steps = [settings.train.steps if t.state == optuna.trial.TrialState.COMPLETE else
+             max(t.intermediate_values, default=0) for t in done]  # fmt: skip
+    states = [t.state.name.lower() for t in done]
+    return {
+        "variant": variant, "seed": seed, "seconds": seconds, "trials": len(done),
+        "trials_per_hour": 3600 * len(done) / seconds,
+        **{state: states.count(state) for state in ("complete", "pruned", "fail")},
+        "steps_trained": sum(steps), "steps_per_trial": sum(steps) / max(1, len(done)),
+        "best": sign * best if math.isfinite(best) else None, "curve": curve,
+        "storage": settings.storage_url, "study_name": study.study_name,
+    }  # fmt: skip
+
+
+def _summary(runs: dict[str, dict[str, Any]], variants: list[str], seeds: int) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for variant in variants:
+        mine = [runs[f"{variant}/{s}"] for s in range(seeds)]
+        bests = [r["best"] for r in mine if r["best"] is not None]
+        out[variant] = {
+            "best_mean": statistics.fmean(bests) if bests else None,
+            "best_sd": statistics.stdev(bests) if len(bests) > 1 else 0.0, "bests": bests,
+            "trials_per_hour": statistics.fmean(r["trials_per_hour"] for r in mine),
+            "steps_per_trial": statistics.fmean(r["steps_per_trial"] for r in mine),
+            "pruned": sum(r["pruned"] for r in mine), "trials": sum(r["trials"] for r in mine),
+        }  # fmt: skip
+    if {"evolution", "evolution-no-pdh"} <= set(out):
+        pdh, full = out["evolution"], out["evolution-no-pdh"]
+        sd = max(pdh["best_sd"], full["best_sd"])
+        out["pdh_vs_no_pruning"] = {
+            "steps_saved_per_trial": 1 - pdh["steps_per_trial"] / full["steps_per_trial"],
+            "same_best_within_1sd": None if pdh["best_mean"] is None or full["best_mean"] is None
+            else abs(pdh["best_mean"] - full["best_mean"]) <= sd,
+        }  # fmt: skip
+    if {"evolution-inherit", "evolution-cold"} <= set(out):
+        out["warm_vs_cold_trials_per_hour"] = (out["evolution-inherit"]["trials_per_hour"]
+                                               / out["evolution-cold"]["trials_per_hour"])
+    return out
+
+
+def _retrain(base: NasSettings, runs: dict[str, dict[str, Any]], headline: str,
+             args: argparse.Namespace) -> dict[str, Any]:  # fmt: skip
+    """The headline's best and both seeds (and the warm and cold studies' bests), retrained
+    from scratch with the same training seeds."""
+    settings = replace(base, retrain=replace(base.retrain, top_k=1, seed_models=True,
+                                             seeds=tuple(range(args.retrain_seeds))))
+    models: dict[str, Model] = {}
+    sources = {"best": headline, "warm": "evolution-inherit/0", "cold": "evolution-cold/0"}
+    for role, key in sources.items():
+        if key not in runs or runs[key]["best"] is None:
+            continue
+        study = optuna.load_study(study_name=runs[key]["study_name"],
+                                  storage=runs[key]["storage"])  # fmt: skip
+        for model in select_models(study, settings if role == "best" else replace(
+                settings, retrain=replace(settings.retrain, seed_models=False))):  # fmt: skip
+            name = model.name if model.trial is None else f"{role}-{model.name}"
+            if all(m.architecture != model.architecture for m in models.values()):
+                models[name] = replace(model, name=name)
+    result = retrain_models(settings, list(models.values()))
+    table = model_table(result.runs, settings.study.fitness)
+    top = optuna.load_study(study_name=runs[headline]["study_name"],
+                            storage=runs[headline]["storage"]).best_trial  # fmt: skip
+    seeds = {summary(arch) for arch in seed_architectures(settings).values()}
+    return {"models": {n: {"trial": m.trial, "architecture": m.architecture}
+                       for n, m in models.items()},
+            "study_best": {"trial": top.number, "value": top.values[0],
+                           "is_a_seed": top.user_attrs.get("architecture") in seeds},
+            "table": table, "goal": _goal(table), "selected": result.selected}  # fmt: skip
+
+
+def _goal(table: list[dict[str, Any]]) -> dict[str, Any]:
+    """Does the study's best beat both seeds on validation loss and chrF, no larger?"""
+    rows = {row["model"]: row for row in table}
+    best = next((r for n, r in rows.items() if n.startswith("best-")), None)
+    seeds = [rows[n] for n in ("transformer", "evolved_transformer") if n in rows]
+    if best is None or len(seeds) < 2:
+        return {"met": None, "why": "no retrained best or seed"}
+    checks = {
+        "lower_validation_loss": all(best["validation_loss_mean"] < s["validation_loss_mean"]
+                                     for s in seeds),
+        "higher_chrf": all(best.get("validation_chrf_mean", -1) > s.get("validation_chrf_mean",
+                                                                         math.inf)
+                           for s in seeds),
+        "no_more_parameters": all(best["parameters"] <= s["parameters"] for s in seeds),
+    }  # fmt: skip
+    return {"met": all(checks.values()), **checks}
+
+
+def _proxy() -> dict[str, Any] | None:
+    path = RESULTS / "proxy_rank.json"
+    if not path.exists():
+        return None
+    data = json.loads(path.read_text())
+    return {k: data[k] for k in ("kendall_tau", "kendall_p", "kendall_tau_by_eval_step",
+                                 "trial_budget_steps", "full_steps", "ranked")}  # fmt: skip
+
+
+def _plot(runs: dict[str, dict[str, Any]], path: Path, fitness: str) -> None:
+    """Best-so-far against minutes, one colour per variant, one line per study seed."""
+    fig, ax = plt.subplots(figsize=(7.5, 4.5))
+    colours: dict[str, Any] = {}
+    for key, run in runs.items():
+        if not run["curve"]:
+            continue
+        variant = run["variant"] if key != "headline" else "evolution (headline)"
+        x = [p[0] for p in run["curve"]] + [run["seconds"] / 60]
+        y = [p[1] for p in run["curve"]] + [run["curve"][-1][1]]
+        line = ax.step(x, y, where="post", color=colours.get(variant), alpha=0.85,
+                       label=None if variant in colours else variant)[0]  # fmt: skip
+        colours.setdefault(variant, line.get_color())
+    ax.set(xlabel="wall-clock minutes", ylabel=f"best {fitness.replace('_', ' ')} so far",
+           title="search quality: best-so-far at equal wall-clock")  # fmt: skip
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def _brief(retrained: dict[str, Any] | None) -> Any:
+    if not retrained:
+        return None
+    keys = ("validation_loss", "validation_chrf", "test_loss")
+    return {"goal": retrained["goal"], "models": [
+        {"model": r["model"], "parameters": r["parameters"],
+         **{k: (round(r.get(f"{k}_mean", math.nan), 4), round(r.get(f"{k}_sd", 0.0), 4))
+            for k in keys}} for r in retrained["table"]]}  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
