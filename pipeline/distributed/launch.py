@@ -14,7 +14,8 @@
           └─ on the first error or death: terminate the rest, raise StageFailedError
 
 * Under torchrun (RANK, WORLD_SIZE, MASTER_ADDR set): the current process is one stage; it
-  joins the existing process group, runs `fn(ctx)` and returns every stage's result.
+  joins torchrun's process group (created by the first launch and kept until exit, so a
+  program may launch again), runs `fn(ctx)` and returns every stage's result.
 
 No child outlives the caller: each watches its parent and exits if it disappears, and the
 caller terminates them on any error, interrupt, or exit. Every collective and point-to-point
@@ -23,6 +24,7 @@ message in the group times out after `timeout_s`, so a dead peer raises instead 
 
 from __future__ import annotations
 
+import atexit
 import datetime
 import multiprocessing as mp
 import os
@@ -108,20 +110,19 @@ def _join_torchrun(
     world = int(os.environ["WORLD_SIZE"])
     if world != n_stages:
         raise ValueError(f"n_stages={n_stages} but torchrun started WORLD_SIZE={world} processes")
-    created = not dist.is_initialized()
-    if created:
+    if not dist.is_initialized():
+        # Created once and kept until the process exits: a second group on torchrun's store
+        # would meet the first one's keys (its ranks' old addresses) and hang, so a program
+        # that launches twice (a study, then its retraining) reuses the first.
         dist.init_process_group(_group_backend(backend),
                                 timeout=datetime.timedelta(seconds=timeout_s))  # fmt: skip
-    try:
-        ctx = _context(dist.get_rank(), world, backend, threads, timeout_s)
-        result = fn(ctx)
-        comm = Comm()
-        results = comm.all_gather_object(result)
-        comm.barrier()  # nobody tears the group down while a peer still reads from it
-        return results
-    finally:
-        if created:
-            dist.destroy_process_group()
+        atexit.register(dist.destroy_process_group)
+    ctx = _context(dist.get_rank(), world, backend, threads, timeout_s)
+    result = fn(ctx)
+    comm = Comm()
+    results = comm.all_gather_object(result)
+    comm.barrier()  # every peer has read the results before any launches again
+    return results
 
 
 # -- local processes ---------------------------------------------------------------------------

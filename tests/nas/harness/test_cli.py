@@ -121,6 +121,7 @@ def test_stages_started_by_torchrun_run_the_study(tmp_path: Path) -> None:
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.count("study tr: 2 trials") == 1  # rank 0 reports
+    assert done.stdout.count("exported trial-") == 1  # the retraining launched again
     study = optuna.load_study(study_name="tr", storage=f"sqlite:///{tmp_path / 'studies'}/tr.db")
     assert [t.state for t in study.trials if counted(t)] == [optuna.trial.TrialState.COMPLETE] * 2
     assert (tmp_path / "run" / "tracking" / "tr.jsonl").exists()
