@@ -11,7 +11,9 @@ window, the trial budget that `proxy_rank.py` measured), run for a wall-clock bu
 * `warm`      evolution with inherited weights (live `reconfigure`, warm weights) against
               cold restarts (a fresh `run_study`, new stage processes, per trial): trials
               per hour, and what each picks, judged after retraining from scratch;
-* `best`      the headline: the evolution study of `--search-minutes`, its best retrained
+* `best`      the headline: the evolution study of `--search-minutes` (or of
+              `--search-trials` trials, whatever the time: what a loaded machine can
+              still compare), its best retrained
               from scratch against both seeds with `--retrain-seeds` training seeds
               (`nas.retrain.retrain_models`, `retrain.steps`): mean and sd of validation
               loss, accuracy, chrF, test loss, parameters and throughput; the goal is met
@@ -85,13 +87,15 @@ def main() -> None:
             runs[f"{variant}/{seed}"] = _study(base, variant, seed, minutes)
     if "best" in args.parts:
         key = "evolution/0"
-        if key not in runs or args.search_minutes != args.compare_minutes:
+        if key not in runs or args.search_minutes != args.compare_minutes or \
+                args.search_trials:  # fmt: skip
             key = "headline"
-            runs[key] = _study(base, "evolution", 0, args.search_minutes)
+            runs[key] = _study(base, "evolution", 0, args.search_minutes, args.search_trials)
         retrained = _retrain(base, runs, key, args)
     result = {
         "experiment": args.experiment, "overrides": args.overrides,
         "compare_minutes": args.compare_minutes, "search_minutes": args.search_minutes,
+        "search_trials": args.search_trials,
         "study_seeds": args.study_seeds, "train": base.train.__dict__,
         "retrain_steps": base.retrain.steps, "fitness": base.study.fitness,
         "studies": runs, "summary": _summary(runs, wanted, args.study_seeds),
@@ -112,6 +116,7 @@ def _arguments() -> argparse.Namespace:
                         help=f"comma-separated, of {', '.join(PARTS)}")  # fmt: skip
     parser.add_argument("--compare-minutes", type=float, default=15.0)
     parser.add_argument("--search-minutes", type=float, default=60.0)
+    parser.add_argument("--search-trials", type=int, default=None)
     parser.add_argument("--study-seeds", type=int, default=2)
     parser.add_argument("--retrain-seeds", type=int, default=3)
     parser.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. retrain.steps=400")
@@ -129,15 +134,16 @@ def _variants(parts: list[str]) -> list[str]:
     return list(dict.fromkeys(v for part in parts for v in chosen.get(part, [])))
 
 
-def _study(base: NasSettings, variant: str, seed: int,
-           minutes: float) -> dict[str, Any]:  # fmt: skip
-    """Run one study for `minutes` (cold: one `run_study` per trial) and read it back."""
-    name = f"{variant}-{seed}-{minutes:g}m"
+def _study(base: NasSettings, variant: str, seed: int, minutes: float,
+           trials: int | None = None) -> dict[str, Any]:  # fmt: skip
+    """Run one study for `minutes` or `trials` (cold: one `run_study` per trial) and read
+    it back."""
+    name = f"{variant}-{seed}-{f'{trials}t' if trials else f'{minutes:g}m'}"
     settings = VARIANTS[variant](replace(
-        base, seed=seed, study=replace(base.study, name=name, n_trials=100000),
+        base, seed=seed, study=replace(base.study, name=name, n_trials=trials or 100000),
         output_dir=f"{base.output_dir}/{name}"))  # fmt: skip
-    print(f"study {name}: {minutes:g} minutes", flush=True)
-    start, deadline = datetime.now(), time.time() + 60 * minutes
+    print(f"study {name}", flush=True)
+    start, deadline = datetime.now(), time.time() + (math.inf if trials else 60 * minutes)
     cold = variant == "evolution-cold"  # a fresh run_study (new processes) per trial
     while time.time() < deadline:
         limit = finished(open_study(settings)) + 1 if cold else settings.study.n_trials
