@@ -162,17 +162,26 @@ def main(ctx):
     return [pipe.train_step(x, y) for _ in range(3)]
 
 if __name__ == "__main__":
-    import json, os, sys
-    results = pipeline.launch(main, n_stages=2, threads_per_stage=1, timeout_s=30)
-    tasks = "/proc/self/task"  # Linux: the names of this process's threads
-    threads = [open(f"{tasks}/{t}/comm").read().strip() for t in os.listdir(tasks)] \
-        if os.path.isdir(tasks) else []
-    with open(os.path.join(sys.argv[1], "rank%s.json" % os.environ["RANK"]), "w") as f:
-        json.dump({"losses": results, "threads": threads}, f)
+    import atexit, json, os, sys
+    import torch.distributed as dist
+    out = {}
+
+    def record():  # registered first, so it runs after launch's own teardown at exit
+        tasks = "/proc/self/task"  # Linux: the names of this process's threads
+        out["threads_at_exit"] = [open(f"{tasks}/{t}/comm").read().strip()
+                                  for t in os.listdir(tasks)] if os.path.isdir(tasks) else []
+        with open(os.path.join(sys.argv[1], "rank%s.json" % os.environ["RANK"]), "w") as f:
+            json.dump(out, f)
+
+    atexit.register(record)
+    out["losses"] = pipeline.launch(main, n_stages=2, threads_per_stage=1, timeout_s=30)
+    out["again"] = pipeline.launch(main, n_stages=2, threads_per_stage=1, timeout_s=30)
+    out["kept"] = dist.is_initialized()
 """
 
 
 def test_joins_torchrun_process_group(tmp_path: Path) -> None:
+    """Two launches in one torchrun job share the group it creates; it is gone at exit."""
     script = tmp_path / "job.py"
     script.write_text(textwrap.dedent(TORCHRUN_SCRIPT))
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
@@ -183,5 +192,6 @@ def test_joins_torchrun_process_group(tmp_path: Path) -> None:
     results = [rank["losses"] for rank in ranks]
     assert results[0] == results[1]  # both processes got every stage's losses
     assert len(results[0]) == 2 and len(results[0][0]) == 3
-    for rank in ranks:  # the group is really gone: no gloo thread left to outlive Python
-        assert not [t for t in rank["threads"] if "gloo" in t], rank["threads"]
+    assert all(rank["again"] == rank["losses"] and rank["kept"] for rank in ranks)  # relaunched
+    for rank in ranks:  # the group is gone at exit: no gloo thread left to outlive Python
+        assert not [t for t in rank["threads_at_exit"] if "gloo" in t], rank["threads_at_exit"]
