@@ -20,13 +20,15 @@ window, the trial budget that `proxy_rank.py` measured), run for a wall-clock bu
               when the best beats both seeds on validation loss and chrF with no more
               parameters than either seed.
 
-`proxy_rank.json`'s Kendall tau is copied in when present. The studies of one part share
-nothing; a study whose settings equal another's is run once (the headline is the evolution
-study of seed 0 when `--search-minutes` equals `--compare-minutes`).
+`proxy_rank.json`'s Kendall tau is copied in when present. A study whose settings equal
+another's is run once (the headline is the evolution study of seed 0 when `--search-minutes`
+equals `--compare-minutes`). Parts can be run separately: each run's results are merged
+into `--out` over what earlier runs of other parts wrote there.
 
-    python benchmarks/search_quality.py                       # the full figures, ~5 hours
-    python benchmarks/search_quality.py --compare-minutes 4 --search-minutes 4 \\
-        --study-seeds 1 retrain.steps=400                     # a reduced run, ~1 hour
+    python benchmarks/search_quality.py                       # the full figures, ~6 hours
+    python benchmarks/search_quality.py --parts best --search-trials 24 retrain.steps=600
+    python benchmarks/search_quality.py --parts samplers,pruning,warm --compare-minutes 4 \\
+        --study-seeds 1                                       # reduced: ~30 minutes
 """
 
 from __future__ import annotations
@@ -92,21 +94,34 @@ def main() -> None:
             key = "headline"
             runs[key] = _study(base, "evolution", 0, args.search_minutes, args.search_trials)
         retrained = _retrain(base, runs, key, args)
-    result = {
-        "experiment": args.experiment, "overrides": args.overrides,
+    run = {
+        "parts": args.parts, "experiment": args.experiment, "overrides": args.overrides,
         "compare_minutes": args.compare_minutes, "search_minutes": args.search_minutes,
-        "search_trials": args.search_trials,
-        "study_seeds": args.study_seeds, "train": base.train.__dict__,
-        "retrain_steps": base.retrain.steps, "fitness": base.study.fitness,
-        "studies": runs, "summary": _summary(runs, wanted, args.study_seeds),
-        "retrained": retrained if "best" in args.parts else None,
-        "proxy": _proxy(), "seconds": time.perf_counter() - started,
+        "search_trials": args.search_trials, "study_seeds": args.study_seeds,
+        "train": base.train.__dict__, "retrain_steps": base.retrain.steps,
+        "fitness": base.study.fitness, "seconds": time.perf_counter() - started,
     }  # fmt: skip
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "search_quality.json").write_text(json.dumps(result, indent=2, default=str) + "\n")
-    _plot(runs, RESULTS / "search_quality.png", base.study.fitness)
+    result = _merge(args.out, run, runs, _summary(runs, wanted, args.study_seeds),
+                    retrained if "best" in args.parts else None)  # fmt: skip
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2, default=str) + "\n")
+    _plot(result["studies"], args.out.with_suffix(".png"), base.study.fitness)
     print(json.dumps({"summary": result["summary"], "retrained": _brief(result["retrained"])},
                      indent=2, default=str))  # fmt: skip
+
+
+def _merge(path: Path, run: dict[str, Any], studies: dict[str, Any], summary: dict[str, Any],
+           retrained: dict[str, Any] | None) -> dict[str, Any]:  # fmt: skip
+    """This run's parts over what an earlier run of other parts left in `path` (each part
+    can be run, or re-run, on its own)."""
+    old = json.loads(path.read_text()) if path.exists() else {}
+    return {
+        "runs": [*old.get("runs", []), run],
+        "studies": {**old.get("studies", {}), **studies},
+        "summary": {**old.get("summary", {}), **summary},
+        "retrained": retrained or old.get("retrained"),
+        "proxy": _proxy(),
+    }
 
 
 def _arguments() -> argparse.Namespace:
@@ -119,6 +134,8 @@ def _arguments() -> argparse.Namespace:
     parser.add_argument("--search-trials", type=int, default=None)
     parser.add_argument("--study-seeds", type=int, default=2)
     parser.add_argument("--retrain-seeds", type=int, default=3)
+    parser.add_argument("--out", type=Path, default=RESULTS / "search_quality.json",
+                        help="merged with what an earlier run of other parts wrote there")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. retrain.steps=400")
     args = parser.parse_args()
     args.parts = [p for p in args.parts.split(",") if p]
