@@ -76,6 +76,10 @@ VARIANTS: dict[str, Callable[[NasSettings], NasSettings]] = {
 
 def main() -> None:
     args = _arguments()
+    if args.replot:  # draw the picture again from `--out`, run nothing
+        saved = json.loads(args.out.read_text())
+        _plot(saved["studies"], args.out.with_suffix(".png"), saved["runs"][-1]["fitness"])
+        return
     os.environ.setdefault("WANDB_MODE", "offline")
     root = Path(tempfile.mkdtemp(prefix="search_quality_"))
     base = experiment_settings(args.experiment, [f"studies_dir={root / 'studies'}",
@@ -136,6 +140,7 @@ def _arguments() -> argparse.Namespace:
     parser.add_argument("--retrain-seeds", type=int, default=3)
     parser.add_argument("--out", type=Path, default=RESULTS / "search_quality.json",
                         help="merged with what an earlier run of other parts wrote there")
+    parser.add_argument("--replot", action="store_true", help="only redraw the PNG from --out")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. retrain.steps=400")
     args = parser.parse_args()
     args.parts = [p for p in args.parts.split(",") if p]
@@ -282,21 +287,26 @@ def _proxy() -> dict[str, Any] | None:
 
 
 def _plot(runs: dict[str, dict[str, Any]], path: Path, fitness: str) -> None:
-    """Best-so-far against minutes, one colour per variant, one line per study seed."""
-    fig, ax = plt.subplots(figsize=(7.5, 4.5))
-    colours: dict[str, Any] = {}
-    for key, run in runs.items():
-        if not run["curve"]:
-            continue
-        variant = run["variant"] if key != "headline" else "evolution (headline)"
-        x = [p[0] for p in run["curve"]] + [run["seconds"] / 60]
-        y = [p[1] for p in run["curve"]] + [run["curve"][-1][1]]
-        line = ax.step(x, y, where="post", color=colours.get(variant), alpha=0.85,
-                       label=None if variant in colours else variant)[0]  # fmt: skip
-        colours.setdefault(variant, line.get_color())
-    ax.set(xlabel="wall-clock minutes", ylabel=f"best {fitness.replace('_', ' ')} so far",
-           title="search quality: best-so-far at equal wall-clock")  # fmt: skip
-    ax.legend(fontsize=8)
+    """Best-so-far against minutes: the headline study on the left, the comparisons (one
+    colour per variant, one line per study seed) on the right; each panel its own budget."""
+    panels = [("headline", {k: r for k, r in runs.items() if k == "headline"}),
+              ("equal wall-clock", {k: r for k, r in runs.items() if k != "headline"})]
+    panels = [(title, chosen) for title, chosen in panels if chosen]
+    fig, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 4.2), squeeze=False)
+    for ax, (title, chosen) in zip(axes[0], panels, strict=True):
+        colours: dict[str, Any] = {}
+        for run in chosen.values():
+            if not run["curve"]:
+                continue
+            x = [p[0] for p in run["curve"]] + [run["seconds"] / 60]
+            y = [p[1] for p in run["curve"]] + [run["curve"][-1][1]]
+            variant = run["variant"]
+            line = ax.step(x, y, where="post", color=colours.get(variant), alpha=0.85,
+                           label=None if variant in colours else variant)[0]  # fmt: skip
+            colours.setdefault(variant, line.get_color())
+        ax.set(xlabel="wall-clock minutes", title=title,
+               ylabel=f"best {fitness.replace('_', ' ')} so far")  # fmt: skip
+        ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

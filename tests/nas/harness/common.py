@@ -6,6 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from hydra import compose, initialize_config_dir
 
 from nas.config import CONFIG_DIR, register, to_settings
@@ -28,6 +29,13 @@ def tiny_settings(tmp_path: Path, *overrides: str) -> NasSettings:
     """The composed settings of a tiny study under `tmp_path` (overrides win)."""
     return composed(*TINY, f"studies_dir={tmp_path / 'studies'}",
                     f"output_dir={tmp_path / 'run'}", *overrides)
+
+
+def offline_wandb(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """W&B offline, its home folders under `tmp_path` (nothing read or left in ~)."""
+    for name in ("WANDB_DIR", "WANDB_CACHE_DIR", "WANDB_CONFIG_DIR", "WANDB_DATA_DIR"):
+        monkeypatch.setenv(name, str(tmp_path / "wandb-home"))
+    monkeypatch.setenv("WANDB_MODE", "offline")
 
 
 def write_text(path: Path, chars: int = 4000) -> Path:

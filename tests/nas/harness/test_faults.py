@@ -21,7 +21,7 @@ from nas.study import run_study
 from nas.tracking import read_jsonl
 from nas.tracking.wandb.history import find_run_files, read_run
 from nas.trials import counted
-from tests.nas.harness.common import locked, tiny_settings
+from tests.nas.harness.common import locked, offline_wandb, tiny_settings
 from tests.nas.harness.faulty import SAMPLER, TRACKER, summaries
 
 FAIL, COMPLETE = optuna.trial.TrialState.FAIL, optuna.trial.TrialState.COMPLETE
@@ -55,9 +55,7 @@ def test_a_tracker_and_a_sampler_that_raise_fail_their_trial_and_the_study_goes_
 def test_a_sampler_that_raises_in_ask_stops_the_study_on_every_rank_and_runs_finish(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    for name in ("WANDB_DIR", "WANDB_CACHE_DIR", "WANDB_CONFIG_DIR", "WANDB_DATA_DIR"):
-        monkeypatch.setenv(name, str(tmp_path / "wandb-home"))
-    monkeypatch.setenv("WANDB_MODE", "offline")
+    offline_wandb(monkeypatch, tmp_path)
     config = tiny_settings(tmp_path, "study.name=stop", "study.n_trials=4", "tracker=wandb",
                            "sampler=random", f"sampler.name={SAMPLER}",
                            "+sampler.options.trial=2", "+sampler.options.where=ask")  # fmt: skip

@@ -19,7 +19,7 @@ from nas.trials import counted, seed_architectures
 from search_spaces.compile import parameter_count
 from search_spaces.evolved_transformer import ParamWindow, sample, validate
 from search_spaces.suggest import FixedSuggest
-from tests.nas.harness.common import tiny_settings
+from tests.nas.harness.common import offline_wandb, tiny_settings
 
 pytestmark = pytest.mark.multiprocess
 RETRAIN = ("retrain.top_k=1", "retrain.seeds=[0,1]", "retrain.seed_models=true",
@@ -30,9 +30,7 @@ RETRAIN = ("retrain.top_k=1", "retrain.seeds=[0,1]", "retrain.seed_models=true",
 def test_the_best_and_both_seeds_are_retrained_exported_and_load_alone(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    for name in ("WANDB_DIR", "WANDB_CACHE_DIR", "WANDB_CONFIG_DIR", "WANDB_DATA_DIR"):
-        monkeypatch.setenv(name, str(tmp_path / "wandb-home"))
-    monkeypatch.setenv("WANDB_MODE", "offline")
+    offline_wandb(monkeypatch, tmp_path)
     settings = tiny_settings(tmp_path, "study.name=r", "study.n_trials=3", "tracker=wandb",
                              "search_space.param_window=[0.3,0.9]",
                              f"retrain.models_dir={tmp_path / 'models'}", *RETRAIN)  # fmt: skip

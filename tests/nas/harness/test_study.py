@@ -17,6 +17,7 @@ from nas.study import run_study
 from nas.tracking import json_safe, read_jsonl
 from nas.tracking.wandb.history import find_run_files, read_run
 from nas.trials import INTERRUPTED, counted
+from tests.nas.harness.common import offline_wandb
 from tests.nas.harness.common import tiny_settings as settings
 
 pytestmark = pytest.mark.multiprocess
@@ -28,9 +29,7 @@ VALIDATION = ("validation_loss", "validation_accuracy", "validation_chrf",
 def test_a_study_runs_resumes_and_records_failures(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    for name in ("WANDB_DIR", "WANDB_CACHE_DIR", "WANDB_CONFIG_DIR", "WANDB_DATA_DIR"):
-        monkeypatch.setenv(name, str(tmp_path / "wandb-home"))
-    monkeypatch.setenv("WANDB_MODE", "offline")
+    offline_wandb(monkeypatch, tmp_path)
     first = settings(tmp_path, "study.name=t", "study.n_trials=4", "tracker=wandb")
     result = run_study(first)
     study = optuna.load_study(study_name="t", storage=first.storage_url)
