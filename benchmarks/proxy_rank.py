@@ -35,10 +35,10 @@ from scipy.stats import kendalltau
 
 from nas.retrain import Model, RetrainResult, retrain_models
 from nas.settings import NasSettings
-from nas.trials import seed_architectures
+from nas.trials import param_window, sample_architecture, seed_architectures
 from search_spaces.architecture import InvalidArchitecture, summary, to_json
 from search_spaces.compile import parameter_count
-from search_spaces.evolved_transformer import ParamWindow, sample, seed_params
+from search_spaces.evolved_transformer import seed_params, validate
 from search_spaces.suggest import RandomSuggest
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -48,17 +48,16 @@ def architectures(settings: NasSettings, count: int, seed: int) -> list[Model]:
     """Both seeds, then distinct random samples inside the space's window."""
     models = [Model(name, None, seed_params(arch), to_json(arch))
               for name, arch in seed_architectures(settings).items()]  # fmt: skip
-    space = settings.search_space
-    window = ParamWindow(*space.param_window, layers=2 * space.min_cells) \
-        if space.param_window else None  # fmt: skip
+    window = param_window(settings)
     seen = {m.architecture for m in models}
     draw = seed
     while len(models) < count:
         suggest = RandomSuggest(draw)
         draw += 1
+        arch = sample_architecture(suggest, settings)
         try:
-            arch = sample(suggest, d_model=space.d_model, decoder_only=bool(space.decoder_only),
-                          cells=(space.min_cells, space.max_cells), window=window)  # fmt: skip
+            if window is not None:
+                validate(arch, window=window)
         except InvalidArchitecture:
             continue
         if to_json(arch) not in seen:

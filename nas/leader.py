@@ -44,12 +44,14 @@ from nas.trials import (
     fail_running,
     finished,
     open_study,
+    param_window,
     remaining,
+    sample_architecture,
     seed_architectures,
     trials_table,
 )
 from search_spaces.architecture import InvalidArchitecture, summary, to_json
-from search_spaces.evolved_transformer import ParamWindow, sample, validate
+from search_spaces.evolved_transformer import validate
 
 __all__ = ["MAX_INVALID_IN_A_ROW", "Leader", "LeaderError", "TrialOrder"]
 
@@ -218,11 +220,9 @@ class Leader:
         """The trial's architecture. The parameter window is relative to the seed
         Transformer of the space (2 layers per cell of `min_cells`), and the two seed
         architectures are trained whatever the window says: they are the baselines."""
-        space = self.settings.search_space
-        arch = sample(trial, d_model=space.d_model, decoder_only=bool(space.decoder_only),
-                      cells=(space.min_cells, space.max_cells), window=None)  # fmt: skip
-        if space.param_window and to_json(arch) not in self.seeds:
-            window = ParamWindow(*space.param_window, layers=2 * space.min_cells)
+        arch = sample_architecture(trial, self.settings)
+        window = param_window(self.settings)
+        if window is not None and to_json(arch) not in self.seeds:
             validate(arch, window=window)
         return arch
 

@@ -32,7 +32,6 @@ import functools
 import math
 import statistics
 import time
-import traceback
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -43,21 +42,18 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 import pipeline
 from nas import storage, training, trials
-from nas.errors import describe
 from nas.export import export_model
 from nas.settings import OBJECTIVES, NasSettings, TrainSettings
 from nas.tasks import Task, get_task
 from nas.tracking.configured import run_directories, study_tracker
-from pipeline import ElasticPipeline, InfeasibleBudgetError, PipelineError, StageContext
+from pipeline import ElasticPipeline, StageContext
 from pipeline.distributed.comm import Comm
 from search_spaces.architecture import from_json, to_json
-from search_spaces.evolved_transformer import sample, seed_params
+from search_spaces.evolved_transformer import seed_params
 from search_spaces.suggest import FixedSuggest
 
 __all__ = ["Model", "RetrainResult", "RetrainRun", "model_table", "retrain", "retrain_models",
            "select_models"]  # fmt: skip
-
-_RUN_ERRORS = (PipelineError, InfeasibleBudgetError, ValueError, RuntimeError)
 
 
 @dataclass(frozen=True)
@@ -137,7 +133,7 @@ def select_models(study: optuna.Study, settings: NasSettings) -> list[Model]:
     for trial in ranked:
         if len(chosen) == settings.retrain.top_k:
             break
-        architecture = to_json(_rebuild(trial.params, settings))
+        architecture = to_json(trials.sample_architecture(FixedSuggest(trial.params), settings))
         if architecture not in taken:
             taken.add(architecture)
             chosen.append(Model(f"trial-{trial.number}", trial.number, dict(trial.params),
@@ -235,9 +231,9 @@ def _train(
         run.metrics |= training.evaluate(final, task, pipe, "test", final=True)
         run.history[-1] |= {k: v for k, v in run.metrics.items() if k.startswith("validation_")}
         return run, pipe.full_state_dict()
-    except _RUN_ERRORS as error:  # raised on every rank by the runtime
-        detail = getattr(error, "detail", "") or "".join(traceback.format_exception_only(error))
-        run.error = f"{describe(error)}\n{detail[-2000:]}"
+    except training.RUN_ERRORS as error:  # raised on every rank by the runtime
+        reason, detail = training.failure(error)
+        run.error = f"{reason}\n{detail[-2000:]}"
         return run, {}
     finally:
         if pipe is not None:
@@ -302,15 +298,6 @@ def _load_study(settings: NasSettings) -> optuna.Study:
                                  storage=storage.make_storage(settings.storage_url))  # fmt: skip
     except KeyError as error:
         raise missing from error
-
-
-def _rebuild(params: dict[str, Any], settings: NasSettings) -> Any:
-    """A trial's architecture from its parameters: the space replays them (and repairs
-    them the same way), so the parameters are all a model needs."""
-    space = settings.search_space
-    return sample(FixedSuggest(params), d_model=space.d_model,
-                  decoder_only=bool(space.decoder_only),
-                  cells=(space.min_cells, space.max_cells), window=None)  # fmt: skip
 
 
 def _track(settings: NasSettings, runs: Sequence[RetrainRun], selected: str | None) -> list[str]:

@@ -39,7 +39,6 @@ import functools
 import math
 import sys
 import time
-import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,7 +46,7 @@ from typing import Any, TypeVar
 
 import pipeline
 from nas import storage, training, trials
-from nas.errors import LeaderError, describe
+from nas.errors import LeaderError
 from nas.inheritance import WeightBank
 from nas.leader import Leader, StudyEnd, TrialOrder
 from nas.learning_rate import ScheduledOptimizer
@@ -56,19 +55,15 @@ from nas.tasks import Task, get_task
 from nas.tracking import pipeline_metrics
 from pipeline import (
     ElasticPipeline,
-    InfeasibleBudgetError,
-    PipelineError,
     StageContext,
 )
 from pipeline.distributed.comm import Comm
-from search_spaces.architecture import InvalidArchitecture, from_json, short_name, summary
+from search_spaces.architecture import from_json, short_name, summary
 
 __all__ = ["StudyResult", "run_study"]
 
 T = TypeVar("T")
 _KEEP = 32  # trained trials whose weights a later candidate may start from (at least)
-_TRIAL_ERRORS = (PipelineError, InfeasibleBudgetError, InvalidArchitecture, ValueError,
-                 RuntimeError)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -229,10 +224,9 @@ def _run_trial(
         pipe = training.build(settings, task, specs, optimizer, seed=settings.seed, pipe=pipe,
                               snapshot=bank.get(source))  # fmt: skip
         evaluation, steps, pruned = _train(settings, task, pipe, decide, optimizer)
-    except (LeaderError, *_TRIAL_ERRORS) as error:  # raised on every rank
-        detail = getattr(error, "detail", "") or "".join(traceback.format_exception_only(error))
-        return pipe, trials.Outcome("fail", attrs | {"fail_reason": describe(error),
-                                                     "detail": detail[-4000:]})  # fmt: skip
+    except (LeaderError, *training.RUN_ERRORS) as error:  # raised on every rank
+        reason, detail = training.failure(error)
+        return pipe, trials.Outcome("fail", attrs | {"fail_reason": reason, "detail": detail})
     stats = pipe.stats()
     attrs |= evaluation | {
         "steps": steps, "seconds": time.perf_counter() - started,

@@ -11,18 +11,37 @@ from __future__ import annotations
 
 import itertools
 import time
+import traceback
 from collections.abc import Iterator
 from typing import Any
 
+from nas.errors import describe
 from nas.learning_rate import ScheduledOptimizer
 from nas.settings import NasSettings, TrainSettings
 from nas.tasks import Task
-from pipeline import ElasticPipeline, LayerSpec, WeightSnapshot
+from pipeline import (
+    ElasticPipeline,
+    InfeasibleBudgetError,
+    LayerSpec,
+    PipelineError,
+    WeightSnapshot,
+)
 from search_spaces.architecture import Architecture
 from search_spaces.compile import compile as compile_arch
 from search_spaces.compile import parameter_count
 
-__all__ = ["build", "compile_model", "evaluate", "max_len", "rates", "steps"]
+__all__ = ["RUN_ERRORS", "build", "compile_model", "evaluate", "failure", "max_len", "rates",
+           "steps"]  # fmt: skip
+
+# what the runtime raises on every rank when a run fails (a layer error, a NaN loss, a
+# memory plan that cannot fit): the run is recorded as failed and the next one goes on
+RUN_ERRORS = (PipelineError, InfeasibleBudgetError, ValueError, RuntimeError)
+
+
+def failure(error: BaseException) -> tuple[str, str]:
+    """A failed run's one-line reason and the tail of its detail (a stage's traceback)."""
+    detail = getattr(error, "detail", "") or "".join(traceback.format_exception_only(error))
+    return describe(error), detail[-4000:]
 
 
 def max_len(task: Task) -> int:

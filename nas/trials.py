@@ -20,7 +20,14 @@ from nas.plugins import is_import_path, load_class
 from nas.search import make_pruner, make_sampler
 from nas.settings import NasSettings
 from search_spaces.architecture import Architecture
-from search_spaces.evolved_transformer import evolved_transformer, seed_params, transformer
+from search_spaces.evolved_transformer import (
+    ParamWindow,
+    evolved_transformer,
+    sample,
+    seed_params,
+    transformer,
+)
+from search_spaces.suggest import Suggest
 
 __all__ = [
     "INTERRUPTED",
@@ -31,7 +38,9 @@ __all__ = [
     "fail_running",
     "finished",
     "open_study",
+    "param_window",
     "remaining",
+    "sample_architecture",
     "seed_architectures",
     "trials_table",
 ]
@@ -89,6 +98,23 @@ def seed_architectures(settings: NasSettings) -> dict[str, Architecture]:
     return {"transformer": transformer(d, n_heads=heads, n_enc=2 * n_enc, n_dec=2 * cells),
             "evolved_transformer": evolved_transformer(d, n_heads=heads, n_enc=n_enc,
                                                        n_dec=cells)}  # fmt: skip
+
+
+def sample_architecture(suggest: Suggest, settings: NasSettings) -> Architecture:
+    """The configured space's architecture for `suggest`'s answers (an Optuna trial, or a
+    stored trial's parameters replayed by `FixedSuggest`), repaired the same way every time;
+    the parameter window is not applied here (`param_window`)."""
+    space = settings.search_space
+    return sample(suggest, d_model=space.d_model, decoder_only=bool(space.decoder_only),
+                  cells=(space.min_cells, space.max_cells), window=None)  # fmt: skip
+
+
+def param_window(settings: NasSettings) -> ParamWindow | None:
+    """The configured parameter window, relative to the space's seed Transformer (2 layers
+    per cell of `min_cells`); None when the space has none."""
+    space = settings.search_space
+    return ParamWindow(*space.param_window, layers=2 * space.min_cells) \
+        if space.param_window else None  # fmt: skip
 
 
 def counted(trial: optuna.trial.FrozenTrial) -> bool:
