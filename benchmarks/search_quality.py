@@ -90,14 +90,21 @@ def main() -> None:
     for seed in range(args.study_seeds):  # seeds outermost: a slow stretch hits every variant
         for variant in wanted:
             minutes = args.compare_minutes
-            runs[f"{variant}/{seed}"] = _study(base, variant, seed, minutes)
+            runs[f"{variant}/{seed}"] = _study(base, variant, seed, minutes, None, args.reuse)
+    picks: dict[str, str] = {}  # role -> the study whose pick is retrained
     if "best" in args.parts:
         key = "evolution/0"
         if key not in runs or args.search_minutes != args.compare_minutes or \
                 args.search_trials:  # fmt: skip
             key = "headline"
-            runs[key] = _study(base, "evolution", 0, args.search_minutes, args.search_trials)
-        retrained = _retrain(base, runs, key, args)
+            runs[key] = _study(base, "evolution", 0, args.search_minutes, args.search_trials,
+                               args.reuse)  # fmt: skip
+        picks["best"] = key
+    if "warm" in args.parts:
+        for seed in range(args.study_seeds):
+            picks |= {f"warm-{seed}": f"evolution-inherit/{seed}",
+                      f"cold-{seed}": f"evolution-cold/{seed}"}  # fmt: skip
+    retrained = _retrain(base, runs, picks, "best" in args.parts, args) if picks else None
     run = {
         "parts": args.parts, "experiment": args.experiment, "overrides": args.overrides,
         "compare_minutes": args.compare_minutes, "search_minutes": args.search_minutes,
@@ -105,25 +112,36 @@ def main() -> None:
         "train": base.train.__dict__, "retrain_steps": base.retrain.steps,
         "fitness": base.study.fitness, "seconds": time.perf_counter() - started,
     }  # fmt: skip
-    result = _merge(args.out, run, runs, _summary(runs, wanted, args.study_seeds),
-                    retrained if "best" in args.parts else None)  # fmt: skip
+    result = _merge(args.out, run, runs, _summary(runs, wanted, args.study_seeds), retrained)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2, default=str) + "\n")
     _plot(result["studies"], args.out.with_suffix(".png"), base.study.fitness)
-    print(json.dumps({"summary": result["summary"], "retrained": _brief(result["retrained"])},
+    print(json.dumps({"summary": result["summary"], "retrain": _brief(result["retrain"])},
                      indent=2, default=str))  # fmt: skip
 
 
 def _merge(path: Path, run: dict[str, Any], studies: dict[str, Any], summary: dict[str, Any],
            retrained: dict[str, Any] | None) -> dict[str, Any]:  # fmt: skip
     """This run's parts over what an earlier run of other parts left in `path` (each part
-    can be run, or re-run, on its own)."""
+    can be run, or re-run, on its own): studies and summaries by key, retrained models by
+    the study they were picked from (the seeds with the headline)."""
     old = json.loads(path.read_text()) if path.exists() else {}
+    models = old["retrained"] if isinstance(old.get("retrained"), list) else []  # else: v1
+    retrain = old.get("retrain") or {}
+    if retrained is not None:
+        roles = set(retrained["picks"]) | ({None} if "goal" in retrained else set())
+        models = [m for m in models if m.get("study") not in roles] + retrained["models"]
+        table = {r["model"]: r for r in [*retrain.get("table", []), *retrained["table"]]}
+        picks = {**retrain.get("picks", {}), **retrained["picks"]}
+        retrain = {**retrain, **{k: v for k, v in retrained.items() if v is not None},
+                   "table": list(table.values()), "picks": picks}  # fmt: skip
+        retrain.pop("models", None)
     return {
         "runs": [*old.get("runs", []), run],
         "studies": {**old.get("studies", {}), **studies},
         "summary": {**old.get("summary", {}), **summary},
-        "retrained": retrained or old.get("retrained"),
+        "retrained": models,  # the list: name, params, architecture, per-seed figures
+        "retrain": retrain,  # the table (mean, sd), the goal, warm against cold
         "proxy": _proxy(),
     }
 
@@ -141,6 +159,8 @@ def _arguments() -> argparse.Namespace:
     parser.add_argument("--out", type=Path, default=RESULTS / "search_quality.json",
                         help="merged with what an earlier run of other parts wrote there")
     parser.add_argument("--replot", action="store_true", help="only redraw the PNG from --out")
+    parser.add_argument("--reuse", action="store_true",
+                        help="read studies already in studies_dir instead of running them")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. retrain.steps=400")
     args = parser.parse_args()
     args.parts = [p for p in args.parts.split(",") if p]
@@ -157,13 +177,20 @@ def _variants(parts: list[str]) -> list[str]:
 
 
 def _study(base: NasSettings, variant: str, seed: int, minutes: float,
-           trials: int | None = None) -> dict[str, Any]:  # fmt: skip
+           trials: int | None = None, reuse: bool = False) -> dict[str, Any]:  # fmt: skip
     """Run one study for `minutes` or `trials` (cold: one `run_study` per trial) and read
-    it back."""
+    it back. With `reuse`, a study of that name already in `studies_dir` is read instead,
+    its time from its first trial's start to its last trial's end."""
     name = f"{variant}-{seed}-{f'{trials}t' if trials else f'{minutes:g}m'}"
     settings = VARIANTS[variant](replace(
         base, seed=seed, study=replace(base.study, name=name, n_trials=trials or 100000),
         output_dir=f"{base.output_dir}/{name}"))  # fmt: skip
+    if reuse and name in optuna.get_all_study_names(settings.storage_url):
+        study = optuna.load_study(study_name=name, storage=settings.storage_url)
+        first = min(t.datetime_start for t in study.trials if t.datetime_start)
+        last = max(t.datetime_complete for t in study.trials if t.datetime_complete)
+        print(f"study {name}: read from {settings.storage_url}", flush=True)
+        return _read(study, settings, variant, seed, first, (last - first).total_seconds())
     print(f"study {name}", flush=True)
     start, deadline = datetime.now(), time.time() + (math.inf if trials else 60 * minutes)
     cold = variant == "evolution-cold"  # a fresh run_study (new processes) per trial
@@ -229,40 +256,85 @@ def _summary(runs: dict[str, dict[str, Any]], variants: list[str], seeds: int) -
     return out
 
 
-def _retrain(base: NasSettings, runs: dict[str, dict[str, Any]], headline: str,
-             args: argparse.Namespace) -> dict[str, Any]:  # fmt: skip
-    """The headline's best and both seeds (and the warm and cold studies' bests), retrained
-    from scratch with the same training seeds."""
-    settings = replace(base, retrain=replace(base.retrain, top_k=1, seed_models=True,
+def _retrain(base: NasSettings, runs: dict[str, dict[str, Any]], picks: dict[str, str],
+             seed_models: bool, args: argparse.Namespace) -> dict[str, Any]:  # fmt: skip
+    """Each pick (a role: "best", "warm-<seed>", "cold-<seed>", and the study in `runs` it
+    picks from) retrained from scratch with the same training seeds, and both seeds when
+    `seed_models`. An architecture two studies picked is trained once."""
+    settings = replace(base, retrain=replace(base.retrain, top_k=1, seed_models=seed_models,
                                              seeds=tuple(range(args.retrain_seeds))))
-    models: dict[str, Model] = {}
-    sources = {"best": headline, "warm": "evolution-inherit/0", "cold": "evolution-cold/0"}
-    for role, key in sources.items():
+    models: dict[str, Model] = {}  # retrained under this name, one per architecture
+    chosen: dict[str, str] = {}  # role -> the name its pick was retrained under
+    for role, key in picks.items():
         if key not in runs or runs[key]["best"] is None:
             continue
         study = optuna.load_study(study_name=runs[key]["study_name"],
                                   storage=runs[key]["storage"])  # fmt: skip
-        for model in select_models(study, settings if role == "best" else replace(
-                settings, retrain=replace(settings.retrain, seed_models=False))):  # fmt: skip
+        own = settings if role == "best" else replace(
+            settings, retrain=replace(settings.retrain, seed_models=False))  # fmt: skip
+        for model in select_models(study, own):
             name = model.name if model.trial is None else f"{role}-{model.name}"
-            if all(m.architecture != model.architecture for m in models.values()):
+            same = next((n for n, m in models.items() if m.architecture == model.architecture),
+                        None)  # fmt: skip
+            if model.trial is not None:
+                chosen[role] = same or name
+            if same is None:
                 models[name] = replace(model, name=name)
     result = retrain_models(settings, list(models.values()))
     table = model_table(result.runs, settings.study.fitness)
-    top = optuna.load_study(study_name=runs[headline]["study_name"],
-                            storage=runs[headline]["storage"]).best_trial  # fmt: skip
-    seeds = {summary(arch) for arch in seed_architectures(settings).values()}
-    return {"models": {n: {"trial": m.trial, "architecture": m.architecture}
-                       for n, m in models.items()},
-            "study_best": {"trial": top.number, "value": top.values[0],
-                           "is_a_seed": top.user_attrs.get("architecture") in seeds},
-            "table": table, "goal": _goal(table), "selected": result.selected}  # fmt: skip
-
-
-def _goal(table: list[dict[str, Any]]) -> dict[str, Any]:
-    """Does the study's best beat both seeds on validation loss and chrF, no larger?"""
     rows = {row["model"]: row for row in table}
-    best = next((r for n, r in rows.items() if n.startswith("best-")), None)
+    out: dict[str, Any] = {
+        "models": [_entry(n, m, rows.get(n, {})) for n, m in models.items()],
+        "picks": chosen, "table": table, "selected": result.selected,
+        "warm_vs_cold": _warm_vs_cold(rows, chosen),
+    }  # fmt: skip
+    if "best" in chosen:
+        top = optuna.load_study(study_name=runs[picks["best"]]["study_name"],
+                                storage=runs[picks["best"]]["storage"]).best_trial  # fmt: skip
+        seeds = {summary(arch) for arch in seed_architectures(settings).values()}
+        out["study_best"] = {"trial": top.number, "value": top.values[0],
+                             "is_a_seed": top.user_attrs.get("architecture") in seeds}  # fmt: skip
+        out["goal"] = _goal(rows, chosen["best"])
+    return out
+
+
+def _entry(name: str, model: Model, row: dict[str, Any]) -> dict[str, Any]:
+    """One retrained model as the JSON's `retrained` list holds it: the seeds by their own
+    names, a searched model as `trial-<number>` with the study (role) it came from."""
+    role, _, _ = name.partition("-trial-")
+    return {"name": model.name if model.trial is None else f"trial-{model.trial}",
+            "study": None if model.trial is None else role,
+            "params": row.get("parameters"), "architecture": model.params,
+            "validation_loss": row.get("validation_loss_values", []),
+            "chrf": row.get("validation_chrf_values", []),
+            "test_loss": row.get("test_loss_values", [])}  # fmt: skip
+
+
+def _warm_vs_cold(rows: dict[str, dict[str, Any]], chosen: dict[str, str]) -> dict[str, Any] | None:
+    """What the warm (inherited weights) and cold studies picked, judged retrained from
+    scratch: per study seed, the pick's validation loss and chrF over the training seeds;
+    then the mean over study seeds."""
+    out: dict[str, Any] = {}
+    for variant in ("warm", "cold"):
+        mine = [rows[name] for role, name in sorted(chosen.items())
+                if role.startswith(f"{variant}-") and name in rows]  # fmt: skip
+        if not mine:
+            return None
+        out[variant] = {
+            "picks": [{"model": r["model"], "parameters": r["parameters"],
+                       "validation_loss_mean": r.get("validation_loss_mean"),
+                       "validation_loss_sd": r.get("validation_loss_sd"),
+                       "validation_chrf_mean": r.get("validation_chrf_mean")} for r in mine],
+            "validation_loss_mean": statistics.fmean(r["validation_loss_mean"] for r in mine),
+            "validation_chrf_mean": statistics.fmean(r.get("validation_chrf_mean", math.nan)
+                                                     for r in mine),
+        }  # fmt: skip
+    return out
+
+
+def _goal(rows: dict[str, dict[str, Any]], best_name: str) -> dict[str, Any]:
+    """Does the study's best beat both seeds on validation loss and chrF, no larger?"""
+    best = rows.get(best_name)
     seeds = [rows[n] for n in ("transformer", "evolved_transformer") if n in rows]
     if best is None or len(seeds) < 2:
         return {"met": None, "why": "no retrained best or seed"}
@@ -312,14 +384,15 @@ def _plot(runs: dict[str, dict[str, Any]], path: Path, fitness: str) -> None:
     plt.close(fig)
 
 
-def _brief(retrained: dict[str, Any] | None) -> Any:
-    if not retrained:
+def _brief(retrain: dict[str, Any]) -> Any:
+    if not retrain:
         return None
     keys = ("validation_loss", "validation_chrf", "test_loss")
-    return {"goal": retrained["goal"], "models": [
-        {"model": r["model"], "parameters": r["parameters"],
-         **{k: (round(r.get(f"{k}_mean", math.nan), 4), round(r.get(f"{k}_sd", 0.0), 4))
-            for k in keys}} for r in retrained["table"]]}  # fmt: skip
+    return {"goal": retrain.get("goal"), "warm_vs_cold": retrain.get("warm_vs_cold"),
+            "models": [{"model": r["model"], "parameters": r["parameters"],
+                        **{k: (round(r.get(f"{k}_mean", math.nan), 4),
+                               round(r.get(f"{k}_sd", 0.0), 4)) for k in keys}}
+                       for r in retrain.get("table", [])]}  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -38,9 +38,11 @@ from nas.search.evolution import KEY_PARENT
 from nas.settings import NasSettings
 from nas.tracking.configured import run_directories, study_tracker
 from nas.trials import (
+    DUPLICATE_OF,
     INVALID,
     OWNER,
     Outcome,
+    architecture_of,
     fail_running,
     finished,
     open_study,
@@ -55,7 +57,7 @@ from search_spaces.evolved_transformer import validate
 
 __all__ = ["MAX_INVALID_IN_A_ROW", "Leader", "LeaderError", "TrialOrder"]
 
-MAX_INVALID_IN_A_ROW = 1000  # the space's window rejects every proposal: stop
+MAX_INVALID_IN_A_ROW = 1000  # every proposal is outside the window or trained: stop
 
 
 @dataclass(frozen=True)
@@ -87,6 +89,7 @@ class Leader:
         fail_running(self.study, "left running by an earlier run that stopped")
         self.multi = len(settings.study.objectives) > 1
         self.seeds = {to_json(arch) for arch in seed_architectures(settings).values()}
+        self.trained: dict[int, str] = {}  # finished trial number -> its architecture (JSON)
         self.trial: optuna.Trial | None = None
         self.heartbeat: storage.Heartbeat | None = None
         self.deferred: BaseException | None = None  # a logging error between decisions
@@ -115,15 +118,19 @@ class Leader:
         its time (`study.timeout_s`) is up.
 
         A proposal outside the space's parameter window (the one rule a sample can still
-        break) is failed as invalid, does not count, and the next is asked. A sampler that
-        raises while the architecture is sampled fails that trial with its cause.
+        break) is failed as invalid, does not count, and the next is asked; so is one whose
+        architecture a complete or pruned trial already trained (same settings, same
+        training seed: it would only repeat that trial), recorded with `duplicate_of`. A
+        sampler that raises while the architecture is sampled fails that trial with its
+        cause.
         """
         invalid = 0
         while remaining(self.study, self.settings.study.n_trials) > 0 and \
                 time.time() < self.deadline:  # fmt: skip
             if invalid == MAX_INVALID_IN_A_ROW:
                 raise RuntimeError(f"{invalid} proposals in a row fell outside the parameter "
-                                   f"window {self.settings.search_space.param_window}")  # fmt: skip
+                                   f"window {self.settings.search_space.param_window} or "
+                                   "repeated a trained architecture")  # fmt: skip
             trial = self.study.ask()
             trial.set_user_attr(OWNER, self.owner)  # first: a crash from here on is found
             try:
@@ -135,6 +142,13 @@ class Leader:
                 continue
             except Exception as error:  # the sampler (or a bug) raised while suggesting
                 self._fail_now(trial, f"sampling raised {describe(error)}")
+                continue
+            twin = self._trained_before(to_json(arch))
+            if twin is not None:
+                trial.set_user_attr(INVALID, True)
+                trial.set_user_attr(DUPLICATE_OF, twin)
+                self._fail_now(trial, f"Duplicate: trial {twin} trained this architecture")
+                invalid += 1
                 continue
             return self._begin(trial, to_json(arch), summary(arch))
         return None
@@ -225,6 +239,14 @@ class Leader:
         if window is not None and to_json(arch) not in self.seeds:
             validate(arch, window=window)
         return arch
+
+    def _trained_before(self, arch_json: str) -> int | None:
+        """The first complete or pruned trial that trained `arch_json`, or None."""
+        done = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)
+        for stored in self.study.get_trials(deepcopy=False, states=done):
+            if stored.number not in self.trained:
+                self.trained[stored.number] = architecture_of(stored, self.settings)
+        return min((n for n, a in self.trained.items() if a == arch_json), default=None)
 
     def _begin(self, trial: optuna.Trial, arch_json: str, text: str) -> TrialOrder:
         self.trial = trial

@@ -24,6 +24,7 @@ from rich.table import Table
 from nas.retrain import RetrainResult, model_table
 from nas.settings import TASK_METRICS, NasSettings
 from nas.study import StudyResult
+from nas.trials import DUPLICATE_OF, INVALID
 
 __all__ = ["plot_history", "plot_pareto", "plot_partition", "report_study"]
 
@@ -47,11 +48,13 @@ def report_study(
                       f"{top.user_attrs.get('parameters', '?')} parameters): "
                       f"{escape(top.user_attrs.get('architecture', '?'))}",
                       soft_wrap=True)  # fmt: skip
-    skipped = sum(bool(t.user_attrs.get("invalid")) for t in study.trials)
+    skipped = [t.user_attrs for t in study.trials if t.user_attrs.get(INVALID)]
+    repeats = sum(DUPLICATE_OF in attrs for attrs in skipped)
     if skipped:
         console.print(
-            f"{skipped} proposed architectures fell outside the parameter "
-            "window and were skipped (failed trials, their cause in the storage)"
+            f"{len(skipped) - repeats} proposed architectures fell outside the parameter "
+            f"window and {repeats} repeated one already trained; they were skipped (failed "
+            "trials, their cause in the storage)"
         )
     out = Path(settings.output_dir)
     plots = [plot_history(study, out / "optimization_history.png", settings.study.fitness)]

@@ -50,7 +50,6 @@ from pipeline import ElasticPipeline, StageContext
 from pipeline.distributed.comm import Comm
 from search_spaces.architecture import from_json, to_json
 from search_spaces.evolved_transformer import seed_params
-from search_spaces.suggest import FixedSuggest
 
 __all__ = ["Model", "RetrainResult", "RetrainRun", "model_table", "retrain", "retrain_models",
            "select_models"]  # fmt: skip
@@ -133,7 +132,7 @@ def select_models(study: optuna.Study, settings: NasSettings) -> list[Model]:
     for trial in ranked:
         if len(chosen) == settings.retrain.top_k:
             break
-        architecture = to_json(trials.sample_architecture(FixedSuggest(trial.params), settings))
+        architecture = trials.architecture_of(trial, settings)
         if architecture not in taken:
             taken.add(architecture)
             chosen.append(Model(f"trial-{trial.number}", trial.number, dict(trial.params),

@@ -3,8 +3,9 @@
 Both sides of a study use these, on the same storage: the caller of `run_study` between
 launches of the stage processes (`nas.study`), and rank 0's `nas.leader.Leader` inside them.
 What a trial records in its user attributes beyond its values: `owner` (who asked it),
-`fail_reason` (why it failed), `invalid` (a proposal outside the parameter window, not
-trained), `interrupted` (its stage processes died; it is asked again).
+`fail_reason` (why it failed), `invalid` (a proposal not trained: outside the parameter
+window, or with `duplicate_of`, the number of a finished trial that trained the same
+architecture), `interrupted` (its stage processes died; it is asked again).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from nas import storage
 from nas.plugins import is_import_path, load_class
 from nas.search import make_pruner, make_sampler
 from nas.settings import NasSettings
-from search_spaces.architecture import Architecture
+from search_spaces.architecture import Architecture, to_json
 from search_spaces.evolved_transformer import (
     ParamWindow,
     evolved_transformer,
@@ -27,13 +28,15 @@ from search_spaces.evolved_transformer import (
     seed_params,
     transformer,
 )
-from search_spaces.suggest import Suggest
+from search_spaces.suggest import FixedSuggest, Suggest
 
 __all__ = [
+    "DUPLICATE_OF",
     "INTERRUPTED",
     "INVALID",
     "OWNER",
     "Outcome",
+    "architecture_of",
     "counted",
     "fail_running",
     "finished",
@@ -48,7 +51,8 @@ __all__ = [
 _DONE = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED,
          optuna.trial.TrialState.FAIL)  # fmt: skip
 INTERRUPTED = "interrupted"  # user attr of a trial failed because its processes died
-INVALID = "invalid"  # user attr of a trial whose sampled architecture broke a rule
+INVALID = "invalid"  # user attr of a proposal not trained (window, or a duplicate)
+DUPLICATE_OF = "duplicate_of"  # user attr: the finished trial that trained the same architecture
 OWNER = "owner"  # user attr: "<host>:<pid>" of the harness that asked the trial
 
 
@@ -109,6 +113,11 @@ def sample_architecture(suggest: Suggest, settings: NasSettings) -> Architecture
                   cells=(space.min_cells, space.max_cells), window=None)  # fmt: skip
 
 
+def architecture_of(trial: optuna.trial.FrozenTrial, settings: NasSettings) -> str:
+    """The architecture (JSON) a stored trial proposed, rebuilt from its parameters."""
+    return to_json(sample_architecture(FixedSuggest(trial.params), settings))
+
+
 def param_window(settings: NasSettings) -> ParamWindow | None:
     """The configured parameter window, relative to the space's seed Transformer (2 layers
     per cell of `min_cells`); None when the space has none."""
@@ -122,8 +131,9 @@ def counted(trial: optuna.trial.FrozenTrial) -> bool:
 
     Every sample of the space is a valid architecture except one outside a configured
     parameter window: that one is recorded as a failed, invalid trial with its cause and
-    another is asked in its place. A failed trial without a `fail_reason` was failed by
-    Optuna's heartbeat check (its worker died).
+    another is asked in its place; so is a proposal of an architecture a finished trial
+    already trained. A failed trial without a `fail_reason` was failed by Optuna's
+    heartbeat check (its worker died).
     """
     attrs = trial.user_attrs
     if trial.state == optuna.trial.TrialState.FAIL and "fail_reason" not in attrs:

@@ -16,7 +16,7 @@ from nas.search.pdh import stored_hurdle
 from nas.study import run_study
 from nas.tracking import json_safe, read_jsonl
 from nas.tracking.wandb.history import find_run_files, read_run
-from nas.trials import INTERRUPTED, counted
+from nas.trials import DUPLICATE_OF, INTERRUPTED, INVALID, counted
 from tests.nas.harness.common import offline_wandb
 from tests.nas.harness.common import tiny_settings as settings
 
@@ -45,10 +45,18 @@ def test_a_study_runs_resumes_and_records_failures(
         assert t.values[0] == t.user_attrs["validation_loss"]
     assert_wandb_history_equals_the_jsonl_mirror(tmp_path / "run" / "tracking", "t")
     assert len(result.run_dirs) == 5  # four trials and the study run, to `wandb sync`
-    # re-running the same study continues toward the new total on fresh processes
+    # re-running the same study continues toward the new total on fresh processes; a
+    # proposal of an architecture already trained (here the ET seed, enqueued again) is
+    # skipped with its cause, and another is asked in its place
+    study.enqueue_trial(seeds[1].params)
     assert run_study(settings(tmp_path, "study.name=t", "study.n_trials=5")).finished == 5
     resumed = optuna.load_study(study_name="t", storage=first.storage_url).trials
     assert sum(map(counted, resumed)) == 5
+    repeat = resumed[4]
+    assert repeat.state == optuna.trial.TrialState.FAIL and repeat.user_attrs[INVALID]
+    assert repeat.user_attrs[DUPLICATE_OF] == 1
+    assert repeat.user_attrs["fail_reason"] == "Duplicate: trial 1 trained this architecture"
+    assert resumed[-1].state == optuna.trial.TrialState.COMPLETE
     # a memory budget no plan fits: failed with its cause, and the next trial still runs
     tight = settings(tmp_path, "study.name=tight", "study.n_trials=2",
                      "pipeline.memory_budget=1000")
