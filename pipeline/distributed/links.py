@@ -35,6 +35,7 @@ and out of order. `wait` raises on the process group's timeout: a dead peer neve
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -181,7 +182,10 @@ class PeerLink:
 
     def __init__(self, comm: Comm, peer: int) -> None:
         self.comm, self.peer = comm, peer
-        self._sends: list[tuple[dist.Work, torch.Tensor]] = []
+        # sends not yet waited for, each with its tensor (kept alive until the send is done)
+        # and its micro-batch: `wait_sends` ends a step; a stream releases the micro-batches
+        # its agreements prove received (`release_sends`), so it holds only those in flight
+        self._sends: list[tuple[dist.Work, torch.Tensor, float]] = []
         self.begin_step()
 
     def begin_step(self) -> None:
@@ -190,7 +194,7 @@ class PeerLink:
         self.inbound_header: bool | None = None  # None: not yet received; then ok?
         self.header_sent: bool | None = None  # None: not yet sent; then ok?
         self._header_recv: tuple[torch.Tensor, dist.Work] | None = None
-        self.sent: set[tuple[int, int]] = set()  # (kind, micro-batch) sent this step
+        self._last_sent: dict[int, int] = {}  # kind -> the micro-batch of its last message
 
     # -- activations ---------------------------------------------------------------------
     def send_activations(
@@ -202,7 +206,7 @@ class PeerLink:
         if self.header_sent is None:
             header = _encode(metas)  # raises on an unsupported carry: nothing sent yet
             self.grad_meta, self.header_sent = metas, True
-            self._isend(header, _tag(_HEADER, 0, 0))
+            self._isend(header, _tag(_HEADER, 0, 0), microbatch)
         elif metas != self.grad_meta:
             raise RuntimeError(
                 f"micro-batch {microbatch} produced a carry {metas} that differs from the "
@@ -235,14 +239,15 @@ class PeerLink:
 
     # -- failure -------------------------------------------------------------------------
     def send_failure(self, kind: int, microbatch: int) -> None:
-        """Send a failure in place of a message this stage owes (module docstring)."""
-        if (kind, microbatch) in self.sent:
+        """Send a failure in place of a message this stage owes (module docstring); none
+        if that very message was sent whole (its send action failed after sending)."""
+        if self._last_sent.get(kind) == microbatch:
             return
         dummies: Sequence[TensorMeta] = ()
         if kind == ACT:
             if self.header_sent is None:
                 self.header_sent = False
-                self._isend(_encode((), ok=False), _tag(_HEADER, 0, 0))
+                self._isend(_encode((), ok=False), _tag(_HEADER, 0, 0), microbatch)
             if self.header_sent:
                 assert self.grad_meta is not None
                 dummies = self.grad_meta
@@ -258,7 +263,7 @@ class PeerLink:
         """Send tensors whose shapes both ends know (handed layers' gradients, channel 0, or
         weights, channel 1) outside the step's messages; `wait_sends` completes them."""
         for j, t in enumerate(tensors):
-            self._isend(t.detach(), _state_tag(channel, j))
+            self._isend(t.detach(), _state_tag(channel, j), math.inf)
 
     def recv_state(self, buffers: Sequence[torch.Tensor], channel: int) -> None:
         """Receive into `buffers` what the peer's `send_state` sent on `channel`; waits."""
@@ -272,16 +277,30 @@ class PeerLink:
         self, kind: int, microbatch: int, tensors: list[torch.Tensor], ok: bool = True
     ) -> None:
         status = torch.tensor([_OK if ok else _FAILED], dtype=torch.int64)
-        self._isend(status, _tag(_STATUS, microbatch, kind))
+        self._isend(status, _tag(_STATUS, microbatch, kind), microbatch)
         for i, t in enumerate(tensors):
-            self._isend(t, _tag(kind, microbatch, i))
-        self.sent.add((kind, microbatch))
+            self._isend(t, _tag(kind, microbatch, i), microbatch)
+        self._last_sent[kind] = microbatch
 
-    def _isend(self, tensor: torch.Tensor, tag: int) -> None:
+    def _isend(self, tensor: torch.Tensor, tag: int, microbatch: float) -> None:
         tensor = tensor.contiguous()
-        self._sends.append((self.comm.isend(tensor, self.peer, tag), tensor))
+        self._sends.append((self.comm.isend(tensor, self.peer, tag), tensor, microbatch))
+
+    @property
+    def sends_in_flight(self) -> int:
+        """Sends posted and not yet waited for (read-only; for monitoring)."""
+        return len(self._sends)
 
     def wait_sends(self) -> None:
         sends, self._sends = self._sends, []
-        for work, _tensor in sends:
+        for work, _tensor, _microbatch in sends:
+            work.wait()
+
+    def release_sends(self, below: int) -> None:
+        """Wait for (and drop) the sends of micro-batches numbered below `below`. Only for
+        messages the caller knows were received (the wait then returns at once): a stream
+        knows it of every message of step t once the agreement A(t) completes."""
+        done = [s for s in self._sends if s[2] < below]
+        self._sends = [s for s in self._sends if s[2] >= below]
+        for work, _tensor, _microbatch in done:
             work.wait()

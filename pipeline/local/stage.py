@@ -201,7 +201,8 @@ class Stage:
         self._step, self._n_microbatches, self._measure = step, n_microbatches, measure_memory
         self._stream = stream
         self.times = StepTimes()
-        self.spans = self.spans if keep_spans else []
+        # a stream's steps interleave: keep what started since the step just closed began
+        self.spans = [s for s in self.spans if s.start_s >= self._start] if keep_spans else []
         self._start = time.perf_counter()
         for layer in self.layers:
             layer.forward_s = layer.backward_s = 0.0
