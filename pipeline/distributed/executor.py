@@ -45,7 +45,6 @@ the group is broken, and `pipeline.launch` reports the stage that died.
 from __future__ import annotations
 
 import math
-import time
 import traceback
 from collections.abc import Mapping, Sequence
 from typing import Any, TypeVar
@@ -164,7 +163,7 @@ class _Run:
         receive = self.pending.pop((op, i), None)
         if receive is None:
             return None
-        t0 = time.perf_counter()
+        t0 = self.stage.now()
         try:
             return receive.wait()
         finally:
@@ -198,7 +197,7 @@ class _Run:
         return failure
 
     def wait_sends(self) -> None:
-        t0 = time.perf_counter()
+        t0 = self.stage.now()
         for link in (self.prev, self.next):
             if link is not None:
                 link.wait_sends()
