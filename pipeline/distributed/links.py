@@ -45,9 +45,14 @@ alone must match, by construction:
        send weights before a step's first frame and gradients after its sends completed;
        both ends know the tensors and post them in the same order.
 
-Sends are never blocking (`isend`) and a receive is posted no later than the action that
-waits for it, so two stages that both send before they receive do not deadlock. `wait`
-raises on the process group's timeout: a dead peer never hangs.
+Sends are never blocking on the host (`isend`) and a receive is posted no later than the
+action that waits for it, so on gloo two stages that both send before they receive do not
+deadlock. NCCL asks for more, which this module does not give yet: it runs a pair's sends
+and receives, both directions, on one stream in posting order and does not buffer, so a
+receive posted early (one compute ahead, as `lower` places it) holds back every later send
+to that peer until its own message arrives; where the peer does the same, both wait.
+Exchanges that can cross must be posted as one group (`batch_isend_irecv`). `wait` raises
+on the process group's timeout: a dead peer never hangs.
 """
 
 from __future__ import annotations
