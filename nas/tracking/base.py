@@ -361,7 +361,7 @@ _TOP = ("samples_per_s", "tokens_per_s", "iteration_s", "predicted_iteration_s",
         "bubble_fraction", "predicted_bubble_fraction", "plan_version", "generation")  # fmt: skip
 _STAGE = ("forward_s", "backward_s", "wait_s", "optimizer_s", "total_s", "param_bytes",
           "state_bytes", "activation_peak_bytes", "measured_peak_bytes", "predicted_peak_bytes",
-          "predicted_compute_s", "allocator_peak_bytes")  # fmt: skip
+          "predicted_compute_s", "allocator_peak_bytes", "process_peak_bytes")  # fmt: skip
 
 
 def pipeline_metrics(stats: Mapping[str, Any]) -> dict[str, float | int | None]:

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from pipeline.distributed import handoff as handoff_cut
 from pipeline.distributed import weights
 from pipeline.distributed.agreement import profile_costs
+from pipeline.local.history import StepHistory
 from pipeline.local.spec import LayerSpec, check_specs
 from pipeline.local.stage import Stage
 from pipeline.pure.costs import LayerCost
@@ -42,7 +43,7 @@ def setup(
     pipe.step = 0
     pipe.version = 0  # plan version: +1 per committed migration
     pipe.migrations = []
-    pipe._history = []  # (samples, tokens, times) per step
+    pipe.history = StepHistory()
     pipe.partition_history = []
     if isinstance(partition, str):
         if partition != "auto":

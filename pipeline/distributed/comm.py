@@ -100,11 +100,14 @@ class Comm:
         dist.barrier(group=self._control)
 
     # -- point-to-point (either plane, chosen by the tensor's device) ---------------------
-    def isend(self, tensor: torch.Tensor, peer: int, tag: int) -> dist.Work:
-        return _posted(dist.isend(tensor, peer, group=self._group_for(tensor), tag=tag))
+    # Point-to-point messages carry no tag (0): NCCL ignores tags and matches the messages
+    # between two ranks by their order, so every caller posts them in the order its peer
+    # does (`pipeline.distributed.links`, the ordering rule), and gloo is held to it too.
+    def isend(self, tensor: torch.Tensor, peer: int) -> dist.Work:
+        return _posted(dist.isend(tensor, peer, group=self._group_for(tensor)))
 
-    def irecv(self, tensor: torch.Tensor, peer: int, tag: int) -> dist.Work:
-        return _posted(dist.irecv(tensor, peer, group=self._group_for(tensor), tag=tag))
+    def irecv(self, tensor: torch.Tensor, peer: int) -> dist.Work:
+        return _posted(dist.irecv(tensor, peer, group=self._group_for(tensor)))
 
     def _group_for(self, tensor: torch.Tensor) -> Any:
         return self._control if tensor.device.type == "cpu" else None

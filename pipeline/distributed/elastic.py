@@ -45,11 +45,12 @@ from pipeline.distributed.links import PeerLink
 from pipeline.distributed.migration import MigrationRecord, WeightSnapshot
 from pipeline.distributed.options import PipelineOptions
 from pipeline.distributed.triggers import ReplanTriggers
+from pipeline.local.history import StepHistory
 from pipeline.local.microbatch import split_microbatches
 from pipeline.local.pipemare import PipeMareConfig, check_pipemare
 from pipeline.local.profiler import CostCache, optimizer_state_ratio
 from pipeline.local.spec import LayerSpec
-from pipeline.local.stage import LossFn, OptimizerFactory, Stage, StepTimes
+from pipeline.local.stage import LossFn, OptimizerFactory, Stage
 from pipeline.pure.costs import HOST_LINK, LayerCost
 from pipeline.pure.partition import bounds
 from pipeline.pure.planner import Plan, Planner, get_planner
@@ -123,7 +124,7 @@ class ElasticPipeline:
     version: int  # plan version: +1 per committed migration
     migrations: list[MigrationRecord]
     partition_history: list[tuple[int, list[int]]]  # (step, sizes) of this model
-    _history: list[tuple[int, int | None, StepTimes]]  # (samples, tokens, times) per step
+    history: StepHistory  # what the steps measured, in bounded memory
     _stage: Stage | None
     _plan_step: int  # the step the plan in force started at
     _measure_next: bool  # measure memory on the next step

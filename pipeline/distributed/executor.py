@@ -45,7 +45,6 @@ the group is broken, and `pipeline.launch` reports the stage that died.
 from __future__ import annotations
 
 import math
-import time
 import traceback
 from collections.abc import Mapping, Sequence
 from typing import Any, TypeVar
@@ -134,7 +133,8 @@ class _Run:
                 return
             target = self.targets[i] if self.targets is not None else None
             state = self.live[i] = stage.forward(i, carry, target)
-            self.outputs[i] = state.wire if state.wire is not None else state.outputs[-1]
+            if self.next is not None:  # SEND_ACT takes it; the last stage keeps only the loss
+                self.outputs[i] = state.wire if state.wire is not None else state.outputs[-1]
             if state.loss is not None:
                 self.losses[i] = state.loss.detach()
         elif op is Op.SEND_ACT:
@@ -146,7 +146,9 @@ class _Run:
             grads = tuple(g.to(stage.device) for g in grads)
             split = op is Op.BACKWARD_INPUT
             state = self.live[i] if split else self.live.pop(i)
-            self.input_grads[i] = stage.backward(state, i, grads, split=split)
+            input_grads = stage.backward(state, i, grads, split=split)
+            if self.prev is not None:  # SEND_GRAD takes them; stage 0 has no one to send to
+                self.input_grads[i] = input_grads
         elif op is Op.BACKWARD_WEIGHT:
             stage.backward_weight(self.live.pop(i), i)
         elif op is Op.SEND_GRAD:
@@ -161,7 +163,7 @@ class _Run:
         receive = self.pending.pop((op, i), None)
         if receive is None:
             return None
-        t0 = time.perf_counter()
+        t0 = self.stage.now()
         try:
             return receive.wait()
         finally:
@@ -195,7 +197,7 @@ class _Run:
         return failure
 
     def wait_sends(self) -> None:
-        t0 = time.perf_counter()
+        t0 = self.stage.now()
         for link in (self.prev, self.next):
             if link is not None:
                 link.wait_sends()

@@ -49,8 +49,6 @@ from pipeline.pure.partition import bounds
 
 __all__ = ["check_handoff", "configure", "exchange_gradients", "share_weights"]
 
-_GRADS, _WEIGHTS = 0, 1  # `PeerLink.send_state` channels
-
 Links = tuple[PeerLink | None, PeerLink | None]
 
 
@@ -89,13 +87,13 @@ def exchange_gradients(stage: Stage, links: Links) -> None:
     prev, nxt = links
     if stage.handed_in is not None:
         assert prev is not None
-        prev.send_state(stage.handed_in.gradients(), _GRADS)
+        prev.send_state(stage.handed_in.gradients())
         stage.handed_in.zero_grads()
     if stage.handoff_out:
         assert nxt is not None
         params = _handed_params(stage)
         buffers = [torch.empty_like(p) for p in params]
-        nxt.recv_state(buffers, _GRADS)
+        nxt.recv_state(buffers)
         for p, g in zip(params, buffers, strict=True):
             if p.requires_grad:
                 p.grad = g if p.grad is None else p.grad + g
@@ -109,12 +107,12 @@ def share_weights(stage: Stage, links: Links) -> None:
     prev, nxt = links
     if stage.handoff_out:
         assert nxt is not None
-        nxt.send_state(_handed_params(stage), _WEIGHTS)
+        nxt.send_state(_handed_params(stage))
     if stage.handed_in is not None:
         assert prev is not None
         params = stage.handed_in.parameters()
         buffers = [torch.empty_like(p) for p in params]
-        prev.recv_state(buffers, _WEIGHTS)
+        prev.recv_state(buffers)
         with torch.no_grad():
             for p, w in zip(params, buffers, strict=True):
                 p.copy_(w)

@@ -15,7 +15,10 @@
 
 * Under torchrun (RANK, WORLD_SIZE, MASTER_ADDR set): the current process is one stage; it
   joins torchrun's process group (created by the first launch and kept until exit, so a
-  program may launch again), runs `fn(ctx)` and returns every stage's result.
+  program may launch again), runs `fn(ctx)` and returns every stage's result. The stages
+  may be on several machines (`torchrun --nnodes=N`): each process chooses its backend
+  and device from the node it runs on (NCCL when the node has a GPU for each of its
+  LOCAL_WORLD_SIZE stages, GPU LOCAL_RANK), and the ranks check they chose alike.
 
 No child outlives the caller: each watches its parent and exits if it disappears, and the
 caller terminates them on any error, interrupt, or exit. Every collective and point-to-point
@@ -30,6 +33,7 @@ import multiprocessing as mp
 import os
 import pickle
 import queue
+import socket
 import threading
 import time
 import traceback
@@ -77,7 +81,8 @@ def launch(
 ) -> list[Any]:
     """Run `fn(ctx)` in `n_stages` stage processes; return their results in rank order.
 
-    backend: "gloo" or "nccl"; default NCCL when CUDA has a GPU per stage, else gloo.
+    backend: "gloo" or "nccl"; default NCCL when CUDA has a GPU per stage (under torchrun:
+        per stage on this node), else gloo.
     threads_per_stage: torch intra-op threads per stage (default: cores / stages, >= 1).
     timeout_s: timeout of the rendezvous and of every collective and message.
     `fn` and its result must be picklable (a module-level function; spawn imports it).
@@ -88,11 +93,12 @@ def launch(
         raise ValueError(f"backend must be 'gloo', 'nccl' or None (automatic), got {backend!r}")
     if timeout_s <= 0:
         raise ValueError(f"timeout_s must be positive, got {timeout_s}")
-    if backend is None:
-        backend = "nccl" if torch.cuda.is_available() and torch.cuda.device_count() >= n_stages \
+    here = int(os.environ.get("LOCAL_WORLD_SIZE", n_stages)) if under_torchrun() else n_stages
+    if backend is None:  # from the stages on this machine, not from the whole world's count
+        backend = "nccl" if torch.cuda.is_available() and torch.cuda.device_count() >= here \
             else "gloo"  # fmt: skip
     if threads_per_stage is None:
-        threads_per_stage = max(1, (os.cpu_count() or 1) // n_stages)
+        threads_per_stage = max(1, (os.cpu_count() or 1) // here)
     if under_torchrun():
         return _join_torchrun(fn, n_stages, backend, threads_per_stage, timeout_s)
     return _launch_local(fn, n_stages, backend, threads_per_stage, timeout_s)
@@ -117,9 +123,15 @@ def _join_torchrun(
         dist.init_process_group(_group_backend(backend),
                                 timeout=datetime.timedelta(seconds=timeout_s))  # fmt: skip
         atexit.register(dist.destroy_process_group)
-    ctx = _context(dist.get_rank(), world, backend, threads, timeout_s)
-    result = fn(ctx)
     comm = Comm()
+    chosen = comm.all_gather_object((socket.gethostname(), backend))
+    if len({b for _, b in chosen}) > 1:
+        raise ValueError(f"the nodes chose different backends (host, backend per rank): "
+                         f"{chosen}; pass backend= explicitly, or give every node a GPU "
+                         "per stage it runs")  # fmt: skip
+    local_rank = int(os.environ.get("LOCAL_RANK", dist.get_rank()))
+    ctx = _context(dist.get_rank(), world, backend, threads, timeout_s, local_rank)
+    result = fn(ctx)
     results = comm.all_gather_object(result)
     comm.barrier()  # every peer has read the results before any launches again
     return results
@@ -217,10 +229,13 @@ def _terminate(procs: list[Any]) -> None:
             p.join()
 
 
-def _context(rank: int, world: int, backend: str, threads: int, timeout_s: float) -> StageContext:
+def _context(rank: int, world: int, backend: str, threads: int, timeout_s: float,
+             local_rank: int | None = None) -> StageContext:  # fmt: skip
+    """The stage's context; its GPU is its rank on this machine (`local_rank`)."""
     torch.set_num_threads(threads)
     if backend == "nccl":
-        device = torch.device("cuda", rank % torch.cuda.device_count())
+        here = rank if local_rank is None else local_rank
+        device = torch.device("cuda", here % torch.cuda.device_count())
         torch.cuda.set_device(device)
     else:
         device = torch.device("cpu")

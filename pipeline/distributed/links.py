@@ -2,39 +2,63 @@
 
 A carry is a tuple of tensors whose shapes the receiver does not know in advance (a NAS
 candidate may change them from one step to the next), and a stage may fail half-way through
-a step while its neighbours wait for it. The wire protocol, per step and direction:
+a step while its neighbours wait for it. What travels, per step and direction:
 
-    header   once per step, before the first status (activations only, control plane):
+    header   once per step, before the first activation frame (control plane):
              [ok?, n tensors, per tensor: dtype code, carries a gradient?, ndim, dims...]
-    status   one per micro-batch message: [ok?] (control plane)
-    data     the tensors: activations all of them, gradients the floating ones; one tag
-             each (data plane: CUDA under NCCL)
+    frame    one per micro-batch: a status [ok?] (control plane), then its tensors (data
+             plane: CUDA under NCCL): activations all of them, gradients the floating ones
 
-    healthy sender                           receiver (posts early, waits when it needs)
-    header(ok)  ── first message only ──>    wait once: shapes of every data message
-    status_i(ok) ──────────────────────>     wait status_i: ok
-    data_i ────────────────────────────>     wait data_i -> the carry
+    healthy sender                           receiver
+    header(ok)  ── first frame only ───>     waited once: the size of every frame
+    status_i(ok), data_i ──────────────>     frame i waited: ok -> the carry
 
-    failed sender, for every message it still owes this step (see `pipeline.distributed.executor`)
+    failed sender, for every frame it still owes this step (see `pipeline.distributed.executor`)
     header(failed) ── if none sent yet ─>
-    status_i(failed) ──────────────────>     wait status_i: failed -> drain, raise PeerFailed
-    dummies_i ── iff header(ok) was sent ─>  drain data_i iff the header said ok
+    status_i(failed), dummies_i ───────>     frame i waited: failed -> PeerFailed
+                      (dummies iff the header said ok: the frame keeps its size)
 
 Every receive a stage posts is matched by a send, failed or not, so nothing stays in flight
 into the next step and the failing stage's neighbours are unblocked at once: they learn of
-the failure from the message they were waiting for, go on draining and sending failures
-themselves, and the step ends with every rank knowing. Dummies follow a failed status
-exactly when the step's header was ok, and both ends can tell which case they are in: the
-activation receiver from the header, the gradient receiver from the header it sent, the
-gradient sender from the header it received (a stage always waits for micro-batch i's
-activations, or their failure, before it owes i's gradient).
+the failure from the frame they were waiting for, go on draining and sending failures
+themselves, and the step ends with every rank knowing.
 
-Messages carry their own tags (kind, micro-batch, index), so receives can be posted early
-and out of order. `wait` raises on the process group's timeout: a dead peer never hangs.
+The ordering rule. NCCL ignores tags: between two ranks, in each direction, the n-th
+message received is the n-th sent. So no message has a tag (`Comm.isend`) and the order
+alone must match, by construction:
+
+    1. Frames follow the action lists: a sender sends one frame per SEND action, in list
+       order; a receiver posts one per RECV action, in list order; the schedule gives both
+       ends the same micro-batch order (`pipeline.pure.schedule.validate` checks it for
+       every list it accepts). A failed stage still walks its whole list, sending a failed
+       frame in place of each one it owes, so a failure changes no order.
+    2. A frame's size is known to both ends before it is posted: activation frames from
+       the header (the receiver's first message of the step in that direction), gradient
+       frames from the header the gradient's receiver sent itself; a failed header means
+       frames of a status alone.
+    3. A receiver posts a frame's status and tensors together, and frames strictly in RECV
+       order: a frame whose size is not known yet waits in `_unposted`, and every later
+       frame behind it, until the header arrives (`learn_layout`, called by the first wait)
+       or is sent. Waiting for the header cannot block: it is the first message the peer
+       sends in that direction.
+    4. Outside the frames, Bi-Partition's handed layers (`pipeline.distributed.handoff`)
+       send weights before a step's first frame and gradients after its sends completed;
+       both ends know the tensors and post them in the same order.
+
+Sends are never blocking on the host (`isend`) and a receive is posted no later than the
+action that waits for it, so on gloo two stages that both send before they receive do not
+deadlock. NCCL asks for more, which this module does not give yet: it runs a pair's sends
+and receives, both directions, on one stream in posting order and does not buffer, so a
+receive posted early (one compute ahead, as `lower` places it) holds back every later send
+to that peer until its own message arrives; where the peer does the same, both wait.
+Exchanges that can cross must be posted as one group (`batch_isend_irecv`). `wait` raises
+on the process group's timeout: a dead peer never hangs.
 """
 
 from __future__ import annotations
 
+import collections
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -55,8 +79,7 @@ _DTYPES = [
     torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool,
 ]  # fmt: skip
 
-ACT, GRAD = 0, 1  # message kinds; their tags are apart from the header's and the statuses'
-_HEADER, _STATUS = 2, 3
+ACT, GRAD = 0, 1  # frame kinds: activations travel down the pipeline, gradients up
 _OK, _FAILED = 1, 0
 
 
@@ -113,62 +136,43 @@ def _decode(header: torch.Tensor) -> tuple[TensorMeta, ...] | None:
     return tuple(metas)
 
 
-def _tag(kind: int, microbatch: int, index: int) -> int:
-    return (microbatch * 4 + kind) * (_MAX_TENSORS + 1) + index
-
-
-def _state_tag(channel: int, j: int) -> int:
-    """Tags past the header's (micro-batch 0 of the header kind): micro-batches >= 1."""
-    return _tag(_HEADER, 1 + 2 * (j // _MAX_TENSORS) + channel, j % _MAX_TENSORS)
-
-
 class Receive:
-    """A posted receive of one micro-batch's carry (or its gradients) and its status."""
+    """A receive of one micro-batch's frame: its status and its tensors (rules 2-3).
+
+    Created in RECV order; posted whole when its link knows the frame's size (at once,
+    or when the header arrives or is sent), never before an earlier frame of the link."""
 
     def __init__(self, link: PeerLink, kind: int, microbatch: int) -> None:
-        self._link, self._kind, self._microbatch = link, kind, microbatch
+        self._link, self.kind, self.microbatch = link, kind, microbatch
         self._status = torch.zeros(1, dtype=torch.int64)
-        status_tag = _tag(_STATUS, microbatch, kind)
-        self._status_work = link.comm.irecv(self._status, link.peer, status_tag)
-        self._works: list[dist.Work] = []
-        self._tensors: list[torch.Tensor] | None = None
-        if self._metas() is not None:
-            self._post()
+        self._works: list[dist.Work] | None = None  # None: not posted yet
+        self._tensors: list[torch.Tensor] = []
 
-    def _metas(self) -> Sequence[TensorMeta] | None:
-        link = self._link
-        if self._kind == ACT:
-            return link.inbound_meta
-        if link.grad_meta is None:
-            return None
-        return [m for m in link.grad_meta if m.requires_grad]
+    @property
+    def posted(self) -> bool:
+        return self._works is not None
 
-    def _post(self) -> None:
-        metas, link = self._metas(), self._link
-        assert metas is not None
-        device = link.comm.data_device
+    def post(self, metas: Sequence[TensorMeta]) -> None:
+        """Post the status and one receive per tensor of `metas` (the link's frame layout)."""
+        assert self._works is None, "a frame is posted once"
+        comm, peer, device = self._link.comm, self._link.peer, self._link.comm.data_device
+        self._works = [comm.irecv(self._status, peer)]
         self._tensors = [torch.empty(m.shape, dtype=m.dtype, device=device) for m in metas]
-        for i, t in enumerate(self._tensors):
-            self._works.append(link.comm.irecv(t, link.peer, _tag(self._kind, self._microbatch, i)))
+        self._works += [comm.irecv(t, peer) for t in self._tensors]
 
     def _finish(self) -> bool:
-        """Wait for the status and whatever data follows it; True if the sender was ok."""
-        self._status_work.wait()
-        ok = int(self._status.item()) == _OK
-        if self._tensors is None:
-            if self._kind == ACT:
-                self._link.wait_header()
-            if self._metas() is not None:  # ok header (or gradients of an ok send): data
-                self._post()
+        """Wait for the status and the tensors that follow it; True if the sender was ok."""
+        if self._works is None:
+            self._link.learn_layout()  # the header: it came first, so it can be waited for
+        assert self._works is not None, f"frame {self.kind}/{self.microbatch}: no layout"
         for work in self._works:
             work.wait()
-        return ok
+        return int(self._status.item()) == _OK
 
     def wait(self) -> Carry:
         """The received tensors; raises `PeerFailed` (after draining) if the peer failed."""
         if not self._finish():
             raise PeerFailed(f"stage {self._link.peer} failed")
-        assert self._tensors is not None
         return tuple(self._tensors)
 
     def drain(self) -> None:
@@ -177,11 +181,14 @@ class Receive:
 
 
 class PeerLink:
-    """Messages with one neighbouring stage (`peer`), in both directions."""
+    """Messages with one neighbouring stage (`peer`), in both directions (module doc)."""
 
     def __init__(self, comm: Comm, peer: int) -> None:
         self.comm, self.peer = comm, peer
-        self._sends: list[tuple[dist.Work, torch.Tensor]] = []
+        # sends not yet waited for, each with its tensor (kept alive until the send is done)
+        # and its micro-batch: `wait_sends` ends a step; a stream releases the micro-batches
+        # its agreements prove received (`release_sends`), so it holds only those in flight
+        self._sends: list[tuple[dist.Work, torch.Tensor, float]] = []
         self.begin_step()
 
     def begin_step(self) -> None:
@@ -190,7 +197,8 @@ class PeerLink:
         self.inbound_header: bool | None = None  # None: not yet received; then ok?
         self.header_sent: bool | None = None  # None: not yet sent; then ok?
         self._header_recv: tuple[torch.Tensor, dist.Work] | None = None
-        self.sent: set[tuple[int, int]] = set()  # (kind, micro-batch) sent this step
+        self._unposted: collections.deque[Receive] = collections.deque()  # rule 3, in order
+        self._last_sent: dict[int, int] = {}  # kind -> the micro-batch of its last frame
 
     # -- activations ---------------------------------------------------------------------
     def send_activations(
@@ -202,7 +210,8 @@ class PeerLink:
         if self.header_sent is None:
             header = _encode(metas)  # raises on an unsupported carry: nothing sent yet
             self.grad_meta, self.header_sent = metas, True
-            self._isend(header, _tag(_HEADER, 0, 0))
+            self._isend(header, microbatch)
+            self._post_in_order()  # gradient frames now have their size
         elif metas != self.grad_meta:
             raise RuntimeError(
                 f"micro-batch {microbatch} produced a carry {metas} that differs from the "
@@ -214,74 +223,114 @@ class PeerLink:
     def recv_activations(self, microbatch: int) -> Receive:
         if self.inbound_header is None and self._header_recv is None:
             header = torch.empty(_HEADER_LEN, dtype=torch.int64)
-            self._header_recv = (header, self.comm.irecv(header, self.peer, _tag(_HEADER, 0, 0)))
-        return Receive(self, ACT, microbatch)
+            self._header_recv = (header, self.comm.irecv(header, self.peer))
+        return self._receive(ACT, microbatch)
 
-    def wait_header(self) -> None:
-        if self.inbound_header is not None:
-            return
-        assert self._header_recv is not None, "no header was posted"
-        header, work = self._header_recv
-        work.wait()
-        self.inbound_meta, self._header_recv = _decode(header), None
-        self.inbound_header = self.inbound_meta is not None
+    def learn_layout(self) -> None:
+        """Wait for the activations' header (if one is expected and still open), then post
+        the frames that waited for it."""
+        if self.inbound_header is None and self._header_recv is not None:
+            header, work = self._header_recv
+            work.wait()
+            self.inbound_meta, self._header_recv = _decode(header), None
+            self.inbound_header = self.inbound_meta is not None
+        self._post_in_order()
 
     # -- gradients -----------------------------------------------------------------------
     def send_gradients(self, grads: Sequence[torch.Tensor], microbatch: int) -> None:
         self._send(GRAD, microbatch, list(grads))
 
     def recv_gradients(self, microbatch: int) -> Receive:
-        return Receive(self, GRAD, microbatch)
+        return self._receive(GRAD, microbatch)
 
     # -- failure -------------------------------------------------------------------------
     def send_failure(self, kind: int, microbatch: int) -> None:
-        """Send a failure in place of a message this stage owes (module docstring)."""
-        if (kind, microbatch) in self.sent:
+        """Send a failure in place of a frame this stage owes (module docstring); none if
+        that very frame was sent whole (its send action failed after sending)."""
+        if self._last_sent.get(kind) == microbatch:
             return
-        dummies: Sequence[TensorMeta] = ()
-        if kind == ACT:
-            if self.header_sent is None:
-                self.header_sent = False
-                self._isend(_encode((), ok=False), _tag(_HEADER, 0, 0))
-            if self.header_sent:
-                assert self.grad_meta is not None
-                dummies = self.grad_meta
-        elif self.inbound_header:
-            assert self.inbound_meta is not None
-            dummies = [m for m in self.inbound_meta if m.requires_grad]
+        if kind == ACT and self.header_sent is None:
+            self.header_sent = False
+            self._isend(_encode((), ok=False), microbatch)
+            self._post_in_order()
+        dummies = self._layout(kind, sending=True)
+        assert dummies is not None, "a frame's failure is sent after its header is settled"
         device = self.comm.data_device
         tensors = [torch.empty(m.shape, dtype=m.dtype, device=device) for m in dummies]
         self._send(kind, microbatch, tensors, ok=False)
 
     # -- state between steps (Bi-Partition's handed layers) ---------------------------------
-    def send_state(self, tensors: Sequence[torch.Tensor], channel: int) -> None:
-        """Send tensors whose shapes both ends know (handed layers' gradients, channel 0, or
-        weights, channel 1) outside the step's messages; `wait_sends` completes them."""
-        for j, t in enumerate(tensors):
-            self._isend(t.detach(), _state_tag(channel, j))
+    def send_state(self, tensors: Sequence[torch.Tensor]) -> None:
+        """Send tensors whose shapes both ends know (handed layers' weights or gradients)
+        outside the step's frames (rule 4); `wait_sends` completes them."""
+        for t in tensors:
+            self._isend(t.detach(), math.inf)
 
-    def recv_state(self, buffers: Sequence[torch.Tensor], channel: int) -> None:
-        """Receive into `buffers` what the peer's `send_state` sent on `channel`; waits."""
-        works = [self.comm.irecv(b, self.peer, _state_tag(channel, j))
-                 for j, b in enumerate(buffers)]  # fmt: skip
+    def recv_state(self, buffers: Sequence[torch.Tensor]) -> None:
+        """Receive into `buffers`, in order, what the peer's `send_state` sent; waits."""
+        works = [self.comm.irecv(b, self.peer) for b in buffers]
         for work in works:
             work.wait()
 
-    # -- completion ----------------------------------------------------------------------
+    # -- frames in order (rules 2-3) --------------------------------------------------------
+    def _layout(self, kind: int, sending: bool = False) -> Sequence[TensorMeta] | None:
+        """The tensors of a `kind` frame as both ends know them; None: not known yet.
+
+        Activations: the header's metas (none after a failed header). Gradients: the
+        floating tensors of the activations this stage sent (none after a failed header).
+        `sending`: the sender's side of a failure's dummies (activations: what it sent;
+        gradients: what it received), the same sizes the receiver posts."""
+        if (kind == ACT) != sending:
+            ok, metas = self.inbound_header, self.inbound_meta
+        else:
+            ok, metas = self.header_sent, self.grad_meta
+        if ok is None:
+            return None
+        if not ok:
+            return ()
+        assert metas is not None
+        return metas if kind == ACT else [m for m in metas if m.requires_grad]
+
+    def _receive(self, kind: int, microbatch: int) -> Receive:
+        receive = Receive(self, kind, microbatch)
+        self._unposted.append(receive)
+        self._post_in_order()
+        return receive
+
+    def _post_in_order(self) -> None:
+        while self._unposted:
+            metas = self._layout(self._unposted[0].kind)
+            if metas is None:
+                return  # it, and every frame after it, waits for the header
+            self._unposted.popleft().post(metas)
+
     def _send(
         self, kind: int, microbatch: int, tensors: list[torch.Tensor], ok: bool = True
     ) -> None:
-        status = torch.tensor([_OK if ok else _FAILED], dtype=torch.int64)
-        self._isend(status, _tag(_STATUS, microbatch, kind))
-        for i, t in enumerate(tensors):
-            self._isend(t, _tag(kind, microbatch, i))
-        self.sent.add((kind, microbatch))
+        self._isend(torch.tensor([_OK if ok else _FAILED], dtype=torch.int64), microbatch)
+        for t in tensors:
+            self._isend(t, microbatch)
+        self._last_sent[kind] = microbatch
 
-    def _isend(self, tensor: torch.Tensor, tag: int) -> None:
+    def _isend(self, tensor: torch.Tensor, microbatch: float) -> None:
         tensor = tensor.contiguous()
-        self._sends.append((self.comm.isend(tensor, self.peer, tag), tensor))
+        self._sends.append((self.comm.isend(tensor, self.peer), tensor, microbatch))
+
+    @property
+    def sends_in_flight(self) -> int:
+        """Sends posted and not yet waited for (read-only; for monitoring)."""
+        return len(self._sends)
 
     def wait_sends(self) -> None:
         sends, self._sends = self._sends, []
-        for work, _tensor in sends:
+        for work, _tensor, _microbatch in sends:
+            work.wait()
+
+    def release_sends(self, below: int) -> None:
+        """Wait for (and drop) the sends of micro-batches numbered below `below`. Only for
+        messages the caller knows were received (the wait then returns at once): a stream
+        knows it of every message of step t once the agreement A(t) completes."""
+        done = [s for s in self._sends if s[2] < below]
+        self._sends = [s for s in self._sends if s[2] >= below]
+        for work, _tensor, _microbatch in done:
             work.wait()

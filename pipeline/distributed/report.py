@@ -27,7 +27,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import resource
 import statistics
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,7 +40,8 @@ import torch
 from pipeline.distributed.comm import Comm
 from pipeline.distributed.events import plain
 from pipeline.distributed.migration import MigrationRecord
-from pipeline.local.stage import Stage, StepTimes
+from pipeline.local.history import StepHistory
+from pipeline.local.stage import Stage
 from pipeline.pure.planner import Plan
 from pipeline.pure.timeline import chrome_trace, partition_svg
 
@@ -51,6 +54,7 @@ __all__ = [
     "bubble_fraction",
     "per_second",
     "predicted_bubble_fraction",
+    "process_peak_bytes",
     "save_partition_picture",
     "save_timeline",
     "stats",
@@ -78,6 +82,9 @@ class StageStats:
     predicted_peak_bytes: int | None  # the plan's; None without a plan
     predicted_compute_s: float | None  # the plan's forward + backward per step
     allocator_peak_bytes: int | None  # GPU: the allocator's peak in a measured step
+    # this process over the whole run: CPU, the resident set's high-water mark; GPU, the
+    # allocator's largest peak over the measured steps (`process_peak_bytes`)
+    process_peak_bytes: int
 
     @property
     def busy_s(self) -> float:
@@ -161,6 +168,16 @@ def predicted_bubble_fraction(plan: Plan | None) -> float | None:
     return bubble_fraction(busy, plan.predicted_iteration_s)
 
 
+def process_peak_bytes(device: torch.device, history: StepHistory) -> int:
+    """This process's memory peak over the whole run: on a GPU the allocator's largest
+    measured peak; on the CPU the resident set's high-water mark (`getrusage`, which
+    Linux reports in KiB and macOS in bytes)."""
+    if device.type == "cuda":
+        return history.peak_allocator_bytes or 0
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(peak if sys.platform == "darwin" else peak * 1024)
+
+
 def _median(values: Sequence[float]) -> float:
     return float(statistics.median(values)) if values else 0.0
 
@@ -170,13 +187,11 @@ def stats(pipe: ElasticPipeline, stage: Stage, last_steps: int) -> PipelineStats
     """`ElasticPipeline.stats`: gather every stage's numbers; predicted beside measured."""
     if isinstance(last_steps, bool) or not isinstance(last_steps, int) or last_steps < 1:
         raise ValueError(f"last_steps must be a positive int, got {last_steps!r}")
-    history: list[tuple[int, int | None, StepTimes]] = pipe._history
-    recent = history[-last_steps:]
-    times = [t for _, _, t in recent]
-    peaks = [t.peak_activation_bytes for _, _, t in history if t.peak_activation_bytes]
-    allocator = [t.allocator_peak_bytes for _, _, t in history if t.allocator_peak_bytes]
+    history = pipe.history
+    recent = history.recent(last_steps)
+    times = [r.times for r in recent]
     plan, m, rank = pipe.plan, pipe.n_microbatches, pipe.rank
-    activations = peaks[-1] if peaks else 0  # latest measured
+    activations = history.latest_activation_bytes
     state_bytes = stage.state_bytes()
     mine = StageStats(
         stage=rank,
@@ -194,7 +209,8 @@ def stats(pipe: ElasticPipeline, stage: Stage, last_steps: int) -> PipelineStats
         predicted_peak_bytes=plan.predicted_stage_bytes[rank] if plan else None,
         predicted_compute_s=plan.predicted_stage_s[rank] * m if plan else None,
         # GPU: the allocator's peak over a measured step (all memory, not only the planned)
-        allocator_peak_bytes=allocator[-1] if allocator else None,
+        allocator_peak_bytes=history.latest_allocator_bytes,
+        process_peak_bytes=process_peak_bytes(stage.device, history),
     )
     per_stage: tuple[StageStats, ...] = tuple(pipe.comm.all_gather_object(mine))
     iteration_s = max(s.total_s for s in per_stage)
@@ -208,8 +224,8 @@ def stats(pipe: ElasticPipeline, stage: Stage, last_steps: int) -> PipelineStats
         partition=tuple(pipe.sizes),
         iteration_s=iteration_s,
         predicted_iteration_s=plan.predicted_iteration_s if plan else None,
-        samples_per_s=per_second([n for n, _, _ in recent], iteration_s),
-        tokens_per_s=tokens_per_s([k for _, k, _ in recent], iteration_s),
+        samples_per_s=per_second([r.samples for r in recent], iteration_s),
+        tokens_per_s=tokens_per_s([r.tokens for r in recent], iteration_s),
         bubble_fraction=bubble_fraction([s.busy_s for s in per_stage], iteration_s),
         predicted_bubble_fraction=predicted_bubble_fraction(plan),
         migrations=tuple(pipe.migrations),

@@ -50,7 +50,7 @@ def train_step(pipe: ElasticPipeline, x: Any, y: Any) -> float:
         torch.random.set_rng_state(rng)
     pipe._measure_next = False
     pipe.step += 1
-    pipe._history.append((batch_size(x), report.token_count(x), times))
+    pipe.history.record(batch_size(x), report.token_count(x), times)
     elasticity.maybe_rebalance(pipe, measure)
     return loss
 

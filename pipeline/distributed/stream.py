@@ -129,9 +129,13 @@ class Segment:
         self.pipe, self.source, self.m = pipe, source, pipe.n_microbatches
         self.stage, self.comm = pipe._live_stage(), pipe.comm
         self.start = pipe.step  # the global step of the segment's step 0
+        # micro-batch g's input and target until its forward, step t's size until it is
+        # settled: what no later action needs is dropped, so a segment of any length holds
+        # only what is in flight (`held`)
         self.inputs: dict[int, Carry] = {}
         self.targets: dict[int, Any] = {}
-        self.sizes: list[tuple[int, int | None]] = []  # (samples, tokens) per step pulled
+        self.sizes: dict[int, tuple[int, int | None]] = {}  # step -> (samples, tokens)
+        self.pulled = 0  # steps pulled so far
         self.shapes = _shapes(first)
         self.leftover: tuple[Any, Any] | None = None
         self.exhausted = False
@@ -146,26 +150,41 @@ class Segment:
                                   self.targets)  # fmt: skip
         self._gen = self._steps()
 
+    def held(self) -> dict[str, int]:
+        """How many entries each container of this segment holds now (read-only): they stay
+        bounded by the micro-batches in flight however long the stream runs."""
+        run = self._run
+        links = [link for link in (run.prev, run.next) if link is not None]
+        return {
+            "inputs": len(self.inputs), "targets": len(self.targets), "sizes": len(self.sizes),
+            "agreements": len(self.open), "losses": len(self.buffer) + len(run.losses),
+            "receives": len(run.pending), "in_flight": len(run.live),
+            "outputs": len(run.outputs), "input_grads": len(run.input_grads),
+            "sends": sum(link.sends_in_flight for link in links),
+            "spans": len(self.stage.spans),
+        }  # fmt: skip
+
     # -- batches (protocol step 1) -------------------------------------------------------
     def _add(self, batch: tuple[Any, Any]) -> None:
         x, y = batch
-        t = len(self.sizes)
+        t = self.pulled
         chunks = split_microbatches(x, self.m, "x")
         targets = split_microbatches(y, self.m, "y")
         for i, (c, target) in enumerate(zip(chunks, targets, strict=True)):
             self.inputs[t * self.m + i] = as_carry(c, "the batch input")
             self.targets[t * self.m + i] = target
-        self.sizes.append((batch_size(x), report.token_count(x)))
+        self.sizes[t] = (batch_size(x), report.token_count(x))
+        self.pulled += 1
 
     def has_step(self, t: int) -> bool:
-        while len(self.sizes) <= t and self._pull():
+        while self.pulled <= t and self._pull():
             pass
-        return t < len(self.sizes)
+        return t < self.pulled
 
     def _pull(self) -> bool:
         """Pull one more batch into the segment; False when the segment must end there."""
         if self.limit is not None:
-            if len(self.sizes) >= self.limit:
+            if self.pulled >= self.limit:
                 return False
             batch = next(self.source, None)
             if batch is None:
@@ -202,7 +221,7 @@ class Segment:
 
     def _fix_limit(self) -> None:
         if self.limit is None:
-            self.limit = int(self.comm.all_reduce([len(self.sizes)], op="max")[0])
+            self.limit = int(self.comm.all_reduce([self.pulled], op="max")[0])
 
     def _steps(self) -> Iterator[None]:
         stage, run, m = self.stage, self._run, self.m
@@ -233,6 +252,9 @@ class Segment:
                         run.failure = self._globally(run.failure)
                 else:
                     run.act(action)
+                if action.op is Op.FORWARD:  # its input and target are needed no more
+                    self.inputs.pop(action.microbatch, None)
+                    self.targets.pop(action.microbatch, None)
             yield from self._settle(last_step)
             run.wait_sends()
         except BaseException:
@@ -256,6 +278,7 @@ class Segment:
             return
         step, reduce = self.open.pop(0)
         failed, loss_sum, first_bad = reduce.wait()
+        self._release_sends(step)
         loss = loss_sum / self.m
         nonfinite = self.pipe.options.on_nonfinite == "raise" and not math.isfinite(loss)
         if failed or nonfinite:
@@ -274,11 +297,18 @@ class Segment:
         times = self.stage.end_step()
         self.stage.begin_step(self.start + step + 1, self.m, step + 1 < _MEASURED_STEPS,
                               keep_spans=True, stream=True)  # fmt: skip
-        samples, tokens = self.sizes[step]
-        self.pipe._history.append((samples, tokens, times))
+        samples, tokens = self.sizes.pop(step)
+        self.pipe.history.record(samples, tokens, times)
         self.pipe.step += 1
         self.buffer.append(loss)
         yield
+
+    def _release_sends(self, t: int) -> None:
+        """Every rank posted A(t) after its last backward of step t, so every message of
+        steps <= t was received: their sends are done and need not be held."""
+        for link in (self._run.prev, self._run.next):
+            if link is not None:
+                link.release_sends((t + 1) * self.m)
 
     def _globally(self, failure: StageError, step: int | None = None) -> StageError:
         """The error with the global step and the micro-batch's index within its step."""

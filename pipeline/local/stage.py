@@ -35,7 +35,6 @@ recompute or swap (`pipeline.local.stage_memory`, which also counts the saved by
 from __future__ import annotations
 
 import contextlib
-import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -46,6 +45,7 @@ from torch import nn
 from pipeline.local import stage_backward, stage_costs, stage_memory
 from pipeline.local.asynchronous import AsyncWeights
 from pipeline.local.carry import Carry, as_carry, leaf, nbytes, unwrap
+from pipeline.local.clock import clock
 from pipeline.local.determinism import dropout_seed, seed_rng
 from pipeline.local.inflight import ComputeError, InFlight, StepTimes
 from pipeline.local.meter import LayerMeter, SavedBytes
@@ -100,6 +100,7 @@ class Stage:
     ) -> None:
         self.index, self.n_stages, self.seed = index, n_stages, seed
         self.device, self.loss_fn = device, loss_fn
+        self.now = clock(device)  # every measured boundary: true kernel time on a GPU
         self.layers = [_Layer(spec.key, build_layer(spec, seed, device)) for spec in specs]
         self.set_memory_actions(actions or ["keep"] * len(self.layers))
         self.optimizer_factory = optimizer
@@ -201,8 +202,9 @@ class Stage:
         self._step, self._n_microbatches, self._measure = step, n_microbatches, measure_memory
         self._stream = stream
         self.times = StepTimes()
-        self.spans = self.spans if keep_spans else []
-        self._start = time.perf_counter()
+        # a stream's steps interleave: keep what started since the step just closed began
+        self.spans = [s for s in self.spans if s.start_s >= self._start] if keep_spans else []
+        self._start = self.now()
         for layer in self.layers:
             layer.forward_s = layer.backward_s = 0.0
             layer.activation_bytes = layer.output_bytes = 0
@@ -219,7 +221,7 @@ class Stage:
     def end_step(self) -> StepTimes:
         """Close a step that succeeded: its times, and each layer's meter updated."""
         times = self.times
-        times.total_s = time.perf_counter() - self._start
+        times.total_s = self.now() - self._start
         stage_memory.end_step(self, times)
         stage_costs.update_meters(self)
         return times
@@ -236,7 +238,7 @@ class Stage:
 
     def span(self, name: str, start: float, category: str = "compute") -> float:
         """Record a box on this stage's timeline row; returns its length in seconds."""
-        end = time.perf_counter()
+        end = self.now()
         self.spans.append(Span(self.index, name, start, end, category))
         return end - start
 
@@ -267,7 +269,7 @@ class Stage:
 
     def forward(self, i: int, carry: Carry, target: Any) -> InFlight:
         """Micro-batch i through this stage's layers (and the loss on the last stage)."""
-        state, start, times = InFlight(), time.perf_counter(), self.times
+        state, start, times = InFlight(), self.now(), self.times
         if isinstance(self.versions, AsyncWeights):
             self.versions.note_forward(i)
         if self.handed_in is not None:  # the handed layers' inputs ride ahead of the carry
@@ -296,19 +298,19 @@ class Stage:
         if self.handoff_out:
             state.wire = (*wire, *carry)
         if self.index == self.n_stages - 1:
-            t0 = time.perf_counter()
+            t0 = self.now()
             try:
                 state.loss = scalar_loss(self.loss_fn, unwrap(carry), target)
             except Exception as error:
                 raise ComputeError("loss", None, i, error) from error
-            times.forward_s += time.perf_counter() - t0
+            times.forward_s += self.now() - t0
         self.span(f"F{i}", start, "forward")
         return state
 
     def _timed_call(self, layer: _Layer, i: int, carry: Carry, added: list[int]) -> Carry:
-        t0 = time.perf_counter()
+        t0 = self.now()
         out = self._call(layer, i, carry)
-        elapsed = time.perf_counter() - t0
+        elapsed = self.now() - t0
         layer.forward_s += elapsed
         self.times.forward_s += elapsed
         layer.activation_bytes += added[0]
@@ -330,7 +332,7 @@ class Stage:
         stage_backward.backward_weight(self, state, i)
 
     def optimizer_step(self) -> None:
-        t0, optimizer = time.perf_counter(), self.optimizer
+        t0, optimizer = self.now(), self.optimizer
         try:
             if isinstance(self.versions, AsyncWeights):  # PipeMare updated in its backwards
                 pass

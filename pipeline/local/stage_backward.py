@@ -28,7 +28,6 @@ carries a gradient exactly when it is floating point.
 from __future__ import annotations
 
 import contextlib
-import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -49,7 +48,7 @@ def backward(
     stage: Stage, state: InFlight, i: int, grads: Sequence[torch.Tensor], split: bool
 ) -> list[torch.Tensor]:
     """Back-propagate micro-batch i given its outputs' gradients; its inputs' gradients."""
-    start = time.perf_counter()
+    start = stage.now()
     asynchronous = stage.versions if isinstance(stage.versions, AsyncWeights) else None
     with asynchronous.backward_weights(i) if asynchronous else contextlib.nullcontext():
         grads = _backward_layers(stage, state, i, grads, split)
@@ -60,7 +59,7 @@ def backward(
     if stage._measure and not split:
         stage.saved.release(i)
     if asynchronous is not None and asynchronous.due(i):  # PipeMare: update in place
-        t0 = time.perf_counter()
+        t0 = stage.now()
         try:
             asynchronous.update(stage.optimizer)
         except Exception as error:
@@ -71,16 +70,16 @@ def backward(
 
 def backward_weight(stage: Stage, state: InFlight, i: int) -> None:
     """The weight gradients `backward(split=True)` left for micro-batch i; frees its graph."""
-    start = time.perf_counter()
+    start = stage.now()
     for position in sorted(state.weight, reverse=True):
-        layer, t0 = stage.layers[position], time.perf_counter()
+        layer, t0 = stage.layers[position], stage.now()
         try:
             state.weight.pop(position).run()
         except Exception as error:
             error.add_note(f"in the weight-gradient backward (W) of layer {layer.key!r} on "
                            f"stage {stage.index}")  # fmt: skip
             raise ComputeError("backward", layer.key, i, error) from error
-        elapsed = time.perf_counter() - t0
+        elapsed = stage.now() - t0
         layer.backward_s += elapsed
         stage.times.backward_s += elapsed
     if state.handed_weight:
@@ -95,7 +94,7 @@ def _backward_layers(
 ) -> Sequence[torch.Tensor]:
     for position in reversed(range(len(stage.layers) - stage.handoff_out)):
         layer = stage.layers[position]
-        t0 = time.perf_counter()
+        t0 = stage.now()
         try:
             grads, recomputed_at = _backward_layer(stage, state, position, i, grads, split)
         except ComputeError:
@@ -103,7 +102,7 @@ def _backward_layers(
         except Exception as error:
             error.add_note(f"in the backward of layer {layer.key!r} on stage {stage.index}")
             raise ComputeError("backward", layer.key, i, error) from error
-        elapsed = time.perf_counter() - (t0 if recomputed_at is None else recomputed_at)
+        elapsed = stage.now() - (t0 if recomputed_at is None else recomputed_at)
         layer.backward_s += elapsed
         stage.times.backward_s += elapsed
     return grads
@@ -129,7 +128,7 @@ def _backward_layer(
         if layer.action == "recompute":
             with torch.enable_grad():
                 outputs = stage._call(layer, i, inputs)
-            recomputed_at = time.perf_counter()
+            recomputed_at = stage.now()
     state.outputs[position] = ()
     wanted = floating(inputs)
     if split and layer.action == "keep":
@@ -147,20 +146,20 @@ def _handed_backward(
     """The previous stage's handed layers' backward, from the gradient of their output
     (split: their weight gradients wait for `backward_weight`)."""
     assert stage.handed_in is not None and len(grads) == 1, "a handed layer has one output"
-    t0 = time.perf_counter()
+    t0 = stage.now()
     try:
         grad, state.handed_weight = stage.handed_in.backward(state.handed, grads[0], split)
     except Exception as error:
         keys = ", ".join(stage.handed_in.keys)
         error.add_note(f"in the backward of handed layers [{keys}] on stage {stage.index}")
         raise ComputeError("backward", stage.handed_in.keys[-1], i, error) from error
-    stage.times.backward_s += time.perf_counter() - t0
+    stage.times.backward_s += stage.now() - t0
     return grad
 
 
 def _handed_weight(stage: Stage, state: InFlight, i: int) -> None:
     assert stage.handed_in is not None
-    t0 = time.perf_counter()
+    t0 = stage.now()
     try:
         for accumulate in state.handed_weight:
             accumulate()
@@ -169,4 +168,4 @@ def _handed_weight(stage: Stage, state: InFlight, i: int) -> None:
                        f"{stage.index}")  # fmt: skip
         raise ComputeError("backward", stage.handed_in.keys[-1], i, error) from error
     state.handed_weight = []
-    stage.times.backward_s += time.perf_counter() - t0
+    stage.times.backward_s += stage.now() - t0

@@ -72,6 +72,7 @@ from pipeline.pure.actions import (
 from pipeline.pure.actions import check_shape as _check_shape
 from pipeline.pure.pipemare import pipemare
 from pipeline.pure.two_bw import pipedream_2bw
+from pipeline.pure.wire_order import check_order
 from pipeline.pure.zero_bubble import zbh1
 
 __all__ = [
@@ -243,7 +244,9 @@ def validate(
     after step t's last backward and before the stage's first forward of step t + 2, so two
     weight versions suffice: `pipeline.pure.two_bw.check_2bw`); every send has the matching
     receive on the peer (and no receive waits for a send that never comes); executing all
-    stages with non-blocking sends and receives and blocking compute never deadlocks.
+    stages with non-blocking sends and receives and blocking compute never deadlocks; and
+    between two stages, in each direction, the receives are posted in the order of the
+    sends (`pipeline.pure.wire_order`: NCCL matches messages by order, not by tag).
     """
     lists = [stage_actions(schedule, n_stages, n_microbatches, s, n_steps)
              for s in range(n_stages)]  # fmt: skip
@@ -253,6 +256,7 @@ def validate(
             _check_versions(actions, s, n_microbatches, n_steps)
     _check_messages(lists)
     _check_progress(lists)
+    check_order(lists)  # NCCL matches by order alone (`pipeline.distributed.links`)
 
 
 def _check_stage(actions: Sequence[Action], stage: int, n_microbatches: int) -> None:

@@ -189,7 +189,7 @@ def stage(index: int, peak: int) -> StageStats:
         forward_s=1.0, backward_s=2.0, wait_s=0.5, optimizer_s=0.1, total_s=3.6,
         param_bytes=100, state_bytes=400, activation_peak_bytes=peak - 400,
         measured_peak_bytes=peak, predicted_peak_bytes=None, predicted_compute_s=None,
-        allocator_peak_bytes=None,
+        allocator_peak_bytes=None, process_peak_bytes=2 * peak,
     )  # fmt: skip
 
 

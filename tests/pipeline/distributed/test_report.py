@@ -32,6 +32,7 @@ def stage_stats(stage: int, allocator: int | None = None) -> report.StageStats:
         forward_s=1.0, backward_s=2.0, wait_s=0.5, optimizer_s=0.1, total_s=3.6,
         param_bytes=100, state_bytes=400, activation_peak_bytes=50, measured_peak_bytes=450,
         predicted_peak_bytes=440, predicted_compute_s=3.0, allocator_peak_bytes=allocator,
+        process_peak_bytes=9_000,
     )  # fmt: skip
 
 

@@ -1,0 +1,119 @@
+"""Does a long stream hold its memory? Resident memory per rank over 2,000 streamed steps.
+
+A study trains for thousands of steps, and `pipe.train(batches)` under "2bw" or "pipemare"
+runs them as one segment: whatever a segment keeps per step (inputs, targets, outputs,
+sends, timeline spans, step records) grows with it. On the workload the finding was
+measured on (a 4-layer MLP of width 256 on batches of 32 x 64 x 256, MSE loss, 2 stages,
+4 micro-batches, CPU gloo, 1 thread per stage), each rank's resident set (VmRSS) is read
+after steps 100, 500, 1,000 and 2,000 of one stream per schedule, beside "1f1b" (flushed:
+`train` runs `train_step` per batch, the peer whose memory is known flat). Each schedule
+runs in fresh stage processes. Goal: under 2% growth from step 100 to step 2,000.
+
+    python benchmarks/stream_memory.py            # ~3 minutes on 2 cores
+    python benchmarks/stream_memory.py --steps 500
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import platform
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+import pipeline
+from pipeline import ElasticPipeline, StageContext
+from pipeline.local.models import mlp_stack
+from pipeline.local.pipemare import PipeMareConfig
+
+RESULTS = Path(__file__).resolve().parent / "results"
+WIDTH, LAYERS, BATCH, SEQ, MICROBATCHES = 256, 4, 32, 64, 4
+SCHEDULES = ("2bw", "pipemare", "1f1b")
+CHECKPOINTS = (100, 500, 1000, 2000)
+GOAL_GROWTH = 0.02
+
+
+def resident_bytes() -> int:
+    """This process's resident set now (Linux: VmRSS from /proc/self/status)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError("no VmRSS in /proc/self/status: this benchmark reads Linux's figure")
+
+
+def batches(steps: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """`steps` fresh batches (each its own tensors, as a data loader yields them)."""
+    g = torch.Generator().manual_seed(0)
+    for _ in range(steps):
+        yield torch.randn(BATCH, SEQ, WIDTH, generator=g), torch.randn(BATCH, SEQ, WIDTH,
+                                                                       generator=g)  # fmt: skip
+
+
+def stream(ctx: StageContext, schedule: str, steps: int, checkpoints: tuple[int, ...]
+           ) -> dict[str, Any]:  # fmt: skip
+    torch.manual_seed(0)
+    specs = mlp_stack([WIDTH] * (LAYERS + 1), dropout=0.0)
+    pipe = ElasticPipeline(specs, optimizer=functools.partial(torch.optim.Adam, lr=1e-4),
+                           loss_fn=F.mse_loss, schedule=schedule, n_microbatches=MICROBATCHES,
+                           partition=[LAYERS // 2, LAYERS - LAYERS // 2], seed=0,
+                           pipemare=PipeMareConfig() if schedule == "pipemare" else None)  # fmt: skip
+    resident: dict[int, int] = {}
+    t0 = time.perf_counter()
+    for step, _loss in enumerate(pipe.train(batches(steps)), start=1):
+        if step in checkpoints:
+            resident[step] = resident_bytes()
+    seconds = time.perf_counter() - t0
+    stats = pipe.stats().stages[ctx.rank]
+    pipe.close()
+    return {"resident_bytes": resident, "seconds": seconds,
+            "process_peak_bytes": stats.process_peak_bytes}  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--steps", type=int, default=CHECKPOINTS[-1])
+    parser.add_argument("--out", type=Path, default=RESULTS / "stream_memory.json")
+    args = parser.parse_args()
+    checkpoints = tuple(c for c in CHECKPOINTS if c < args.steps) + (args.steps,)
+    first, last = checkpoints[0], checkpoints[-1]
+    results: dict[str, Any] = {}
+    for schedule in SCHEDULES:
+        print(f"{schedule}: {args.steps} steps", flush=True)
+        run = functools.partial(stream, schedule=schedule, steps=args.steps,
+                                checkpoints=checkpoints)  # fmt: skip
+        per_rank = pipeline.launch(run, 2, threads_per_stage=1, timeout_s=300)
+        ranks = []
+        for rank, result in enumerate(per_rank):
+            resident = {int(k): v for k, v in result["resident_bytes"].items()}
+            growth = resident[last] / resident[first] - 1
+            ranks.append({"rank": rank, "resident_mib": {k: round(v / 2**20, 1)
+                                                         for k, v in resident.items()},
+                          "growth": round(growth, 4),
+                          "process_peak_mib": round(result["process_peak_bytes"] / 2**20, 1),
+                          "seconds": round(result["seconds"], 1)})  # fmt: skip
+        worst = max(r["growth"] for r in ranks)
+        results[schedule] = {"ranks": ranks, "worst_growth": worst,
+                             "goal_met": worst < GOAL_GROWTH}  # fmt: skip
+    out = {
+        "workload": {"layers": LAYERS, "width": WIDTH, "batch": [BATCH, SEQ, WIDTH],
+                     "microbatches": MICROBATCHES, "stages": 2, "loss": "mse",
+                     "backend": "gloo (CPU)", "threads_per_stage": 1},
+        "steps": args.steps, "checkpoints": list(checkpoints),
+        "growth": f"resident at step {last} / resident at step {first} - 1, per rank",
+        "goal": f"growth under {GOAL_GROWTH:.0%} for 2bw and pipemare",
+        "schedules": results, "torch": torch.__version__, "python": platform.python_version(),
+    }  # fmt: skip
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(out, indent=2) + "\n")
+    print(json.dumps({k: {"worst_growth": v["worst_growth"], "goal_met": v["goal_met"]}
+                      for k, v in results.items()}, indent=2))  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
