@@ -62,7 +62,8 @@ def stream(ctx: StageContext, schedule: str, steps: int, checkpoints: tuple[int,
     pipe = ElasticPipeline(specs, optimizer=functools.partial(torch.optim.Adam, lr=1e-4),
                            loss_fn=F.mse_loss, schedule=schedule, n_microbatches=MICROBATCHES,
                            partition=[LAYERS // 2, LAYERS - LAYERS // 2], seed=0,
-                           pipemare=PipeMareConfig() if schedule == "pipemare" else None)  # fmt: skip
+                           pipemare=PipeMareConfig() if schedule == "pipemare"
+                           else None)  # fmt: skip
     resident: dict[int, int] = {}
     t0 = time.perf_counter()
     for step, _loss in enumerate(pipe.train(batches(steps)), start=1):
@@ -80,7 +81,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=CHECKPOINTS[-1])
     parser.add_argument("--out", type=Path, default=RESULTS / "stream_memory.json")
     args = parser.parse_args()
-    checkpoints = tuple(c for c in CHECKPOINTS if c < args.steps) + (args.steps,)
+    checkpoints = (*(c for c in CHECKPOINTS if c < args.steps), args.steps)
     first, last = checkpoints[0], checkpoints[-1]
     results: dict[str, Any] = {}
     for schedule in SCHEDULES:
