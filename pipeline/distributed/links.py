@@ -148,10 +148,6 @@ class Receive:
         self._works: list[dist.Work] | None = None  # None: not posted yet
         self._tensors: list[torch.Tensor] = []
 
-    @property
-    def posted(self) -> bool:
-        return self._works is not None
-
     def post(self, metas: Sequence[TensorMeta]) -> None:
         """Post the status and one receive per tensor of `metas` (the link's frame layout)."""
         assert self._works is None, "a frame is posted once"

@@ -254,9 +254,7 @@ def validate(
         _check_stage(actions, s, n_microbatches * n_steps)
         if n_steps > 1 or is_stream(schedule):
             _check_versions(actions, s, n_microbatches, n_steps)
-    _check_messages(lists)
-    _check_progress(lists)
-    check_order(lists)  # NCCL matches by order alone (`pipeline.distributed.links`)
+    check_order(lists)  # executes the lists: order, sizes, no stall (`pipeline.pure.wire_order`)
 
 
 def _check_stage(actions: Sequence[Action], stage: int, n_microbatches: int) -> None:
@@ -318,56 +316,3 @@ def _check_versions(actions: Sequence[Action], stage: int, m: int, n_steps: int)
             )
     if done != n_steps - 1:
         raise ScheduleError(f"stage {stage}: {done + 1} optimizer steps for {n_steps} steps")
-
-
-def _messages(lists: Sequence[Sequence[Action]]) -> tuple[list[tuple], list[tuple]]:
-    """(sender, receiver, kind, micro-batch) of every send and of every receive."""
-    sends, recvs = [], []
-    for s, actions in enumerate(lists):
-        for a in actions:
-            if a.op is Op.SEND_ACT:
-                sends.append((s, s + 1, "act", a.microbatch))
-            elif a.op is Op.SEND_GRAD:
-                sends.append((s, s - 1, "grad", a.microbatch))
-            elif a.op is Op.RECV_ACT:
-                recvs.append((s - 1, s, "act", a.microbatch))
-            elif a.op is Op.RECV_GRAD:
-                recvs.append((s + 1, s, "grad", a.microbatch))
-    return sends, recvs
-
-
-def _check_messages(lists: Sequence[Sequence[Action]]) -> None:
-    sends, recvs = _messages(lists)
-    unmatched = set(sends) ^ set(recvs)
-    if unmatched or len(sends) != len(set(sends)):
-        raise ScheduleError(f"sends and receives do not match: {sorted(unmatched)[:5]}")
-
-
-def _check_progress(lists: Sequence[Sequence[Action]]) -> None:
-    """Execute all stages: posts and sends never block; compute waits for its message."""
-    sent: set[tuple] = set()
-    pc = [0] * len(lists)
-    last = len(lists) - 1
-
-    def ready(s: int, a: Action) -> bool:
-        if a.op is Op.FORWARD and s > 0:
-            return (s - 1, s, "act", a.microbatch) in sent
-        if a.op in GRAD_OPS and s < last:
-            return (s + 1, s, "grad", a.microbatch) in sent
-        return True
-
-    progressed = True
-    while progressed:
-        progressed = False
-        for s, actions in enumerate(lists):
-            while pc[s] < len(actions) and ready(s, actions[pc[s]]):
-                a = actions[pc[s]]
-                if a.op is Op.SEND_ACT:
-                    sent.add((s, s + 1, "act", a.microbatch))
-                elif a.op is Op.SEND_GRAD:
-                    sent.add((s, s - 1, "grad", a.microbatch))
-                pc[s] += 1
-                progressed = True
-    stuck = {s: lists[s][pc[s]] for s in range(len(lists)) if pc[s] < len(lists[s])}
-    if stuck:
-        raise ScheduleError(f"deadlock: stages wait forever at {stuck}")

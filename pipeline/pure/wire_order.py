@@ -151,7 +151,7 @@ def check_order(
         wire.deliver(stage)
     stuck = {s.index: s.actions[s.pc] for s in wire.stages if s.pc < len(s.actions)}
     if stuck:
-        raise ScheduleError(f"stages wait forever at {stuck}")
+        raise ScheduleError(f"deadlock: stages wait forever at {stuck}")
     left = {pair: list(frames) for pair, frames in wire.channels.items() if frames}
     unmatched = {s.index: {k: list(v) for k, v in s.posted.items() if v} for s in wire.stages
                  if any(s.posted.values())}  # fmt: skip
