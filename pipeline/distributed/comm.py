@@ -34,12 +34,13 @@ import torch.distributed as dist
 
 from pipeline.errors import PipelineError, StageError
 
-__all__ = ["Comm", "PendingReduce", "raise_first"]
+__all__ = ["Comm", "PendingReduce", "Posted", "raise_first"]
 
 T = TypeVar("T")
 
 _OPS = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}
 _CONTROL_GROUPS: dict[int, Any] = {}  # id(default group) -> its gloo group (NCCL-only groups)
+_DATA_PLANES: set[int] = set()  # id(default group) of groups whose NCCL communicator exists
 
 
 class Comm:
@@ -59,6 +60,9 @@ class Comm:
         else:
             self.data_device = torch.device("cpu")
         self._control = None if "gloo" in backend else _control_group()
+        self._open: list[tuple[dist.P2POp, Posted]] = []  # point-to-point, not yet posted
+        if self.data_device.type == "cuda":
+            _start_data_plane(self.data_device)
 
     # -- objects (control plane) ---------------------------------------------------------
     def all_gather_object(self, obj: Any) -> list[Any]:
@@ -100,17 +104,44 @@ class Comm:
         dist.barrier(group=self._control)
 
     # -- point-to-point (either plane, chosen by the tensor's device) ---------------------
-    # Point-to-point messages carry no tag (0): NCCL ignores tags and matches the messages
-    # between two ranks by their order, so every caller posts them in the order its peer
-    # does (`pipeline.distributed.links`, the ordering rule), and gloo is held to it too.
-    def isend(self, tensor: torch.Tensor, peer: int) -> dist.Work:
-        return _posted(dist.isend(tensor, peer, group=self._group_for(tensor)))
+    # Operations join this rank's open group and go out together at `post` (one
+    # `batch_isend_irecv` per plane): NCCL runs a group as one, so sends and receives that
+    # cross between two ranks never wait for each other (`pipeline.pure.wire_order`). They
+    # carry no tag (0): NCCL ignores tags and matches the messages between two ranks by
+    # their order, so every caller posts them in the order its peer does
+    # (`pipeline.distributed.links`, the ordering rule), and gloo is held to it too.
+    def send(self, tensor: torch.Tensor, peer: int) -> Posted:
+        """Join the open group with a send of `tensor` to rank `peer`."""
+        return self._join(dist.isend, tensor, peer)
 
-    def irecv(self, tensor: torch.Tensor, peer: int) -> dist.Work:
-        return _posted(dist.irecv(tensor, peer, group=self._group_for(tensor)))
+    def recv(self, tensor: torch.Tensor, peer: int) -> Posted:
+        """Join the open group with a receive into `tensor` from rank `peer`."""
+        return self._join(dist.irecv, tensor, peer)
 
-    def _group_for(self, tensor: torch.Tensor) -> Any:
-        return self._control if tensor.device.type == "cpu" else None
+    def post(self) -> None:
+        """Post the open group: its operations start together; `Posted.wait` waits for one."""
+        group, self._open = self._open, []
+        for control in (True, False):  # a batch holds tensors of one device and one group
+            ops = [(op, posted) for op, posted in group
+                   if (op.tensor.device.type == "cpu") == control]  # fmt: skip
+            if not ops:
+                continue
+            works: list[Any] = list(dist.batch_isend_irecv([op for op, _ in ops]))
+            if len(works) != len(ops):  # coalesced (NCCL): one work stands for the group
+                works = [_AllOf(works)] * len(ops)
+            for (_, posted), work in zip(ops, works, strict=True):
+                posted.attach(work)
+
+    @property
+    def open_operations(self) -> int:
+        """Operations waiting in the open group (read-only; for tests and monitoring)."""
+        return len(self._open)
+
+    def _join(self, fn: Callable[..., Any], tensor: torch.Tensor, peer: int) -> Posted:
+        plane = self._control if tensor.device.type == "cpu" else None
+        posted = Posted(self)
+        self._open.append((dist.P2POp(fn, tensor, peer, group=plane), posted))
+        return posted
 
     # -- agreement -----------------------------------------------------------------------
     def agree(self, make: Callable[[], T]) -> T:
@@ -151,6 +182,38 @@ class Comm:
         raise_first(self.all_gather_object(portable), self.rank, error)
 
 
+class Posted:
+    """One point-to-point operation of a group: waiting for it posts its group first."""
+
+    def __init__(self, comm: Comm) -> None:
+        self._comm = comm
+        self._work: Any = None  # a dist.Work once posted
+
+    @property
+    def posted(self) -> bool:
+        return self._work is not None
+
+    def attach(self, work: Any) -> None:
+        assert self._work is None, "an operation is posted once"
+        self._work = work
+
+    def wait(self) -> None:
+        if self._work is None:
+            self._comm.post()
+        self._work.wait()
+
+
+class _AllOf:
+    """The works of a coalesced group, waited for as one."""
+
+    def __init__(self, works: Sequence[Any]) -> None:
+        self._works = works
+
+    def wait(self) -> None:
+        for work in self._works:
+            work.wait()
+
+
 class PendingReduce:
     """An all_reduce in flight: `wait()` gives its values (once it has been posted by all)."""
 
@@ -189,9 +252,14 @@ def _portable(error: BaseException, rank: int) -> BaseException:
     return copy
 
 
-def _posted(work: dist.Work | None) -> dist.Work:
-    assert work is not None, "point-to-point operations return a Work"
-    return work
+def _start_data_plane(device: torch.device) -> None:
+    """Create NCCL's communicator of the whole group now, with every rank (collective):
+    batched point-to-point operations use it, and a batch that is its first use must
+    involve every rank (torch.distributed.batch_isend_irecv)."""
+    key = id(dist.group.WORLD)
+    if key not in _DATA_PLANES:
+        dist.all_reduce(torch.zeros(1, device=device))
+        _DATA_PLANES.add(key)
 
 
 def _control_group() -> Any:

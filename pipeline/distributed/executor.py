@@ -6,8 +6,9 @@ neighbours (`pipeline.distributed.links`). The protocol of a training step, numb
 
     0. Under Bi-Partition, owners of handed layers send their weights to the replicas
        (`pipeline.distributed.handoff`).
-    1. Every stage runs its list: RECV_* posts a receive, FORWARD/BACKWARD compute (waiting
-       for their message first), SEND_* sends. A split backward (`zbh1`) is BACKWARD_INPUT,
+    1. Every stage runs its list: RECV_* and SEND_* put a receive or a send in the open
+       group, which goes out as one before each compute action; FORWARD/BACKWARD compute
+       (waiting for their message first). A split backward (`zbh1`) is BACKWARD_INPUT,
        which receives and sends like BACKWARD, and later BACKWARD_WEIGHT, which exchanges
        nothing: the micro-batch stays in `live` until it ends.
     2. An exception in a layer's forward or backward (either half of a split one), in the
@@ -57,6 +58,7 @@ from pipeline.distributed.links import ACT, GRAD, PeerFailed, PeerLink, Receive
 from pipeline.errors import NonFiniteLossError, StageError
 from pipeline.local.carry import Carry
 from pipeline.local.stage import ComputeError, InFlight, Stage, StepTimes
+from pipeline.pure.actions import COMPUTE_OPS
 from pipeline.pure.schedule import Action, Op
 
 __all__ = ["infer", "train_step"]
@@ -72,11 +74,12 @@ class _Run:
         self,
         stage: Stage,
         links: tuple[PeerLink | None, PeerLink | None],
+        comm: Comm,
         step: int,
         inputs: Batches[Carry] | None,
         targets: Batches[Any] | None,
     ) -> None:
-        self.stage, (self.prev, self.next) = stage, links
+        self.stage, (self.prev, self.next), self.comm = stage, links, comm
         self.step, self.inputs, self.targets = step, inputs, targets
         self.pending: dict[tuple[Op, int], Receive] = {}
         self.live: dict[int, InFlight] = {}
@@ -101,7 +104,12 @@ class _Run:
             self.act(action)
 
     def act(self, action: Action) -> None:
-        """Run one non-optimizer action; after a failure here or at a peer, unblock instead."""
+        """Run one non-optimizer action; after a failure here or at a peer, unblock instead.
+
+        Before a compute action the messages since the last one go out as one group
+        (`pipeline.distributed.links`, rule 3)."""
+        if action.op in COMPUTE_OPS:
+            self.comm.post()
         if not self.failed:
             try:
                 self._do(action)
@@ -197,6 +205,7 @@ class _Run:
         return failure
 
     def wait_sends(self) -> None:
+        self.comm.post()
         t0 = self.stage.now()
         for link in (self.prev, self.next):
             if link is not None:
@@ -228,7 +237,7 @@ def train_step(
     n_microbatches = sum(a.op is Op.FORWARD for a in actions)
     stage.begin_step(step, n_microbatches, measure_memory)
     handoff.share_weights(stage, links)  # Bi-Partition: replicas take the owners' weights
-    run = _Run(stage, links, step, inputs, targets)
+    run = _Run(stage, links, comm, step, inputs, targets)
     run.execute(actions)
     run.wait_sends()
     handoff.exchange_gradients(stage, links)  # Bi-Partition, `pipeline.distributed.handoff`
@@ -272,7 +281,7 @@ def infer(
     inputs: Sequence[Carry] | None,
 ) -> list[Carry] | None:
     """Forward-only actions in eval mode; the last stage's outputs (on CPU) on every rank."""
-    run = _Run(stage, links, step, inputs, None)
+    run = _Run(stage, links, comm, step, inputs, None)
     run.inference = True
     with stage.evaluating(step):
         run.execute(actions)

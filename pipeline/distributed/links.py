@@ -23,49 +23,43 @@ into the next step and the failing stage's neighbours are unblocked at once: the
 the failure from the frame they were waiting for, go on draining and sending failures
 themselves, and the step ends with every rank knowing.
 
-The ordering rule. NCCL ignores tags: between two ranks, in each direction, the n-th
-message received is the n-th sent. So no message has a tag (`Comm.isend`) and the order
-alone must match, by construction:
+The ordering rules. NCCL ignores tags: between two ranks, in each direction, the n-th
+message received is the n-th sent. It buffers nothing, and runs a rank's batched messages on
+one stream, group after group. So no message has a tag, and the order and the grouping
+alone must be right, by construction (`pipeline.pure.wire_order` checks both for every list
+`validate` accepts, healthy and failing, under these rules):
 
     1. Frames follow the action lists: a sender sends one frame per SEND action, in list
        order; a receiver posts one per RECV action, in list order; the schedule gives both
-       ends the same micro-batch order (`pipeline.pure.schedule.validate` checks it for
-       every list it accepts). A failed stage still walks its whole list, sending a failed
-       frame in place of each one it owes, so a failure changes no order.
+       ends the same micro-batch order. A failed stage still walks its whole list, sending
+       a failed frame in place of each one it owes, so a failure changes no order.
     2. A frame's size is known to both ends before it is posted: activation frames from
-       the header (the receiver's first message of the step in that direction), gradient
-       frames from the header the gradient's receiver sent itself; a failed header means
-       frames of a status alone.
-    3. A receiver posts a frame's status and tensors together, and frames strictly in RECV
-       order: a frame whose size is not known yet waits in `_unposted`, and every later
-       frame behind it, until the header arrives (`learn_layout`, called by the first wait)
-       or is sent. Waiting for the header cannot block: it is the first message the peer
-       sends in that direction.
-    4. Outside the frames, Bi-Partition's handed layers (`pipeline.distributed.handoff`)
-       send weights before a step's first frame and gradients after its sends completed;
-       both ends know the tensors and post them in the same order.
+       the header, gradient frames from the header the gradient's receiver sent itself; a
+       failed header means frames of a status alone.
+    3. Messages join the rank's open group (`Comm.send`, `Comm.recv`); the executor posts
+       the group before every compute action, and anything that waits posts it first
+       (`Posted.wait`). `lower` places each receive just before the action that consumes
+       it, after the sends of the compute before: the sends of one compute and the receive
+       of the next go out as one group, which NCCL runs as one.
+    4. The header is the first message of a step in its direction. The receiver's first
+       RECV_ACT posts the open group, then receives the header and waits for it (on the
+       host), then posts the frame: it never waits on what its own open group holds.
+    5. Outside the frames, Bi-Partition's handed layers (`pipeline.distributed.handoff`)
+       send weights before a step's first frame and gradients after its sends completed,
+       each exchange in one group; both ends know the tensors and post them in one order.
 
-Sends are never blocking on the host (`isend`) and a receive is posted no later than the
-action that waits for it, so on gloo two stages that both send before they receive do not
-deadlock. NCCL asks for more, which this module does not give yet: it runs a pair's sends
-and receives, both directions, on one stream in posting order and does not buffer, so a
-receive posted early (one compute ahead, as `lower` places it) holds back every later send
-to that peer until its own message arrives; where the peer does the same, both wait.
-Exchanges that can cross must be posted as one group (`batch_isend_irecv`). `wait` raises
-on the process group's timeout: a dead peer never hangs.
+`wait` raises on the process group's timeout: a dead peer never hangs.
 """
 
 from __future__ import annotations
 
-import collections
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
-import torch.distributed as dist
 
-from pipeline.distributed.comm import Comm
+from pipeline.distributed.comm import Comm, Posted
 from pipeline.local.carry import Carry
 
 __all__ = ["ACT", "GRAD", "PeerFailed", "PeerLink", "Receive", "TensorMeta", "carry_meta"]
@@ -137,30 +131,17 @@ def _decode(header: torch.Tensor) -> tuple[TensorMeta, ...] | None:
 
 
 class Receive:
-    """A receive of one micro-batch's frame: its status and its tensors (rules 2-3).
+    """A receive of one micro-batch's frame from `peer`: its status and its tensors, laid
+    out as `metas` (rule 2), joining the open group at once, in RECV order (rule 3)."""
 
-    Created in RECV order; posted whole when its link knows the frame's size (at once,
-    or when the header arrives or is sent), never before an earlier frame of the link."""
-
-    def __init__(self, link: PeerLink, kind: int, microbatch: int) -> None:
-        self._link, self.kind, self.microbatch = link, kind, microbatch
-        self._status = torch.zeros(1, dtype=torch.int64)
-        self._works: list[dist.Work] | None = None  # None: not posted yet
-        self._tensors: list[torch.Tensor] = []
-
-    def post(self, metas: Sequence[TensorMeta]) -> None:
-        """Post the status and one receive per tensor of `metas` (the link's frame layout)."""
-        assert self._works is None, "a frame is posted once"
-        comm, peer, device = self._link.comm, self._link.peer, self._link.comm.data_device
-        self._works = [comm.irecv(self._status, peer)]
-        self._tensors = [torch.empty(m.shape, dtype=m.dtype, device=device) for m in metas]
-        self._works += [comm.irecv(t, peer) for t in self._tensors]
+    def __init__(self, comm: Comm, peer: int, metas: Sequence[TensorMeta]) -> None:
+        self._peer, self._status = peer, torch.zeros(1, dtype=torch.int64)
+        self._tensors = [torch.empty(m.shape, dtype=m.dtype, device=comm.data_device)
+                         for m in metas]  # fmt: skip
+        self._works = [comm.recv(t, peer) for t in (self._status, *self._tensors)]
 
     def _finish(self) -> bool:
         """Wait for the status and the tensors that follow it; True if the sender was ok."""
-        if self._works is None:
-            self._link.learn_layout()  # the header: it came first, so it can be waited for
-        assert self._works is not None, f"frame {self.kind}/{self.microbatch}: no layout"
         for work in self._works:
             work.wait()
         return int(self._status.item()) == _OK
@@ -168,7 +149,7 @@ class Receive:
     def wait(self) -> Carry:
         """The received tensors; raises `PeerFailed` (after draining) if the peer failed."""
         if not self._finish():
-            raise PeerFailed(f"stage {self._link.peer} failed")
+            raise PeerFailed(f"stage {self._peer} failed")
         return tuple(self._tensors)
 
     def drain(self) -> None:
@@ -184,7 +165,7 @@ class PeerLink:
         # sends not yet waited for, each with its tensor (kept alive until the send is done)
         # and its micro-batch: `wait_sends` ends a step; a stream releases the micro-batches
         # its agreements prove received (`release_sends`), so it holds only those in flight
-        self._sends: list[tuple[dist.Work, torch.Tensor, float]] = []
+        self._sends: list[tuple[Posted, torch.Tensor, float]] = []
         self.begin_step()
 
     def begin_step(self) -> None:
@@ -192,8 +173,6 @@ class PeerLink:
         self.grad_meta: tuple[TensorMeta, ...] | None = None  # of activations we sent (ok)
         self.inbound_header: bool | None = None  # None: not yet received; then ok?
         self.header_sent: bool | None = None  # None: not yet sent; then ok?
-        self._header_recv: tuple[torch.Tensor, dist.Work] | None = None
-        self._unposted: collections.deque[Receive] = collections.deque()  # rule 3, in order
         self._last_sent: dict[int, int] = {}  # kind -> the micro-batch of its last frame
 
     # -- activations ---------------------------------------------------------------------
@@ -207,7 +186,6 @@ class PeerLink:
             header = _encode(metas)  # raises on an unsupported carry: nothing sent yet
             self.grad_meta, self.header_sent = metas, True
             self._isend(header, microbatch)
-            self._post_in_order()  # gradient frames now have their size
         elif metas != self.grad_meta:
             raise RuntimeError(
                 f"micro-batch {microbatch} produced a carry {metas} that differs from the "
@@ -217,20 +195,13 @@ class PeerLink:
         self._send(ACT, microbatch, [t.detach() for t in carry])
 
     def recv_activations(self, microbatch: int) -> Receive:
-        if self.inbound_header is None and self._header_recv is None:
+        if self.inbound_header is None:  # rule 4: post the open group, then the header
+            self.comm.post()
             header = torch.empty(_HEADER_LEN, dtype=torch.int64)
-            self._header_recv = (header, self.comm.irecv(header, self.peer))
-        return self._receive(ACT, microbatch)
-
-    def learn_layout(self) -> None:
-        """Wait for the activations' header (if one is expected and still open), then post
-        the frames that waited for it."""
-        if self.inbound_header is None and self._header_recv is not None:
-            header, work = self._header_recv
-            work.wait()
-            self.inbound_meta, self._header_recv = _decode(header), None
+            self.comm.recv(header, self.peer).wait()
+            self.inbound_meta = _decode(header)
             self.inbound_header = self.inbound_meta is not None
-        self._post_in_order()
+        return self._receive(ACT, microbatch)
 
     # -- gradients -----------------------------------------------------------------------
     def send_gradients(self, grads: Sequence[torch.Tensor], microbatch: int) -> None:
@@ -248,7 +219,6 @@ class PeerLink:
         if kind == ACT and self.header_sent is None:
             self.header_sent = False
             self._isend(_encode((), ok=False), microbatch)
-            self._post_in_order()
         dummies = self._layout(kind, sending=True)
         assert dummies is not None, "a frame's failure is sent after its header is settled"
         device = self.comm.data_device
@@ -263,12 +233,13 @@ class PeerLink:
             self._isend(t.detach(), math.inf)
 
     def recv_state(self, buffers: Sequence[torch.Tensor]) -> None:
-        """Receive into `buffers`, in order, what the peer's `send_state` sent; waits."""
-        works = [self.comm.irecv(b, self.peer) for b in buffers]
+        """Receive into `buffers`, in order, what the peer's `send_state` sent; waits (the
+        open group, with any `send_state` before it, goes out as one)."""
+        works = [self.comm.recv(b, self.peer) for b in buffers]
         for work in works:
             work.wait()
 
-    # -- frames in order (rules 2-3) --------------------------------------------------------
+    # -- frames in order (rules 1-3) --------------------------------------------------------
     def _layout(self, kind: int, sending: bool = False) -> Sequence[TensorMeta] | None:
         """The tensors of a `kind` frame as both ends know them; None: not known yet.
 
@@ -288,17 +259,11 @@ class PeerLink:
         return metas if kind == ACT else [m for m in metas if m.requires_grad]
 
     def _receive(self, kind: int, microbatch: int) -> Receive:
-        receive = Receive(self, kind, microbatch)
-        self._unposted.append(receive)
-        self._post_in_order()
-        return receive
-
-    def _post_in_order(self) -> None:
-        while self._unposted:
-            metas = self._layout(self._unposted[0].kind)
-            if metas is None:
-                return  # it, and every frame after it, waits for the header
-            self._unposted.popleft().post(metas)
+        metas = self._layout(kind)
+        if metas is None:  # a gradient before any activations went out: not a valid list
+            raise RuntimeError(f"micro-batch {microbatch}'s gradient is received from stage "
+                               f"{self.peer} before any activations were sent to it")  # fmt: skip
+        return Receive(self.comm, self.peer, metas)
 
     def _send(
         self, kind: int, microbatch: int, tensors: list[torch.Tensor], ok: bool = True
@@ -310,7 +275,7 @@ class PeerLink:
 
     def _isend(self, tensor: torch.Tensor, microbatch: float) -> None:
         tensor = tensor.contiguous()
-        self._sends.append((self.comm.isend(tensor, self.peer), tensor, microbatch))
+        self._sends.append((self.comm.send(tensor, self.peer), tensor, microbatch))
 
     @property
     def sends_in_flight(self) -> int:
@@ -323,10 +288,10 @@ class PeerLink:
             work.wait()
 
     def release_sends(self, below: int) -> None:
-        """Wait for (and drop) the sends of micro-batches numbered below `below`. Only for
-        messages the caller knows were received (the wait then returns at once): a stream
-        knows it of every message of step t once the agreement A(t) completes."""
-        done = [s for s in self._sends if s[2] < below]
-        self._sends = [s for s in self._sends if s[2] >= below]
+        """Wait for (and drop) the posted sends of micro-batches numbered below `below`.
+        Only for messages the caller knows were received (the wait then returns at once): a
+        stream knows it of every message of step t once the agreement A(t) completes."""
+        done = [s for s in self._sends if s[2] < below and s[0].posted]
+        self._sends = [s for s in self._sends if not (s[2] < below and s[0].posted)]
         for work, _tensor, _microbatch in done:
             work.wait()

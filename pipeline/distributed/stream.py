@@ -146,7 +146,7 @@ class Segment:
         self.failed_at: int | None = None
         self.nonfinite: tuple[int, float, float] | None = None  # (step, loss, first bad)
         self._add(first)
-        self._run = executor._Run(self.stage, pipe._links, self.start, self.inputs,
+        self._run = executor._Run(self.stage, pipe._links, self.comm, self.start, self.inputs,
                                   self.targets)  # fmt: skip
         self._gen = self._steps()
 
@@ -237,6 +237,8 @@ class Segment:
         try:
             for action in lower_lazily(computes, self.comm.rank, self.comm.world_size):
                 step = action.microbatch // m
+                if action.op in (Op.OPTIMIZER_STEP, Op.FORWARD):
+                    self.comm.post()  # nothing stays open while this rank waits to agree
                 if action.op is Op.OPTIMIZER_STEP:
                     yield from self._settle(action.microbatch - 1)
                     self._post(action.microbatch)
@@ -255,6 +257,7 @@ class Segment:
                 if action.op is Op.FORWARD:  # its input and target are needed no more
                     self.inputs.pop(action.microbatch, None)
                     self.targets.pop(action.microbatch, None)
+            self.comm.post()  # the last compute's sends: the peers need them to agree A(last)
             yield from self._settle(last_step)
             run.wait_sends()
         except BaseException:

@@ -14,10 +14,11 @@ and the receiver rebuilds the tensors as views into the received buffer (no copy
 first and agree on its outcome; the exchange between all ranks then only moves bytes:
 
     1. all_gather of a (world, 2) table: the skeleton and data sizes each rank sends to each
-    2. every rank posts irecvs for what is coming and isends for what it sends, at once,
-       so two ranks may swap objects without deadlock; between two ranks the skeleton
-       goes before the data and both ends post them in that order, so every message has
-       no tag and matches by order alone, as NCCL matches (`pipeline.distributed.links`)
+    2. every rank posts receives for what is coming and sends for what it sends as one
+       group (`Comm.post`), so two ranks may swap objects without deadlock; between two
+       ranks the skeleton goes before the data and both ends post them in that order, so
+       every message has no tag and matches by order alone, as NCCL matches
+       (`pipeline.distributed.links`)
     3. wait for all; unpickle the skeletons and put the tensors back in
 """
 
@@ -123,14 +124,14 @@ def exchange(comm: Comm, packed: dict[int, Packed | Any]) -> dict[int, Any]:
         if n_skeleton:
             buffers[src] = (torch.empty(n_skeleton, dtype=torch.uint8),
                             torch.empty(n_data, dtype=torch.uint8))  # fmt: skip
-            works.append(comm.irecv(buffers[src][0], src))
+            works.append(comm.recv(buffers[src][0], src))
             if n_data:
-                works.append(comm.irecv(buffers[src][1], src))
+                works.append(comm.recv(buffers[src][1], src))
     for dst, (skeleton, data) in remote.items():
-        works.append(comm.isend(torch.frombuffer(bytearray(skeleton), dtype=torch.uint8),
+        works.append(comm.send(torch.frombuffer(bytearray(skeleton), dtype=torch.uint8),
                                 dst))  # fmt: skip
         if data.numel():
-            works.append(comm.isend(data, dst))
+            works.append(comm.send(data, dst))
     for work in works:
         work.wait()
     for src, (skeleton_buf, data) in buffers.items():

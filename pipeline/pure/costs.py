@@ -14,8 +14,9 @@ Memory actions, per layer (the runtime's `pipeline.local.stage_memory` implement
     swap       saved activations go to host memory and come back: +2 host transfers
 
 A layer's input is the previous layer's output, so a recomputed (or swapped) layer keeps
-`input_bytes(costs, i)` = min(activation_bytes, previous output_bytes) per micro-batch. The
+`kept_bytes(costs, i)` = min(activation_bytes, previous output_bytes) per micro-batch. The
 first layer's input is the batch itself, which the data pipeline holds anyway: it counts 0.
+The last layer feeds the loss in the forward: it keeps everything whatever its action.
 """
 
 from __future__ import annotations
@@ -168,7 +169,13 @@ HOST_LINK = LinkCost(bandwidth_bytes_per_s=1e9, latency_s=1e-4)
 
 
 def kept_bytes(costs: Sequence[LayerCost], index: int) -> int:
-    """Bytes layer `index` keeps per micro-batch when recomputed or swapped: its input."""
+    """Bytes layer `index` keeps per micro-batch when recomputed or swapped: its input.
+
+    The model's last layer keeps everything: the loss is computed from its output in the
+    forward, so the runtime runs it as "keep" whatever the plan says
+    (`pipeline.local.stage_memory`), and a plan that recomputes it would save nothing."""
+    if index == len(costs) - 1:
+        return costs[index].activation_bytes
     held = costs[index - 1].output_bytes if index > 0 else 0
     return min(costs[index].activation_bytes, held)
 

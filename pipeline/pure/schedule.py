@@ -29,9 +29,11 @@ Communication actions (added by `lower`)::
     RECV_GRAD(i)  post the receive of the gradient of micro-batch i's outputs
     SEND_GRAD(i)  send the gradient of micro-batch i's inputs to stage - 1
 
-Receives are non-blocking posts placed one compute action ahead of the action that consumes
-them, so the transfer overlaps with that compute; the consuming action waits for it. Sends
-are non-blocking too; the step waits for all of them before the optimizer step.
+A receive is placed just before the action that consumes it and a send just after the action
+that produced it; the runtime posts the communication between two compute actions as one
+group (NCCL's `batch_isend_irecv`), the consuming action waits for its receive, and the step
+waits for all sends before the optimizer step (`pipeline.pure.wire_order` states the rules
+and proves every list against them).
 
 GPipe, 2 stages, 3 micro-batches (time flows right)::
 
@@ -153,57 +155,34 @@ def get_schedule(name: str) -> ScheduleFn:
 def lower(compute: Sequence[Action], stage: int, n_stages: int) -> list[Action]:
     """Add the point-to-point messages a compute list needs on `stage`.
 
-    Each receive is posted just before the compute action that precedes its consumer (one
-    action of look-ahead), each send right after the action that produced its payload.
+    Each send right after the action that produced its payload; each receive just before
+    the action that consumes it, so the sends of one compute and the receive of the next
+    are posted together, as one group (`pipeline.pure.wire_order`: NCCL's rules).
     """
     return list(lower_lazily(compute, stage, n_stages))
 
 
 def lower_lazily(compute: Iterable[Action], stage: int, n_stages: int) -> Iterator[Action]:
-    """`lower`, reading `compute` one compute action ahead of what it yields (streams)."""
+    """`lower`, one action at a time (a stream's list is pulled as batches arrive)."""
     first, last = stage == 0, stage == n_stages - 1
-
-    def recv_for(action: Action) -> list[Action]:
+    for action in compute:
+        i = action.microbatch
         if action.op is Op.FORWARD and not first:
-            return [Action(Op.RECV_ACT, action.microbatch)]
-        if action.op in GRAD_OPS and not last:
-            return [Action(Op.RECV_GRAD, action.microbatch)]
-        return []
-
-    def send_after(action: Action) -> list[Action]:
+            yield Action(Op.RECV_ACT, i)
+        elif action.op in GRAD_OPS and not last:
+            yield Action(Op.RECV_GRAD, i)
+        yield action
         if action.op is Op.FORWARD and not last:
-            return [Action(Op.SEND_ACT, action.microbatch)]
-        if action.op in GRAD_OPS and not first:
-            return [Action(Op.SEND_GRAD, action.microbatch)]
-        return []
-
-    actions = iter(compute)
-
-    def next_compute(between: list[Action]) -> Action | None:
-        for action in actions:
-            if action.op in COMPUTE_OPS:
-                return action
-            between.append(action)
-        return None
-
-    before: list[Action] = []
-    current = next_compute(before)
-    yield from before
-    if current is not None:
-        yield from recv_for(current)
-    while current is not None:
-        after: list[Action] = []
-        upcoming = next_compute(after)
-        if upcoming is not None:  # its receive is posted before the compute preceding it
-            yield from recv_for(upcoming)
-        yield current
-        yield from send_after(current)
-        yield from after
-        current = upcoming
+            yield Action(Op.SEND_ACT, i)
+        elif action.op in GRAD_OPS and not first:
+            yield Action(Op.SEND_GRAD, i)
 
 
 def stage_actions(
-    schedule: str | ScheduleFn, n_stages: int, n_microbatches: int, stage: int,
+    schedule: str | ScheduleFn,
+    n_stages: int,
+    n_microbatches: int,
+    stage: int,
     n_steps: int = 1,
 ) -> list[Action]:
     """The lowered action list one stage executes per training step (per stream of

@@ -1,7 +1,8 @@
 """The ordering rule NCCL imposes (messages match by order, not by tag), without processes.
 
 For every built-in schedule, 2..8 stages and 1..16 micro-batches (streams over 2 steps),
-each pair of neighbours receives in the order the peer sends, healthy and with one stage
+each pair of neighbours receives in the order the peer sends and every list runs to its end
+under NCCL's rules (no buffering, one stream of groups per rank), healthy and with one stage
 failing at its first, middle or last compute action (the failure protocol then sends a
 failed frame in place of each owed one, of the size the receiver expects).
 """
@@ -51,6 +52,20 @@ def test_receives_posted_in_another_order_are_caught() -> None:
     lists = [lower(stage0, 0, 2), lower(stage1, 1, 2)]
     with pytest.raises(ScheduleError, match="posted act1 but stage 0 sent act0"):
         check_order(lists)
+
+
+def test_a_receive_posted_a_compute_early_deadlocks_as_under_nccl() -> None:
+    """The old lowering (each receive one compute ahead of its consumer) runs on gloo, which
+    buffers; under NCCL stage 0's early receive of gradient 0 runs on its stream ahead of
+    activations 1, which stage 1 needs before it can send that gradient."""
+    R, S, RG, SG = Op.RECV_ACT, Op.SEND_ACT, Op.RECV_GRAD, Op.SEND_GRAD
+    stage0 = [(F, 0), (S, 0), (RG, 0), (F, 1), (S, 1), (RG, 1), (B, 0), (B, 1)]
+    stage1 = [(R, 0), (R, 1), (F, 0), (F, 1), (B, 0), (SG, 0), (B, 1), (SG, 1)]
+    early = [[Action(op, i) for op, i in stage] + [Action(Op.OPTIMIZER_STEP)]
+             for stage in (stage0, stage1)]  # fmt: skip
+    with pytest.raises(ScheduleError, match="deadlock"):
+        check_order(early)
+    check_order([stage_actions("gpipe", 2, 2, s) for s in range(2)])  # as lowered now
 
 
 def test_a_send_nobody_receives_is_caught() -> None:

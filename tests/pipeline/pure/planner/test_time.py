@@ -34,6 +34,8 @@ def partitions(n_layers: int, n_stages: int) -> Iterator[list[tuple[int, int]]]:
 
 
 def kept(costs: Sequence[LayerCost], i: int) -> int:
+    if i == len(costs) - 1:  # the loss's input: kept whatever the action
+        return costs[i].activation_bytes
     return min(costs[i].activation_bytes, costs[i - 1].output_bytes if i > 0 else 0)
 
 
@@ -224,15 +226,27 @@ def test_swap_is_chosen_where_it_is_cheaper() -> None:
         got = check_plan(plan, costs, schedule, m, budget, swap=host)
         assert got == pytest.approx(expected, rel=1e-9, abs=1e-12)
     # 80 bytes must go: recomputing "a" (1 s) beats recomputing "b" (5 s), but swapping "b"
-    # (2 x (0.01 + 90 / 400) = 0.47 s) beats both
+    # (2 x (0.01 + 90 / 400) = 0.47 s) beats both; "head" feeds the loss: it keeps all
     costs = [LayerCost("a", 1.0, 1.0, activation_bytes=100, output_bytes=10),
-             LayerCost("b", 5.0, 5.0, activation_bytes=100, output_bytes=10)]  # fmt: skip
+             LayerCost("b", 5.0, 5.0, activation_bytes=100, output_bytes=10),
+             LayerCost("head", 0.5, 0.5, activation_bytes=0, output_bytes=10)]  # fmt: skip
     plan = TimePlanner(allow_swap=True, host_link=host).plan(
         costs, 1, schedule="gpipe", n_microbatches=1, memory_budget=120)
-    assert plan.actions == ("keep", "swap")
-    assert plan.predicted_stage_s == pytest.approx((12.47,))
+    assert plan.actions == ("keep", "swap", "keep")
+    assert plan.predicted_stage_s == pytest.approx((13.47,))
     assert TimePlanner().plan(costs, 1, schedule="gpipe", n_microbatches=1,
-                              memory_budget=120).actions == ("recompute", "keep")  # fmt: skip
+                              memory_budget=120).actions == ("recompute", "keep", "keep")
+
+
+def test_the_layer_that_feeds_the_loss_is_never_recomputed() -> None:
+    """The runtime keeps the last layer's activations (the loss is computed from its output
+    in the forward), so a plan that recomputes it would promise memory it never saves."""
+    costs = [LayerCost("a", 5.0, 5.0, activation_bytes=100, output_bytes=10),
+             LayerCost("b", 1.0, 1.0, activation_bytes=100, output_bytes=10)]  # fmt: skip
+    plan = TimePlanner().plan(costs, 1, schedule="gpipe", n_microbatches=1, memory_budget=120)
+    assert plan.actions == ("recompute", "keep")  # "b" would have been cheaper
+    with pytest.raises(InfeasibleBudgetError):
+        TimePlanner().plan(costs, 1, schedule="gpipe", n_microbatches=1, memory_budget=99)
 
 
 def test_infeasible_budget_reports_the_least_feasible_one() -> None:
@@ -374,7 +388,7 @@ def _gpipe_under_another_name(n_stages: int, n_microbatches: int, stage: int) ->
 
 def test_a_custom_schedule_is_planned_with_its_own_in_flight_counts() -> None:
     """Pure: a custom function plans like the built-in schedule it equals, not like 1F1B."""
-    costs = [LayerCost(f"l{i}", 1e-3 * (1 + i % 3), 2e-3, 10_000 * (1 + i), 4_000, 2_000,
+    costs = [LayerCost(f"l{i}", 1e-3 * (1 + i % 3), 2e-3, 10_000 * (8 - i), 4_000, 2_000,
                        2_000, 4_000) for i in range(8)]  # fmt: skip
     planner = TimePlanner()
     budget = 120_000
