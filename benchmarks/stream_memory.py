@@ -9,6 +9,12 @@ after steps 100, 500, 1,000 and 2,000 of one stream per schedule, beside "1f1b" 
 `train` runs `train_step` per batch, the peer whose memory is known flat). Each schedule
 runs in fresh stage processes. Goal: under 2% growth from step 100 to step 2,000.
 
+Two figures per checkpoint: the resident set as it is, and right after glibc's
+`malloc_trim(0)` hands the heap's free pages back to the system. The first includes what
+the allocator keeps after tensors are freed (glibc serves freed multi-megabyte tensors
+from its heap once its mmap threshold has risen past them, and the heap fragments), the
+second what the process holds: the goal is judged on the second, both are recorded.
+
     python benchmarks/stream_memory.py            # ~3 minutes on 2 cores
     python benchmarks/stream_memory.py --steps 500
 """
@@ -16,6 +22,8 @@ runs in fresh stage processes. Goal: under 2% growth from step 100 to step 2,000
 from __future__ import annotations
 
 import argparse
+import ctypes
+import ctypes.util
 import functools
 import json
 import platform
@@ -47,6 +55,17 @@ def resident_bytes() -> int:
     raise RuntimeError("no VmRSS in /proc/self/status: this benchmark reads Linux's figure")
 
 
+def trimmed_resident_bytes() -> int | None:
+    """The resident set after glibc returns the heap's free pages (None: not glibc)."""
+    name = ctypes.util.find_library("c")
+    try:
+        libc = ctypes.CDLL(name)
+        libc.malloc_trim(0)
+    except (OSError, AttributeError, TypeError):
+        return None
+    return resident_bytes()
+
+
 def batches(steps: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """`steps` fresh batches (each its own tensors, as a data loader yields them)."""
     g = torch.Generator().manual_seed(0)
@@ -65,14 +84,16 @@ def stream(ctx: StageContext, schedule: str, steps: int, checkpoints: tuple[int,
                            pipemare=PipeMareConfig() if schedule == "pipemare"
                            else None)  # fmt: skip
     resident: dict[int, int] = {}
+    trimmed: dict[int, int | None] = {}
     t0 = time.perf_counter()
     for step, _loss in enumerate(pipe.train(batches(steps)), start=1):
         if step in checkpoints:
             resident[step] = resident_bytes()
+            trimmed[step] = trimmed_resident_bytes()
     seconds = time.perf_counter() - t0
     stats = pipe.stats().stages[ctx.rank]
     pipe.close()
-    return {"resident_bytes": resident, "seconds": seconds,
+    return {"resident_bytes": resident, "trimmed_bytes": trimmed, "seconds": seconds,
             "process_peak_bytes": stats.process_peak_bytes}  # fmt: skip
 
 
@@ -92,10 +113,15 @@ def main() -> None:
         ranks = []
         for rank, result in enumerate(per_rank):
             resident = {int(k): v for k, v in result["resident_bytes"].items()}
-            growth = resident[last] / resident[first] - 1
+            trimmed = {int(k): v for k, v in result["trimmed_bytes"].items()}
+            raw_growth = resident[last] / resident[first] - 1
+            growth = (trimmed[last] / trimmed[first] - 1 if None not in trimmed.values()
+                      else raw_growth)  # fmt: skip
             ranks.append({"rank": rank, "resident_mib": {k: round(v / 2**20, 1)
                                                          for k, v in resident.items()},
-                          "growth": round(growth, 4),
+                          "trimmed_resident_mib": {k: None if v is None else round(v / 2**20, 1)
+                                                   for k, v in trimmed.items()},
+                          "growth": round(growth, 4), "raw_growth": round(raw_growth, 4),
                           "process_peak_mib": round(result["process_peak_bytes"] / 2**20, 1),
                           "seconds": round(result["seconds"], 1)})  # fmt: skip
         worst = max(r["growth"] for r in ranks)
@@ -106,7 +132,8 @@ def main() -> None:
                      "microbatches": MICROBATCHES, "stages": 2, "loss": "mse",
                      "backend": "gloo (CPU)", "threads_per_stage": 1},
         "steps": args.steps, "checkpoints": list(checkpoints),
-        "growth": f"resident at step {last} / resident at step {first} - 1, per rank",
+        "growth": f"resident after malloc_trim at step {last} / the same at step {first} - 1, "
+                  "per rank (raw_growth: the resident set as it is)",
         "goal": f"growth under {GOAL_GROWTH:.0%} for 2bw and pipemare",
         "schedules": results, "torch": torch.__version__, "python": platform.python_version(),
     }  # fmt: skip
