@@ -1,7 +1,7 @@
 """`Comm`: the one owner of every collective and point-to-point message in `pipeline/`.
 
 No other module of the runtime calls `torch.distributed` collectives or point-to-point
-operations (`tests/test_import_rules.py` checks it). Keeping them here makes two things
+operations (`tests/test_import_rules.py` checks it). Keeping them here makes three things
 right by construction:
 
 * **Devices.** Two planes, each on the device its backend accepts::
@@ -14,6 +14,10 @@ right by construction:
   `launch` creates the default group as "cpu:gloo,cuda:nccl" on GPUs, so a CPU tensor goes
   through gloo and a CUDA tensor through NCCL in the same group. Under torchrun with an
   NCCL-only group, `Comm` creates one gloo group for the control plane.
+* **Groups.** Point-to-point messages carry no tag and join this rank's open group
+  (`send`, `recv`); `post` starts the group as one batch per plane (NCCL runs it as one:
+  sends and receives in it never wait for each other), and waiting for any of its messages
+  posts it first. `pipeline.distributed.links` states the ordering rules they follow.
 * **Errors.** `together(fn)` runs a local piece of work and agrees on its outcome: if it
   raised on any rank, the same exception is raised on every rank (no rank is left waiting
   in the next collective). `agree(make)` runs a decision on rank 0 and hands its result, or
@@ -131,11 +135,6 @@ class Comm:
                 works = [_AllOf(works)] * len(ops)
             for (_, posted), work in zip(ops, works, strict=True):
                 posted.attach(work)
-
-    @property
-    def open_operations(self) -> int:
-        """Operations waiting in the open group (read-only; for tests and monitoring)."""
-        return len(self._open)
 
     def _join(self, fn: Callable[..., Any], tensor: torch.Tensor, peer: int) -> Posted:
         plane = self._control if tensor.device.type == "cpu" else None

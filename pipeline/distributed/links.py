@@ -260,9 +260,8 @@ class PeerLink:
 
     def _receive(self, kind: int, microbatch: int) -> Receive:
         metas = self._layout(kind)
-        if metas is None:  # a gradient before any activations went out: not a valid list
-            raise RuntimeError(f"micro-batch {microbatch}'s gradient is received from stage "
-                               f"{self.peer} before any activations were sent to it")  # fmt: skip
+        # known: `validate` refuses a list that receives a gradient before it sent anything
+        assert metas is not None, f"frame {kind}/{microbatch}: size unknown"
         return Receive(self.comm, self.peer, metas)
 
     def _send(
