@@ -321,7 +321,7 @@ def ours_run(
     A stream schedule (2bw) is measured through `pipe.train`: the first call of every
     `steps` calls (one round) trains a stream of `steps` steps, the others do nothing, so a
     round pays one warm-up and one cool-down; streams are drained within the round, as the
-    other runs share the process group's message tags.
+    other runs share the process group and its messages match by order.
     """
     pipe = ElasticPipeline(specs(), optimizer=OPTIMIZER, loss_fn=F.mse_loss, schedule=name,
                            n_microbatches=m, cost_cache=cache)  # fmt: skip

@@ -185,7 +185,7 @@ class PeerLink:
         if self.header_sent is None:
             header = _encode(metas)  # raises on an unsupported carry: nothing sent yet
             self.grad_meta, self.header_sent = metas, True
-            self._isend(header, microbatch)
+            self._send_tensor(header, microbatch)
         elif metas != self.grad_meta:
             raise RuntimeError(
                 f"micro-batch {microbatch} produced a carry {metas} that differs from the "
@@ -218,7 +218,7 @@ class PeerLink:
             return
         if kind == ACT and self.header_sent is None:
             self.header_sent = False
-            self._isend(_encode((), ok=False), microbatch)
+            self._send_tensor(_encode((), ok=False), microbatch)
         dummies = self._layout(kind, sending=True)
         assert dummies is not None, "a frame's failure is sent after its header is settled"
         device = self.comm.data_device
@@ -230,7 +230,7 @@ class PeerLink:
         """Send tensors whose shapes both ends know (handed layers' weights or gradients)
         outside the step's frames (rule 4); `wait_sends` completes them."""
         for t in tensors:
-            self._isend(t.detach(), math.inf)
+            self._send_tensor(t.detach(), math.inf)
 
     def recv_state(self, buffers: Sequence[torch.Tensor]) -> None:
         """Receive into `buffers`, in order, what the peer's `send_state` sent; waits (the
@@ -267,12 +267,12 @@ class PeerLink:
     def _send(
         self, kind: int, microbatch: int, tensors: list[torch.Tensor], ok: bool = True
     ) -> None:
-        self._isend(torch.tensor([_OK if ok else _FAILED], dtype=torch.int64), microbatch)
+        self._send_tensor(torch.tensor([_OK if ok else _FAILED], dtype=torch.int64), microbatch)
         for t in tensors:
-            self._isend(t, microbatch)
+            self._send_tensor(t, microbatch)
         self._last_sent[kind] = microbatch
 
-    def _isend(self, tensor: torch.Tensor, microbatch: float) -> None:
+    def _send_tensor(self, tensor: torch.Tensor, microbatch: float) -> None:
         tensor = tensor.contiguous()
         self._sends.append((self.comm.send(tensor, self.peer), tensor, microbatch))
 

@@ -11,7 +11,7 @@ else (`train_step`, `repartition`, `reconfigure`, ...: `drain`). The protocol, p
     1. Batches are pulled lazily, when the list first needs step t's forward
        (`stream_actions` asks `has_step(t)`); every rank pulls the same batches in the
        same order, so every rank's list names the same steps. Micro-batch i of step t is
-       g = t * M + i in the list and in the message tags.
+       g = t * M + i in the list and in the frames on the wire.
     2. OPTIMIZER_STEP(t) (after this stage's last backward of step t): wait for A(t - 1) if
        it is still open (3), then *post* A(t) = all_reduce [failed here?, the last stage's
        loss sum of step t, first non-finite micro-batch], asynchronously, and go on with

@@ -29,7 +29,8 @@ Layers run one at a time in both directions: each layer's input is a detached le
 backward walks the layers in reverse, handing each one the gradient of its outputs. That
 costs one autograd call per layer and buys per-layer time measurements
 (`pipeline.local.stage_costs`) and per-layer memory actions, chosen by the planner: keep,
-recompute or swap (`pipeline.local.stage_memory`, which also counts the saved bytes).
+recompute or swap (`pipeline.local.stage_memory`; its `MemoryPolicy`, the stage's `memory`,
+counts the saved bytes).
 """
 
 from __future__ import annotations
@@ -105,11 +106,9 @@ class Stage:
         self.set_memory_actions(actions or ["keep"] * len(self.layers))
         self.optimizer_factory = optimizer
         self.optimizer = build_optimizer(optimizer, [(x.key, x.module) for x in self.layers])
-        self.saved = SavedBytes()
+        self.memory = stage_memory.MemoryPolicy(device)  # what is kept, and counted
         self.spans: list[Span] = []  # what this stage did during the last step
-        self._step, self._measure, self._n_microbatches = 0, False, 1
-        # streams measure memory over a window of micro-batches (`measure_stream`)
-        self._stream, self._measure_below = False, 0
+        self._step, self._n_microbatches, self._stream = 0, 1, False
         # 2BW's two weight versions, or PipeMare's one copy (`pipeline.local.asynchronous`)
         self.versions: WeightVersions | AsyncWeights | None = None
         # Bi-Partition: this stage's last `handoff_out` layers run their backward on the
@@ -126,6 +125,21 @@ class Stage:
         if handoff_out and self.index == self.n_stages - 1:
             raise ValueError("the last stage has no next stage to hand a backward to")
         self.handoff_out, self.handed_in = handoff_out, handed_in
+
+    @property
+    def saved(self) -> SavedBytes:
+        """The saved activations counted so far (read-only; `MemoryPolicy` owns them)."""
+        return self.memory.saved
+
+    @property
+    def n_microbatches(self) -> int:
+        """Micro-batches per step of the current step (read-only)."""
+        return self._n_microbatches
+
+    @property
+    def streaming(self) -> bool:
+        """Whether the current step is a stream's, interleaved with its neighbours."""
+        return self._stream
 
     @property
     def wire_grads(self) -> tuple[bool, ...] | None:
@@ -199,8 +213,7 @@ class Stage:
     ) -> None:  # fmt: skip
         """Reset this step's sums; with `measure_memory`, count saved activations. In a
         `stream` the steps interleave: the count goes on (`measure_stream` started it)."""
-        self._step, self._n_microbatches, self._measure = step, n_microbatches, measure_memory
-        self._stream = stream
+        self._step, self._n_microbatches, self._stream = step, n_microbatches, stream
         self.times = StepTimes()
         # a stream's steps interleave: keep what started since the step just closed began
         self.spans = [s for s in self.spans if s.start_s >= self._start] if keep_spans else []
@@ -208,21 +221,20 @@ class Stage:
         for layer in self.layers:
             layer.forward_s = layer.backward_s = 0.0
             layer.activation_bytes = layer.output_bytes = 0
-        if measure_memory and not stream:
-            stage_memory.begin_step(self)
+        self.memory.begin_step(measure_memory, stream, self._weight_tensors())
 
     def measure_stream(self, window: int) -> None:
         """From now on, count the saved activations of micro-batches numbered below `window`
         (a segment's first steps, which reach its in-flight peak); each stream step then
         reports the peak so far. Per-layer meters keep their values in streams (a step's
         micro-batches interleave with the next step's, so per-step sums mean nothing)."""
-        stage_memory.measure_stream(self, window)
+        self.memory.measure_stream(window, self._weight_tensors())
 
     def end_step(self) -> StepTimes:
         """Close a step that succeeded: its times, and each layer's meter updated."""
         times = self.times
         times.total_s = self.now() - self._start
-        stage_memory.end_step(self, times)
+        self.memory.end_step(times)
         stage_costs.update_meters(self)
         return times
 
@@ -234,7 +246,7 @@ class Stage:
             self.versions.zero_grads()
         if self.handed_in is not None:
             self.handed_in.zero_grads()
-        self.saved.begin_step([])
+        self.memory.forget()
 
     def span(self, name: str, start: float, category: str = "compute") -> float:
         """Record a box on this stage's timeline row; returns its length in seconds."""
@@ -250,7 +262,14 @@ class Stage:
             raise ComputeError("forward", None, i, error) from error
         return leaf(carry) if self.index > 0 else carry
 
-    def _call(self, layer: _Layer, i: int, carry: Carry) -> Carry:
+    def _weight_tensors(self) -> list[torch.Tensor]:
+        """Parameters and every weight version (2BW): what saved activations exclude."""
+        extra = self.versions.tensors() if self.versions is not None else []
+        return [*self.parameters(), *extra]
+
+    def call_layer(self, layer: _Layer, i: int, carry: Carry) -> Carry:
+        """Layer `layer`'s forward of micro-batch i, seeded as every run of it is (a
+        recompute gives the same result), with the step's weight version."""
         # a stream numbers micro-batches across its steps: i % M is the index in the step
         seed_rng(dropout_seed(self.seed, self._step, i % self._n_microbatches, layer.key),
                  self.device)  # fmt: skip
@@ -276,7 +295,7 @@ class Stage:
             k = len(self.handed_in)
             state.handed, carry = tuple(t.detach() for t in carry[:k]), leaf(carry[k:])
             # kept until the backward, counted in no layer's meter
-            if stage_memory.measuring(self, i):
+            if self.memory.counts(i):
                 self.saved.hold(i, state.handed)
         own = len(self.layers) - self.handoff_out
         wire: list[torch.Tensor] = []
@@ -289,8 +308,8 @@ class Stage:
                 continue
             if position > 0:
                 carry = leaf(carry)
-            added = [self.saved.hold(i, carry) if stage_memory.measuring(self, i) else 0]
-            with stage_memory.memory_mode(self, layer, i, added):
+            added = [self.saved.hold(i, carry) if self.memory.counts(i) else 0]
+            with self.memory.mode(layer.action, i, added):
                 out = self._timed_call(layer, i, carry, added)
             state.inputs.append(carry)
             state.outputs.append(out)
@@ -309,7 +328,7 @@ class Stage:
 
     def _timed_call(self, layer: _Layer, i: int, carry: Carry, added: list[int]) -> Carry:
         t0 = self.now()
-        out = self._call(layer, i, carry)
+        out = self.call_layer(layer, i, carry)
         elapsed = self.now() - t0
         layer.forward_s += elapsed
         self.times.forward_s += elapsed
@@ -351,7 +370,7 @@ class Stage:
     def infer(self, i: int, carry: Carry) -> Carry:
         """Micro-batch i through this stage's layers without a graph (call in `evaluating`)."""
         for layer in self.layers:
-            carry = self._call(layer, i, carry)
+            carry = self.call_layer(layer, i, carry)
         return carry
 
     @contextlib.contextmanager

@@ -56,8 +56,8 @@ def backward(
         grads = [_handed_backward(stage, state, i, grads, split)]
     stage.span(f"BI{i}" if split else f"B{i}", start, "backward")
     state.loss, state.inputs, state.outputs, state.handed = None, [], [], ()
-    if stage._measure and not split:
-        stage.saved.release(i)
+    if not split:
+        stage.memory.release(i)
     if asynchronous is not None and asynchronous.due(i):  # PipeMare: update in place
         t0 = stage.now()
         try:
@@ -85,8 +85,7 @@ def backward_weight(stage: Stage, state: InFlight, i: int) -> None:
     if state.handed_weight:
         _handed_weight(stage, state, i)
     stage.span(f"W{i}", start, "weight")
-    if stage._measure:
-        stage.saved.release(i)
+    stage.memory.release(i)
 
 
 def _backward_layers(
@@ -121,13 +120,13 @@ def _backward_layer(
     outputs: Carry
     recomputed_at = None
     if position == len(stage.layers) - 1 and state.loss is not None:
-        loss = state.loss / stage._n_microbatches
+        loss = state.loss / stage.n_microbatches
         outputs, grads = (loss,), (torch.ones_like(loss),)
     else:
         outputs = state.outputs[position]
         if layer.action == "recompute":
             with torch.enable_grad():
-                outputs = stage._call(layer, i, inputs)
+                outputs = stage.call_layer(layer, i, inputs)
             recomputed_at = stage.now()
     state.outputs[position] = ()
     wanted = floating(inputs)

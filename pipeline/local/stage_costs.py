@@ -44,12 +44,12 @@ def seed_meters(stage: Stage, costs: Sequence[LayerCost]) -> None:
 
 def update_meters(stage: Stage) -> None:
     """Add the step that just succeeded (its sums over micro-batches) to every layer's meter."""
-    m = stage._n_microbatches
+    m = stage.n_microbatches
     first_handed = len(stage.layers) - stage.handoff_out
     for position, layer in enumerate(stage.layers):
         meter = layer.meter
         # A recomputed or swapped layer saves less than it would keep (module doc).
-        sums = stage._measure and not stage._stream
+        sums = stage.memory.measuring and not stage.streaming
         kept = sums and layer.action == "keep"
         activation = layer.activation_bytes / m if kept else meter.activation_bytes
         output = layer.output_bytes / m if sums else meter.output_bytes

@@ -1,6 +1,6 @@
 """What a stage's layers keep for their backward: memory actions, and the bytes counted.
 
-Kept apart from `pipeline.local.stage` so the stage stays short; it calls these as it
+`MemoryPolicy` is the stage's part that owns the counting; the stage calls it as it
 computes. Layers run one at a time, so each layer has its own memory action, chosen by the
 planner (`pipeline.pure.costs`):
 
@@ -26,19 +26,13 @@ from typing import TYPE_CHECKING
 import torch
 
 from pipeline.local.inflight import StepTimes
+from pipeline.local.meter import SavedBytes
 from pipeline.pure.costs import MEMORY_ACTIONS
 
 if TYPE_CHECKING:
-    from pipeline.local.stage import Stage, _Layer
+    from pipeline.local.stage import Stage
 
-__all__ = [
-    "begin_step",
-    "end_step",
-    "measure_stream",
-    "measuring",
-    "memory_mode",
-    "set_memory_actions",
-]
+__all__ = ["MemoryPolicy", "set_memory_actions"]
 
 
 def set_memory_actions(stage: Stage, actions: Sequence[str]) -> None:
@@ -55,46 +49,64 @@ def set_memory_actions(stage: Stage, actions: Sequence[str]) -> None:
         stage.layers[-1].action = "keep"  # the loss is computed from it in the forward
 
 
-@contextlib.contextmanager
-def memory_mode(stage: Stage, layer: _Layer, i: int, added: list[int]) -> Iterator[None]:
-    """Run a layer's forward under its memory action, counting what it saves into `added`."""
-    with contextlib.ExitStack() as stack:
-        if layer.action == "recompute":
-            stack.enter_context(torch.no_grad())
-        elif layer.action == "swap":
-            stack.enter_context(torch.autograd.graph.save_on_cpu(pin_memory=True))
-        if measuring(stage, i) and layer.action != "swap":
-            stack.enter_context(stage.saved.saving(i, added))
-        yield
+class MemoryPolicy:
+    """One stage's saved-bytes counter and when it counts (module doc): the stage calls
+    `begin_step`, `measure_stream`, `mode` around each layer's forward, `release` after a
+    micro-batch's backward, `end_step` and `forget`; others read `saved` and `measuring`."""
 
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.saved = SavedBytes()
+        self._measuring = False  # this step counts saved bytes ...
+        self._below = 0  # ... of the micro-batches numbered below this (-1: every one)
 
-def measuring(stage: Stage, i: int) -> bool:
-    """Whether micro-batch i's saved bytes are counted."""
-    return stage._measure and (stage._measure_below < 0 or i < stage._measure_below)
+    @property
+    def measuring(self) -> bool:
+        """Whether this step counts saved bytes (read-only)."""
+        return self._measuring
 
+    def counts(self, i: int) -> bool:
+        """Whether micro-batch i's saved bytes are counted."""
+        return self._measuring and (self._below < 0 or i < self._below)
 
-def begin_step(stage: Stage) -> None:
-    """A flushed step that measures memory: count every micro-batch from zero."""
-    stage._measure_below = -1  # every micro-batch
-    stage.saved.begin_step(_weight_tensors(stage))
-    if stage.device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(stage.device)
+    def begin_step(self, measure: bool, stream: bool, weights: list[torch.Tensor]) -> None:
+        """A step; a flushed one that measures counts every micro-batch from zero, a stream
+        goes on with the window `measure_stream` opened. `weights`: what saved bytes exclude."""
+        self._measuring = measure
+        if measure and not stream:
+            self._below = -1
+            self.saved.begin_step(weights)
+            if self.device.type == "cuda":
+                torch.cuda.reset_peak_memory_stats(self.device)
 
+    def measure_stream(self, window: int, weights: list[torch.Tensor]) -> None:
+        """A stream: count the micro-batches numbered below `window` from now on."""
+        self._below = window
+        self.saved.begin_step(weights)
 
-def measure_stream(stage: Stage, window: int) -> None:
-    """A stream: count the micro-batches numbered below `window` from now on."""
-    stage._measure_below = window
-    stage.saved.begin_step(_weight_tensors(stage))
+    @contextlib.contextmanager
+    def mode(self, action: str, i: int, added: list[int]) -> Iterator[None]:
+        """Run a layer's forward under its memory action, counting what it saves into `added`."""
+        with contextlib.ExitStack() as stack:
+            if action == "recompute":
+                stack.enter_context(torch.no_grad())
+            elif action == "swap":
+                stack.enter_context(torch.autograd.graph.save_on_cpu(pin_memory=True))
+            if self.counts(i) and action != "swap":
+                stack.enter_context(self.saved.saving(i, added))
+            yield
 
+    def release(self, i: int) -> None:
+        """Micro-batch i's backward is over: what it saved is no longer held."""
+        if self._measuring:
+            self.saved.release(i)
 
-def end_step(stage: Stage, times: StepTimes) -> None:
-    """The step's measured peaks into its times (0 when it did not measure)."""
-    times.peak_activation_bytes = stage.saved.peak if stage._measure else 0
-    if stage._measure and stage.device.type == "cuda":
-        times.allocator_peak_bytes = torch.cuda.max_memory_allocated(stage.device)
+    def end_step(self, times: StepTimes) -> None:
+        """The step's measured peaks into its times (0 when it did not measure)."""
+        times.peak_activation_bytes = self.saved.peak if self._measuring else 0
+        if self._measuring and self.device.type == "cuda":
+            times.allocator_peak_bytes = torch.cuda.max_memory_allocated(self.device)
 
-
-def _weight_tensors(stage: Stage) -> list[torch.Tensor]:
-    """Parameters and every weight version (2BW): what saved activations exclude."""
-    extra = stage.versions.tensors() if stage.versions is not None else []
-    return [*stage.parameters(), *extra]
+    def forget(self) -> None:
+        """A failed step: nothing it saved is held."""
+        self.saved.begin_step([])
