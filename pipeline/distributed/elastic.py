@@ -41,9 +41,9 @@ from pipeline.distributed import build, elasticity, report, steps, stream, weigh
 from pipeline.distributed.agreement import measured_costs
 from pipeline.distributed.comm import Comm
 from pipeline.distributed.events import PipelineEvent
-from pipeline.distributed.links import PeerLink
 from pipeline.distributed.migration import MigrationRecord, WeightSnapshot
 from pipeline.distributed.options import PipelineOptions
+from pipeline.distributed.runner import StepRunner
 from pipeline.distributed.triggers import ReplanTriggers
 from pipeline.local.history import StepHistory
 from pipeline.local.microbatch import split_microbatches
@@ -55,11 +55,9 @@ from pipeline.pure.costs import HOST_LINK, LayerCost
 from pipeline.pure.partition import bounds
 from pipeline.pure.planner import Plan, Planner, get_planner
 from pipeline.pure.schedule import (
-    Action,
     ScheduleFn,
     get_schedule,
     is_stream,
-    stage_actions,
     validate,
 )
 from pipeline.pure.two_bw import check_2bw
@@ -184,12 +182,7 @@ class ElasticPipeline:
                                        rebalance_settle)  # fmt: skip
         self.cost_cache = cost_cache if cost_cache is not None else CostCache()
         self.device = torch.device(device) if device is not None else self.comm.data_device
-        self._links = (PeerLink(self.comm, self.rank - 1) if self.rank > 0 else None,
-                       PeerLink(self.comm, self.rank + 1) if self.rank < self.n_stages - 1
-                       else None)  # fmt: skip
-        self._actions: list[Action] = stage_actions(
-            self.schedule, self.n_stages, n_microbatches, self.rank
-        )
+        self.runner = StepRunner(self.comm, self.schedule, n_microbatches)  # links, list
         self._opt_ratio = optimizer_state_ratio(optimizer)  # also checks the factory
         self._seed, self._optimizer, self._loss_fn = seed, optimizer, loss_fn
         self._link = HOST_LINK  # until one is measured
@@ -369,9 +362,7 @@ class ElasticPipeline:
         """Finish pending messages and free this stage's layers; the pipeline is unusable after."""
         if not self._closed:
             self.drain()
-        for link in self._links:
-            if link is not None:
-                link.wait_sends()
+        self.runner.close()
         if self._stage is not None:
             self._stage.close()
         self._stage, self._closed = None, True

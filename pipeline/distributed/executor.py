@@ -61,13 +61,13 @@ from pipeline.local.stage import ComputeError, InFlight, Stage, StepTimes
 from pipeline.pure.actions import COMPUTE_OPS
 from pipeline.pure.schedule import Action, Op
 
-__all__ = ["infer", "train_step"]
+__all__ = ["Run", "infer", "sum_losses", "train_step"]
 
 T = TypeVar("T")
 Batches = Sequence[T] | Mapping[int, T]  # micro-batch i's item at [i] (a stream: a dict)
 
 
-class _Run:
+class Run:
     """The state of one step on one stage: posted receives, micro-batches in flight."""
 
     def __init__(
@@ -237,11 +237,11 @@ def train_step(
     n_microbatches = sum(a.op is Op.FORWARD for a in actions)
     stage.begin_step(step, n_microbatches, measure_memory)
     handoff.share_weights(stage, links)  # Bi-Partition: replicas take the owners' weights
-    run = _Run(stage, links, comm, step, inputs, targets)
+    run = Run(stage, links, comm, step, inputs, targets)
     run.execute(actions)
     run.wait_sends()
     handoff.exchange_gradients(stage, links)  # Bi-Partition, `pipeline.distributed.handoff`
-    loss_sum, first_bad = _loss_sum(run.losses)
+    loss_sum, first_bad = sum_losses(run.losses)
     failed, loss_sum, first_bad = comm.all_reduce([float(run.failed), loss_sum, first_bad])
     if failed:
         run.raise_agreed(comm)
@@ -260,7 +260,7 @@ def train_step(
     return loss, stage.end_step()
 
 
-def _loss_sum(losses: dict[int, torch.Tensor]) -> tuple[float, float]:
+def sum_losses(losses: dict[int, torch.Tensor]) -> tuple[float, float]:
     """(sum of the micro-batch losses, 1 + the first non-finite one's index or 0)."""
     if not losses:
         return 0.0, 0.0
@@ -281,7 +281,7 @@ def infer(
     inputs: Sequence[Carry] | None,
 ) -> list[Carry] | None:
     """Forward-only actions in eval mode; the last stage's outputs (on CPU) on every rank."""
-    run = _Run(stage, links, comm, step, inputs, None)
+    run = Run(stage, links, comm, step, inputs, None)
     run.inference = True
     with stage.evaluating(step):
         run.execute(actions)

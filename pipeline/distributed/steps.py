@@ -5,7 +5,7 @@ Kept apart from `pipeline.distributed.elastic` so the facade stays short; its `t
 does to `pipeline.distributed.stream` for the stream schedules. Both split the batch into
 micro-batches, plan and build on the first call of a partition="auto" model
 (`pipeline.distributed.build`) and run this stage's action list
-(`pipeline.distributed.executor`). A training step then counts itself, records its times
+(`pipeline.distributed.runner`). A training step then counts itself, records its times
 for `stats` and lets the re-plan triggers look at it (`pipeline.distributed.elasticity`).
 """
 
@@ -15,11 +15,10 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from pipeline.distributed import build, elasticity, executor, report
+from pipeline.distributed import build, elasticity, report
 from pipeline.errors import PipelineError
 from pipeline.local.carry import as_carry, unwrap
 from pipeline.local.microbatch import batch_size, split_microbatches
-from pipeline.pure.schedule import forward_only, stage_actions
 
 if TYPE_CHECKING:
     from pipeline.distributed.elastic import ElasticPipeline
@@ -38,10 +37,9 @@ def train_step(pipe: ElasticPipeline, x: Any, y: Any) -> float:
     measure = pipe._measure_next or pipe.step % pipe.options.measure_memory_every == 0
     rng = torch.random.get_rng_state()
     try:
-        loss, times = executor.train_step(
-            stage, pipe._links, pipe.comm, pipe._actions, pipe.step, inputs, targets,
-            measure_memory=measure, on_nonfinite=pipe.options.on_nonfinite,
-        )  # fmt: skip
+        loss, times = pipe.runner.train_step(stage, pipe.step, inputs, targets,
+                                             measure_memory=measure,
+                                             on_nonfinite=pipe.options.on_nonfinite)  # fmt: skip
     except PipelineError as error:  # raised on every rank; nothing is in flight
         stage.abort_step()
         pipe._log("error", error=str(error).split("\n", 1)[0])
@@ -63,8 +61,6 @@ def forward(pipe: ElasticPipeline, x: Any) -> Any:
     chunks = [as_carry(c, "the batch input") for c in split_microbatches(x, m, "x")]
     if pipe._stage is None:
         build.plan_first(pipe, chunks[0])
-    actions = stage_actions(forward_only, pipe.n_stages, m, pipe.rank)
-    outputs = executor.infer(pipe._live_stage(), pipe._links, pipe.comm, actions, pipe.step,
-                             chunks)  # fmt: skip
+    outputs = pipe.runner.infer(pipe._live_stage(), pipe.step, chunks)
     assert outputs is not None
     return unwrap(tuple(torch.cat(parts) for parts in zip(*outputs, strict=True)))

@@ -146,21 +146,19 @@ class Segment:
         self.failed_at: int | None = None
         self.nonfinite: tuple[int, float, float] | None = None  # (step, loss, first bad)
         self._add(first)
-        self._run = executor._Run(self.stage, pipe._links, self.comm, self.start, self.inputs,
-                                  self.targets)  # fmt: skip
+        self._run = pipe.runner.open_run(self.stage, self.start, self.inputs, self.targets)
         self._gen = self._steps()
 
     def held(self) -> dict[str, int]:
         """How many entries each container of this segment holds now (read-only): they stay
         bounded by the micro-batches in flight however long the stream runs."""
         run = self._run
-        links = [link for link in (run.prev, run.next) if link is not None]
         return {
             "inputs": len(self.inputs), "targets": len(self.targets), "sizes": len(self.sizes),
             "agreements": len(self.open), "losses": len(self.buffer) + len(run.losses),
             "receives": len(run.pending), "in_flight": len(run.live),
             "outputs": len(run.outputs), "input_grads": len(run.input_grads),
-            "sends": sum(link.sends_in_flight for link in links),
+            "sends": self.pipe.runner.sends_in_flight,
             "spans": len(self.stage.spans),
         }  # fmt: skip
 
@@ -271,7 +269,7 @@ class Segment:
             return
         run, first = self._run, t * self.m
         losses = {g: run.losses.pop(g) for g in range(first, first + self.m) if g in run.losses}
-        loss_sum, first_bad = executor._loss_sum(losses)
+        loss_sum, first_bad = executor.sum_losses(losses)
         reduce = self.comm.all_reduce_async([float(run.failed), loss_sum, first_bad])
         self.open.append((t, reduce))
 
@@ -309,9 +307,7 @@ class Segment:
     def _release_sends(self, t: int) -> None:
         """Every rank posted A(t) after its last backward of step t, so every message of
         steps <= t was received: their sends are done and need not be held."""
-        for link in (self._run.prev, self._run.next):
-            if link is not None:
-                link.release_sends((t + 1) * self.m)
+        self.pipe.runner.release_sends((t + 1) * self.m)
 
     def _globally(self, failure: StageError, step: int | None = None) -> StageError:
         """The error with the global step and the micro-batch's index within its step."""
