@@ -67,8 +67,8 @@ def build(
     actions = list(plan.actions[start:stop]) if plan is not None else None
     # Factories run here: a bad one raises on every rank, not only where it is built.
     pipe._stage = pipe.comm.together(lambda: Stage(
-        pipe.rank, pipe.n_stages, pipe.specs[start:stop], seed=pipe._seed, device=pipe.device,
-        optimizer=pipe._optimizer, loss_fn=pipe._loss_fn, actions=actions,
+        pipe.rank, pipe.n_stages, pipe.specs[start:stop], seed=pipe.recipe.seed, device=pipe.device,
+        optimizer=pipe.recipe.optimizer, loss_fn=pipe.recipe.loss_fn, actions=actions,
     ))  # fmt: skip
     if costs is not None:
         pipe._stage.seed_meters(costs[start:stop])
@@ -78,7 +78,7 @@ def build(
     pipe._plan_step = pipe.step
     pipe._measure_next = True  # measure memory on the first step of every plan
     pipe.partition_history[:] = [(pipe.step, list(sizes))]
-    pipe._log("build", sizes=list(sizes), plan=None if plan is None else plan.to_dict())
+    pipe.event_log.record("build", sizes=list(sizes), plan=None if plan is None else plan.to_dict())
 
 
 def set_handoff(pipe: ElasticPipeline, handoff: Sequence[int] | None) -> None:
@@ -88,16 +88,16 @@ def set_handoff(pipe: ElasticPipeline, handoff: Sequence[int] | None) -> None:
         raise ValueError(f"handoff {list(cut)} needs a flushed schedule (gpipe, 1f1b, "
                          f"zbh1), not {pipe.schedule_name or pipe.schedule!r}")  # fmt: skip
     pipe.comm.together(lambda: handoff_cut.configure(stage, pipe.specs, pipe.sizes, cut,
-                                                     pipe._seed))  # fmt: skip
+                                                     pipe.recipe.seed))  # fmt: skip
     if any(cut) or any(pipe.handoff):
-        pipe._log("handoff", handoff=list(cut))
+        pipe.event_log.record("handoff", handoff=list(cut))
     pipe.handoff = cut
 
 
 def plan_first(pipe: ElasticPipeline, example: Any) -> None:
     """partition="auto": profile one micro-batch's shapes, plan on rank 0, build."""
     costs = profile_costs(pipe.comm, pipe.specs, example, device=pipe.device,
-                          opt_ratio=pipe._opt_ratio, cache=pipe.cost_cache,
+                          opt_ratio=pipe.recipe.optimizer_state_ratio, cache=pipe.cost_cache,
                           source=pipe.profile)  # fmt: skip
     schedule = pipe.schedule_name or pipe.schedule
     plan = pipe.comm.agree(lambda: pipe.planner.plan(

@@ -40,7 +40,7 @@ from torch import nn
 from pipeline.distributed import build, elasticity, report, steps, stream, weights
 from pipeline.distributed.agreement import measured_costs
 from pipeline.distributed.comm import Comm
-from pipeline.distributed.events import PipelineEvent
+from pipeline.distributed.events import EventLog, PipelineEvent
 from pipeline.distributed.migration import MigrationRecord, WeightSnapshot
 from pipeline.distributed.options import PipelineOptions
 from pipeline.distributed.runner import StepRunner
@@ -48,7 +48,8 @@ from pipeline.distributed.triggers import ReplanTriggers
 from pipeline.local.history import StepHistory
 from pipeline.local.microbatch import split_microbatches
 from pipeline.local.pipemare import PipeMareConfig, check_pipemare
-from pipeline.local.profiler import CostCache, optimizer_state_ratio
+from pipeline.local.profiler import CostCache
+from pipeline.local.recipe import TrainingRecipe
 from pipeline.local.spec import LayerSpec
 from pipeline.local.stage import LossFn, OptimizerFactory, Stage
 from pipeline.pure.costs import HOST_LINK, LayerCost
@@ -183,16 +184,17 @@ class ElasticPipeline:
         self.cost_cache = cost_cache if cost_cache is not None else CostCache()
         self.device = torch.device(device) if device is not None else self.comm.data_device
         self.runner = StepRunner(self.comm, self.schedule, n_microbatches)  # links, list
-        self._opt_ratio = optimizer_state_ratio(optimizer)  # also checks the factory
-        self._seed, self._optimizer, self._loss_fn = seed, optimizer, loss_fn
+        self.recipe = TrainingRecipe.of(seed, optimizer, loss_fn)  # also checks the factory
         self._link = HOST_LINK  # until one is measured
         self.generation = 0  # +1 per reconfigure: which model this is
-        self.events: list[PipelineEvent] = []  # the pipeline's life: builds, migrations...
+        self.event_log = EventLog(lambda: (self.generation, self.step))  # builds, migrations...
         self._closed = False
         build.setup(self, specs, partition)
 
-    def _log(self, kind: str, **details: Any) -> None:
-        self.events.append(PipelineEvent(self.generation, self.step, kind, details))
+    @property
+    def events(self) -> list[PipelineEvent]:
+        """The pipeline's life, oldest first: builds, migrations, re-plans, errors."""
+        return self.event_log.events
 
     # -- training ----------------------------------------------------------------------------
     def train(self, batches: Iterable[tuple[Any, Any]]) -> Iterator[float]:

@@ -29,7 +29,6 @@ from pipeline.distributed.migration import (
     migrate,
 )
 from pipeline.local.objective import LossFn, OptimizerFactory
-from pipeline.local.profiler import optimizer_state_ratio
 from pipeline.local.spec import LayerSpec, check_specs
 from pipeline.pure.costs import LinkCost
 from pipeline.pure.partition import bounds
@@ -59,7 +58,7 @@ def repartition(
                          pipe.version + 1)  # fmt: skip
     except MigrationError as exc:
         build.set_handoff(pipe, old_cut)
-        pipe._log("rollback", sizes=list(pipe.sizes), requested=new, error=str(exc))
+        pipe.event_log.record("rollback", sizes=list(pipe.sizes), requested=new, error=str(exc))
         raise
     if actions is not None:
         a, b = bounds(new)[pipe.rank]
@@ -74,7 +73,7 @@ def repartition(
     pipe._measure_next = True
     if record.bytes_moved and record.pause_s > 0:  # the link as measured by this move
         pipe._link = LinkCost(record.bytes_moved / record.pause_s)
-    pipe._log("migration", **dataclasses.asdict(record))
+    pipe.event_log.record("migration", **dataclasses.asdict(record))
     return record
 
 
@@ -90,7 +89,7 @@ def rebalance(pipe: ElasticPipeline, remaining_steps: int | None) -> MigrationRe
         current, costs, pipe.planner, remaining_steps=horizon, link=pipe._link,
         memory_budget=pipe.memory_budget, schedule=schedule,
     ))  # fmt: skip
-    pipe._log("replan", changed=decision.changed, reason=decision.reason,
+    pipe.event_log.record("replan", changed=decision.changed, reason=decision.reason,
               candidate=decision.candidate.to_dict())  # fmt: skip
     pipe.plan, pipe._plan_step = decision.plan, pipe.step
     if not decision.changed:
@@ -106,7 +105,7 @@ def maybe_rebalance(pipe: ElasticPipeline, measured: bool) -> None:
         steps_on_plan=pipe.step - pipe._plan_step,
     )  # fmt: skip
     if reason is not None:
-        pipe._log("trigger", reason=reason)
+        pipe.event_log.record("trigger", reason=reason)
         pipe.rebalance()
 
 
@@ -132,16 +131,13 @@ def reconfigure(
     source = inherit_from
     if source is None and inherit_weights and pipe._stage is not None:
         source = weights.snapshot(pipe, copy=False)  # references: the old layers are freed next
-    pipe._loss_fn = loss_fn or pipe._loss_fn
-    if optimizer is not None:
-        pipe._opt_ratio = optimizer_state_ratio(optimizer)
-        pipe._optimizer = optimizer
+    pipe.recipe = pipe.recipe.changed(optimizer=optimizer, loss_fn=loss_fn)
     pipe.generation += 1
     pipe._requested_handoff, pipe.handoff = None, ()  # a Plan may carry a new one
     if pipe._stage is not None:
         pipe._stage.close()  # free the old layers before building the new ones
     build.setup(pipe, new_specs, partition)
-    pipe._log("reconfigure", layers=[s.key for s in new_specs])
+    pipe.event_log.record("reconfigure", layers=[s.key for s in new_specs])
     if source is not None:
         pipe._inherit = source
         if pipe._stage is not None:

@@ -18,6 +18,9 @@ Kinds, and what `details` holds for each:
                  moved (layers fetched from another stage), moved_bytes
     error        something failed; logged by the runtime's error handling
 
+`EventLog` is the facade's part that keeps them: `record(kind, **details)` stamps an event
+with the model's generation and step (read from the facade when it happens).
+
 This module imports nothing from torch, so tests and loggers can use it on their own.
 """
 
@@ -25,12 +28,12 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import PurePath
 from typing import Any
 
-__all__ = ["EVENT_KINDS", "PipelineEvent", "plain"]
+__all__ = ["EVENT_KINDS", "EventLog", "PipelineEvent", "plain"]
 
 EVENT_KINDS = ("build", "migration", "rollback", "trigger", "replan", "reconfigure", "inherit",
                "error")  # fmt: skip
@@ -94,3 +97,23 @@ class PipelineEvent:
         """{"generation", "step", "kind", "details"} in plain JSON values (see `plain`)."""
         return {"generation": self.generation, "step": self.step, "kind": self.kind,
                 "details": plain(self.details)}  # fmt: skip
+
+
+class EventLog:
+    """The pipeline's events in the order they happened."""
+
+    def __init__(self, now: Callable[[], tuple[int, int]]) -> None:
+        self._now = now  # (generation, step) of the pipeline at this moment
+        self._events: list[PipelineEvent] = []
+
+    @property
+    def events(self) -> list[PipelineEvent]:
+        """Every event so far, oldest first (read-only by convention: `record` adds)."""
+        return self._events
+
+    def record(self, kind: str, **details: Any) -> PipelineEvent:
+        """Add an event of `kind`, stamped with the pipeline's generation and step."""
+        generation, step = self._now()
+        event = PipelineEvent(generation, step, kind, details)
+        self._events.append(event)
+        return event

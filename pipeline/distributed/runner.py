@@ -7,7 +7,7 @@ and `forward` (`pipeline.distributed.steps`) and its streams (`pipeline.distribu
 run the executor through it, on whatever stage the model holder has now:
 
     steps.train_step ──> runner.train_step(stage, ...) ──> executor.train_step(links, list)
-    steps.forward    ──> runner.infer(stage, ...)      ──> executor.infer(links, forward list)
+    steps.forward    ──> runner.infer(stage, ...)      ──> executor.infer(links, F list)
     stream.Segment   ──> runner.open_run(stage, ...)   ──> executor.Run over the links
                      ──> runner.release_sends(below)        sends its agreements prove done
     facade.close     ──> runner.close()                     every send completed

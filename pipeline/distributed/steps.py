@@ -42,7 +42,7 @@ def train_step(pipe: ElasticPipeline, x: Any, y: Any) -> float:
                                              on_nonfinite=pipe.options.on_nonfinite)  # fmt: skip
     except PipelineError as error:  # raised on every rank; nothing is in flight
         stage.abort_step()
-        pipe._log("error", error=str(error).split("\n", 1)[0])
+        pipe.event_log.record("error", error=str(error).split("\n", 1)[0])
         raise
     finally:
         torch.random.set_rng_state(rng)

@@ -47,7 +47,7 @@ def _own_states(pipe: ElasticPipeline) -> dict[str, dict[str, torch.Tensor]]:
     else:  # not built yet: every rank builds a share, in turns
         cpu = torch.device("cpu")
         modules = {
-            spec.key: build_layer(spec, pipe._seed, cpu)
+            spec.key: build_layer(spec, pipe.recipe.seed, cpu)
             for i, spec in enumerate(pipe.specs)
             if i % pipe.n_stages == pipe.rank
         }
@@ -71,7 +71,7 @@ def take_inheritance(pipe: ElasticPipeline) -> None:
     rows = [(sum(nbytes(t) for t in found[k][1].values()), found[k][0] != rank)
             for k in loaded]  # fmt: skip
     everyone = [row for part in pipe.comm.all_gather_object(rows) for row in part]
-    pipe._log("inherit", layers=len(everyone), bytes=sum(b for b, _ in everyone),
+    pipe.event_log.record("inherit", layers=len(everyone), bytes=sum(b for b, _ in everyone),
               moved=sum(m for _, m in everyone),
               moved_bytes=sum(b for b, m in everyone if m))  # fmt: skip
     del pipe._inherit
