@@ -179,12 +179,9 @@ def lower_lazily(compute: Iterable[Action], stage: int, n_stages: int) -> Iterat
 
 
 def stage_actions(
-    schedule: str | ScheduleFn,
-    n_stages: int,
-    n_microbatches: int,
-    stage: int,
+    schedule: str | ScheduleFn, n_stages: int, n_microbatches: int, stage: int,
     n_steps: int = 1,
-) -> list[Action]:
+) -> list[Action]:  # fmt: skip
     """The lowered action list one stage executes per training step (per stream of
     `n_steps` steps for a stream schedule)."""
     fn = get_schedule(schedule) if isinstance(schedule, str) else schedule
