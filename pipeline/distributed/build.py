@@ -75,8 +75,7 @@ def build(
     pipe.sizes, pipe.plan = list(sizes), plan
     set_handoff(pipe, plan.handoff if plan is not None and plan.handoff
                 else pipe._requested_handoff)  # fmt: skip
-    pipe._plan_step = pipe.step
-    pipe._measure_next = True  # measure memory on the first step of every plan
+    pipe.plan_age.restart(pipe.step)  # measure memory on the first step of every plan
     pipe.partition_history[:] = [(pipe.step, list(sizes))]
     pipe.event_log.record("build", sizes=list(sizes), plan=None if plan is None else plan.to_dict())
 

@@ -44,7 +44,7 @@ from pipeline.distributed.events import EventLog, PipelineEvent
 from pipeline.distributed.migration import MigrationRecord, WeightSnapshot
 from pipeline.distributed.options import PipelineOptions
 from pipeline.distributed.runner import StepRunner
-from pipeline.distributed.triggers import ReplanTriggers
+from pipeline.distributed.triggers import PlanAge, ReplanTriggers
 from pipeline.local.history import StepHistory
 from pipeline.local.microbatch import split_microbatches
 from pipeline.local.pipemare import PipeMareConfig, check_pipemare
@@ -125,8 +125,6 @@ class ElasticPipeline:
     partition_history: list[tuple[int, list[int]]]  # (step, sizes) of this model
     history: StepHistory  # what the steps measured, in bounded memory
     _stage: Stage | None
-    _plan_step: int  # the step the plan in force started at
-    _measure_next: bool  # measure memory on the next step
     _inherit: WeightSnapshot  # weights the next build takes (set only while pending)
 
     def __init__(
@@ -187,6 +185,7 @@ class ElasticPipeline:
         self.recipe = TrainingRecipe.of(seed, optimizer, loss_fn)  # also checks the factory
         self._link = HOST_LINK  # until one is measured
         self.generation = 0  # +1 per reconfigure: which model this is
+        self.plan_age = PlanAge()  # when the plan in force began; memory measured then
         self.event_log = EventLog(lambda: (self.generation, self.step))  # builds, migrations...
         self._closed = False
         build.setup(self, specs, partition)

@@ -67,10 +67,9 @@ def repartition(
     build.set_handoff(pipe, handoff)
     if pipe.plan is not None and list(pipe.plan.sizes) != new:
         pipe.plan = None  # explicit sizes: the plan's predictions no longer apply
-    pipe._plan_step = pipe.step
+    pipe.plan_age.restart(pipe.step)  # the next step measures memory
     pipe.migrations.append(record)
     pipe.partition_history.append((pipe.step, list(new)))
-    pipe._measure_next = True
     if record.bytes_moved and record.pause_s > 0:  # the link as measured by this move
         pipe._link = LinkCost(record.bytes_moved / record.pause_s)
     pipe.event_log.record("migration", **dataclasses.asdict(record))
@@ -90,8 +89,9 @@ def rebalance(pipe: ElasticPipeline, remaining_steps: int | None) -> MigrationRe
         memory_budget=pipe.memory_budget, schedule=schedule,
     ))  # fmt: skip
     pipe.event_log.record("replan", changed=decision.changed, reason=decision.reason,
-              candidate=decision.candidate.to_dict())  # fmt: skip
-    pipe.plan, pipe._plan_step = decision.plan, pipe.step
+                          candidate=decision.candidate.to_dict())  # fmt: skip
+    pipe.plan = decision.plan
+    pipe.plan_age.restart(pipe.step, measure=False)
     if not decision.changed:
         return None
     return pipe.repartition(decision.plan.sizes, decision.plan.actions,
@@ -102,7 +102,7 @@ def maybe_rebalance(pipe: ElasticPipeline, measured: bool) -> None:
     """After a step: rebalance when a trigger fires (`pipeline.distributed.triggers`)."""
     reason = pipe.triggers.reason(
         pipe.comm, pipe.step, pipe._live_stage(), pipe.plan, measured,
-        steps_on_plan=pipe.step - pipe._plan_step,
+        steps_on_plan=pipe.plan_age.steps_on_plan(pipe.step),
     )  # fmt: skip
     if reason is not None:
         pipe.event_log.record("trigger", reason=reason)

@@ -34,7 +34,7 @@ def train_step(pipe: ElasticPipeline, x: Any, y: Any) -> float:
         build.plan_first(pipe, chunks[0])
     stage = pipe._live_stage()
     inputs = [as_carry(c, "the batch input") for c in chunks]
-    measure = pipe._measure_next or pipe.step % pipe.options.measure_memory_every == 0
+    measure = pipe.plan_age.measures(pipe.step, pipe.options.measure_memory_every)
     rng = torch.random.get_rng_state()
     try:
         loss, times = pipe.runner.train_step(stage, pipe.step, inputs, targets,
@@ -46,7 +46,7 @@ def train_step(pipe: ElasticPipeline, x: Any, y: Any) -> float:
         raise
     finally:
         torch.random.set_rng_state(rng)
-    pipe._measure_next = False
+    pipe.plan_age.measured()
     pipe.step += 1
     pipe.history.record(batch_size(x), report.token_count(x), times)
     elasticity.maybe_rebalance(pipe, measure)

@@ -17,6 +17,8 @@ one all_reduce, on steps every rank agrees on:
               for the current partition (explicit sizes) the first check asks for one.
 
 The memory and drift checks share one all_reduce(MAX) of [over budget, max r, -min r].
+`PlanAge` keeps when the plan in force began (drift waits `settle` steps after it) and has
+the first step of every plan measure memory.
 The re-plan that follows is migration-aware: it moves layers only when that pays back.
 """
 
@@ -28,7 +30,7 @@ from pipeline.distributed.comm import Comm
 from pipeline.local.stage import Stage
 from pipeline.pure.planner import Plan
 
-__all__ = ["ReplanTriggers"]
+__all__ = ["PlanAge", "ReplanTriggers"]
 
 
 @dataclass(frozen=True)
@@ -73,6 +75,29 @@ class ReplanTriggers:
         if low > 0 and high / low - 1 > self.drift:
             return f"stage times drifted from the plan: measured/predicted {low:.2f}..{high:.2f}"
         return None
+
+
+class PlanAge:
+    """The step the plan in force began at, and whether the next step measures memory."""
+
+    def __init__(self) -> None:
+        self._since, self._measure_next = 0, False
+
+    def restart(self, step: int, *, measure: bool = True) -> None:
+        """A plan (or partition) takes effect at `step`; its first step measures memory."""
+        self._since = step
+        self._measure_next = self._measure_next or measure
+
+    def steps_on_plan(self, step: int) -> int:
+        return step - self._since
+
+    def measures(self, step: int, every: int) -> bool:
+        """Whether step `step` measures memory: the first of a plan, and every `every`."""
+        return self._measure_next or step % every == 0
+
+    def measured(self) -> None:
+        """A step ran (and measured, if `measures` said so)."""
+        self._measure_next = False
 
 
 def _time_ratio(stage: Stage, plan: Plan | None) -> float:

@@ -72,6 +72,6 @@ def take_inheritance(pipe: ElasticPipeline) -> None:
             for k in loaded]  # fmt: skip
     everyone = [row for part in pipe.comm.all_gather_object(rows) for row in part]
     pipe.event_log.record("inherit", layers=len(everyone), bytes=sum(b for b, _ in everyone),
-              moved=sum(m for _, m in everyone),
-              moved_bytes=sum(b for b, m in everyone if m))  # fmt: skip
+                          moved=sum(m for _, m in everyone),
+                          moved_bytes=sum(b for b, m in everyone if m))  # fmt: skip
     del pipe._inherit
