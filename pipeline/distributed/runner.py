@@ -41,7 +41,7 @@ class StepRunner:
     @property
     def sends_in_flight(self) -> int:
         """Sends posted to the neighbours and not yet waited for (read-only)."""
-        return sum(link.sends_in_flight for link in self._links if link is not None)
+        return sum(link.sends_in_flight for link in self._neighbours())
 
     def train_step(
         self, stage: Stage, step: int, inputs: Sequence[Carry], targets: Sequence[Any], *,
@@ -66,12 +66,13 @@ class StepRunner:
     def release_sends(self, below: int) -> None:
         """Drop the sends of micro-batches numbered below `below`, known received
         (`PeerLink.release_sends`: a stream, once its agreement proves it)."""
-        for link in self._links:
-            if link is not None:
-                link.release_sends(below)
+        for link in self._neighbours():
+            link.release_sends(below)
 
     def close(self) -> None:
         """Wait for every send still in flight."""
-        for link in self._links:
-            if link is not None:
-                link.wait_sends()
+        for link in self._neighbours():
+            link.wait_sends()
+
+    def _neighbours(self) -> list[PeerLink]:
+        return [link for link in self._links if link is not None]

@@ -33,6 +33,7 @@ class TrainingRecipe:
         self, optimizer: OptimizerFactory | None = None, loss_fn: LossFn | None = None
     ) -> TrainingRecipe:
         """This recipe with a new optimizer and/or loss (None: keep the current one)."""
-        recipe = self if loss_fn is None else replace(self, loss_fn=loss_fn)
-        return recipe if optimizer is None else TrainingRecipe.of(recipe.seed, optimizer,
-                                                                  recipe.loss_fn)  # fmt: skip
+        loss_fn = self.loss_fn if loss_fn is None else loss_fn
+        if optimizer is None:
+            return replace(self, loss_fn=loss_fn)
+        return TrainingRecipe.of(self.seed, optimizer, loss_fn)  # a new state ratio
