@@ -1,10 +1,34 @@
-"""The distributed parts of the runtime: processes and messages.
+"""The distributed parts of the runtime: processes and messages, and the facade over them.
 
-`launch` starts the stage processes; `comm.Comm` is the one owner of every collective and
-point-to-point message; `links` is the activation/gradient wire protocol between
-neighbours, `executor` runs a stage's action list over it, and `runner.StepRunner` owns
-both for the facade; `transfer` and `migration` move layers live; `agreement` gets costs
-and plans onto every rank; `triggers` decides when to re-plan; `elastic.ElasticPipeline` is
-the facade users hold; `report` gathers its figures into typed `PipelineStats`, and
-`events` types its log.
+`ElasticPipeline` (elastic.py) is the public facade, one per rank. It composes parts that
+each own their state and change only through their methods, and delegates its longer
+methods to helper modules typed against `parts.PipelineParts` (so none imports the facade):
+
+    ElasticPipeline ── the public API: train_step, train, forward, repartition, rebalance,
+     │                 reconfigure, snapshot, stats, full_state_dict ...
+     ├─ comm: Comm                 every collective and point-to-point message (comm.py)
+     ├─ options: PipelineOptions   the knobs, checked (options.py)
+     ├─ recipe: TrainingRecipe     seed, optimizer factory, loss (pipeline.local.recipe)
+     ├─ model: ModelHolder         specs, sizes, plan, handoff cut, step counters (holder.py)
+     │   └─ Stage                  this rank's layers + optimizer (pipeline.local.stage)
+     │       ├─ layers: StageLayer       module, memory action, meter (pipeline.local.layer)
+     │       ├─ memory: MemoryPolicy     keep / recompute / swap, saved bytes (stage_memory)
+     │       └─ cost meters, backward walk                  (stage_costs, stage_backward)
+     ├─ runner: StepRunner         links to the neighbours + this rank's action list;
+     │   ├─ PeerLink               the activation / gradient wire protocol (links.py)
+     │   └─ executor.Run           one list executed, failures agreed (executor.py)
+     ├─ plan_age: PlanAge, triggers: ReplanTriggers    when to re-plan (triggers.py)
+     ├─ event_log: EventLog        builds, migrations, re-plans, errors (events.py)
+     └─ planner, cost_cache        (pipeline.pure.planner, pipeline.local.profiler)
+
+    helper modules (called by the facade, in every rank, in the same order):
+      build       plan (agreement: profile, plan on rank 0) and build a model; Bi-Partition's
+                  cut (handoff)
+      steps       a flushed train_step and forward            ──> runner, elasticity
+      stream      2BW / PipeMare `train` without flushes      ──> runner
+      elasticity  repartition, rebalance, reconfigure         ──> migration (transfer), build
+      weights     full state dict, snapshots, inheritance     ──> migration
+      report      stats and pictures
+
+`launch` starts the stage processes (or joins torchrun's group).
 """

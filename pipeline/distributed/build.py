@@ -13,12 +13,13 @@ is `pipeline.distributed.handoff`), and a model waiting for inherited weights ta
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pipeline.distributed import handoff as handoff_cut
 from pipeline.distributed import weights
 from pipeline.distributed.agreement import profile_costs
-from pipeline.local.history import StepHistory
+from pipeline.distributed.holder import ModelHolder
+from pipeline.distributed.parts import PipelineParts
 from pipeline.local.spec import LayerSpec, check_specs
 from pipeline.local.stage import Stage
 from pipeline.pure.costs import LayerCost
@@ -26,76 +27,68 @@ from pipeline.pure.partition import bounds, check_sizes, equal_sizes
 from pipeline.pure.planner import Plan
 from pipeline.pure.schedule import is_stream
 
-if TYPE_CHECKING:
-    from pipeline.distributed.elastic import ElasticPipeline
-
 __all__ = ["build", "checked_sizes", "plan_first", "set_handoff", "setup"]
 
 
 def setup(
-    pipe: ElasticPipeline, specs: Sequence[LayerSpec], partition: str | Sequence[int] | Plan
-) -> None:
+    pipe: PipelineParts, specs: Sequence[LayerSpec], partition: str | Sequence[int] | Plan,
+    requested_handoff: tuple[int, ...] | None,
+) -> None:  # fmt: skip
     """Validate a model and its partition; build now, or on the first step if "auto"."""
-    pipe.specs = check_specs(specs)
-    pipe.plan = None
-    pipe.sizes = []  # layers per stage; [] until planned
-    pipe._stage = None
-    pipe.step = 0
-    pipe.version = 0  # plan version: +1 per committed migration
-    pipe.migrations = []
-    pipe.history = StepHistory()
-    pipe.partition_history = []
+    pipe.model = ModelHolder(check_specs(specs), requested_handoff)
+    n_layers = len(pipe.model.specs)
     if isinstance(partition, str):
         if partition != "auto":
             raise ValueError(f"partition must be 'auto', stage sizes or a Plan, got {partition!r}")
-        equal_sizes(len(pipe.specs), pipe.n_stages)  # more stages than layers: fail now
+        equal_sizes(n_layers, pipe.n_stages)  # more stages than layers: fail now
         return
     if isinstance(partition, Plan):
-        build(pipe, checked_sizes(partition.sizes, len(pipe.specs), pipe.n_stages), partition)
+        build(pipe, checked_sizes(partition.sizes, n_layers, pipe.n_stages), partition)
         return
-    build(pipe, checked_sizes(partition, len(pipe.specs), pipe.n_stages))
+    build(pipe, checked_sizes(partition, n_layers, pipe.n_stages))
 
 
 def build(
-    pipe: ElasticPipeline,
+    pipe: PipelineParts,
     sizes: list[int],
     plan: Plan | None = None,
     costs: list[LayerCost] | None = None,
 ) -> None:
     """Build this rank's stage of `sizes` (with `plan`'s memory actions, meters from `costs`)."""
-    start, stop = bounds(sizes)[pipe.rank]
+    model, start, stop = pipe.model, *bounds(sizes)[pipe.rank]
     actions = list(plan.actions[start:stop]) if plan is not None else None
     # Factories run here: a bad one raises on every rank, not only where it is built.
-    pipe._stage = pipe.comm.together(lambda: Stage(
-        pipe.rank, pipe.n_stages, pipe.specs[start:stop], seed=pipe.recipe.seed, device=pipe.device,
-        optimizer=pipe.recipe.optimizer, loss_fn=pipe.recipe.loss_fn, actions=actions,
+    stage = pipe.comm.together(lambda: Stage(
+        pipe.rank, pipe.n_stages, model.specs[start:stop], seed=pipe.recipe.seed,
+        device=pipe.device, optimizer=pipe.recipe.optimizer, loss_fn=pipe.recipe.loss_fn,
+        actions=actions,
     ))  # fmt: skip
     if costs is not None:
-        pipe._stage.seed_meters(costs[start:stop])
-    pipe.sizes, pipe.plan = list(sizes), plan
+        stage.seed_meters(costs[start:stop])
+    model.install(stage, sizes, plan)
     set_handoff(pipe, plan.handoff if plan is not None and plan.handoff
-                else pipe._requested_handoff)  # fmt: skip
-    pipe.plan_age.restart(pipe.step)  # measure memory on the first step of every plan
-    pipe.partition_history[:] = [(pipe.step, list(sizes))]
+                else model.requested_handoff)  # fmt: skip
+    pipe.plan_age.restart(model.step)  # measure memory on the first step of every plan
     pipe.event_log.record("build", sizes=list(sizes), plan=None if plan is None else plan.to_dict())
 
 
-def set_handoff(pipe: ElasticPipeline, handoff: Sequence[int] | None) -> None:
+def set_handoff(pipe: PipelineParts, handoff: Sequence[int] | None) -> None:
     """Put Bi-Partition's cut in force (`pipeline.distributed.handoff`); every rank."""
-    stage, cut = pipe._live_stage(), handoff_cut.check_handoff(handoff, pipe.sizes)
+    model = pipe.model
+    stage, cut = model.live_stage(), handoff_cut.check_handoff(handoff, model.sizes)
     if any(cut) and is_stream(pipe.schedule):
         raise ValueError(f"handoff {list(cut)} needs a flushed schedule (gpipe, 1f1b, "
                          f"zbh1), not {pipe.schedule_name or pipe.schedule!r}")  # fmt: skip
-    pipe.comm.together(lambda: handoff_cut.configure(stage, pipe.specs, pipe.sizes, cut,
+    pipe.comm.together(lambda: handoff_cut.configure(stage, model.specs, model.sizes, cut,
                                                      pipe.recipe.seed))  # fmt: skip
-    if any(cut) or any(pipe.handoff):
+    if any(cut) or any(model.handoff):
         pipe.event_log.record("handoff", handoff=list(cut))
-    pipe.handoff = cut
+    model.handoff = cut
 
 
-def plan_first(pipe: ElasticPipeline, example: Any) -> None:
+def plan_first(pipe: PipelineParts, example: Any) -> None:
     """partition="auto": profile one micro-batch's shapes, plan on rank 0, build."""
-    costs = profile_costs(pipe.comm, pipe.specs, example, device=pipe.device,
+    costs = profile_costs(pipe.comm, pipe.model.specs, example, device=pipe.device,
                           opt_ratio=pipe.recipe.optimizer_state_ratio, cache=pipe.cost_cache,
                           source=pipe.profile)  # fmt: skip
     schedule = pipe.schedule_name or pipe.schedule
@@ -104,8 +97,7 @@ def plan_first(pipe: ElasticPipeline, example: Any) -> None:
         n_microbatches=pipe.n_microbatches, memory_budget=pipe.memory_budget,
     ))  # fmt: skip
     build(pipe, list(plan.sizes), plan, costs)
-    if hasattr(pipe, "_inherit"):
-        weights.take_inheritance(pipe)
+    weights.take_inheritance(pipe)
 
 
 def checked_sizes(sizes: Sequence[int], n_layers: int, n_stages: int) -> list[int]:

@@ -20,11 +20,12 @@ flush (`pipeline.distributed.stream`); any other call first drains a stream in f
 Methods that gather (`train`, `train_step`, `repartition`, `rebalance`, `reconfigure`, `stats`,
 `full_state_dict`, `save_timeline`) are collectives: call them on every rank in order.
 
-This module is the facade: the state and the documented methods. The work is done by
-functions taking the pipeline, in `pipeline.distributed.build` (planning and building a
-model), `.steps` (a flushed `train_step`, `forward`), `.stream` (2BW's `train`),
-`.elasticity` (repartition, rebalance, reconfigure), `.weights` (full state dict, snapshots,
-inheritance) and `.report` (stats, pictures).
+This module is the facade: it composes the parts and documents the methods. The work is
+done by the parts and by helper modules typed against `pipeline.distributed.parts`: `build`
+(planning and building a model), `steps` (a flushed `train_step`, `forward`), `stream`
+(2BW's `train`), `elasticity` (repartition, rebalance, reconfigure), `weights` (full state
+dict, snapshots, inheritance) and `report` (stats, pictures). The package docstring draws
+which part owns what.
 """
 
 from __future__ import annotations
@@ -41,11 +42,14 @@ from pipeline.distributed import build, elasticity, report, steps, stream, weigh
 from pipeline.distributed.agreement import measured_costs
 from pipeline.distributed.comm import Comm
 from pipeline.distributed.events import EventLog, PipelineEvent
+from pipeline.distributed.holder import ModelHolder
 from pipeline.distributed.migration import MigrationRecord, WeightSnapshot
 from pipeline.distributed.options import PipelineOptions
+from pipeline.distributed.parts import Drainable
 from pipeline.distributed.runner import StepRunner
 from pipeline.distributed.triggers import PlanAge, ReplanTriggers
 from pipeline.local.history import StepHistory
+from pipeline.local.layer import StageLayer
 from pipeline.local.microbatch import split_microbatches
 from pipeline.local.pipemare import PipeMareConfig, check_pipemare
 from pipeline.local.profiler import CostCache
@@ -115,17 +119,7 @@ class ElasticPipeline:
     `pipeline.distributed.executor`); the step is not applied and the pipeline stays usable.
     """
 
-    # The model in force, set by `pipeline.distributed.build` (and changed by `elasticity`):
-    specs: list[LayerSpec]
-    plan: Plan | None
-    sizes: list[int]  # layers per stage; [] until planned
-    step: int
-    version: int  # plan version: +1 per committed migration
-    migrations: list[MigrationRecord]
-    partition_history: list[tuple[int, list[int]]]  # (step, sizes) of this model
-    history: StepHistory  # what the steps measured, in bounded memory
-    _stage: Stage | None
-    _inherit: WeightSnapshot  # weights the next build takes (set only while pending)
+    model: ModelHolder  # the model in force: made by `build.setup`, per `reconfigure`
 
     def __init__(
         self,
@@ -171,9 +165,7 @@ class ElasticPipeline:
         if handoff is not None and isinstance(partition, str):
             raise ValueError("handoff= needs explicit stage sizes (partition=[...]); with "
                              "partition='auto', planner='bipartition' chooses the cut")  # fmt: skip
-        self._requested_handoff = self.options.handoff
-        self.handoff: tuple[int, ...] = ()  # Bi-Partition's cut in force (() before a build)
-        self.active_stream: stream.Segment | None = None  # a `train` stream in flight
+        self.active_stream: Drainable | None = None  # a `train` stream in flight
         self.n_microbatches = n_microbatches
         self.planner = get_planner(planner) if isinstance(planner, str) else planner
         self.memory_budget, self.profile = memory_budget, profile
@@ -183,12 +175,12 @@ class ElasticPipeline:
         self.device = torch.device(device) if device is not None else self.comm.data_device
         self.runner = StepRunner(self.comm, self.schedule, n_microbatches)  # links, list
         self.recipe = TrainingRecipe.of(seed, optimizer, loss_fn)  # also checks the factory
-        self._link = HOST_LINK  # until one is measured
+        self.link = HOST_LINK  # as the last migration measured it (until then: a guess)
         self.generation = 0  # +1 per reconfigure: which model this is
         self.plan_age = PlanAge()  # when the plan in force began; memory measured then
-        self.event_log = EventLog(lambda: (self.generation, self.step))  # builds, migrations...
+        self.event_log = EventLog(lambda: (self.generation, self.model.step))  # builds...
         self._closed = False
-        build.setup(self, specs, partition)
+        build.setup(self, specs, partition, self.options.handoff)
 
     @property
     def events(self) -> list[PipelineEvent]:
@@ -216,7 +208,7 @@ class ElasticPipeline:
 
     def plan_for(self, x: Any) -> None:
         """partition="auto": plan and build from the batch input x, unless done already."""
-        if self._stage is None:
+        if self.model.stage is None:
             build.plan_first(self, split_microbatches(x, self.n_microbatches, "x")[0])
 
     def train_step(self, x: Any, y: Any) -> float:
@@ -291,7 +283,7 @@ class ElasticPipeline:
         """This rank's layers' weights (CPU copies) with the model's keys and partition, to
         start a later model from (`reconfigure(..., inherit_from=snapshot)`); every rank
         takes its own, after at least one step."""
-        if self._stage is None:
+        if self.model.stage is None:
             raise RuntimeError("nothing to snapshot before the first step builds the layers")
         self.drain()
         return weights.snapshot(self, copy=True)
@@ -331,25 +323,70 @@ class ElasticPipeline:
 
     # -- read-only views -----------------------------------------------------------------
     @property
+    def specs(self) -> list[LayerSpec]:
+        """The model's layers in forward order."""
+        return self.model.specs
+
+    @property
+    def plan(self) -> Plan | None:
+        """The plan in force (None before one is made, or after explicit sizes)."""
+        return self.model.plan
+
+    @property
+    def sizes(self) -> list[int]:
+        """Layers per stage ([] until planned)."""
+        return self.model.sizes
+
+    @property
+    def handoff(self) -> tuple[int, ...]:
+        """Bi-Partition's cut in force (() before a build, or without one)."""
+        return self.model.handoff
+
+    @property
+    def step(self) -> int:
+        """Training steps applied to this model."""
+        return self.model.step
+
+    @property
+    def version(self) -> int:
+        """The plan version: +1 per committed migration."""
+        return self.model.version
+
+    @property
+    def migrations(self) -> list[MigrationRecord]:
+        """This model's committed migrations, oldest first."""
+        return self.model.migrations
+
+    @property
+    def partition_history(self) -> list[tuple[int, list[int]]]:
+        """(step, sizes) of each partition this model has had."""
+        return self.model.partition_history
+
+    @property
+    def history(self) -> StepHistory:
+        """What the steps measured, in bounded memory."""
+        return self.model.history
+
+    @property
     def layer_keys(self) -> tuple[str, ...]:
         """Keys of the layers this stage holds now, in order (() before the first plan)."""
-        return tuple(layer.key for layer in self._stage.layers) if self._stage else ()
+        return tuple(layer.key for layer in self._layers())
 
     @property
     def memory_actions(self) -> tuple[str, ...]:
         """This stage's per-layer memory actions ("keep", "recompute", "swap")."""
-        return tuple(layer.action for layer in self._stage.layers) if self._stage else ()
+        return tuple(layer.action for layer in self._layers())
 
     @property
     def layers(self) -> Mapping[str, nn.Module]:
         """This stage's modules by layer key (a read-only view; empty before the first plan)."""
-        layers = self._stage.layers if self._stage else []
-        return MappingProxyType({layer.key: layer.module for layer in layers})
+        return MappingProxyType({layer.key: layer.module for layer in self._layers()})
 
     @property
     def optimizer(self) -> torch.optim.Optimizer | None:
         """This stage's optimizer (one parameter group per layer, tagged "layer"), or None."""
-        return self._stage.optimizer if self._stage else None
+        stage = self.model.stage
+        return stage.optimizer if stage is not None else None
 
     def layer_costs(self) -> tuple[list[LayerCost], list[str]]:
         """Every layer's measured costs and memory action, in layer order (a collective)."""
@@ -364,16 +401,14 @@ class ElasticPipeline:
         if not self._closed:
             self.drain()
         self.runner.close()
-        if self._stage is not None:
-            self._stage.close()
-        self._stage, self._closed = None, True
+        self.model.close()
+        self._closed = True
+
+    def _layers(self) -> list[StageLayer]:
+        stage = self.model.stage
+        return stage.layers if stage is not None else []
 
     def _live_stage(self) -> Stage:
         if self._closed:
             raise RuntimeError("this ElasticPipeline is closed")
-        if self._stage is None:
-            raise RuntimeError(
-                "the pipeline is planned on its first train_step (partition='auto'); "
-                "train a step first, or pass explicit stage sizes"
-            )
-        return self._stage
+        return self.model.live_stage()

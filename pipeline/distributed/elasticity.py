@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 from pipeline.distributed import build, weights
 from pipeline.distributed import handoff as handoff_cut
@@ -28,81 +27,77 @@ from pipeline.distributed.migration import (
     WeightSnapshot,
     migrate,
 )
+from pipeline.distributed.parts import PipelineParts
 from pipeline.local.objective import LossFn, OptimizerFactory
 from pipeline.local.spec import LayerSpec, check_specs
 from pipeline.pure.costs import LinkCost
 from pipeline.pure.partition import bounds
 from pipeline.pure.planner import Plan, evaluate, replan
 
-if TYPE_CHECKING:
-    from pipeline.distributed.elastic import ElasticPipeline
-
 __all__ = ["maybe_rebalance", "rebalance", "reconfigure", "repartition"]
 
 
 def repartition(
-    pipe: ElasticPipeline,
+    pipe: PipelineParts,
     sizes: Sequence[int],
     actions: Sequence[str] | None,
     handoff: Sequence[int] | None,
 ) -> MigrationRecord:
     """Move layers live so that stage s holds `sizes[s]` layers (`ElasticPipeline.repartition`)."""
     pipe.drain()
-    stage = pipe._live_stage()
-    new = build.checked_sizes(sizes, len(pipe.specs), pipe.n_stages)
+    model = pipe.model
+    stage = model.live_stage()
+    new = build.checked_sizes(sizes, len(model.specs), pipe.n_stages)
     handoff_cut.check_handoff(handoff, new)
-    old_cut, pipe.handoff = pipe.handoff, ()
+    old_cut, model.handoff = model.handoff, ()
     stage.set_handoff(0, None)  # replicas go; the owners hold every handed layer's state
     try:
-        record = migrate(pipe.comm, stage, pipe.specs, pipe.sizes, new, pipe.step,
-                         pipe.version + 1)  # fmt: skip
+        record = migrate(pipe.comm, stage, model.specs, model.sizes, new, model.step,
+                         model.version + 1)  # fmt: skip
     except MigrationError as exc:
         build.set_handoff(pipe, old_cut)
-        pipe.event_log.record("rollback", sizes=list(pipe.sizes), requested=new, error=str(exc))
+        pipe.event_log.record("rollback", sizes=model.sizes, requested=new, error=str(exc))
         raise
     if actions is not None:
         a, b = bounds(new)[pipe.rank]
         stage.set_memory_actions(list(actions)[a:b])
-    pipe.sizes, pipe.version = new, record.version
+    model.moved(record, new)
     build.set_handoff(pipe, handoff)
-    if pipe.plan is not None and list(pipe.plan.sizes) != new:
-        pipe.plan = None  # explicit sizes: the plan's predictions no longer apply
-    pipe.plan_age.restart(pipe.step)  # the next step measures memory
-    pipe.migrations.append(record)
-    pipe.partition_history.append((pipe.step, list(new)))
+    pipe.plan_age.restart(model.step)  # the next step measures memory
     if record.bytes_moved and record.pause_s > 0:  # the link as measured by this move
-        pipe._link = LinkCost(record.bytes_moved / record.pause_s)
+        pipe.link = LinkCost(record.bytes_moved / record.pause_s)
     pipe.event_log.record("migration", **dataclasses.asdict(record))
     return record
 
 
-def rebalance(pipe: ElasticPipeline, remaining_steps: int | None) -> MigrationRecord | None:
+def rebalance(pipe: PipelineParts, remaining_steps: int | None) -> MigrationRecord | None:
     """Re-plan from measured costs; migrate if it pays back (`ElasticPipeline.rebalance`)."""
     pipe.drain()
     horizon = pipe.options.rebalance_horizon if remaining_steps is None else remaining_steps
     costs, actions = pipe.layer_costs()
     schedule = pipe.schedule_name or pipe.schedule
-    current = evaluate(costs, pipe.sizes, actions, schedule=schedule,
-                       n_microbatches=pipe.n_microbatches, handoff=pipe.handoff)  # fmt: skip
+    current = evaluate(costs, pipe.model.sizes, actions, schedule=schedule,
+                       n_microbatches=pipe.n_microbatches, handoff=pipe.model.handoff)  # fmt: skip
     decision = pipe.comm.agree(lambda: replan(
-        current, costs, pipe.planner, remaining_steps=horizon, link=pipe._link,
+        current, costs, pipe.planner, remaining_steps=horizon, link=pipe.link,
         memory_budget=pipe.memory_budget, schedule=schedule,
     ))  # fmt: skip
     pipe.event_log.record("replan", changed=decision.changed, reason=decision.reason,
                           candidate=decision.candidate.to_dict())  # fmt: skip
-    pipe.plan = decision.plan
-    pipe.plan_age.restart(pipe.step, measure=False)
+    pipe.model.replanned(decision.plan)
+    pipe.plan_age.restart(pipe.model.step, measure=False)
     if not decision.changed:
         return None
     return pipe.repartition(decision.plan.sizes, decision.plan.actions,
                             decision.plan.handoff or None)  # fmt: skip
 
 
-def maybe_rebalance(pipe: ElasticPipeline, measured: bool) -> None:
+def maybe_rebalance(pipe: PipelineParts, measured: bool) -> None:
     """After a step: rebalance when a trigger fires (`pipeline.distributed.triggers`)."""
+    model = pipe.model
     reason = pipe.triggers.reason(
-        pipe.comm, pipe.step, pipe._live_stage(), pipe.plan, measured,
-        steps_on_plan=pipe.plan_age.steps_on_plan(pipe.step),
+        pipe.comm, model.step, model.live_stage(), model.plan, measured,
+        steps_on_plan=pipe.plan_age.steps_on_plan(model.step),
     )  # fmt: skip
     if reason is not None:
         pipe.event_log.record("trigger", reason=reason)
@@ -110,7 +105,7 @@ def maybe_rebalance(pipe: ElasticPipeline, measured: bool) -> None:
 
 
 def reconfigure(
-    pipe: ElasticPipeline,
+    pipe: PipelineParts,
     specs: Sequence[LayerSpec],
     *,
     partition: str | Sequence[int] | Plan,
@@ -129,16 +124,14 @@ def reconfigure(
         raise TypeError(f"inherit_from must be a WeightSnapshot (from snapshot()), "
                         f"got {type(inherit_from).__name__}")  # fmt: skip
     source = inherit_from
-    if source is None and inherit_weights and pipe._stage is not None:
+    if source is None and inherit_weights and pipe.model.stage is not None:
         source = weights.snapshot(pipe, copy=False)  # references: the old layers are freed next
     pipe.recipe = pipe.recipe.changed(optimizer=optimizer, loss_fn=loss_fn)
     pipe.generation += 1
-    pipe._requested_handoff, pipe.handoff = None, ()  # a Plan may carry a new one
-    if pipe._stage is not None:
-        pipe._stage.close()  # free the old layers before building the new ones
-    build.setup(pipe, new_specs, partition)
+    pipe.model.close()  # free the old layers before building the new ones
+    build.setup(pipe, new_specs, partition, requested_handoff=None)  # a Plan may carry one
     pipe.event_log.record("reconfigure", layers=[s.key for s in new_specs])
     if source is not None:
-        pipe._inherit = source
-        if pipe._stage is not None:
+        pipe.model.expect_inheritance(source)
+        if pipe.model.stage is not None:
             weights.take_inheritance(pipe)

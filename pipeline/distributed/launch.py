@@ -33,6 +33,7 @@ import multiprocessing as mp
 import os
 import pickle
 import queue
+import signal
 import socket
 import threading
 import time
@@ -268,7 +269,7 @@ def _stage_main(
         # Report first: the caller terminates every stage at once, so a peer blocked in a
         # message to this one never holds the report up behind the group's teardown.
         _report(reports, rank, "error", traceback.format_exc())
-        os._exit(1)
+        _leave_now()
     try:
         Comm().barrier()  # nobody tears the group down while a peer still reads from it
         dist.destroy_process_group()
@@ -289,6 +290,11 @@ def _group_backend(backend: str) -> str:
     return "cpu:gloo,cuda:nccl" if backend == "nccl" else backend
 
 
+def _leave_now() -> None:
+    """End this process at once, running no cleanup that could wait on a peer."""
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
 def _watch_parent() -> None:
     """Exit at once if the caller dies, so no stage process is ever orphaned."""
     parent = os.getppid()
@@ -296,6 +302,6 @@ def _watch_parent() -> None:
     def watch() -> None:
         while os.getppid() == parent:
             time.sleep(0.5)
-        os._exit(1)
+        _leave_now()
 
     threading.Thread(target=watch, daemon=True, name="parent-watch").start()

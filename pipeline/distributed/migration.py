@@ -69,10 +69,11 @@ import torch
 from pipeline.distributed.comm import Comm
 from pipeline.distributed.transfer import exchange, pack_all
 from pipeline.errors import MigrationError
+from pipeline.local.layer import StageLayer
 from pipeline.local.meter import LayerMeter
 from pipeline.local.objective import build_optimizer
 from pipeline.local.spec import LayerSpec, build_layer
-from pipeline.local.stage import Stage, _Layer
+from pipeline.local.stage import Stage
 from pipeline.pure.partition import bounds
 
 __all__ = [
@@ -114,7 +115,7 @@ def moves(old: list[int], new: list[int]) -> list[tuple[int, int, int]]:
 
 
 # -- packing one layer -------------------------------------------------------------------------
-def _pack_layer(stage: Stage, layer: _Layer) -> dict[str, Any]:
+def _pack_layer(stage: Stage, layer: StageLayer) -> dict[str, Any]:
     params = list(layer.module.parameters())
     group = _group_of(stage, layer.key)
     state = stage.optimizer.state if stage.optimizer is not None else {}
@@ -154,7 +155,7 @@ def _tensor_bytes(obj: Any) -> int:
 class _Incoming:
     """A received layer, built and loaded but not yet installed."""
 
-    layer: _Layer
+    layer: StageLayer
     packed: dict[str, Any] = field(default_factory=dict)
 
 
@@ -166,7 +167,8 @@ def _unpack_layer(packed: dict[str, Any], spec: LayerSpec, stage: Stage) -> _Inc
         raise RuntimeError(f"layer {spec.key!r} arrived with a different parameter count")
     for p, g in zip(params, packed["grads"], strict=True):
         p.grad = None if g is None else g.to(stage.device)
-    layer = _Layer(spec.key, module, action=packed["action"], meter=LayerMeter(**packed["meter"]))
+    meter = LayerMeter(**packed["meter"])
+    layer = StageLayer(spec.key, module, action=packed["action"], meter=meter)
     return _Incoming(layer, packed)
 
 
@@ -191,7 +193,7 @@ def _install_optimizer(stage: Stage, incoming: _Incoming) -> None:
             }
 
 
-def _drop(stage: Stage, layer: _Layer) -> None:
+def _drop(stage: Stage, layer: StageLayer) -> None:
     group = _group_of(stage, layer.key)
     if group is not None and stage.optimizer is not None:
         groups = stage.optimizer.param_groups

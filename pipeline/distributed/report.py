@@ -33,20 +33,18 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from pipeline.distributed.comm import Comm
 from pipeline.distributed.events import plain
 from pipeline.distributed.migration import MigrationRecord
+from pipeline.distributed.parts import PipelineParts
 from pipeline.local.history import StepHistory
 from pipeline.local.stage import Stage
 from pipeline.pure.planner import Plan
 from pipeline.pure.timeline import chrome_trace, partition_svg
-
-if TYPE_CHECKING:
-    from pipeline.distributed.elastic import ElasticPipeline
 
 __all__ = [
     "PipelineStats",
@@ -183,14 +181,15 @@ def _median(values: Sequence[float]) -> float:
 
 
 # -- the collective ----------------------------------------------------------------------------
-def stats(pipe: ElasticPipeline, stage: Stage, last_steps: int) -> PipelineStats:
+def stats(pipe: PipelineParts, stage: Stage, last_steps: int) -> PipelineStats:
     """`ElasticPipeline.stats`: gather every stage's numbers; predicted beside measured."""
     if isinstance(last_steps, bool) or not isinstance(last_steps, int) or last_steps < 1:
         raise ValueError(f"last_steps must be a positive int, got {last_steps!r}")
-    history = pipe.history
+    model = pipe.model
+    history = model.history
     recent = history.recent(last_steps)
     times = [r.times for r in recent]
-    plan, m, rank = pipe.plan, pipe.n_microbatches, pipe.rank
+    plan, m, rank = model.plan, pipe.n_microbatches, pipe.rank
     activations = history.latest_activation_bytes
     state_bytes = stage.state_bytes()
     mine = StageStats(
@@ -216,26 +215,27 @@ def stats(pipe: ElasticPipeline, stage: Stage, last_steps: int) -> PipelineStats
     iteration_s = max(s.total_s for s in per_stage)
     return PipelineStats(
         generation=pipe.generation,
-        steps=pipe.step,
-        plan_version=pipe.version,
+        steps=model.step,
+        plan_version=model.version,
         plan=plan,
         schedule=pipe.schedule_name or str(getattr(pipe.schedule, "__name__", "custom")),
         n_microbatches=m,
-        partition=tuple(pipe.sizes),
+        partition=tuple(model.sizes),
         iteration_s=iteration_s,
         predicted_iteration_s=plan.predicted_iteration_s if plan else None,
         samples_per_s=per_second([r.samples for r in recent], iteration_s),
         tokens_per_s=tokens_per_s([r.tokens for r in recent], iteration_s),
         bubble_fraction=bubble_fraction([s.busy_s for s in per_stage], iteration_s),
         predicted_bubble_fraction=predicted_bubble_fraction(plan),
-        migrations=tuple(pipe.migrations),
+        migrations=tuple(model.migrations),
         stages=per_stage,
     )
 
 
-def save_partition_picture(pipe: ElasticPipeline, path: str | Path) -> Path:
+def save_partition_picture(pipe: PipelineParts, path: str | Path) -> Path:
     """An SVG of which layers lived on which stage, step by step."""
-    svg = partition_svg(pipe.partition_history, [s.key for s in pipe.specs], pipe.step)
+    model = pipe.model
+    svg = partition_svg(model.partition_history, [s.key for s in model.specs], model.step)
     path = Path(path)
     path.write_text(svg)
     return path

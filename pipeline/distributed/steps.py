@@ -11,33 +11,32 @@ for `stats` and lets the re-plan triggers look at it (`pipeline.distributed.elas
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from pipeline.distributed import build, elasticity, report
+from pipeline.distributed.parts import PipelineParts
 from pipeline.errors import PipelineError
 from pipeline.local.carry import as_carry, unwrap
 from pipeline.local.microbatch import batch_size, split_microbatches
 
-if TYPE_CHECKING:
-    from pipeline.distributed.elastic import ElasticPipeline
-
 __all__ = ["forward", "train_step"]
 
 
-def train_step(pipe: ElasticPipeline, x: Any, y: Any) -> float:
+def train_step(pipe: PipelineParts, x: Any, y: Any) -> float:
     """One optimizer step on (x, y) under a flushed schedule; the mean micro-batch loss."""
     chunks = split_microbatches(x, pipe.n_microbatches, "x")
     targets = split_microbatches(y, pipe.n_microbatches, "y")
-    if pipe._stage is None:
+    model = pipe.model
+    if model.stage is None:
         build.plan_first(pipe, chunks[0])
-    stage = pipe._live_stage()
+    stage = model.live_stage()
     inputs = [as_carry(c, "the batch input") for c in chunks]
-    measure = pipe.plan_age.measures(pipe.step, pipe.options.measure_memory_every)
+    measure = pipe.plan_age.measures(model.step, pipe.options.measure_memory_every)
     rng = torch.random.get_rng_state()
     try:
-        loss, times = pipe.runner.train_step(stage, pipe.step, inputs, targets,
+        loss, times = pipe.runner.train_step(stage, model.step, inputs, targets,
                                              measure_memory=measure,
                                              on_nonfinite=pipe.options.on_nonfinite)  # fmt: skip
     except PipelineError as error:  # raised on every rank; nothing is in flight
@@ -47,20 +46,19 @@ def train_step(pipe: ElasticPipeline, x: Any, y: Any) -> float:
     finally:
         torch.random.set_rng_state(rng)
     pipe.plan_age.measured()
-    pipe.step += 1
-    pipe.history.record(batch_size(x), report.token_count(x), times)
+    model.stepped(batch_size(x), report.token_count(x), times)
     elasticity.maybe_rebalance(pipe, measure)
     return loss
 
 
-def forward(pipe: ElasticPipeline, x: Any) -> Any:
+def forward(pipe: PipelineParts, x: Any) -> Any:
     """The model's output on the batch x (eval mode, no gradients), on every rank."""
     pipe.drain()
     size = batch_size(x)
     m = max(k for k in range(1, pipe.n_microbatches + 1) if size % k == 0)
     chunks = [as_carry(c, "the batch input") for c in split_microbatches(x, m, "x")]
-    if pipe._stage is None:
+    if pipe.model.stage is None:
         build.plan_first(pipe, chunks[0])
-    outputs = pipe.runner.infer(pipe._live_stage(), pipe.step, chunks)
+    outputs = pipe.runner.infer(pipe.model.live_stage(), pipe.model.step, chunks)
     assert outputs is not None
     return unwrap(tuple(torch.cat(parts) for parts in zip(*outputs, strict=True)))

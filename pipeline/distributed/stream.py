@@ -53,7 +53,7 @@ agreements with one weight copy (`pipeline.local.asynchronous`). Its protocol, p
     P3. A failure (step 4) stops compute as for 2BW, but updates already applied stand on
         each stage (there is no second copy to fall back to): after a `StageError` the
         stages may have applied different numbers of updates of the failing step and the
-        one before; `pipe.step` counts the steps agreed healthy.
+        one before; `pipe.model.step` counts the steps agreed healthy.
     P4. A drain (step 5) lets every micro-batch in flight finish: the next segment's first
         forwards see every update, so a stream split in two differs from one stream
         (`ReferenceTrainer.drain` models it); a layer's staleness is its stage's.
@@ -67,12 +67,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from pipeline.distributed import executor, report
 from pipeline.distributed.comm import PendingReduce
+from pipeline.distributed.parts import PipelineParts
 from pipeline.errors import NonFiniteLossError, PipelineError, StageError
 from pipeline.local.carry import Carry, as_carry
 from pipeline.local.microbatch import batch_size, split_microbatches
@@ -80,9 +81,6 @@ from pipeline.local.stage import ComputeError
 from pipeline.pure.actions import COMPUTE_OPS, Op
 from pipeline.pure.schedule import lower_lazily
 from pipeline.pure.two_bw import stream_actions
-
-if TYPE_CHECKING:
-    from pipeline.distributed.elastic import ElasticPipeline
 
 __all__ = ["Segment", "train"]
 
@@ -92,7 +90,7 @@ __all__ = ["Segment", "train"]
 _MEASURED_STEPS = 2
 
 
-def train(pipe: ElasticPipeline, batches: Iterable[tuple[Any, Any]]) -> Iterator[float]:
+def train(pipe: PipelineParts, batches: Iterable[tuple[Any, Any]]) -> Iterator[float]:
     """Each step's loss, one segment after another (module doc)."""
     source = iter(batches)
     carried: tuple[Any, Any] | None = None  # a batch that ended the previous segment
@@ -125,10 +123,10 @@ def _shapes(obj: Any) -> Any:
 class Segment:
     """One run of a stream schedule's list without a flush (module doc)."""
 
-    def __init__(self, pipe: ElasticPipeline, source: Iterator[Any], first: tuple[Any, Any]):
+    def __init__(self, pipe: PipelineParts, source: Iterator[Any], first: tuple[Any, Any]):
         self.pipe, self.source, self.m = pipe, source, pipe.n_microbatches
-        self.stage, self.comm = pipe._live_stage(), pipe.comm
-        self.start = pipe.step  # the global step of the segment's step 0
+        self.stage, self.comm = pipe.model.live_stage(), pipe.comm
+        self.start = pipe.model.step  # the global step of the segment's step 0
         # micro-batch g's input and target until its forward, step t's size until it is
         # settled: what no later action needs is dropped, so a segment of any length holds
         # only what is in flight (`held`)
@@ -299,8 +297,7 @@ class Segment:
         self.stage.begin_step(self.start + step + 1, self.m, step + 1 < _MEASURED_STEPS,
                               keep_spans=True, stream=True)  # fmt: skip
         samples, tokens = self.sizes.pop(step)
-        self.pipe.history.record(samples, tokens, times)
-        self.pipe.step += 1
+        self.pipe.model.stepped(samples, tokens, times)
         self.buffer.append(loss)
         yield
 

@@ -17,56 +17,59 @@ collective or a per-rank part of one:
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 
 from pipeline.distributed.migration import WeightSnapshot, inherited_states
+from pipeline.distributed.parts import PipelineParts
 from pipeline.local.carry import nbytes
 from pipeline.local.spec import build_layer
-
-if TYPE_CHECKING:
-    from pipeline.distributed.elastic import ElasticPipeline
 
 __all__ = ["full_state_dict", "snapshot", "take_inheritance"]
 
 
-def full_state_dict(pipe: ElasticPipeline) -> dict[str, dict[str, torch.Tensor]]:
+def full_state_dict(pipe: PipelineParts) -> dict[str, dict[str, torch.Tensor]]:
     """{layer key: its state dict on CPU}, in layer order, on rank 0; {} on other ranks."""
     mine = pipe.comm.together(lambda: _own_states(pipe))
     gathered = pipe.comm.gather_object(mine, dst=0)
     if gathered is None:
         return {}
     merged = {k: v for part in gathered for k, v in part.items()}
-    return {spec.key: merged[spec.key] for spec in pipe.specs}
+    return {spec.key: merged[spec.key] for spec in pipe.model.specs}
 
 
-def _own_states(pipe: ElasticPipeline) -> dict[str, dict[str, torch.Tensor]]:
-    if pipe._stage is not None:
-        modules = {layer.key: layer.module for layer in pipe._stage.layers}
+def _own_states(pipe: PipelineParts) -> dict[str, dict[str, torch.Tensor]]:
+    stage = pipe.model.stage
+    if stage is not None:
+        modules = {layer.key: layer.module for layer in stage.layers}
     else:  # not built yet: every rank builds a share, in turns
         cpu = torch.device("cpu")
         modules = {
             spec.key: build_layer(spec, pipe.recipe.seed, cpu)
-            for i, spec in enumerate(pipe.specs)
+            for i, spec in enumerate(pipe.model.specs)
             if i % pipe.n_stages == pipe.rank
         }
     return {key: {k: v.detach().cpu() for k, v in module.state_dict().items()}
             for key, module in modules.items()}  # fmt: skip
 
 
-def snapshot(pipe: ElasticPipeline, copy: bool) -> WeightSnapshot:
+def snapshot(pipe: PipelineParts, copy: bool) -> WeightSnapshot:
     """This rank's layers' states (CPU copies, or references with copy=False)."""
-    layers = pipe._live_stage().layers
+    model = pipe.model
     states = {layer.key: {k: v.detach().cpu().clone() if copy else v for k, v in
-                          layer.module.state_dict().items()} for layer in layers}  # fmt: skip
-    return WeightSnapshot(tuple(s.key for s in pipe.specs), tuple(pipe.sizes), states)
+                          layer.module.state_dict().items()}
+              for layer in model.live_stage().layers}  # fmt: skip
+    return WeightSnapshot(tuple(s.key for s in model.specs), tuple(model.sizes), states)
 
 
-def take_inheritance(pipe: ElasticPipeline) -> None:
-    """Load the pending `pipe._inherit` into the layers just built; log what was taken."""
-    found = inherited_states(pipe.comm, pipe._inherit, pipe.specs, pipe.sizes)
-    loaded = pipe._live_stage().load_matching({k: dict(v) for k, (_, v) in found.items()})
+def take_inheritance(pipe: PipelineParts) -> None:
+    """Load the weights the model expects to inherit (if any) into the layers just built;
+    log what was taken."""
+    model = pipe.model
+    source = model.take_inheritance()
+    if source is None:
+        return
+    found = inherited_states(pipe.comm, source, model.specs, model.sizes)
+    loaded = model.live_stage().load_matching({k: dict(v) for k, (_, v) in found.items()})
     rank = pipe.comm.rank
     rows = [(sum(nbytes(t) for t in found[k][1].values()), found[k][0] != rank)
             for k in loaded]  # fmt: skip
@@ -74,4 +77,3 @@ def take_inheritance(pipe: ElasticPipeline) -> None:
     pipe.event_log.record("inherit", layers=len(everyone), bytes=sum(b for b, _ in everyone),
                           moved=sum(m for _, m in everyone),
                           moved_bytes=sum(b for b, m in everyone if m))  # fmt: skip
-    del pipe._inherit

@@ -25,7 +25,7 @@ import hashlib
 import json
 import statistics
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -82,20 +82,21 @@ def _example(shapes: Shapes, device: torch.device) -> Carry:
     )  # fmt: skip
 
 
-def _storage(t: torch.Tensor) -> int:
-    """Identity of a tensor's storage; works for meta tensors, which have no data pointer."""
-    return int(t.untyped_storage()._cdata)
-
-
 @contextlib.contextmanager
 def _count_saved(params: Sequence[torch.Tensor], held: Carry, into: list[int]) -> Iterator[None]:
-    """Add the bytes of every storage autograd saves, other than parameters and `held`."""
-    seen = {_storage(t) for t in (*params, *held)}
+    """Add the bytes of every storage autograd saves, other than parameters and `held`.
+
+    A storage is known by its Python object: torch keeps one per storage (views share it),
+    which works for meta tensors too, whose data pointers are all 0. `seen` holds the
+    objects, so no id is reused while counting.
+    """
+    seen = {id(s): s for s in (t.untyped_storage() for t in (*params, *held))}
 
     def pack(t: torch.Tensor) -> torch.Tensor:
-        if _storage(t) not in seen:
-            seen.add(_storage(t))
-            into[0] += t.untyped_storage().nbytes()
+        storage = t.untyped_storage()
+        if id(storage) not in seen:
+            seen[id(storage)] = storage
+            into[0] += storage.nbytes()
         return t
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
@@ -267,8 +268,10 @@ def _sync(device: torch.device) -> None:
 class CostCache:
     """Measured costs by layer signature; reused across models and saved as JSON."""
 
-    def __init__(self) -> None:
-        self._entries: dict[str, dict[str, float]] = {}
+    def __init__(self, entries: Mapping[str, Mapping[str, float]] | None = None) -> None:
+        self._entries: dict[str, dict[str, float]] = {
+            signature: dict(entry) for signature, entry in (entries or {}).items()
+        }
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -302,9 +305,7 @@ class CostCache:
         data = json.loads(Path(path).read_text())
         if data.get("version") != 1:
             raise ValueError(f"{path}: unknown cost cache version {data.get('version')!r}")
-        cache = cls()
-        cache._entries = {k: dict(v) for k, v in data["entries"].items()}
-        return cache
+        return cls(data["entries"])
 
 
 def sandbox(

@@ -37,11 +37,9 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from torch import nn
 
 from pipeline.local import stage_backward, stage_costs, stage_memory
 from pipeline.local.asynchronous import AsyncWeights
@@ -49,7 +47,8 @@ from pipeline.local.carry import Carry, as_carry, leaf, nbytes, unwrap
 from pipeline.local.clock import clock
 from pipeline.local.determinism import dropout_seed, seed_rng
 from pipeline.local.inflight import ComputeError, InFlight, StepTimes
-from pipeline.local.meter import LayerMeter, SavedBytes
+from pipeline.local.layer import StageLayer
+from pipeline.local.meter import SavedBytes
 from pipeline.local.objective import LossFn, OptimizerFactory, build_optimizer, scalar_loss
 from pipeline.local.pipemare import PipeMareConfig, delay
 from pipeline.local.separable import HandedLayers
@@ -59,19 +58,6 @@ from pipeline.pure.costs import LayerCost
 from pipeline.pure.timeline import Span
 
 __all__ = ["ComputeError", "InFlight", "LossFn", "OptimizerFactory", "Stage", "StepTimes"]
-
-
-@dataclass
-class _Layer:
-    key: str
-    module: nn.Module
-    action: str = "keep"
-    meter: LayerMeter = field(default_factory=LayerMeter)
-    # this step's sums over micro-batches
-    forward_s: float = 0.0
-    backward_s: float = 0.0
-    activation_bytes: int = 0
-    output_bytes: int = 0
 
 
 def _one_tensor(carry: Carry, key: str, what: str, i: int) -> Carry:
@@ -102,7 +88,7 @@ class Stage:
         self.index, self.n_stages, self.seed = index, n_stages, seed
         self.device, self.loss_fn = device, loss_fn
         self.now = clock(device)  # every measured boundary: true kernel time on a GPU
-        self.layers = [_Layer(spec.key, build_layer(spec, seed, device)) for spec in specs]
+        self.layers = [StageLayer(spec.key, build_layer(spec, seed, device)) for spec in specs]
         self.set_memory_actions(actions or ["keep"] * len(self.layers))
         self.optimizer_factory = optimizer
         self.optimizer = build_optimizer(optimizer, [(x.key, x.module) for x in self.layers])
@@ -148,7 +134,8 @@ class Stage:
         return None if not self.handoff_out else (True,) + (False,) * self.handoff_out
 
     def set_memory_actions(self, actions: Sequence[str]) -> None:
-        stage_memory.set_memory_actions(self, actions)
+        stage_memory.set_memory_actions(self.layers, actions, self.device,
+                                        holds_loss=self.index == self.n_stages - 1)  # fmt: skip
 
     def load_matching(self, states: dict[str, dict[str, torch.Tensor]]) -> list[str]:
         """Load each layer's state from `states[key]` where every shape matches."""
@@ -164,20 +151,20 @@ class Stage:
 
     def seed_meters(self, costs: Sequence[LayerCost]) -> None:
         """Start each layer's meter from profiled costs (the first steps refine them)."""
-        stage_costs.seed_meters(self, costs)
+        stage_costs.seed_meters(self.layers, costs)
 
     def param_bytes(self) -> int:
         return sum(nbytes(p) for p in self.parameters())
 
     def measured_cost(self, index: int) -> LayerCost:
         """Layer `index`'s costs as measured here: smoothed times, bytes, state bytes."""
-        return stage_costs.measured_cost(self, index)
+        return stage_costs.measured_cost(self.layers[index], self.optimizer)
 
     def state_bytes(self) -> int:
         """Parameters + gradients + optimizer state of this stage (what the planner counts),
         with 2BW's second weight version or PipeMare's T2 buffers, and Bi-Partition's
         replicas of the previous stage's handed layers (parameters and gradients)."""
-        return stage_costs.state_bytes(self)
+        return stage_costs.state_bytes(self.layers, self.optimizer, self.versions, self.handed_in)
 
     def parameters(self) -> Iterator[torch.Tensor]:
         for layer in self.layers:
@@ -235,7 +222,8 @@ class Stage:
         times = self.times
         times.total_s = self.now() - self._start
         self.memory.end_step(times)
-        stage_costs.update_meters(self)
+        sums = self.memory.measuring and not self.streaming  # the step's bytes are whole
+        stage_costs.update_meters(self.layers, self.n_microbatches, self.handoff_out, sums)
         return times
 
     def abort_step(self) -> None:
@@ -267,7 +255,7 @@ class Stage:
         extra = self.versions.tensors() if self.versions is not None else []
         return [*self.parameters(), *extra]
 
-    def call_layer(self, layer: _Layer, i: int, carry: Carry) -> Carry:
+    def call_layer(self, layer: StageLayer, i: int, carry: Carry) -> Carry:
         """Layer `layer`'s forward of micro-batch i, seeded as every run of it is (a
         recompute gives the same result), with the step's weight version."""
         # a stream numbers micro-batches across its steps: i % M is the index in the step
@@ -326,7 +314,7 @@ class Stage:
         self.span(f"F{i}", start, "forward")
         return state
 
-    def _timed_call(self, layer: _Layer, i: int, carry: Carry, added: list[int]) -> Carry:
+    def _timed_call(self, layer: StageLayer, i: int, carry: Carry, added: list[int]) -> Carry:
         t0 = self.now()
         out = self.call_layer(layer, i, carry)
         elapsed = self.now() - t0

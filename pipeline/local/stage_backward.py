@@ -29,23 +29,46 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 
 from pipeline.local.asynchronous import AsyncWeights
 from pipeline.local.backward import backward_input, fused_backward
 from pipeline.local.carry import Carry, floating
-from pipeline.local.inflight import ComputeError, InFlight
+from pipeline.local.inflight import ComputeError, InFlight, StepTimes
+from pipeline.local.layer import StageLayer
+from pipeline.local.separable import HandedLayers
+from pipeline.local.stage_memory import MemoryPolicy
+from pipeline.local.versions import WeightVersions
 
-if TYPE_CHECKING:
-    from pipeline.local.stage import Stage
+__all__ = ["BackwardStage", "backward", "backward_weight"]
 
-__all__ = ["backward", "backward_weight"]
+
+class BackwardStage(Protocol):
+    """What the walk uses of a stage (`pipeline.local.stage.Stage` is one)."""
+
+    index: int
+    layers: list[StageLayer]
+    handoff_out: int  # its last layers whose backward the next stage runs
+    handed_in: HandedLayers | None  # the previous stage's, whose backward runs here
+    versions: WeightVersions | AsyncWeights | None
+    optimizer: torch.optim.Optimizer | None
+    memory: MemoryPolicy
+    times: StepTimes
+
+    @property
+    def n_microbatches(self) -> int: ...
+
+    def now(self) -> float: ...
+
+    def span(self, name: str, start: float, category: str = "compute") -> float: ...
+
+    def call_layer(self, layer: StageLayer, i: int, carry: Carry) -> Carry: ...
 
 
 def backward(
-    stage: Stage, state: InFlight, i: int, grads: Sequence[torch.Tensor], split: bool
+    stage: BackwardStage, state: InFlight, i: int, grads: Sequence[torch.Tensor], split: bool
 ) -> list[torch.Tensor]:
     """Back-propagate micro-batch i given its outputs' gradients; its inputs' gradients."""
     start = stage.now()
@@ -68,7 +91,7 @@ def backward(
     return list(grads)
 
 
-def backward_weight(stage: Stage, state: InFlight, i: int) -> None:
+def backward_weight(stage: BackwardStage, state: InFlight, i: int) -> None:
     """The weight gradients `backward(split=True)` left for micro-batch i; frees its graph."""
     start = stage.now()
     for position in sorted(state.weight, reverse=True):
@@ -89,7 +112,7 @@ def backward_weight(stage: Stage, state: InFlight, i: int) -> None:
 
 
 def _backward_layers(
-    stage: Stage, state: InFlight, i: int, grads: Sequence[torch.Tensor], split: bool
+    stage: BackwardStage, state: InFlight, i: int, grads: Sequence[torch.Tensor], split: bool
 ) -> Sequence[torch.Tensor]:
     for position in reversed(range(len(stage.layers) - stage.handoff_out)):
         layer = stage.layers[position]
@@ -108,7 +131,7 @@ def _backward_layers(
 
 
 def _backward_layer(
-    stage: Stage,
+    stage: BackwardStage,
     state: InFlight,
     position: int,
     i: int,
@@ -140,7 +163,7 @@ def _backward_layer(
 
 
 def _handed_backward(
-    stage: Stage, state: InFlight, i: int, grads: Sequence[torch.Tensor], split: bool
+    stage: BackwardStage, state: InFlight, i: int, grads: Sequence[torch.Tensor], split: bool
 ) -> torch.Tensor:
     """The previous stage's handed layers' backward, from the gradient of their output
     (split: their weight gradients wait for `backward_weight`)."""
@@ -156,7 +179,7 @@ def _handed_backward(
     return grad
 
 
-def _handed_weight(stage: Stage, state: InFlight, i: int) -> None:
+def _handed_weight(stage: BackwardStage, state: InFlight, i: int) -> None:
     assert stage.handed_in is not None
     t0 = stage.now()
     try:

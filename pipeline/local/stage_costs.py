@@ -20,36 +20,37 @@ What a meter keeps when a step cannot measure a number:
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 import torch
 
+from pipeline.local.asynchronous import AsyncWeights
 from pipeline.local.carry import nbytes
+from pipeline.local.layer import StageLayer
 from pipeline.local.meter import LayerMeter
-from pipeline.local.separable import is_separable
+from pipeline.local.separable import HandedLayers, is_separable
+from pipeline.local.versions import WeightVersions
 from pipeline.pure.costs import LayerCost
-
-if TYPE_CHECKING:
-    from pipeline.local.stage import Stage
 
 __all__ = ["measured_cost", "seed_meters", "state_bytes", "update_meters"]
 
 
-def seed_meters(stage: Stage, costs: Sequence[LayerCost]) -> None:
+def seed_meters(layers: Sequence[StageLayer], costs: Sequence[LayerCost]) -> None:
     """Start each layer's meter from profiled costs (the first steps refine them)."""
-    for layer, cost in zip(stage.layers, costs, strict=True):
+    for layer, cost in zip(layers, costs, strict=True):
         layer.meter = LayerMeter(cost.forward_s, cost.backward_s, cost.activation_bytes,
                                  cost.output_bytes, steps=1)  # fmt: skip
 
 
-def update_meters(stage: Stage) -> None:
-    """Add the step that just succeeded (its sums over micro-batches) to every layer's meter."""
-    m = stage.n_microbatches
-    first_handed = len(stage.layers) - stage.handoff_out
-    for position, layer in enumerate(stage.layers):
+def update_meters(
+    layers: Sequence[StageLayer], n_microbatches: int, handoff_out: int, sums: bool
+) -> None:
+    """Add the step that just succeeded (its sums over `n_microbatches` micro-batches) to
+    every layer's meter; `sums`: the step's byte sums are whole (measured, not a stream)."""
+    m = n_microbatches
+    first_handed = len(layers) - handoff_out
+    for position, layer in enumerate(layers):
         meter = layer.meter
         # A recomputed or swapped layer saves less than it would keep (module doc).
-        sums = stage.memory.measuring and not stage.streaming
         kept = sums and layer.action == "keep"
         activation = layer.activation_bytes / m if kept else meter.activation_bytes
         output = layer.output_bytes / m if sums else meter.output_bytes
@@ -58,11 +59,10 @@ def update_meters(stage: Stage) -> None:
         meter.update(layer.forward_s / m, backward, activation, output)
 
 
-def measured_cost(stage: Stage, index: int) -> LayerCost:
-    """Layer `index`'s costs as measured here: smoothed times, bytes, state bytes."""
-    layer, meter = stage.layers[index], stage.layers[index].meter
-    params = list(layer.module.parameters())
-    state = stage.optimizer.state if stage.optimizer is not None else {}
+def measured_cost(layer: StageLayer, optimizer: torch.optim.Optimizer | None) -> LayerCost:
+    """The layer's costs as measured here: smoothed times, bytes, state bytes."""
+    meter, params = layer.meter, list(layer.module.parameters())
+    state = optimizer.state if optimizer is not None else {}
     return LayerCost(
         key=layer.key, forward_s=meter.forward_s, backward_s=meter.backward_s,
         activation_bytes=round(meter.activation_bytes), output_bytes=round(meter.output_bytes),
@@ -74,12 +74,18 @@ def measured_cost(stage: Stage, index: int) -> LayerCost:
     )  # fmt: skip
 
 
-def state_bytes(stage: Stage) -> int:
-    """Parameters + gradients + optimizer state of the stage (what the planner counts), with
-    2BW's second weight version or PipeMare's T2 buffers, and Bi-Partition's replicas of
-    the previous stage's handed layers (parameters and gradients)."""
-    layers = sum(c.state_bytes for c in map(stage.measured_cost, range(len(stage.layers))))
-    extra = stage.versions.nbytes() if stage.versions is not None else 0
-    if stage.handed_in is not None:
-        extra += 2 * sum(nbytes(p) for p in stage.handed_in.parameters())
-    return layers + extra
+def state_bytes(
+    layers: Sequence[StageLayer],
+    optimizer: torch.optim.Optimizer | None,
+    versions: WeightVersions | AsyncWeights | None,
+    handed_in: HandedLayers | None,
+) -> int:
+    """Parameters + gradients + optimizer state of the layers (what the planner counts), with
+    2BW's second weight version or PipeMare's T2 buffers (`versions`), and Bi-Partition's
+    replicas of the previous stage's handed layers (`handed_in`: parameters and gradients)."""
+    total = sum(measured_cost(layer, optimizer).state_bytes for layer in layers)
+    if versions is not None:
+        total += versions.nbytes()
+    if handed_in is not None:
+        total += 2 * sum(nbytes(p) for p in handed_in.parameters())
+    return total

@@ -21,32 +21,31 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING
 
 import torch
 
 from pipeline.local.inflight import StepTimes
+from pipeline.local.layer import StageLayer
 from pipeline.local.meter import SavedBytes
 from pipeline.pure.costs import MEMORY_ACTIONS
-
-if TYPE_CHECKING:
-    from pipeline.local.stage import Stage
 
 __all__ = ["MemoryPolicy", "set_memory_actions"]
 
 
-def set_memory_actions(stage: Stage, actions: Sequence[str]) -> None:
+def set_memory_actions(
+    layers: Sequence[StageLayer], actions: Sequence[str], device: torch.device, holds_loss: bool
+) -> None:
     """One memory action per layer; "swap" is "keep" off the GPU, the loss's layer keeps."""
-    if len(actions) != len(stage.layers):
-        raise ValueError(f"{len(actions)} memory actions for {len(stage.layers)} layers")
-    for layer, action in zip(stage.layers, actions, strict=True):
+    if len(actions) != len(layers):
+        raise ValueError(f"{len(actions)} memory actions for {len(layers)} layers")
+    for layer, action in zip(layers, actions, strict=True):
         if action not in MEMORY_ACTIONS:
             raise ValueError(f"memory action {action!r} is not one of {MEMORY_ACTIONS}")
-        if action == "swap" and stage.device.type != "cuda":
+        if action == "swap" and device.type != "cuda":
             action = "keep"  # host memory *is* the device memory: nothing to swap
         layer.action = action
-    if stage.index == stage.n_stages - 1:
-        stage.layers[-1].action = "keep"  # the loss is computed from it in the forward
+    if holds_loss and layers:
+        layers[-1].action = "keep"  # the loss is computed from it in the forward
 
 
 class MemoryPolicy:

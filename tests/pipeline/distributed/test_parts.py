@@ -1,5 +1,5 @@
 """The facade's small parts on their own, without processes: `PlanAge`, `EventLog`,
-`TrainingRecipe`."""
+`TrainingRecipe`, `ModelHolder`."""
 
 from __future__ import annotations
 
@@ -10,8 +10,15 @@ import torch
 import torch.nn.functional as F
 
 from pipeline.distributed.events import EventLog
+from pipeline.distributed.holder import ModelHolder
+from pipeline.distributed.migration import MigrationRecord, WeightSnapshot
 from pipeline.distributed.triggers import PlanAge
+from pipeline.local.inflight import StepTimes
 from pipeline.local.recipe import TrainingRecipe
+from pipeline.local.spec import LayerSpec
+from pipeline.local.stage import Stage
+from pipeline.pure.costs import LayerCost
+from pipeline.pure.planner import get_planner
 
 
 def test_the_first_step_of_a_plan_measures_memory_then_every_n() -> None:
@@ -46,3 +53,44 @@ def test_a_recipe_changes_as_one_value() -> None:
     changed = recipe.changed(optimizer=adam, loss_fn=F.l1_loss)
     assert (changed.seed, changed.optimizer, changed.loss_fn) == (3, adam, F.l1_loss)
     assert changed.optimizer_state_ratio == pytest.approx(2.0)  # Adam: two moments
+
+
+def _holder_with_stage(n_layers: int = 4) -> tuple[ModelHolder, Stage]:
+    specs = [LayerSpec(f"l{i}", functools.partial(torch.nn.Linear, 4, 4)) for i in range(n_layers)]
+    holder = ModelHolder(specs, requested_handoff=None)
+    sgd = functools.partial(torch.optim.SGD, lr=0.1)
+    stage = Stage(0, 1, specs, seed=0, device=torch.device("cpu"), optimizer=sgd,
+                  loss_fn=F.mse_loss)  # fmt: skip
+    return holder, stage
+
+
+def test_a_model_holder_counts_builds_migrations_and_steps() -> None:
+    holder, stage = _holder_with_stage()
+    with pytest.raises(RuntimeError, match="first train_step"):
+        holder.live_stage()
+    costs = [LayerCost(f"l{i}", 1.0, 2.0, 10, 10, 100, 100, 0) for i in range(4)]
+    plan = get_planner("time").plan(costs, 2, schedule="1f1b", n_microbatches=4)
+    holder.install(stage, plan.sizes, plan)
+    assert holder.live_stage() is stage and holder.plan is plan
+    holder.stepped(8, None, StepTimes())
+    holder.stepped(8, 64, StepTimes())
+    assert holder.step == 2 and holder.history.steps == 2
+    other = [1, 3] if list(plan.sizes) != [1, 3] else [3, 1]
+    record = MigrationRecord(2, 1, tuple(plan.sizes), tuple(other), (), 0, 0.0)
+    holder.moved(record, other)
+    assert holder.sizes == other and holder.version == 1 and holder.migrations == [record]
+    assert holder.plan is None  # the plan was for other sizes
+    assert holder.partition_history == [(0, list(plan.sizes)), (2, other)]
+    holder.sizes.append(9)  # views are copies: the holder changes only through its methods
+    assert holder.sizes == other
+    holder.close()
+    assert holder.stage is None and stage.layers == []
+
+
+def test_a_model_holder_hands_a_pending_inheritance_over_once() -> None:
+    holder, _ = _holder_with_stage()
+    assert holder.take_inheritance() is None
+    snapshot = WeightSnapshot(("l0",), (1,), {})
+    holder.expect_inheritance(snapshot)
+    assert holder.inheritance_pending
+    assert holder.take_inheritance() is snapshot and holder.take_inheritance() is None

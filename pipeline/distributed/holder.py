@@ -1,0 +1,131 @@
+"""The model in force on this rank: its layers' specs, partition, plan, Stage and counters.
+
+`ElasticPipeline` trains one model at a time; `reconfigure` swaps in the next. Everything
+that belongs to one model, and nothing else, lives in a `ModelHolder`, so swapping models
+is replacing the holder (`pipeline.distributed.build.setup` makes a fresh one) and no
+counter of the old model leaks into the new. The holder changes only through its methods,
+each named after the event that changes it:
+
+    install(stage, sizes, plan)   a build: this rank's layers exist, the partition starts
+    moved(record, sizes)          a committed migration: new sizes, plan version + 1
+    replanned(plan)               a re-plan kept (or replaced) the plan in force
+    stepped(samples, tokens, times)  a training step was applied on every rank
+    expect_inheritance(snapshot)  weights the next build takes (`take_inheritance` pops it)
+    close()                       free the layers
+
+`live_stage()` is the Stage for code that needs one, with the error a user can act on when
+there is none yet (partition="auto" builds on the first step).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from pipeline.distributed.migration import MigrationRecord, WeightSnapshot
+from pipeline.local.history import StepHistory
+from pipeline.local.inflight import StepTimes
+from pipeline.local.spec import LayerSpec
+from pipeline.local.stage import Stage
+from pipeline.pure.planner import Plan
+
+__all__ = ["ModelHolder"]
+
+
+class ModelHolder:
+    """One model's state on this rank (see the module docstring for how it changes)."""
+
+    def __init__(self, specs: Sequence[LayerSpec], requested_handoff: tuple[int, ...] | None):
+        self.specs = list(specs)
+        self.requested_handoff = requested_handoff  # Bi-Partition's cut asked for (None: none)
+        self.handoff: tuple[int, ...] = ()  # the cut in force (() before a build)
+        self._plan: Plan | None = None
+        self._sizes: list[int] = []  # layers per stage; [] until planned
+        self._step = 0
+        self._version = 0  # +1 per committed migration
+        self._migrations: list[MigrationRecord] = []
+        self._partition_history: list[tuple[int, list[int]]] = []  # (step, sizes)
+        self._history = StepHistory()  # what the steps measured, in bounded memory
+        self._stage: Stage | None = None
+        self._inheritance: WeightSnapshot | None = None
+
+    # -- read-only views ---------------------------------------------------------------------
+    @property
+    def plan(self) -> Plan | None:
+        return self._plan
+
+    @property
+    def sizes(self) -> list[int]:
+        return list(self._sizes)
+
+    @property
+    def step(self) -> int:
+        return self._step
+
+    @property
+    def version(self) -> int:
+        return self._version
+
+    @property
+    def migrations(self) -> list[MigrationRecord]:
+        return list(self._migrations)
+
+    @property
+    def partition_history(self) -> list[tuple[int, list[int]]]:
+        return [(step, list(sizes)) for step, sizes in self._partition_history]
+
+    @property
+    def history(self) -> StepHistory:
+        return self._history
+
+    @property
+    def stage(self) -> Stage | None:
+        """This rank's Stage, or None before the first build (and after `close`)."""
+        return self._stage
+
+    def live_stage(self) -> Stage:
+        if self._stage is None:
+            raise RuntimeError(
+                "the pipeline is planned on its first train_step (partition='auto'); "
+                "train a step first, or pass explicit stage sizes"
+            )
+        return self._stage
+
+    # -- the events that change a model ----------------------------------------------------
+    def install(self, stage: Stage, sizes: Sequence[int], plan: Plan | None) -> None:
+        """A build: `stage` is this rank's share of `sizes`; the partition starts now."""
+        self._stage, self._sizes, self._plan = stage, list(sizes), plan
+        self._partition_history = [(self._step, list(sizes))]
+
+    def moved(self, record: MigrationRecord, sizes: Sequence[int]) -> None:
+        """A committed migration to `sizes`; a plan for other sizes stops applying."""
+        self._sizes, self._version = list(sizes), record.version
+        if self._plan is not None and list(self._plan.sizes) != self._sizes:
+            self._plan = None  # explicit sizes: the plan's predictions no longer apply
+        self._migrations.append(record)
+        self._partition_history.append((self._step, list(sizes)))
+
+    def replanned(self, plan: Plan) -> None:
+        self._plan = plan
+
+    def stepped(self, samples: int, tokens: int | None, times: StepTimes) -> None:
+        """A training step was applied on every rank: count it and keep its times."""
+        self._history.record(samples, tokens, times)
+        self._step += 1
+
+    def expect_inheritance(self, snapshot: WeightSnapshot) -> None:
+        self._inheritance = snapshot
+
+    def take_inheritance(self) -> WeightSnapshot | None:
+        """The weights the build just made should start from (once), or None."""
+        snapshot, self._inheritance = self._inheritance, None
+        return snapshot
+
+    @property
+    def inheritance_pending(self) -> bool:
+        return self._inheritance is not None
+
+    def close(self) -> None:
+        """Free this rank's layers (the model is unusable for training after)."""
+        if self._stage is not None:
+            self._stage.close()
+        self._stage = None

@@ -1,0 +1,75 @@
+"""What the facade's helpers may use of it: `ElasticPipeline`'s parts, as one typed interface.
+
+`ElasticPipeline` composes parts that each own their state, and its longer methods run in
+helper modules (`build`, `steps`, `stream`, `elasticity`, `weights`, `report`). Those
+helpers are typed against `PipelineParts`, not against the facade's class, so no helper
+imports the facade (the module graph has no circle) and what they can touch is listed here,
+in one screen. The package docstring (`pipeline.distributed`) draws who owns what.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import torch
+
+from pipeline.distributed.comm import Comm
+from pipeline.distributed.events import EventLog
+from pipeline.distributed.holder import ModelHolder
+from pipeline.distributed.migration import MigrationRecord
+from pipeline.distributed.options import PipelineOptions
+from pipeline.distributed.runner import StepRunner
+from pipeline.distributed.triggers import PlanAge, ReplanTriggers
+from pipeline.local.pipemare import PipeMareConfig
+from pipeline.local.profiler import CostCache
+from pipeline.local.recipe import TrainingRecipe
+from pipeline.pure.costs import LayerCost, LinkCost
+from pipeline.pure.planner import Planner
+from pipeline.pure.schedule import ScheduleFn
+
+__all__ = ["Drainable", "PipelineParts"]
+
+
+class Drainable(Protocol):
+    """A `train` stream in flight (`pipeline.distributed.stream.Segment`)."""
+
+    def drain(self) -> None: ...
+
+
+class PipelineParts(Protocol):
+    """The facade as its helper modules see it (the attributes are `ElasticPipeline`'s)."""
+
+    comm: Comm
+    rank: int
+    n_stages: int
+    n_microbatches: int
+    schedule: ScheduleFn
+    schedule_name: str | None
+    options: PipelineOptions
+    pipemare: PipeMareConfig | None
+    planner: Planner
+    memory_budget: int | None
+    profile: str
+    cost_cache: CostCache
+    device: torch.device
+    runner: StepRunner
+    recipe: TrainingRecipe
+    model: ModelHolder
+    event_log: EventLog
+    plan_age: PlanAge
+    triggers: ReplanTriggers
+    generation: int
+    link: LinkCost  # the link as the last migration measured it
+    active_stream: Drainable | None
+
+    def drain(self) -> None: ...
+
+    def plan_for(self, x: Any) -> None: ...
+
+    def repartition(
+        self, sizes: Any, actions: Any = None, handoff: Any = None
+    ) -> MigrationRecord: ...
+
+    def rebalance(self, remaining_steps: int | None = None) -> MigrationRecord | None: ...
+
+    def layer_costs(self) -> tuple[list[LayerCost], list[str]]: ...
