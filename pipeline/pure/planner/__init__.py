@@ -6,7 +6,14 @@
 
 "time" (`TimePlanner`) minimises the bottleneck stage time under a memory budget, with
 per-layer recompute (and swap); "memory" (`MemoryPlanner`, CAPSlog) minimises the largest
-per-stage peak. `replan` decides whether a new plan pays back the layers it moves.
+per-stage peak; "bipartition" (`BiPartitionPlanner`) challenges the time planner's layout
+with a Bi-Partition cut. `replan` decides whether a new plan pays back the layers it moves.
+
+    base.py         Plan, `evaluate` (the shared model), and `Planner`, the lifecycle every
+                    planner runs: validate the `Problem`, `propose` layouts, evaluate, choose
+    search.py       the min-max partition search over cut points, given a range cost
+    time.py, memory.py, bipartition.py   the strategies: a cost model and a `propose`
+    payback.py      `replan`: adopt a new plan only if it pays for its move
 """
 
 from __future__ import annotations

@@ -1,13 +1,20 @@
-"""What a plan is, what every planner promises, how a layout is evaluated and searched.
+"""What a plan is, what every planner promises, and how a layout is evaluated.
 
 A `Plan` is the whole decision the runtime acts on: stage sizes (contiguous layer runs),
 a memory action per layer, the schedule and micro-batch count, plus what the planner
 predicts for it. It is plain data (`to_dict` / `from_dict`), so rank 0 can broadcast it.
 
-Every planner is a small class behind one interface, the way Optuna's samplers are:
-construct it with its options, then call `plan(costs, n_stages, ...)`. `evaluate` is the
-shared way to put numbers on a layout, so plans from different planners (or the equal
-split) are compared on the same model:
+Every planner is a small strategy class behind one lifecycle, the way Optuna's samplers
+are: construct it with its options, then call `plan(costs, n_stages, ...)`, which every
+planner runs the same way (`Planner`):
+
+    1. `Problem`       validates what was asked and derives the in-flight counts
+    2. `propose`       the strategy: the planner's layout (a `Layout`), then any challengers
+    3. `evaluate`      puts the shared numbers on each layout (`stage_bytes` may refine them)
+    4. choose          the first layout, unless a challenger fits the budget and is faster
+
+`evaluate` is the shared way to put numbers on a layout, so plans from different planners
+(or the equal split) are compared on the same model:
 
     stage time    per micro-batch: forward + backward of its layers + what recompute / swap
                   adds (independent of the micro-batch count M)
@@ -15,34 +22,17 @@ split) are compared on the same model:
                   + in_flight(schedule, S, M, s) x activation bytes kept per micro-batch
     iteration     `pipeline.pure.simulate` replaying the schedule on those stage costs
 
-The search both planners share (bottom of this file) solves the min-max contiguous
-partition: split layers [0, L) into S non-empty stages, stage s holding [a, e), so that
-the largest cost(s, a, e) is smallest. Costs depend on the stage (a stage keeps
-in_flight(s) micro-batches), so it is a binary search on the bottleneck with a greedy
-check that is exact when the cost is
-
-* monotone in the range: a range inside another costs no more (true of time + recompute
-  and of memory), and
-* monotone in the stage: later stages never cost more (1F1B, GPipe), or never less.
-
-If later stages cost no more, fill from the back: each stage, from the last, takes the
-longest feasible range ending where the next one starts (leaving a layer for each earlier
-stage). By exchange, the greedy start of stage s is never later than that of any feasible
-partition, so the check succeeds whenever one exists; O(S log L) evaluations per check.
-The mirror image (fill from the front) serves costs that grow with the stage; anything
-else falls back to `dp_min_max`, the exact O(S L^2) dynamic program.
+The partition search the strategies share lives in `pipeline.pure.planner.search`.
 """
 
 from __future__ import annotations
 
 import abc
-import bisect
-import math
-import sys
-from collections.abc import Callable, Sequence
+import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass
-from itertools import pairwise
-from typing import Any, ClassVar, Protocol
+from functools import cached_property
+from typing import Any, ClassVar, TypedDict, Unpack
 
 from pipeline.pure.bipartition import handed_stage_costs
 from pipeline.pure.costs import MEMORY_ACTIONS, LayerCost, LinkCost
@@ -51,13 +41,18 @@ from pipeline.pure.schedule import SCHEDULES, ScheduleFn, get_schedule, in_fligh
 from pipeline.pure.simulate import simulate, stage_costs
 
 __all__ = [
+    "DEFAULT_MICROBATCHES",
+    "DEFAULT_SCHEDULE",
+    "EvaluateOptions",
     "InfeasibleBudgetError",
+    "Layout",
     "Plan",
     "Planner",
+    "Problem",
+    "ScheduleLike",
     "evaluate",
     "in_flight_counts",
-    "solve",
-    "stage_order",
+    "schedule_name",
     "weight_copies",
 ]
 
@@ -151,6 +146,8 @@ class Plan:
 
 
 ScheduleLike = str | ScheduleFn  # a schedule's name, or a schedule function
+DEFAULT_SCHEDULE: ScheduleLike = "1f1b"  # what `plan` and `evaluate` assume unless told
+DEFAULT_MICROBATCHES = 8
 
 
 def schedule_name(schedule: ScheduleLike) -> str:
@@ -184,8 +181,8 @@ def evaluate(
     sizes: Sequence[int],
     actions: Sequence[str] | None = None,
     *,
-    schedule: ScheduleLike = "1f1b",
-    n_microbatches: int = 8,
+    schedule: ScheduleLike = DEFAULT_SCHEDULE,
+    n_microbatches: int = DEFAULT_MICROBATCHES,
     link: LinkCost | None = None,
     host_link: LinkCost | None = None,
     planner: str = "",
@@ -213,219 +210,137 @@ def evaluate(
     )  # fmt: skip
 
 
-def check_problem(costs: Sequence[LayerCost], n_stages: int, n_microbatches: int) -> None:
-    if n_stages < 1:
-        raise ValueError(f"n_stages must be >= 1, got {n_stages}")
-    if n_microbatches < 1:
-        raise ValueError(f"n_microbatches must be >= 1, got {n_microbatches}")
-    if len(costs) < n_stages:
-        raise ValueError(
-            f"cannot split {len(costs)} layers over {n_stages} stages: every stage needs at "
-            f"least one layer"
-        )
-    keys = [c.key for c in costs]
-    if len(set(keys)) != len(keys):
-        raise ValueError("layer keys must be unique")
+@dataclass(frozen=True, eq=False)
+class Problem:
+    """One planning question, validated: what `Planner.plan` was asked, and what follows.
+
+    `link` is the link between stages the plan is predicted with (None: none modelled).
+    """
+
+    costs: Sequence[LayerCost]
+    n_stages: int
+    schedule: ScheduleLike
+    n_microbatches: int
+    memory_budget: int | None
+    link: LinkCost | None
+
+    def __post_init__(self) -> None:
+        if self.n_stages < 1:
+            raise ValueError(f"n_stages must be >= 1, got {self.n_stages}")
+        if self.n_microbatches < 1:
+            raise ValueError(f"n_microbatches must be >= 1, got {self.n_microbatches}")
+        if self.n_layers < self.n_stages:
+            raise ValueError(
+                f"cannot split {self.n_layers} layers over {self.n_stages} stages: every "
+                f"stage needs at least one layer"
+            )
+        keys = [c.key for c in self.costs]
+        if len(set(keys)) != len(keys):
+            raise ValueError("layer keys must be unique")
+
+    @property
+    def n_layers(self) -> int:
+        return len(self.costs)
+
+    @cached_property
+    def in_flight(self) -> list[int]:
+        """Micro-batches each stage keeps in flight under the schedule (`in_flight_counts`)."""
+        return in_flight_counts(self.schedule, self.n_stages, self.n_microbatches)
+
+    @property
+    def weight_copies(self) -> int:
+        """Parameter copies each stage holds under the schedule (`weight_copies`)."""
+        return weight_copies(self.schedule)
+
+    def fits(self, plan: Plan) -> bool:
+        """Does every stage of `plan` fit the memory budget (always, without one)?"""
+        return self.memory_budget is None or max(plan.predicted_stage_bytes) <= self.memory_budget
+
+
+@dataclass(frozen=True)
+class Layout:
+    """What a strategy decides, before `evaluate` puts numbers on it."""
+
+    sizes: tuple[int, ...]  # layers per stage, in forward order
+    actions: tuple[str, ...] | None = None  # per layer; None: every layer kept
+    handoff: tuple[int, ...] = ()  # Bi-Partition's cut (`Plan.handoff`); (): none
+
+
+class EvaluateOptions(TypedDict, total=False):
+    """What `Planner.evaluate` passes on to `evaluate` besides the layout (same defaults)."""
+
+    schedule: ScheduleLike
+    n_microbatches: int
+    link: LinkCost | None
+    handoff: Sequence[int]
 
 
 class Planner(abc.ABC):
-    """Turns layer costs into a Plan. Subclasses take their options in `__init__`."""
+    """Turns layer costs into a Plan: a strategy run by one lifecycle (module doc).
+
+    A subclass takes its options in `__init__` and supplies the strategy, `propose`; it
+    may refine the predicted memory with `stage_bytes`. `plan` is the same for all.
+    """
 
     name: ClassVar[str] = ""
     host_link: LinkCost | None = None  # what a swap to host memory costs, where allowed
+    default_link: ClassVar[LinkCost | None] = None  # the link `plan` assumes if given none
 
-    @abc.abstractmethod
     def plan(
         self,
         costs: Sequence[LayerCost],
         n_stages: int,
         *,
-        schedule: ScheduleLike = "1f1b",
-        n_microbatches: int = 8,
+        schedule: ScheduleLike = DEFAULT_SCHEDULE,
+        n_microbatches: int = DEFAULT_MICROBATCHES,
         memory_budget: int | None = None,
         link: LinkCost | None = None,
     ) -> Plan:
         """The best plan under this planner's objective; InfeasibleBudgetError if none fits."""
+        link = self.default_link if link is None else link
+        problem = Problem(costs, n_stages, schedule, n_microbatches, memory_budget, link)
+        layouts = self.propose(problem)
+        if not layouts:
+            raise RuntimeError(f"{type(self).__name__}.propose gave no layout")
+        best = self._evaluate_layout(problem, layouts[0])
+        for layout in layouts[1:]:
+            challenger = self._evaluate_layout(problem, layout)
+            if problem.fits(challenger) and (
+                challenger.predicted_iteration_s < best.predicted_iteration_s
+            ):
+                best = challenger
+        return best
+
+    @abc.abstractmethod
+    def propose(self, problem: Problem) -> list[Layout]:
+        """The strategy: this planner's layout first, then any challengers to compare it
+        with; InfeasibleBudgetError if no layout fits the memory budget."""
+
+    def stage_bytes(self, costs: Sequence[LayerCost], plan: Plan,
+                    schedule: ScheduleLike) -> tuple[int, ...]:  # fmt: skip
+        """The peak memory per stage this planner predicts for an evaluated plan; by default
+        the shared model's (`plan.predicted_stage_bytes`)."""
+        return plan.predicted_stage_bytes
 
     def evaluate(
         self,
         costs: Sequence[LayerCost],
         sizes: Sequence[int],
         actions: Sequence[str] | None = None,
-        *,
-        schedule: ScheduleLike = "1f1b",
-        n_microbatches: int = 8,
-        link: LinkCost | None = None,
-        handoff: Sequence[int] = (),
+        **options: Unpack[EvaluateOptions],
     ) -> Plan:
-        """Put this planner's numbers on a layout it did not choose (e.g. the current one)."""
-        return evaluate(costs, sizes, actions, schedule=schedule, n_microbatches=n_microbatches,
-                        link=link, host_link=self.host_link, planner=self.name,
-                        handoff=handoff)  # fmt: skip
+        """Put this planner's numbers on a layout it did not choose (e.g. the current one);
+        `options` as for the module's `evaluate`."""
+        plan = evaluate(costs, sizes, actions, host_link=self.host_link, planner=self.name,
+                        **options)  # fmt: skip
+        stage_bytes = self.stage_bytes(costs, plan, options.get("schedule", DEFAULT_SCHEDULE))
+        return dataclasses.replace(plan, predicted_stage_bytes=stage_bytes)
+
+    def _evaluate_layout(self, problem: Problem, layout: Layout) -> Plan:
+        return self.evaluate(problem.costs, layout.sizes, layout.actions,
+                             schedule=problem.schedule, n_microbatches=problem.n_microbatches,
+                             link=problem.link, handoff=layout.handoff)  # fmt: skip
 
     def __repr__(self) -> str:
         options = ", ".join(f"{k}={v!r}" for k, v in vars(self).items() if not k.startswith("_"))
         return f"{type(self).__name__}({options})"
-
-
-# -- the search both planners share (module doc) --------------------------------------
-ANY = sys.float_info.max  # a limit every finite cost meets (math.inf marks infeasible)
-
-RangeCost = Callable[[int, int, int], float]  # (stage, start, stop) -> cost; inf: infeasible
-Cuts = list[int]  # stage s holds [cuts[s], cuts[s + 1]); cuts[0] = 0, cuts[-1] = L
-
-
-class MinStart(Protocol):
-    def __call__(self, stage: int, stop: int, limit: float, lowest: int, /) -> int | None: ...
-
-
-class MaxStop(Protocol):
-    def __call__(self, stage: int, start: int, limit: float, highest: int, /) -> int | None: ...
-
-
-def first_true(lo: int, hi: int, pred: Callable[[int], bool]) -> int:
-    """Smallest x in [lo, hi) with pred(x), for pred False...False True...True; hi if none."""
-    return lo + bisect.bisect_left(range(lo, hi), True, key=pred)
-
-
-def stage_order(values: Sequence[float]) -> str:
-    """"backward" if `values` never grow with the stage, "forward" if never shrink, else "dp"."""
-    if all(x >= y for x, y in pairwise(values)):
-        return "backward"
-    if all(x <= y for x, y in pairwise(values)):
-        return "forward"
-    return "dp"
-
-
-def bisect_min_start(cost: RangeCost) -> MinStart:
-    """min_start by binary search on a cost that is monotone in the range."""
-
-    def min_start(stage: int, stop: int, limit: float, lowest: int) -> int | None:
-        if lowest >= stop or not cost(stage, stop - 1, stop) <= limit:
-            return None
-        return first_true(lowest, stop - 1, lambda a: cost(stage, a, stop) <= limit)
-
-    return min_start
-
-
-def bisect_max_stop(cost: RangeCost) -> MaxStop:
-    def max_stop(stage: int, start: int, limit: float, highest: int) -> int | None:
-        if start >= highest or not cost(stage, start, start + 1) <= limit:
-            return None
-        return first_true(start + 2, highest + 1, lambda e: not cost(stage, start, e) <= limit) - 1
-
-    return max_stop
-
-
-def fits_backward(n_layers: int, n_stages: int, limit: float, min_start: MinStart) -> Cuts | None:
-    """Fill from the last stage: a partition with every stage <= limit, or None."""
-    cuts = [0] * n_stages + [n_layers]
-    for s in range(n_stages - 1, -1, -1):
-        start = min_start(s, cuts[s + 1], limit, s)  # stages 0..s-1 keep a layer each
-        if start is None or (s == 0 and start != 0):
-            return None
-        cuts[s] = start
-    return cuts
-
-
-def fits_forward(n_layers: int, n_stages: int, limit: float, max_stop: MaxStop) -> Cuts | None:
-    """Fill from the first stage (the mirror of `fits_backward`)."""
-    cuts = [0] * (n_stages + 1)
-    for s in range(n_stages):
-        stop = max_stop(s, cuts[s], limit, n_layers - (n_stages - 1 - s))
-        if stop is None or (s == n_stages - 1 and stop != n_layers):
-            return None
-        cuts[s + 1] = stop
-    return cuts
-
-
-def dp_min_max(cost: RangeCost, n_layers: int, n_stages: int) -> tuple[float, Cuts] | None:
-    """Exact: best[s][e] = min over a of max(best[s-1][a], cost(s, a, e)); O(S L^2)."""
-    inf = math.inf
-    best = [[inf] * (n_layers + 1) for _ in range(n_stages)]
-    came = [[0] * (n_layers + 1) for _ in range(n_stages)]
-    for e in range(1, n_layers + 1):
-        best[0][e] = cost(0, 0, e)
-    for s in range(1, n_stages):
-        for e in range(s + 1, n_layers + 1):
-            for a in range(s, e):
-                value = max(best[s - 1][a], cost(s, a, e))
-                if value < best[s][e]:
-                    best[s][e], came[s][e] = value, a
-    if best[-1][n_layers] == inf:
-        return None
-    cuts = [0] * n_stages + [n_layers]
-    for s in range(n_stages - 1, 0, -1):
-        cuts[s] = came[s][cuts[s + 1]]
-    return best[-1][n_layers], cuts
-
-
-def minimize(
-    fits: Callable[[float], Cuts | None],
-    value: Callable[[Cuts], float],
-    lower: float,
-    *,
-    integer: bool = False,
-    rtol: float = 1e-10,
-) -> tuple[float, Cuts] | None:
-    """Binary search on the bottleneck: the smallest limit `fits` accepts, and its cuts.
-
-    `value(cuts)` is the bottleneck a check really reached (<= the limit it was given), so
-    each success tightens the upper end to a cost some partition achieves. `lower` must be
-    a lower bound of the optimum. Integer costs are searched exactly; real ones to `rtol`.
-    """
-    best = fits(ANY)
-    if best is None:
-        return None
-    hi = value(best)
-    if not lower < hi:
-        return hi, best
-    at_lower = fits(lower)
-    if at_lower is not None:
-        return value(at_lower), at_lower
-    lo = lower  # invariant: lo infeasible, hi reached
-    while hi - lo > (1 if integer else rtol * hi):
-        mid: float = (int(lo) + int(hi)) // 2 if integer else (lo + hi) / 2
-        cuts = fits(mid)
-        if cuts is None:
-            lo = mid
-        else:
-            best, hi = cuts, value(cuts)
-    return hi, best
-
-
-def solve(
-    cost: RangeCost,
-    n_layers: int,
-    n_stages: int,
-    *,
-    order: str,
-    lower: float,
-    integer: bool = False,
-    rtol: float = 1e-10,
-    min_start: MinStart | None = None,
-    max_stop: MaxStop | None = None,
-) -> tuple[float, Cuts] | None:
-    """The optimal (bottleneck, cuts), or None if every partition has an infeasible stage.
-
-    order: "backward" / "forward" (see `stage_order`) for the greedy binary search,
-    "dp" for the dynamic program. `min_start` / `max_stop` may replace the generic binary
-    searches of the greedy check with faster ones that know the cost's structure.
-    """
-    if order == "dp":
-        return dp_min_max(cost, n_layers, n_stages)
-    if order == "backward":
-        starts = min_start or bisect_min_start(cost)
-
-        def fits(limit: float) -> Cuts | None:
-            return fits_backward(n_layers, n_stages, limit, starts)
-    else:
-        stops = max_stop or bisect_max_stop(cost)
-
-        def fits(limit: float) -> Cuts | None:
-            return fits_forward(n_layers, n_stages, limit, stops)
-
-    def value(cuts: Cuts) -> float:
-        return max(cost(s, cuts[s], cuts[s + 1]) for s in range(n_stages))
-
-    return minimize(fits, value, lower, integer=integer, rtol=rtol)

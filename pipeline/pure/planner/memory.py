@@ -17,7 +17,7 @@ The profiles are taken with one micro-batch in flight; a stage that keeps k_s
 Search: binary search on the threshold (integer bytes, so exact). The check is CAPSlog's
 greedy front-fill (each stage takes the longest run under the threshold) when dropping a
 stage's first layer never raises its peak, which makes greedy filling exact
-(`pipeline.pure.planner.base`). A layer whose isolated peak exceeds its predecessor's
+(`pipeline.pure.planner.search`). A layer whose isolated peak exceeds its predecessor's
 isolated + added peak breaks that; then the check tracks every reachable stage end
 (a vectorised DP over positions), which is exact for any profile.
 """
@@ -25,24 +25,28 @@ isolated + added peak breaks that; then the check tracks every reachable stage e
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import replace
 from itertools import accumulate
 
 import numpy as np
 
-from pipeline.pure.costs import LayerCost, LinkCost
+from pipeline.pure.costs import LayerCost
 from pipeline.pure.planner.base import (
-    Cuts,
     InfeasibleBudgetError,
+    Layout,
     Plan,
     Planner,
+    Problem,
     ScheduleLike,
-    check_problem,
     in_flight_counts,
+    weight_copies,
+)
+from pipeline.pure.planner.search import (
+    Cuts,
+    bottleneck,
     minimize,
+    sizes_from_cuts,
     solve,
     stage_order,
-    weight_copies,
 )
 
 __all__ = ["MemoryPlanner"]
@@ -140,57 +144,30 @@ class MemoryPlanner(Planner):
     def __init__(self, *, in_flight: bool = True) -> None:
         self.in_flight = in_flight
 
-    def plan(
-        self,
-        costs: Sequence[LayerCost],
-        n_stages: int,
-        *,
-        schedule: ScheduleLike = "1f1b",
-        n_microbatches: int = 8,
-        memory_budget: int | None = None,
-        link: LinkCost | None = None,
-    ) -> Plan:
-        check_problem(costs, n_stages, n_microbatches)
-        peaks = self._peaks(costs, schedule, n_stages, n_microbatches)
-        n = len(costs)
+    def propose(self, problem: Problem) -> list[Layout]:
+        peaks = _Peaks(problem.costs, problem.in_flight, problem.weight_copies, self.in_flight)
+        n, n_stages = problem.n_layers, problem.n_stages
         if peaks.start_monotone():
             found = solve(peaks.peak, n, n_stages, order=stage_order(peaks.k),
                           lower=peaks.lower_bound(), integer=True)  # fmt: skip
         else:
-            def value(cuts: Cuts) -> float:
-                return max(peaks.peak(s, cuts[s], cuts[s + 1]) for s in range(n_stages))
-
-            found = minimize(lambda limit: _reachable(peaks, n, n_stages, limit), value,
-                             peaks.lower_bound(), integer=True)  # fmt: skip
+            found = minimize(lambda limit: _reachable(peaks, n, n_stages, limit),
+                             lambda cuts: bottleneck(peaks.peak, cuts), peaks.lower_bound(),
+                             integer=True)  # fmt: skip
         assert found is not None  # peaks are finite: some partition always exists
         worst, cuts = found
-        if memory_budget is not None and worst > memory_budget:
-            raise InfeasibleBudgetError(memory_budget, int(worst), " (all layers kept)")
-        sizes = [cuts[s + 1] - cuts[s] for s in range(n_stages)]
-        return self.evaluate(costs, sizes, schedule=schedule, n_microbatches=n_microbatches,
-                             link=link)  # fmt: skip
+        if problem.memory_budget is not None and worst > problem.memory_budget:
+            raise InfeasibleBudgetError(problem.memory_budget, int(worst), " (all layers kept)")
+        return [Layout(tuple(sizes_from_cuts(cuts)))]
 
-    def evaluate(
-        self,
-        costs: Sequence[LayerCost],
-        sizes: Sequence[int],
-        actions: Sequence[str] | None = None,
-        *,
-        schedule: ScheduleLike = "1f1b",
-        n_microbatches: int = 8,
-        link: LinkCost | None = None,
-        handoff: Sequence[int] = (),
-    ) -> Plan:
-        """The shared evaluation, with stage memory replaced by CAPSlog's predicted peaks
-        (which model whole layers: a handoff keeps the shared evaluation's memory)."""
-        plan = super().evaluate(costs, sizes, actions, schedule=schedule,
-                                n_microbatches=n_microbatches, link=link,
-                                handoff=handoff)  # fmt: skip
-        if any(handoff):
-            return plan
-        peaks = self._peaks(costs, schedule, len(sizes), n_microbatches)
-        stage_bytes = tuple(peaks.peak(s, a, e) for s, (a, e) in enumerate(plan.bounds()))
-        return replace(plan, predicted_stage_bytes=stage_bytes)
+    def stage_bytes(self, costs: Sequence[LayerCost], plan: Plan,
+                    schedule: ScheduleLike) -> tuple[int, ...]:  # fmt: skip
+        """CAPSlog's predicted peaks, which model whole layers: a plan with a handoff keeps
+        the shared evaluation's memory."""
+        if plan.handoff:
+            return plan.predicted_stage_bytes
+        peaks = self._peaks(costs, schedule, plan.n_stages, plan.n_microbatches)
+        return tuple(peaks.peak(s, a, e) for s, (a, e) in enumerate(plan.bounds()))
 
     def _peaks(self, costs: Sequence[LayerCost], schedule: ScheduleLike, n_stages: int,
                n_microbatches: int) -> _Peaks:  # fmt: skip

@@ -26,7 +26,7 @@ a covering knapsack per stage; the planner solves it
   (ties: lower layer index first) until the stage fits.
 
 Both choices get no cheaper when a range grows or k_s rises, which is what the search in
-`pipeline.pure.planner.base` needs: binary search on the bottleneck with a greedy check.
+`pipeline.pure.planner.search` needs: binary search on the bottleneck with a greedy check.
 The partition is exact under this model; the recompute choice is exact up to
 `exact_limit` candidates per stage. An infeasible budget raises InfeasibleBudgetError with
 the smallest per-stage budget under which some partition fits with everything reduced.
@@ -41,19 +41,8 @@ from itertools import accumulate
 import numpy as np
 
 from pipeline.pure.costs import LayerCost, LinkCost, kept_bytes
-from pipeline.pure.planner.base import (
-    Cuts,
-    InfeasibleBudgetError,
-    Plan,
-    Planner,
-    ScheduleLike,
-    check_problem,
-    first_true,
-    in_flight_counts,
-    solve,
-    stage_order,
-    weight_copies,
-)
+from pipeline.pure.planner.base import InfeasibleBudgetError, Layout, Planner, Problem
+from pipeline.pure.planner.search import Cuts, first_true, sizes_from_cuts, solve, stage_order
 
 __all__ = ["DEFAULT_HOST_LINK", "TimePlanner"]
 
@@ -66,17 +55,10 @@ Frontier = tuple[list[int], list[float], list[tuple[int, ...]]]  # saved, second
 class _Stages:
     """Prefix sums and the per-range memory plan of one planning problem."""
 
-    def __init__(
-        self,
-        costs: Sequence[LayerCost],
-        counts: Sequence[int],
-        budget: int | None,
-        reduce_s: Sequence[float],
-        copies: int,
-        exact_limit: int,
-    ) -> None:
-        n = len(costs)
-        self.k, self.budget, self.exact_limit = list(counts), budget, exact_limit
+    def __init__(self, problem: Problem, reduce_s: Sequence[float], exact_limit: int) -> None:
+        costs, copies, n = problem.costs, problem.weight_copies, problem.n_layers
+        self.k, self.budget = list(problem.in_flight), problem.memory_budget
+        self.exact_limit = exact_limit
         kept = [kept_bytes(costs, i) for i in range(n)]
         self.saving = [c.activation_bytes - kept[i] for i, c in enumerate(costs)]
         self.reduce_s = list(reduce_s)
@@ -171,14 +153,6 @@ class _Stages:
         start = first_true(lo, fits_as_is, lambda a: self.cost(s, a, stop) <= limit)
         return start if start < stop else None
 
-    def max_stop(self, s: int, start: int, limit: float, highest: int) -> int | None:
-        if start >= highest or not self.cost(s, start, start + 1) <= limit:
-            return None
-        return first_true(start + 2, highest + 1, lambda e: not self.cost(s, start, e) <= limit) - 1
-
-    def bottleneck(self, cuts: Cuts) -> float:
-        return max(self.cost(s, cuts[s], cuts[s + 1]) for s in range(len(cuts) - 1))
-
     def lower_bound(self, n_stages: int) -> float:
         n = len(self.t) - 1
         return max(self.t[-1] / n_stages, max(self.time(i, i + 1) for i in range(n)))
@@ -221,38 +195,23 @@ class TimePlanner(Planner):
         self.exact_limit = exact_limit
         self.rtol = rtol
 
-    def plan(
-        self,
-        costs: Sequence[LayerCost],
-        n_stages: int,
-        *,
-        schedule: ScheduleLike = "1f1b",
-        n_microbatches: int = 8,
-        memory_budget: int | None = None,
-        link: LinkCost | None = None,
-    ) -> Plan:
-        check_problem(costs, n_stages, n_microbatches)
-        counts = in_flight_counts(schedule, n_stages, n_microbatches)
-        reduce_s, labels = self._reduce_options(costs)
-        stages = _Stages(costs, counts, memory_budget, reduce_s, weight_copies(schedule),
-                         self.exact_limit)  # fmt: skip
-        if memory_budget is not None:
-            least = self._least_budget(stages, len(costs), n_stages)
-            if memory_budget < least:
+    def propose(self, problem: Problem) -> list[Layout]:
+        reduce_s, labels = self._reduce_options(problem.costs)
+        stages = _Stages(problem, reduce_s, self.exact_limit)
+        budget, n_layers, n_stages = problem.memory_budget, problem.n_layers, problem.n_stages
+        if budget is not None:
+            least = self._least_budget(stages, n_layers, n_stages)
+            if budget < least:
                 how = "recomputed or swapped" if self.allow_swap else "recomputed"
-                raise InfeasibleBudgetError(
-                    memory_budget, least, f" (with every layer that can be {how})"
-                )
-        _, cuts = self._search(stages, len(costs), n_stages)
-        actions = ["keep"] * len(costs)
+                raise InfeasibleBudgetError(budget, least, f" (with every layer that can be {how})")
+        _, cuts = self._search(stages, n_layers, n_stages)
+        actions = ["keep"] * n_layers
         for s in range(n_stages):
             choice = stages.reduce(s, cuts[s], cuts[s + 1])
             assert choice is not None
             for i in choice[1]:
                 actions[i] = labels[i]
-        sizes = [cuts[s + 1] - cuts[s] for s in range(n_stages)]
-        return self.evaluate(costs, sizes, actions, schedule=schedule,
-                             n_microbatches=n_microbatches, link=link)  # fmt: skip
+        return [Layout(tuple(sizes_from_cuts(cuts)), tuple(actions))]
 
     def _reduce_options(self, costs: Sequence[LayerCost]) -> tuple[list[float], list[str]]:
         """Per layer: the cheapest way to drop its saved activations, and its label."""
@@ -271,7 +230,7 @@ class TimePlanner(Planner):
         order = "backward" if stages.budget is None else stage_order(stages.k)
         found = solve(stages.cost, n_layers, n_stages, order=order,
                       lower=stages.lower_bound(n_stages), rtol=self.rtol,
-                      min_start=stages.min_start, max_stop=stages.max_stop)  # fmt: skip
+                      min_start=stages.min_start)  # fmt: skip
         assert found is not None  # the caller checked the budget admits a partition
         return found
 

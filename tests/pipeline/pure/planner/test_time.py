@@ -16,7 +16,6 @@ import pytest
 
 from pipeline.pure.costs import LayerCost, LinkCost
 from pipeline.pure.planner import InfeasibleBudgetError, Plan, TimePlanner, get_planner
-from pipeline.pure.planner.base import solve, stage_order
 from pipeline.pure.schedule import Action, gpipe
 
 INF = math.inf
@@ -146,6 +145,11 @@ def budget_between(rng: random.Random, costs: Sequence[LayerCost], n_stages: int
     return rng.randint(int(low * 0.95), high)
 
 
+def random_budgeted_instance(rng: random.Random) -> tuple[list[LayerCost], int, str, int, int]:
+    costs, n_stages, schedule, m = random_instance(rng)
+    return costs, n_stages, schedule, m, budget_between(rng, costs, n_stages, schedule, m)
+
+
 def check_plan(plan: Plan, costs: Sequence[LayerCost], schedule: str, m: int, budget: int | None,
                swap: LinkCost | None = None) -> float:  # fmt: skip
     """The plan is well-formed and fits; its own claims match the brute-force model."""
@@ -164,6 +168,22 @@ def check_plan(plan: Plan, costs: Sequence[LayerCost], schedule: str, m: int, bu
     return worst
 
 
+def plan_or_infeasible(
+    planner: TimePlanner, costs: Sequence[LayerCost], n_stages: int, schedule: str, m: int,
+    budget: int, expected: float,
+) -> float | None:  # fmt: skip
+    """The checked plan's bottleneck; None where brute force fits nothing (and the planner
+    raised InfeasibleBudgetError)."""
+    if expected == INF:
+        with pytest.raises(InfeasibleBudgetError):
+            planner.plan(costs, n_stages, schedule=schedule, n_microbatches=m,
+                         memory_budget=budget)  # fmt: skip
+        return None
+    plan = planner.plan(costs, n_stages, schedule=schedule, n_microbatches=m,
+                        memory_budget=budget)  # fmt: skip
+    return check_plan(plan, costs, schedule, m, budget)
+
+
 # -- the tests -------------------------------------------------------------------------------
 @pytest.mark.parametrize("seed", range(4))
 def test_without_budget_equals_brute_force(seed: int) -> None:
@@ -180,27 +200,17 @@ def test_without_budget_equals_brute_force(seed: int) -> None:
 def test_with_budget_equals_brute_force(seed: int) -> None:
     rng = random.Random(100 + seed)
     for _ in range(40):
-        costs, n_stages, schedule, m = random_instance(rng)
-        budget = budget_between(rng, costs, n_stages, schedule, m)
+        costs, n_stages, schedule, m, budget = random_budgeted_instance(rng)
         expected = brute_force(costs, n_stages, schedule, m, budget)
-        planner = TimePlanner()
-        if expected == INF:
-            with pytest.raises(InfeasibleBudgetError):
-                planner.plan(costs, n_stages, schedule=schedule, n_microbatches=m,
-                             memory_budget=budget)  # fmt: skip
-            continue
-        plan = planner.plan(costs, n_stages, schedule=schedule, n_microbatches=m,
-                            memory_budget=budget)  # fmt: skip
-        got = check_plan(plan, costs, schedule, m, budget)
-        assert got == pytest.approx(expected, rel=1e-9, abs=1e-12)
+        got = plan_or_infeasible(TimePlanner(), costs, n_stages, schedule, m, budget, expected)
+        assert got is None or got == pytest.approx(expected, rel=1e-9, abs=1e-12)
 
 
 @pytest.mark.parametrize("seed", range(3))
 def test_greedy_recompute_equals_brute_force_of_the_greedy_model(seed: int) -> None:
     rng = random.Random(200 + seed)
     for _ in range(40):
-        costs, n_stages, schedule, m = random_instance(rng)
-        budget = budget_between(rng, costs, n_stages, schedule, m)
+        costs, n_stages, schedule, m, budget = random_budgeted_instance(rng)
         expected = brute_force(costs, n_stages, schedule, m, budget, greedy=True)
         if expected == INF:
             continue
@@ -216,8 +226,7 @@ def test_swap_is_chosen_where_it_is_cheaper() -> None:
     rng = random.Random(7)
     host = LinkCost(bandwidth_bytes_per_s=400.0, latency_s=0.01)
     for _ in range(60):
-        costs, n_stages, schedule, m = random_instance(rng)
-        budget = budget_between(rng, costs, n_stages, schedule, m)
+        costs, n_stages, schedule, m, budget = random_budgeted_instance(rng)
         expected = brute_force(costs, n_stages, schedule, m, budget, swap=host)
         if expected == INF:
             continue
@@ -293,16 +302,9 @@ def test_medium_instances_equal_a_dynamic_program(schedule: str) -> None:
                        for s, (a, e) in enumerate(_equal(n, n_stages)))  # fmt: skip
         budget = int(keep_all * 0.6)
         expected = medium_dp(costs, n_stages, schedule, m, budget)
-        planner = TimePlanner(exact_limit=0)
-        if expected == INF:
-            with pytest.raises(InfeasibleBudgetError):
-                planner.plan(costs, n_stages, schedule=schedule, n_microbatches=m,
-                             memory_budget=budget)  # fmt: skip
-            continue
-        plan = planner.plan(costs, n_stages, schedule=schedule, n_microbatches=m,
-                            memory_budget=budget)  # fmt: skip
-        got = check_plan(plan, costs, schedule, m, budget)
-        assert got == pytest.approx(expected, rel=1e-9)
+        got = plan_or_infeasible(TimePlanner(exact_limit=0), costs, n_stages, schedule, m, budget,
+                                 expected)  # fmt: skip
+        assert got is None or got == pytest.approx(expected, rel=1e-9)
 
 
 def _equal(n: int, n_stages: int) -> list[tuple[int, int]]:
@@ -342,35 +344,6 @@ def test_bad_arguments() -> None:
     with pytest.raises(ValueError, match=r"valid planners: \['bipartition', 'memory', 'time'\]"):
         get_planner("fastest")
     assert isinstance(get_planner("TIME", exact_limit=3), TimePlanner)
-
-
-@pytest.mark.parametrize("weights", [[3, 2, 2, 1], [1, 1, 2, 3], [2, 1, 3, 1], [1, 1, 1, 1]])
-def test_the_shared_search_in_every_stage_order(weights: list[int]) -> None:
-    """Fill from the back, from the front, or the DP: each equals brute force."""
-    rng = random.Random(sum(w * 10**i for i, w in enumerate(weights)))
-    for _ in range(60):
-        n = rng.randint(4, 10)
-        x = [rng.randint(0, 20) for _ in range(n)]
-        y = [rng.randint(0, 20) for _ in range(n)]
-        budget = rng.randint(20, 150)
-
-        def cost(s: int, a: int, e: int, x: list[int] = x, y: list[int] = y,
-                 budget: int = budget) -> float:  # fmt: skip
-            memory = weights[s] * sum(y[a:e])
-            return INF if memory > budget else weights[s] * sum(x[a:e]) + memory
-
-        expected = min(
-            max(cost(s, a, e) for s, (a, e) in enumerate(ranges))
-            for ranges in partitions(n, len(weights))
-        )  # fmt: skip
-        found = solve(cost, n, len(weights), order=stage_order(weights), lower=0, integer=True)
-        if expected == INF:
-            assert found is None
-            continue
-        assert found is not None
-        value, cuts = found
-        assert value == expected
-        assert max(cost(s, cuts[s], cuts[s + 1]) for s in range(len(weights))) == expected
 
 
 def test_infeasible_budget_error_survives_pickling() -> None:
