@@ -63,7 +63,7 @@ PIPEMARE_OPTIONS = (
     "correction_decay",
     "update_every",
 )  # pipeline.local.pipemare.PipeMareConfig's fields
-SCHEDULES = ("1f1b", "gpipe", "zbh1", "2bw", "pipemare")
+SCHEDULES = ("1f1b", "gpipe", "zbh1", "2bw", "pipemare", "interleaved_1f1b", "zbv")
 PLANNERS = ("time", "memory", "bipartition")  # bipartition: Bi-Partition's cut where it helps
 LR_SCHEDULES = ("constant", "cosine")  # nas.learning_rate.SCHEDULES
 STAGES = ("search", "retrain")  # in this order

@@ -61,9 +61,15 @@ def profile_costs(
     return comm.agree(lambda: sandbox(specs, shapes, device, ratio, cache, mine=lambda i: False))
 
 
-def measured_costs(comm: Comm, stage: Stage, n_layers: int) -> tuple[list[LayerCost], list[str]]:
-    """Every layer's smoothed measured costs and memory action, from the stage running it."""
-    mine = [(stage.measured_cost(i), layer.action) for i, layer in enumerate(stage.layers)]
-    gathered = [entry for part in comm.all_gather_object(mine) for entry in part]
+def measured_costs(
+    comm: Comm, stages: Sequence[Stage], n_layers: int
+) -> tuple[list[LayerCost], list[str]]:
+    """Every layer's smoothed measured costs and memory action, from the stage running it
+    (this rank's `stages`; gathered in stage order, whichever rank holds which)."""
+    mine = [(stage.index, [(stage.measured_cost(i), layer.action)
+                           for i, layer in enumerate(stage.layers)])
+            for stage in stages]  # fmt: skip
+    parts = sorted(part for rank in comm.all_gather_object(mine) for part in rank)
+    gathered = [entry for _, entries in parts for entry in entries]
     assert len(gathered) == n_layers, "every layer is owned by exactly one stage"
     return [c for c, _ in gathered], [a for _, a in gathered]

@@ -25,9 +25,9 @@ from pipeline.local.stage import Stage
 from pipeline.pure.costs import LayerCost
 from pipeline.pure.partition import bounds, check_sizes, equal_sizes
 from pipeline.pure.planner import Plan
-from pipeline.pure.schedule import is_stream
+from pipeline.pure.schedule import ScheduleFn, is_stream
 
-__all__ = ["build", "checked_sizes", "plan_first", "set_handoff", "setup"]
+__all__ = ["build", "checked_sizes", "plan_first", "planned_schedule", "set_handoff", "setup"]
 
 
 def setup(
@@ -55,33 +55,41 @@ def build(
     costs: list[LayerCost] | None = None,
 ) -> None:
     """Build this rank's stage of `sizes` (with `plan`'s memory actions, meters from `costs`)."""
-    model, start, stop = pipe.model, *bounds(sizes)[pipe.rank]
-    actions = list(plan.actions[start:stop]) if plan is not None else None
+    model, cuts = pipe.model, bounds(sizes)
     # Factories run here: a bad one raises on every rank, not only where it is built.
-    stage = pipe.comm.together(lambda: Stage(
-        pipe.rank, pipe.n_stages, model.specs[start:stop], seed=pipe.recipe.seed,
-        device=pipe.device, optimizer=pipe.recipe.optimizer, loss_fn=pipe.recipe.loss_fn,
-        actions=actions,
-    ))  # fmt: skip
+    stages = pipe.comm.together(lambda: [
+        _stage(pipe, s, *cuts[s], plan) for s in pipe.runner.placement.stages_of(pipe.rank)
+    ])  # fmt: skip
     if costs is not None:
-        stage.seed_meters(costs[start:stop])
-    model.install(stage, sizes, plan)
+        for stage in stages:
+            start, stop = cuts[stage.index]
+            stage.seed_meters(costs[start:stop])
+    model.install(stages, sizes, plan)
     set_handoff(pipe, plan.handoff if plan is not None and plan.handoff
                 else model.requested_handoff)  # fmt: skip
     pipe.plan_age.restart(model.step)  # measure memory on the first step of every plan
     pipe.event_log.record("build", sizes=list(sizes), plan=None if plan is None else plan.to_dict())
 
 
+def _stage(pipe: PipelineParts, index: int, start: int, stop: int, plan: Plan | None) -> Stage:
+    """Stage `index`, holding layers [start, stop) with the plan's memory actions."""
+    actions = list(plan.actions[start:stop]) if plan is not None else None
+    return Stage(index, pipe.n_stages, pipe.model.specs[start:stop], seed=pipe.recipe.seed,
+                 device=pipe.device, optimizer=pipe.recipe.optimizer,
+                 loss_fn=pipe.recipe.loss_fn, actions=actions)  # fmt: skip
+
+
 def set_handoff(pipe: PipelineParts, handoff: Sequence[int] | None) -> None:
     """Put Bi-Partition's cut in force (`pipeline.distributed.handoff`); every rank."""
     model = pipe.model
-    stage, cut = model.live_stage(), handoff_cut.check_handoff(handoff, model.sizes)
-    if any(cut) and is_stream(pipe.schedule):
-        raise ValueError(f"handoff {list(cut)} needs a flushed schedule (gpipe, 1f1b, "
-                         f"zbh1), not {pipe.schedule_name or pipe.schedule!r}")  # fmt: skip
-    pipe.comm.together(lambda: handoff_cut.configure(stage, model.specs, model.sizes, cut,
-                                                     pipe.recipe.seed))  # fmt: skip
-    if any(cut) or any(model.handoff):
+    cut = handoff_cut.check_handoff(handoff, model.sizes)
+    if any(cut) or any(model.handoff):  # a cut to put in force or to take back
+        stage = model.live_stage("Bi-Partition's handoff")
+        if any(cut) and is_stream(pipe.schedule):
+            raise ValueError(f"handoff {list(cut)} needs a flushed schedule (gpipe, 1f1b, "
+                             f"zbh1), not {pipe.schedule_name or pipe.schedule!r}")  # fmt: skip
+        pipe.comm.together(lambda: handoff_cut.configure(stage, model.specs, model.sizes, cut,
+                                                         pipe.recipe.seed))  # fmt: skip
         pipe.event_log.record("handoff", handoff=list(cut))
     model.handoff = cut
 
@@ -91,13 +99,21 @@ def plan_first(pipe: PipelineParts, example: Any) -> None:
     costs = profile_costs(pipe.comm, pipe.model.specs, example, device=pipe.device,
                           opt_ratio=pipe.recipe.optimizer_state_ratio, cache=pipe.cost_cache,
                           source=pipe.profile)  # fmt: skip
-    schedule = pipe.schedule_name or pipe.schedule
+    schedule = planned_schedule(pipe)
     plan = pipe.comm.agree(lambda: pipe.planner.plan(
         costs, pipe.n_stages, schedule=schedule,
         n_microbatches=pipe.n_microbatches, memory_budget=pipe.memory_budget,
     ))  # fmt: skip
     build(pipe, list(plan.sizes), plan, costs)
     weights.take_inheritance(pipe)
+
+
+def planned_schedule(pipe: PipelineParts) -> str | ScheduleFn:
+    """The schedule as the planner takes it: by name (what a plan records), but as the
+    function itself when it holds several stages per rank (its name does not say how many)."""
+    if pipe.placement.stages_per_rank > 1 or pipe.schedule_name is None:
+        return pipe.schedule
+    return pipe.schedule_name
 
 
 def checked_sizes(sizes: Sequence[int], n_layers: int, n_stages: int) -> list[int]:

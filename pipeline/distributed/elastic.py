@@ -45,7 +45,7 @@ from pipeline.distributed.events import EventLog, PipelineEvent
 from pipeline.distributed.holder import ModelHolder
 from pipeline.distributed.migration import MigrationRecord, WeightSnapshot
 from pipeline.distributed.options import PipelineOptions
-from pipeline.distributed.parts import Drainable
+from pipeline.distributed.parts import ActiveStream
 from pipeline.distributed.runner import StepRunner
 from pipeline.distributed.triggers import PlanAge, ReplanTriggers
 from pipeline.local.history import StepHistory
@@ -63,6 +63,7 @@ from pipeline.pure.schedule import (
     ScheduleFn,
     get_schedule,
     is_stream,
+    placement_of,
     validate,
 )
 from pipeline.pure.two_bw import check_2bw
@@ -79,7 +80,10 @@ class ElasticPipeline:
             parameter group per layer, e.g. `functools.partial(torch.optim.AdamW, lr=1e-3)`.
         loss_fn: `loss_fn(output, target) -> scalar tensor`, mean-reduced over the batch.
         schedule: "1f1b" (PipeDream-Flush), "gpipe", "zbh1" (zero bubble: 1F1B's memory,
-            split backwards whose weight gradients fill the drain), "2bw" (PipeDream-2BW:
+            split backwards whose weight gradients fill the drain), "interleaved_1f1b"
+            (Megatron's interleaved 1F1B: several stages per rank, placed in a loop),
+            "zbv" (zero bubble V: two stages per rank placed in a V, split backwards),
+            "2bw" (PipeDream-2BW:
             no flush between the steps of `train`, two weight versions, step t computes
             with W(t - 1); needs n_microbatches >= n_stages - 1), "pipemare" (asynchronous
             1F1B without flushes, one weight copy updated every few micro-batches; see
@@ -108,6 +112,10 @@ class ElasticPipeline:
         pipemare: under schedule="pipemare", a `pipeline.local.pipemare.PipeMareConfig` (or
             a dict of its fields): T1 on/off and its warm-up updates, T2 on/off and its decay,
             update_every (must divide n_microbatches). Default: `PipeMareConfig()`.
+        stages_per_rank: under schedule="interleaved_1f1b", the stages (model chunks) each
+            rank holds (default 2); "zbv" holds 2. The model is cut into
+            n_stages = stages_per_rank * world size stages, placed as the schedule says
+            (`pipeline.pure.placement`): `partition` then gives that many sizes.
         handoff: Bi-Partition with explicit stage sizes: per boundary s | s+1, how many of
             stage s's last layers run their backward on stage s + 1 (they must be separable:
             nn.Linear, or a type registered with `pipeline.separable`); flushed schedules
@@ -144,9 +152,10 @@ class ElasticPipeline:
         device: torch.device | str | None = None,
         pipemare: PipeMareConfig | dict[str, Any] | None = None,
         handoff: Sequence[int] | None = None,
+        stages_per_rank: int | None = None,
     ) -> None:
         self.comm = Comm()
-        self.rank, self.n_stages = self.comm.rank, self.comm.world_size
+        self.rank = self.comm.rank
         self.options = PipelineOptions(
             n_microbatches, memory_budget, profile, rebalance_every, rebalance_on_drift,
             rebalance_horizon, rebalance_settle, measure_memory_every, on_nonfinite,
@@ -157,15 +166,19 @@ class ElasticPipeline:
         self.pipemare = self.options.pipemare  # PipeMare's T1/T2 (None: another schedule)
         if not callable(loss_fn):
             raise TypeError(f"loss_fn must be callable, got {type(loss_fn).__name__}")
-        self.schedule = get_schedule(schedule) if isinstance(schedule, str) else schedule
+        self.schedule = (get_schedule(schedule, stages_per_rank) if isinstance(schedule, str)
+                         else schedule)  # fmt: skip
         self.schedule_name = schedule.lower() if isinstance(schedule, str) else None
         if is_stream(self.schedule) and self.pipemare is None:
-            check_2bw(self.n_stages, n_microbatches)
-        validate(self.schedule, self.n_stages, n_microbatches)
+            check_2bw(self.comm.world_size, n_microbatches)
+        validate(self.schedule, self.comm.world_size, n_microbatches)
+        self.placement = placement_of(self.schedule, self.comm.world_size)
+        self.n_stages = self.placement.n_stages  # v stages on each rank (v = 1 but for
+        # interleaved_1f1b and zbv: `pipeline.pure.placement`)
         if handoff is not None and isinstance(partition, str):
             raise ValueError("handoff= needs explicit stage sizes (partition=[...]); with "
                              "partition='auto', planner='bipartition' chooses the cut")  # fmt: skip
-        self.active_stream: Drainable | None = None  # a `train` stream in flight
+        self.active_stream: ActiveStream | None = None  # a `train` stream in flight
         self.n_microbatches = n_microbatches
         self.planner = get_planner(planner) if isinstance(planner, str) else planner
         self.memory_budget, self.profile = memory_budget, profile
@@ -208,7 +221,7 @@ class ElasticPipeline:
 
     def plan_for(self, x: Any) -> None:
         """partition="auto": plan and build from the batch input x, unless done already."""
-        if self.model.stage is None:
+        if not self.model.built:
             build.plan_first(self, split_microbatches(x, self.n_microbatches, "x")[0])
 
     def train_step(self, x: Any, y: Any) -> float:
@@ -283,7 +296,7 @@ class ElasticPipeline:
         """This rank's layers' weights (CPU copies) with the model's keys and partition, to
         start a later model from (`reconfigure(..., inherit_from=snapshot)`); every rank
         takes its own, after at least one step."""
-        if self.model.stage is None:
+        if not self.model.built:
             raise RuntimeError("nothing to snapshot before the first step builds the layers")
         self.drain()
         return weights.snapshot(self, copy=True)
@@ -296,7 +309,7 @@ class ElasticPipeline:
         micro-batches). Predicted numbers come from the plan in force (None before one
         exists). Returns a frozen `pipeline.PipelineStats`; `.to_dict()` gives JSON values.
         """
-        return report.stats(self, self._live_stage(), last_steps)
+        return report.stats(self, self._live_stages(), last_steps)
 
     def save_partition_picture(self, path: str | Path) -> Path:
         """Write an SVG of which layers lived on which stage, step by step (this model)."""
@@ -307,7 +320,8 @@ class ElasticPipeline:
 
         A collective: call it on every rank; rank 0 writes the file and returns its path.
         """
-        return report.save_timeline(self.comm, self._live_stage(), path, f"step {self.step - 1}")
+        return report.save_timeline(self.comm, self._live_stages(), path,
+                                    f"step {self.step - 1}")  # fmt: skip
 
     def full_state_dict(self) -> dict[str, dict[str, torch.Tensor]]:
         """{layer key: its state dict on CPU}, in layer order, on rank 0; {} on other ranks.
@@ -385,12 +399,12 @@ class ElasticPipeline:
     @property
     def optimizer(self) -> torch.optim.Optimizer | None:
         """This stage's optimizer (one parameter group per layer, tagged "layer"), or None."""
-        stage = self.model.stage
-        return stage.optimizer if stage is not None else None
+        stages = self.model.stages
+        return stages[0].optimizer if len(stages) == 1 else None
 
     def layer_costs(self) -> tuple[list[LayerCost], list[str]]:
         """Every layer's measured costs and memory action, in layer order (a collective)."""
-        return measured_costs(self.comm, self._live_stage(), len(self.specs))
+        return measured_costs(self.comm, self._live_stages(), len(self.specs))
 
     def stage_layer_keys(self) -> list[tuple[str, ...]]:
         """The keys every stage holds, from the current sizes (no message; [] before a plan)."""
@@ -405,10 +419,9 @@ class ElasticPipeline:
         self._closed = True
 
     def _layers(self) -> list[StageLayer]:
-        stage = self.model.stage
-        return stage.layers if stage is not None else []
+        return [layer for stage in self.model.stages for layer in stage.layers]
 
-    def _live_stage(self) -> Stage:
+    def _live_stages(self) -> list[Stage]:
         if self._closed:
             raise RuntimeError("this ElasticPipeline is closed")
-        return self.model.live_stage()
+        return self.model.live_stages()

@@ -46,21 +46,23 @@ def repartition(
     """Move layers live so that stage s holds `sizes[s]` layers (`ElasticPipeline.repartition`)."""
     pipe.drain()
     model = pipe.model
-    stage = model.live_stage()
+    stages = model.live_stages()
     new = build.checked_sizes(sizes, len(model.specs), pipe.n_stages)
     handoff_cut.check_handoff(handoff, new)
     old_cut, model.handoff = model.handoff, ()
-    stage.set_handoff(0, None)  # replicas go; the owners hold every handed layer's state
+    for stage in stages:
+        stage.set_handoff(0, None)  # replicas go; the owners hold every handed layer's state
     try:
-        record = migrate(pipe.comm, stage, model.specs, model.sizes, new, model.step,
-                         model.version + 1)  # fmt: skip
+        record = migrate(pipe.comm, stages, model.specs, model.sizes, new, model.step,
+                         model.version + 1, pipe.placement.rank_of)  # fmt: skip
     except MigrationError as exc:
         build.set_handoff(pipe, old_cut)
         pipe.event_log.record("rollback", sizes=model.sizes, requested=new, error=str(exc))
         raise
     if actions is not None:
-        a, b = bounds(new)[pipe.rank]
-        stage.set_memory_actions(list(actions)[a:b])
+        for stage in stages:
+            a, b = bounds(new)[stage.index]
+            stage.set_memory_actions(list(actions)[a:b])
     model.moved(record, new)
     build.set_handoff(pipe, handoff)
     pipe.plan_age.restart(model.step)  # the next step measures memory
@@ -75,7 +77,7 @@ def rebalance(pipe: PipelineParts, remaining_steps: int | None) -> MigrationReco
     pipe.drain()
     horizon = pipe.options.rebalance_horizon if remaining_steps is None else remaining_steps
     costs, actions = pipe.layer_costs()
-    schedule = pipe.schedule_name or pipe.schedule
+    schedule = build.planned_schedule(pipe)
     current = evaluate(costs, pipe.model.sizes, actions, schedule=schedule,
                        n_microbatches=pipe.n_microbatches, handoff=pipe.model.handoff)  # fmt: skip
     decision = pipe.comm.agree(lambda: replan(
@@ -96,7 +98,7 @@ def maybe_rebalance(pipe: PipelineParts, measured: bool) -> None:
     """After a step: rebalance when a trigger fires (`pipeline.distributed.triggers`)."""
     model = pipe.model
     reason = pipe.triggers.reason(
-        pipe.comm, model.step, model.live_stage(), model.plan, measured,
+        pipe.comm, model.step, model.live_stages(), model.plan, measured,
         steps_on_plan=pipe.plan_age.steps_on_plan(model.step),
     )  # fmt: skip
     if reason is not None:
@@ -124,7 +126,7 @@ def reconfigure(
         raise TypeError(f"inherit_from must be a WeightSnapshot (from snapshot()), "
                         f"got {type(inherit_from).__name__}")  # fmt: skip
     source = inherit_from
-    if source is None and inherit_weights and pipe.model.stage is not None:
+    if source is None and inherit_weights and pipe.model.built:
         source = weights.snapshot(pipe, copy=False)  # references: the old layers are freed next
     pipe.recipe = pipe.recipe.changed(optimizer=optimizer, loss_fn=loss_fn)
     pipe.generation += 1
@@ -133,5 +135,5 @@ def reconfigure(
     pipe.event_log.record("reconfigure", layers=[s.key for s in new_specs])
     if source is not None:
         pipe.model.expect_inheritance(source)
-        if pipe.model.stage is not None:
+        if pipe.model.built:
             weights.take_inheritance(pipe)

@@ -45,6 +45,7 @@ the group is broken, and `pipeline.launch` reports the stage that died.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import traceback
 from collections.abc import Mapping, Sequence
@@ -61,41 +62,61 @@ from pipeline.local.stage import ComputeError, InFlight, Stage, StepTimes
 from pipeline.pure.actions import COMPUTE_OPS
 from pipeline.pure.schedule import Action, Op
 
-__all__ = ["Run", "infer", "sum_losses", "train_step"]
+__all__ = ["LOCAL", "Edge", "Edges", "Run", "infer", "merged_times", "sum_losses", "train_step"]
 
 T = TypeVar("T")
 Batches = Sequence[T] | Mapping[int, T]  # micro-batch i's item at [i] (a stream: a dict)
+LOCAL = "local"  # an edge to a stage on this same rank: the carry is handed over in memory
+Edge = PeerLink | str | None  # a link to the stage on another rank, LOCAL, or no neighbour
+Edges = tuple[Edge, Edge]  # (towards stage - 1, towards stage + 1)
 
 
 class Run:
-    """The state of one step on one stage: posted receives, micro-batches in flight."""
+    """The state of one step on one rank: posted receives, micro-batches in flight.
+
+    A rank runs one list for all its stages: `stages` maps each action's `stage` to the
+    Stage it runs on (-1: the rank's only stage, as one-stage schedules name it) and `edges`
+    to that stage's neighbours. Between two stages of this rank nothing goes on the wire:
+    the producer's outputs (forward) or inputs' gradients (backward) are handed to the
+    consumer in memory, as a message would have brought them (`pipeline.pure.placement`).
+    """
 
     def __init__(
         self,
-        stage: Stage,
-        links: tuple[PeerLink | None, PeerLink | None],
+        stages: Mapping[int, Stage],
+        edges: Mapping[int, Edges],
         comm: Comm,
         step: int,
         inputs: Batches[Carry] | None,
         targets: Batches[Any] | None,
     ) -> None:
-        self.stage, (self.prev, self.next), self.comm = stage, links, comm
+        self.stages, self.edges, self.comm = stages, edges, comm
         self.step, self.inputs, self.targets = step, inputs, targets
-        self.pending: dict[tuple[Op, int], Receive] = {}
-        self.live: dict[int, InFlight] = {}
-        self.outputs: dict[int, Carry] = {}
-        self.input_grads: dict[int, list[torch.Tensor]] = {}
+        self.pending: dict[tuple[Op, int, int], Receive] = {}
+        self.live: dict[tuple[int, int], InFlight] = {}
+        self.outputs: dict[tuple[int, int], Carry] = {}  # to send, or the last stage's result
+        self.input_grads: dict[tuple[int, int], list[torch.Tensor]] = {}
+        self.handed: dict[tuple[Op, int, int], Carry] = {}  # same-rank hand-overs, as received
         self.losses: dict[int, torch.Tensor] = {}
         self.failure: StageError | None = None  # raised here
         self.peer_failed = False  # a neighbour sent a failure
         self.inference = False
-        for link in links:
-            if link is not None:
-                link.begin_step()
+        for link in self.links():
+            link.begin_step()
 
     @property
     def failed(self) -> bool:
         return self.failure is not None or self.peer_failed
+
+    @property
+    def stage(self) -> Stage:
+        """The rank's first stage (its timeline row for waits that concern no one stage)."""
+        return self.stages[min(self.stages)]
+
+    def links(self) -> list[PeerLink]:
+        """This rank's links to other ranks' stages, each once."""
+        found = [e for pair in self.edges.values() for e in pair if isinstance(e, PeerLink)]
+        return list(dict.fromkeys(found))
 
     def execute(self, actions: Sequence[Action]) -> None:
         for action in actions:
@@ -118,88 +139,115 @@ class Run:
                 self.peer_failed = True
             except ComputeError as error:
                 self.failure = self.stage_error(error.phase, error.error, error.layer,
-                                                error.microbatch)  # fmt: skip
+                                                error.microbatch, action.stage)  # fmt: skip
             except (ValueError, TypeError, RuntimeError) as error:  # a send's checks
                 if action.op not in (Op.SEND_ACT, Op.SEND_GRAD):
                     raise
-                self.failure = self.stage_error("send", error, None, action.microbatch)
+                self.failure = self.stage_error("send", error, None, action.microbatch,
+                                                action.stage)  # fmt: skip
         self._unblock(action)
 
     # -- healthy -----------------------------------------------------------------------------
     def _do(self, action: Action) -> None:
-        op, i, stage = action.op, action.microbatch, self.stage
+        op, i, k = action.op, action.microbatch, action.stage
+        stage, (prev, nxt) = self.stages[k], self.edges[k]
         if op is Op.RECV_ACT:
-            assert self.prev is not None
-            self.pending[(op, i)] = self.prev.recv_activations(i)
+            assert isinstance(prev, PeerLink)
+            self.pending[(op, k, i)] = prev.recv_activations(i)
         elif op is Op.RECV_GRAD:
-            assert self.next is not None
-            self.pending[(op, i)] = self.next.recv_gradients(i)
+            assert isinstance(nxt, PeerLink)
+            self.pending[(op, k, i)] = nxt.recv_gradients(i)
         elif op is Op.FORWARD:
-            carry = stage.input_carry(self._wait(Op.RECV_ACT, i, "F") or self._batch(i), i)
+            carry = self._wait(Op.RECV_ACT, k, i, "F") or self._first_input(k, i)
+            carry = stage.input_carry(carry, i)
             if self.inference:
-                self.outputs[i] = stage.infer(i, carry)
+                self._pass_on(Op.FORWARD, k, i, stage.infer(i, carry), nxt)
                 return
             target = self.targets[i] if self.targets is not None else None
-            state = self.live[i] = stage.forward(i, carry, target)
-            if self.next is not None:  # SEND_ACT takes it; the last stage keeps only the loss
-                self.outputs[i] = state.wire if state.wire is not None else state.outputs[-1]
+            state = self.live[(k, i)] = stage.forward(i, carry, target)
+            if nxt is not None:  # the last stage keeps only the loss
+                wire = state.wire if state.wire is not None else state.outputs[-1]
+                self._pass_on(Op.FORWARD, k, i, wire, nxt)
             if state.loss is not None:
                 self.losses[i] = state.loss.detach()
         elif op is Op.SEND_ACT:
-            assert self.next is not None
-            flags = None if self.inference else self.stage.wire_grads
-            self.next.send_activations(self.outputs.pop(i), i, flags)
+            assert isinstance(nxt, PeerLink)
+            flags = None if self.inference else stage.wire_grads
+            nxt.send_activations(self.outputs.pop((k, i)), i, flags)
         elif op in (Op.BACKWARD, Op.BACKWARD_INPUT):
-            grads = self._wait(Op.RECV_GRAD, i, op.value) or ()
+            grads = self._wait(Op.RECV_GRAD, k, i, op.value) or self._handed(Op.RECV_GRAD, k, i)
             grads = tuple(g.to(stage.device) for g in grads)
             split = op is Op.BACKWARD_INPUT
-            state = self.live[i] if split else self.live.pop(i)
+            state = self.live[(k, i)] if split else self.live.pop((k, i))
             input_grads = stage.backward(state, i, grads, split=split)
-            if self.prev is not None:  # SEND_GRAD takes them; stage 0 has no one to send to
-                self.input_grads[i] = input_grads
+            if prev is not None:  # stage 0 has no one to send to
+                self._pass_on(Op.BACKWARD, k, i, tuple(input_grads), prev)
         elif op is Op.BACKWARD_WEIGHT:
-            stage.backward_weight(self.live.pop(i), i)
+            stage.backward_weight(self.live.pop((k, i)), i)
         elif op is Op.SEND_GRAD:
-            assert self.prev is not None
-            self.prev.send_gradients(self.input_grads.pop(i), i)
+            assert isinstance(prev, PeerLink)
+            prev.send_gradients(list(self.input_grads.pop((k, i))), i)
 
-    def _batch(self, i: int) -> Carry:
+    def _pass_on(self, op: Op, k: int, i: int, carry: Carry, edge: Edge) -> None:
+        """A compute's result: to its SEND action, to a stage on this rank, or kept (the
+        last stage's inference output)."""
+        backward = op is not Op.FORWARD
+        if edge == LOCAL:  # the neighbour is on this rank: it takes it as if received
+            self.handed[(Op.RECV_GRAD, k - 1, i) if backward else (Op.RECV_ACT, k + 1, i)] = carry
+        elif backward:
+            self.input_grads[(k, i)] = list(carry)
+        else:
+            self.outputs[(k, i)] = carry
+
+    def _first_input(self, k: int, i: int) -> Carry:
+        if self.edges[k][0] == LOCAL:
+            return self._handed(Op.RECV_ACT, k, i)
         assert self.inputs is not None, "stage 0 gets the batch"
         return self.inputs[i]
 
-    def _wait(self, op: Op, i: int, name: str) -> Carry | None:
-        receive = self.pending.pop((op, i), None)
+    def _handed(self, op: Op, k: int, i: int) -> Carry:
+        """What a stage on this rank handed stage k for micro-batch i (() for none: the
+        last stage's backward starts from its loss)."""
+        return self.handed.pop((op, k, i), ())
+
+    def _wait(self, op: Op, k: int, i: int, name: str) -> Carry | None:
+        receive = self.pending.pop((op, k, i), None)
         if receive is None:
             return None
-        t0 = self.stage.now()
+        stage = self.stages[k]
+        t0 = stage.now()
         try:
             return receive.wait()
         finally:
-            self.stage.times.wait_s += self.stage.span(f"wait {name}{i}", t0, "wait")
+            stage.times.wait_s += stage.span(f"wait {name}{i}", t0, "wait")
 
     # -- failed: send failures, drain receives (protocol step 2) ------------------------------
     def _unblock(self, action: Action) -> None:
-        op, i = action.op, action.microbatch
+        op, i, k = action.op, action.microbatch, action.stage
+        prev, nxt = self.edges[k]
         if op in (Op.RECV_ACT, Op.RECV_GRAD):
             self._do(action)
         elif op in (Op.FORWARD, Op.BACKWARD, Op.BACKWARD_INPUT):
-            receive = self.pending.pop((Op.RECV_ACT if op is Op.FORWARD else Op.RECV_GRAD, i),
-                                       None)  # fmt: skip
+            wanted = Op.RECV_ACT if op is Op.FORWARD else Op.RECV_GRAD
+            self.handed.pop((wanted, k, i), None)
+            receive = self.pending.pop((wanted, k, i), None)
             if receive is not None:
                 receive.drain()
         elif op is Op.SEND_ACT:
-            assert self.next is not None
-            self.next.send_failure(ACT, i)
+            assert isinstance(nxt, PeerLink)
+            nxt.send_failure(ACT, i)
         elif op is Op.SEND_GRAD:
-            assert self.prev is not None
-            self.prev.send_failure(GRAD, i)
+            assert isinstance(prev, PeerLink)
+            prev.send_failure(GRAD, i)
 
     def stage_error(
-        self, phase: str, error: BaseException, layer: str | None, microbatch: int | None
-    ) -> StageError:
+        self, phase: str, error: BaseException, layer: str | None, microbatch: int | None,
+        stage: int = -1,
+    ) -> StageError:  # fmt: skip
         text = "".join(traceback.format_exception(error))
         cause = f"{type(error).__name__}: {error}"
-        failure = StageError(self.stage.index, phase, self.step, cause, text, layer=layer,
+        index = self.stages[stage].index if stage in self.stages else self.stage.index
+        failure = StageError(index, phase, self.step, cause, text, layer=layer,
                              microbatch=microbatch)  # fmt: skip
         failure.__cause__ = error
         return failure
@@ -207,9 +255,8 @@ class Run:
     def wait_sends(self) -> None:
         self.comm.post()
         t0 = self.stage.now()
-        for link in (self.prev, self.next):
-            if link is not None:
-                link.wait_sends()
+        for link in self.links():
+            link.wait_sends()
         self.stage.times.wait_s += self.stage.span("wait sends", t0, "wait")
 
     def raise_agreed(self, comm: Comm) -> None:
@@ -218,8 +265,8 @@ class Run:
 
 
 def train_step(
-    stage: Stage,
-    links: tuple[PeerLink | None, PeerLink | None],
+    stages: Mapping[int, Stage],
+    edges: Mapping[int, Edges],
     comm: Comm,
     actions: Sequence[Action],
     step: int,
@@ -229,18 +276,23 @@ def train_step(
     measure_memory: bool = False,
     on_nonfinite: str = "raise",
 ) -> tuple[float, StepTimes]:
-    """One training step on this stage: (the step's mean loss, the same on every rank; times).
+    """One training step on this rank's stages: (the step's mean loss, the same on every
+    rank; the rank's times, summed over its stages).
 
     Raises `StageError` (or `NonFiniteLossError`) on every rank if any stage failed; the
     step is then applied nowhere (module docstring).
     """
-    n_microbatches = sum(a.op is Op.FORWARD for a in actions)
-    stage.begin_step(step, n_microbatches, measure_memory)
-    handoff.share_weights(stage, links)  # Bi-Partition: replicas take the owners' weights
-    run = Run(stage, links, comm, step, inputs, targets)
+    n_microbatches = sum(a.op is Op.FORWARD for a in actions) // len(stages)
+    for stage in stages.values():
+        stage.begin_step(step, n_microbatches, measure_memory)
+    single = _one_stage(stages, edges)
+    if single is not None:
+        handoff.share_weights(*single)  # Bi-Partition: replicas take the owners' weights
+    run = Run(stages, edges, comm, step, inputs, targets)
     run.execute(actions)
     run.wait_sends()
-    handoff.exchange_gradients(stage, links)  # Bi-Partition, `pipeline.distributed.handoff`
+    if single is not None:
+        handoff.exchange_gradients(*single)  # Bi-Partition, `pipeline.distributed.handoff`
     loss_sum, first_bad = sum_losses(run.losses)
     failed, loss_sum, first_bad = comm.all_reduce([float(run.failed), loss_sum, first_bad])
     if failed:
@@ -248,16 +300,44 @@ def train_step(
     loss = loss_sum / n_microbatches
     if on_nonfinite == "raise" and not math.isfinite(loss):
         raise NonFiniteLossError(
-            comm.world_size - 1, "loss", step, f"the loss is {loss} (mean of the micro-batches)",
+            max(s.n_stages for s in stages.values()) - 1, "loss", step,
+            f"the loss is {loss} (mean of the micro-batches)",
             microbatch=int(first_bad) - 1 if first_bad else None,
         )  # fmt: skip
     error = None
-    try:
-        stage.optimizer_step()
-    except ComputeError as exc:
-        error = run.stage_error("optimizer", exc.error, None, None)
+    for k, stage in stages.items():
+        try:
+            stage.optimizer_step()
+        except ComputeError as exc:
+            error = error or run.stage_error("optimizer", exc.error, None, None, k)
     comm.raise_together(error)
-    return loss, stage.end_step()
+    return loss, merged_times([stage.end_step() for stage in stages.values()])
+
+
+def _one_stage(
+    stages: Mapping[int, Stage], edges: Mapping[int, Edges]
+) -> tuple[Stage, tuple[PeerLink | None, PeerLink | None]] | None:
+    """The rank's stage and its links when it holds one (Bi-Partition runs only then)."""
+    if len(stages) != 1:
+        return None
+    (stage,), ((prev, nxt),) = stages.values(), edges.values()
+    assert not isinstance(prev, str) and not isinstance(nxt, str), "one stage: no hand-over"
+    return stage, (prev, nxt)
+
+
+def merged_times(times: Sequence[StepTimes]) -> StepTimes:
+    """One rank's times from its stages': compute and waits add up (they share the rank),
+    the step's length is the longest, and the in-flight peaks add up (a bound: both
+    stages may peak at once)."""
+    if len(times) == 1:
+        return times[0]
+    return StepTimes(
+        forward_s=sum(t.forward_s for t in times), backward_s=sum(t.backward_s for t in times),
+        wait_s=sum(t.wait_s for t in times), optimizer_s=sum(t.optimizer_s for t in times),
+        total_s=max(t.total_s for t in times),
+        peak_activation_bytes=sum(t.peak_activation_bytes for t in times),
+        allocator_peak_bytes=max(t.allocator_peak_bytes for t in times),
+    )  # fmt: skip
 
 
 def sum_losses(losses: dict[int, torch.Tensor]) -> tuple[float, float]:
@@ -273,25 +353,31 @@ def sum_losses(losses: dict[int, torch.Tensor]) -> tuple[float, float]:
 
 
 def infer(
-    stage: Stage,
-    links: tuple[PeerLink | None, PeerLink | None],
+    stages: Mapping[int, Stage],
+    edges: Mapping[int, Edges],
     comm: Comm,
     actions: Sequence[Action],
     step: int,
     inputs: Sequence[Carry] | None,
+    last_rank: int,
 ) -> list[Carry] | None:
-    """Forward-only actions in eval mode; the last stage's outputs (on CPU) on every rank."""
-    run = Run(stage, links, comm, step, inputs, None)
+    """Forward-only actions in eval mode; the last stage's outputs (on CPU) on every rank.
+
+    `last_rank` holds the last stage, whose outputs every rank returns."""
+    run = Run(stages, edges, comm, step, inputs, None)
     run.inference = True
-    with stage.evaluating(step):
+    with contextlib.ExitStack() as modes:
+        for stage in stages.values():
+            modes.enter_context(stage.evaluating(step))
         run.execute(actions)
     run.wait_sends()
-    last = comm.world_size - 1
     mine = None
-    if comm.rank == last and not run.failed:
-        mine = [tuple(t.cpu() for t in run.outputs[i]) for i in sorted(run.outputs)]
+    if comm.rank == last_rank and not run.failed:
+        last = [k for k, (_, nxt) in edges.items() if nxt is None]
+        mine = [tuple(t.cpu() for t in run.outputs[key])
+                for key in sorted(key for key in run.outputs if key[0] in last)]  # fmt: skip
     gathered = comm.all_gather_object((run.failed, run.failure, mine))
     if any(failed for failed, _, _ in gathered):
         raise_first([failure for _, failure, _ in gathered], comm.rank, run.failure)
-    outputs: list[Carry] | None = gathered[last][2]
+    outputs: list[Carry] | None = gathered[last_rank][2]
     return outputs

@@ -6,15 +6,18 @@ is replacing the holder (`pipeline.distributed.build.setup` makes a fresh one) a
 counter of the old model leaks into the new. The holder changes only through its methods,
 each named after the event that changes it:
 
-    install(stage, sizes, plan)   a build: this rank's layers exist, the partition starts
+    install(stages, sizes, plan)  a build: this rank's stages exist, the partition starts
     moved(record, sizes)          a committed migration: new sizes, plan version + 1
     replanned(plan)               a re-plan kept (or replaced) the plan in force
     stepped(samples, tokens, times)  a training step was applied on every rank
     expect_inheritance(snapshot)  weights the next build takes (`take_inheritance` pops it)
     close()                       free the layers
 
-`live_stage()` is the Stage for code that needs one, with the error a user can act on when
-there is none yet (partition="auto" builds on the first step).
+A rank holds one stage, or several under an interleaved or V placement
+(`pipeline.pure.placement`): `live_stages()` are this rank's, ascending; `live_stage()` is the
+only one, for what runs with one stage per rank (streams, Bi-Partition, migration); both
+raise the error a user can act on when there is none yet (partition="auto" builds on the
+first step).
 """
 
 from __future__ import annotations
@@ -45,7 +48,7 @@ class ModelHolder:
         self._migrations: list[MigrationRecord] = []
         self._partition_history: list[tuple[int, list[int]]] = []  # (step, sizes)
         self._history = StepHistory()  # what the steps measured, in bounded memory
-        self._stage: Stage | None = None
+        self._stages: list[Stage] = []
         self._inheritance: WeightSnapshot | None = None
 
     # -- read-only views ---------------------------------------------------------------------
@@ -78,22 +81,36 @@ class ModelHolder:
         return self._history
 
     @property
-    def stage(self) -> Stage | None:
-        """This rank's Stage, or None before the first build (and after `close`)."""
-        return self._stage
+    def built(self) -> bool:
+        """True once this rank's stages exist (and until `close`)."""
+        return bool(self._stages)
 
-    def live_stage(self) -> Stage:
-        if self._stage is None:
+    @property
+    def stages(self) -> list[Stage]:
+        """This rank's stages, ascending ([] before the first build and after `close`)."""
+        return list(self._stages)
+
+    def live_stages(self) -> list[Stage]:
+        if not self._stages:
             raise RuntimeError(
                 "the pipeline is planned on its first train_step (partition='auto'); "
                 "train a step first, or pass explicit stage sizes"
             )
-        return self._stage
+        return list(self._stages)
+
+    def live_stage(self, what: str = "this") -> Stage:
+        """The rank's only stage; `what` names the feature that needs one stage per rank."""
+        stages = self.live_stages()
+        if len(stages) != 1:
+            held = [s.index for s in stages]
+            raise ValueError(f"{what} needs one stage per rank; this rank holds stages "
+                             f"{held} (an interleaved or V schedule)")  # fmt: skip
+        return stages[0]
 
     # -- the events that change a model ----------------------------------------------------
-    def install(self, stage: Stage, sizes: Sequence[int], plan: Plan | None) -> None:
-        """A build: `stage` is this rank's share of `sizes`; the partition starts now."""
-        self._stage, self._sizes, self._plan = stage, list(sizes), plan
+    def install(self, stages: Sequence[Stage], sizes: Sequence[int], plan: Plan | None) -> None:
+        """A build: `stages` are this rank's share of `sizes`; the partition starts now."""
+        self._stages, self._sizes, self._plan = list(stages), list(sizes), plan
         self._partition_history = [(self._step, list(sizes))]
 
     def moved(self, record: MigrationRecord, sizes: Sequence[int]) -> None:
@@ -126,6 +143,6 @@ class ModelHolder:
 
     def close(self) -> None:
         """Free this rank's layers (the model is unusable for training after)."""
-        if self._stage is not None:
-            self._stage.close()
-        self._stage = None
+        for stage in self._stages:
+            stage.close()
+        self._stages = []

@@ -1,6 +1,6 @@
 """Live layer migration: move layers between running stages without a restart (vPipe).
 
-At a step boundary every rank calls `migrate(stage, old_sizes, new_sizes, ...)`. Only the
+At a step boundary every rank calls `migrate(stages, old_sizes, new_sizes, ...)`. Only the
 layers whose owner changes travel, directly from the old stage to the new one, carrying
 everything that makes the next step compute exactly what it would have computed anyway:
 parameters and buffers (`state_dict`), pending gradients, the optimizer's state for the
@@ -60,7 +60,7 @@ and a rolled-back commit restores the objects themselves, so no state is copied 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -204,28 +204,35 @@ def _drop(stage: Stage, layer: StageLayer) -> None:
 
 def migrate(
     comm: Comm,
-    stage: Stage,
+    stages: Sequence[Stage],
     specs: list[LayerSpec],
     old: list[int],
     new: list[int],
     step: int,
     version: int,
+    rank_of: Callable[[int], int] | None = None,
 ) -> MigrationRecord:
-    """Move layers so that stage sizes go from `old` to `new`; see the module docstring."""
-    start = time.perf_counter()
+    """Move layers so that stage sizes go from `old` to `new`; see the module docstring.
+
+    `stages` are this rank's (several under an interleaved or V placement), `rank_of` maps
+    a stage to the rank holding it (default: stage s on rank s). A layer that moves between
+    two stages of one rank goes through the same phases without a message."""
+    start, where = time.perf_counter(), rank_of or (lambda s: s)
     requests = comm.all_gather_object(new)
     if any(r != new for r in requests):
         raise MigrationError(f"ranks asked for different partitions: {requests}")
     planned = moves(old, new)
     what = f"migration {old} -> {new}"
-    packed, bytes_moved = _vote(comm, what, "pack", lambda: _pack(stage, old, planned))
+    packed, bytes_moved = _vote(comm, what, "pack",
+                                lambda: _pack(comm.rank, stages, old, planned, where))  # fmt: skip
     received = exchange(comm, packed)
-    incoming = _vote(comm, what, "build", lambda: _unpack(received, specs, stage))
-    snapshot = _Snapshot(stage)
+    incoming = _vote(comm, what, "build", lambda: _unpack(received, specs, stages[0]))
+    snapshots = [_Snapshot(stage) for stage in stages]
     try:
-        _vote(comm, what, "commit", lambda: _commit(stage, specs, new, incoming))
+        _vote(comm, what, "commit", lambda: _commit_all(stages, specs, new, incoming))
     except MigrationError:
-        snapshot.restore(stage)
+        for stage, snapshot in zip(stages, snapshots, strict=True):
+            snapshot.restore(stage)
         raise
     total = comm.all_reduce([bytes_moved])[0]
     pause = comm.all_reduce([time.perf_counter() - start], op="max")[0]
@@ -249,15 +256,20 @@ def _vote(comm: Comm, what: str, phase: str, work: Callable[[], T]) -> T:
 
 
 def _pack(
-    stage: Stage, old: list[int], planned: list[tuple[int, int, int]]
-) -> tuple[dict[int, Any], int]:
-    """The layers this rank gives away, per receiver, packed for the wire; their bytes."""
-    rank, first = stage.index, bounds(old)[stage.index][0]
+    rank: int, stages: Sequence[Stage], old: list[int], planned: list[tuple[int, int, int]],
+    rank_of: Callable[[int], int],
+) -> tuple[dict[int, Any], int]:  # fmt: skip
+    """The layers this rank's stages give away, per receiving rank, packed for the wire
+    (what stays on this rank as it is); the bytes that leave the rank."""
+    mine = {stage.index: stage for stage in stages}
     outgoing: dict[int, list[dict[str, Any]]] = {}
     for index, src, dst in planned:
-        if src == rank:
-            outgoing.setdefault(dst, []).append(_pack_layer(stage, stage.layers[index - first]))
-    nbytes = sum(_tensor_bytes(p) for packs in outgoing.values() for p in packs)
+        if src in mine:
+            stage = mine[src]
+            layer = stage.layers[index - bounds(old)[src][0]]
+            outgoing.setdefault(rank_of(dst), []).append(_pack_layer(stage, layer))
+    nbytes = sum(_tensor_bytes(p) for dst, packs in outgoing.items() if dst != rank
+                 for p in packs)  # fmt: skip
     return pack_all(outgoing, rank), nbytes
 
 
@@ -294,6 +306,14 @@ class _Snapshot:
             self.optimizer.state.update(self.state)
         if stage.versions is not None and self.versions is not None:
             stage.versions.restore(self.versions)
+
+
+def _commit_all(
+    stages: Sequence[Stage], specs: list[LayerSpec], new: list[int],
+    incoming: dict[str, _Incoming],
+) -> None:  # fmt: skip
+    for stage in stages:
+        _commit(stage, specs, new, incoming)
 
 
 def _commit(

@@ -24,16 +24,19 @@ from pipeline.local.pipemare import PipeMareConfig
 from pipeline.local.profiler import CostCache
 from pipeline.local.recipe import TrainingRecipe
 from pipeline.pure.costs import LayerCost, LinkCost
+from pipeline.pure.placement import Placement
 from pipeline.pure.planner import Planner
 from pipeline.pure.schedule import ScheduleFn
 
-__all__ = ["Drainable", "PipelineParts"]
+__all__ = ["ActiveStream", "PipelineParts"]
 
 
-class Drainable(Protocol):
+class ActiveStream(Protocol):
     """A `train` stream in flight (`pipeline.distributed.stream.Segment`)."""
 
     def drain(self) -> None: ...
+
+    def held(self) -> dict[str, int]: ...
 
 
 class PipelineParts(Protocol):
@@ -41,7 +44,8 @@ class PipelineParts(Protocol):
 
     comm: Comm
     rank: int
-    n_stages: int
+    n_stages: int  # stages in all: stages_per_rank * ranks (`placement`)
+    placement: Placement
     n_microbatches: int
     schedule: ScheduleFn
     schedule_name: str | None
@@ -60,7 +64,7 @@ class PipelineParts(Protocol):
     triggers: ReplanTriggers
     generation: int
     link: LinkCost  # the link as the last migration measured it
-    active_stream: Drainable | None
+    active_stream: ActiveStream | None
 
     def drain(self) -> None: ...
 

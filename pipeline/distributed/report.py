@@ -181,8 +181,11 @@ def _median(values: Sequence[float]) -> float:
 
 
 # -- the collective ----------------------------------------------------------------------------
-def stats(pipe: PipelineParts, stage: Stage, last_steps: int) -> PipelineStats:
-    """`ElasticPipeline.stats`: gather every stage's numbers; predicted beside measured."""
+def stats(pipe: PipelineParts, stages: Sequence[Stage], last_steps: int) -> PipelineStats:
+    """`ElasticPipeline.stats`: gather every rank's numbers; predicted beside measured.
+
+    One `StageStats` per rank: a rank that holds several stages (interleaved, V) reports
+    them together, as they share its compute and memory."""
     if isinstance(last_steps, bool) or not isinstance(last_steps, int) or last_steps < 1:
         raise ValueError(f"last_steps must be a positive int, got {last_steps!r}")
     model = pipe.model
@@ -191,25 +194,27 @@ def stats(pipe: PipelineParts, stage: Stage, last_steps: int) -> PipelineStats:
     times = [r.times for r in recent]
     plan, m, rank = model.plan, pipe.n_microbatches, pipe.rank
     activations = history.latest_activation_bytes
-    state_bytes = stage.state_bytes()
+    state_bytes = sum(stage.state_bytes() for stage in stages)
+    layers = [layer for stage in stages for layer in stage.layers]
+    held = [stage.index for stage in stages]
     mine = StageStats(
         stage=rank,
-        layers=tuple(layer.key for layer in stage.layers),
-        memory_actions=tuple(layer.action for layer in stage.layers),
+        layers=tuple(layer.key for layer in layers),
+        memory_actions=tuple(layer.action for layer in layers),
         forward_s=_median([t.forward_s for t in times]),
         backward_s=_median([t.backward_s for t in times]),
         wait_s=_median([t.wait_s for t in times]),
         optimizer_s=_median([t.optimizer_s for t in times]),
         total_s=_median([t.total_s for t in times]),
-        param_bytes=stage.param_bytes(),
+        param_bytes=sum(stage.param_bytes() for stage in stages),
         state_bytes=state_bytes,
         activation_peak_bytes=activations,
         measured_peak_bytes=state_bytes + activations,
-        predicted_peak_bytes=plan.predicted_stage_bytes[rank] if plan else None,
-        predicted_compute_s=plan.predicted_stage_s[rank] * m if plan else None,
+        predicted_peak_bytes=sum(plan.predicted_stage_bytes[s] for s in held) if plan else None,
+        predicted_compute_s=sum(plan.predicted_stage_s[s] for s in held) * m if plan else None,
         # GPU: the allocator's peak over a measured step (all memory, not only the planned)
         allocator_peak_bytes=history.latest_allocator_bytes,
-        process_peak_bytes=process_peak_bytes(stage.device, history),
+        process_peak_bytes=process_peak_bytes(stages[0].device, history),
     )
     per_stage: tuple[StageStats, ...] = tuple(pipe.comm.all_gather_object(mine))
     iteration_s = max(s.total_s for s in per_stage)
@@ -241,9 +246,12 @@ def save_partition_picture(pipe: PipelineParts, path: str | Path) -> Path:
     return path
 
 
-def save_timeline(comm: Comm, stage: Stage, path: str | Path, title: str) -> Path | None:
-    """Gather every stage's spans of the last step; rank 0 writes Chrome-trace JSON."""
-    spans = comm.all_gather_object(stage.spans)
+def save_timeline(
+    comm: Comm, stages: Sequence[Stage], path: str | Path, title: str
+) -> Path | None:
+    """Gather every stage's spans of the last step; rank 0 writes Chrome-trace JSON (one
+    row per stage)."""
+    spans = comm.all_gather_object([span for stage in stages for span in stage.spans])
     if comm.rank != 0:
         return None
     path = Path(path)

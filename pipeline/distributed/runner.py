@@ -23,45 +23,55 @@ from pipeline.distributed.comm import Comm
 from pipeline.distributed.links import PeerLink
 from pipeline.local.carry import Carry
 from pipeline.local.stage import Stage, StepTimes
-from pipeline.pure.schedule import ScheduleFn, forward_only, stage_actions
+from pipeline.pure.actions import Action, Op
+from pipeline.pure.multi_stage import lower_ranks
+from pipeline.pure.schedule import ScheduleFn, forward_only, placement_of, stage_actions
 
 __all__ = ["StepRunner"]
 
 
 class StepRunner:
-    """The links to this rank's neighbours and its action list for a flushed step."""
+    """The links to the stages on other ranks and this rank's action list for a flushed step."""
 
     def __init__(self, comm: Comm, schedule: str | ScheduleFn, n_microbatches: int) -> None:
         self.comm = comm
-        rank, n_stages = comm.rank, comm.world_size
-        self._links = (PeerLink(comm, rank - 1) if rank > 0 else None,
-                       PeerLink(comm, rank + 1) if rank < n_stages - 1 else None)  # fmt: skip
-        self._actions = stage_actions(schedule, n_stages, n_microbatches, rank)
+        rank, n_ranks = comm.rank, comm.world_size
+        self.placement = placement_of(schedule, n_ranks)
+        self._edges = {self._key(s): self._edge_pair(s) for s in self.placement.stages_of(rank)}
+        self._actions = stage_actions(schedule, n_ranks, n_microbatches, rank)
 
     @property
     def sends_in_flight(self) -> int:
         """Sends posted to the neighbours and not yet waited for (read-only)."""
         return sum(link.sends_in_flight for link in self._neighbours())
 
+    @property
+    def last_rank(self) -> int:
+        """The rank that holds the last stage (its outputs are the model's)."""
+        return self.placement.rank_of(self.placement.n_stages - 1)
+
     def train_step(
-        self, stage: Stage, step: int, inputs: Sequence[Carry], targets: Sequence[Any], *,
-        measure_memory: bool, on_nonfinite: str,
+        self, stages: Sequence[Stage], step: int, inputs: Sequence[Carry],
+        targets: Sequence[Any], *, measure_memory: bool, on_nonfinite: str,
     ) -> tuple[float, StepTimes]:  # fmt: skip
-        """One flushed step of this rank's list (`executor.train_step`)."""
-        return executor.train_step(stage, self._links, self.comm, self._actions, step, inputs,
-                                   targets, measure_memory=measure_memory,
+        """One flushed step of this rank's list over its `stages` (`executor.train_step`)."""
+        return executor.train_step(self._by_key(stages), self._edges, self.comm, self._actions,
+                                   step, inputs, targets, measure_memory=measure_memory,
                                    on_nonfinite=on_nonfinite)  # fmt: skip
 
-    def infer(self, stage: Stage, step: int, chunks: Sequence[Carry]) -> list[Carry] | None:
+    def infer(
+        self, stages: Sequence[Stage], step: int, chunks: Sequence[Carry]
+    ) -> list[Carry] | None:
         """The forward-only list over `len(chunks)` micro-batches (`executor.infer`)."""
-        actions = stage_actions(forward_only, self.comm.world_size, len(chunks), self.comm.rank)
-        return executor.infer(stage, self._links, self.comm, actions, step, chunks)
+        actions = self._forward_actions(len(chunks))
+        return executor.infer(self._by_key(stages), self._edges, self.comm, actions, step,
+                              chunks, self.last_rank)  # fmt: skip
 
     def open_run(
         self, stage: Stage, step: int, inputs: Mapping[int, Carry], targets: Mapping[int, Any]
     ) -> executor.Run:
-        """A run over the links that a stream feeds action by action."""
-        return executor.Run(stage, self._links, self.comm, step, inputs, targets)
+        """A run over the links that a stream feeds action by action (one stage per rank)."""
+        return executor.Run(self._by_key([stage]), self._edges, self.comm, step, inputs, targets)
 
     def release_sends(self, below: int) -> None:
         """Drop the sends of micro-batches numbered below `below`, known received
@@ -74,5 +84,36 @@ class StepRunner:
         for link in self._neighbours():
             link.wait_sends()
 
+    # -- placement -------------------------------------------------------------------------
+    def _key(self, stage: int) -> int:
+        """How this rank's list names `stage`: -1 when it holds one stage (module doc)."""
+        return stage if self.placement.stages_per_rank > 1 else -1
+
+    def _edge_pair(self, stage: int) -> executor.Edges:
+        return (self._edge(stage, stage - 1), self._edge(stage, stage + 1))
+
+    def _edge(self, stage: int, neighbour: int) -> executor.Edge:
+        if not 0 <= neighbour < self.placement.n_stages:
+            return None
+        peer = self.placement.rank_of(neighbour)
+        return executor.LOCAL if peer == self.comm.rank else PeerLink(self.comm, peer)
+
+    def _by_key(self, stages: Sequence[Stage]) -> dict[int, Stage]:
+        """This rank's stages (ascending) by the names its list uses."""
+        held = self.placement.stages_of(self.comm.rank)
+        if len(stages) != len(held):
+            raise RuntimeError(f"rank {self.comm.rank} holds stages {held}, got {len(stages)}")
+        return {self._key(s): stage for s, stage in zip(held, stages, strict=True)}
+
+    def _forward_actions(self, n_microbatches: int) -> list[Action]:
+        """Inference's list: every forward, stage by stage (one stage per rank: `forward_only`)."""
+        placement, rank = self.placement, self.comm.rank
+        if placement.stages_per_rank == 1:
+            return stage_actions(forward_only, placement.n_ranks, n_microbatches, rank)
+        computes = [[Action(Op.FORWARD, i, s) for s in placement.stages_of(r)
+                     for i in range(n_microbatches)] for r in range(placement.n_ranks)]  # fmt: skip
+        return lower_ranks(computes, placement)[rank]
+
     def _neighbours(self) -> list[PeerLink]:
-        return [link for link in self._links if link is not None]
+        found = [e for pair in self._edges.values() for e in pair if isinstance(e, PeerLink)]
+        return list(dict.fromkeys(found))

@@ -29,18 +29,19 @@ def train_step(pipe: PipelineParts, x: Any, y: Any) -> float:
     chunks = split_microbatches(x, pipe.n_microbatches, "x")
     targets = split_microbatches(y, pipe.n_microbatches, "y")
     model = pipe.model
-    if model.stage is None:
+    if not model.built:
         build.plan_first(pipe, chunks[0])
-    stage = model.live_stage()
+    stages = model.live_stages()
     inputs = [as_carry(c, "the batch input") for c in chunks]
     measure = pipe.plan_age.measures(model.step, pipe.options.measure_memory_every)
     rng = torch.random.get_rng_state()
     try:
-        loss, times = pipe.runner.train_step(stage, model.step, inputs, targets,
+        loss, times = pipe.runner.train_step(stages, model.step, inputs, targets,
                                              measure_memory=measure,
                                              on_nonfinite=pipe.options.on_nonfinite)  # fmt: skip
     except PipelineError as error:  # raised on every rank; nothing is in flight
-        stage.abort_step()
+        for stage in stages:
+            stage.abort_step()
         pipe.event_log.record("error", error=str(error).split("\n", 1)[0])
         raise
     finally:
@@ -57,8 +58,8 @@ def forward(pipe: PipelineParts, x: Any) -> Any:
     size = batch_size(x)
     m = max(k for k in range(1, pipe.n_microbatches + 1) if size % k == 0)
     chunks = [as_carry(c, "the batch input") for c in split_microbatches(x, m, "x")]
-    if pipe.model.stage is None:
+    if not pipe.model.built:
         build.plan_first(pipe, chunks[0])
-    outputs = pipe.runner.infer(pipe.model.live_stage(), pipe.model.step, chunks)
+    outputs = pipe.runner.infer(pipe.model.live_stages(), pipe.model.step, chunks)
     assert outputs is not None
     return unwrap(tuple(torch.cat(parts) for parts in zip(*outputs, strict=True)))

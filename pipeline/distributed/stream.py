@@ -125,7 +125,7 @@ class Segment:
 
     def __init__(self, pipe: PipelineParts, source: Iterator[Any], first: tuple[Any, Any]):
         self.pipe, self.source, self.m = pipe, source, pipe.n_microbatches
-        self.stage, self.comm = pipe.model.live_stage(), pipe.comm
+        self.stage, self.comm = pipe.model.live_stage("a stream (2bw, pipemare)"), pipe.comm
         self.start = pipe.model.step  # the global step of the segment's step 0
         # micro-batch g's input and target until its forward, step t's size until it is
         # settled: what no later action needs is dropped, so a segment of any length holds

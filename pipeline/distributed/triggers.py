@@ -24,6 +24,7 @@ The re-plan that follows is migration-aware: it moves layers only when that pays
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from pipeline.distributed.comm import Comm
@@ -46,12 +47,13 @@ class ReplanTriggers:
         self,
         comm: Comm,
         step: int,
-        stage: Stage,
+        stages: Sequence[Stage],
         plan: Plan | None,
         measured: bool,
         steps_on_plan: int,
     ) -> str | None:
-        """Why this step ends with a re-plan (None: it does not); call on every rank."""
+        """Why this step ends with a re-plan (None: it does not); call on every rank with
+        its `stages` (several under an interleaved or V placement: the budget is the rank's)."""
         if self.every is not None and step % self.every == 0:
             return f"every {self.every} steps"
         check_memory = measured and self.memory_budget is not None
@@ -61,9 +63,10 @@ class ReplanTriggers:
         over = 0.0
         if check_memory:
             assert self.memory_budget is not None
-            over = float(stage.state_bytes() + stage.saved.peak > self.memory_budget)
-        ratio = _time_ratio(stage, plan) if check_drift else 1.0
-        flags = comm.all_reduce([over, ratio, -ratio], op="max")  # one stage over: all act
+            held = sum(stage.state_bytes() + stage.saved.peak for stage in stages)
+            over = float(held > self.memory_budget)
+        ratios = [_time_ratio(stage, plan) for stage in stages] if check_drift else [1.0]
+        flags = comm.all_reduce([over, max(ratios), -min(ratios)], op="max")  # one over: all
         if flags[0] > 0:
             return f"a stage exceeds the memory budget of {self.memory_budget:,} bytes"
         high, low = flags[1], -flags[2]

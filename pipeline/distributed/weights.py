@@ -38,15 +38,15 @@ def full_state_dict(pipe: PipelineParts) -> dict[str, dict[str, torch.Tensor]]:
 
 
 def _own_states(pipe: PipelineParts) -> dict[str, dict[str, torch.Tensor]]:
-    stage = pipe.model.stage
-    if stage is not None:
-        modules = {layer.key: layer.module for layer in stage.layers}
+    if pipe.model.built:
+        modules = {layer.key: layer.module for stage in pipe.model.stages
+                   for layer in stage.layers}  # fmt: skip
     else:  # not built yet: every rank builds a share, in turns
         cpu = torch.device("cpu")
         modules = {
             spec.key: build_layer(spec, pipe.recipe.seed, cpu)
             for i, spec in enumerate(pipe.model.specs)
-            if i % pipe.n_stages == pipe.rank
+            if i % pipe.comm.world_size == pipe.rank
         }
     return {key: {k: v.detach().cpu() for k, v in module.state_dict().items()}
             for key, module in modules.items()}  # fmt: skip
@@ -57,7 +57,7 @@ def snapshot(pipe: PipelineParts, copy: bool) -> WeightSnapshot:
     model = pipe.model
     states = {layer.key: {k: v.detach().cpu().clone() if copy else v for k, v in
                           layer.module.state_dict().items()}
-              for layer in model.live_stage().layers}  # fmt: skip
+              for stage in model.live_stages() for layer in stage.layers}  # fmt: skip
     return WeightSnapshot(tuple(s.key for s in model.specs), tuple(model.sizes), states)
 
 
@@ -69,7 +69,8 @@ def take_inheritance(pipe: PipelineParts) -> None:
     if source is None:
         return
     found = inherited_states(pipe.comm, source, model.specs, model.sizes)
-    loaded = model.live_stage().load_matching({k: dict(v) for k, (_, v) in found.items()})
+    states = {k: dict(v) for k, (_, v) in found.items()}
+    loaded = [key for stage in model.live_stages() for key in stage.load_matching(states)]
     rank = pipe.comm.rank
     rows = [(sum(nbytes(t) for t in found[k][1].values()), found[k][0] != rank)
             for k in loaded]  # fmt: skip

@@ -1,6 +1,8 @@
 """The pure parts of the runtime: no process, no `torch.distributed`, no module state.
 
-Schedules (`schedule`), the simulator that replays them on layer costs (`simulate`), the cost
+Schedules (`schedule`; with several stages per rank: `placement`, `interleaved`, ZB-V in
+`zero_bubble`, their checks and lowering in `multi_stage`), the wire rules they obey
+(`wire_order`), the simulator that replays them on layer costs (`simulate`), the cost
 model (`costs`), stage sizes (`partition`), pictures (`timeline`) and the planners
 (`planner`). Everything here is a function of its arguments, tested without processes.
 """

@@ -36,11 +36,22 @@ GRAD_OPS = (Op.BACKWARD, Op.BACKWARD_INPUT)  # receive the outputs' gradient, se
 
 @dataclass(frozen=True)
 class Action:
+    """One step of a stage's (or a rank's) list: `op` on micro-batch `microbatch` of `stage`.
+
+    `stage` is -1 in the lists of schedules with one stage per rank: the action concerns the
+    rank's only stage, and its repr is the op and micro-batch ("F3"). A schedule with several
+    stages per rank (`pipeline.pure.placement`) names the global stage of every compute and
+    message action ("F3@2": micro-batch 3's forward on stage 2); its OPTIMIZER_STEP stays -1
+    (one per rank, for all its stages).
+    """
+
     op: Op
     microbatch: int = -1  # -1 for actions that concern no micro-batch (OPTIMIZER_STEP)
+    stage: int = -1  # -1: the rank's only stage (module doc)
 
     def __repr__(self) -> str:
-        return self.op.value if self.microbatch < 0 else f"{self.op.value}{self.microbatch}"
+        text = self.op.value if self.microbatch < 0 else f"{self.op.value}{self.microbatch}"
+        return text if self.stage < 0 else f"{text}@{self.stage}"
 
 
 ScheduleFn = Callable[[int, int, int], list[Action]]

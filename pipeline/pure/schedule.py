@@ -57,10 +57,28 @@ PipeDream-2BW (`2bw`, `pipeline.pure.two_bw`) spans a *stream* of steps: the fun
 a true `stream` attribute take a fourth argument, n_steps, number micro-batch i of step t
 as t * M + i and put an OPTIMIZER_STEP(t) after each step's last backward. `stage_actions`,
 `validate` and `simulate` take n_steps for them (1 by default).
+
+Several stages per rank: `interleaved_1f1b` (`pipeline.pure.interleaved`) and `zbv`
+(`pipeline.pure.zero_bubble`) cut the model into S = v * R stages, placed on the R ranks
+by their `placement` attribute ("loop" or "v", `pipeline.pure.placement`) with
+`stages_per_rank` = v. They take (n_ranks, n_microbatches, rank) and return the rank's one
+merged list, every action naming its global stage (`Action.stage`); `stage_actions`,
+`validate` and `simulate` read their first two arguments as ranks then. Messages are only
+needed between stages on different ranks (a hand-over inside a rank is local), and for a
+comm action with stage s::
+
+    RECV_ACT   what stage s consumes, from stage s - 1     SEND_ACT   s's outputs, to s + 1
+    RECV_GRAD  the gradient of s's outputs, from s + 1     SEND_GRAD  of s's inputs, to s - 1
+
+They are lowered for all ranks at once (`pipeline.pure.multi_stage.lower_ranks`): a receive
+just before its consumer no longer gives every pair of ranks one order when activations and
+gradients of several stages share it. `get_schedule("interleaved_1f1b", stages_per_rank=3)`
+gives other chunk counts; `placement_of(schedule, n_ranks)` says where each stage lives.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Iterator, Sequence
 
 from pipeline.pure.actions import (
@@ -72,28 +90,37 @@ from pipeline.pure.actions import (
     ScheduleFn,
 )
 from pipeline.pure.actions import check_shape as _check_shape
+from pipeline.pure.interleaved import interleaved, interleaved_1f1b
+from pipeline.pure.multi_stage import check_ranks, lower_ranks
 from pipeline.pure.pipemare import pipemare
+from pipeline.pure.placement import Placement
 from pipeline.pure.two_bw import pipedream_2bw
 from pipeline.pure.wire_order import check_order
-from pipeline.pure.zero_bubble import zbh1
+from pipeline.pure.zero_bubble import zbh1, zbv
 
 __all__ = [
     "SCHEDULES",
     "Action",
     "Op",
+    "Placement",
     "ScheduleError",
     "ScheduleFn",
     "forward_only",
+    "get_schedule",
     "gpipe",
     "in_flight",
+    "interleaved_1f1b",
+    "is_multi_stage",
     "is_stream",
     "lower",
     "lower_lazily",
     "one_f_one_b",
     "pipedream_2bw",
+    "placement_of",
     "stage_actions",
     "validate",
     "zbh1",
+    "zbv",
 ]
 
 
@@ -133,7 +160,7 @@ def forward_only(n_stages: int, n_microbatches: int, stage: int) -> list[Action]
 
 SCHEDULES: dict[str, ScheduleFn] = {
     "gpipe": gpipe, "1f1b": one_f_one_b, "zbh1": zbh1, "2bw": pipedream_2bw,
-    "pipemare": pipemare,
+    "pipemare": pipemare, "interleaved_1f1b": interleaved_1f1b, "zbv": zbv,
 }  # fmt: skip
 
 
@@ -143,13 +170,39 @@ def is_stream(schedule: str | ScheduleFn) -> bool:
     return bool(getattr(fn, "stream", False))
 
 
-def get_schedule(name: str) -> ScheduleFn:
+def get_schedule(name: str, stages_per_rank: int | None = None) -> ScheduleFn:
+    """The schedule registered as `name`; with `stages_per_rank`, its variant with that many
+    stages per rank (`interleaved_1f1b` takes any v >= 1, `zbv` 2, the others 1)."""
     try:
-        return SCHEDULES[name.lower()]
+        fn = SCHEDULES[name.lower()]
     except (KeyError, AttributeError):
         raise ValueError(
             f"unknown schedule {name!r}; valid schedules: {sorted(SCHEDULES)}"
         ) from None
+    v = int(getattr(fn, "stages_per_rank", 1))
+    if stages_per_rank is None or stages_per_rank == v:
+        return fn
+    if fn is interleaved_1f1b:
+        return interleaved(stages_per_rank)
+    raise ValueError(f"schedule {name!r} runs {v} stage(s) per rank, got stages_per_rank="
+                     f"{stages_per_rank}; only 'interleaved_1f1b' takes another count (any "
+                     ">= 1)")  # fmt: skip
+
+
+def is_multi_stage(schedule: str | ScheduleFn) -> bool:
+    """True for schedules whose lists are per rank, naming stages (a `placement` attribute)."""
+    fn = get_schedule(schedule) if isinstance(schedule, str) else schedule
+    return getattr(fn, "placement", None) is not None
+
+
+def placement_of(schedule: str | ScheduleFn, n_ranks: int) -> Placement:
+    """Where `schedule` puts its stages on `n_ranks` ranks: its `placement` and
+    `stages_per_rank` attributes, or one stage per rank (`Placement.single`)."""
+    fn = get_schedule(schedule) if isinstance(schedule, str) else schedule
+    kind = getattr(fn, "placement", None)
+    if kind is None:
+        return Placement.single(n_ranks)
+    return Placement(kind, n_ranks, int(getattr(fn, "stages_per_rank", 1)))
 
 
 def lower(compute: Sequence[Action], stage: int, n_stages: int) -> list[Action]:
@@ -166,6 +219,9 @@ def lower_lazily(compute: Iterable[Action], stage: int, n_stages: int) -> Iterat
     """`lower`, one action at a time (a stream's list is pulled as batches arrive)."""
     first, last = stage == 0, stage == n_stages - 1
     for action in compute:
+        if action.stage >= 0:
+            raise ValueError(f"{action} names a stage: lists of ranks that hold several "
+                             "stages are lowered together (multi_stage.lower_ranks)")
         i = action.microbatch
         if action.op is Op.FORWARD and not first:
             yield Action(Op.RECV_ACT, i)
@@ -183,15 +239,30 @@ def stage_actions(
     n_steps: int = 1,
 ) -> list[Action]:  # fmt: skip
     """The lowered action list one stage executes per training step (per stream of
-    `n_steps` steps for a stream schedule)."""
+    `n_steps` steps for a stream schedule); for a schedule with several stages per rank,
+    the list of rank `stage` of `n_stages` ranks (module doc)."""
     fn = get_schedule(schedule) if isinstance(schedule, str) else schedule
     if is_stream(fn):
         compute = fn(n_stages, n_microbatches, stage, n_steps)  # type: ignore[call-arg]
         return lower(compute, stage, n_stages)
+    if is_multi_stage(fn) and n_steps == 1:  # n_stages ranks; `stage` is a rank
+        _check_shape(n_stages, n_microbatches, stage)
+        return list(_lowered_ranks(fn, n_stages, n_microbatches)[stage])
     if n_steps != 1:
         raise ValueError(f"schedule {getattr(fn, '__name__', fn)!r} has a flush: one step per "
                          f"list, got n_steps={n_steps}")  # fmt: skip
     return lower(fn(n_stages, n_microbatches, stage), stage, n_stages)
+
+
+@functools.lru_cache(maxsize=64)
+def _lowered_ranks(
+    fn: ScheduleFn, n_ranks: int, n_microbatches: int
+) -> tuple[tuple[Action, ...], ...]:
+    """Every rank's lowered list of a multi-stage schedule, its compute lists checked first."""
+    placement = placement_of(fn, n_ranks)
+    computes = [fn(n_ranks, n_microbatches, r) for r in range(n_ranks)]
+    check_ranks(computes, placement, n_microbatches)
+    return tuple(tuple(actions) for actions in lower_ranks(computes, placement))
 
 
 def in_flight(actions: Sequence[Action]) -> int:
@@ -223,7 +294,16 @@ def validate(
     stages with non-blocking sends and receives and blocking compute never deadlocks; and
     between two stages, in each direction, the receives are posted in the order of the
     sends (`pipeline.pure.wire_order`: NCCL matches messages by order, not by tag).
+
+    A schedule with several stages per rank: `n_stages` ranks, and the same checks per
+    stage, in micro-batch order, plus each hand-over inside a rank after its producer
+    (`pipeline.pure.multi_stage.check_ranks`) and `check_order` on the ranks' lists.
     """
+    if is_multi_stage(schedule):  # n_stages ranks (`pipeline.pure.multi_stage`)
+        lists = [stage_actions(schedule, n_stages, n_microbatches, r, n_steps)
+                 for r in range(n_stages)]  # fmt: skip
+        check_order(lists, placement=placement_of(schedule, n_stages))
+        return
     lists = [stage_actions(schedule, n_stages, n_microbatches, s, n_steps)
              for s in range(n_stages)]  # fmt: skip
     for s, actions in enumerate(lists):

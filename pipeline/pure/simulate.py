@@ -30,6 +30,17 @@ A micro-batch is in flight on a stage from the start of its forward to the end o
 backward (of its BACKWARD_WEIGHT when split); it holds the stage's activation_bytes
 meanwhile. `to_chrome_trace` renders the result for Perfetto / chrome://tracing (through
 `pipeline.pure.timeline.chrome_trace`).
+
+Several stages per rank (`interleaved_1f1b`, `zbv`: `pipeline.pure.placement`): `stages`
+still holds one cost per stage, v * R of them, and the schedule's placement says which rank
+runs each. A rank is one executor: it runs its merged list one action at a time, so its
+stages share its time; a hand-over between two stages of one rank is ready when its
+producer finished (no link time); the optimizer step of a rank takes the sum of its
+stages' optimizer_s. Per stage: busy_s, idle_s, peak_in_flight, peak_activation_bytes; per
+rank: rank_busy_s, rank_idle_s and peak_rank_activation_bytes, the peak over time of the
+activations all its stages hold together (not the sum of their peaks). The bubble fraction
+is the ranks' idle share, sum(rank_idle_s) / (R * iteration_s): with one stage per rank, the
+stages' (every figure is then what it always was).
 """
 
 from __future__ import annotations
@@ -40,12 +51,14 @@ from typing import Any
 
 from pipeline.pure.costs import LayerCost, LinkCost, action_effects
 from pipeline.pure.partition import bounds, check_sizes
+from pipeline.pure.placement import Placement
 from pipeline.pure.schedule import (
     Action,
     Op,
     ScheduleError,
     ScheduleFn,
     is_stream,
+    placement_of,
     stage_actions,
     validate,
 )
@@ -100,16 +113,24 @@ class SimResult:
     iteration_s: float  # when the last stage finishes its optimizer step
     busy_s: tuple[float, ...]  # per stage
     idle_s: tuple[float, ...]  # per stage: iteration_s - busy_s
-    bubble_fraction: float  # sum(idle) / (n_stages * iteration_s)
+    bubble_fraction: float  # sum(rank_idle_s) / (n_ranks * iteration_s)
     peak_in_flight: tuple[int, ...]  # micro-batches, per stage
     peak_activation_bytes: tuple[int, ...]  # peak_in_flight * activation_bytes, per stage
     events: tuple[Event, ...]  # forwards, backwards and optimizer steps, by start time
     n_steps: int = 1  # steps in the list (a stream schedule's; else 1)
     step_s: float = 0.0  # steady-state seconds per step (module doc)
+    ranks: tuple[int, ...] = ()  # the rank of each stage (the schedule's placement)
+    rank_busy_s: tuple[float, ...] = ()  # per rank: the sum of its stages' busy_s
+    rank_idle_s: tuple[float, ...] = ()  # per rank: iteration_s - rank_busy_s
+    peak_rank_activation_bytes: tuple[int, ...] = ()  # per rank: peak of its stages' sum
 
     @property
     def n_stages(self) -> int:
         return len(self.busy_s)
+
+    @property
+    def n_ranks(self) -> int:
+        return len(self.rank_busy_s)
 
 
 def simulate(
@@ -119,87 +140,115 @@ def simulate(
     link: LinkCost | None = None,
     n_steps: int = 1,
 ) -> SimResult:
-    """Execute every stage's lowered action list against `stages` costs (see module doc)."""
+    """Execute every rank's lowered action list against `stages` costs (see module doc).
+
+    `stages` holds one cost per stage: for a schedule with v stages per rank, v * R of them,
+    placed on the R ranks by the schedule's placement (`placement_of`).
+    """
     n_stages = len(stages)
     if n_stages < 1:
         raise ValueError("simulate needs at least one stage")
+    placement = _placement(schedule, n_stages)
+    n_ranks, last = placement.n_ranks, n_stages - 1
     # malformed or deadlocking: ScheduleError
-    validate(schedule, n_stages, n_microbatches, n_steps)
+    validate(schedule, n_ranks, n_microbatches, n_steps)
     link = link or LinkCost.free()
     stream = is_stream(schedule)
-    lists = [stage_actions(schedule, n_stages, n_microbatches, s, n_steps)
-             for s in range(n_stages)]  # fmt: skip
-    free = [0.0] * n_stages
-    pc = [0] * n_stages
-    arrival: dict[tuple[str, int, int], float] = {}  # (kind, receiver, micro-batch) -> s
+    lists = [stage_actions(schedule, n_ranks, n_microbatches, r, n_steps)
+             for r in range(n_ranks)]  # fmt: skip
+    free = [0.0] * n_ranks
+    pc = [0] * n_ranks
+    arrival: dict[tuple[str, int, int], float] = {}  # (kind, receiving stage, micro-batch) -> s
     finished: dict[tuple[int, Op, int], float] = {}  # (stage, op, micro-batch) -> s
     grad_done: dict[tuple[int, int], float] = {}  # (stage, micro-batch) -> inputs' grad ready
-    last_arrival = [0.0] * n_stages  # latest arrival of a message the stage sent
+    last_arrival = [0.0] * n_ranks  # latest arrival of a message the rank sent
     live = [0] * n_stages
     peak = [0] * n_stages
+    held, peak_held = [0] * n_ranks, [0] * n_ranks  # activation bytes a rank holds
     events: list[Event] = []
 
-    def run(s: int, action: Action, ready: float, seconds: float) -> None:
-        start = max(free[s], ready)
-        free[s] = start + seconds
-        finished[(s, action.op, action.microbatch)] = free[s]
-        events.append(Event(s, action, start, free[s]))
+    def run(r: int, s: int, action: Action, ready: float, seconds: float) -> None:
+        start = max(free[r], ready)
+        free[r] = start + seconds
+        finished[(s, action.op, action.microbatch)] = free[r]
+        events.append(Event(s, action, start, free[r]))
 
-    def step(s: int, a: Action) -> bool:
-        """Execute `a` on stage s if its input is there; False if it must wait."""
+    def hold(r: int, s: int, count: int) -> None:
+        live[s] += count
+        peak[s] = max(peak[s], live[s])
+        held[r] += count * stages[s].activation_bytes
+        peak_held[r] = max(peak_held[r], held[r])
+
+    def step(r: int, a: Action) -> bool:
+        """Execute `a` on rank r if its input is there; False if it must wait."""
+        s = a.stage if a.stage >= 0 else placement.stages_of(r)[0]
         cost, i = stages[s], a.microbatch
         if a.op is Op.FORWARD:
-            ready = 0.0 if s == 0 else arrival.get(("act", s, i))
+            if s == 0:
+                ready: float | None = 0.0
+            elif not placement.crosses(s - 1):  # a hand-over: its producer ran on this rank
+                ready = finished[(s - 1, Op.FORWARD, i)]
+            else:
+                ready = arrival.get(("act", s, i))
             if ready is None:
                 return False
-            run(s, a, ready, cost.forward_s)
-            live[s] += 1
-            peak[s] = max(peak[s], live[s])
+            run(r, s, a, ready, cost.forward_s)
+            hold(r, s, +1)
         elif a.op in (Op.BACKWARD, Op.BACKWARD_INPUT):
-            ready = 0.0 if s == n_stages - 1 else arrival.get(("grad", s, i))
+            if s == last:
+                ready = 0.0
+            elif not placement.crosses(s):
+                ready = grad_done[(s + 1, i)]
+            else:
+                ready = arrival.get(("grad", s, i))
             if ready is None:
                 return False
             split = a.op is Op.BACKWARD_INPUT
-            run(s, a, ready, cost.backward_s - (cost.split_weight_s if split else 0.0))
-            grad_done[(s, i)] = free[s]
+            run(r, s, a, ready, cost.backward_s - (cost.split_weight_s if split else 0.0))
+            grad_done[(s, i)] = free[r]
             if not split:
-                live[s] -= 1
+                hold(r, s, -1)
         elif a.op is Op.BACKWARD_WEIGHT:
-            run(s, a, 0.0, cost.split_weight_s)
-            live[s] -= 1
+            run(r, s, a, 0.0, cost.split_weight_s)
+            hold(r, s, -1)
         elif a.op is Op.SEND_ACT:
             t = finished[(s, Op.FORWARD, i)] + link.time(cost.output_bytes)
             arrival[("act", s + 1, i)] = t
-            last_arrival[s] = max(last_arrival[s], t)
+            last_arrival[r] = max(last_arrival[r], t)
         elif a.op is Op.SEND_GRAD:
             sent = stages[s - 1]
             t = grad_done[(s, i)] + link.time(sent.output_bytes if sent.grad_bytes is None
                                               else sent.grad_bytes)  # fmt: skip
             arrival[("grad", s - 1, i)] = t
-            last_arrival[s] = max(last_arrival[s], t)
-        elif a.op is Op.OPTIMIZER_STEP:
-            run(s, a, 0.0 if stream else last_arrival[s], cost.optimizer_s)
+            last_arrival[r] = max(last_arrival[r], t)
+        elif a.op is Op.OPTIMIZER_STEP:  # the rank steps all its stages (timed on its first)
+            seconds = sum(stages[x].optimizer_s for x in placement.stages_of(r))
+            run(r, s, a, 0.0 if stream else last_arrival[r], seconds)
         return True  # receives are posts: no stage time
 
     progressed = True
     while progressed:
         progressed = False
-        for s in range(n_stages):
-            while pc[s] < len(lists[s]) and step(s, lists[s][pc[s]]):
-                pc[s] += 1
+        for r in range(n_ranks):
+            while pc[r] < len(lists[r]) and step(r, lists[r][pc[r]]):
+                pc[r] += 1
                 progressed = True
-    stuck = {s: lists[s][pc[s]] for s in range(n_stages) if pc[s] < len(lists[s])}
+    stuck = {r: lists[r][pc[r]] for r in range(n_ranks) if pc[r] < len(lists[r])}
     if stuck:
-        raise ScheduleError(f"deadlock: stages wait forever at {stuck}")
+        who = "stages" if placement.stages_per_rank == 1 else "ranks"
+        raise ScheduleError(f"deadlock: {who} wait forever at {stuck}")
 
     iteration = max(free)
     busy = [0.0] * n_stages
     for e in events:
         busy[e.stage] += e.end_s - e.start_s
     idle = [iteration - b for b in busy]
-    bubble = sum(idle) / (n_stages * iteration) if iteration > 0 else 0.0
+    rank_busy = [sum(busy[x] for x in placement.stages_of(r)) for r in range(n_ranks)]
+    rank_idle = [iteration - b for b in rank_busy]
+    bubble = sum(rank_idle) / (n_ranks * iteration) if iteration > 0 else 0.0
     name = schedule if isinstance(schedule, str) else getattr(schedule, "__name__", "custom")
-    updates = [max(finished[(s, Op.OPTIMIZER_STEP, t)] for s in range(n_stages))
+    firsts = [placement.stages_of(r)[0] for r in range(n_ranks)]
+    updates = [max(finished[(s, Op.OPTIMIZER_STEP, t)] for s in firsts)
                for t in range(n_steps)] if stream else []  # fmt: skip
     step_s = (updates[-2] - updates[0]) / (n_steps - 2) if n_steps >= 3 else iteration / n_steps
     return SimResult(
@@ -214,7 +263,21 @@ def simulate(
         events=tuple(sorted(events, key=lambda e: (e.start_s, e.stage))),
         n_steps=n_steps,
         step_s=step_s,
+        ranks=tuple(placement.rank_of(s) for s in range(n_stages)),
+        rank_busy_s=tuple(rank_busy),
+        rank_idle_s=tuple(rank_idle),
+        peak_rank_activation_bytes=tuple(peak_held),
     )
+
+
+def _placement(schedule: str | ScheduleFn, n_stages: int) -> Placement:
+    """The schedule's placement of `n_stages` stages (a multiple of its stages per rank)."""
+    v = placement_of(schedule, 1).stages_per_rank
+    if n_stages % v:
+        name = schedule if isinstance(schedule, str) else getattr(schedule, "__name__", "custom")
+        raise ValueError(f"schedule {name!r} places {v} stages on each rank: the stage "
+                         f"costs must be a multiple of {v}, got {n_stages}")  # fmt: skip
+    return placement_of(schedule, n_stages // v)
 
 
 def stage_costs(
@@ -262,9 +325,13 @@ def to_chrome_trace(result: SimResult, title: str = "simulated") -> dict[str, An
     "X" event per forward ("F3"), backward ("B3"; split: "BI3" and "W3") and optimizer step,
     categories "forward", "backward", "weight", "optimizer"; the schedule, micro-batches,
     iteration time and bubble fraction in "otherData". Write it with `json.dump` and open it in https://ui.perfetto.dev.
+    With several stages per rank, the rows are grouped by rank (one process per rank, its
+    stages' rows inside; a rank's optimizer step on its first stage's row).
     """
-    spans = [Span(e.stage, repr(e.action), e.start_s, e.end_s,
-                  _CATEGORY.get(e.action.op, "other")) for e in result.events]  # fmt: skip
+    several = len(set(result.ranks)) < result.n_stages
+    spans = [Span(e.stage, repr(Action(e.action.op, e.action.microbatch)), e.start_s, e.end_s,
+                  _CATEGORY.get(e.action.op, "other"), result.ranks[e.stage] if several else -1)
+             for e in result.events]  # fmt: skip
     other = {
         "schedule": result.schedule, "n_microbatches": result.n_microbatches,
         "iteration_s": result.iteration_s, "bubble_fraction": result.bubble_fraction,

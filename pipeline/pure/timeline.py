@@ -1,9 +1,10 @@
 """Pictures of a pipeline: what each stage did in a step, and which layers lived where.
 
 * `chrome_trace(spans)`: a Chrome-trace JSON object (open it in https://ui.perfetto.dev or
-  chrome://tracing) with one row per stage and one box per forward, backward, wait or
-  optimizer step. The one writer of the format: used for measured steps
-  (`ElasticPipeline.save_timeline`) and for simulated ones (`pipeline.pure.simulate`).
+  chrome://tracing) with one row per stage (grouped by rank when ranks hold several stages)
+  and one box per forward, backward, wait or optimizer step. The one writer of the format:
+  used for measured steps (`ElasticPipeline.save_timeline`) and for simulated ones
+  (`pipeline.pure.simulate`).
 * `partition_svg(history, keys)`: an SVG picture of the partition over time: steps run left
   to right, layers top to bottom, each cell coloured by the stage that owned the layer then.
   Migrations show up as colour boundaries moving. Plain SVG, so no plotting library.
@@ -31,6 +32,7 @@ class Span:
     start_s: float
     end_s: float
     category: str = "compute"
+    rank: int = -1  # >= 0: the rank running the stage, when ranks hold several stages
 
 
 def chrome_trace(
@@ -39,21 +41,29 @@ def chrome_trace(
     """Chrome-trace JSON ("X" complete events, microseconds), one thread per stage.
 
     Times start at the earliest span; `other_data` (JSON-serialisable) goes to "otherData",
-    which Perfetto shows as the trace's metadata.
+    which Perfetto shows as the trace's metadata. Spans that name their rank (several stages
+    per rank) go to one process per rank ("<title>: rank r", pid r), each stage a thread of
+    its rank's process; otherwise every stage is a thread of one process (pid 0).
     """
     origin = min((s.start_s for s in spans), default=0.0)
-    stages = sorted({s.stage for s in spans})
+    lanes = sorted({(max(s.rank, 0), s.stage) for s in spans})  # (pid, tid)
+    grouped = any(s.rank >= 0 for s in spans)
+    pids = sorted({pid for pid, _ in lanes}) if grouped else [0]
     events: list[dict[str, Any]] = [
-        {"name": "process_name", "ph": "M", "pid": 0, "args": {"name": title}},
-        *({"name": "thread_name", "ph": "M", "pid": 0, "tid": s, "args": {"name": f"stage {s}"}}
-          for s in stages),
-        *({"name": "thread_sort_index", "ph": "M", "pid": 0, "tid": s, "args": {"sort_index": s}}
-          for s in stages),
+        *({"name": "process_name", "ph": "M", "pid": p,
+           "args": {"name": f"{title}: rank {p}" if grouped else title}} for p in pids),
+        *({"name": "process_sort_index", "ph": "M", "pid": p, "args": {"sort_index": p}}
+          for p in (pids if grouped else [])),
+        *({"name": "thread_name", "ph": "M", "pid": p, "tid": s, "args": {"name": f"stage {s}"}}
+          for p, s in lanes),
+        *({"name": "thread_sort_index", "ph": "M", "pid": p, "tid": s, "args": {"sort_index": s}}
+          for p, s in lanes),
     ]  # fmt: skip
     for span in spans:
         events.append({
-            "name": span.name, "cat": span.category, "ph": "X", "pid": 0, "tid": span.stage,
-            "ts": (span.start_s - origin) * 1e6, "dur": max(span.end_s - span.start_s, 0) * 1e6,
+            "name": span.name, "cat": span.category, "ph": "X", "pid": max(span.rank, 0),
+            "tid": span.stage, "ts": (span.start_s - origin) * 1e6,
+            "dur": max(span.end_s - span.start_s, 0) * 1e6,
         })  # fmt: skip
     trace: dict[str, Any] = {"traceEvents": events, "displayTimeUnit": "ms"}
     if other_data is not None:

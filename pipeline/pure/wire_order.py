@@ -35,16 +35,27 @@ and honours tags) and checks each message against the receive it meets:
     receives posted just before their consumer, with the sends before them (rule 1):
         stage 0 stream:  [send a0] [recv g0]     stage 1 stream: [recv a0] [send g0]  -> runs
 
+Several stages per rank (`pipeline.pure.placement`): the lists are per rank, every action
+names its global stage, and the rules hold per ordered pair of *ranks*: the activations and
+gradients of all the stages two ranks share travel on one channel per direction, in one
+order (rule 3 compares kind, stage and micro-batch). Rule 1's compute waits only for frames
+from other ranks (a hand-over inside a rank is local), rule 4 holds per edge stage -> stage
++ 1 that crosses ranks (each edge has its own carry, so its own header), and rule 5 fails a
+whole rank (`failure=(rank, k)`).
+
 Any mismatch, a message nobody receives, or a stall raises `ScheduleError`.
 """
+
+
 
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from pipeline.pure.actions import COMPUTE_OPS, GRAD_OPS, Action, Op, ScheduleError
+from pipeline.pure.placement import Placement
 
 __all__ = ["Frame", "check_order"]
 
@@ -59,13 +70,18 @@ class Frame:
     microbatch: int
     ok: bool
     tensors: int  # data tensors after the status (0 after a failed header)
+    stage: int = -1  # the stage that consumes it (-1: the receiver's only stage)
+
+    @property
+    def name(self) -> str:
+        return f"{self.kind}{self.microbatch}" + (f"@{self.stage}" if self.stage >= 0 else "")
 
 
 @dataclass(eq=False)
 class _Op:
     """A send (with its frame) or a receive (with what it names and its posted size)."""
 
-    channel: tuple[int, int]  # (src, dst)
+    channel: tuple[int, int]  # (src, dst) ranks
     frame: Frame  # a receive: the frame it names, its size as posted
     send: bool
     partner: _Op | None = None
@@ -81,19 +97,21 @@ class _Group:
         return all(op.done for op in self.ops)
 
 
-class _Stage:
-    """One stage: its place in the list, its open group, its stream, what its links know."""
+class _Rank:
+    """One rank: its place in the list, its open group, its stream, what its links know.
+
+    The headers are per edge that crosses ranks, keyed by the stage on this rank's side."""
 
     def __init__(self, index: int, actions: Sequence[Action]) -> None:
         self.index, self.actions, self.pc = index, actions, 0
         self.computes = 0  # compute actions done
         self.failed = False
-        self.header_sent: bool | None = None  # on the link to stage + 1
-        self.header_posted = False  # ... and its group is on the stream (rule 4)
-        self.header_received: bool | None = None  # on the link from stage - 1
+        self.header_sent: dict[int, bool] = {}  # sending stage -> the header's ok
+        self.header_posted: set[int] = set()  # ... and its group is on the stream (rule 4)
+        self.header_received: dict[int, bool] = {}  # receiving stage -> the header's ok
         self.open = _Group()
         self.stream: deque[_Group] = deque()
-        self.owed: dict[tuple[str, int], _Op] = {}  # receives not yet consumed
+        self.owed: dict[tuple[str, int, int], _Op] = {}  # receives not yet consumed
 
     @property
     def running(self) -> _Group | None:
@@ -101,21 +119,41 @@ class _Stage:
 
 
 class _Wire:
-    def __init__(self, lists: Sequence[Sequence[Action]], failure: tuple[int, int] | None):
-        self.stages = [_Stage(s, actions) for s, actions in enumerate(lists)]
-        self.last, self.failure = len(lists) - 1, failure
+    def __init__(self, lists: Sequence[Sequence[Action]], failure: tuple[int, int] | None,
+                 placement: Placement | None) -> None:  # fmt: skip
+        self.ranks = [_Rank(r, actions) for r, actions in enumerate(lists)]
+        self.failure = failure
+        self.single = all(a.stage < 0 for actions in lists for a in actions)
+        self.node = "stage" if self.single else "rank"  # what the messages call a list
+        self.rank_of, self.last = _placement(lists, placement)
+        self.several = self.last + 1 > len(lists)  # several stages per rank
         # (src, dst) -> operations posted and not yet paired, oldest first (rule 3)
         self.unpaired: dict[tuple[tuple[int, int], bool], deque[_Op]] = {}
 
+    def stage_of(self, rank: _Rank, action: Action) -> int:
+        """The global stage an action concerns (its rank's only one if it names none)."""
+        if action.stage < 0:
+            if self.several:
+                raise ScheduleError(f"rank {rank.index}: {action} names no stage, but the "
+                                    "ranks hold several")  # fmt: skip
+            return rank.index
+        if self.rank_of(action.stage) != rank.index:
+            raise ScheduleError(f"rank {rank.index} runs {action}, but stage {action.stage} "
+                                f"lives on rank {self.rank_of(action.stage)}")  # fmt: skip
+        return action.stage
+
+    def remote(self, rank: _Rank, stage: int) -> bool:
+        """True if `stage` lives on another rank than `rank` (its edge is a message)."""
+        return self.rank_of(stage) != rank.index
+
     # -- the streams (rules 2-3) ----------------------------------------------------------
-    def post(self, stage: _Stage) -> None:
-        """Put the open group on the stage's stream and pair its operations in order."""
-        group, stage.open = stage.open, _Group()
+    def post(self, rank: _Rank) -> None:
+        """Put the open group on the rank's stream and pair its operations in order."""
+        group, rank.open = rank.open, _Group()
         if not group.ops:
             return
-        stage.stream.append(group)
-        if stage.header_sent is not None:
-            stage.header_posted = True  # it left with the first frame's group (or before)
+        rank.stream.append(group)
+        rank.header_posted.update(rank.header_sent)  # they left with their first frame's group
         for op in group.ops:
             peers = self.unpaired.setdefault((op.channel, not op.send), deque())
             if not peers:
@@ -123,16 +161,17 @@ class _Wire:
                 continue
             partner = peers.popleft()
             send, recv = (op, partner) if op.send else (partner, op)
-            if (send.frame.kind, send.frame.microbatch) != (recv.frame.kind, recv.frame.microbatch):
+            sent, named = send.frame, recv.frame
+            if (sent.kind, sent.microbatch, sent.stage) != (named.kind, named.microbatch,
+                                                            named.stage):  # fmt: skip
                 raise ScheduleError(
-                    f"stage {recv.channel[1]} posted {recv.frame.kind}{recv.frame.microbatch} "
-                    f"but stage {send.channel[0]} sent {send.frame.kind}{send.frame.microbatch} "
-                    "in that place: the orders differ")  # fmt: skip
-            if send.frame.tensors != recv.frame.tensors:
+                    f"{self.node} {recv.channel[1]} posted {named.name} but {self.node} "
+                    f"{send.channel[0]} sent {sent.name} in that place: the orders differ")
+            if sent.tensors != named.tensors:
                 raise ScheduleError(
-                    f"stage {recv.channel[1]} expected {recv.frame.tensors} tensors in "
-                    f"{recv.frame.kind}{recv.frame.microbatch} from stage {send.channel[0]}, "
-                    f"which sent {send.frame.tensors}")  # fmt: skip
+                    f"{self.node} {recv.channel[1]} expected {named.tensors} tensors in "
+                    f"{named.name} from {self.node} {send.channel[0]}, which sent "
+                    f"{sent.tensors}")  # fmt: skip
             op.partner, partner.partner = partner, op
 
     def run_streams(self) -> bool:
@@ -141,115 +180,156 @@ class _Wire:
         anything = False
         while progressed:
             progressed = False
-            for stage in self.stages:
-                group = stage.running
+            for rank in self.ranks:
+                group = rank.running
                 if group is None:
                     continue
                 for op in group.ops:
                     partner = op.partner
                     if op.done or partner is None:
                         continue
-                    peer = self.stages[op.channel[1] if op.send else op.channel[0]]
+                    peer = self.ranks[op.channel[1] if op.send else op.channel[0]]
                     if peer.running is not None and partner in peer.running.ops:
                         op.done = partner.done = True
                 if group.done:
-                    stage.stream.popleft()
+                    rank.stream.popleft()
                     progressed = anything = True
         return anything
 
     # -- the host (rules 1, 4, 5) -----------------------------------------------------------
-    def needs(self, stage: _Stage, action: Action) -> tuple[str, int] | None:
-        if action.op is Op.FORWARD and stage.index > 0:
-            return ("act", action.microbatch)
-        if action.op in GRAD_OPS and stage.index < self.last:
-            return ("grad", action.microbatch)
+    def needs(self, rank: _Rank, action: Action) -> tuple[str, int, int] | None:
+        s, i = self.stage_of(rank, action), action.microbatch
+        if action.op is Op.FORWARD and s > 0 and self.remote(rank, s - 1):
+            return ("act", s, i)
+        if action.op in GRAD_OPS and s < self.last and self.remote(rank, s + 1):
+            return ("grad", s, i)
         return None
 
-    def step(self, stage: _Stage) -> bool:
-        """Run the stage's next action if it can; False when it waits (or is done)."""
-        if stage.pc == len(stage.actions):
-            self.post(stage)
+    def step(self, rank: _Rank) -> bool:
+        """Run the rank's next action if it can; False when it waits (or is done)."""
+        if rank.pc == len(rank.actions):
+            self.post(rank)
             return False
-        action, i = stage.actions[stage.pc], stage.actions[stage.pc].microbatch
-        if action.op in COMPUTE_OPS and not self._compute(stage, action):
+        action = rank.actions[rank.pc]
+        i, named = action.microbatch, action.stage
+        if action.op in COMPUTE_OPS and not self._compute(rank, action):
             return False
-        if action.op is Op.RECV_ACT and not self._recv_act(stage, i):
+        s = -1 if action.op is Op.OPTIMIZER_STEP else self.stage_of(rank, action)
+        if action.op is Op.RECV_ACT and not self._recv_act(rank, s, i, named):
             return False
         if action.op is Op.RECV_GRAD:
-            if stage.header_sent is None:
-                raise ScheduleError(f"stage {stage.index} receives grad{i} before it sent "
+            if s not in rank.header_sent:
+                what = Frame("grad", i, True, 0, named).name
+                raise ScheduleError(f"{self.node} {rank.index} receives {what} before it sent "
                                     "any activations: the gradient's size is unknown")  # fmt: skip
-            self._recv(stage, "grad", i, GRAD_TENSORS if stage.header_sent else 0, +1)
+            size = GRAD_TENSORS if rank.header_sent[s] else 0
+            self._recv(rank, Frame("grad", i, True, size, named), s, self.rank_of(s + 1))
         elif action.op is Op.SEND_ACT:
-            if stage.header_sent is None:
-                stage.header_sent = not stage.failed
-            size = ACT_TENSORS if stage.header_sent else 0
-            self._send(stage, Frame("act", i, not stage.failed, size), +1)
+            ok = rank.header_sent.setdefault(s, not rank.failed)
+            frame = Frame("act", i, not rank.failed, ACT_TENSORS if ok else 0,
+                          s + 1 if named >= 0 else -1)  # fmt: skip
+            self._send(rank, frame, self.rank_of(s + 1))
         elif action.op is Op.SEND_GRAD:
-            size = GRAD_TENSORS if stage.header_received else 0
-            self._send(stage, Frame("grad", i, not stage.failed, size), -1)
+            size = GRAD_TENSORS if rank.header_received.get(s) else 0
+            frame = Frame("grad", i, not rank.failed, size, s - 1 if named >= 0 else -1)
+            self._send(rank, frame, self.rank_of(s - 1))
         elif action.op is Op.OPTIMIZER_STEP:
-            self.post(stage)  # a stream waits for an agreement there (collectives wait too)
-        stage.pc += 1
+            self.post(rank)  # a stream waits for an agreement there (collectives wait too)
+        rank.pc += 1
         return True
 
-    def _compute(self, stage: _Stage, action: Action) -> bool:
-        self.post(stage)
-        needed = self.needs(stage, action)
+    def _compute(self, rank: _Rank, action: Action) -> bool:
+        self.post(rank)
+        needed = self.needs(rank, action)
         if needed is not None:
-            receive = stage.owed.get(needed)
+            receive = rank.owed.get(needed)
             if receive is None:
-                raise ScheduleError(f"stage {stage.index}: {action} consumes {needed}, "
+                what = needed[::2] if self.single else needed  # (kind, micro-batch)
+                raise ScheduleError(f"{self.node} {rank.index}: {action} consumes {what}, "
                                     "which no RECV action before it posted")  # fmt: skip
-            group = next((g for g in stage.stream if receive in g.ops), None)
+            group = next((g for g in rank.stream if receive in g.ops), None)
             if group is not None:
                 return False  # its group has not completed (rule 2)
-            del stage.owed[needed]
+            del rank.owed[needed]
             assert receive.partner is not None
             if not receive.partner.frame.ok:
-                stage.failed = True
-        if self.failure == (stage.index, stage.computes):
-            stage.failed = True
-        stage.computes += 1
+                rank.failed = True
+        if self.failure == (rank.index, rank.computes):
+            rank.failed = True
+        rank.computes += 1
         return True
 
-    def _recv_act(self, stage: _Stage, i: int) -> bool:
-        if stage.header_received is None:  # rule 4: post, then wait for the header
-            self.post(stage)
-            sender = self.stages[stage.index - 1]
-            if not sender.header_posted:
+    def _recv_act(self, rank: _Rank, s: int, i: int, named: int) -> bool:
+        if s not in rank.header_received:  # rule 4: post, then wait for the header
+            self.post(rank)
+            sender = self.ranks[self.rank_of(s - 1)]
+            if s - 1 not in sender.header_posted:
                 return False
-            stage.header_received = sender.header_sent
-        self._recv(stage, "act", i, ACT_TENSORS if stage.header_received else 0, -1)
+            rank.header_received[s] = sender.header_sent[s - 1]
+        size = ACT_TENSORS if rank.header_received[s] else 0
+        self._recv(rank, Frame("act", i, True, size, named), s, self.rank_of(s - 1))
         return True
 
-    def _recv(self, stage: _Stage, kind: str, i: int, size: int, towards: int) -> None:
-        op = _Op((stage.index + towards, stage.index), Frame(kind, i, True, size), send=False)
-        stage.open.ops.append(op)
-        stage.owed[(kind, i)] = op
+    def _recv(self, rank: _Rank, frame: Frame, stage: int, peer: int) -> None:
+        op = _Op((peer, rank.index), frame, send=False)
+        rank.open.ops.append(op)
+        rank.owed[(frame.kind, stage, frame.microbatch)] = op
 
-    def _send(self, stage: _Stage, frame: Frame, towards: int) -> None:
-        stage.open.ops.append(_Op((stage.index, stage.index + towards), frame, send=True))
+    def _send(self, rank: _Rank, frame: Frame, peer: int) -> None:
+        rank.open.ops.append(_Op((rank.index, peer), frame, send=True))
 
 
-def check_order(lists: Sequence[Sequence[Action]], failure: tuple[int, int] | None = None) -> None:
-    """Raise `ScheduleError` unless every receive of every stage's lowered list meets the
-    frame it names, of the size it expects, and every stage runs to its end under NCCL's
-    rules, with `failure=(stage, k)` failing that stage in its k-th compute action (module
-    doc); one list per stage, stage 0 first."""
-    wire = _Wire(lists, failure)
+def _placement(
+    lists: Sequence[Sequence[Action]], placement: Placement | None
+) -> tuple[Callable[[int], int], int]:
+    """(stage -> rank, last stage): the placement's; one stage per rank when the lists name
+    no stage; else read off the compute actions (each stage computed on one rank)."""
+    if placement is not None:
+        if placement.n_ranks != len(lists):
+            raise ScheduleError(f"{len(lists)} lists for the {placement.n_ranks} ranks of "
+                                f"{placement}")  # fmt: skip
+        return placement.rank_of, placement.n_stages - 1
+    owner: dict[int, int] = {}
+    for rank, actions in enumerate(lists):
+        for action in actions:
+            if (action.op in COMPUTE_OPS and action.stage >= 0
+                    and owner.setdefault(action.stage, rank) != rank):  # fmt: skip
+                raise ScheduleError(f"stage {action.stage} is computed on ranks "
+                                    f"{owner[action.stage]} and {rank}")  # fmt: skip
+    if not owner:
+        return (lambda stage: stage), len(lists) - 1
+
+    def rank_of(stage: int) -> int:
+        if stage not in owner:
+            raise ScheduleError(f"no rank computes stage {stage}")
+        return owner[stage]
+
+    return rank_of, max(owner)
+
+
+def check_order(
+    lists: Sequence[Sequence[Action]],
+    failure: tuple[int, int] | None = None,
+    placement: Placement | None = None,
+) -> None:
+    """Raise `ScheduleError` unless every receive of every lowered list meets the frame it
+    names, of the size it expects, and every list runs to its end under NCCL's rules, with
+    `failure=(rank, k)` failing that rank in its k-th compute action (module doc); one list
+    per rank, rank 0 first. `placement` says where the stages the actions name live (read
+    off the lists if None: one stage per rank when they name none)."""
+    wire = _Wire(lists, failure, placement)
     progressed = True
     while progressed:
         progressed = False
-        for stage in wire.stages:
-            while wire.step(stage):
+        for rank in wire.ranks:
+            while wire.step(rank):
                 progressed = True
         progressed = wire.run_streams() or progressed
-    stuck = {s.index: s.actions[s.pc] if s.pc < len(s.actions) else "its sends"
-             for s in wire.stages if s.pc < len(s.actions) or s.stream}  # fmt: skip
+    stuck = {r.index: r.actions[r.pc] if r.pc < len(r.actions) else "its sends"
+             for r in wire.ranks if r.pc < len(r.actions) or r.stream}  # fmt: skip
     left = {str(channel): [op.frame for op in ops]
             for (channel, _send), ops in wire.unpaired.items() if ops}  # fmt: skip
     if stuck:
-        raise ScheduleError(f"deadlock: stages wait forever at {stuck}")
+        raise ScheduleError(f"deadlock: {wire.node}s wait forever at {stuck}")
     if left:
         raise ScheduleError(f"messages nobody received or receives never met: {left}")

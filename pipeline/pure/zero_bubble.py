@@ -1,6 +1,6 @@
-"""ZB-H1, the zero-bubble schedule that keeps 1F1B's memory (Qi et al., ICLR 2024).
+"""ZB-H1 and ZB-V, the zero-bubble schedules that keep 1F1B's memory (Qi et al., ICLR 2024).
 
-A schedule is data (`pipeline.pure.schedule`); this one is long enough to live apart.
+A schedule is data (`pipeline.pure.schedule`); these are long enough to live apart.
 It needs split backwards: BACKWARD_INPUT, then later BACKWARD_WEIGHT, which the runtime
 runs exactly and without running any autograd node twice (`pipeline.local.backward`).
 
@@ -32,6 +32,23 @@ split's overhead (`pipeline.local.backward`: about 1.2x a fused backward on CPU)
 runs one fused BACKWARD where the replay put W, the same work at the same point::
 
     stage 0:  F0 F1 .  B0    F2 B1    F3 B2    .  B3       <- the same 14 units
+
+`zbv` (the paper's section 6) cuts the model into 2R stages placed in a V
+(`pipeline.pure.placement`: rank r holds stages r and 2R - 1 - r), so rank 0 holds both the
+first stage and the loss stage: a micro-batch's backward starts on the rank its forward
+started from, and the fill of one chunk is the drain of the other. Its order (`zbv`'s doc)
+fills what is left with weight gradients. R = 2, M = 4; F, B (BI), W are chunk 0's (stages
+0, 1), f, b, w chunk 1's (stages 3, 2); each takes 1 unit (the paper's F = B = W), rank 0's
+stage 0 runs its backward whole (2 units, as in `zbh1`)::
+
+    rank 0:  F0 F1 F2 f0 b0 w0 f1 b1 w1 F3 B0 -- f2 b2 w2 B1 -- f3 b3 w3 B2 -- B3 -- .
+    rank 1:  .  F0 f0 F1 f1 b0 w0 F2 B0 W0 f2 b1 w1 F3 B1 W1 f3 b2 w2 B2 b3 B3 W2 w3 W3
+                                                               <- 25 units; ideal: 24
+
+The only bubble left is the ramp: rank r cannot start before r chunk forwards, so with
+M >= 2R - 1 the step takes the ideal plus (R - 1) chunk forwards, whatever M (1F1B: (R - 1)
+whole forwards and backwards). Every rank holds at most 2R chunk activations, 1F1B's peak
+(its first stage's R whole ones).
 """
 
 from __future__ import annotations
@@ -41,7 +58,7 @@ import math
 
 from pipeline.pure.actions import Action, Op, check_shape
 
-__all__ = ["zbh1"]
+__all__ = ["zbh1", "zbv"]
 
 
 def zbh1(n_stages: int, n_microbatches: int, stage: int) -> list[Action]:
@@ -54,7 +71,7 @@ def zbh1(n_stages: int, n_microbatches: int, stage: int) -> list[Action]:
     return [*actions, Action(Op.OPTIMIZER_STEP)]
 
 
-def _fused_at_w(actions: list[Action]) -> list[Action]:
+def _fused_at_w(actions: list[Action], stage: int = -1) -> list[Action]:
     """The first stage's list without splits: each BI_i dropped, its W_i a whole B_i.
 
     Nothing waits for the first stage's input gradient (the batch needs none), so its BI
@@ -62,8 +79,9 @@ def _fused_at_w(actions: list[Action]) -> list[Action]:
     at the same point, and skips the split's cost, which lies outside the kernels (planning
     the split in Python, one autograd engine call per split node, the hooks).
     """
-    fused = [a for a in actions if a.op is not Op.BACKWARD_INPUT]
-    return [Action(Op.BACKWARD, a.microbatch) if a.op is Op.BACKWARD_WEIGHT else a
+    fused = [a for a in actions if (a.op, a.stage) != (Op.BACKWARD_INPUT, stage)]
+    return [Action(Op.BACKWARD, a.microbatch, a.stage)
+            if (a.op, a.stage) == (Op.BACKWARD_WEIGHT, stage) else a
             for a in fused]  # fmt: skip
 
 
@@ -123,3 +141,60 @@ def _zbh1_next(
         return None
     start, _, action = min(candidates, key=lambda c: (c[0], c[1]))
     return start, action
+
+
+# -- ZB-V: two stages per rank in a V ------------------------------------------------------
+def zbv(n_ranks: int, n_microbatches: int, rank: int) -> list[Action]:
+    """ZB-V (Qi et al., section 6): V placement, split backwards, the paper's order.
+
+    Rank r holds stage r (chunk 0, going down) and stage 2R - 1 - r (chunk 1, coming back
+    up; `pipeline.pure.placement`), so rank 0 holds the first stage and the loss stage. Its
+    list, tokens "F0" = forward of chunk 0, "B1" = BACKWARD_INPUT of chunk 1, "W0" = weight
+    gradient of chunk 0, each token taking the next micro-batch of its kind and chunk:
+
+        warm-up    F0 x (2(R - r) - 1), then (F1 F0) x r, then (F1 B1 W1) x (R - r)
+        steady     (F0 B0 W0 F1 B1 W1) until every forward is issued (F0 dropped when none
+                   is left)
+        cool-down  (B0 B1) x r, then (B0 W0) x (R - r), then the pending W1s, the pending W0s
+
+    The pattern fills the V only with at least 2R - 1 micro-batches; with fewer, it is
+    built for 2R - 1 and the actions of the missing micro-batches are dropped (a sub-order
+    of a valid order is valid: every dependency is within one micro-batch). Stage 0 sends
+    no gradient, so, as in `zbh1`, its backward runs whole where its W stood.
+    """
+    check_shape(n_ranks, n_microbatches, rank)
+    n = max(n_microbatches, 2 * n_ranks - 1)
+    actions = [a for a in _zbv_pattern(n_ranks, n, rank) if a.microbatch < n_microbatches]
+    if rank == 0:
+        actions = _fused_at_w(actions, stage=0)
+    return [*actions, Action(Op.OPTIMIZER_STEP)]
+
+
+zbv.placement = "v"  # type: ignore[attr-defined]
+zbv.stages_per_rank = 2  # type: ignore[attr-defined]
+
+
+def _zbv_pattern(n_ranks: int, n: int, rank: int) -> list[Action]:
+    """The token order of `zbv`'s doc for n micro-batches, tokens made actions."""
+    R, r = n_ranks, rank
+    ops = {"F": Op.FORWARD, "B": Op.BACKWARD_INPUT, "W": Op.BACKWARD_WEIGHT}
+    stage = {0: r, 1: 2 * R - 1 - r}
+    issued: dict[str, int] = {}  # token -> how many were issued
+
+    def emit(*tokens: str) -> list[Action]:
+        out = []
+        for token in tokens:
+            i = issued.get(token, 0)
+            issued[token] = i + 1
+            out.append(Action(ops[token[0]], i, stage[int(token[1])]))
+        return out
+
+    actions = emit(*["F0"] * (2 * (R - r) - 1), *["F1", "F0"] * r, *["F1", "B1", "W1"] * (R - r))
+    count = issued.get
+    while count("F0", 0) < n or count("F1", 0) < count("F0", 0):
+        first = ["F0"] if count("F0", 0) < n else []
+        actions += emit(*first, "B0", "W0", "F1", "B1", "W1")
+    actions += emit(*["B0", "B1"] * r, *["B0", "W0"] * (R - r))
+    actions += emit(*["W1"] * (count("B1", 0) - count("W1", 0)))
+    actions += emit(*["W0"] * (count("B0", 0) - count("W0", 0)))
+    return actions

@@ -14,6 +14,13 @@ with a Bi-Partition cut. `replan` decides whether a new plan pays back the layer
     search.py       the min-max partition search over cut points, given a range cost
     time.py, memory.py, bipartition.py   the strategies: a cost model and a `propose`
     payback.py      `replan`: adopt a new plan only if it pays for its move
+    choose.py       `choose_schedule` (schedule="auto"): plan each exact schedule's
+                    placement, keep the fastest predicted
+
+With several stages per rank (interleaved 1F1B, ZB-V: `pipeline.pure.placement`) a planner
+partitions n_stages = v * R stages with the same min-max objective; the memory budget is a
+rank's, so its searches hold each stage to budget / v and a plan fits when every rank's sum
+of stages does.
 """
 
 from __future__ import annotations
@@ -28,19 +35,23 @@ from pipeline.pure.planner.base import (
     in_flight_counts,
 )
 from pipeline.pure.planner.bipartition import BiPartitionPlanner
+from pipeline.pure.planner.choose import AUTO_CANDIDATES, Candidate, choose_schedule
 from pipeline.pure.planner.memory import MemoryPlanner
 from pipeline.pure.planner.payback import Replan, moved_layers, replan
 from pipeline.pure.planner.time import TimePlanner
 
 __all__ = [
+    "AUTO_CANDIDATES",
     "PLANNERS",
     "BiPartitionPlanner",
+    "Candidate",
     "InfeasibleBudgetError",
     "MemoryPlanner",
     "Plan",
     "Planner",
     "Replan",
     "TimePlanner",
+    "choose_schedule",
     "evaluate",
     "get_planner",
     "in_flight_counts",

@@ -37,7 +37,16 @@ from typing import Any, ClassVar, TypedDict, Unpack
 from pipeline.pure.bipartition import handed_stage_costs
 from pipeline.pure.costs import MEMORY_ACTIONS, LayerCost, LinkCost
 from pipeline.pure.partition import bounds, check_sizes
-from pipeline.pure.schedule import SCHEDULES, ScheduleFn, get_schedule, in_flight, is_stream
+from pipeline.pure.placement import Placement
+from pipeline.pure.schedule import (
+    SCHEDULES,
+    ScheduleFn,
+    get_schedule,
+    in_flight,
+    is_multi_stage,
+    is_stream,
+    placement_of,
+)
 from pipeline.pure.simulate import simulate, stage_costs
 
 __all__ = [
@@ -155,10 +164,33 @@ def schedule_name(schedule: ScheduleLike) -> str:
     return schedule if isinstance(schedule, str) else getattr(schedule, "__name__", "custom")
 
 
-def in_flight_counts(schedule: ScheduleLike, n_stages: int, n_microbatches: int) -> list[int]:
-    """Micro-batches each stage keeps in flight, read off the schedule itself."""
+def placement_for(schedule: ScheduleLike, n_stages: int) -> Placement:
+    """Where `schedule` puts `n_stages` stages: several per rank for an interleaved or V
+    schedule (`n_stages` must then be a multiple of its stages per rank), else one each."""
     fn = get_schedule(schedule) if isinstance(schedule, str) else schedule
-    return [in_flight(fn(n_stages, n_microbatches, s)) for s in range(n_stages)]
+    v = int(getattr(fn, "stages_per_rank", 1))
+    if n_stages % v:
+        raise ValueError(f"schedule {schedule_name(schedule)!r} holds {v} stages per rank, so "
+                         f"n_stages must be a multiple of {v}, got {n_stages}")  # fmt: skip
+    return placement_of(fn, n_stages // v)
+
+
+def in_flight_counts(schedule: ScheduleLike, n_stages: int, n_microbatches: int) -> list[int]:
+    """Micro-batches each stage keeps in flight, read off the schedule itself (a schedule
+    with several stages per rank: off each stage's actions in its rank's list)."""
+    fn = get_schedule(schedule) if isinstance(schedule, str) else schedule
+    if not is_multi_stage(fn):
+        return [in_flight(fn(n_stages, n_microbatches, s)) for s in range(n_stages)]
+    placement = placement_for(fn, n_stages)
+    lists = {s: fn(placement.n_ranks, n_microbatches, placement.rank_of(s))
+             for s in range(n_stages)}  # fmt: skip
+    return [in_flight([a for a in lists[s] if a.stage == s]) for s in range(n_stages)]
+
+
+def rank_bytes(schedule: ScheduleLike, stage_bytes: Sequence[int]) -> list[int]:
+    """Each rank's memory: the sum of its stages' (one stage per rank: the stage's)."""
+    placement = placement_for(schedule, len(stage_bytes))
+    return [sum(stage_bytes[s] for s in placement.stages_of(r)) for r in range(placement.n_ranks)]
 
 
 STREAM_STEPS = 5  # steps a stream schedule is simulated over to predict its time per step
@@ -229,6 +261,7 @@ class Problem:
             raise ValueError(f"n_stages must be >= 1, got {self.n_stages}")
         if self.n_microbatches < 1:
             raise ValueError(f"n_microbatches must be >= 1, got {self.n_microbatches}")
+        placement_for(self.schedule, self.n_stages)  # n_stages fits the schedule's placement
         if self.n_layers < self.n_stages:
             raise ValueError(
                 f"cannot split {self.n_layers} layers over {self.n_stages} stages: every "
@@ -252,9 +285,30 @@ class Problem:
         """Parameter copies each stage holds under the schedule (`weight_copies`)."""
         return weight_copies(self.schedule)
 
+    @cached_property
+    def placement(self) -> Placement:
+        """Which rank holds which stage (`placement_for`)."""
+        return placement_for(self.schedule, self.n_stages)
+
+    @property
+    def stage_budget(self) -> int | None:
+        """The memory budget is a rank's: with v stages per rank, the planners' searches
+        hold each stage to budget / v, so every rank fits (sound, if not always tight)."""
+        if self.memory_budget is None:
+            return None
+        return self.memory_budget // self.placement.stages_per_rank
+
+    def infeasible(self, least_stage_bytes: int, detail: str) -> InfeasibleBudgetError:
+        """The error for a budget below what a stage needs at least (`stage_budget`),
+        naming the budget as the user gave it (a rank's)."""
+        assert self.memory_budget is not None
+        v = self.placement.stages_per_rank
+        return InfeasibleBudgetError(self.memory_budget, least_stage_bytes * v, detail)
+
     def fits(self, plan: Plan) -> bool:
-        """Does every stage of `plan` fit the memory budget (always, without one)?"""
-        return self.memory_budget is None or max(plan.predicted_stage_bytes) <= self.memory_budget
+        """Does every rank of `plan` fit the memory budget (always, without one)?"""
+        return self.memory_budget is None or max(
+            rank_bytes(self.schedule, plan.predicted_stage_bytes)) <= self.memory_budget
 
 
 @dataclass(frozen=True)

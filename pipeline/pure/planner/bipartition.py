@@ -42,7 +42,8 @@ class BiPartitionPlanner(Planner):
     def propose(self, problem: Problem) -> list[Layout]:
         """The time planner's layout, then the best cut as its challenger (if it has one)."""
         [whole] = TimePlanner().propose(problem)
-        if is_stream(problem.schedule) or any(a != "keep" for a in whole.actions or ()):
+        several = problem.placement.stages_per_rank > 1  # the runtime hands off one per rank
+        if several or is_stream(problem.schedule) or any(a != "keep" for a in whole.actions or ()):
             return [whole]
         _, sizes, handoff = search(problem.costs, problem.n_stages, self.max_handoff)
         if not any(handoff):

@@ -31,7 +31,6 @@ import numpy as np
 
 from pipeline.pure.costs import LayerCost
 from pipeline.pure.planner.base import (
-    InfeasibleBudgetError,
     Layout,
     Plan,
     Planner,
@@ -156,8 +155,8 @@ class MemoryPlanner(Planner):
                              integer=True)  # fmt: skip
         assert found is not None  # peaks are finite: some partition always exists
         worst, cuts = found
-        if problem.memory_budget is not None and worst > problem.memory_budget:
-            raise InfeasibleBudgetError(problem.memory_budget, int(worst), " (all layers kept)")
+        if problem.stage_budget is not None and worst > problem.stage_budget:
+            raise problem.infeasible(int(worst), " (all layers kept)")
         return [Layout(tuple(sizes_from_cuts(cuts)))]
 
     def stage_bytes(self, costs: Sequence[LayerCost], plan: Plan,

@@ -41,7 +41,7 @@ from itertools import accumulate
 import numpy as np
 
 from pipeline.pure.costs import LayerCost, LinkCost, kept_bytes
-from pipeline.pure.planner.base import InfeasibleBudgetError, Layout, Planner, Problem
+from pipeline.pure.planner.base import Layout, Planner, Problem
 from pipeline.pure.planner.search import Cuts, first_true, sizes_from_cuts, solve, stage_order
 
 __all__ = ["DEFAULT_HOST_LINK", "TimePlanner"]
@@ -57,7 +57,7 @@ class _Stages:
 
     def __init__(self, problem: Problem, reduce_s: Sequence[float], exact_limit: int) -> None:
         costs, copies, n = problem.costs, problem.weight_copies, problem.n_layers
-        self.k, self.budget = list(problem.in_flight), problem.memory_budget
+        self.k, self.budget = list(problem.in_flight), problem.stage_budget
         self.exact_limit = exact_limit
         kept = [kept_bytes(costs, i) for i in range(n)]
         self.saving = [c.activation_bytes - kept[i] for i, c in enumerate(costs)]
@@ -198,12 +198,12 @@ class TimePlanner(Planner):
     def propose(self, problem: Problem) -> list[Layout]:
         reduce_s, labels = self._reduce_options(problem.costs)
         stages = _Stages(problem, reduce_s, self.exact_limit)
-        budget, n_layers, n_stages = problem.memory_budget, problem.n_layers, problem.n_stages
+        budget, n_layers, n_stages = problem.stage_budget, problem.n_layers, problem.n_stages
         if budget is not None:
             least = self._least_budget(stages, n_layers, n_stages)
             if budget < least:
                 how = "recomputed or swapped" if self.allow_swap else "recomputed"
-                raise InfeasibleBudgetError(budget, least, f" (with every layer that can be {how})")
+                raise problem.infeasible(least, f" (with every layer that can be {how})")
         _, cuts = self._search(stages, n_layers, n_stages)
         actions = ["keep"] * n_layers
         for s in range(n_stages):

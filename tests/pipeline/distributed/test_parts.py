@@ -70,8 +70,8 @@ def test_a_model_holder_counts_builds_migrations_and_steps() -> None:
         holder.live_stage()
     costs = [LayerCost(f"l{i}", 1.0, 2.0, 10, 10, 100, 100, 0) for i in range(4)]
     plan = get_planner("time").plan(costs, 2, schedule="1f1b", n_microbatches=4)
-    holder.install(stage, plan.sizes, plan)
-    assert holder.live_stage() is stage and holder.plan is plan
+    holder.install([stage], plan.sizes, plan)
+    assert holder.live_stage() is stage and holder.stages == [stage] and holder.plan is plan
     holder.stepped(8, None, StepTimes())
     holder.stepped(8, 64, StepTimes())
     assert holder.step == 2 and holder.history.steps == 2
@@ -84,7 +84,7 @@ def test_a_model_holder_counts_builds_migrations_and_steps() -> None:
     holder.sizes.append(9)  # views are copies: the holder changes only through its methods
     assert holder.sizes == other
     holder.close()
-    assert holder.stage is None and stage.layers == []
+    assert not holder.built and stage.layers == []
 
 
 def test_a_model_holder_hands_a_pending_inheritance_over_once() -> None:

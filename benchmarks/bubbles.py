@@ -1,0 +1,91 @@
+"""Simulated bubbles of 1F1B, interleaved 1F1B and ZB-V beside their closed forms.
+
+Why it exists: issue 22 adds several stages per rank to cut the pipeline bubble (Megatron's
+interleaving: (R - 1) / (v * M) of the ideal time instead of 1F1B's (R - 1) / M; ZB-V: only
+the ramp of the first forwards left) and asks for the bubble of each on S = 8 stages on 4
+ranks and S = 16 on 8 ranks against the formulas, with no process: this replays the
+schedules' lists in the simulator (`pipeline.pure.simulate`) with equal stage costs.
+
+The model: a forward of f = 1 and a backward of b = 2 per micro-batch (the usual 1:2), a
+split backward's weight gradient W = b / 2 (so a chunk's F = BI = W, the zero-bubble
+paper's assumption), no link time. 1F1B cuts it into R stages; interleaved 1F1B (v = 2) and
+ZB-V into S = 2R stages of half the cost. Per schedule and M:
+
+    bubble       the ranks' idle share of the step: sum(idle) / (R * iteration)
+    over_ideal   iteration / (M * (f + b)) - 1: what the bubble adds to the ideal step
+    formula      1F1B: (R - 1) / (M + R - 1) of the step, (R - 1) / M over the ideal;
+                 interleaved: (R - 1) / (v M + R - 1) of the step, (R - 1) / (v M) over the
+                 ideal (Megatron); ZB-V: the ramp (R - 1) f / 2, exact for M >= 2R - 1
+    peak_memory  the largest activation memory of a rank, in micro-batches of a whole
+                 1F1B stage's activations
+
+    python benchmarks/bubbles.py            # a second; writes benchmarks/results/bubbles.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from pipeline.pure.simulate import StageCost, simulate
+
+HERE = Path(__file__).resolve().parent
+F, B = 1.0, 2.0
+SHAPES = ((4, 8), (8, 16))  # (ranks, stages of the two-chunk schedules)
+MICROBATCHES = (8, 16, 32)
+V = 2
+
+
+def formula(name: str, n_ranks: int, m: int) -> tuple[float, float]:
+    """(bubble fraction of the step, added over the ideal step) by the closed form."""
+    ideal = m * (F + B)
+    extra = {
+        "1f1b": (n_ranks - 1) * (F + B),
+        "interleaved_1f1b": (n_ranks - 1) * (F + B) / V,
+        "zbv": (n_ranks - 1) * F / V,  # the ramp; exact once M >= 2R - 1
+    }[name]
+    return extra / (ideal + extra), extra / ideal
+
+
+def row(name: str, n_ranks: int, m: int) -> dict[str, Any]:
+    # activation bytes: 2 per micro-batch for a whole stage, 1 for a half (a chunk)
+    if name == "1f1b":
+        stages = [StageCost(F, B, activation_bytes=2)] * n_ranks
+    else:
+        stages = [StageCost(F / V, B / V, activation_bytes=1)] * (V * n_ranks)
+    result = simulate(name, stages, m)
+    bubble, over = formula(name, n_ranks, m)
+    return {
+        "schedule": name, "ranks": n_ranks, "stages": len(stages), "microbatches": m,
+        "iteration": result.iteration_s, "bubble": result.bubble_fraction,
+        "bubble_formula": bubble, "over_ideal": result.iteration_s / (m * (F + B)) - 1,
+        "over_ideal_formula": over,
+        "formula_exact": name != "zbv" or m >= 2 * n_ranks - 1,
+        "peak_memory": max(result.peak_rank_activation_bytes) / 2,
+    }  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--out", type=Path, default=HERE / "results" / "bubbles.json")
+    args = parser.parse_args()
+    rows = [row(name, n_ranks, m) for n_ranks, _ in SHAPES for m in MICROBATCHES
+            for name in ("1f1b", "interleaved_1f1b", "zbv")]  # fmt: skip
+    print(f"{'schedule':<17} {'R':>2} {'S':>3} {'M':>3} {'bubble':>7} {'formula':>7} "
+          f"{'+ideal':>7} {'formula':>7} {'peak mem':>8}")  # fmt: skip
+    for r in rows:
+        mark = "" if r["formula_exact"] else "  (formula: M >= 2R - 1)"
+        print(f"{r['schedule']:<17} {r['ranks']:>2} {r['stages']:>3} {r['microbatches']:>3} "
+              f"{r['bubble']:>7.4f} {r['bubble_formula']:>7.4f} {r['over_ideal']:>7.4f} "
+              f"{r['over_ideal_formula']:>7.4f} {r['peak_memory']:>8.1f}{mark}")  # fmt: skip
+    config = {"forward": F, "backward": B, "weight": B / 2, "chunks_per_rank": V,
+              "link": "free", "command": "python benchmarks/bubbles.py"}  # fmt: skip
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({"config": config, "rows": rows}, indent=2) + "\n")
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

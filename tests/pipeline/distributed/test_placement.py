@@ -1,0 +1,164 @@
+"""Several stages per rank train exactly like one process: interleaved 1F1B and ZB-V.
+
+Real processes, gloo, 1 thread each, one launch per rank count running every configuration:
+a stack of mixed layer types (a two-tensor carry with an int64 half, a Transformer encoder
+layer, Linear layers), planned or explicit sizes over S = 2R stages, recomputed layers, and
+a repartition mid-training that moves layers between ranks and between two stages of one
+rank. Losses and full state dicts are compared with `ReferenceTrainer` (<= 1e-5), and the
+moved run with the same run unmoved (<= 1e-6); `forward` with the reference's model.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import pipeline
+from pipeline import ElasticPipeline, LayerSpec, Plan, StageContext
+from pipeline.local.models import transformer_stack
+from pipeline.local.reference import ReferenceTrainer
+from pipeline.local.spec import build_layer
+from tests.pipeline.distributed.test_elastic import (
+    ADAM,
+    STEPS,
+    AddTokenBias,
+    TakeHidden,
+    batches,
+    max_state_diff,
+)
+
+pytestmark = pytest.mark.multiprocess
+
+Move = tuple[int, list[int], list[str] | None]  # (before step, sizes, memory actions)
+
+
+def mixed_stack() -> list[LayerSpec]:
+    """7 layers of four types; the carry is (hidden, ids) until `take`, then hidden."""
+    tokens = [LayerSpec(f"tok{i}", functools.partial(AddTokenBias, 11, 16)) for i in range(2)]
+    linear = [LayerSpec(f"lin{i}", functools.partial(torch.nn.Linear, 16, 16)) for i in range(2)]
+    return [*tokens, LayerSpec("take", TakeHidden), linear[0], *transformer_stack(2, 16, 2),
+            linear[1]]  # fmt: skip
+
+
+def recomputing(sizes: list[int], schedule: str, m: int) -> Plan:
+    actions = tuple("recompute" if i % 2 == 0 else "keep" for i in range(sum(sizes)))
+    n = len(sizes)
+    return Plan(tuple(sizes), actions, schedule, m, 0.0, (0.0,) * n, (0,) * n)
+
+
+def configs(n_ranks: int) -> dict[str, tuple[str, int, Any, Move | None]]:
+    """name: (schedule, micro-batches, partition, a repartition)."""
+    if n_ranks == 2:
+        return {
+            "interleaved auto M=4": ("interleaved_1f1b", 4, "auto", None),
+            "interleaved recompute M=8": ("interleaved_1f1b", 8, recomputing([2, 2, 1, 2],
+                                          "interleaved_1f1b", 8), None),
+            "interleaved static M=4": ("interleaved_1f1b", 4, [2, 2, 1, 2], None),
+            "interleaved moved M=4": ("interleaved_1f1b", 4, [2, 2, 1, 2],
+                                      (2, [1, 3, 2, 1], ["recompute"] * 7)),
+            "zbv auto M=4": ("zbv", 4, "auto", None),
+            "zbv recompute M=2": ("zbv", 2, recomputing([1, 2, 2, 2], "zbv", 2), None),
+            "zbv static M=4": ("zbv", 4, [2, 2, 1, 2], None),
+            "zbv moved M=4": ("zbv", 4, [2, 2, 1, 2], (2, [3, 1, 2, 1], None)),
+        }  # fmt: skip
+    return {
+        "interleaved M=8": ("interleaved_1f1b", 8, [1, 1, 1, 2, 1, 1], None),
+        "interleaved recompute M=2": ("interleaved_1f1b", 2, recomputing([2, 1, 1, 1, 1, 1],
+                                      "interleaved_1f1b", 2), None),
+        "zbv static M=4": ("zbv", 4, [1, 1, 2, 1, 1, 1], None),
+        "zbv moved M=4": ("zbv", 4, [1, 1, 2, 1, 1, 1], (3, [2, 1, 1, 1, 1, 1], None)),
+    }  # fmt: skip
+
+
+def train(schedule: str, m: int, partition: Any, move: Move | None) -> dict[str, Any]:
+    pipe = ElasticPipeline(mixed_stack(), optimizer=ADAM, loss_fn=F.mse_loss, schedule=schedule,
+                           n_microbatches=m, seed=3, partition=partition)  # fmt: skip
+    losses = []
+    for step, (x, y) in enumerate(batches("tokens")):
+        if move is not None and step == move[0]:
+            pipe.repartition(move[1], move[2])
+        losses.append(pipe.train_step(x, y))
+    output = pipe.forward(batches("tokens")[0][0])
+    with tempfile.TemporaryDirectory() as tmp:
+        trace = pipe.save_timeline(Path(tmp) / "t.json")
+        lanes = sorted({e["tid"] for e in json.loads(trace.read_text())["traceEvents"]
+                        if e["ph"] == "X"}) if trace else []  # fmt: skip
+    stats = pipe.stats()
+    result = {"losses": losses, "state": pipe.full_state_dict(), "output": output,
+              "lanes": lanes, "partition": list(stats.partition),
+              "stats_layers": [list(s.layers) for s in stats.stages]}  # fmt: skip
+    pipe.close()
+    return result
+
+
+def run_configs(ctx: StageContext, n_ranks: int) -> dict[str, Any]:
+    return {name: train(*config) for name, config in configs(n_ranks).items()}
+
+
+@functools.cache
+def pipelined(n_ranks: int) -> dict[str, Any]:
+    results = pipeline.launch(functools.partial(run_configs, n_ranks=n_ranks), n_ranks,
+                              threads_per_stage=1, timeout_s=90)  # fmt: skip
+    return results[0]  # every rank returns the same losses; rank 0 holds the state and trace
+
+
+@functools.cache
+def reference(m: int) -> tuple[list[float], dict[str, Any], torch.Tensor]:
+    ref = ReferenceTrainer(mixed_stack(), optimizer=ADAM, loss_fn=F.mse_loss, n_microbatches=m,
+                           seed=3)  # fmt: skip
+    losses = [ref.train_step(x, y) for x, y in batches("tokens")]
+    state = ref.full_state_dict()
+    return losses, state, evaluated(state, batches("tokens")[0][0])
+
+
+def evaluated(state: dict[str, Any], x: Any) -> torch.Tensor:
+    """The trained model's output on x in eval mode, run layer by layer in one process."""
+    out = x
+    with torch.no_grad():
+        for spec in mixed_stack():
+            layer = build_layer(spec, 3, torch.device("cpu"))
+            layer.load_state_dict(state[spec.key])
+            out = layer.eval()(out)
+    assert isinstance(out, torch.Tensor)
+    return out
+
+
+@pytest.mark.parametrize("n_ranks", [2, 3])
+def test_several_stages_per_rank_match_single_process(n_ranks: int) -> None:
+    torch.set_num_threads(1)
+    for name, (_, m, _, _) in configs(n_ranks).items():
+        result, (ref_losses, ref_state, ref_output) = pipelined(n_ranks)[name], reference(m)
+        what = f"{name} on {n_ranks} ranks"
+        assert len(result["losses"]) == STEPS
+        assert result["losses"] == pytest.approx(ref_losses, abs=1e-5), what
+        assert max_state_diff(result["state"], ref_state) <= 1e-5, what
+        assert torch.allclose(result["output"], ref_output, atol=1e-5), what
+        assert result["losses"][-1] != result["losses"][0], what
+        assert result["lanes"] == list(range(2 * n_ranks)), what  # one timeline row per stage
+
+
+@pytest.mark.parametrize("n_ranks,moved,static", [
+    (2, "interleaved moved M=4", "interleaved static M=4"),
+    (2, "zbv moved M=4", "zbv static M=4"),
+    (3, "zbv moved M=4", "zbv static M=4"),
+])  # fmt: skip
+def test_repartition_under_several_stages_per_rank_keeps_the_trajectory(
+    n_ranks: int, moved: str, static: str
+) -> None:
+    a, b = pipelined(n_ranks)[moved], pipelined(n_ranks)[static]
+    assert a["partition"] != b["partition"]
+    assert a["losses"] == pytest.approx(b["losses"], abs=1e-6)
+    assert max_state_diff(a["state"], b["state"]) <= 1e-6
+
+
+def test_stats_report_each_rank_with_all_its_stages() -> None:
+    result = pipelined(2)["zbv static M=4"]  # V: rank 0 holds stages 0 and 3
+    keys = [s.key for s in mixed_stack()]
+    assert result["stats_layers"] == [keys[:2] + keys[5:], keys[2:5]]
