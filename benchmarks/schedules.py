@@ -73,7 +73,9 @@ from pipeline.pure.schedule import SCHEDULES, is_stream
 from pipeline.pure.simulate import StageCost, simulate
 
 MICROBATCHES = (4, 8)
-EXACT = ("gpipe", "1f1b", "zbh1", "bipartition")  # 2bw and pipemare change the update rule
+# 2bw and pipemare change the update rule; the rest train exactly like one process
+EXACT = ("gpipe", "1f1b", "zbh1", "bipartition", "interleaved_1f1b", "zbv")
+TARGETS = {"ours_best_exact_vs_torch_best": 1.05, "ours_best_vs_perfect_split": 0.95}  # issue 22
 LOSS_TOLERANCE = 1e-5
 GRAD_TOLERANCE = 1e-5  # max |grad - reference| over max |reference grad|
 
@@ -340,8 +342,11 @@ def ours_run(
 
 
 def replay_measured(name: str, stats: PipelineStats) -> float | None:
-    """The schedule replayed (`simulate`, free link) on the measured per-micro-batch costs."""
+    """The schedule replayed (`simulate`, free link) on the measured per-micro-batch costs
+    (None with several stages per rank: `stats` measures a rank's stages together)."""
     m = stats.n_microbatches
+    if len(stats.partition) != len(stats.stages):
+        return None
     costs = [StageCost(s.forward_s / m, s.backward_s / m, optimizer_s=s.optimizer_s)
              for s in stats.stages]  # fmt: skip
     try:
@@ -519,7 +524,7 @@ def summarize(records: dict[str, dict[str, Any]]) -> dict[str, Any]:
             "perfect_split_vs_torch_best": bound / torch_sps,
             "ours_best_vs_perfect_split": ours_sps / bound,
             "torch_best_vs_perfect_split": torch_sps / bound,
-            "targets": {"ours_best_vs_torch_best": 1.1, "ours_best_exact_vs_torch_best": 1.0},
+            "targets": TARGETS,
             "runs": mine,
         }  # fmt: skip
     return out
@@ -541,10 +546,12 @@ def print_table(by_m: dict[str, Any]) -> None:
             print(f"  {name:<24}{rec['samples_per_s']:>10.2f}"
                   f"{rec['best_round_samples_per_s']:>10.2f}{rec['vs_single_process']:>10.3f}"
                   f"{rec['vs_torch_best']:>14.3f}{sim_text}{flag}")  # fmt: skip
-        print(f"  ours best {res['ours_best']} / torch best {res['torch_best']}: "
-              f"{res['ours_best_vs_torch_best']:.3f} (target 1.1)")  # fmt: skip
-        print(f"  ours best exact {res['ours_best_exact']} / torch best {res['torch_best']}: "
-              f"{res['ours_best_exact_vs_torch_best']:.3f} (target 1.0)")  # fmt: skip
+        for ratio, (ours, peer) in {
+            "ours_best_exact_vs_torch_best": ("ours_best_exact", "torch_best"),
+            "ours_best_vs_perfect_split": ("ours_best", "perfect split"),
+        }.items():  # fmt: skip
+            print(f"  {res[ours]} / {res.get(peer, peer)}: {res[ratio]:.3f} "
+                  f"(goal {TARGETS[ratio]})")  # fmt: skip
         print(f"  perfect split (no messages, no bubble) / torch best: "
               f"{res['perfect_split_vs_torch_best']:.3f}")  # fmt: skip
 

@@ -24,7 +24,7 @@ from pipeline.local.spec import LayerSpec, check_specs
 from pipeline.local.stage import Stage
 from pipeline.pure.costs import LayerCost
 from pipeline.pure.partition import bounds, check_sizes, equal_sizes
-from pipeline.pure.planner import Plan
+from pipeline.pure.planner import Plan, choose_schedule
 from pipeline.pure.schedule import ScheduleFn, is_stream
 
 __all__ = ["build", "checked_sizes", "plan_first", "planned_schedule", "set_handoff", "setup"]
@@ -99,13 +99,29 @@ def plan_first(pipe: PipelineParts, example: Any) -> None:
     costs = profile_costs(pipe.comm, pipe.model.specs, example, device=pipe.device,
                           opt_ratio=pipe.recipe.optimizer_state_ratio, cache=pipe.cost_cache,
                           source=pipe.profile)  # fmt: skip
-    schedule = planned_schedule(pipe)
-    plan = pipe.comm.agree(lambda: pipe.planner.plan(
-        costs, pipe.n_stages, schedule=schedule,
-        n_microbatches=pipe.n_microbatches, memory_budget=pipe.memory_budget,
-    ))  # fmt: skip
+    if pipe.auto_schedule:
+        plan = _choose_schedule(pipe, costs)
+    else:
+        schedule = planned_schedule(pipe)
+        plan = pipe.comm.agree(lambda: pipe.planner.plan(
+            costs, pipe.n_stages, schedule=schedule,
+            n_microbatches=pipe.n_microbatches, memory_budget=pipe.memory_budget,
+        ))  # fmt: skip
     build(pipe, list(plan.sizes), plan, costs)
     weights.take_inheritance(pipe)
+
+
+def _choose_schedule(pipe: PipelineParts, costs: list[LayerCost]) -> Plan:
+    """schedule="auto": every exact schedule planned on rank 0, the fastest adopted."""
+    best, tried = pipe.comm.agree(lambda: choose_schedule(
+        pipe.planner, costs, pipe.comm.world_size, n_microbatches=pipe.n_microbatches,
+        memory_budget=pipe.memory_budget,
+    ))  # fmt: skip
+    pipe.event_log.record("schedule", chosen=best.schedule,
+                          candidates=[c.to_dict() for c in tried])  # fmt: skip
+    pipe.adopt_schedule(best.schedule)
+    assert best.plan is not None
+    return best.plan
 
 
 def planned_schedule(pipe: PipelineParts) -> str | ScheduleFn:

@@ -79,7 +79,9 @@ class ElasticPipeline:
         optimizer: `factory(param_groups) -> Optimizer`, called once per stage with one
             parameter group per layer, e.g. `functools.partial(torch.optim.AdamW, lr=1e-3)`.
         loss_fn: `loss_fn(output, target) -> scalar tensor`, mean-reduced over the batch.
-        schedule: "1f1b" (PipeDream-Flush), "gpipe", "zbh1" (zero bubble: 1F1B's memory,
+        schedule: "auto" (with partition="auto": the first step plans 1f1b, zbh1,
+            interleaved_1f1b and zbv and keeps the fastest predicted; a "schedule" event
+            says why), "1f1b" (PipeDream-Flush), "gpipe", "zbh1" (zero bubble: 1F1B's memory,
             split backwards whose weight gradients fill the drain), "interleaved_1f1b"
             (Megatron's interleaved 1F1B: several stages per rank, placed in a loop),
             "zbv" (zero bubble V: two stages per rank placed in a V, split backwards),
@@ -156,6 +158,12 @@ class ElasticPipeline:
     ) -> None:
         self.comm = Comm()
         self.rank = self.comm.rank
+        self.auto_schedule = isinstance(schedule, str) and schedule.lower() == "auto"
+        if self.auto_schedule:
+            if not (isinstance(partition, str) and partition == "auto"):
+                raise ValueError("schedule='auto' chooses the stages with the partition: it "
+                                 f"needs partition='auto', got {partition!r}")  # fmt: skip
+            schedule = "1f1b"  # until the first step chooses (`build.plan_first`)
         self.options = PipelineOptions(
             n_microbatches, memory_budget, profile, rebalance_every, rebalance_on_drift,
             rebalance_horizon, rebalance_settle, measure_memory_every, on_nonfinite,
@@ -166,27 +174,18 @@ class ElasticPipeline:
         self.pipemare = self.options.pipemare  # PipeMare's T1/T2 (None: another schedule)
         if not callable(loss_fn):
             raise TypeError(f"loss_fn must be callable, got {type(loss_fn).__name__}")
-        self.schedule = (get_schedule(schedule, stages_per_rank) if isinstance(schedule, str)
-                         else schedule)  # fmt: skip
-        self.schedule_name = schedule.lower() if isinstance(schedule, str) else None
-        if is_stream(self.schedule) and self.pipemare is None:
-            check_2bw(self.comm.world_size, n_microbatches)
-        validate(self.schedule, self.comm.world_size, n_microbatches)
-        self.placement = placement_of(self.schedule, self.comm.world_size)
-        self.n_stages = self.placement.n_stages  # v stages on each rank (v = 1 but for
-        # interleaved_1f1b and zbv: `pipeline.pure.placement`)
+        self.n_microbatches = n_microbatches
+        self._set_schedule(schedule, stages_per_rank)
         if handoff is not None and isinstance(partition, str):
             raise ValueError("handoff= needs explicit stage sizes (partition=[...]); with "
                              "partition='auto', planner='bipartition' chooses the cut")  # fmt: skip
         self.active_stream: ActiveStream | None = None  # a `train` stream in flight
-        self.n_microbatches = n_microbatches
         self.planner = get_planner(planner) if isinstance(planner, str) else planner
         self.memory_budget, self.profile = memory_budget, profile
         self.triggers = ReplanTriggers(rebalance_every, memory_budget, rebalance_on_drift,
                                        rebalance_settle)  # fmt: skip
         self.cost_cache = cost_cache if cost_cache is not None else CostCache()
         self.device = torch.device(device) if device is not None else self.comm.data_device
-        self.runner = StepRunner(self.comm, self.schedule, n_microbatches)  # links, list
         self.recipe = TrainingRecipe.of(seed, optimizer, loss_fn)  # also checks the factory
         self.link = HOST_LINK  # as the last migration measured it (until then: a guess)
         self.generation = 0  # +1 per reconfigure: which model this is
@@ -194,6 +193,27 @@ class ElasticPipeline:
         self.event_log = EventLog(lambda: (self.generation, self.model.step))  # builds...
         self._closed = False
         build.setup(self, specs, partition, self.options.handoff)
+
+    def adopt_schedule(self, schedule: str | ScheduleFn) -> None:
+        """Run `schedule` from the next build: its placement, stage count, links and list.
+
+        What schedule="auto" does once the first step has chosen
+        (`pipeline.pure.planner.choose_schedule`); only while no layer is built."""
+        if self.model.built:
+            raise RuntimeError("adopt_schedule: the layers are built already; reconfigure first")
+        self.runner.close()
+        self._set_schedule(schedule, None)
+
+    def _set_schedule(self, schedule: str | ScheduleFn, stages_per_rank: int | None) -> None:
+        fn = get_schedule(schedule, stages_per_rank) if isinstance(schedule, str) else schedule
+        if is_stream(fn) and self.pipemare is None:
+            check_2bw(self.comm.world_size, self.n_microbatches)
+        validate(fn, self.comm.world_size, self.n_microbatches)
+        self.schedule = fn
+        self.schedule_name = schedule.lower() if isinstance(schedule, str) else None
+        self.placement = placement_of(fn, self.comm.world_size)
+        self.n_stages = self.placement.n_stages  # v per rank (v > 1: interleaved_1f1b, zbv)
+        self.runner = StepRunner(self.comm, fn, self.n_microbatches)  # links, list
 
     @property
     def events(self) -> list[PipelineEvent]:

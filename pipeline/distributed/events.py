@@ -7,6 +7,8 @@ fields every event has (generation, step, kind) and keeps what is particular to 
 
 Kinds, and what `details` holds for each:
 
+    schedule     schedule="auto" chose one (`choose_schedule`): chosen, candidates (each
+                 schedule's stage count, predicted iteration, or why it was left out)
     build        a stage was built: sizes, plan (a `Plan.to_dict()`, or None)
     migration    layers moved live: the `MigrationRecord`'s fields (step, version, old_sizes,
                  new_sizes, moved, bytes_moved, pause_s)
@@ -35,8 +37,8 @@ from typing import Any
 
 __all__ = ["EVENT_KINDS", "EventLog", "PipelineEvent", "plain"]
 
-EVENT_KINDS = ("build", "migration", "rollback", "trigger", "replan", "reconfigure", "inherit",
-               "error")  # fmt: skip
+EVENT_KINDS = ("schedule", "build", "migration", "rollback", "trigger", "replan", "reconfigure",
+               "inherit", "error")  # fmt: skip
 
 
 def plain(value: Any) -> Any:

@@ -63,10 +63,13 @@ class PipelineParts(Protocol):
     plan_age: PlanAge
     triggers: ReplanTriggers
     generation: int
+    auto_schedule: bool  # schedule="auto": each model's first step chooses one
     link: LinkCost  # the link as the last migration measured it
     active_stream: ActiveStream | None
 
     def drain(self) -> None: ...
+
+    def adopt_schedule(self, schedule: str | ScheduleFn) -> None: ...
 
     def plan_for(self, x: Any) -> None: ...
 

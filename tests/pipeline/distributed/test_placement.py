@@ -67,6 +67,7 @@ def configs(n_ranks: int) -> dict[str, tuple[str, int, Any, Move | None]]:
             "zbv recompute M=2": ("zbv", 2, recomputing([1, 2, 2, 2], "zbv", 2), None),
             "zbv static M=4": ("zbv", 4, [2, 2, 1, 2], None),
             "zbv moved M=4": ("zbv", 4, [2, 2, 1, 2], (2, [3, 1, 2, 1], None)),
+            "auto M=4": ("auto", 4, "auto", None),
         }  # fmt: skip
     return {
         "interleaved M=8": ("interleaved_1f1b", 8, [1, 1, 1, 2, 1, 1], None),
@@ -93,7 +94,9 @@ def train(schedule: str, m: int, partition: Any, move: Move | None) -> dict[str,
     stats = pipe.stats()
     result = {"losses": losses, "state": pipe.full_state_dict(), "output": output,
               "lanes": lanes, "partition": list(stats.partition),
-              "stats_layers": [list(s.layers) for s in stats.stages]}  # fmt: skip
+              "stats_layers": [list(s.layers) for s in stats.stages],
+              "schedule": [e.details for e in pipe.events if e.kind == "schedule"],
+              "n_stages": pipe.n_stages}  # fmt: skip
     pipe.close()
     return result
 
@@ -141,7 +144,7 @@ def test_several_stages_per_rank_match_single_process(n_ranks: int) -> None:
         assert max_state_diff(result["state"], ref_state) <= 1e-5, what
         assert torch.allclose(result["output"], ref_output, atol=1e-5), what
         assert result["losses"][-1] != result["losses"][0], what
-        assert result["lanes"] == list(range(2 * n_ranks)), what  # one timeline row per stage
+        assert result["lanes"] == list(range(result["n_stages"])), what  # a row per stage
 
 
 @pytest.mark.parametrize("n_ranks,moved,static", [
@@ -162,3 +165,14 @@ def test_stats_report_each_rank_with_all_its_stages() -> None:
     result = pipelined(2)["zbv static M=4"]  # V: rank 0 holds stages 0 and 3
     keys = [s.key for s in mixed_stack()]
     assert result["stats_layers"] == [keys[:2] + keys[5:], keys[2:5]]
+
+
+def test_auto_plans_every_exact_schedule_and_runs_the_fastest_predicted() -> None:
+    result = pipelined(2)["auto M=4"]
+    [choice] = result["schedule"]
+    tried = {c["schedule"]: c for c in choice["candidates"]}
+    assert set(tried) == {"1f1b", "zbh1", "interleaved_1f1b", "zbv"}
+    fastest = min((c["predicted_iteration_s"], name) for name, c in tried.items()
+                  if c["predicted_iteration_s"] is not None)[1]  # fmt: skip
+    assert choice["chosen"] == fastest
+    assert result["n_stages"] == tried[fastest]["n_stages"] == len(result["partition"])
