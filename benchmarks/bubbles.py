@@ -19,6 +19,11 @@ ZB-V into S = 2R stages of half the cost. Per schedule and M:
     peak_memory  the largest activation memory of a rank, in micro-batches of a whole
                  1F1B stage's activations
 
+Then the same with the planner in the loop ("planned" rows): a model of 32 layers whose
+costs vary (f in [0.7, 1.3], b = 2f, seeded), cut by the time planner into each schedule's
+S stages (`pipeline.pure.planner`: R stages for 1F1B, 2R for the others) and replayed on
+the plan: the bubble then holds the imbalance of whole layers as well as the schedule's.
+
     python benchmarks/bubbles.py            # a second; writes benchmarks/results/bubbles.json
 """
 
@@ -26,10 +31,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import random
 from pathlib import Path
 from typing import Any
 
-from pipeline.pure.simulate import StageCost, simulate
+from pipeline.pure.costs import LayerCost
+from pipeline.pure.planner import get_planner
+from pipeline.pure.simulate import StageCost, simulate, stage_costs
 
 HERE = Path(__file__).resolve().parent
 F, B = 1.0, 2.0
@@ -67,6 +75,30 @@ def row(name: str, n_ranks: int, m: int) -> dict[str, Any]:
     }  # fmt: skip
 
 
+def planned_row(name: str, n_ranks: int, m: int, costs: list[LayerCost]) -> dict[str, Any]:
+    n_stages = n_ranks if name == "1f1b" else V * n_ranks
+    plan = get_planner("time").plan(costs, n_stages, schedule=name, n_microbatches=m)
+    result = simulate(name, stage_costs(costs, plan.sizes, plan.actions), m)
+    work = m * sum(c.forward_s + c.backward_s for c in costs) / n_ranks  # a rank's share
+    bubble, over = formula(name, n_ranks, m)
+    return {
+        "schedule": name, "ranks": n_ranks, "stages": n_stages, "microbatches": m,
+        "sizes": list(plan.sizes), "iteration": result.iteration_s,
+        "predicted_iteration": plan.predicted_iteration_s, "bubble": result.bubble_fraction,
+        "bubble_formula_equal_stages": bubble, "over_ideal": result.iteration_s / work - 1,
+        "over_ideal_formula_equal_stages": over,
+    }  # fmt: skip
+
+
+def model_costs(n_layers: int = 32, seed: int = 0) -> list[LayerCost]:
+    rng = random.Random(seed)
+    out = []
+    for i in range(n_layers):
+        f = F * rng.uniform(0.7, 1.3)
+        out.append(LayerCost(f"layer{i}", f, 2 * f, activation_bytes=1, output_bytes=1))
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", type=Path, default=HERE / "results" / "bubbles.json")
@@ -80,10 +112,22 @@ def main() -> None:
         print(f"{r['schedule']:<17} {r['ranks']:>2} {r['stages']:>3} {r['microbatches']:>3} "
               f"{r['bubble']:>7.4f} {r['bubble_formula']:>7.4f} {r['over_ideal']:>7.4f} "
               f"{r['over_ideal_formula']:>7.4f} {r['peak_memory']:>8.1f}{mark}")  # fmt: skip
+    costs = model_costs()
+    planned = [planned_row(name, n_ranks, m, costs) for n_ranks, _ in SHAPES
+               for m in MICROBATCHES for name in ("1f1b", "interleaved_1f1b", "zbv")]  # fmt: skip
+    print("\nplanned (32 layers of varying cost, the time planner's partition):")
+    print(f"{'schedule':<17} {'R':>2} {'S':>3} {'M':>3} {'bubble':>7} {'equal':>7} "
+          f"{'+ideal':>7} {'equal':>7}")  # fmt: skip
+    for r in planned:
+        print(f"{r['schedule']:<17} {r['ranks']:>2} {r['stages']:>3} {r['microbatches']:>3} "
+              f"{r['bubble']:>7.4f} {r['bubble_formula_equal_stages']:>7.4f} "
+              f"{r['over_ideal']:>7.4f} {r['over_ideal_formula_equal_stages']:>7.4f}")  # fmt: skip
     config = {"forward": F, "backward": B, "weight": B / 2, "chunks_per_rank": V,
-              "link": "free", "command": "python benchmarks/bubbles.py"}  # fmt: skip
+              "link": "free", "planned_model": "32 layers, f in [0.7, 1.3] (seed 0), b = 2f",
+              "command": "python benchmarks/bubbles.py"}  # fmt: skip
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"config": config, "rows": rows}, indent=2) + "\n")
+    args.out.write_text(json.dumps({"config": config, "rows": rows, "planned": planned},
+                                   indent=2) + "\n")  # fmt: skip
     print(f"wrote {args.out}")
 
 

@@ -49,8 +49,9 @@ def learning_rate(
 class ScheduledOptimizer:
     """An optimizer factory for `ElasticPipeline` whose rate follows a schedule.
 
-    `set_step(step, optimizer)` before each step: later optimizers are built at that rate,
-    and the live one (the stage's, `pipe.optimizer`; None before the first plan) moves to it.
+    `set_step(step, optimizers)` before each step: later optimizers are built at that rate,
+    and the live ones (this rank's stages', `pipe.optimizers`; none before the first plan)
+    move to it.
     """
 
     def __init__(
@@ -74,8 +75,8 @@ class ScheduledOptimizer:
     def __call__(self, groups: Sequence[dict[str, Any]]) -> torch.optim.Optimizer:
         return torch.optim.AdamW(groups, lr=self.current, weight_decay=self.weight_decay)
 
-    def set_step(self, step: int, optimizer: torch.optim.Optimizer | None) -> None:
+    def set_step(self, step: int, optimizers: Sequence[torch.optim.Optimizer] = ()) -> None:
         self.current = self.rate(step)
-        if optimizer is not None:
+        for optimizer in optimizers:
             for group in optimizer.param_groups:
                 group["lr"] = self.current

@@ -220,7 +220,7 @@ def _run_trial(
         attrs["inherited_from"] = source
     started = time.perf_counter()
     try:
-        optimizer.set_step(0, None)
+        optimizer.set_step(0)
         pipe = training.build(settings, task, specs, optimizer, seed=settings.seed, pipe=pipe,
                               snapshot=bank.get(source))  # fmt: skip
         evaluation, steps, pruned = _train(settings, task, pipe, decide, optimizer)

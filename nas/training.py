@@ -110,11 +110,11 @@ def steps(
     update may run a step or two after the rate it was meant for; the schedule is smooth,
     so that shift does not matter.
     """
-    optimizer.set_step(start, pipe.optimizer)
+    optimizer.set_step(start, pipe.optimizers)
     step = start
     for loss in pipe.train(itertools.islice(source, count)):
         step += 1
-        optimizer.set_step(step, pipe.optimizer)
+        optimizer.set_step(step, pipe.optimizers)
         yield step, loss
 
 

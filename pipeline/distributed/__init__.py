@@ -5,18 +5,22 @@ each own their state and change only through their methods, and delegates its lo
 methods to helper modules typed against `parts.PipelineParts` (so none imports the facade):
 
     ElasticPipeline ── the public API: train_step, train, forward, repartition, rebalance,
-     │                 reconfigure, snapshot, stats, full_state_dict ...
+     │                 reconfigure, snapshot, stats, full_state_dict ... (read-only views
+     │                 of the model: `views.ModelViews`)
      ├─ comm: Comm                 every collective and point-to-point message (comm.py)
      ├─ options: PipelineOptions   the knobs, checked (options.py)
      ├─ recipe: TrainingRecipe     seed, optimizer factory, loss (pipeline.local.recipe)
+     ├─ placement: Placement       which rank holds which stage (pipeline.pure.placement)
      ├─ model: ModelHolder         specs, sizes, plan, handoff cut, step counters (holder.py)
-     │   └─ Stage                  this rank's layers + optimizer (pipeline.local.stage)
+     │   └─ Stage (one per stage this rank holds)   layers + optimizer (pipeline.local.stage)
      │       ├─ layers: StageLayer       module, memory action, meter (pipeline.local.layer)
      │       ├─ memory: MemoryPolicy     keep / recompute / swap, saved bytes (stage_memory)
      │       └─ cost meters, backward walk                  (stage_costs, stage_backward)
-     ├─ runner: StepRunner         links to the neighbours + this rank's action list;
-     │   ├─ PeerLink               the activation / gradient wire protocol (links.py)
-     │   └─ executor.Run           one list executed, failures agreed (executor.py)
+     ├─ runner: StepRunner         links to stages on other ranks + this rank's action list;
+     │   ├─ PeerLink               one per edge that crosses ranks: the activation /
+     │   │                         gradient wire protocol (links.py)
+     │   └─ executor.Run           one list for all the rank's stages, same-rank hand-overs
+     │                             in memory, failures agreed (executor.py)
      ├─ plan_age: PlanAge, triggers: ReplanTriggers    when to re-plan (triggers.py)
      ├─ event_log: EventLog        builds, migrations, re-plans, errors (events.py)
      └─ planner, cost_cache        (pipeline.pure.planner, pipeline.local.profiler)

@@ -30,13 +30,11 @@ which part owns what.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
-from types import MappingProxyType
 from typing import Any
 
 import torch
-from torch import nn
 
 from pipeline.distributed import build, elasticity, report, steps, stream, weights
 from pipeline.distributed.agreement import measured_costs
@@ -48,8 +46,7 @@ from pipeline.distributed.options import PipelineOptions
 from pipeline.distributed.parts import ActiveStream
 from pipeline.distributed.runner import StepRunner
 from pipeline.distributed.triggers import PlanAge, ReplanTriggers
-from pipeline.local.history import StepHistory
-from pipeline.local.layer import StageLayer
+from pipeline.distributed.views import ModelViews
 from pipeline.local.microbatch import split_microbatches
 from pipeline.local.pipemare import PipeMareConfig, check_pipemare
 from pipeline.local.profiler import CostCache
@@ -57,7 +54,6 @@ from pipeline.local.recipe import TrainingRecipe
 from pipeline.local.spec import LayerSpec
 from pipeline.local.stage import LossFn, OptimizerFactory, Stage
 from pipeline.pure.costs import HOST_LINK, LayerCost
-from pipeline.pure.partition import bounds
 from pipeline.pure.planner import Plan, Planner, get_planner
 from pipeline.pure.schedule import (
     ScheduleFn,
@@ -71,7 +67,7 @@ from pipeline.pure.two_bw import check_2bw
 __all__ = ["ElasticPipeline"]
 
 
-class ElasticPipeline:
+class ElasticPipeline(ModelViews):
     """A model given as a list of `LayerSpec`s, trained pipeline-parallel over all ranks.
 
     Args:
@@ -355,80 +351,9 @@ class ElasticPipeline:
         self.drain()
         return weights.full_state_dict(self)
 
-    # -- read-only views -----------------------------------------------------------------
-    @property
-    def specs(self) -> list[LayerSpec]:
-        """The model's layers in forward order."""
-        return self.model.specs
-
-    @property
-    def plan(self) -> Plan | None:
-        """The plan in force (None before one is made, or after explicit sizes)."""
-        return self.model.plan
-
-    @property
-    def sizes(self) -> list[int]:
-        """Layers per stage ([] until planned)."""
-        return self.model.sizes
-
-    @property
-    def handoff(self) -> tuple[int, ...]:
-        """Bi-Partition's cut in force (() before a build, or without one)."""
-        return self.model.handoff
-
-    @property
-    def step(self) -> int:
-        """Training steps applied to this model."""
-        return self.model.step
-
-    @property
-    def version(self) -> int:
-        """The plan version: +1 per committed migration."""
-        return self.model.version
-
-    @property
-    def migrations(self) -> list[MigrationRecord]:
-        """This model's committed migrations, oldest first."""
-        return self.model.migrations
-
-    @property
-    def partition_history(self) -> list[tuple[int, list[int]]]:
-        """(step, sizes) of each partition this model has had."""
-        return self.model.partition_history
-
-    @property
-    def history(self) -> StepHistory:
-        """What the steps measured, in bounded memory."""
-        return self.model.history
-
-    @property
-    def layer_keys(self) -> tuple[str, ...]:
-        """Keys of the layers this stage holds now, in order (() before the first plan)."""
-        return tuple(layer.key for layer in self._layers())
-
-    @property
-    def memory_actions(self) -> tuple[str, ...]:
-        """This stage's per-layer memory actions ("keep", "recompute", "swap")."""
-        return tuple(layer.action for layer in self._layers())
-
-    @property
-    def layers(self) -> Mapping[str, nn.Module]:
-        """This stage's modules by layer key (a read-only view; empty before the first plan)."""
-        return MappingProxyType({layer.key: layer.module for layer in self._layers()})
-
-    @property
-    def optimizer(self) -> torch.optim.Optimizer | None:
-        """This stage's optimizer (one parameter group per layer, tagged "layer"), or None."""
-        stages = self.model.stages
-        return stages[0].optimizer if len(stages) == 1 else None
-
     def layer_costs(self) -> tuple[list[LayerCost], list[str]]:
         """Every layer's measured costs and memory action, in layer order (a collective)."""
         return measured_costs(self.comm, self._live_stages(), len(self.specs))
-
-    def stage_layer_keys(self) -> list[tuple[str, ...]]:
-        """The keys every stage holds, from the current sizes (no message; [] before a plan)."""
-        return [tuple(s.key for s in self.specs[a:b]) for a, b in bounds(self.sizes)]
 
     def close(self) -> None:
         """Finish pending messages and free this stage's layers; the pipeline is unusable after."""
@@ -437,9 +362,6 @@ class ElasticPipeline:
         self.runner.close()
         self.model.close()
         self._closed = True
-
-    def _layers(self) -> list[StageLayer]:
-        return [layer for stage in self.model.stages for layer in stage.layers]
 
     def _live_stages(self) -> list[Stage]:
         if self._closed:

@@ -1,8 +1,13 @@
-"""Run one stage's action list for a step; a failure anywhere becomes one error on every rank.
+"""Run one rank's action list for a step; a failure anywhere becomes one error on every rank.
 
-The schedule (`pipeline.pure.schedule`) gives each stage a lowered list of actions; this
-module executes it against the stage's layers (`pipeline.local.stage`) and its links to the
-neighbours (`pipeline.distributed.links`). The protocol of a training step, numbered:
+The schedule (`pipeline.pure.schedule`) gives each rank a lowered list of actions; this
+module executes it against the rank's stages' layers (`pipeline.local.stage`) and its links
+to the stages on other ranks (`pipeline.distributed.links`). A rank holds one stage, or
+several under an interleaved or V placement (`pipeline.pure.placement`): then every action
+names its stage, and between two stages of the rank the outputs (forward) or the inputs'
+gradients (backward) are handed over in memory, as a message would have brought them
+(`Run._pass_on`); a failure on any of the rank's stages stops the rank's compute. The
+protocol of a training step, numbered (a "stage" below is a rank's set of stages):
 
     0. Under Bi-Partition, owners of handed layers send their weights to the replicas
        (`pipeline.distributed.handoff`).

@@ -63,10 +63,11 @@ __all__ = [
 
 @dataclass(frozen=True)
 class StageStats:
-    """One stage's figures. Times: seconds per step, medians over the last steps."""
+    """One rank's figures (its stage's, or its stages' together under an interleaved or V
+    schedule). Times: seconds per step, medians over the last steps."""
 
-    stage: int
-    layers: tuple[str, ...]  # layer keys, in forward order
+    stage: int  # the rank
+    layers: tuple[str, ...]  # layer keys, in stage order
     memory_actions: tuple[str, ...]  # per layer: "keep" | "recompute" | "swap"
     forward_s: float
     backward_s: float

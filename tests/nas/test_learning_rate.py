@@ -34,7 +34,7 @@ def test_the_factory_builds_at_the_current_rate_and_moves_a_live_optimizer() -> 
     layer = torch.nn.Linear(2, 2)
     optimizer = factory([{"params": list(layer.parameters())}])
     assert optimizer.param_groups[0]["lr"] == pytest.approx(2.5e-3)  # step 0 of the warm-up
-    factory.set_step(50, optimizer)
+    factory.set_step(50, [optimizer])
     assert optimizer.param_groups[0]["lr"] == pytest.approx(factory.rate(50)) and \
         factory([{"params": list(layer.parameters())}]).param_groups[0]["lr"] == \
         pytest.approx(factory.rate(50))  # fmt: skip

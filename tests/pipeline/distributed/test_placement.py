@@ -36,7 +36,10 @@ from tests.pipeline.distributed.test_elastic import (
 
 pytestmark = pytest.mark.multiprocess
 
-Move = tuple[int, list[int], list[str] | None]  # (before step, sizes, memory actions)
+# before step k: (k, sizes, memory actions) repartitions; (k, "rebalance") re-plans from the
+# measured costs and migrates; (0, "reconfigure") trains another model for two steps first
+# and then takes this one on the same processes
+Move = tuple[int, list[int], list[str] | None] | tuple[int, str]
 
 
 def mixed_stack() -> list[LayerSpec]:
@@ -45,6 +48,13 @@ def mixed_stack() -> list[LayerSpec]:
     linear = [LayerSpec(f"lin{i}", functools.partial(torch.nn.Linear, 16, 16)) for i in range(2)]
     return [*tokens, LayerSpec("take", TakeHidden), linear[0], *transformer_stack(2, 16, 2),
             linear[1]]  # fmt: skip
+
+
+def other_stack() -> list[LayerSpec]:
+    """Another model on the same carry, for `reconfigure`: the same first layers, wider
+    linear layers after `take`."""
+    wide = [LayerSpec(f"wide{i}", functools.partial(torch.nn.Linear, 16, 16)) for i in range(4)]
+    return [*mixed_stack()[:3], *wide]
 
 
 def recomputing(sizes: list[int], schedule: str, m: int) -> Plan:
@@ -68,6 +78,8 @@ def configs(n_ranks: int) -> dict[str, tuple[str, int, Any, Move | None]]:
             "zbv static M=4": ("zbv", 4, [2, 2, 1, 2], None),
             "zbv moved M=4": ("zbv", 4, [2, 2, 1, 2], (2, [3, 1, 2, 1], None)),
             "auto M=4": ("auto", 4, "auto", None),
+            "interleaved rebalanced M=4": ("interleaved_1f1b", 4, [1, 1, 1, 4], (2, "rebalance")),
+            "zbv reconfigured M=4": ("zbv", 4, [2, 2, 1, 2], (0, "reconfigure")),
         }  # fmt: skip
     return {
         "interleaved M=8": ("interleaved_1f1b", 8, [1, 1, 1, 2, 1, 1], None),
@@ -79,12 +91,19 @@ def configs(n_ranks: int) -> dict[str, tuple[str, int, Any, Move | None]]:
 
 
 def train(schedule: str, m: int, partition: Any, move: Move | None) -> dict[str, Any]:
-    pipe = ElasticPipeline(mixed_stack(), optimizer=ADAM, loss_fn=F.mse_loss, schedule=schedule,
+    first = other_stack() if move == (0, "reconfigure") else mixed_stack()
+    pipe = ElasticPipeline(first, optimizer=ADAM, loss_fn=F.mse_loss, schedule=schedule,
                            n_microbatches=m, seed=3, partition=partition)  # fmt: skip
+    if move == (0, "reconfigure"):
+        for x, y in batches("tokens")[:2]:
+            pipe.train_step(x, y)
+        pipe.reconfigure(mixed_stack(), partition=partition)
     losses = []
     for step, (x, y) in enumerate(batches("tokens")):
-        if move is not None and step == move[0]:
-            pipe.repartition(move[1], move[2])
+        if move is not None and step == move[0] and move[1] == "rebalance":
+            pipe.rebalance(remaining_steps=10**6)  # any faster plan pays back
+        elif move is not None and step == move[0] and isinstance(move[1], list):
+            pipe.repartition(*move[1:])
         losses.append(pipe.train_step(x, y))
     output = pipe.forward(batches("tokens")[0][0])
     with tempfile.TemporaryDirectory() as tmp:
@@ -172,7 +191,13 @@ def test_auto_plans_every_exact_schedule_and_runs_the_fastest_predicted() -> Non
     [choice] = result["schedule"]
     tried = {c["schedule"]: c for c in choice["candidates"]}
     assert set(tried) == {"1f1b", "zbh1", "interleaved_1f1b", "zbv"}
-    fastest = min((c["predicted_iteration_s"], name) for name, c in tried.items()
-                  if c["predicted_iteration_s"] is not None)[1]  # fmt: skip
-    assert choice["chosen"] == fastest
+    predicted = {name: c["predicted_iteration_s"] for name, c in tried.items()
+                 if c["predicted_iteration_s"] is not None}  # fmt: skip
+    fastest = choice["chosen"]
+    assert predicted[fastest] == min(predicted.values())
     assert result["n_stages"] == tried[fastest]["n_stages"] == len(result["partition"])
+
+
+def test_rebalance_under_interleaving_moves_layers_and_stays_exact() -> None:
+    result = pipelined(2)["interleaved rebalanced M=4"]
+    assert result["partition"] != [1, 1, 1, 4]  # the planner moved layers off stage 3
