@@ -20,11 +20,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import pipeline
-from pipeline import ElasticPipeline, LayerSpec, Plan, StageContext
+from pipeline import ElasticPipeline, LayerSpec, Plan
 from pipeline.local.models import transformer_stack
 from pipeline.local.reference import ReferenceTrainer
 from pipeline.local.spec import build_layer
+from tests.pipeline.distributed.common import launch_configs
 from tests.pipeline.distributed.test_elastic import (
     ADAM,
     STEPS,
@@ -120,15 +120,9 @@ def train(schedule: str, m: int, partition: Any, move: Move | None) -> dict[str,
     return result
 
 
-def run_configs(ctx: StageContext, n_ranks: int) -> dict[str, Any]:
-    return {name: train(*config) for name, config in configs(n_ranks).items()}
-
-
 @functools.cache
 def pipelined(n_ranks: int) -> dict[str, Any]:
-    results = pipeline.launch(functools.partial(run_configs, n_ranks=n_ranks), n_ranks,
-                              threads_per_stage=1, timeout_s=90)  # fmt: skip
-    return results[0]  # every rank returns the same losses; rank 0 holds the state and trace
+    return launch_configs(train, configs(n_ranks), n_ranks, timeout_s=90)
 
 
 @functools.cache

@@ -17,8 +17,9 @@ import pytest
 import torch
 
 import pipeline
-from pipeline import ElasticPipeline, StageContext
+from pipeline import ElasticPipeline
 from pipeline.local.reference import ReferenceTrainer
+from tests.pipeline.distributed.common import launch_configs
 from tests.pipeline.distributed.test_elastic import ADAM, MODELS, STEPS, batches, max_state_diff
 from tests.pipeline.distributed.test_faults import failing_stream
 
@@ -75,15 +76,9 @@ def configs(n_stages: int) -> dict[str, tuple[Any, ...]]:
     }
 
 
-def run_configs(ctx: StageContext, n_stages: int) -> dict[str, Any]:
-    return {name: train(*config) for name, config in configs(n_stages).items()}
-
-
 @functools.cache
 def pipelined(n_stages: int) -> dict[str, Any]:
-    results = pipeline.launch(functools.partial(run_configs, n_stages=n_stages), n_stages,
-                              threads_per_stage=1, timeout_s=60)  # fmt: skip
-    return results[0]
+    return launch_configs(train, configs(n_stages), n_stages, timeout_s=60)
 
 
 @functools.cache

@@ -17,9 +17,9 @@ from typing import Any
 import pytest
 import torch
 
-import pipeline
-from pipeline import ElasticPipeline, Plan, StageContext
+from pipeline import ElasticPipeline, Plan
 from pipeline.local.reference import ReferenceTrainer
+from tests.pipeline.distributed.common import launch_configs
 from tests.pipeline.distributed.test_elastic import ADAM, MODELS, STEPS, batches, max_state_diff
 
 pytestmark = pytest.mark.multiprocess
@@ -72,15 +72,9 @@ def configs(n_stages: int) -> dict[str, tuple[str, int, Any, Moves]]:
     }  # fmt: skip
 
 
-def run_configs(ctx: StageContext, n_stages: int) -> dict[str, Any]:
-    return {name: train(*config) for name, config in configs(n_stages).items()}
-
-
 @functools.cache
 def pipelined(n_stages: int) -> dict[str, Any]:
-    results = pipeline.launch(functools.partial(run_configs, n_stages=n_stages), n_stages,
-                              threads_per_stage=1, timeout_s=60)  # fmt: skip
-    return results[0]  # every rank returns the same losses; rank 0 holds the state and trace
+    return launch_configs(train, configs(n_stages), n_stages, timeout_s=60)
 
 
 @functools.cache
