@@ -90,8 +90,9 @@ class ElasticPipeline(ModelViews):
         n_microbatches: micro-batches per step; must divide the batch size.
         seed: with the layer keys, fixes the initial weights and the dropout masks.
         partition: "auto" (planned on the first step), stage sizes, or a `Plan`.
-        memory_budget: bytes per stage the plan must fit (parameters, gradients, optimizer
-            state and in-flight activations); layers are recomputed where needed.
+        memory_budget: bytes per rank the plan must fit (parameters, gradients, optimizer
+            state and in-flight activations of its stages); layers are recomputed where
+            needed.
         planner: "time", "memory" or a `pipeline.pure.planner.Planner`.
         profile: "sandbox" (time each distinct layer once) or "estimate" (FLOPs only).
         cost_cache: measured costs by layer signature, shared across models.

@@ -43,6 +43,7 @@ from pipeline.distributed.migration import MigrationRecord
 from pipeline.distributed.parts import PipelineParts
 from pipeline.local.history import StepHistory
 from pipeline.local.stage import Stage
+from pipeline.pure.placement import Placement
 from pipeline.pure.planner import Plan
 from pipeline.pure.timeline import chrome_trace, partition_svg
 
@@ -159,11 +160,17 @@ def bubble_fraction(busy_s: Sequence[float], iteration_s: float) -> float:
     return min(1.0, max(0.0, 1.0 - max(busy_s) / iteration_s))
 
 
-def predicted_bubble_fraction(plan: Plan | None) -> float | None:
-    """`bubble_fraction` on the plan's numbers (module doc); None without a plan."""
+def predicted_bubble_fraction(
+    plan: Plan | None, placement: Placement | None = None
+) -> float | None:
+    """`bubble_fraction` on the plan's numbers (module doc); None without a plan. A rank
+    is busy for all its stages (`placement`; default: one stage per rank)."""
     if plan is None:
         return None
-    busy = [s * plan.n_microbatches for s in plan.predicted_stage_s]
+    stage_s = plan.predicted_stage_s
+    held = ([placement.stages_of(r) for r in range(placement.n_ranks)] if placement
+            else [(s,) for s in range(len(stage_s))])  # fmt: skip
+    busy = [sum(stage_s[s] for s in stages) * plan.n_microbatches for stages in held]
     return bubble_fraction(busy, plan.predicted_iteration_s)
 
 
@@ -232,7 +239,7 @@ def stats(pipe: PipelineParts, stages: Sequence[Stage], last_steps: int) -> Pipe
         samples_per_s=per_second([r.samples for r in recent], iteration_s),
         tokens_per_s=tokens_per_s([r.tokens for r in recent], iteration_s),
         bubble_fraction=bubble_fraction([s.busy_s for s in per_stage], iteration_s),
-        predicted_bubble_fraction=predicted_bubble_fraction(plan),
+        predicted_bubble_fraction=predicted_bubble_fraction(plan, pipe.placement),
         migrations=tuple(model.migrations),
         stages=per_stage,
     )

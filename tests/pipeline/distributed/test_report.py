@@ -17,6 +17,7 @@ from pipeline.distributed import report
 from pipeline.distributed.events import PipelineEvent, plain
 from pipeline.distributed.migration import MigrationRecord
 from pipeline.pure.costs import LayerCost
+from pipeline.pure.placement import Placement
 from pipeline.pure.planner import Plan, evaluate
 
 PLAN = Plan(sizes=(1, 2), actions=("keep", "recompute", "keep"), schedule="1f1b",
@@ -181,3 +182,17 @@ def test_stats_rejects_a_bad_last_steps_before_any_collective(last_steps: Any) -
     message = re.escape(f"last_steps must be a positive int, got {last_steps!r}")
     with pytest.raises(ValueError, match=message):
         report.stats(cast(Any, None), cast(Any, None), last_steps)
+
+
+@pytest.mark.parametrize("n_ranks,n_microbatches", [(2, 4), (4, 8)])
+def test_predicted_bubble_with_several_stages_per_rank_counts_a_rank_busy_for_all(
+    n_ranks: int, n_microbatches: int
+) -> None:
+    """Interleaved 1F1B on 2R equal stages: Megatron's (R - 1) / (v M + R - 1) of the step."""
+    stages = 2 * n_ranks
+    costs = [LayerCost(f"l{i}", forward_s=0.5, backward_s=1.0) for i in range(stages)]
+    plan = evaluate(costs, [1] * stages, schedule="interleaved_1f1b",
+                    n_microbatches=n_microbatches)  # fmt: skip
+    expected = (n_ranks - 1) / (2 * n_microbatches + n_ranks - 1)
+    placement = Placement("loop", n_ranks, 2)
+    assert report.predicted_bubble_fraction(plan, placement) == pytest.approx(expected)
