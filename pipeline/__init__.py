@@ -1,8 +1,9 @@
 """An elastic pipeline-parallel training runtime for PyTorch.
 
 Give it a list of layers (`LayerSpec`: a stable key and a picklable factory); it splits them
-into stages, one per process, and trains them with a GPipe or 1F1B schedule so that the
-result equals single-process training with gradient accumulation::
+into stages, one per process (or several: interleaved 1F1B, ZB-V), and trains them with a
+pipeline schedule so that the result equals single-process training with gradient
+accumulation::
 
     import functools, torch, pipeline
     from pipeline import ElasticPipeline, LayerSpec

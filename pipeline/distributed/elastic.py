@@ -1,9 +1,10 @@
 """`ElasticPipeline`: the public face of the runtime, one instance in every stage process.
 
 Every rank constructs it with the same arguments and calls `train_step` with the same
-batches (SPMD). Rank s becomes stage s: it builds only its own layers, runs its schedule's
-action list each step, and the loss is broadcast from the last stage so every rank returns
-the same value.
+batches (SPMD). Rank s becomes stage s (under "interleaved_1f1b" and "zbv" it holds several
+stages, placed as `pipeline.pure.placement` says): it builds only its own layers, runs its
+schedule's action list each step, and the loss is agreed so every rank returns the same
+value.
 
     batch (x, y) ──split into M micro-batches──> stage 0 ──> stage 1 ──> ... ──> loss
                                                      <── gradients ──  <── ...
