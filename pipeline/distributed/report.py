@@ -174,6 +174,15 @@ def predicted_bubble_fraction(
     return bubble_fraction(busy, plan.predicted_iteration_s)
 
 
+def _predicted_rank_bytes(plan: Plan | None, rank: int, held: Sequence[int]) -> int | None:
+    """The plan's peak for `rank`, which holds stages `held` (None without a plan)."""
+    if plan is None:
+        return None
+    if plan.predicted_rank_bytes:
+        return plan.predicted_rank_bytes[rank]
+    return sum(plan.predicted_stage_bytes[s] for s in held)
+
+
 def process_peak_bytes(device: torch.device, history: StepHistory) -> int:
     """This process's memory peak over the whole run: on a GPU the allocator's largest
     measured peak; on the CPU the resident set's high-water mark (`getrusage`, which
@@ -218,7 +227,7 @@ def stats(pipe: PipelineParts, stages: Sequence[Stage], last_steps: int) -> Pipe
         state_bytes=state_bytes,
         activation_peak_bytes=activations,
         measured_peak_bytes=state_bytes + activations,
-        predicted_peak_bytes=sum(plan.predicted_stage_bytes[s] for s in held) if plan else None,
+        predicted_peak_bytes=_predicted_rank_bytes(plan, rank, held),
         predicted_compute_s=sum(plan.predicted_stage_s[s] for s in held) * m if plan else None,
         # GPU: the allocator's peak over a measured step (all memory, not only the planned)
         allocator_peak_bytes=history.latest_allocator_bytes,

@@ -11,6 +11,7 @@ with a Bi-Partition cut. `replan` decides whether a new plan pays back the layer
 
     base.py         Plan, `evaluate` (the shared model), and `Planner`, the lifecycle every
                     planner runs: validate the `Problem`, `propose` layouts, evaluate, choose
+    schedule_facts.py  what a schedule implies: placement, in-flight counts, weight copies
     search.py       the min-max partition search over cut points, given a range cost
     time.py, memory.py, bipartition.py   the strategies: a cost model and a `propose`
     payback.py      `replan`: adopt a new plan only if it pays for its move

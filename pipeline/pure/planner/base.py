@@ -38,15 +38,14 @@ from pipeline.pure.bipartition import handed_stage_costs
 from pipeline.pure.costs import MEMORY_ACTIONS, LayerCost, LinkCost
 from pipeline.pure.partition import bounds, check_sizes
 from pipeline.pure.placement import Placement
-from pipeline.pure.schedule import (
-    SCHEDULES,
-    ScheduleFn,
-    get_schedule,
-    in_flight,
-    is_multi_stage,
-    is_stream,
-    placement_of,
+from pipeline.pure.planner.schedule_facts import (
+    ScheduleLike,
+    in_flight_counts,
+    placement_for,
+    schedule_name,
+    weight_copies,
 )
+from pipeline.pure.schedule import is_stream
 from pipeline.pure.simulate import simulate, stage_costs
 
 __all__ = [
@@ -61,6 +60,7 @@ __all__ = [
     "ScheduleLike",
     "evaluate",
     "in_flight_counts",
+    "placement_for",
     "schedule_name",
     "weight_copies",
 ]
@@ -95,6 +95,10 @@ class Plan:
     # Bi-Partition (`pipeline.pure.bipartition`): per boundary s | s+1, the last layers of
     # stage s whose backward runs on s + 1; () for none
     handoff: tuple[int, ...] = ()
+    # several stages per rank: each rank's peak, its stages' state plus the activations
+    # they hold together at the worst moment (the simulator's, less than the sum of the
+    # stages' peaks); () with one stage per rank, where it is `predicted_stage_bytes`
+    predicted_rank_bytes: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "sizes", tuple(self.sizes))
@@ -140,6 +144,7 @@ class Plan:
             "predicted_stage_s": list(self.predicted_stage_s),
             "predicted_stage_bytes": list(self.predicted_stage_bytes),
             "planner": self.planner, "handoff": list(self.handoff),
+            "predicted_rank_bytes": list(self.predicted_rank_bytes),
         }  # fmt: skip
 
     @classmethod
@@ -151,61 +156,13 @@ class Plan:
             predicted_stage_s=tuple(data["predicted_stage_s"]),
             predicted_stage_bytes=tuple(data["predicted_stage_bytes"]),
             planner=data.get("planner", ""), handoff=tuple(data.get("handoff", ())),
+            predicted_rank_bytes=tuple(data.get("predicted_rank_bytes", ())),
         )  # fmt: skip
 
 
-ScheduleLike = str | ScheduleFn  # a schedule's name, or a schedule function
 DEFAULT_SCHEDULE: ScheduleLike = "1f1b"  # what `plan` and `evaluate` assume unless told
 DEFAULT_MICROBATCHES = 8
-
-
-def schedule_name(schedule: ScheduleLike) -> str:
-    """What a plan records as its schedule: the name, or the function's `__name__`."""
-    return schedule if isinstance(schedule, str) else getattr(schedule, "__name__", "custom")
-
-
-def placement_for(schedule: ScheduleLike, n_stages: int) -> Placement:
-    """Where `schedule` puts `n_stages` stages: several per rank for an interleaved or V
-    schedule (`n_stages` must then be a multiple of its stages per rank), else one each."""
-    fn = get_schedule(schedule) if isinstance(schedule, str) else schedule
-    v = int(getattr(fn, "stages_per_rank", 1))
-    if n_stages % v:
-        raise ValueError(f"schedule {schedule_name(schedule)!r} holds {v} stages per rank, so "
-                         f"n_stages must be a multiple of {v}, got {n_stages}")  # fmt: skip
-    return placement_of(fn, n_stages // v)
-
-
-def in_flight_counts(schedule: ScheduleLike, n_stages: int, n_microbatches: int) -> list[int]:
-    """Micro-batches each stage keeps in flight, read off the schedule itself (a schedule
-    with several stages per rank: off each stage's actions in its rank's list)."""
-    fn = get_schedule(schedule) if isinstance(schedule, str) else schedule
-    if not is_multi_stage(fn):
-        return [in_flight(fn(n_stages, n_microbatches, s)) for s in range(n_stages)]
-    placement = placement_for(fn, n_stages)
-    lists = {s: fn(placement.n_ranks, n_microbatches, placement.rank_of(s))
-             for s in range(n_stages)}  # fmt: skip
-    return [in_flight([a for a in lists[s] if a.stage == s]) for s in range(n_stages)]
-
-
-def rank_bytes(schedule: ScheduleLike, stage_bytes: Sequence[int]) -> list[int]:
-    """Each rank's memory: the sum of its stages' (one stage per rank: the stage's)."""
-    placement = placement_for(schedule, len(stage_bytes))
-    return [sum(stage_bytes[s] for s in placement.stages_of(r)) for r in range(placement.n_ranks)]
-
-
 STREAM_STEPS = 5  # steps a stream schedule is simulated over to predict its time per step
-
-
-def weight_copies(schedule: ScheduleLike) -> int:
-    """Parameter copies a stage holds: 2 for PipeDream-2BW (double-buffered), else 1.
-
-    A schedule function may say how many it needs in a `weight_copies` attribute.
-    """
-    if not isinstance(schedule, str):
-        return int(getattr(schedule, "weight_copies", 1))
-    if schedule.lower() in SCHEDULES:
-        return int(getattr(SCHEDULES[schedule.lower()], "weight_copies", 1))
-    return 2 if schedule.lower().replace("-", "").replace("_", "") in ("2bw", "pipedream2bw") else 1
 
 
 def evaluate(
@@ -231,6 +188,10 @@ def evaluate(
     # a stream (2BW): the steady-state time per step of a stream long enough to show it
     n_steps = STREAM_STEPS if is_stream(schedule) else 1
     result = simulate(schedule, stages, n_microbatches, link, n_steps=n_steps)
+    placement = placement_for(schedule, len(stages))
+    per_rank = () if placement.stages_per_rank == 1 else tuple(
+        sum(stages[s].state_bytes for s in placement.stages_of(r)) + held
+        for r, held in enumerate(result.peak_rank_activation_bytes))  # fmt: skip
     return Plan(
         sizes=tuple(sizes), actions=actions, schedule=schedule_name(schedule),
         n_microbatches=n_microbatches,
@@ -239,6 +200,7 @@ def evaluate(
         predicted_stage_bytes=tuple(st.state_bytes + k * st.activation_bytes
                                     for st, k in zip(stages, counts, strict=True)),
         planner=planner, handoff=tuple(handoff) if any(handoff) else (),
+        predicted_rank_bytes=per_rank,
     )  # fmt: skip
 
 
@@ -307,8 +269,8 @@ class Problem:
 
     def fits(self, plan: Plan) -> bool:
         """Does every rank of `plan` fit the memory budget (always, without one)?"""
-        return self.memory_budget is None or max(
-            rank_bytes(self.schedule, plan.predicted_stage_bytes)) <= self.memory_budget
+        held = plan.predicted_rank_bytes or plan.predicted_stage_bytes
+        return self.memory_budget is None or max(held) <= self.memory_budget
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ import pytest
 from pipeline.pure.costs import LayerCost
 from pipeline.pure.placement import Placement
 from pipeline.pure.planner import InfeasibleBudgetError, get_planner
-from pipeline.pure.planner.base import in_flight_counts, placement_for, rank_bytes
+from pipeline.pure.planner.base import evaluate, in_flight_counts, placement_for
 from pipeline.pure.schedule import get_schedule
 from pipeline.pure.simulate import simulate, stage_costs
 
@@ -81,14 +81,14 @@ def test_a_memory_budget_holds_per_rank(planner: str) -> None:
     for _ in range(10):
         costs = random_costs(rng, 8)
         unlimited = get_planner(planner).plan(costs, 4, schedule="zbv", n_microbatches=4)
-        budget = int(max(rank_bytes("zbv", unlimited.predicted_stage_bytes)) * 0.9)
+        budget = int(max(unlimited.predicted_rank_bytes) * 0.9)
         try:
             plan = get_planner(planner).plan(costs, 4, schedule="zbv", n_microbatches=4,
                                              memory_budget=budget)  # fmt: skip
         except InfeasibleBudgetError as error:
             assert error.budget == budget and error.min_budget > budget
             continue
-        assert max(rank_bytes("zbv", plan.predicted_stage_bytes)) <= budget
+        assert max(plan.predicted_rank_bytes) <= budget
 
 
 def test_a_plan_predicts_the_simulated_time_of_its_placement() -> None:
@@ -98,3 +98,19 @@ def test_a_plan_predicts_the_simulated_time_of_its_placement() -> None:
     replay = simulate("interleaved_1f1b", stages, 4)
     assert replay.n_ranks == 2
     assert plan.predicted_iteration_s == pytest.approx(replay.iteration_s)
+
+
+@pytest.mark.parametrize("n_ranks,m", [(2, 4), (2, 8), (4, 8)])
+def test_a_zbv_rank_holds_the_activations_of_a_1f1b_first_stage(n_ranks: int, m: int) -> None:
+    """ZB-V's promise: each rank's activation peak (over time, its two chunks together) is
+    1F1B's first stage's, though the sum of the chunks' own peaks is more."""
+    layers = 4 * n_ranks
+    costs = [LayerCost(f"l{i}", 1.0, 2.0, activation_bytes=100) for i in range(layers)]
+    one = evaluate(costs, [4] * n_ranks, schedule="1f1b", n_microbatches=m)
+    zbv = evaluate(costs, [2] * (2 * n_ranks), schedule="zbv", n_microbatches=m)
+    assert max(zbv.predicted_rank_bytes) == max(one.predicted_stage_bytes)
+    placement = placement_for("zbv", 2 * n_ranks)
+    summed = [sum(zbv.predicted_stage_bytes[s] for s in placement.stages_of(r))
+              for r in range(n_ranks)]  # fmt: skip
+    assert all(held <= total for held, total in zip(zbv.predicted_rank_bytes, summed,
+                                                     strict=True))  # fmt: skip
