@@ -67,7 +67,8 @@ from pipeline.local.stage import ComputeError, InFlight, Stage, StepTimes
 from pipeline.pure.actions import COMPUTE_OPS
 from pipeline.pure.schedule import Action, Op
 
-__all__ = ["LOCAL", "Edge", "Edges", "Run", "infer", "merged_times", "sum_losses", "train_step"]
+__all__ = ["LOCAL", "Edge", "Edges", "Run", "infer", "merged_times", "peer_links", "sum_losses",
+           "train_step"]  # fmt: skip
 
 T = TypeVar("T")
 Batches = Sequence[T] | Mapping[int, T]  # micro-batch i's item at [i] (a stream: a dict)
@@ -120,8 +121,7 @@ class Run:
 
     def links(self) -> list[PeerLink]:
         """This rank's links to other ranks' stages, each once."""
-        found = [e for pair in self.edges.values() for e in pair if isinstance(e, PeerLink)]
-        return list(dict.fromkeys(found))
+        return peer_links(self.edges)
 
     def execute(self, actions: Sequence[Action]) -> None:
         for action in actions:
@@ -317,6 +317,12 @@ def train_step(
             error = error or run.stage_error("optimizer", exc.error, None, None, k)
     comm.raise_together(error)
     return loss, merged_times([stage.end_step() for stage in stages.values()])
+
+
+def peer_links(edges: Mapping[int, Edges]) -> list[PeerLink]:
+    """The links among `edges` (not the hand-overs, not the ends), each once, in order."""
+    found = [e for pair in edges.values() for e in pair if isinstance(e, PeerLink)]
+    return list(dict.fromkeys(found))
 
 
 def _one_stage(

@@ -115,5 +115,4 @@ class StepRunner:
         return lower_ranks(computes, placement)[rank]
 
     def _neighbours(self) -> list[PeerLink]:
-        found = [e for pair in self._edges.values() for e in pair if isinstance(e, PeerLink)]
-        return list(dict.fromkeys(found))
+        return executor.peer_links(self._edges)

@@ -46,9 +46,9 @@ def in_flight_counts(schedule: ScheduleLike, n_stages: int, n_microbatches: int)
     if not is_multi_stage(fn):
         return [in_flight(fn(n_stages, n_microbatches, s)) for s in range(n_stages)]
     placement = placement_for(fn, n_stages)
-    lists = {s: fn(placement.n_ranks, n_microbatches, placement.rank_of(s))
-             for s in range(n_stages)}  # fmt: skip
-    return [in_flight([a for a in lists[s] if a.stage == s]) for s in range(n_stages)]
+    lists = [fn(placement.n_ranks, n_microbatches, r) for r in range(placement.n_ranks)]
+    return [in_flight([a for a in lists[placement.rank_of(s)] if a.stage == s])
+            for s in range(n_stages)]  # fmt: skip
 
 
 def weight_copies(schedule: ScheduleLike) -> int:
