@@ -33,6 +33,7 @@ from optuna.storages import BaseStorage, JournalStorage, RDBStorage
 from optuna.storages.journal import JournalFileBackend
 
 from nas.errors import HeartbeatError, describe
+from nas.search.records import StudyRecords, trial_id
 
 __all__ = [
     "GRACE_S",
@@ -148,11 +149,11 @@ class Heartbeat:
     """
 
     def __init__(self, study: optuna.Study, trial: optuna.Trial) -> None:
-        storage = study._storage
+        storage = StudyRecords(study).storage
         self._record = getattr(storage, "record_heartbeat", None)
         interval = getattr(storage, "get_heartbeat_interval", lambda: None)()
         self._interval = float(interval) if interval else None
-        self._trial_id = trial._trial_id
+        self._trial_id = trial_id(trial)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None

@@ -19,6 +19,7 @@ import optuna
 from nas import storage
 from nas.plugins import is_import_path, load_class
 from nas.search import make_pruner, make_sampler
+from nas.search.records import StudyRecords
 from nas.settings import NasSettings
 from search_spaces.architecture import Architecture, to_json
 from search_spaces.evolved_transformer import (
@@ -159,9 +160,7 @@ def fail_running(study: optuna.Study, cause: str, owner: str | None = None) -> N
         if not orphaned:
             continue
         try:
-            study._storage.set_trial_user_attr(trial._trial_id, "fail_reason", cause)
-            study._storage.set_trial_user_attr(trial._trial_id, INTERRUPTED, True)
-            study._storage.set_trial_state_values(trial._trial_id, optuna.trial.TrialState.FAIL)
+            StudyRecords(study).fail(trial, {"fail_reason": cause, INTERRUPTED: True})
         except optuna.exceptions.UpdateFinishedTrialError:  # its worker finished it meanwhile
             continue
         study.enqueue_trial(trial.params, user_attrs={"retry_of": trial.number})

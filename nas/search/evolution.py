@@ -42,6 +42,8 @@ from optuna.samplers import BaseSampler, RandomSampler
 from optuna.study import Study, StudyDirection
 from optuna.trial import FrozenTrial, TrialState
 
+from nas.search.records import StudyRecords, contains, trial_id
+
 __all__ = [
     "KEY_MUTATED",
     "KEY_MUTATION_APPLIED",
@@ -75,15 +77,6 @@ def _positive_int(name: str, value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"{name} must be a positive integer, got {value!r}")
     return value
-
-
-def _contains(distribution: BaseDistribution, value: Any) -> bool:
-    """Whether `value` (external representation) is a legal value of `distribution`."""
-    try:
-        internal = distribution.to_internal_repr(value)
-    except (ValueError, TypeError):
-        return False
-    return bool(distribution._contains(internal))
 
 
 def _fitness_key(trial: FrozenTrial, direction: StudyDirection) -> tuple[bool, float, float]:
@@ -204,7 +197,7 @@ class RegularizedEvolutionSampler(BaseSampler):
     def before_trial(self, study: Study, trial: FrozenTrial) -> None:
         self._warmup.before_trial(study, trial)
         self._forget_finished(study)
-        self._plans[trial._trial_id] = None
+        self._plans[trial_id(trial)] = None
         if "fixed_params" in trial.system_attrs:  # enqueued: Optuna answers the fixed ones
             self._set(study, trial, KEY_ROLE, "seed")
             return
@@ -219,7 +212,7 @@ class RegularizedEvolutionSampler(BaseSampler):
         parent = self.select_parent(study, tournament)
         mutable = sorted(n for n, d in parent.distributions.items() if not d.single())
         mutated = mutable[self._rng.randint(len(mutable))] if mutable else None
-        self._plans[trial._trial_id] = _Plan(parent.number, dict(parent.params), mutated)
+        self._plans[trial_id(trial)] = _Plan(parent.number, dict(parent.params), mutated)
         self._set(study, trial, KEY_ROLE, "child")
         self._set(study, trial, KEY_PARENT, parent.number)
         self._set(study, trial, KEY_MUTATED, mutated)
@@ -249,7 +242,7 @@ class RegularizedEvolutionSampler(BaseSampler):
         plan = self._plan(study, trial)
         if plan is None:
             return self._warmup.sample_independent(study, trial, param_name, param_distribution)
-        known = param_name in plan.params and _contains(param_distribution, plan.params[param_name])
+        known = param_name in plan.params and contains(param_distribution, plan.params[param_name])
         if not known:  # a branch the parent never took (or a changed distribution)
             return self._random.sample_independent(study, trial, param_name, param_distribution)
         if param_name == plan.mutated:
@@ -264,7 +257,7 @@ class RegularizedEvolutionSampler(BaseSampler):
         values: Sequence[float] | None,
     ) -> None:
         plan = self._plan(study, trial)
-        self._plans.pop(trial._trial_id, None)
+        self._plans.pop(trial_id(trial), None)
         if plan is not None and plan.mutated is not None:
             self._set(study, trial, KEY_MUTATION_APPLIED, plan.mutated in trial.params)
         self._warmup.after_trial(study, trial, state, values)
@@ -274,7 +267,7 @@ class RegularizedEvolutionSampler(BaseSampler):
     @staticmethod
     def _set(study: Study, trial: FrozenTrial, key: str, value: Any) -> None:
         # Optuna's own samplers write their per-trial state the same way.
-        study._storage.set_trial_system_attr(trial._trial_id, key, value)
+        StudyRecords(study).set_trial_attr(trial, key, value)
 
     def _forget_finished(self, study: Study) -> None:
         """Drop the plans of trials that are no longer RUNNING in `study`: `after_trial` is
@@ -286,24 +279,23 @@ class RegularizedEvolutionSampler(BaseSampler):
         the storage, equal, if that trial asks again."""
         held = list(self._plans)
         running = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
-        alive = {t._trial_id for t in running}
-        for trial_id in held:
-            if trial_id not in alive:
-                self._plans.pop(trial_id, None)
+        alive = {trial_id(t) for t in running}
+        for held_id in held:
+            if held_id not in alive:
+                self._plans.pop(held_id, None)
 
     def _plan(self, study: Study, trial: FrozenTrial) -> _Plan | None:
         """This trial's plan: from memory, or rebuilt from storage (e.g. after unpickling)."""
-        if trial._trial_id in self._plans:
-            return self._plans[trial._trial_id]
-        attrs = study._storage.get_trial_system_attrs(trial._trial_id)
+        key = trial_id(trial)
+        if key in self._plans:
+            return self._plans[key]
+        records = StudyRecords(study)
+        attrs = records.trial_attrs(trial)
         plan = None
         if attrs.get(KEY_ROLE) == "child":
-            parent_id = study._storage.get_trial_id_from_study_id_trial_number(
-                study._study_id, attrs[KEY_PARENT]
-            )
-            parent = study._storage.get_trial(parent_id)
+            parent = records.trial_by_number(attrs[KEY_PARENT])
             plan = _Plan(parent.number, dict(parent.params), attrs.get(KEY_MUTATED))
-        self._plans[trial._trial_id] = plan
+        self._plans[key] = plan
         return plan
 
     def _mutate(

@@ -61,6 +61,8 @@ from optuna.storages import RDBStorage
 from optuna.study import Study, StudyDirection
 from optuna.trial import FrozenTrial, TrialState
 
+from nas.search.records import StudyRecords
+
 __all__ = [
     "HURDLE_KEY",
     "VALUE_KEY",
@@ -90,7 +92,7 @@ def stored_hurdle(study: Study, budget: int, min_trials: int) -> dict[str, Any] 
     """The hurdle frozen at `budget` for `min_trials` in `study` (value, member trials,
     min_trials), if any: the first writer's (module docstring)."""
     key = HURDLE_KEY.format(budget=budget, min_trials=min_trials)
-    attrs = study._storage.get_study_system_attrs(study._study_id)
+    attrs = StudyRecords(study).study_attrs()
     if key in attrs:
         return dict(attrs[key])
     first = next((value for name, value in attrs.items() if name.startswith(f"{key}#")), None)
@@ -101,16 +103,16 @@ def _claim(study: Study, budget: int, candidate: dict[str, Any]) -> dict[str, An
     """Store `candidate` as the hurdle at `budget` unless another writer did first; return
     the stored hurdle (the numbered steps of the module docstring)."""
     key = HURDLE_KEY.format(budget=budget, min_trials=candidate["min_trials"])
-    storage = study._storage
-    backend = getattr(storage, "_backend", storage)  # Optuna wraps an RDBStorage in a cache
+    records = StudyRecords(study)
+    backend = getattr(records.storage, "_backend", records.storage)  # an RDBStorage's cache
     if isinstance(backend, RDBStorage):  # 1.
         table = sqlalchemy.Table("study_system_attributes", sqlalchemy.MetaData(),
                                  autoload_with=backend.engine)  # fmt: skip
-        row = {"study_id": study._study_id, "key": key, "value_json": json.dumps(candidate)}
+        row = {"study_id": records.study_id, "key": key, "value_json": json.dumps(candidate)}
         with contextlib.suppress(sqlalchemy.exc.IntegrityError), backend.engine.begin() as db:
             db.execute(table.insert().values(**row))
     else:  # 2.
-        storage.set_study_system_attr(study._study_id, f"{key}#{uuid.uuid4().hex}", candidate)
+        records.set_study_attr(f"{key}#{uuid.uuid4().hex}", candidate)
     stored = stored_hurdle(study, budget, candidate["min_trials"])
     assert stored is not None, "a hurdle was just stored"
     return stored
