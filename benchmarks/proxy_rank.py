@@ -3,20 +3,23 @@
 A search is only as good as its proxy: if the validation loss after a trial's short budget
 orders architectures differently from the loss after full training, the search optimises
 the wrong thing. For `--archs` architectures of an experiment's space (both seeds, then
-random samples inside its parameter window, the space's own `sample` with a seeded
-`RandomSuggest`), each is trained twice from scratch on the pipeline runtime, with the
-experiment's settings (`nas.retrain.retrain_models`, training seed = the study's seed):
+`--mutants` random one-edit mutants of the Evolved Transformer seed, where evolution spends
+its trials, then random samples; all inside its parameter window and with the space's
+primitives), each is trained from scratch on the pipeline runtime, with the experiment's
+settings (`nas.retrain.retrain_models`, training seed = the study's seed):
 
 * at the trial budget (`train.steps`, the trial's learning-rate schedule), scored as a
   trial is: the whole validation split at the end, the evaluation subset every
   `train.eval_every` steps (the points where PDH hurdles can sit);
-* at the full budget (`retrain.steps`, the schedule stretched to it).
+* at the full budget (`retrain.steps`, the schedule stretched to it); when the trial
+  budget is the full budget (rungs, as `search_2h`), one run serves both.
 
 Reported: each architecture's parameters, curve and both losses; Kendall tau (scipy) between
 the budget's final loss and the full loss, and between each evaluation step's loss and the
-full loss (where a hurdle ranks well enough); seconds per run.
+full loss (`kendall_tau_by_eval_step`; `kendall_tau_by_rung` at the PDH budgets: how well
+each hurdle ranks); seconds per run.
 
-    python benchmarks/proxy_rank.py [--experiment search_1h] [--archs 10] [--sample-seed 0]
+    python benchmarks/proxy_rank.py [--experiment search_2h] [--archs 10] [--mutants 5]
 """
 
 from __future__ import annotations
@@ -24,8 +27,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import tempfile
 import time
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -35,8 +40,14 @@ from scipy.stats import kendalltau
 
 from nas.retrain import Model, RetrainResult, retrain_models
 from nas.settings import NasSettings
-from nas.trials import param_window, sample_architecture, seed_architectures
-from search_spaces.architecture import InvalidArchitecture, summary, to_json
+from nas.trials import param_window, sample_architecture, seed_architectures, space_primitives
+from search_spaces.architecture import (
+    InvalidArchitecture,
+    from_json,
+    functional_key,
+    summary,
+    to_json,
+)
 from search_spaces.compile import parameter_count
 from search_spaces.evolved_transformer import seed_params, validate
 from search_spaces.suggest import RandomSuggest
@@ -44,25 +55,60 @@ from search_spaces.suggest import RandomSuggest
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def architectures(settings: NasSettings, count: int, seed: int) -> list[Model]:
-    """Both seeds, then distinct random samples inside the space's window."""
-    models = [Model(name, None, seed_params(arch), to_json(arch))
-              for name, arch in seed_architectures(settings).items()]  # fmt: skip
+class OneEdit:
+    """A `Suggest` that answers as `base` does but for one name, `target`, which gets
+    another of its choices; names `base` never answered get random ones (what a mutation
+    reaches that its parent did not ask), as the evolution sampler's children do."""
+
+    def __init__(self, base: dict[str, Any], target: str, rng: random.Random) -> None:
+        self.base, self.target, self.rng = base, target, rng
+        self.params: dict[str, Any] = {}
+
+    def suggest_categorical(self, name: str, choices: Sequence[Any]) -> Any:
+        if name not in self.params:
+            others = [c for c in choices if c != self.base.get(name)]
+            keep = name != self.target and self.base.get(name, _NONE) in choices
+            self.params[name] = self.base[name] if keep else self.rng.choice(others or choices)
+        return self.params[name]
+
+    def suggest_int(self, name: str, low: int, high: int) -> int:
+        return int(self.suggest_categorical(name, list(range(low, high + 1))))
+
+
+_NONE = object()
+
+
+def _valid(settings: NasSettings, suggest: Any) -> Any:
+    """The architecture `suggest` answers, or None outside the space's window."""
+    arch = sample_architecture(suggest, settings)
     window = param_window(settings)
-    seen = {m.architecture for m in models}
-    draw = seed
+    try:
+        if window is not None:
+            validate(arch, window=window)
+    except InvalidArchitecture:
+        return None
+    return arch
+
+
+def architectures(settings: NasSettings, count: int, mutants: int, seed: int) -> list[Model]:
+    """Both seeds, then distinct one-edit mutants of the Evolved Transformer, then distinct
+    random samples, all inside the space's window."""
+    primitives = space_primitives(settings)
+    seeds = seed_architectures(settings)
+    models = [Model(name, None, seed_params(arch, primitives=primitives), to_json(arch))
+              for name, arch in seeds.items()]  # fmt: skip
+    seen = {functional_key(from_json(m.architecture)) for m in models}
+    parent, rng, draw = models[-1].params, random.Random(seed), seed
     while len(models) < count:
-        suggest = RandomSuggest(draw)
         draw += 1
-        arch = sample_architecture(suggest, settings)
-        try:
-            if window is not None:
-                validate(arch, window=window)
-        except InvalidArchitecture:
-            continue
-        if to_json(arch) not in seen:
-            seen.add(to_json(arch))
-            models.append(Model(f"random-{draw - 1}", None, dict(suggest.params), to_json(arch)))
+        mutant = len(models) < 2 + mutants
+        suggest: Any = OneEdit(parent, rng.choice(sorted(parent)), rng) if mutant \
+            else RandomSuggest(draw)  # fmt: skip
+        arch = _valid(settings, suggest)
+        if arch is not None and functional_key(arch) not in seen:
+            seen.add(functional_key(arch))
+            name = f"mutant-{draw}" if mutant else f"random-{draw}"
+            models.append(Model(name, None, dict(suggest.params), to_json(arch)))
     return models
 
 
@@ -82,13 +128,19 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--experiment", default="search_1h")
     parser.add_argument("--archs", type=int, default=10)
+    parser.add_argument(
+        "--mutants",
+        type=int,
+        default=0,
+        help="how many of the archs are one-edit mutants of the ET seed",
+    )
     parser.add_argument("--sample-seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/proxy_rank.json")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. train.steps=300")
     args = parser.parse_args()
     os.environ.setdefault("WANDB_MODE", "offline")
     settings = experiment_settings(args.experiment, args.overrides)
-    models = architectures(settings, args.archs, args.sample_seed)
+    models = architectures(settings, args.archs, args.mutants, args.sample_seed)
     folder = tempfile.mkdtemp(prefix="proxy_rank_")
     base = replace(settings, retrain=replace(settings.retrain, seeds=(settings.seed,),
                                              models_dir=folder))  # fmt: skip
@@ -96,7 +148,7 @@ def main() -> None:
     budget = losses(retrain_models(replace(base, retrain=replace(
         base.retrain, steps=settings.train.steps)), models))  # fmt: skip
     full_steps = base.retrain.steps or settings.train.steps
-    full = losses(retrain_models(base, models))
+    full = budget if full_steps == settings.train.steps else losses(retrain_models(base, models))
     names = [m.name for m in models if budget[m.name]["error"] is None and
              full[m.name]["error"] is None]  # fmt: skip
     y = [full[n]["validation_loss"] for n in names]
@@ -116,21 +168,35 @@ def main() -> None:
         } for m in models],
         "kendall_tau": float(tau_final.statistic), "kendall_p": float(tau_final.pvalue),
         "kendall_tau_by_eval_step": by_step, "ranked": len(names),
+        "kendall_tau_by_rung": {b: t for b, t in by_step.items() if int(b) in _rungs(settings)},
+        "mutants": sum(m.name.startswith("mutant-") for m in models),
         "seconds": time.perf_counter() - started,
     }  # fmt: skip
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
-    print(json.dumps({k: result[k] for k in ("kendall_tau", "kendall_p",
-                                              "kendall_tau_by_eval_step", "seconds")}, indent=2))
+    print(
+        json.dumps(
+            {
+                k: result[k]
+                for k in ("kendall_tau", "kendall_p", "kendall_tau_by_eval_step", "seconds")
+            },
+            indent=2,
+        )
+    )
     for a in result["architectures"]:
-        print(f"{a['name']:22} {a['parameters']:>8} budget {a['budget']['validation_loss']:.4f} "
-              f"full {a['full']['validation_loss']:.4f}")
+        print(
+            f"{a['name']:22} {a['parameters']:>8} budget {a['budget']['validation_loss']:.4f} "
+            f"full {a['full']['validation_loss']:.4f}"
+        )
 
 
 def _arch(model: Model) -> Any:
-    from search_spaces.architecture import from_json
-
     return from_json(model.architecture)
+
+
+def _rungs(settings: NasSettings) -> list[int]:
+    """The PDH budgets of the experiment, if it prunes with hurdles."""
+    return list(settings.pruner.options.get("budgets", [])) if settings.pruner.name == "pdh" else []
 
 
 if __name__ == "__main__":

@@ -16,9 +16,11 @@ window, the trial budget that `proxy_rank.py` measured), run for a wall-clock bu
               still compare), its best retrained
               from scratch against both seeds with `--retrain-seeds` training seeds
               (`nas.retrain.retrain_models`, `retrain.steps`): mean and sd of validation
-              loss, accuracy, chrF, test loss, parameters and throughput; the goal is met
-              when the best beats both seeds on validation loss and chrF with no more
-              parameters than either seed.
+              loss, accuracy, chrF, test loss, parameters and throughput, and each
+              model's difference from the Evolved Transformer paired by training seed
+              (every model sees the same data order for a seed): mean, standard error,
+              seeds won; the goal is met when the best beats both seeds on validation loss
+              and chrF with no more parameters than either seed.
 
 `proxy_rank.json`'s Kendall tau is copied in when present. A study whose settings equal
 another's is run once (the headline is the evolution study of seed 0 when `--search-minutes`
@@ -40,7 +42,7 @@ import os
 import statistics
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from datetime import datetime
 from pathlib import Path
@@ -53,7 +55,16 @@ import matplotlib.pyplot as plt
 import optuna
 from common import experiment_settings
 
-from nas.retrain import Model, model_table, retrain_models, select_models
+from nas.paired import REFERENCE
+from nas.retrain import (
+    Model,
+    RetrainRun,
+    identity,
+    model_table,
+    paired_metrics,
+    retrain_models,
+    select_models,
+)
 from nas.settings import OBJECTIVES, NasSettings, PrunerSettings, SamplerSettings
 from nas.study import run_study
 from nas.trials import counted, finished, open_study, seed_architectures
@@ -82,8 +93,10 @@ def main() -> None:
         return
     os.environ.setdefault("WANDB_MODE", "offline")
     root = Path(tempfile.mkdtemp(prefix="search_quality_"))
-    base = experiment_settings(args.experiment, [f"studies_dir={root / 'studies'}",
-                                                 f"output_dir={root / 'run'}", *args.overrides])
+    base = experiment_settings(
+        args.experiment,
+        [f"studies_dir={root / 'studies'}", f"output_dir={root / 'run'}", *args.overrides],
+    )
     started = time.perf_counter()
     runs: dict[str, dict[str, Any]] = {}
     wanted = _variants(args.parts)
@@ -156,11 +169,18 @@ def _arguments() -> argparse.Namespace:
     parser.add_argument("--search-trials", type=int, default=None)
     parser.add_argument("--study-seeds", type=int, default=2)
     parser.add_argument("--retrain-seeds", type=int, default=3)
-    parser.add_argument("--out", type=Path, default=RESULTS / "search_quality.json",
-                        help="merged with what an earlier run of other parts wrote there")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=RESULTS / "search_quality.json",
+        help="merged with what an earlier run of other parts wrote there",
+    )
     parser.add_argument("--replot", action="store_true", help="only redraw the PNG from --out")
-    parser.add_argument("--reuse", action="store_true",
-                        help="read studies already in studies_dir instead of running them")
+    parser.add_argument(
+        "--reuse",
+        action="store_true",
+        help="read studies already in studies_dir instead of running them",
+    )
     parser.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. retrain.steps=400")
     args = parser.parse_args()
     args.parts = [p for p in args.parts.split(",") if p]
@@ -196,8 +216,12 @@ def _study(base: NasSettings, variant: str, seed: int, minutes: float,
     cold = variant == "evolution-cold"  # a fresh run_study (new processes) per trial
     while time.time() < deadline:
         limit = finished(open_study(settings)) + 1 if cold else settings.study.n_trials
-        run_study(replace(settings, study=replace(settings.study, n_trials=limit,
-                                                  timeout_s=deadline - time.time())))
+        run_study(
+            replace(
+                settings,
+                study=replace(settings.study, n_trials=limit, timeout_s=deadline - time.time()),
+            )
+        )
         if not cold:
             break
     study = optuna.load_study(study_name=name, storage=settings.storage_url)
@@ -251,8 +275,9 @@ def _summary(runs: dict[str, dict[str, Any]], variants: list[str], seeds: int) -
             else abs(pdh["best_mean"] - full["best_mean"]) <= sd,
         }  # fmt: skip
     if {"evolution-inherit", "evolution-cold"} <= set(out):
-        out["warm_vs_cold_trials_per_hour"] = (out["evolution-inherit"]["trials_per_hour"]
-                                               / out["evolution-cold"]["trials_per_hour"])
+        out["warm_vs_cold_trials_per_hour"] = (
+            out["evolution-inherit"]["trials_per_hour"] / out["evolution-cold"]["trials_per_hour"]
+        )
     return out
 
 
@@ -260,9 +285,13 @@ def _retrain(base: NasSettings, runs: dict[str, dict[str, Any]], picks: dict[str
              seed_models: bool, args: argparse.Namespace) -> dict[str, Any]:  # fmt: skip
     """Each pick (a role: "best", "warm-<seed>", "cold-<seed>", and the study in `runs` it
     picks from) retrained from scratch with the same training seeds, and both seeds when
-    `seed_models`. An architecture two studies picked is trained once."""
-    settings = replace(base, retrain=replace(base.retrain, top_k=1, seed_models=seed_models,
-                                             seeds=tuple(range(args.retrain_seeds))))
+    `seed_models`. A network two studies picked (`nas.retrain.identity`) is trained once."""
+    settings = replace(
+        base,
+        retrain=replace(
+            base.retrain, top_k=1, seed_models=seed_models, seeds=tuple(range(args.retrain_seeds))
+        ),
+    )
     models: dict[str, Model] = {}  # retrained under this name, one per architecture
     chosen: dict[str, str] = {}  # role -> the name its pick was retrained under
     for role, key in picks.items():
@@ -274,7 +303,8 @@ def _retrain(base: NasSettings, runs: dict[str, dict[str, Any]], picks: dict[str
             settings, retrain=replace(settings.retrain, seed_models=False))  # fmt: skip
         for model in select_models(study, own):
             name = model.name if model.trial is None else f"{role}-{model.name}"
-            same = next((n for n, m in models.items() if m.architecture == model.architecture),
+            same = next((n for n, m in models.items()
+                         if identity(m.architecture) == identity(model.architecture)),
                         None)  # fmt: skip
             if model.trial is not None:
                 chosen[role] = same or name
@@ -284,7 +314,7 @@ def _retrain(base: NasSettings, runs: dict[str, dict[str, Any]], picks: dict[str
     table = model_table(result.runs, settings.study.fitness)
     rows = {row["model"]: row for row in table}
     out: dict[str, Any] = {
-        "models": [_entry(n, m, rows.get(n, {})) for n, m in models.items()],
+        "models": [_entry(n, m, result.runs) for n, m in models.items()],
         "picks": chosen, "table": table, "selected": result.selected,
         "warm_vs_cold": _warm_vs_cold(rows, chosen),
     }  # fmt: skip
@@ -298,16 +328,37 @@ def _retrain(base: NasSettings, runs: dict[str, dict[str, Any]], picks: dict[str
     return out
 
 
-def _entry(name: str, model: Model, row: dict[str, Any]) -> dict[str, Any]:
+def _entry(name: str, model: Model, runs: Sequence[RetrainRun]) -> dict[str, Any]:
     """One retrained model as the JSON's `retrained` list holds it: the seeds by their own
-    names, a searched model as `trial-<number>` with the study (role) it came from."""
+    names, a searched model as `trial-<number>` with the study (role) it came from; its
+    figures per training seed that trained (`seeds`, in the same order), and its paired
+    difference against the Evolved Transformer on the seeds both trained (None for the
+    Evolved Transformer itself, or when it was not retrained)."""
     role, _, _ = name.partition("-trial-")
+    mine = [run for run in runs if run.model == name]
+    done = [run for run in mine if run.error is None]
+
+    def values(metric: str) -> list[float]:
+        return [run.metrics[metric] for run in done] if all(metric in run.metrics
+                                                            for run in done) else []  # fmt: skip
+
     return {"name": model.name if model.trial is None else f"trial-{model.trial}",
             "study": None if model.trial is None else role,
-            "params": row.get("parameters"), "architecture": model.params,
-            "validation_loss": row.get("validation_loss_values", []),
-            "chrf": row.get("validation_chrf_values", []),
-            "test_loss": row.get("test_loss_values", [])}  # fmt: skip
+            "params": mine[0].parameters if mine else None, "architecture": model.params,
+            "seeds": [run.seed for run in done], "validation_loss": values("validation_loss"),
+            "chrf": values("validation_chrf"), "test_loss": values("test_loss"),
+            "vs_evolved_transformer": _vs_evolved_transformer(name, runs)}  # fmt: skip
+
+
+def _vs_evolved_transformer(name: str, runs: Sequence[RetrainRun]) -> dict[str, Any] | None:
+    """`name - evolved_transformer` paired by training seed on validation loss and chrF (the
+    metrics the runs have): mean, stderr, n, wins (`nas.paired.PairedDifference.to_dict`)."""
+    if name == REFERENCE or not any(run.model == REFERENCE for run in runs):
+        return None
+    keys = {"validation_loss": "validation_loss", "validation_chrf": "chrf"}
+    metrics = [m for m in keys if any(m in run.metrics for run in runs)]
+    paired = paired_metrics(runs, name, REFERENCE, metrics)
+    return {keys[metric]: pair.to_dict() for metric, pair in paired.items()}
 
 
 def _warm_vs_cold(rows: dict[str, dict[str, Any]], chosen: dict[str, str]) -> dict[str, Any] | None:
@@ -361,8 +412,10 @@ def _proxy() -> dict[str, Any] | None:
 def _plot(runs: dict[str, dict[str, Any]], path: Path, fitness: str) -> None:
     """Best-so-far against minutes: the headline study on the left, the comparisons (one
     colour per variant, one line per study seed) on the right; each panel its own budget."""
-    panels = [("headline", {k: r for k, r in runs.items() if k == "headline"}),
-              ("equal wall-clock", {k: r for k, r in runs.items() if k != "headline"})]
+    panels = [
+        ("headline", {k: r for k, r in runs.items() if k == "headline"}),
+        ("equal wall-clock", {k: r for k, r in runs.items() if k != "headline"}),
+    ]
     panels = [(title, chosen) for title, chosen in panels if chosen]
     fig, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 4.2), squeeze=False)
     for ax, (title, chosen) in zip(axes[0], panels, strict=True):

@@ -42,9 +42,9 @@ from nas.trials import (
     INVALID,
     OWNER,
     Outcome,
-    architecture_of,
     fail_running,
     finished,
+    model_key,
     open_study,
     param_window,
     remaining,
@@ -52,7 +52,7 @@ from nas.trials import (
     seed_architectures,
     trials_table,
 )
-from search_spaces.architecture import InvalidArchitecture, summary, to_json
+from search_spaces.architecture import InvalidArchitecture, functional_key, summary, to_json
 from search_spaces.evolved_transformer import validate
 
 __all__ = ["MAX_INVALID_IN_A_ROW", "Leader", "LeaderError", "TrialOrder"]
@@ -119,7 +119,8 @@ class Leader:
 
         A proposal outside the space's parameter window (the one rule a sample can still
         break) is failed as invalid, does not count, and the next is asked; so is one whose
-        architecture a complete or pruned trial already trained (same settings, same
+        model a complete or pruned trial already trained (the same architecture, or one whose
+        blocks differ only in the order of their branches: `functional_key`; same settings, same
         training seed: it would only repeat that trial), recorded with `duplicate_of`. A
         sampler that raises while the architecture is sampled fails that trial with its
         cause.
@@ -143,7 +144,7 @@ class Leader:
             except Exception as error:  # the sampler (or a bug) raised while suggesting
                 self._fail_now(trial, f"sampling raised {describe(error)}")
                 continue
-            twin = self._trained_before(to_json(arch))
+            twin = self._trained_before(functional_key(arch))
             if twin is not None:
                 trial.set_user_attr(INVALID, True)
                 trial.set_user_attr(DUPLICATE_OF, twin)
@@ -173,12 +174,13 @@ class Leader:
             trial.report(value, step)
             return bool(trial.should_prune())
         # Optuna 5 refuses report/should_prune with several objectives: the hurdles are
-        # applied to the fitness itself and the trial ends as pruned
+        # applied to the fitness itself, the decision written on the trial, which a failing
+        # one ends as pruned
         pruner = self.study.pruner
         if not isinstance(pruner, ProgressiveDynamicHurdles) or step not in pruner.budgets:
             return False
         pruner.record(trial, step, value)
-        return not pruner.passes(self.study, step, value, trial=trial.number)
+        return not pruner.passes(self.study, step, value, trial=trial)
 
     def finish(self, number: int, outcome: Outcome) -> None:
         """Record how trial `number` ended; its tracker run ends whatever storage says."""
@@ -240,13 +242,14 @@ class Leader:
             validate(arch, window=window)
         return arch
 
-    def _trained_before(self, arch_json: str) -> int | None:
-        """The first complete or pruned trial that trained `arch_json`, or None."""
+    def _trained_before(self, key: str) -> int | None:
+        """The first complete or pruned trial that trained the model of `functional_key`
+        `key` (the same architecture, or one that differs only in branch order), or None."""
         done = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)
         for stored in self.study.get_trials(deepcopy=False, states=done):
             if stored.number not in self.trained:
-                self.trained[stored.number] = architecture_of(stored, self.settings)
-        return min((n for n, a in self.trained.items() if a == arch_json), default=None)
+                self.trained[stored.number] = model_key(stored, self.settings)
+        return min((n for n, a in self.trained.items() if a == key), default=None)
 
     def _begin(self, trial: optuna.Trial, arch_json: str, text: str) -> TrialOrder:
         self.trial = trial

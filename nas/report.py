@@ -9,7 +9,9 @@ stage held over the best trial's steps (its partition, and the migrations that c
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 import matplotlib
 
@@ -112,7 +114,8 @@ def _trials_table(settings: NasSettings, study: optuna.Study, width: int = 100) 
 
 def _report_retrained(settings: NasSettings, retrained: RetrainResult, console: Console) -> None:
     """The retrained models side by side (mean ± sd over their seeds, the chosen one first
-    and starred), where each was exported, and how to load the chosen one."""
+    and starred; then each against the reference seed model, paired by training seed; then
+    the test figures), where each was exported, and how to load the chosen one."""
     rows = model_table(retrained.runs, retrained.fitness)
     table = Table(title=f"retrained from scratch: {len(retrained.runs)} runs, chosen on "
                         "validation, test split read once", box=box.SIMPLE_HEAD)  # fmt: skip
@@ -120,13 +123,12 @@ def _report_retrained(settings: NasSettings, retrained: RetrainResult, console: 
     for row in rows:
         star = " *" if row["model"] == retrained.selected else ""
         table.add_column(row["model"] + star, justify="right", no_wrap=True)
-    metrics = [m for m in (*TASK_METRICS[settings.task.name], "test_loss", "samples_per_s")
-               if any(f"{m}_mean" in row for row in rows)]  # fmt: skip
     table.add_row("seeds (failed)", *[f"{r['seeds']} ({r['failed']})" for r in rows])
-    for m in metrics:
-        cells = [f"{r[f'{m}_mean']:.4g} ± {r[f'{m}_sd']:.2g}" if f"{m}_mean" in r else "-"
-                 for r in rows]  # fmt: skip
-        table.add_row(m.replace("_", " "), *cells)
+    _metric_rows(table, rows, TASK_METRICS[settings.task.name])
+    for metric in dict.fromkeys(m for pairs in retrained.paired.values() for m in pairs):
+        cells = [_paired_cell(retrained, r["model"], metric) for r in rows]
+        table.add_row(f"Δ {_short(metric)} vs {retrained.reference}", *cells)
+    _metric_rows(table, rows, ("test_loss", "samples_per_s"))
     table.add_row("parameters", *[str(r["parameters"]) for r in rows])
     console.print(table)
     for run in retrained.runs:
@@ -144,6 +146,32 @@ def _report_retrained(settings: NasSettings, retrained: RetrainResult, console: 
             f"m = nas.load_model('{folder}'); print({call})\"",
             soft_wrap=True,
         )
+
+
+def _metric_rows(table: Table, rows: list[dict[str, Any]], metrics: Iterable[str]) -> None:
+    """A row per metric any model has: mean ± sd over its seeds, "-" where a model lacks it."""
+    for m in metrics:
+        if any(f"{m}_mean" in row for row in rows):
+            cells = [f"{r[f'{m}_mean']:.4g} ± {r[f'{m}_sd']:.2g}" if f"{m}_mean" in r else "-"
+                     for r in rows]  # fmt: skip
+            table.add_row(m.replace("_", " "), *cells)
+
+
+def _paired_cell(retrained: RetrainResult, model: str, metric: str) -> str:
+    """A model's paired difference from the reference, e.g. `-0.012 ± 0.004 (3/3 better)`:
+    the mean, its standard error (none from one seed), on how many of the shared seeds the
+    model was better; `=` for the reference itself, `-` where no seed is shared."""
+    if model == retrained.reference:
+        return "="
+    pair = retrained.paired.get(model, {}).get(metric)
+    if pair is None or pair.n == 0:
+        return "-"
+    spread = f" ± {pair.stderr:.2g}" if pair.n > 1 else ""
+    return f"{pair.mean:+.3g}{spread} ({pair.wins}/{pair.n} better)"
+
+
+def _short(metric: str) -> str:
+    return metric.replace("validation_", "val ").replace("_", " ")
 
 
 _HEADERS = {"samples_per_s": "smp/s", "peak_memory_bytes": "MB", "parameters": "params",

@@ -8,22 +8,33 @@ after the search (`stages: [search, retrain]`) or alone against a stored study
 (`stages: [retrain]`). In order:
 
     1. select  (caller)     the `retrain.top_k` complete trials with the best fitness, one
-                            per architecture, named `trial-<number>`; with
-                            `retrain.seed_models` also `transformer` and
-                            `evolved_transformer` (the trials skip their architectures)
+                            per network: two trials whose architectures compile to the same
+                            network (`identity`) are one model, the better trial's, named
+                            `trial-<number>`; with `retrain.seed_models` also `transformer`
+                            and `evolved_transformer` (the trials skip their networks)
     2. train   (every rank) per model and training seed: a fresh pipeline seeded with it,
-                            `retrain.steps` steps with the learning-rate schedule, evaluated
-                            every `train.eval_every` steps as a trial is
+                            fed the training batches in the order that seed alone fixes
+                            (`training.batches(task, batch_size, seed)`: every model sees the
+                            same data order for a seed), `retrain.steps` steps with the
+                            learning-rate schedule, evaluated every `train.eval_every` steps
+                            as a trial is
     3. score   (every rank) the whole validation split, every pair decoded (or
                             `retrain.decode_pairs`), then the test split once; choices read
                             validation only
     4. export  (rank 0)     each model's best seed by validation fitness (`nas.export`)
-    5. track   (caller)     one tracker run per (model, seed): `job_type="retrain"`, in
-                            the study's group, with its step history and final metrics
+    5. compare (caller)     each model against the reference seed model, paired by training
+                            seed (`nas.paired`): on the fitness and on `validation_chrf` when
+                            the task has it
+    6. track   (caller)     one tracker run per (model, seed): `job_type="retrain"`, in
+                            the study's group, with its step history and final metrics; the
+                            study summary holds the comparison
 
 A run that fails (a layer error, a memory plan that cannot fit) is recorded with its cause
 and the next one goes on. `RetrainResult.selected` is the model with the best mean
-validation fitness over its seeds: the study's answer.
+validation fitness over its seeds: the study's answer. `RetrainResult.paired` holds each
+other model's paired difference against `RetrainResult.reference`: the Evolved Transformer
+when it was retrained (a seed trained), else the seed model with the best mean fitness,
+else none (no seed model retrained: no comparison).
 """
 
 from __future__ import annotations
@@ -32,7 +43,7 @@ import functools
 import math
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -43,16 +54,17 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 import pipeline
 from nas import storage, training, trials
 from nas.export import export_model
+from nas.paired import PairedDifference, paired_difference, reference_model
 from nas.settings import OBJECTIVES, NasSettings, TrainSettings
 from nas.tasks import Task, get_task
 from nas.tracking.configured import run_directories, study_tracker
 from pipeline import ElasticPipeline, StageContext
 from pipeline.distributed.comm import Comm
-from search_spaces.architecture import from_json, to_json
+from search_spaces.architecture import from_json, functional_key, to_json
 from search_spaces.evolved_transformer import seed_params
 
-__all__ = ["Model", "RetrainResult", "RetrainRun", "model_table", "retrain", "retrain_models",
-           "select_models"]  # fmt: skip
+__all__ = ["Model", "RetrainResult", "RetrainRun", "compare", "identity", "model_table",
+           "paired_metrics", "retrain", "retrain_models", "select_models"]  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -86,7 +98,8 @@ class RetrainRun:
 
 @dataclass(frozen=True)
 class RetrainResult:
-    """Every run, the folder each model was exported to, and the model chosen."""
+    """Every run, the folder each model was exported to, the model chosen, and each other
+    model against the reference seed model: `paired[model][metric]` (step 5)."""
 
     study_name: str
     runs: tuple[RetrainRun, ...]
@@ -94,6 +107,8 @@ class RetrainResult:
     selected: str | None
     fitness: str
     run_dirs: tuple[str, ...] = ()
+    reference: str | None = None
+    paired: dict[str, dict[str, PairedDifference]] = field(default_factory=dict)
 
 
 def retrain(settings: NasSettings) -> RetrainResult:
@@ -116,15 +131,17 @@ def retrain_models(settings: NasSettings, models: Sequence[Model]) -> RetrainRes
     fitness = settings.study.fitness
     table = model_table(runs, fitness)
     selected = table[0]["model"] if table and math.isfinite(table[0][f"{fitness}_mean"]) else None
-    run_dirs = _track(settings, runs, selected) if results[0] is not None else ()
+    reference, paired = compare(runs, fitness)
+    comparison = {"reference": reference, "vs_reference": paired}
+    run_dirs = _track(settings, runs, selected, comparison) if results[0] is not None else ()
     return RetrainResult(settings.study.name, tuple(runs), exported, selected, fitness,
-                         tuple(run_dirs))  # fmt: skip
+                         tuple(run_dirs), reference, paired)  # fmt: skip
 
 
 def select_models(study: optuna.Study, settings: NasSettings) -> list[Model]:
-    """Step 1: the `top_k` best complete trials, one per architecture (then the seeds)."""
+    """Step 1: the `top_k` best complete trials, one per network (then the seeds)."""
     seeds = trials.seed_architectures(settings) if settings.retrain.seed_models else {}
-    taken = {to_json(arch) for arch in seeds.values()}
+    taken = {identity(to_json(arch)) for arch in seeds.values()}
     sign = -1.0 if OBJECTIVES[settings.study.fitness] == "maximize" else 1.0
     complete = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
     ranked = sorted(complete, key=lambda t: (sign * t.values[0], t.number))
@@ -133,11 +150,13 @@ def select_models(study: optuna.Study, settings: NasSettings) -> list[Model]:
         if len(chosen) == settings.retrain.top_k:
             break
         architecture = trials.architecture_of(trial, settings)
-        if architecture not in taken:
-            taken.add(architecture)
+        if identity(architecture) not in taken:
+            taken.add(identity(architecture))
             chosen.append(Model(f"trial-{trial.number}", trial.number, dict(trial.params),
                                 architecture))  # fmt: skip
-    chosen += [Model(name, None, seed_params(arch), to_json(arch)) for name, arch in seeds.items()]
+    primitives = trials.space_primitives(settings)
+    chosen += [Model(name, None, seed_params(arch, primitives=primitives), to_json(arch))
+               for name, arch in seeds.items()]  # fmt: skip
     return chosen
 
 
@@ -167,6 +186,45 @@ def model_table(runs: Sequence[RetrainRun], fitness: str) -> list[dict[str, Any]
         return sign * value if math.isfinite(value) else math.inf
 
     return sorted(rows, key=order)
+
+
+def compare(
+    runs: Sequence[RetrainRun], fitness: str
+) -> tuple[str | None, dict[str, dict[str, PairedDifference]]]:
+    """Step 5: the reference seed model (`nas.paired.reference_model`: the Evolved
+    Transformer when retrained) and every other model's paired difference against it on
+    `fitness` and, when the runs have it, `validation_chrf`; (None, {}) without one."""
+    rows = model_table(runs, fitness)
+    seeds = {row["model"]: row[f"{fitness}_mean"] for row in rows if row["trial"] is None}
+    reference = reference_model(seeds, maximize=OBJECTIVES[fitness] == "maximize")
+    if reference is None:
+        return None, {}
+    metrics = [m for m in dict.fromkeys((fitness, "validation_chrf"))
+               if any(m in run.metrics for run in runs)]  # fmt: skip
+    return reference, {row["model"]: paired_metrics(runs, row["model"], reference, metrics)
+                       for row in rows if row["model"] != reference}  # fmt: skip
+
+
+def paired_metrics(
+    runs: Sequence[RetrainRun], model: str, reference: str, metrics: Iterable[str]
+) -> dict[str, PairedDifference]:
+    """`model - reference` per metric over the training seeds both trained (`nas.paired`)."""
+    return {metric: paired_difference(_per_seed(runs, model, metric),
+                                      _per_seed(runs, reference, metric),
+                                      maximize=OBJECTIVES.get(metric) == "maximize")
+            for metric in metrics}  # fmt: skip
+
+
+def identity(architecture: str) -> str:
+    """What makes two architectures (JSON) one model: `functional_key`, equal for the same
+    network however the branches of its blocks are ordered."""
+    return functional_key(from_json(architecture))
+
+
+def _per_seed(runs: Sequence[RetrainRun], model: str, metric: str) -> dict[int, float]:
+    """The model's `metric` per training seed, in run order; failed seeds left out."""
+    return {run.seed: float(run.metrics[metric]) for run in runs
+            if run.model == model and run.error is None and metric in run.metrics}  # fmt: skip
 
 
 # -- inside every stage process -------------------------------------------------------------
@@ -290,7 +348,7 @@ def _load_study(settings: NasSettings) -> optuna.Study:
                          "the search first (stages=[search])")  # fmt: skip
     url = settings.storage_url
     for prefix in ("sqlite:///", storage.JOURNAL):  # a file that is not there: no study
-        if url.startswith(prefix) and not Path(url[len(prefix):].split("?")[0]).exists():
+        if url.startswith(prefix) and not Path(url[len(prefix) :].split("?")[0]).exists():
             raise missing
     try:
         return optuna.load_study(study_name=settings.study.name,
@@ -299,8 +357,10 @@ def _load_study(settings: NasSettings) -> optuna.Study:
         raise missing from error
 
 
-def _track(settings: NasSettings, runs: Sequence[RetrainRun], selected: str | None) -> list[str]:
-    """Step 5: a tracker run per (model, seed), in the study's group."""
+def _track(settings: NasSettings, runs: Sequence[RetrainRun], selected: str | None,
+           comparison: dict[str, Any]) -> list[str]:  # fmt: skip
+    """Step 6: a tracker run per (model, seed), in the study's group; the summary holds
+    `comparison` (the reference and the paired differences)."""
     tracker = study_tracker(settings, study_run=False)
     try:
         tracker.start_study(settings.study.name, asdict(settings))
@@ -321,7 +381,7 @@ def _track(settings: NasSettings, runs: Sequence[RetrainRun], selected: str | No
             tracker.end_trial("failed" if run.error else "complete", summary_, run.error)
         rows = model_table(runs, settings.study.fitness)
         tracker.end_study(rows, [r for r in rows if r["model"] == selected],
-                          {"selected": selected, "stage": "retrain"})  # fmt: skip
+                          {"selected": selected, "stage": "retrain", **comparison})  # fmt: skip
     finally:
         tracker.close()
     return run_directories(tracker)

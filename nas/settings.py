@@ -52,7 +52,7 @@ TASK_METRICS = {
     "textfile": ("validation_loss", "validation_accuracy", "validation_bits_per_char"),
 }  # fmt: skip
 SAMPLERS = ("tpe", "nsga2", "random", "gp", "evolution")
-PRUNERS = ("pdh", "median", "none")
+PRUNERS = ("pdh", "median", "none", "sha")
 TRACKERS = ("wandb", "jsonl", "none")
 # pipeline.pure.schedule.SCHEDULES, spelled out so that composing a config needs no torch
 # import (tests/nas/test_settings.py keeps the two equal)
@@ -67,6 +67,7 @@ SCHEDULES = ("1f1b", "gpipe", "zbh1", "2bw", "pipemare", "interleaved_1f1b", "zb
 PLANNERS = ("time", "memory", "bipartition")  # bipartition: Bi-Partition's cut where it helps
 LR_SCHEDULES = ("constant", "cosine")  # nas.learning_rate.SCHEDULES
 STAGES = ("search", "retrain")  # in this order
+PRIMITIVES = ("squared_relu", "mdha")  # search_spaces.evolved_transformer.PRIMITIVES
 
 
 def _one_of(key: str, value: Any, valid: tuple[str, ...] | list[str]) -> None:
@@ -225,8 +226,12 @@ class SearchSpaceSettings:
     max_cells: int = 2
     # (low, high) x the body parameters of the seed Transformer (2 layers per min_cells)
     param_window: tuple[float, float] | None = None
+    # Primer's primitives added to the choices (search_spaces.evolved_transformer.PRIMITIVES)
+    primitives: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
+        for primitive in self.primitives:
+            _one_of("search_space.primitives", primitive, PRIMITIVES)
         if not self.d_model or any(d < 32 or d % 32 for d in self.d_model):
             raise ValueError(f"search_space.d_model={list(self.d_model)!r} is not valid; "
                              "widths are positive multiples of 32")  # fmt: skip
@@ -337,21 +342,24 @@ class NasSettings:
             )
 
     def _check_pruner(self) -> None:
-        """Pruners decide at evaluations; several objectives allow only the hurdles."""
+        """Pruners decide at evaluations; several objectives allow only the hurdles, whose top
+        rung is the full training length (`nas.trials.pruner_options` adds `train.steps`)."""
         name, options = self.pruner.name, self.pruner.options
-        if name == "median" and len(self.study.objectives) > 1:
+        if name in ("median", "sha") and len(self.study.objectives) > 1:
             raise ValueError(
-                "pruner=median is not valid with several study.objectives (Optuna 5 "
+                f"pruner={name} is not valid with several study.objectives (Optuna 5 "
                 "refuses report/should_prune there); valid: pdh (applied to "
                 "validation_loss), none"
             )
-        budgets = options.get("budgets", []) if name == "pdh" else []
-        bad = [b for b in budgets if b % self.train.eval_every and b != self.train.steps]
+        if name != "pdh":
+            return
+        budgets, steps = list(options.get("budgets", [])), self.train.steps
+        bad = [b for b in budgets if b > steps or (b % self.train.eval_every and b != steps)]
         if bad:
             raise ValueError(
-                f"pruner.options.budgets={list(budgets)} has {bad}, not an evaluation step; "
+                f"pruner.options.budgets={budgets} has {bad}, not an evaluation step; "
                 f"valid: multiples of train.eval_every={self.train.eval_every} "
-                f"or train.steps={self.train.steps}"
+                f"up to train.steps={steps}, and train.steps"
             )
 
     @property

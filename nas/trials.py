@@ -21,9 +21,11 @@ from nas.plugins import is_import_path, load_class
 from nas.search import make_pruner, make_sampler
 from nas.search.records import StudyRecords
 from nas.settings import NasSettings
-from search_spaces.architecture import Architecture, to_json
+from search_spaces.architecture import Architecture, functional_key, to_json
 from search_spaces.evolved_transformer import (
+    PRIMITIVES,
     ParamWindow,
+    Primitive,
     evolved_transformer,
     sample,
     seed_params,
@@ -41,11 +43,14 @@ __all__ = [
     "counted",
     "fail_running",
     "finished",
+    "model_key",
     "open_study",
     "param_window",
+    "pruner_options",
     "remaining",
     "sample_architecture",
     "seed_architectures",
+    "space_primitives",
     "trials_table",
 ]
 
@@ -76,12 +81,23 @@ def open_study(settings: NasSettings) -> optuna.Study:
         load_if_exists=True,
         directions=settings.study.directions,  # type: ignore[arg-type]
         sampler=_sampler(settings),
-        pruner=make_pruner(settings.pruner.name, **settings.pruner.options),
+        pruner=make_pruner(settings.pruner.name, **pruner_options(settings)),
     )  # fmt: skip
     if settings.study.enqueue_seeds and not study.trials:
+        primitives = space_primitives(settings)
         for arch in seed_architectures(settings).values():
-            study.enqueue_trial(seed_params(arch), skip_if_exists=True)
+            study.enqueue_trial(seed_params(arch, primitives=primitives), skip_if_exists=True)
     return study
+
+
+def pruner_options(settings: NasSettings) -> dict[str, Any]:
+    """The configured pruner's options; for the hurdles ("pdh") the budgets end with the top
+    rung, `train.steps`, so a trial that clears every hurdle completes at the full budget."""
+    options = dict(settings.pruner.options)
+    budgets = list(options.get("budgets", []))
+    if settings.pruner.name == "pdh" and budgets and budgets[-1] != settings.train.steps:
+        options["budgets"] = [*budgets, settings.train.steps]
+    return options
 
 
 def _sampler(settings: NasSettings) -> optuna.samplers.BaseSampler:
@@ -111,12 +127,24 @@ def sample_architecture(suggest: Suggest, settings: NasSettings) -> Architecture
     the parameter window is not applied here (`param_window`)."""
     space = settings.search_space
     return sample(suggest, d_model=space.d_model, decoder_only=bool(space.decoder_only),
-                  cells=(space.min_cells, space.max_cells), window=None)  # fmt: skip
+                  cells=(space.min_cells, space.max_cells), window=None,
+                  primitives=space_primitives(settings))  # fmt: skip
+
+
+def space_primitives(settings: NasSettings) -> tuple[Primitive, ...]:
+    """The optional primitives the configured space offers (checked by the settings)."""
+    return tuple(p for p in PRIMITIVES if p in settings.search_space.primitives)
 
 
 def architecture_of(trial: optuna.trial.FrozenTrial, settings: NasSettings) -> str:
     """The architecture (JSON) a stored trial proposed, rebuilt from its parameters."""
     return to_json(sample_architecture(FixedSuggest(trial.params), settings))
+
+
+def model_key(trial: optuna.trial.FrozenTrial, settings: NasSettings) -> str:
+    """What a stored trial trained, as `functional_key`: equal for two trials whose
+    architectures differ only in the order of a block's branches (the same model)."""
+    return functional_key(sample_architecture(FixedSuggest(trial.params), settings))
 
 
 def param_window(settings: NasSettings) -> ParamWindow | None:

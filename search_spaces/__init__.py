@@ -12,7 +12,9 @@
 Modules: `suggest` (the Suggest protocol and two stand-ins for a trial), `layers` (one torch
 module per layer type), `architecture` (the frozen dataclasses, JSON, summary), `cells`
 (a cell as a module), `compile` (LayerSpecs and the carry convention), `evolved_transformer`
-(sampling, validity, the Transformer and Evolved Transformer seeds). Nothing is re-exported
+(sampling, validity, Primer's optional primitives as choices), `seeds` (the Transformer and
+Evolved Transformer seeds), `primer` (Primer's primitives applied to an architecture, to
+measure them). Nothing is re-exported
 here: `compile` and `evolved_transformer` are both module and function names, and a
 re-export would shadow the module. Imports only the standard library, torch, numpy and
 `pipeline`.

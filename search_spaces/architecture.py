@@ -36,14 +36,16 @@ architectures compare equal; `__post_init__` rejects anything else with InvalidA
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-from search_spaces.layers import ACTIVATIONS, LAYER_NAMES
+from search_spaces.layers import ACTIVATIONS, ATTENTION_LAYERS, CROSS_LAYERS, LAYER_NAMES
 
 __all__ = [
     "ACTIVATIONS",
+    "ATTENTION_LAYERS",
     "COMBINERS",
+    "CROSS_LAYERS",
     "DECODER_BLOCKS",
     "DIMS",
     "ENCODER_BLOCKS",
@@ -61,6 +63,7 @@ __all__ = [
     "branch_text",
     "cell_outputs",
     "from_json",
+    "functional_key",
     "has_dim",
     "has_norm_and_activation",
     "short_name",
@@ -82,7 +85,6 @@ COMBINERS = ("add", "concat", "multiply")
 D_MODEL_MULTIPLE = 32  # d_model / 2 must split into 16 heads and 16 shared kernels
 FORMAT_VERSION = 1
 
-ATTENTION_LAYERS = ("attention", "encoder_attention")
 WIDTH_KEEPING = ("identity", "dead", *(n for n in LAYER_NAMES if n.startswith("light_conv")))
 
 
@@ -287,9 +289,34 @@ def from_json(text: str) -> Architecture:
         raise ValueError(f"malformed architecture document: {error!r}") from error
 
 
+def _branch_order(branch: Branch) -> str:
+    return json.dumps(asdict(branch), sort_keys=True)
+
+
+def functional_key(arch: Architecture) -> str:
+    """A key equal for architectures that compute the same family of networks: `to_json`
+    of `arch` with the two live branches of every block put in one order (every combiner
+    is symmetric: add and multiply commute, and concatenation is followed by a learned
+    projection, which absorbs the order). Two trials with equal keys train the same model.
+    """
+
+    def ordered(cell: Cell) -> Cell:
+        blocks = []
+        for block in cell.blocks:
+            left, right = block.branches
+            if not right.dead and _branch_order(right) < _branch_order(left):
+                left, right = right, left
+            blocks.append(Block(left, right, block.combiner))
+        return Cell(tuple(blocks))
+
+    encoder = None if arch.encoder is None else ordered(arch.encoder)
+    return to_json(replace(arch, encoder=encoder, decoder=ordered(arch.decoder)))
+
+
 # --- one line for logs ----------------------------------------------------------------------
 
-_SHORT = {"identity": "id", "encoder_attention": "enc_attn", "attention": "attn"}
+_SHORT = {"identity": "id", "encoder_attention": "enc_attn", "attention": "attn",
+          "encoder_mdha": "enc_mdha"}  # fmt: skip
 _DIM_TEXT = {0.5: "d/2", 1.0: "d", 2.0: "2d", 4.0: "4d"}
 _COMBINER_TEXT = {"add": "+", "multiply": "*", "concat": "&"}
 
@@ -329,7 +356,8 @@ def short_name(arch: Architecture) -> str:
     return f"d{arch.d_model} e{arch.encoder_cells} d{arch.decoder_cells} {counts}".strip()
 
 
-_KINDS = (("attention", "attn"), ("encoder_attention", "xattn"), ("conv_1x1", "ffn"),
+_KINDS = (("attention", "attn"), ("encoder_attention", "xattn"), ("mdha", "mdha"),
+          ("encoder_mdha", "xmdha"), ("conv_1x1", "ffn"),
           ("conv_3x1", "conv"), ("sep_conv", "sepconv"), ("light_conv", "lconv"),
           ("glu", "glu"), ("", "other"))  # fmt: skip
 

@@ -13,6 +13,16 @@ Layers that work per position (identity, dense, GLU) need neither. `make_layer` 
 layer from its name in the search space; `LAYER_NAMES` lists them. Parameter counts follow
 tensor2tensor's NAS layers (`nas_layers.py`), except that attention projections have biases
 so that the Transformer seed counts exactly like `torch.nn.Transformer`.
+
+Two of Primer's primitives (So et al. 2021) are here too, for spaces that ask for them:
+squared ReLU (`relu(x)^2`, an activation) and multi-DConv-head attention (`mdha`,
+`encoder_mdha`): attention with a depthwise convolution of width 3 along the sequence after
+each of the Q, K and V projections, one kernel per channel and no bias (3 * 3 * d weights
+more than plain attention). The convolutions obey both rules: padded positions are zeroed
+before them, and on the decoder side (self-attention's Q, K and V; cross-attention's Q) they
+are causal; cross-attention's K and V mix source positions both ways, as the encoder does.
+Each kernel starts as the identity (1 on the current position), so MDHA begins as plain
+attention and learns its convolutions.
 """
 
 from __future__ import annotations
@@ -25,10 +35,15 @@ from torch import nn
 
 __all__ = [
     "ACTIVATIONS",
+    "ATTENTION_LAYERS",
+    "CROSS_LAYERS",
     "LAYER_NAMES",
     "Context",
+    "DConvEncoderAttention",
+    "DConvSelfAttention",
     "Dead",
     "Dense",
+    "DepthwiseTimeConv",
     "EncoderAttention",
     "GatedLinearUnit",
     "Identity",
@@ -36,6 +51,7 @@ __all__ = [
     "SelfAttention",
     "SeparableConv",
     "SeqLayer",
+    "SquaredReLU",
     "StandardConv",
     "activation",
     "make_layer",
@@ -58,6 +74,9 @@ class SeqLayer(nn.Module):
 
     def forward(self, x: torch.Tensor, ctx: Context) -> torch.Tensor:
         raise NotImplementedError
+
+
+QKV = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # an attention's queries, keys, values
 
 
 def _zero_pad(x: torch.Tensor, pad: torch.Tensor | None) -> torch.Tensor:
@@ -213,8 +232,12 @@ class SelfAttention(SeqLayer):
             keys = ~ctx.pad[:, None, None, :]  # (B, 1, 1, T)
             allowed = keys if allowed is None else allowed & keys
             allowed = allowed | torch.eye(T, dtype=torch.bool, device=x.device)
-        y = _attend(self.q(x), self.k(x), self.v(x), self.heads, allowed)
+        y = _attend(*self.project(x, ctx), self.heads, allowed)
         return self.out(y)
+
+    def project(self, x: torch.Tensor, ctx: Context) -> QKV:
+        """The queries, keys and values of x."""
+        return self.q(x), self.k(x), self.v(x)
 
 
 class EncoderAttention(SeqLayer):
@@ -237,15 +260,80 @@ class EncoderAttention(SeqLayer):
         if ctx.memory_pad is not None:
             allowed = ~ctx.memory_pad[:, None, None, :]  # (B, 1, 1, S)
             allowed = allowed | ~allowed.any(dim=-1, keepdim=True)
-        y = _attend(self.q(x), self.k(ctx.memory), self.v(ctx.memory), self.heads, allowed)
+        y = _attend(*self.project(x, ctx.memory, ctx), self.heads, allowed)
         return self.out(y)
 
+    def project(self, x: torch.Tensor, memory: torch.Tensor, ctx: Context) -> QKV:
+        """The queries of x, the keys and values of the encoder memory."""
+        return self.q(x), self.k(memory), self.v(memory)
 
-ACTIVATIONS = ("swish", "relu", "leaky_relu", "none")
+
+class DepthwiseTimeConv(nn.Module):
+    """Primer's DConv: one kernel of `width` positions per channel along the sequence, no
+    bias, starting as the identity; padded positions are zeroed first (causal: left-padded)."""
+
+    def __init__(self, d: int, width: int, *, causal: bool) -> None:
+        super().__init__()
+        self.width, self.causal = width, causal
+        self.conv = nn.Conv1d(d, d, width, groups=d, bias=False)
+        with torch.no_grad():
+            self.conv.weight.zero_()
+            self.conv.weight[:, :, width - 1 if causal else width // 2] = 1.0
+
+    def forward(self, x: torch.Tensor, pad: torch.Tensor | None) -> torch.Tensor:
+        x = _zero_pad(x, pad).transpose(1, 2)  # (B, d, T)
+        return self.conv(_time_pad(x, self.width, self.causal)).transpose(1, 2)
+
+
+DCONV_WIDTH = 3  # Primer: wider kernels did not help
+
+
+class DConvSelfAttention(SelfAttention):
+    """Multi-DConv-head self-attention (Primer): a depthwise conv of width 3 after each of
+    the Q, K and V projections; causal in the decoder."""
+
+    def __init__(self, d_in: int, d_out: int, heads: int, *, causal: bool) -> None:
+        super().__init__(d_in, d_out, heads, causal=causal)
+        self.dconv_q, self.dconv_k, self.dconv_v = (
+            DepthwiseTimeConv(d_in, DCONV_WIDTH, causal=causal) for _ in range(3)
+        )
+
+    def project(self, x: torch.Tensor, ctx: Context) -> QKV:
+        q, k, v = super().project(x, ctx)
+        return self.dconv_q(q, ctx.pad), self.dconv_k(k, ctx.pad), self.dconv_v(v, ctx.pad)
+
+
+class DConvEncoderAttention(EncoderAttention):
+    """Multi-DConv-head attention to the encoder: the queries' conv is causal (they are the
+    decoder's positions), the keys' and values' convs mix source positions both ways."""
+
+    def __init__(self, d_in: int, d_out: int, heads: int, d_memory: int) -> None:
+        super().__init__(d_in, d_out, heads, d_memory)
+        self.dconv_q = DepthwiseTimeConv(d_in, DCONV_WIDTH, causal=True)
+        self.dconv_k, self.dconv_v = (
+            DepthwiseTimeConv(d_in, DCONV_WIDTH, causal=False) for _ in range(2)
+        )
+
+    def project(self, x: torch.Tensor, memory: torch.Tensor, ctx: Context) -> QKV:
+        q, k, v = super().project(x, memory, ctx)
+        source_pad = ctx.memory_pad
+        return self.dconv_q(q, ctx.pad), self.dconv_k(k, source_pad), self.dconv_v(v, source_pad)
+
+
+class SquaredReLU(nn.Module):
+    """relu(x)^2, Primer's feed-forward activation."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.square(F.relu(x))
+
+
+ACTIVATIONS = ("swish", "relu", "leaky_relu", "none", "squared_relu")
 
 
 def activation(name: str) -> nn.Module:
     """The activation module for a name in ACTIVATIONS (leaky ReLU slope 0.2, as TF)."""
+    if name == "squared_relu":
+        return SquaredReLU()
     if name == "swish":
         return nn.SiLU()
     if name == "relu":
@@ -269,7 +357,11 @@ LAYER_NAMES = (
     "glu",
     "attention",
     "encoder_attention",
+    "mdha",
+    "encoder_mdha",
 )
+ATTENTION_LAYERS = ("attention", "encoder_attention", "mdha", "encoder_mdha")
+CROSS_LAYERS = ("encoder_attention", "encoder_mdha")  # attend to the encoder
 
 
 def _width(name: str) -> int:
@@ -310,14 +402,21 @@ def make_layer(
         return LightweightConv(d_in, _width(name), reduction, causal=causal)
     if name == "glu":
         return GatedLinearUnit(d_in, d_out)
-    if name in ("attention", "encoder_attention") and heads is None:
-        raise ValueError(f"{name} needs a number of heads")
-    if name == "attention":
-        assert heads is not None
-        return SelfAttention(d_in, d_out, heads, causal=causal)
-    if name == "encoder_attention":
-        assert heads is not None
-        if d_memory is None:
-            raise ValueError("encoder_attention needs the encoder width d_memory")
-        return EncoderAttention(d_in, d_out, heads, d_memory)
+    if name in ATTENTION_LAYERS:
+        return _attention(name, d_in, d_out, heads, causal=causal, d_memory=d_memory)
     raise ValueError(f"unknown layer {name!r}; expected one of {LAYER_NAMES}")
+
+
+def _attention(
+    name: str, d_in: int, d_out: int, heads: int | None, *, causal: bool, d_memory: int | None
+) -> SeqLayer:
+    """One of ATTENTION_LAYERS: self-attention or attention to the encoder, plain or MDHA."""
+    if heads is None:
+        raise ValueError(f"{name} needs a number of heads")
+    if name in CROSS_LAYERS:
+        if d_memory is None:
+            raise ValueError(f"{name} needs the encoder width d_memory")
+        cross = DConvEncoderAttention if name == "encoder_mdha" else EncoderAttention
+        return cross(d_in, d_out, heads, d_memory)
+    own = DConvSelfAttention if name == "mdha" else SelfAttention
+    return own(d_in, d_out, heads, causal=causal)

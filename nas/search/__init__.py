@@ -2,11 +2,12 @@
 when a candidate's training stops early (pruners), behind two name-based factories.
 
 Optuna brings the study loop, the storages and most strategies (TPE, NSGA-II, random, GP,
-the median pruner). What the Evolved Transformer's search adds and Optuna lacks lives here
-(DESIGN.md section 5): regularized evolution as a sampler (`RegularizedEvolutionSampler`)
-and Progressive Dynamic Hurdles as a pruner (`ProgressiveDynamicHurdles`). The config names
-a strategy (`sampler=evolution`, `pruner=pdh`); `make_sampler` and `make_pruner` turn the
-name and its options into the Optuna object, so the study loop never branches on names.
+the median and successive-halving pruners). What the Evolved Transformer's search adds and
+Optuna lacks lives here (DESIGN.md section 5): regularized evolution as a sampler
+(`RegularizedEvolutionSampler`) and Progressive Dynamic Hurdles as a pruner
+(`ProgressiveDynamicHurdles`). The config names a strategy (`sampler=evolution`,
+`pruner=pdh`); `make_sampler` and `make_pruner` turn the name and its options into the
+Optuna object, so the study loop never branches on names.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import importlib.util
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from optuna.pruners import BasePruner, MedianPruner, NopPruner
+from optuna.pruners import BasePruner, MedianPruner, NopPruner, SuccessiveHalvingPruner
 from optuna.samplers import BaseSampler, GPSampler, NSGAIISampler, RandomSampler, TPESampler
 
 from nas.search.evolution import RegularizedEvolutionSampler
@@ -46,6 +47,7 @@ PRUNERS: dict[str, Callable[..., BasePruner]] = {
     "pdh": ProgressiveDynamicHurdles,
     "median": MedianPruner,
     "none": NopPruner,
+    "sha": SuccessiveHalvingPruner,  # for comparison with the hurdles
 }
 
 
@@ -71,8 +73,9 @@ def make_sampler(name: str, seed: int | None = None, **options: Any) -> BaseSamp
 
 
 def make_pruner(name: str, **options: Any) -> BasePruner:
-    """The pruner called `name` ("pdh", "median", "none"); `options` go to its constructor
-    (e.g. `budgets=[100, 300, 900]` for "pdh")."""
+    """The pruner called `name` ("pdh", "median", "none", "sha"); `options` go to its
+    constructor (e.g. `budgets=[100, 300, 1000]` for "pdh", the last the full training
+    length; `min_resource=100, reduction_factor=3` for "sha", successive halving)."""
     factory = _lookup("pruner", name, PRUNERS)
     if name == "none" and options:
         raise ValueError(f"pruner 'none' takes no options, got {sorted(options)}")

@@ -1,9 +1,10 @@
 """A study's records below Optuna's public API, reached in this one module only.
 
 Optuna's samplers and pruners keep per-trial and per-study state as "system attributes", and
-failing a trial from outside its worker needs the storage too; Optuna exposes neither the
-storage of a `Study`, nor its id, nor a `FrozenTrial`'s id, nor a distribution's range check
-publicly (its own samplers use the private attributes). Every use in `nas` goes through
+failing a trial from outside its worker, or writing a user attribute from a pruner (which sees
+only a `FrozenTrial`), needs the storage too; Optuna exposes neither the storage of a
+`Study`, nor its id, nor a `FrozenTrial`'s id, nor a distribution's range check publicly (its
+own samplers use the private attributes). Every use in `nas` goes through
 `StudyRecords` and `contains`, so a change in Optuna's internals is mended here.
 """
 
@@ -52,9 +53,14 @@ class StudyRecords:
     def set_trial_attr(self, trial: FrozenTrial | Trial, key: str, value: Any) -> None:
         self.storage.set_trial_system_attr(trial_id(trial), key, value)
 
+    def set_trial_user_attr(self, trial: FrozenTrial | Trial, key: str, value: Any) -> None:
+        """A user attribute written where only a `FrozenTrial` is at hand (a pruner's)."""
+        self.storage.set_trial_user_attr(trial_id(trial), key, value)
+
     def trial_by_number(self, number: int) -> FrozenTrial:
         return self.storage.get_trial(
-            self.storage.get_trial_id_from_study_id_trial_number(self.study_id, number))
+            self.storage.get_trial_id_from_study_id_trial_number(self.study_id, number)
+        )
 
     def fail(self, trial: FrozenTrial, user_attrs: dict[str, Any]) -> None:
         """Fail a trial from outside its worker, with `user_attrs` saying why; raises

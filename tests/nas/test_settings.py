@@ -5,9 +5,11 @@ from __future__ import annotations
 import pytest
 
 from nas import settings
+from nas.trials import pruner_options
 from pipeline.local.pipemare import PipeMareConfig
 from pipeline.pure.planner import PLANNERS
 from pipeline.pure.schedule import SCHEDULES
+from search_spaces.evolved_transformer import PRIMITIVES
 
 
 def test_every_schedule_and_planner_of_the_runtime_can_be_configured() -> None:
@@ -33,6 +35,26 @@ def test_pdh_budgets_must_be_evaluation_steps() -> None:
     with pytest.raises(ValueError, match=r"budgets=\[15\] has \[15\], not an evaluation step"):
         settings.NasSettings(train=settings.TrainSettings(steps=60, eval_every=20),
                              pruner=settings.PrunerSettings("pdh", {"budgets": [15]}))  # fmt: skip
+
+
+def test_the_top_rung_of_the_hurdles_is_the_full_training_length() -> None:
+    train = settings.TrainSettings(steps=60, eval_every=20)
+    made = settings.NasSettings(
+        train=train, pruner=settings.PrunerSettings("pdh", {"budgets": [20]})
+    )
+    assert made.pruner.options["budgets"] == [20]  # the settings keep what the user wrote
+    assert pruner_options(made)["budgets"] == [20, 60]
+    with pytest.raises(ValueError, match=r"budgets=\[20, 80\] has \[80\]"):
+        settings.NasSettings(
+            train=train, pruner=settings.PrunerSettings("pdh", {"budgets": [20, 80]})
+        )
+
+
+def test_the_space_primitives_are_the_search_spaces() -> None:
+    assert settings.PRIMITIVES == PRIMITIVES
+    assert settings.SearchSpaceSettings(primitives=("mdha",)).primitives == ("mdha",)
+    with pytest.raises(ValueError, match="search_space.primitives.*'gelu'"):
+        settings.SearchSpaceSettings(primitives=("gelu",))
 
 
 def test_the_median_pruner_needs_a_single_objective() -> None:

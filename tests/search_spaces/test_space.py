@@ -14,7 +14,9 @@ from typing import Any
 import pytest
 
 from search_spaces.architecture import (
+    ATTENTION_LAYERS,
     COMBINERS,
+    CROSS_LAYERS,
     DEAD,
     DECODER_BLOCKS,
     ENCODER_BLOCKS,
@@ -111,11 +113,11 @@ def random_branch(rng: random.Random, i: int, side: str) -> Branch:
     if rng.random() < 0.5:
         return Branch(rng.randint(0, i), "identity")
     layer = rng.choice([n for n in LAYER_NAMES if n != "identity" and
-                        (side == "dec" or n != "encoder_attention")])  # fmt: skip
+                        (side == "dec" or n not in CROSS_LAYERS)])  # fmt: skip
     if layer == "dead":
         return DEAD
     return Branch(rng.randint(0, i), layer, "layer_norm", 1.0 if has_dim(layer) else None,
-                  "relu", 4 if "attention" in layer else None,
+                  "relu", 4 if layer in ATTENTION_LAYERS else None,
                   4 if layer.startswith("light_conv") else None)  # fmt: skip
 
 

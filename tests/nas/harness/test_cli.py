@@ -106,8 +106,9 @@ def test_a_multirun_runs_one_study_per_job(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr[-3000:]
     for job, schedule in enumerate(("1f1b", "2bw")):  # 2bw: steps streamed without flush
         name = f"nas-pipeline.schedule={schedule}"  # the swept value names the job's study
-        study = optuna.load_study(study_name=name,
-                                  storage=f"sqlite:///{tmp_path / 'studies' / name}.db")
+        study = optuna.load_study(
+            study_name=name, storage=f"sqlite:///{tmp_path / 'studies' / name}.db"
+        )
         assert [t.state for t in study.trials if counted(t)] == [optuna.trial.TrialState.COMPLETE]
         assert (tmp_path / "sweep" / str(job) / "optimization_history.png").exists()
 
@@ -137,10 +138,20 @@ def test_the_composed_config_prints_and_bad_overrides_name_the_key(tmp_path: Pat
 
 def test_a_killed_study_resumes_at_the_right_trial_count(tmp_path: Path) -> None:
     """SIGKILL the harness once a trial is done; the re-run finishes the rest, no more."""
-    overrides = ["study.name=killed", "study.n_trials=3", "stages=[search]", "tracker=none",
-                 "train.steps=30", "train.eval_every=10", "train.eval_batches=1",
-                 "train.batch_size=16", "search_space.d_model=[32]", "search_space.max_cells=1",
-                 f"hydra.run.dir={tmp_path / 'run'}", f"studies_dir={tmp_path / 'studies'}"]
+    overrides = [
+        "study.name=killed",
+        "study.n_trials=3",
+        "stages=[search]",
+        "tracker=none",
+        "train.steps=30",
+        "train.eval_every=10",
+        "train.eval_batches=1",
+        "train.batch_size=16",
+        "search_space.d_model=[32]",
+        "search_space.max_cells=1",
+        f"hydra.run.dir={tmp_path / 'run'}",
+        f"studies_dir={tmp_path / 'studies'}",
+    ]
     storage = f"sqlite:///{tmp_path / 'studies' / 'killed.db'}"
     harness = subprocess.Popen([sys.executable, "-m", "nas", *overrides], cwd=tmp_path,
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
@@ -160,6 +171,55 @@ def test_a_killed_study_resumes_at_the_right_trial_count(tmp_path: Path) -> None
     for t in after:
         if t.user_attrs.get(INTERRUPTED):  # the trial the kill interrupted, asked again
             assert "left running" in t.user_attrs["fail_reason"]
+
+
+def test_a_study_killed_in_a_top_rung_trial_resumes_with_every_completed_rung(
+    tmp_path: Path,
+) -> None:
+    """Hurdles at 10 and 20 steps, the top rung at 60: SIGKILL the harness while a trial
+    trains past its last hurdle. The re-run keeps every rung already recorded (the killed
+    trial's too, on its failed record), asks the killed architecture again and finishes."""
+    overrides = [
+        "study.name=rungs",
+        "study.n_trials=4",
+        "stages=[search]",
+        "tracker=none",
+        "pruner=pdh",
+        "pruner.options.budgets=[10,20,60]",
+        "pruner.options.min_trials=2",
+        "train.steps=60",
+        "train.eval_every=10",
+        "train.eval_batches=1",
+        "train.batch_size=16",
+        "search_space.d_model=[32]",
+        "search_space.max_cells=1",
+        f"hydra.run.dir={tmp_path / 'run'}",
+        f"studies_dir={tmp_path / 'studies'}",
+    ]
+    db = tmp_path / "studies" / "rungs.db"
+    harness = subprocess.Popen([sys.executable, "-m", "nas", *overrides], cwd=tmp_path,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                               start_new_session=True)  # fmt: skip
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline and not _in_top_rung(db, after_complete=1, rung=20):
+        assert harness.poll() is None, "the harness stopped before it was killed"
+        time.sleep(0.1)
+    os.killpg(harness.pid, signal.SIGKILL)
+    harness.wait()
+    storage = f"sqlite:///{db}"
+    before = optuna.load_study(study_name="rungs", storage=storage).trials
+    killed = [t for t in before if t.state == optuna.trial.TrialState.RUNNING]
+    assert len(killed) == 1 and 20 in killed[0].intermediate_values
+    assert run(tmp_path, *overrides[:-2]).returncode == 0
+    after = optuna.load_study(study_name="rungs", storage=storage).trials
+    for old in before:  # every rung recorded before the kill is still there, unchanged
+        assert after[old.number].intermediate_values == old.intermediate_values
+    interrupted = after[killed[0].number]
+    assert interrupted.state == optuna.trial.TrialState.FAIL
+    assert interrupted.user_attrs.get(INTERRUPTED)
+    again = [t for t in after[len(before) :] if t.params == interrupted.params]
+    assert again and again[0].state != optuna.trial.TrialState.RUNNING
+    assert sum(map(counted, after)) == 4
 
 
 def test_two_workers_share_one_study(tmp_path: Path) -> None:
@@ -194,5 +254,25 @@ def _complete(db: Path) -> bool:
         with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as connection:
             rows = connection.execute("SELECT COUNT(*) FROM trials WHERE state = 'COMPLETE'")
             return bool(rows.fetchone()[0])
+    except sqlite3.Error:  # tables not created yet
+        return False
+
+
+def _in_top_rung(db: Path, *, after_complete: int, rung: int) -> bool:
+    """Some trial is complete, and a running one has recorded its value at `rung` (it now
+    trains toward the top rung); read-only, as `_complete`."""
+    if not db.exists():
+        return False
+    try:
+        with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as connection:
+            done = connection.execute("SELECT COUNT(*) FROM trials WHERE state = 'COMPLETE'")
+            if done.fetchone()[0] < after_complete:
+                return False
+            running = connection.execute(
+                "SELECT COUNT(*) FROM trials JOIN trial_intermediate_values USING (trial_id) "
+                "WHERE trials.state = 'RUNNING' AND trial_intermediate_values.step = ?",
+                (rung,),
+            )
+            return bool(running.fetchone()[0])
     except sqlite3.Error:  # tables not created yet
         return False

@@ -50,9 +50,17 @@ def test_the_best_and_both_seeds_are_retrained_exported_and_load_alone(
     best = f"trial-{trials[2].number}"  # the seeds' trials are retrained as seeds
     assert sorted(result.exported) == sorted([best, "transformer", "evolved_transformer"])
     assert [(r.model, r.seed) for r in result.runs] == [
-        (m, s) for m in (best, "transformer", "evolved_transformer") for s in (0, 1)]
+        (m, s) for m in (best, "transformer", "evolved_transformer") for s in (0, 1)
+    ]
     assert all(r.error is None and r.steps == 6 for r in result.runs)
     assert result.selected in result.exported
+    # each model against the Evolved Transformer, paired on both training seeds
+    assert result.reference == "evolved_transformer"
+    assert sorted(result.paired) == sorted([best, "transformer"])
+    assert all(pair.n == 2 and pair.seeds == (0, 1) for pairs in result.paired.values()
+               for pair in pairs.values())  # fmt: skip
+    assert all(sorted(pairs) == ["validation_chrf", "validation_loss"]
+               for pairs in result.paired.values())  # fmt: skip
 
     task = get_task("translation")
     for name, folder in result.exported.items():
@@ -72,7 +80,8 @@ def test_the_best_and_both_seeds_are_retrained_exported_and_load_alone(
     runs = [read_run(path) for path in find_run_files(tmp_path / "run" / "tracking")]
     retrained = [run for run in runs if run.job_type == "retrain"]
     assert sorted(run.name for run in retrained) == sorted(
-        f"r-retrain-{r.model}-seed-{r.seed}" for r in result.runs)
+        f"r-retrain-{r.model}-seed-{r.seed}" for r in result.runs
+    )
     assert all(run.group == "r" and run.exit_code == 0 for run in retrained)
     assert all("validation_chrf" in run.summary and "test_loss" in run.summary
                for run in retrained)  # fmt: skip

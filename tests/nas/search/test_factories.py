@@ -156,7 +156,7 @@ def test_make_sampler_rejects_an_unknown_name() -> None:
 
 
 def test_make_pruner_builds_each_named_pruner() -> None:
-    assert list(PRUNERS) == ["pdh", "median", "none"]
+    assert list(PRUNERS) == ["pdh", "median", "none", "sha"]
     pdh = make_pruner("pdh", budgets=[10, 30], min_trials=2)
     assert isinstance(pdh, ProgressiveDynamicHurdles)
     assert (pdh.budgets, pdh.min_trials) == ((10, 30), 2)
