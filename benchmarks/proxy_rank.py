@@ -20,6 +20,8 @@ full loss (`kendall_tau_by_eval_step`; `kendall_tau_by_rung` at the PDH budgets:
 each hurdle ranks); seconds per run.
 
     python benchmarks/proxy_rank.py [--experiment search_2h] [--archs 10] [--mutants 5]
+    python benchmarks/proxy_rank.py --experiment search_1h \
+        --out benchmarks/results/proxy_rank_search_1h.json
 """
 
 from __future__ import annotations
@@ -126,7 +128,7 @@ def losses(result: RetrainResult) -> dict[str, dict[str, Any]]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--experiment", default="search_1h")
+    parser.add_argument("--experiment", default="search_2h")
     parser.add_argument("--archs", type=int, default=10)
     parser.add_argument(
         "--mutants",

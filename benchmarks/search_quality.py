@@ -1,34 +1,44 @@
 """Does the search find anything better than its seeds, and which search settings find it?
 
-Every study is the experiment's (`search_1h` by default: evolution, PDH, the parameter
-window, the trial budget that `proxy_rank.py` measured), run for a wall-clock budget with
+Every study is the experiment's (`search_2h` by default: evolution over the space with
+Primer's primitives, PDH rungs at 100 and 300 steps with the full 1,000-step budget as the
+top rung, a window topped at the ET's size), run for a wall-clock budget with
 `study.timeout_s`, from scratch, one after another on this machine. Parts (`--parts`):
 
 * `samplers`  evolution, random and TPE at equal wall-clock (`--compare-minutes`), each with
               `--study-seeds` seeds: best-so-far against minutes, final best mean and sd;
-* `pruning`   evolution without PDH, same seeds and time: training steps per trial and per
-              hour against PDH's, and whether the same best is found (within 1 sd);
+* `pruning`   evolution with PDH, with successive halving (`pruner=sha`, rungs at 100, 300
+              and 900 steps, the top third going on) and without pruning, same seeds and
+              time: the steps each saved against training every trial to the top rung,
+              trials per hour, and the best each reached (PDH's within 1 sd of none's?);
 * `warm`      evolution with inherited weights (live `reconfigure`, warm weights) against
               cold restarts (a fresh `run_study`, new stage processes, per trial): trials
               per hour, and what each picks, judged after retraining from scratch;
-* `best`      the headline: the evolution study of `--search-minutes` (or of
+* `best`      the headline: the evolution study of `--search-minutes` (default: the
+              experiment's `study.timeout_s`; or of
               `--search-trials` trials, whatever the time: what a loaded machine can
               still compare), its best retrained
-              from scratch against both seeds with `--retrain-seeds` training seeds
-              (`nas.retrain.retrain_models`, `retrain.steps`): mean and sd of validation
+              from scratch against both seeds with the experiment's `retrain.seeds`
+              (or `--retrain-seeds`; `search_2h`'s are 1, 2, 3, seeds its study never
+              trained with, so the pick carries no selection luck), `retrain.steps`,
+              `nas.retrain.retrain_models`: mean and sd of validation
               loss, accuracy, chrF, test loss, parameters and throughput, and each
               model's difference from the Evolved Transformer paired by training seed
               (every model sees the same data order for a seed): mean, standard error,
               seeds won; the goal is met when the best beats both seeds on validation loss
               and chrF with no more parameters than either seed.
 
-`proxy_rank.json`'s Kendall tau is copied in when present. A study whose settings equal
+The headline's `pruning.steps_saved` is 1 - (steps its trials trained) / (steps they would
+have trained had every one gone to the top rung). `proxy_rank.json`'s Kendall tau (by rung)
+is copied in when it was measured on the same experiment. A study whose settings equal
 another's is run once (the headline is the evolution study of seed 0 when `--search-minutes`
 equals `--compare-minutes`). Parts can be run separately: each run's results are merged
 into `--out` over what earlier runs of other parts wrote there.
 
-    python benchmarks/search_quality.py                       # the full figures, ~6 hours
-    python benchmarks/search_quality.py --parts best --search-trials 24 retrain.steps=600
+    python benchmarks/search_quality.py                       # the full figures, ~8 hours
+    python benchmarks/search_quality.py --parts best          # the headline, ~2 hours
+    python benchmarks/search_quality.py --experiment search_1h --parts best \
+        --out benchmarks/results/search_quality_search_1h.json  # the earlier experiment
     python benchmarks/search_quality.py --parts samplers,pruning,warm --compare-minutes 4 \\
         --study-seeds 1                                       # reduced: ~30 minutes
 """
@@ -36,6 +46,7 @@ into `--out` over what earlier runs of other parts wrote there.
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import math
 import os
@@ -80,6 +91,7 @@ VARIANTS: dict[str, Callable[[NasSettings], NasSettings]] = {
     "random": lambda s: replace(s, sampler=SamplerSettings("random")),
     "tpe": lambda s: replace(s, sampler=SamplerSettings("tpe")),
     "evolution-no-pdh": lambda s: replace(s, pruner=PrunerSettings("none")),
+    "evolution-sha": lambda s: replace(s, pruner=PrunerSettings("sha", _sha_options(s))),
     "evolution-inherit": lambda s: replace(s, study=replace(s.study, inherit_weights=True)),
     "evolution-cold": lambda s: s,  # one run_study (fresh stage processes) per trial
 }
@@ -97,6 +109,8 @@ def main() -> None:
         args.experiment,
         [f"studies_dir={root / 'studies'}", f"output_dir={root / 'run'}", *args.overrides],
     )
+    if args.search_minutes is None:
+        args.search_minutes = (base.study.timeout_s or 3600) / 60
     started = time.perf_counter()
     runs: dict[str, dict[str, Any]] = {}
     wanted = _variants(args.parts)
@@ -125,7 +139,8 @@ def main() -> None:
         "train": base.train.__dict__, "retrain_steps": base.retrain.steps,
         "fitness": base.study.fitness, "seconds": time.perf_counter() - started,
     }  # fmt: skip
-    result = _merge(args.out, run, runs, _summary(runs, wanted, args.study_seeds), retrained)
+    summary = _summary(runs, wanted, args.study_seeds)
+    result = _merge(args.out, run, runs, summary, retrained, args.experiment)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2, default=str) + "\n")
     _plot(result["studies"], args.out.with_suffix(".png"), base.study.fitness)
@@ -134,7 +149,7 @@ def main() -> None:
 
 
 def _merge(path: Path, run: dict[str, Any], studies: dict[str, Any], summary: dict[str, Any],
-           retrained: dict[str, Any] | None) -> dict[str, Any]:  # fmt: skip
+           retrained: dict[str, Any] | None, experiment: str) -> dict[str, Any]:  # fmt: skip
     """This run's parts over what an earlier run of other parts left in `path` (each part
     can be run, or re-run, on its own): studies and summaries by key, retrained models by
     the study they were picked from (the seeds with the headline)."""
@@ -149,26 +164,39 @@ def _merge(path: Path, run: dict[str, Any], studies: dict[str, Any], summary: di
         retrain = {**retrain, **{k: v for k, v in retrained.items() if v is not None},
                    "table": list(table.values()), "picks": picks}  # fmt: skip
         retrain.pop("models", None)
+    studies = {**old.get("studies", {}), **studies}
     return {
         "runs": [*old.get("runs", []), run],
-        "studies": {**old.get("studies", {}), **studies},
+        "studies": studies,
+        "pruning": _pruning(studies.get("headline") or studies.get("evolution/0")),
         "summary": {**old.get("summary", {}), **summary},
         "retrained": models,  # the list: name, params, architecture, per-seed figures
         "retrain": retrain,  # the table (mean, sd), the goal, warm against cold
-        "proxy": _proxy(),
+        "proxy": _proxy(experiment),
     }
+
+
+def _pruning(headline: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The headline study's pruning: steps trained against every trial at the top rung."""
+    if headline is None or "steps_if_all_top" not in headline:
+        return None
+    keys = ("steps_saved", "steps_trained", "steps_if_all_top", "pruned", "complete",
+            "stopped_at")  # fmt: skip
+    return {key: headline.get(key) for key in keys}
 
 
 def _arguments() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--experiment", default="search_1h")
+    parser.add_argument("--experiment", default="search_2h")
     parser.add_argument("--parts", default=",".join(PARTS),
                         help=f"comma-separated, of {', '.join(PARTS)}")  # fmt: skip
     parser.add_argument("--compare-minutes", type=float, default=15.0)
-    parser.add_argument("--search-minutes", type=float, default=60.0)
+    parser.add_argument("--search-minutes", type=float, default=None,
+                        help="default: the experiment's study.timeout_s")  # fmt: skip
     parser.add_argument("--search-trials", type=int, default=None)
     parser.add_argument("--study-seeds", type=int, default=2)
-    parser.add_argument("--retrain-seeds", type=int, default=3)
+    parser.add_argument("--retrain-seeds", type=int, nargs="+", default=None,
+                        help="training seeds; default: the experiment's retrain.seeds")  # fmt: skip
     parser.add_argument(
         "--out",
         type=Path,
@@ -190,9 +218,17 @@ def _arguments() -> argparse.Namespace:
     return args
 
 
+def _sha_options(settings: NasSettings) -> dict[str, Any]:
+    """Successive halving on the hurdles' scale: its first rung at PDH's first budget (or
+    `train.eval_every`), every rung an evaluation step, a third going on."""
+    budgets = settings.pruner.options.get("budgets") or [settings.train.eval_every]
+    return {"min_resource": int(budgets[0]), "reduction_factor": 3}
+
+
 def _variants(parts: list[str]) -> list[str]:
     chosen = {"samplers": ["evolution", "random", "tpe"], "pruning": ["evolution",
-              "evolution-no-pdh"], "warm": ["evolution-inherit", "evolution-cold"]}  # fmt: skip
+              "evolution-sha", "evolution-no-pdh"],
+              "warm": ["evolution-inherit", "evolution-cold"]}  # fmt: skip
     return list(dict.fromkeys(v for part in parts for v in chosen.get(part, [])))
 
 
@@ -243,12 +279,17 @@ def _read(study: optuna.Study, settings: NasSettings, variant: str, seed: int,
             curve.append([(ended[t.number] - start).total_seconds() / 60, sign * best])
     steps = [settings.train.steps if t.state == optuna.trial.TrialState.COMPLETE else
              max(t.intermediate_values, default=0) for t in done]  # fmt: skip
+    top = settings.train.steps * len(done)  # had every trial gone to the top rung
     states = [t.state.name.lower() for t in done]
     return {
         "variant": variant, "seed": seed, "seconds": seconds, "trials": len(done),
         "trials_per_hour": 3600 * len(done) / seconds,
         **{state: states.count(state) for state in ("complete", "pruned", "fail")},
         "steps_trained": sum(steps), "steps_per_trial": sum(steps) / max(1, len(done)),
+        "steps_if_all_top": top, "steps_saved": 1 - sum(steps) / top if top else None,
+        "stopped_at": dict(sorted(collections.Counter(
+            str(max(t.intermediate_values, default=0)) for t in done
+            if t.state == optuna.trial.TrialState.PRUNED).items())),
         "best": sign * best if math.isfinite(best) else None, "curve": curve,
         "storage": settings.storage_url, "study_name": study.study_name,
     }  # fmt: skip
@@ -265,6 +306,15 @@ def _summary(runs: dict[str, dict[str, Any]], variants: list[str], seeds: int) -
             "trials_per_hour": statistics.fmean(r["trials_per_hour"] for r in mine),
             "steps_per_trial": statistics.fmean(r["steps_per_trial"] for r in mine),
             "pruned": sum(r["pruned"] for r in mine), "trials": sum(r["trials"] for r in mine),
+        }  # fmt: skip
+    pruners = {"pdh": "evolution", "sha": "evolution-sha", "none": "evolution-no-pdh"}
+    if {"evolution", "evolution-no-pdh"} & set(out):
+        out["pruners_at_equal_wall_clock"] = {
+            name: {"steps_saved": statistics.fmean(runs[f"{v}/{s}"]["steps_saved"]
+                                                   for s in range(seeds)),
+                   "best_mean": out[v]["best_mean"], "best_sd": out[v]["best_sd"],
+                   "trials_per_hour": out[v]["trials_per_hour"]}
+            for name, v in pruners.items() if v in out
         }  # fmt: skip
     if {"evolution", "evolution-no-pdh"} <= set(out):
         pdh, full = out["evolution"], out["evolution-no-pdh"]
@@ -289,7 +339,10 @@ def _retrain(base: NasSettings, runs: dict[str, dict[str, Any]], picks: dict[str
     settings = replace(
         base,
         retrain=replace(
-            base.retrain, top_k=1, seed_models=seed_models, seeds=tuple(range(args.retrain_seeds))
+            base.retrain,
+            top_k=1,
+            seed_models=seed_models,
+            seeds=tuple(args.retrain_seeds or base.retrain.seeds),
         ),
     )
     models: dict[str, Model] = {}  # retrained under this name, one per architecture
@@ -400,13 +453,15 @@ def _goal(rows: dict[str, dict[str, Any]], best_name: str) -> dict[str, Any]:
     return {"met": all(checks.values()), **checks}
 
 
-def _proxy() -> dict[str, Any] | None:
+def _proxy(experiment: str) -> dict[str, Any] | None:
+    """`proxy_rank.py`'s figures, when they were measured on `experiment`."""
     path = RESULTS / "proxy_rank.json"
-    if not path.exists():
+    data = json.loads(path.read_text()) if path.exists() else {}
+    if data.get("experiment") != experiment:
         return None
-    data = json.loads(path.read_text())
-    return {k: data[k] for k in ("kendall_tau", "kendall_p", "kendall_tau_by_eval_step",
-                                 "trial_budget_steps", "full_steps", "ranked")}  # fmt: skip
+    keys = ("kendall_tau", "kendall_p", "kendall_tau_by_eval_step", "kendall_tau_by_rung",
+            "trial_budget_steps", "full_steps", "ranked", "mutants")  # fmt: skip
+    return {k: data.get(k) for k in keys}
 
 
 def _plot(runs: dict[str, dict[str, Any]], path: Path, fitness: str) -> None:

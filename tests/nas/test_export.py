@@ -12,12 +12,13 @@ import yaml
 import nas
 from nas import training
 from nas.export import ModelFolderError, TranslationModel, export_model
-from nas.settings import NasSettings
+from nas.settings import NasSettings, SearchSpaceSettings
 from nas.tasks import get_task
 from nas.tasks.translation import Translation
 from pipeline.local.carry import as_carry, unwrap
 from pipeline.local.spec import build_layer
-from search_spaces.evolved_transformer import evolved_transformer, seed_params
+from search_spaces.evolved_transformer import PRIMITIVES, evolved_transformer, seed_params
+from search_spaces.primer import with_primitives
 
 
 @pytest.fixture(scope="module")
@@ -99,3 +100,27 @@ def test_a_wrong_or_incomplete_folder_is_named_with_what_is_missing(
     (broken / "architecture.json").write_text(json.dumps(info))
     with pytest.raises(ModelFolderError, match="does not fit the architecture .* 'embed_src'"):
         nas.load_model(broken)
+
+
+def test_a_model_with_primers_primitives_exports_and_loads(
+    tmp_path: Path, task: Translation
+) -> None:
+    """Squared ReLU and multi-DConv-head attention (self and cross) come back from the folder
+    as the same function, with the picture drawn."""
+    arch = with_primitives(evolved_transformer(32, n_heads=4, n_enc=1, n_dec=1), PRIMITIVES)
+    specs, parameters = training.compile_model(arch, task, dropout=0.1)
+    layers = {spec.key: build_layer(spec, 5, torch.device("cpu")).eval() for spec in specs}
+    settings = NasSettings(search_space=SearchSpaceSettings(primitives=PRIMITIVES))
+    folder = export_model(tmp_path / "primer", state={k: m.state_dict() for k, m in layers.items()},
+                          arch=arch, params=seed_params(arch, primitives=PRIMITIVES), task=task,
+                          settings=settings, metrics={"params": parameters},
+                          max_len=training.max_len(task))  # fmt: skip
+    model = nas.load_model(folder)
+    assert model.architecture == arch
+    assert (folder / "architecture.png").stat().st_size > 10_000
+    x, _ = next(task.batches("validation", 8))
+    carry = as_carry(x, "x")
+    with torch.no_grad():
+        for layer in layers.values():
+            carry = as_carry(layer(unwrap(carry)), "layer")
+        assert torch.equal(model(x), unwrap(carry))
