@@ -49,6 +49,7 @@ from nas.trials import (
     param_window,
     remaining,
     sample_architecture,
+    seconds_trained,
     seed_architectures,
     trials_table,
 )
@@ -115,7 +116,7 @@ class Leader:
     # -- decisions -------------------------------------------------------------------------
     def next_trial(self) -> TrialOrder | None:
         """Ask until an architecture comes out; None when the study has enough trials or
-        its time (`study.timeout_s`) is up.
+        its time is up (this run's `study.timeout_s`, the study's `study.time_budget_s`).
 
         A proposal outside the space's parameter window (the one rule a sample can still
         break) is failed as invalid, does not count, and the next is asked; so is one whose
@@ -127,7 +128,7 @@ class Leader:
         """
         invalid = 0
         while remaining(self.study, self.settings.study.n_trials) > 0 and \
-                time.time() < self.deadline:  # fmt: skip
+                time.time() < self.deadline and self._budget_left():  # fmt: skip
             if invalid == MAX_INVALID_IN_A_ROW:
                 raise RuntimeError(f"{invalid} proposals in a row fell outside the parameter "
                                    f"window {self.settings.search_space.param_window} or "
@@ -232,6 +233,11 @@ class Leader:
         return self.end
 
     # -- helpers ---------------------------------------------------------------------------
+    def _budget_left(self) -> bool:
+        """Whether the study's trials have trained less than `study.time_budget_s` in all."""
+        budget = self.settings.study.time_budget_s
+        return budget is None or seconds_trained(self.study) < budget
+
     def _sample(self, trial: optuna.Trial) -> Any:
         """The trial's architecture. The parameter window is relative to the seed
         Transformer of the space (2 layers per cell of `min_cells`), and the two seed

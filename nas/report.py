@@ -23,7 +23,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from nas.retrain import RetrainResult, model_table
+from nas.retrain_results import RetrainResult, model_table
 from nas.settings import TASK_METRICS, NasSettings
 from nas.study import StudyResult
 from nas.trials import DUPLICATE_OF, INVALID

@@ -30,7 +30,9 @@ after the search (`stages: [search, retrain]`) or alone against a stored study
                             study summary holds the comparison
 
 A run that fails (a layer error, a memory plan that cannot fit) is recorded with its cause
-and the next one goes on. `RetrainResult.selected` is the model with the best mean
+and the next one goes on. A stopped retraining resumes: every finished run is recorded beside
+its model's export (`nas.retrain_runs`), and running it again trains only what is missing.
+`RetrainResult.selected` is the model with the best mean
 validation fitness over its seeds: the study's answer. `RetrainResult.paired` holds each
 other model's paired difference against `RetrainResult.reference`: the Evolved Transformer
 when it was retrained (a seed trained), else the seed model with the best mean fitness,
@@ -40,11 +42,11 @@ else none (no seed model retrained: no comparison).
 from __future__ import annotations
 
 import functools
+import json
 import math
-import statistics
 import time
-from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from collections.abc import Sequence
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -52,9 +54,17 @@ import optuna
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 import pipeline
-from nas import storage, training, trials
+from nas import retrain_runs, storage, training, trials
 from nas.export import export_model
-from nas.paired import PairedDifference, paired_difference, reference_model
+from nas.retrain_results import (
+    Model,
+    RetrainResult,
+    RetrainRun,
+    compare,
+    model_table,
+    paired_metrics,
+    score,
+)
 from nas.settings import OBJECTIVES, NasSettings, TrainSettings
 from nas.tasks import Task, get_task
 from nas.tracking.configured import run_directories, study_tracker
@@ -65,50 +75,6 @@ from search_spaces.evolved_transformer import seed_params
 
 __all__ = ["Model", "RetrainResult", "RetrainRun", "compare", "identity", "model_table",
            "paired_metrics", "retrain", "retrain_models", "select_models"]  # fmt: skip
-
-
-@dataclass(frozen=True)
-class Model:
-    """An architecture to retrain: its name, trial (None for a seed), parameters, JSON."""
-
-    name: str
-    trial: int | None
-    params: dict[str, Any]
-    architecture: str
-
-
-@dataclass
-class RetrainRun:
-    """One model trained with one seed: what it scored and how the training went."""
-
-    model: str
-    seed: int
-    trial: int | None
-    params: dict[str, Any]
-    parameters: int = 0
-    steps: int = 0
-    seconds: float = 0.0
-    samples_per_s: float = 0.0
-    tokens_per_s: float = 0.0
-    peak_memory_bytes: int = 0
-    metrics: dict[str, float] = field(default_factory=dict)  # validation_*, test_*
-    history: list[dict[str, float]] = field(default_factory=list)  # per step
-    error: str | None = None
-
-
-@dataclass(frozen=True)
-class RetrainResult:
-    """Every run, the folder each model was exported to, the model chosen, and each other
-    model against the reference seed model: `paired[model][metric]` (step 5)."""
-
-    study_name: str
-    runs: tuple[RetrainRun, ...]
-    exported: dict[str, str]
-    selected: str | None
-    fitness: str
-    run_dirs: tuple[str, ...] = ()
-    reference: str | None = None
-    paired: dict[str, dict[str, PairedDifference]] = field(default_factory=dict)
 
 
 def retrain(settings: NasSettings) -> RetrainResult:
@@ -122,8 +88,9 @@ def retrain(settings: NasSettings) -> RetrainResult:
 
 def retrain_models(settings: NasSettings, models: Sequence[Model]) -> RetrainResult:
     """Steps 2-5 for any `models` (e.g. architectures a benchmark picked)."""
+    done, tracked = _recorded(settings, models)
     results = pipeline.launch(
-        functools.partial(_stage_main, settings=settings, models=tuple(models)),
+        functools.partial(_stage_main, settings=settings, models=tuple(models), done=done),
         settings.pipeline.n_stages, threads_per_stage=settings.pipeline.threads_per_stage,
         timeout_s=settings.pipeline.timeout_s,
     )  # fmt: skip
@@ -133,7 +100,13 @@ def retrain_models(settings: NasSettings, models: Sequence[Model]) -> RetrainRes
     selected = table[0]["model"] if table and math.isfinite(table[0][f"{fitness}_mean"]) else None
     reference, paired = compare(runs, fitness)
     comparison = {"reference": reference, "vs_reference": paired}
-    run_dirs = _track(settings, runs, selected, comparison) if results[0] is not None else ()
+    fresh = [run for run in runs if (run.model, run.seed) not in tracked]
+    run_dirs = _track(settings, runs, fresh, selected, comparison) if fresh else ()
+    by_name = {model.name: model for model in models}
+    for run in fresh:
+        if run.error is None:
+            digest = _digest(settings, by_name[run.model])
+            retrain_runs.mark_tracked(_folder(settings, by_name[run.model]), run.seed, digest)
     return RetrainResult(settings.study.name, tuple(runs), exported, selected, fitness,
                          tuple(run_dirs), reference, paired)  # fmt: skip
 
@@ -160,100 +133,89 @@ def select_models(study: optuna.Study, settings: NasSettings) -> list[Model]:
     return chosen
 
 
-def model_table(runs: Sequence[RetrainRun], fitness: str) -> list[dict[str, Any]]:
-    """One row per model, best mean `fitness` first: mean and sd over its seeds of every
-    metric, its parameters and training throughput, and the seeds that failed."""
-    names = list(dict.fromkeys(run.model for run in runs))
-    rows = []
-    for name in names:
-        mine = [r for r in runs if r.model == name]
-        done = [r for r in mine if r.error is None]
-        row: dict[str, Any] = {"model": name, "trial": mine[0].trial, "seeds": len(done),
-                               "failed": len(mine) - len(done),
-                               "parameters": mine[0].parameters}  # fmt: skip
-        keys = sorted({k for r in done for k in r.metrics} | {"samples_per_s", "tokens_per_s"})
-        for key in keys:
-            values = [float(r.metrics.get(key, getattr(r, key, math.nan))) for r in done]
-            row[f"{key}_mean"] = statistics.fmean(values) if values else math.nan
-            row[f"{key}_sd"] = statistics.stdev(values) if len(values) > 1 else 0.0
-            row[f"{key}_values"] = values
-        row.setdefault(f"{fitness}_mean", math.nan)
-        rows.append(row)
-    sign = -1.0 if OBJECTIVES[fitness] == "maximize" else 1.0
-
-    def order(row: dict[str, Any]) -> float:
-        value = row[f"{fitness}_mean"]
-        return sign * value if math.isfinite(value) else math.inf
-
-    return sorted(rows, key=order)
-
-
-def compare(
-    runs: Sequence[RetrainRun], fitness: str
-) -> tuple[str | None, dict[str, dict[str, PairedDifference]]]:
-    """Step 5: the reference seed model (`nas.paired.reference_model`: the Evolved
-    Transformer when retrained) and every other model's paired difference against it on
-    `fitness` and, when the runs have it, `validation_chrf`; (None, {}) without one."""
-    rows = model_table(runs, fitness)
-    seeds = {row["model"]: row[f"{fitness}_mean"] for row in rows if row["trial"] is None}
-    reference = reference_model(seeds, maximize=OBJECTIVES[fitness] == "maximize")
-    if reference is None:
-        return None, {}
-    metrics = [m for m in dict.fromkeys((fitness, "validation_chrf"))
-               if any(m in run.metrics for run in runs)]  # fmt: skip
-    return reference, {row["model"]: paired_metrics(runs, row["model"], reference, metrics)
-                       for row in rows if row["model"] != reference}  # fmt: skip
-
-
-def paired_metrics(
-    runs: Sequence[RetrainRun], model: str, reference: str, metrics: Iterable[str]
-) -> dict[str, PairedDifference]:
-    """`model - reference` per metric over the training seeds both trained (`nas.paired`)."""
-    return {metric: paired_difference(_per_seed(runs, model, metric),
-                                      _per_seed(runs, reference, metric),
-                                      maximize=OBJECTIVES.get(metric) == "maximize")
-            for metric in metrics}  # fmt: skip
-
-
 def identity(architecture: str) -> str:
     """What makes two architectures (JSON) one model: `functional_key`, equal for the same
     network however the branches of its blocks are ordered."""
     return functional_key(from_json(architecture))
 
 
-def _per_seed(runs: Sequence[RetrainRun], model: str, metric: str) -> dict[int, float]:
-    """The model's `metric` per training seed, in run order; failed seeds left out."""
-    return {run.seed: float(run.metrics[metric]) for run in runs
-            if run.model == model and run.error is None and metric in run.metrics}  # fmt: skip
-
-
 # -- inside every stage process -------------------------------------------------------------
 def _stage_main(
-    ctx: StageContext, settings: NasSettings, models: tuple[Model, ...]
-) -> tuple[list[RetrainRun], dict[str, str]] | None:
-    """Steps 2-4 on one rank; rank 0 returns the runs and the exported folders."""
+    ctx: StageContext, settings: NasSettings, models: tuple[Model, ...],
+    done: dict[tuple[str, int], RetrainRun],
+) -> tuple[list[RetrainRun], dict[str, str]] | None:  # fmt: skip
+    """Steps 2-4 on one rank, skipping the runs `done` holds (recorded by an earlier,
+    stopped retraining); rank 0 returns every run and the exported folders."""
     comm = Comm()
     task = comm.together(lambda: get_task(settings.task.name, **settings.task.options))
     steps = settings.retrain.steps or settings.train.steps
     seeds = settings.retrain.seeds
-    progress = _progress(len(models) * len(seeds) * steps) if ctx.rank == 0 else None
+    todo = sum((model.name, seed) not in done for model in models for seed in seeds)
+    progress = _progress(todo * steps) if ctx.rank == 0 else None
     runs: list[RetrainRun] = []
     exported: dict[str, str] = {}
     try:
         for model in models:
-            best: tuple[float, RetrainRun, dict[str, Any]] | None = None
+            runs += [done[model.name, seed] for seed in seeds if (model.name, seed) in done]
             for seed in seeds:
-                run, state = _train(settings, task, model, seed, steps, progress)
-                runs.append(run)
-                score = _score(run, settings.study.fitness)
-                if state and (best is None or score < best[0]):
-                    best = (score, run, state)
-            if ctx.rank == 0 and best is not None:
-                exported[model.name] = str(_export(settings, task, model, best[1], best[2], runs))
+                if (model.name, seed) not in done:
+                    run, state = _train(settings, task, model, seed, steps, progress)
+                    runs.append(run)
+                    if ctx.rank == 0:
+                        _keep(settings, task, model, run, state, runs)
+            folder = _folder(settings, model)
+            if ctx.rank == 0 and (folder / "metrics.json").exists():
+                exported[model.name] = str(folder)
     finally:
         if progress is not None:
             progress[0].stop()
     return (runs, exported) if ctx.rank == 0 else None
+
+
+def _keep(settings: NasSettings, task: Task, model: Model, run: RetrainRun,
+          state: dict[str, Any], runs: Sequence[RetrainRun]) -> None:  # fmt: skip
+    """Rank 0, after each run (`nas.retrain_runs`): export the model if this run is its best
+    seed so far, else refresh the export's per-seed figures; then record the run."""
+    mine = [r for r in runs if r.model == model.name]
+    best = min(mine, key=lambda r: score(r, settings.study.fitness))
+    folder = _folder(settings, model)
+    if state and best is run:
+        _export(settings, task, model, run, state, runs)
+    elif (folder / "metrics.json").exists():
+        metrics = json.loads((folder / "metrics.json").read_text())
+        metrics["per_seed"] = [{"seed": r.seed, **r.metrics} for r in mine if r.error is None]
+        (folder / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
+    if run.error is None:  # a failed run is tried again by the next retraining
+        retrain_runs.save(folder, run.seed, _digest(settings, model), asdict(run))
+
+
+def _folder(settings: NasSettings, model: Model) -> Path:
+    return Path(settings.retrain.models_dir) / settings.study.name / model.name
+
+
+def _digest(settings: NasSettings, model: Model) -> str:
+    """How a run of `model` trains: equal digests, the same run (`nas.retrain_runs`)."""
+    how = {"train": asdict(settings.train), "task": asdict(settings.task),
+           "decode_pairs": settings.retrain.decode_pairs}  # fmt: skip
+    return retrain_runs.fingerprint(
+        model.architecture, settings.retrain.steps or settings.train.steps, how
+    )
+
+
+def _recorded(
+    settings: NasSettings, models: Sequence[Model]
+) -> tuple[dict[tuple[str, int], RetrainRun], set[tuple[str, int]]]:
+    """The runs an earlier retraining of these models finished and recorded, and which of
+    them were tracked."""
+    done, tracked = {}, set()
+    for model in models:
+        for seed in settings.retrain.seeds:
+            found = retrain_runs.load(_folder(settings, model), seed, _digest(settings, model))
+            if found is not None:
+                done[model.name, seed] = RetrainRun(**found[0])
+                if found[1]:
+                    tracked.add((model.name, seed))
+    return done, tracked
 
 
 def _train(
@@ -303,13 +265,6 @@ def _final_train(settings: NasSettings) -> TrainSettings:
     return replace(settings.train, final_decode_pairs=settings.retrain.decode_pairs)
 
 
-def _score(run: RetrainRun, fitness: str) -> float:
-    """Lower is better: the run's validation fitness, signed by its direction."""
-    value = run.metrics.get(fitness, math.nan) if run.error is None else math.nan
-    sign = -1.0 if OBJECTIVES[fitness] == "maximize" else 1.0
-    return sign * value if math.isfinite(value) else math.inf
-
-
 def _export(
     settings: NasSettings, task: Task, model: Model, run: RetrainRun, state: dict[str, Any],
     runs: Sequence[RetrainRun],
@@ -323,8 +278,7 @@ def _export(
     metrics |= {"params": run.parameters, "steps": run.steps, "seed": run.seed,
                 "samples_per_s": run.samples_per_s, "trial": model.trial,
                 "per_seed": [{"seed": r.seed, **r.metrics} for r in mine]}  # fmt: skip
-    folder = Path(settings.retrain.models_dir) / settings.study.name / model.name
-    return export_model(folder, state=state, arch=from_json(model.architecture),
+    return export_model(_folder(settings, model), state=state, arch=from_json(model.architecture),
                         params=model.params, task=task, settings=settings, metrics=metrics,
                         max_len=training.max_len(task))  # fmt: skip
 
@@ -357,14 +311,15 @@ def _load_study(settings: NasSettings) -> optuna.Study:
         raise missing from error
 
 
-def _track(settings: NasSettings, runs: Sequence[RetrainRun], selected: str | None,
-           comparison: dict[str, Any]) -> list[str]:  # fmt: skip
-    """Step 6: a tracker run per (model, seed), in the study's group; the summary holds
-    `comparison` (the reference and the paired differences)."""
+def _track(settings: NasSettings, runs: Sequence[RetrainRun], fresh: Sequence[RetrainRun],
+           selected: str | None, comparison: dict[str, Any]) -> list[str]:  # fmt: skip
+    """Step 6: a tracker run per (model, seed) not tracked yet (`fresh`: a resumed
+    retraining's runs tracked before are not again), in the study's group; the summary holds
+    every run's table and `comparison` (the reference and the paired differences)."""
     tracker = study_tracker(settings, study_run=False)
     try:
         tracker.start_study(settings.study.name, asdict(settings))
-        for index, run in enumerate(runs):
+        for index, run in enumerate(fresh):
             config = {"job_type": "retrain", "run_name": f"retrain-{run.model}-seed-{run.seed}",
                       "model": run.model, "seed": run.seed, "trial": run.trial}  # fmt: skip
             tracker.start_trial(index, run.params, config)

@@ -103,14 +103,19 @@ class StudySettings:
     # no trial starts once this run of the study has lasted `timeout_s` seconds (Optuna's
     # `timeout`: the running trial finishes); None: only `n_trials` ends it
     timeout_s: float | None = None
+    # no trial starts once the study's trials have trained `time_budget_s` seconds in all, over
+    # every run and worker (a stopped study resumes with what is left); None: no such budget
+    time_budget_s: float | None = None
 
     def __post_init__(self) -> None:
         if not self.name or not isinstance(self.name, str):
             raise ValueError(f"study.name={self.name!r} is not valid; use a non-empty string")
         _positive("study.n_trials", self.n_trials)
-        if self.timeout_s is not None and not self.timeout_s > 0:
-            raise ValueError(f"study.timeout_s={self.timeout_s!r} is not valid; use seconds "
-                             "> 0 or null (no time limit)")  # fmt: skip
+        for key in ("timeout_s", "time_budget_s"):
+            value = getattr(self, key)
+            if value is not None and not value > 0:
+                raise ValueError(f"study.{key}={value!r} is not valid; use seconds > 0 or "
+                                 "null (no time limit)")  # fmt: skip
         if not self.objectives:
             raise ValueError("study.objectives is empty; valid objectives: "
                              + ", ".join(OBJECTIVES))  # fmt: skip

@@ -49,6 +49,7 @@ __all__ = [
     "pruner_options",
     "remaining",
     "sample_architecture",
+    "seconds_trained",
     "seed_architectures",
     "space_primitives",
     "trials_table",
@@ -153,6 +154,14 @@ def param_window(settings: NasSettings) -> ParamWindow | None:
     space = settings.search_space
     return ParamWindow(*space.param_window, layers=2 * space.min_cells) \
         if space.param_window else None  # fmt: skip
+
+
+def seconds_trained(study: optuna.Study) -> float:
+    """The time the study's finished trials took, summed over every run and worker: what
+    `study.time_budget_s` counts."""
+    return sum((t.datetime_complete - t.datetime_start).total_seconds()
+               for t in study.get_trials(deepcopy=False)
+               if t.datetime_start is not None and t.datetime_complete is not None)  # fmt: skip
 
 
 def counted(trial: optuna.trial.FrozenTrial) -> bool:

@@ -4,6 +4,7 @@ with two training seeds on stage processes, exported, loaded alone, tracked in W
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import optuna
@@ -85,6 +86,22 @@ def test_the_best_and_both_seeds_are_retrained_exported_and_load_alone(
     assert all(run.group == "r" and run.exit_code == 0 for run in retrained)
     assert all("validation_chrf" in run.summary and "test_loss" in run.summary
                for run in retrained)  # fmt: skip
+
+    # run again with a third seed, as a stopped retraining resumes: only what is missing trains
+    more = replace(settings, retrain=replace(settings.retrain, seeds=(0, 1, 2)))
+    again = retrain(more)
+    before = {(r.model, r.seed): r for r in result.runs}
+    assert [(r.model, r.seed) for r in again.runs] == [
+        (m, s) for m in (best, "transformer", "evolved_transformer") for s in (0, 1, 2)
+    ]
+    for run in again.runs:  # read back from its record, not trained again (same seconds)
+        assert run == before.get((run.model, run.seed), run)
+    for folder in again.exported.values():
+        per_seed = json.loads((Path(folder) / "metrics.json").read_text())["per_seed"]
+        assert [entry["seed"] for entry in per_seed] == [0, 1, 2]
+    tracked = [read_run(path) for path in find_run_files(tmp_path / "run" / "tracking")]
+    names = [run.name for run in tracked if run.job_type == "retrain"]
+    assert len(names) == len(set(names)) == 9  # the first six were not tracked twice
 
 
 def test_retraining_a_study_that_does_not_exist_names_it(tmp_path: Path) -> None:
