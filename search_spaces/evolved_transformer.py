@@ -7,6 +7,7 @@ for every choice under a stable name and returns an `Architecture`. Parameter na
     enc.cells, dec.cells             cells per side, in [cells[0], cells[1]]
     dec.cross_block                  encoder-decoder: the block whose left branch is
                                        attention to the encoder
+    dec.cross_layer                    which attention, with the "mdha" primitive
     enc.block3.left.skip             every branch: True = an identity (skip) branch
     enc.block3.left.layer              when not a skip: any other layer (right: dead too)
     enc.block3.left.input              not for a dead branch
@@ -27,9 +28,9 @@ deterministic repair, numbered as `validate` checks them:
     2. attention to the encoder only in an encoder-decoder's decoder: only its layer lists
        hold it;
     3. every decoder cell of an encoder-decoder attends to the encoder: `dec.cross_block`
-       names the block whose left branch is that attention (its `skip` is not asked, nor
-       its `layer` unless the space offers two kinds of it, with "mdha"; the other
-       branches may attend too);
+       names the block whose left branch is that attention (its `skip` and `layer` are not
+       asked; with "mdha" the space offers two kinds of it, asked as `dec.cross_layer`;
+       the other branches may attend too);
     4. a residual path from the cell input to a cell output: a cell without one (3 in 4
        uniform samples) is repaired: the first block whose combiner, made "add", gives it
        a path gets "add" (one answer overridden; half the repairs); else its last block's
@@ -101,6 +102,7 @@ _ADDED_ACTIVATIONS = {"squared_relu": ("squared_relu",)}
 _ADDED_LAYERS = {"mdha": ("mdha", "encoder_mdha")}
 _OPTIONAL_ACTIVATIONS = {a for added in _ADDED_ACTIVATIONS.values() for a in added}
 _OPTIONAL_LAYERS = {n for added in _ADDED_LAYERS.values() for n in added}
+CROSS_LAYER = "dec.cross_layer"  # the cross branch's layer, when the space offers several
 
 
 @dataclass(frozen=True)
@@ -218,12 +220,13 @@ def validate(arch: Architecture, *, window: ParamWindow | None = DEFAULT_WINDOW)
 
 def _sample_branch(
     suggest: Suggest, name: str, block: int, layers: Sequence[str], activations: Sequence[str],
-    *, cross: bool = False,
+    *, cross: str | None = None,
 ) -> Branch:  # fmt: skip
-    """A branch of block `block` (it may read hidden states 0..block); `cross`: the branch
-    that attends to the encoder, whose layer is asked only when there is a choice of it."""
-    if cross:
-        layer = layers[0] if len(layers) == 1 else choose(suggest, f"{name}.layer", layers)
+    """A branch of block `block` (it may read hidden states 0..block); `cross`: for the
+    branch that attends to the encoder, the name its layer is asked under when there is a
+    choice of it (not `<name>.layer`, whose choices differ: the cross block moves)."""
+    if cross is not None:
+        layer = layers[0] if len(layers) == 1 else choose(suggest, cross, layers)
     else:
         if choose(suggest, f"{name}.skip", (True, False)):
             return Branch(suggest.suggest_int(f"{name}.input", 0, block), "identity")
@@ -251,7 +254,7 @@ def _sample_cell(suggest: Suggest, side: str, n_blocks: int, choices: _Choices,
         name = f"{side}.block{i}"
         if i == cross:  # rule 3
             left = _sample_branch(suggest, f"{name}.left", i, choices.cross_layers, acts,
-                                  cross=True)  # fmt: skip
+                                  cross=CROSS_LAYER)  # fmt: skip
         else:
             left = _sample_branch(suggest, f"{name}.left", i, left_layers, acts)
         right = _sample_branch(suggest, f"{name}.right", i, layers, acts)
@@ -294,8 +297,8 @@ def sample(
 
     `primitives` (of PRIMITIVES) adds Primer's to the choices: "squared_relu" to every
     branch's activations, "mdha" to the attention layers (self-attention, and attention to
-    the encoder, whose layer `dec.blockN.left.layer` is then asked for the cross branch).
-    Without them the space asks exactly the paper's questions, so older studies resume."""
+    the encoder, asked as `dec.cross_layer` for the cross branch). Without them the space
+    asks exactly the paper's questions, so older studies resume."""
     choices = _Choices.of(primitives)
     d_models = [d_model] if isinstance(d_model, int) else list(d_model)
     if not 1 <= cells[0] <= cells[1]:
@@ -322,7 +325,7 @@ def _branch_params(
     params: dict[str, CategoricalChoice] = {}
     if cross is not None:
         if len(cross.cross_layers) > 1:
-            params[f"{name}.layer"] = b.layer
+            params[CROSS_LAYER] = b.layer
     else:
         params[f"{name}.skip"] = skip
         if not skip:

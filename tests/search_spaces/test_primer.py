@@ -207,3 +207,18 @@ def test_a_primer_model_pipelines_like_one_process() -> None:
     for key, state in trainer.full_state_dict().items():
         for name, value in state.items():
             torch.testing.assert_close(out["state"][key][name], value, atol=1e-5, rtol=0)
+
+
+def test_an_optuna_study_samples_the_space_with_primitives() -> None:
+    """Every name keeps one distribution across trials (Optuna refuses anything else), also
+    the cross branch's layer when the cross block moves."""
+    optuna = pytest.importorskip("optuna")
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+    crosses = set()
+    for _ in range(40):
+        trial = study.ask()
+        arch = sample(trial, d_model=D, window=None, primitives=BOTH)
+        crosses.add(trial.params["dec.cross_block"])
+        study.tell(trial, float(parameter_count(arch)))
+    assert len(crosses) > 1 and "dec.cross_layer" in study.trials[0].params
