@@ -64,28 +64,35 @@ def models(seeds: dict[str, Architecture]) -> list[Model]:
 
 
 def per_seed(runs: list[RetrainRun], model: str, metric: str) -> dict[int, float]:
-    return {r.seed: float(r.metrics[metric]) for r in runs
-            if r.model == model and r.error is None and metric in r.metrics}  # fmt: skip
+    return {
+        r.seed: float(r.metrics[metric])
+        for r in runs
+        if r.model == model and r.error is None and metric in r.metrics
+    }
 
 
 def entry(model: Model, runs: list[RetrainRun], arch: Architecture) -> dict[str, Any]:
     mine = [r for r in runs if r.model == model.name]
     row: dict[str, Any] = {
-        "name": model.name, "params": mine[0].parameters if mine else None,
-        "body_params": parameter_count(arch), "architecture": summary(arch),
-        "seeds": [r.seed for r in mine], "errors": [r.error for r in mine if r.error],
+        "name": model.name,
+        "params": mine[0].parameters if mine else None,
+        "body_params": parameter_count(arch),
+        "architecture": summary(arch),
+        "seeds": [r.seed for r in mine],
+        "errors": [r.error for r in mine if r.error],
         "seconds_mean": statistics.fmean(r.seconds for r in mine) if mine else None,
-    }  # fmt: skip
+    }
     for metric in ("validation_loss", "validation_chrf", "test_loss", "test_chrf"):
         values = [r.metrics.get(metric) for r in mine]
         row[metric] = values
         finite = [v for v in values if v is not None]
         row[f"{metric}_mean"] = statistics.fmean(finite) if finite else None
     row["vs_" + REFERENCE] = {
-        metric: paired_difference(per_seed(runs, model.name, metric),
-                                  per_seed(runs, REFERENCE, metric), maximize=maximize).to_dict()
+        metric: paired_difference(
+            per_seed(runs, model.name, metric), per_seed(runs, REFERENCE, metric), maximize=maximize
+        ).to_dict()
         for metric, maximize in METRICS
-    }  # fmt: skip
+    }
     return row
 
 
@@ -111,8 +118,13 @@ def verdict(rows: list[dict[str, Any]]) -> dict[str, str]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--experiment", default="search_2h")
-    parser.add_argument("--seeds", type=int, nargs="+", default=None,
-                        help="training seeds (default: its retrain.seeds)")  # fmt: skip
+    parser.add_argument(
+        "--seeds",
+        type=int,
+        nargs="+",
+        default=None,
+        help="training seeds (default: its retrain.seeds)",
+    )
     parser.add_argument("--only", nargs="*", default=None, help="variant names to train")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/space_room.json")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. retrain.steps=600")
@@ -120,19 +132,26 @@ def main() -> None:
     os.environ.setdefault("WANDB_MODE", "offline")
     settings = experiment_settings(args.experiment, [*args.overrides, "tracker=none"])
     seeds = tuple(args.seeds) if args.seeds else settings.retrain.seeds
-    chosen = [m for m in models(seed_architectures(settings))
-              if args.only is None or m.name in args.only or m.name == REFERENCE]  # fmt: skip
+    chosen = [
+        m
+        for m in models(seed_architectures(settings))
+        if args.only is None or m.name in args.only or m.name == REFERENCE
+    ]
     retrain = replace(settings.retrain, seeds=seeds, models_dir=tempfile.mkdtemp(prefix="room_"))
     started = time.perf_counter()
     result = retrain_models(replace(settings, retrain=retrain), chosen)
     runs = list(result.runs)
     rows = [entry(m, runs, _arch(m)) for m in chosen]
     document = {
-        "experiment": args.experiment, "overrides": args.overrides, "seeds": list(seeds),
+        "experiment": args.experiment,
+        "overrides": args.overrides,
+        "seeds": list(seeds),
         "steps": settings.retrain.steps or settings.train.steps,
-        "train": settings.train.__dict__, "models": rows, "verdict": verdict(rows),
+        "train": settings.train.__dict__,
+        "models": rows,
+        "verdict": verdict(rows),
         "seconds": time.perf_counter() - started,
-    }  # fmt: skip
+    }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(document, indent=2) + "\n")
     for row in rows:

@@ -49,8 +49,8 @@ from nas.trials import (
     param_window,
     remaining,
     sample_architecture,
-    seconds_trained,
     seed_architectures,
+    time_left,
     trials_table,
 )
 from search_spaces.architecture import InvalidArchitecture, functional_key, summary, to_json
@@ -128,7 +128,7 @@ class Leader:
         """
         invalid = 0
         while remaining(self.study, self.settings.study.n_trials) > 0 and \
-                time.time() < self.deadline and self._budget_left():  # fmt: skip
+                time.time() < self.deadline and time_left(self.study, self.settings):  # fmt: skip
             if invalid == MAX_INVALID_IN_A_ROW:
                 raise RuntimeError(f"{invalid} proposals in a row fell outside the parameter "
                                    f"window {self.settings.search_space.param_window} or "
@@ -233,11 +233,6 @@ class Leader:
         return self.end
 
     # -- helpers ---------------------------------------------------------------------------
-    def _budget_left(self) -> bool:
-        """Whether the study's trials have trained less than `study.time_budget_s` in all."""
-        budget = self.settings.study.time_budget_s
-        return budget is None or seconds_trained(self.study) < budget
-
     def _sample(self, trial: optuna.Trial) -> Any:
         """The trial's architecture. The parameter window is relative to the seed
         Transformer of the space (2 layers per cell of `min_cells`), and the two seed

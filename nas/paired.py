@@ -41,9 +41,15 @@ class PairedDifference:
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON values: NaN as None."""
-        return {"mean": _finite(self.mean), "stderr": _finite(self.stderr), "n": self.n,
-                "wins": self.wins, "seeds": list(self.seeds),
-                "diffs": [_finite(d) for d in self.diffs], "signs": list(self.signs)}  # fmt: skip
+        return {
+            "mean": _finite(self.mean),
+            "stderr": _finite(self.stderr),
+            "n": self.n,
+            "wins": self.wins,
+            "seeds": list(self.seeds),
+            "diffs": [_finite(d) for d in self.diffs],
+            "signs": list(self.signs),
+        }
 
 
 def paired_difference(
@@ -52,8 +58,11 @@ def paired_difference(
     """`model - reference`, seed by seed, on the seeds both have (in `model`'s order) with
     finite figures; a seed only one of them has (it failed for the other) is left out.
     `maximize`: higher is better for this metric (chrF), else lower (loss)."""
-    seeds = tuple(s for s in model if s in reference
-                  and math.isfinite(model[s]) and math.isfinite(reference[s]))  # fmt: skip
+    seeds = tuple(
+        s
+        for s in model
+        if s in reference and math.isfinite(model[s]) and math.isfinite(reference[s])
+    )
     diffs = tuple(model[s] - reference[s] for s in seeds)
     better = 1.0 if maximize else -1.0
     signs = tuple(0 if d == 0 else (1 if better * d > 0 else -1) for d in diffs)

@@ -18,8 +18,15 @@ from typing import Any
 from nas.paired import PairedDifference, paired_difference, reference_model
 from nas.settings import OBJECTIVES
 
-__all__ = ["Model", "RetrainResult", "RetrainRun", "compare", "model_table", "paired_metrics",
-           "score"]  # fmt: skip
+__all__ = [
+    "Model",
+    "RetrainResult",
+    "RetrainRun",
+    "compare",
+    "model_table",
+    "paired_metrics",
+    "score",
+]
 
 
 @dataclass(frozen=True)
@@ -74,9 +81,13 @@ def model_table(runs: Sequence[RetrainRun], fitness: str) -> list[dict[str, Any]
     for name in names:
         mine = [r for r in runs if r.model == name]
         done = [r for r in mine if r.error is None]
-        row: dict[str, Any] = {"model": name, "trial": mine[0].trial, "seeds": len(done),
-                               "failed": len(mine) - len(done),
-                               "parameters": mine[0].parameters}  # fmt: skip
+        row: dict[str, Any] = {
+            "model": name,
+            "trial": mine[0].trial,
+            "seeds": len(done),
+            "failed": len(mine) - len(done),
+            "parameters": mine[0].parameters,
+        }
         keys = sorted({k for r in done for k in r.metrics} | {"samples_per_s", "tokens_per_s"})
         for key in keys:
             values = [float(r.metrics.get(key, getattr(r, key, math.nan))) for r in done]
@@ -105,26 +116,39 @@ def compare(
     reference = reference_model(seeds, maximize=OBJECTIVES[fitness] == "maximize")
     if reference is None:
         return None, {}
-    metrics = [m for m in dict.fromkeys((fitness, "validation_chrf"))
-               if any(m in run.metrics for run in runs)]  # fmt: skip
-    return reference, {row["model"]: paired_metrics(runs, row["model"], reference, metrics)
-                       for row in rows if row["model"] != reference}  # fmt: skip
+    metrics = [
+        m
+        for m in dict.fromkeys((fitness, "validation_chrf"))
+        if any(m in run.metrics for run in runs)
+    ]
+    return reference, {
+        row["model"]: paired_metrics(runs, row["model"], reference, metrics)
+        for row in rows
+        if row["model"] != reference
+    }
 
 
 def paired_metrics(
     runs: Sequence[RetrainRun], model: str, reference: str, metrics: Iterable[str]
 ) -> dict[str, PairedDifference]:
     """`model - reference` per metric over the training seeds both trained (`nas.paired`)."""
-    return {metric: paired_difference(_per_seed(runs, model, metric),
-                                      _per_seed(runs, reference, metric),
-                                      maximize=OBJECTIVES.get(metric) == "maximize")
-            for metric in metrics}  # fmt: skip
+    return {
+        metric: paired_difference(
+            _per_seed(runs, model, metric),
+            _per_seed(runs, reference, metric),
+            maximize=OBJECTIVES.get(metric) == "maximize",
+        )
+        for metric in metrics
+    }
 
 
 def _per_seed(runs: Sequence[RetrainRun], model: str, metric: str) -> dict[int, float]:
     """The model's `metric` per training seed, in run order; failed seeds left out."""
-    return {run.seed: float(run.metrics[metric]) for run in runs
-            if run.model == model and run.error is None and metric in run.metrics}  # fmt: skip
+    return {
+        run.seed: float(run.metrics[metric])
+        for run in runs
+        if run.model == model and run.error is None and metric in run.metrics
+    }
 
 
 def score(run: RetrainRun, fitness: str) -> float:

@@ -28,8 +28,9 @@ __all__ = ["fingerprint", "load", "mark_tracked", "record_path", "save"]
 
 def fingerprint(architecture: str, steps: int, training: Mapping[str, Any]) -> str:
     """What makes two runs of one model and seed the same run: a digest of how it trains."""
-    document = json.dumps({"architecture": architecture, "steps": steps, **training},
-                          sort_keys=True, default=str)  # fmt: skip
+    document = json.dumps(
+        {"architecture": architecture, "steps": steps, **training}, sort_keys=True, default=str
+    )
     return hashlib.sha256(document.encode()).hexdigest()[:16]
 
 

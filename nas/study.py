@@ -96,7 +96,8 @@ def run_study(settings: NasSettings) -> StudyResult:
     study = trials.open_study(settings)
     restarts = 0
     run_dirs: list[str] = []
-    while trials.remaining(study, settings.study.n_trials) > 0 and time.time() < deadline:
+    while trials.remaining(study, settings.study.n_trials) > 0 and time.time() < deadline and \
+            trials.time_left(study, settings):  # fmt: skip
         try:
             run_dirs.extend(_launch(settings, owner, deadline).run_dirs)
         except LeaderError as error:  # the study stopped on every rank: its trial is retried

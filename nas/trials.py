@@ -52,6 +52,7 @@ __all__ = [
     "seconds_trained",
     "seed_architectures",
     "space_primitives",
+    "time_left",
     "trials_table",
 ]
 
@@ -162,6 +163,12 @@ def seconds_trained(study: optuna.Study) -> float:
     return sum((t.datetime_complete - t.datetime_start).total_seconds()
                for t in study.get_trials(deepcopy=False)
                if t.datetime_start is not None and t.datetime_complete is not None)  # fmt: skip
+
+
+def time_left(study: optuna.Study, settings: NasSettings) -> bool:
+    """Whether the study's trials have trained less than `study.time_budget_s` in all."""
+    budget = settings.study.time_budget_s
+    return budget is None or seconds_trained(study) < budget
 
 
 def counted(trial: optuna.trial.FrozenTrial) -> bool:

@@ -59,8 +59,15 @@ def test_no_shared_seed_gives_no_figures_and_plain_json() -> None:
 
 def test_to_dict_keeps_the_figures() -> None:
     plain = paired_difference({0: 1.0, 1: 3.0}, {0: 2.0, 1: 2.0}).to_dict()
-    assert plain == {"mean": 0.0, "stderr": pytest.approx(1.0), "n": 2, "wins": 1,
-                     "seeds": [0, 1], "diffs": [-1.0, 1.0], "signs": [1, -1]}  # fmt: skip
+    assert plain == {
+        "mean": 0.0,
+        "stderr": pytest.approx(1.0),
+        "n": 2,
+        "wins": 1,
+        "seeds": [0, 1],
+        "diffs": [-1.0, 1.0],
+        "signs": [1, -1],
+    }
 
 
 def test_the_evolved_transformer_is_the_reference_when_it_trained() -> None:

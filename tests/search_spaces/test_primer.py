@@ -50,8 +50,9 @@ def test_squared_relu_is_relu_squared() -> None:
     assert isinstance(activation("squared_relu"), SquaredReLU)
 
 
-@pytest.mark.parametrize(("name", "plain"), [("mdha", "attention"),
-                                             ("encoder_mdha", "encoder_attention")])  # fmt: skip
+@pytest.mark.parametrize(
+    ("name", "plain"), [("mdha", "attention"), ("encoder_mdha", "encoder_attention")]
+)
 def test_mdha_adds_three_width_3_kernels_per_channel(name: str, plain: str) -> None:
     def count(layer: str) -> int:
         module = make_layer(layer, 32, 64, causal=True, heads=4, d_memory=48)
@@ -119,8 +120,11 @@ def test_the_space_offers_the_primitives_only_when_asked() -> None:
         sample(RandomSuggest(0), window=None, primitives=("gelu",))  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize("arch", [ET, ET_PRIMER, with_primitives(transformer(D, 4), BOTH)],
-                         ids=["et", "et_primer", "transformer_primer"])  # fmt: skip
+@pytest.mark.parametrize(
+    "arch",
+    [ET, ET_PRIMER, with_primitives(transformer(D, 4), BOTH)],
+    ids=["et", "et_primer", "transformer_primer"],
+)
 def test_seed_params_replay_in_the_space_with_primitives(arch: object) -> None:
     assert isinstance(arch, type(ET))
     params = seed_params(arch, primitives=BOTH)
@@ -141,8 +145,14 @@ def test_with_primitives_changes_only_activations_and_attention() -> None:
     assert with_primitives(ET, ()) == ET
     sq = with_primitives(ET, ("squared_relu",))
     assert parameter_count(sq) == parameter_count(ET)
-    acts = {b.activation for c in (sq.encoder, sq.decoder) if c for k in c.blocks
-            for b in k.branches if not b.dead}  # fmt: skip
+    acts = {
+        b.activation
+        for c in (sq.encoder, sq.decoder)
+        if c
+        for k in c.blocks
+        for b in k.branches
+        if not b.dead
+    }
     assert acts <= {"squared_relu", "none"} and "squared_relu" in acts
     mdha = with_primitives(ET, ("mdha",))
     attention_layers = 1 * 3 + 4 * 2 + 4 * 2  # enc 1 self x 3 cells; dec 2 self + 2 cross x 4
@@ -152,8 +162,9 @@ def test_with_primitives_changes_only_activations_and_attention() -> None:
 def test_functional_key_ignores_branch_order_only() -> None:
     cell = ET.decoder
     block = cell.blocks[2]  # two live branches, joined by add
-    swapped = Cell((*cell.blocks[:2], Block(block.right, block.left, block.combiner),
-                    *cell.blocks[3:]))  # fmt: skip
+    swapped = Cell(
+        (*cell.blocks[:2], Block(block.right, block.left, block.combiner), *cell.blocks[3:])
+    )
     mirror = type(ET)(ET.d_model, ET.encoder_cells, ET.encoder, ET.decoder_cells, swapped)
     assert mirror != ET and functional_key(mirror) == functional_key(ET)
     assert functional_key(ET_PRIMER) != functional_key(ET)
@@ -176,14 +187,16 @@ def test_a_primer_model_is_causal_on_the_decoder_side() -> None:
     src, tgt = tokens(2, 6, 0), tokens(2, 7, 1)
     changed = tgt.clone()
     changed[:, 4:] = tokens(2, 3, 9)
-    torch.testing.assert_close(run(modules, (src, changed))[..., :4],
-                               run(modules, (src, tgt))[..., :4])  # fmt: skip
+    torch.testing.assert_close(
+        run(modules, (src, changed))[..., :4], run(modules, (src, tgt))[..., :4]
+    )
 
 
 def pipelined(ctx: pipeline.StageContext) -> dict[str, object]:
     optimizer = functools.partial(torch.optim.Adam, lr=1e-3)
-    pipe = pipeline.ElasticPipeline(specs(), loss_fn=loss, n_microbatches=2, seed=3,
-                                    optimizer=optimizer, partition=[5, 5])  # fmt: skip
+    pipe = pipeline.ElasticPipeline(
+        specs(), loss_fn=loss, n_microbatches=2, seed=3, optimizer=optimizer, partition=[5, 5]
+    )
     losses = [pipe.train_step(x, y) for x, y in batches()]
     state = pipe.full_state_dict()
     pipe.close()

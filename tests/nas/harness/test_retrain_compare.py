@@ -85,8 +85,9 @@ def test_a_training_seed_alone_fixes_the_data_order(tmp_path: Path) -> None:
     assert not _same(first(1), seed_0)
 
 
-def _run(model: str, seed: int, loss: float | None, chrf: float = 0.0,
-         trial: int | None = None) -> RetrainRun:  # fmt: skip
+def _run(
+    model: str, seed: int, loss: float | None, chrf: float = 0.0, trial: int | None = None
+) -> RetrainRun:
     """A finished run (or, with `loss` None, a failed one) with its final figures."""
     if loss is None:
         return RetrainRun(model, seed, trial, {}, 100, error="memory plan does not fit")
@@ -96,12 +97,16 @@ def _run(model: str, seed: int, loss: float | None, chrf: float = 0.0,
 
 # trial-3's seed 2 failed; the figures are binary fractions, so the differences are exact
 RUNS = (
-    _run("trial-3", 0, 1.0, 40.0, 3), _run("trial-3", 1, 1.25, 42.0, 3), _run("trial-3", 2, None),
-    _run("transformer", 0, 1.75, 30.0), _run("transformer", 1, 2.0, 31.0),
+    _run("trial-3", 0, 1.0, 40.0, 3),
+    _run("trial-3", 1, 1.25, 42.0, 3),
+    _run("trial-3", 2, None),
+    _run("transformer", 0, 1.75, 30.0),
+    _run("transformer", 1, 2.0, 31.0),
     _run("transformer", 2, 2.0, 32.0),
-    _run("evolved_transformer", 0, 1.5, 35.0), _run("evolved_transformer", 1, 1.5, 36.0),
+    _run("evolved_transformer", 0, 1.5, 35.0),
+    _run("evolved_transformer", 1, 1.5, 36.0),
     _run("evolved_transformer", 2, 1.75, 37.0),
-)  # fmt: skip
+)
 
 
 def test_each_model_is_compared_with_the_evolved_transformer_on_the_seeds_both_trained() -> None:
@@ -163,8 +168,9 @@ def test_the_benchmark_stores_seeds_figures_and_the_paired_difference_per_model(
     assert vs["validation_loss"]["mean"] == -0.375 and vs["validation_loss"]["n"] == 2
     assert vs["validation_loss"]["wins"] == 2 and vs["chrf"]["wins"] == 2
     assert vs["validation_loss"]["stderr"] == pytest.approx(0.125)
-    evolved = bench._entry("evolved_transformer",
-                           Model("evolved_transformer", None, {}, "{}"), runs)  # fmt: skip
+    evolved = bench._entry(
+        "evolved_transformer", Model("evolved_transformer", None, {}, "{}"), runs
+    )
     assert evolved["seeds"] == [0, 1, 2] and evolved["vs_evolved_transformer"] is None
     json.dumps([searched, evolved], allow_nan=False)
     alone = bench._entry("best-trial-3", Model("trial-3", 3, {}, "{}"), runs[:3])
