@@ -15,7 +15,7 @@ top rung, a window topped at the ET's size), run for a wall-clock budget with
               cold restarts (a fresh `run_study`, new stage processes, per trial): trials
               per hour, and what each picks, judged after retraining from scratch;
 * `best`      the headline: the evolution study of `--search-minutes` (default: the
-              experiment's `study.timeout_s`; or of
+              experiment's `study.time_budget_s`; or of
               `--search-trials` trials, whatever the time: what a loaded machine can
               still compare), its best retrained
               from scratch against both seeds with the experiment's `retrain.seeds`
@@ -110,7 +110,7 @@ def main() -> None:
         [f"studies_dir={root / 'studies'}", f"output_dir={root / 'run'}", *args.overrides],
     )
     if args.search_minutes is None:
-        args.search_minutes = (base.study.timeout_s or 3600) / 60
+        args.search_minutes = (base.study.time_budget_s or base.study.timeout_s or 3600) / 60
     started = time.perf_counter()
     runs: dict[str, dict[str, Any]] = {}
     wanted = _variants(args.parts)
@@ -192,7 +192,7 @@ def _arguments() -> argparse.Namespace:
                         help=f"comma-separated, of {', '.join(PARTS)}")  # fmt: skip
     parser.add_argument("--compare-minutes", type=float, default=15.0)
     parser.add_argument("--search-minutes", type=float, default=None,
-                        help="default: the experiment's study.timeout_s")  # fmt: skip
+                        help="default: the experiment's study.time_budget_s (or timeout_s)")  # fmt: skip
     parser.add_argument("--search-trials", type=int, default=None)
     parser.add_argument("--study-seeds", type=int, default=2)
     parser.add_argument("--retrain-seeds", type=int, nargs="+", default=None,
