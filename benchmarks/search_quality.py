@@ -192,7 +192,7 @@ def _arguments() -> argparse.Namespace:
                         help=f"comma-separated, of {', '.join(PARTS)}")  # fmt: skip
     parser.add_argument("--compare-minutes", type=float, default=15.0)
     parser.add_argument("--search-minutes", type=float, default=None,
-                        help="default: the experiment's study.time_budget_s (or timeout_s)")  # fmt: skip
+                        help="default: the experiment's study.time_budget_s")  # fmt: skip
     parser.add_argument("--search-trials", type=int, default=None)
     parser.add_argument("--study-seeds", type=int, default=2)
     parser.add_argument("--retrain-seeds", type=int, nargs="+", default=None,
@@ -335,7 +335,9 @@ def _retrain(base: NasSettings, runs: dict[str, dict[str, Any]], picks: dict[str
              seed_models: bool, args: argparse.Namespace) -> dict[str, Any]:  # fmt: skip
     """Each pick (a role: "best", "warm-<seed>", "cold-<seed>", and the study in `runs` it
     picks from) retrained from scratch with the same training seeds, and both seeds when
-    `seed_models`. A network two studies picked (`nas.retrain.identity`) is trained once."""
+    `seed_models`; "best" retrains the experiment's `retrain.top_k` best complete trials and
+    its pick is the best of them retrained (validation only). A network two studies picked
+    (`nas.retrain.identity`) is trained once."""
     settings = replace(
         base,
         retrain=replace(
@@ -346,26 +348,32 @@ def _retrain(base: NasSettings, runs: dict[str, dict[str, Any]], picks: dict[str
         ),
     )
     models: dict[str, Model] = {}  # retrained under this name, one per architecture
-    chosen: dict[str, str] = {}  # role -> the name its pick was retrained under
+    # role -> the names its picks were retrained under (the role's `retrain.top_k` best
+    # complete trials for "best", one otherwise); its pick: the best of them retrained
+    candidates: dict[str, list[str]] = {}
     for role, key in picks.items():
         if key not in runs or runs[key]["best"] is None:
             continue
         study = optuna.load_study(study_name=runs[key]["study_name"],
                                   storage=runs[key]["storage"])  # fmt: skip
-        own = settings if role == "best" else replace(
-            settings, retrain=replace(settings.retrain, seed_models=False))  # fmt: skip
+        own = replace(settings, retrain=replace(settings.retrain, top_k=base.retrain.top_k)) \
+            if role == "best" else replace(
+                settings, retrain=replace(settings.retrain, seed_models=False))  # fmt: skip
         for model in select_models(study, own):
             name = model.name if model.trial is None else f"{role}-{model.name}"
             same = next((n for n, m in models.items()
                          if identity(m.architecture) == identity(model.architecture)),
                         None)  # fmt: skip
             if model.trial is not None:
-                chosen[role] = same or name
+                candidates.setdefault(role, []).append(same or name)
             if same is None:
                 models[name] = replace(model, name=name)
     result = retrain_models(settings, list(models.values()))
     table = model_table(result.runs, settings.study.fitness)
     rows = {row["model"]: row for row in table}
+    order = [row["model"] for row in table]  # best mean validation fitness first
+    chosen = {role: min(names, key=lambda n: order.index(n) if n in order else len(order))
+              for role, names in candidates.items()}  # fmt: skip
     out: dict[str, Any] = {
         "models": [_entry(n, m, result.runs) for n, m in models.items()],
         "picks": chosen, "table": table, "selected": result.selected,
