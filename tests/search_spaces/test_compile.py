@@ -27,7 +27,8 @@ import pipeline
 from pipeline.local.reference import ReferenceTrainer
 from search_spaces.architecture import Architecture
 from search_spaces.compile import compile, parameter_count
-from search_spaces.evolved_transformer import evolved_transformer, transformer
+from search_spaces.evolved_transformer import PRIMITIVES, evolved_transformer, transformer
+from search_spaces.primer import with_primitives
 from tests.search_spaces.common import (
     MAX_LEN,
     PAD,
@@ -255,8 +256,8 @@ def test_reference_trainer_learns() -> None:
     assert losses[-1] < losses[0]
 
 
-def pipelined(ctx: pipeline.StageContext) -> dict[str, Any]:
-    pipe = pipeline.ElasticPipeline(specs(ET, dropout=0.1), loss_fn=loss, n_microbatches=2,
+def pipelined(ctx: pipeline.StageContext, arch: Architecture) -> dict[str, Any]:
+    pipe = pipeline.ElasticPipeline(specs(arch, dropout=0.1), loss_fn=loss, n_microbatches=2,
                                     optimizer=functools.partial(torch.optim.Adam, lr=1e-3),
                                     partition=[5, 5], seed=3)  # fmt: skip
     losses = [pipe.train_step(x, y) for x, y in train_batches()]
@@ -266,15 +267,18 @@ def pipelined(ctx: pipeline.StageContext) -> dict[str, Any]:
 
 
 @pytest.mark.multiprocess
-def test_pipeline_trains_like_one_process() -> None:
+@pytest.mark.parametrize("arch", [ET, with_primitives(ET, PRIMITIVES)], ids=["et", "et_primer"])
+def test_pipeline_trains_like_one_process(arch: Architecture) -> None:
     """Two stages, the carry's integer ids and pass-through memory included, train exactly
-    like `ReferenceTrainer` (same reduction order: one thread, as the stages)."""
-    out = pipeline.launch(pipelined, 2, threads_per_stage=1, timeout_s=60)[0]
+    like `ReferenceTrainer` (same reduction order: one thread, as the stages); also with
+    Primer's squared ReLU and multi-DConv-head attention."""
+    run = functools.partial(pipelined, arch=arch)
+    out = pipeline.launch(run, 2, threads_per_stage=1, timeout_s=60)[0]
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
         trainer = ReferenceTrainer(
-            specs(ET, dropout=0.1),
+            specs(arch, dropout=0.1),
             n_microbatches=2,
             loss_fn=loss,
             seed=3,

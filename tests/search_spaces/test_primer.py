@@ -1,17 +1,15 @@
 """Primer's primitives: squared ReLU and multi-DConv-head attention, as layers, as choices of
 the space, and applied to the seeds (`search_spaces.primer`). The shape, padding and
-causality contracts of every layer name run in test_layers.py; here what is Primer's own."""
+causality contracts of every layer name run in test_layers.py, pipelining exactly against one
+process in test_compile.py; here what is Primer's own."""
 
 from __future__ import annotations
-
-import functools
 
 import pytest
 import torch
 import torch.nn.functional as F
 
 import pipeline
-from pipeline.local.reference import ReferenceTrainer
 from search_spaces.architecture import (
     Block,
     Cell,
@@ -190,36 +188,6 @@ def test_a_primer_model_is_causal_on_the_decoder_side() -> None:
     torch.testing.assert_close(
         run(modules, (src, changed))[..., :4], run(modules, (src, tgt))[..., :4]
     )
-
-
-def pipelined(ctx: pipeline.StageContext) -> dict[str, object]:
-    optimizer = functools.partial(torch.optim.Adam, lr=1e-3)
-    pipe = pipeline.ElasticPipeline(
-        specs(), loss_fn=loss, n_microbatches=2, seed=3, optimizer=optimizer, partition=[5, 5]
-    )
-    losses = [pipe.train_step(x, y) for x, y in batches()]
-    state = pipe.full_state_dict()
-    pipe.close()
-    return {"losses": losses, "state": state}
-
-
-@pytest.mark.multiprocess
-def test_a_primer_model_pipelines_like_one_process() -> None:
-    out = pipeline.launch(pipelined, 2, threads_per_stage=1, timeout_s=60)[0]
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        optimizer = functools.partial(torch.optim.Adam, lr=1e-3)
-        trainer = ReferenceTrainer(
-            specs(), n_microbatches=2, loss_fn=loss, seed=3, optimizer=optimizer
-        )
-        losses = [trainer.train_step(x, y) for x, y in batches()]
-    finally:
-        torch.set_num_threads(threads)
-    assert out["losses"] == pytest.approx(losses, abs=1e-5)
-    for key, state in trainer.full_state_dict().items():
-        for name, value in state.items():
-            torch.testing.assert_close(out["state"][key][name], value, atol=1e-5, rtol=0)
 
 
 def test_an_optuna_study_samples_the_space_with_primitives() -> None:
