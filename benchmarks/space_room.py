@@ -34,8 +34,8 @@ from typing import Any
 
 from common import experiment_settings
 
-from nas.paired import REFERENCE, paired_difference
-from nas.retrain import Model, RetrainRun, retrain_models
+from nas.paired import REFERENCE
+from nas.retrain import Model, RetrainRun, paired_metrics, retrain_models
 from nas.trials import seed_architectures
 from search_spaces.architecture import Architecture, summary, to_json
 from search_spaces.compile import parameter_count
@@ -51,7 +51,7 @@ VARIANTS: tuple[tuple[str, tuple[Primitive, ...]], ...] = (
     ("transformer+both", PRIMITIVES),
     ("transformer", ()),
 )
-METRICS = (("validation_loss", False), ("validation_chrf", True))  # (name, maximize)
+METRICS = ("validation_loss", "validation_chrf")  # compared with the ET, seed by seed
 
 
 def models(seeds: dict[str, Architecture]) -> list[Model]:
@@ -61,14 +61,6 @@ def models(seeds: dict[str, Architecture]) -> list[Model]:
         arch = with_primitives(seeds[name.split("+")[0]], primitives)
         out.append(Model(name, None, seed_params(arch, primitives=PRIMITIVES), to_json(arch)))
     return out
-
-
-def per_seed(runs: list[RetrainRun], model: str, metric: str) -> dict[int, float]:
-    return {
-        r.seed: float(r.metrics[metric])
-        for r in runs
-        if r.model == model and r.error is None and metric in r.metrics
-    }
 
 
 def entry(model: Model, runs: list[RetrainRun], arch: Architecture) -> dict[str, Any]:
@@ -87,12 +79,8 @@ def entry(model: Model, runs: list[RetrainRun], arch: Architecture) -> dict[str,
         row[metric] = values
         finite = [v for v in values if v is not None]
         row[f"{metric}_mean"] = statistics.fmean(finite) if finite else None
-    row["vs_" + REFERENCE] = {
-        metric: paired_difference(
-            per_seed(runs, model.name, metric), per_seed(runs, REFERENCE, metric), maximize=maximize
-        ).to_dict()
-        for metric, maximize in METRICS
-    }
+    paired = paired_metrics(runs, model.name, REFERENCE, METRICS)
+    row["vs_" + REFERENCE] = {metric: pair.to_dict() for metric, pair in paired.items()}
     return row
 
 
