@@ -1,6 +1,6 @@
 """Bi-Partition where whole layers cannot balance two stages, against whole-layer peers.
 
-Why it exists: issue 12 asks for Bi-Partition "where it applies" beside the other
+Why it exists: Bi-Partition is meant for where it applies, beside the other
 schedules. On the throughput stack of `benchmarks/schedules.py` (8 equal Transformer
 layers) it does not: 4 + 4 layers already balance, and its layers are not separable. It
 applies where the layers are coarse and uneven across the cut, and the layer at the cut is

@@ -1,8 +1,8 @@
 """Simulated bubbles of 1F1B, interleaved 1F1B and ZB-V beside their closed forms.
 
-Why it exists: issue 22 adds several stages per rank to cut the pipeline bubble (Megatron's
+Why it exists: several stages per rank cut the pipeline bubble (Megatron's
 interleaving: (R - 1) / (v * M) of the ideal time instead of 1F1B's (R - 1) / M; ZB-V: only
-the ramp of the first forwards left) and asks for the bubble of each on S = 8 stages on 4
+the ramp of the first forwards left); this gives the bubble of each on S = 8 stages on 4
 ranks and S = 16 on 8 ranks against the formulas, with no process: this replays the
 schedules' lists in the simulator (`pipeline.pure.simulate`) with equal stage costs.
 

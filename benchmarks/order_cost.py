@@ -1,7 +1,7 @@
 """Does a change to the runtime cost throughput? Two source trees, our schedules, one run.
 
-Why it exists: issue 21 changes how messages are posted (tag-free, in order, grouped so that
-NCCL cannot deadlock) and asks that `benchmarks/schedules.py`'s figures stay unchanged
+Why it exists: a change to how messages are posted (tag-free, in order, grouped so that
+NCCL cannot deadlock, say) must leave `benchmarks/schedules.py`'s figures unchanged
 within noise, measured before and after in the same run. The two runtimes cannot share a
 process (both are the package `pipeline`), so this runs each tree's runtime in processes of
 its own, alternating the trees round by round (before, after; then after, before) so that

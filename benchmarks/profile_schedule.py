@@ -1,7 +1,7 @@
 """Where a schedule's time goes: cProfile of every stage on the throughput stack.
 
-Why it exists: issue 12 asks, where a throughput target is missed, for a profile of what
-costs the time. `benchmarks/schedules.py` reports each stage's compute, waits and the
+Why it exists: where a throughput target is missed, a profile says what costs the
+time. `benchmarks/schedules.py` reports each stage's compute, waits and the
 rest; this shows the functions under them: autograd engine calls (a split backward makes
 about seven per layer where a fused one makes one), layer kernels, waits on messages, the
 runtime's own Python. It trains `--steps` steps of one schedule of ours on the stack of

@@ -1,12 +1,12 @@
 """Every pipeline schedule we have against every one torch.distributed.pipelining runs on 2 ranks.
 
-Why it exists: issue 12 asks for this runtime's schedules (whatever
+Why it exists: this runtime's schedules (whatever
 `pipeline.pure.schedule.SCHEDULES` holds when it runs: gpipe and 1f1b, and zbh1, 2bw,
-pipemare, bipartition as they land) to beat torch's best schedule on the throughput stack,
-and for a record of where each wins and what costs the time where one loses. This measures
-them all side by side in one run, on the stack of `benchmarks/throughput.py` (8 Transformer
-layers, d_model 256, sequence 64, batch 32, 2 ranks, CPU gloo, 1 thread per rank), at M=4 and
-M=8 micro-batches:
+pipemare, bipartition and the rest) should beat torch's best schedule on the throughput
+stack, and this keeps a record of where each wins and what costs the time where one loses.
+It measures them all side by side in one run, on the stack of `benchmarks/throughput.py`
+(8 Transformer layers, d_model 256, sequence 64, batch 32, 2 ranks, CPU gloo, 1 thread per
+rank), at M=4 and M=8 micro-batches:
 
 * ours: one `ElasticPipeline` per registered schedule (partition "auto"); a schedule that
   raises is recorded with its error and left out;
@@ -75,7 +75,7 @@ from pipeline.pure.simulate import StageCost, simulate
 MICROBATCHES = (4, 8)
 # 2bw and pipemare change the update rule; the rest train exactly like one process
 EXACT = ("gpipe", "1f1b", "zbh1", "bipartition", "interleaved_1f1b", "zbv")
-TARGETS = {"ours_best_exact_vs_torch_best": 1.05, "ours_best_vs_perfect_split": 0.95}  # issue 22
+TARGETS = {"ours_best_exact_vs_torch_best": 1.05, "ours_best_vs_perfect_split": 0.95}
 LOSS_TOLERANCE = 1e-5
 GRAD_TOLERANCE = 1e-5  # max |grad - reference| over max |reference grad|
 
@@ -486,7 +486,7 @@ def _best(
 
 
 def summarize(records: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    """Per M: samples/s, ratios, the bests and the targets of issue 12."""
+    """Per M: samples/s, ratios, the bests and the `TARGETS`."""
     out: dict[str, Any] = {}
     for m in MICROBATCHES:
         mine = {k[: -len(f"_M{m}")]: v for k, v in records.items() if k.endswith(f"_M{m}")}

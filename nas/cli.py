@@ -42,10 +42,11 @@ def main(cfg: DictConfig) -> None:
     from nas.report import report_study  # after composing: --help and --cfg stay fast
     from nas.retrain import retrain
     from nas.study import run_study
+    from pipeline import lead_process
 
     result = run_study(settings) if "search" in settings.stages else None
     retrained = retrain(settings) if "retrain" in settings.stages else None
-    if os.environ.get("RANK", "0") == "0":  # under torchrun: rank 0 reports
+    if lead_process():  # under torchrun: rank 0 reports
         report_study(settings, result, retrained)
 
 

@@ -3,7 +3,7 @@
 Every stage process runs the same study loop (`nas.study`); only rank 0 holds a `Leader`,
 which makes the decisions the others wait for: which trial (and architecture) comes next,
 whether a trial is pruned, and what is recorded when it ends. Each public method is one
-such decision, called inside `nas.study`'s `_decide`, which hands the result, or the error
+such decision, called through `nas.study`'s `Decisions`, which hands the result, or the error
 that prevented it, to every rank. So a method may raise anything (a locked or vanished
 storage, a tracker that fails, a sampler bug) and no rank is left waiting:
 

@@ -100,7 +100,9 @@ def retrain_models(settings: NasSettings, models: Sequence[Model]) -> RetrainRes
     selected = table[0]["model"] if table and math.isfinite(table[0][f"{fitness}_mean"]) else None
     reference, paired = compare(runs, fitness)
     comparison = {"reference": reference, "vs_reference": paired}
+    # Under torchrun every rank gets here with rank 0's runs; one of them tracks.
     fresh = [run for run in runs if (run.model, run.seed) not in tracked]
+    fresh = fresh if pipeline.lead_process() else []
     run_dirs = _track(settings, runs, fresh, selected, comparison) if fresh else ()
     by_name = {model.name: model for model in models}
     for run in fresh:

@@ -23,7 +23,7 @@ This package imports only torch and numpy.
 
 from pipeline.distributed.elastic import ElasticPipeline
 from pipeline.distributed.events import PipelineEvent
-from pipeline.distributed.launch import StageContext, launch, under_torchrun
+from pipeline.distributed.launch import StageContext, launch, lead_process, under_torchrun
 from pipeline.distributed.migration import MigrationRecord, WeightSnapshot
 from pipeline.distributed.options import PipelineOptions
 from pipeline.distributed.report import PipelineStats, StageStats
@@ -68,6 +68,7 @@ __all__ = [
     "StageStats",
     "WeightSnapshot",
     "launch",
+    "lead_process",
     "separable",
     "under_torchrun",
 ]

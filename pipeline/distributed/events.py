@@ -1,7 +1,7 @@
 """The pipeline's event log as typed records: what happened, at which step of which model.
 
-`ElasticPipeline.events` used to be a list of loose dicts; callers had to know the key names
-and loggers got tuples and dataclasses that JSON does not take. A `PipelineEvent` names the
+Loose dicts would make every caller know the key names, and loggers would get tuples and
+dataclasses that JSON does not take. A `PipelineEvent` names the
 fields every event has (generation, step, kind) and keeps what is particular to its kind in
 `details`; `to_dict()` turns it into plain JSON values for a logger (W&B, a JSON-lines file).
 

@@ -56,7 +56,7 @@ import torch.distributed.nn
 from pipeline.distributed.comm import Comm
 from pipeline.errors import StageFailedError
 
-__all__ = ["StageContext", "StageFailedError", "launch", "under_torchrun"]
+__all__ = ["StageContext", "StageFailedError", "launch", "lead_process", "under_torchrun"]
 
 _TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
@@ -109,6 +109,13 @@ def launch(
 def under_torchrun() -> bool:
     """Was this process started by torchrun (so `launch` joins its group, one stage here)?"""
     return all(v in os.environ for v in _TORCHRUN_VARS)
+
+
+def lead_process() -> bool:
+    """Is this the one process that writes what every rank shares (records, tracker runs,
+    reports)? Always outside torchrun, where `launch` returns in one process; rank 0 under
+    it, where every process runs the program and `launch` returns in each."""
+    return not under_torchrun() or os.environ["RANK"] == "0"
 
 
 def _join_torchrun(

@@ -5,7 +5,7 @@ without depending on the search space, and as examples of writing layers for the
 every factory is a module-level class or a `functools.partial` of one (picklable), and every
 layer maps carry -> carry. Language models (embeddings, causal cells, a vocabulary head)
 come from `search_spaces.compile`, e.g. the seed `transformer(n_enc=0)` compiled for a
-vocabulary, as `nas.demo` does.
+vocabulary, as `nas.tasks` does.
 """
 
 from __future__ import annotations

@@ -125,7 +125,9 @@ def test_stages_started_by_torchrun_run_the_study(tmp_path: Path) -> None:
     assert done.stdout.count("exported trial-") == 1  # the retraining launched again
     study = optuna.load_study(study_name="tr", storage=f"sqlite:///{tmp_path / 'studies'}/tr.db")
     assert [t.state for t in study.trials if counted(t)] == [optuna.trial.TrialState.COMPLETE] * 2
-    assert (tmp_path / "run" / "tracking" / "tr.jsonl").exists()
+    lines = (tmp_path / "run" / "tracking" / "tr.jsonl").read_text().splitlines()
+    kinds = [json.loads(line)["kind"] for line in lines]
+    assert kinds.count("study_start") == 2  # the search's, then the retraining's: rank 0 tracks
 
 
 def test_the_composed_config_prints_and_bad_overrides_name_the_key(tmp_path: Path) -> None:
