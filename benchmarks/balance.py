@@ -44,16 +44,27 @@ OPTIMIZER = functools.partial(torch.optim.AdamW, lr=1e-4)
 def run(ctx: StageContext, rounds: int, steps: int) -> dict[str, Any]:
     x, y = batch(size=UNEVEN_BATCH)
     pipes = {
-        "equal": ElasticPipeline(uneven_stack(), optimizer=OPTIMIZER, loss_fn=F.mse_loss,
-                                 n_microbatches=MICROBATCHES, partition=EQUAL),
-        "planned": ElasticPipeline(uneven_stack(), optimizer=OPTIMIZER, loss_fn=F.mse_loss,
-                                   n_microbatches=MICROBATCHES, partition="auto"),
-    }  # fmt: skip
+        "equal": ElasticPipeline(
+            uneven_stack(),
+            optimizer=OPTIMIZER,
+            loss_fn=F.mse_loss,
+            n_microbatches=MICROBATCHES,
+            partition=EQUAL,
+        ),
+        "planned": ElasticPipeline(
+            uneven_stack(),
+            optimizer=OPTIMIZER,
+            loss_fn=F.mse_loss,
+            n_microbatches=MICROBATCHES,
+            partition="auto",
+        ),
+    }
     for pipe in pipes.values():  # the first step plans ("auto"); then warm up
         for _ in range(2):
             pipe.train_step(x, y)
-    seconds = timed_rounds({k: functools.partial(p.train_step, x, y) for k, p in pipes.items()},
-                           rounds, steps)  # fmt: skip
+    seconds = timed_rounds(
+        {k: functools.partial(p.train_step, x, y) for k, p in pipes.items()}, rounds, steps
+    )
     planned = pipes["planned"]
     assert planned.plan is not None
     measured, actions = planned.layer_costs()
@@ -61,15 +72,17 @@ def run(ctx: StageContext, rounds: int, steps: int) -> dict[str, Any]:
     return {
         "seconds": seconds,
         "plan": planned.plan.to_dict(),
-        "predicted_equal_s": evaluate(planned_costs(planned), EQUAL, n_microbatches=MICROBATCHES)
-        .predicted_iteration_s,
+        "predicted_equal_s": evaluate(
+            planned_costs(planned), EQUAL, n_microbatches=MICROBATCHES
+        ).predicted_iteration_s,
         "repredicted_from_measured_costs_s": {
-            name: evaluate(measured, sizes, actions,
-                           n_microbatches=MICROBATCHES).predicted_iteration_s
+            name: evaluate(
+                measured, sizes, actions, n_microbatches=MICROBATCHES
+            ).predicted_iteration_s
             for name, sizes in (("planned", planned.sizes), ("equal", EQUAL))
         },
         "stats": stats,
-    }  # fmt: skip
+    }
 
 
 def planned_costs(pipe: ElasticPipeline) -> Any:
@@ -77,8 +90,9 @@ def planned_costs(pipe: ElasticPipeline) -> Any:
     from pipeline.distributed.agreement import profile_costs
 
     example = batch(size=UNEVEN_BATCH)[0].chunk(MICROBATCHES)[0]
-    return profile_costs(pipe.comm, pipe.specs, example, device=pipe.device, opt_ratio=2.0,
-                         cache=pipe.cost_cache)  # fmt: skip
+    return profile_costs(
+        pipe.comm, pipe.specs, example, device=pipe.device, opt_ratio=2.0, cache=pipe.cost_cache
+    )
 
 
 def main() -> None:
@@ -88,8 +102,9 @@ def main() -> None:
     default_out = Path(__file__).parent / "results" / "balance.json"
     parser.add_argument("--out", type=Path, default=default_out)
     args = parser.parse_args()
-    r = pipeline.launch(functools.partial(run, rounds=args.rounds, steps=args.steps), 2,
-                        threads_per_stage=1)[0]  # fmt: skip
+    r = pipeline.launch(
+        functools.partial(run, rounds=args.rounds, steps=args.steps), 2, threads_per_stage=1
+    )[0]
     med = {k: statistics.median(v) for k, v in r["seconds"].items()}
     predicted = r["plan"]["predicted_iteration_s"]
     report = {
@@ -104,15 +119,27 @@ def main() -> None:
         "predicted_vs_measured_equal": r["predicted_equal_s"] / med["equal"],
         "repredicted_from_measured_costs_s": r["repredicted_from_measured_costs_s"],
         "targets": {"throughput_ratio": 1.25, "prediction_error": 0.15},
-        "per_stage": {k: [{f: s.to_dict()[f] for f in ("stage", "layers", "forward_s",
-                                                        "backward_s", "wait_s", "total_s")}
-                          for s in v.stages]
-                      for k, v in r["stats"].items()},
-    }  # fmt: skip
+        "per_stage": {
+            k: [
+                {
+                    f: s.to_dict()[f]
+                    for f in ("stage", "layers", "forward_s", "backward_s", "wait_s", "total_s")
+                }
+                for s in v.stages
+            ]
+            for k, v in r["stats"].items()
+        },
+    }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2))
-    keys = ("planned_sizes", "median_step_s", "throughput_ratio_planned_vs_equal",
-            "predicted_iteration_s", "predicted_vs_measured_planned", "predicted_vs_measured_equal")
+    keys = (
+        "planned_sizes",
+        "median_step_s",
+        "throughput_ratio_planned_vs_equal",
+        "predicted_iteration_s",
+        "predicted_vs_measured_planned",
+        "predicted_vs_measured_equal",
+    )
     print(json.dumps({k: report[k] for k in keys}, indent=2))
 
 

@@ -63,17 +63,27 @@ def specs() -> list[LayerSpec]:
 
 def batch() -> tuple[torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(0)
-    return (torch.randn(BATCH, TOKENS, WIDTH, generator=g),
-            torch.randn(BATCH, TOKENS, WIDTH, generator=g))  # fmt: skip
+    return (
+        torch.randn(BATCH, TOKENS, WIDTH, generator=g),
+        torch.randn(BATCH, TOKENS, WIDTH, generator=g),
+    )
 
 
 Step = Callable[[], None]
 
 
-def ours(schedule: str, planner: str, m: int, cache: CostCache) -> tuple[Step, ElasticPipeline,
-                                                                         float]:  # fmt: skip
-    pipe = ElasticPipeline(specs(), optimizer=OPTIMIZER, loss_fn=F.mse_loss, schedule=schedule,
-                           n_microbatches=m, planner=planner, cost_cache=cache)  # fmt: skip
+def ours(
+    schedule: str, planner: str, m: int, cache: CostCache
+) -> tuple[Step, ElasticPipeline, float]:
+    pipe = ElasticPipeline(
+        specs(),
+        optimizer=OPTIMIZER,
+        loss_fn=F.mse_loss,
+        schedule=schedule,
+        n_microbatches=m,
+        planner=planner,
+        cost_cache=cache,
+    )
     x, y = batch()
     first = pipe.train_step(x, y)
 
@@ -103,16 +113,23 @@ def record(pipe: ElasticPipeline, first: float, ref: float) -> dict[str, Any]:
     stats, plan = pipe.stats(), pipe.plan
     assert plan is not None
     return {
-        "partition": list(pipe.sizes), "handoff": list(pipe.handoff), "planner": plan.planner,
+        "partition": list(pipe.sizes),
+        "handoff": list(pipe.handoff),
+        "planner": plan.planner,
         "first_step_loss_abs_diff": abs(first - ref),
         "simulated_samples_per_s": BATCH / plan.predicted_iteration_s,
         "predicted_stage_s": list(plan.predicted_stage_s),
         "measured_stage_compute_s": [s.forward_s + s.backward_s for s in stats.stages],
-        "memory_per_stage": [{"stage": s.stage, "state_bytes": s.state_bytes,
-                              "activation_peak_bytes": s.activation_peak_bytes,
-                              "predicted_peak_bytes": s.predicted_peak_bytes}
-                             for s in stats.stages],
-    }  # fmt: skip
+        "memory_per_stage": [
+            {
+                "stage": s.stage,
+                "state_bytes": s.state_bytes,
+                "activation_peak_bytes": s.activation_peak_bytes,
+                "predicted_peak_bytes": s.predicted_peak_bytes,
+            }
+            for s in stats.stages
+        ],
+    }
 
 
 def run_m(ctx: StageContext, m: int, rounds: int, steps: int) -> dict[str, Any]:
@@ -156,19 +173,31 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("--out", default=str(Path(__file__).parent / "results/bipartition.json"))
     args = parser.parse_args()
-    results = pipeline.launch(functools.partial(run_all, rounds=args.rounds, steps=args.steps),
-                              STAGES, threads_per_stage=1, timeout_s=1800)[0]  # fmt: skip
-    config = {"layers": [s.key for s in specs()], "width": WIDTH, "tokens": TOKENS,
-              "batch": BATCH, "stages": STAGES, "rounds": args.rounds,
-              "steps": args.steps}  # fmt: skip
+    results = pipeline.launch(
+        functools.partial(run_all, rounds=args.rounds, steps=args.steps),
+        STAGES,
+        threads_per_stage=1,
+        timeout_s=1800,
+    )[0]
+    config = {
+        "layers": [s.key for s in specs()],
+        "width": WIDTH,
+        "tokens": TOKENS,
+        "batch": BATCH,
+        "stages": STAGES,
+        "rounds": args.rounds,
+        "steps": args.steps,
+    }
     Path(args.out).write_text(json.dumps({"config": config, "results": results}, indent=1))
     for m, records in results.items():
         print(f"\n{m}: {'run':34s} samples/s  x best whole  simulated  partition  handoff")
         for name, r in records.items():
             sim = r.get("simulated_samples_per_s")
-            print(f"    {name:34s} {r['samples_per_s']:8.1f}  {r['x_best_whole_layers']:10.3f}  "
-                  f"{'' if sim is None else f'{sim:8.1f}':>9s}  {r.get('partition', '')!s:9s}  "
-                  f"{r.get('handoff', '')}")
+            print(
+                f"    {name:34s} {r['samples_per_s']:8.1f}  {r['x_best_whole_layers']:10.3f}  "
+                f"{'' if sim is None else f'{sim:8.1f}':>9s}  {r.get('partition', '')!s:9s}  "
+                f"{r.get('handoff', '')}"
+            )
 
 
 if __name__ == "__main__":

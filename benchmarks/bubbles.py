@@ -66,13 +66,18 @@ def row(name: str, n_ranks: int, m: int) -> dict[str, Any]:
     result = simulate(name, stages, m)
     bubble, over = formula(name, n_ranks, m)
     return {
-        "schedule": name, "ranks": n_ranks, "stages": len(stages), "microbatches": m,
-        "iteration": result.iteration_s, "bubble": result.bubble_fraction,
-        "bubble_formula": bubble, "over_ideal": result.iteration_s / (m * (F + B)) - 1,
+        "schedule": name,
+        "ranks": n_ranks,
+        "stages": len(stages),
+        "microbatches": m,
+        "iteration": result.iteration_s,
+        "bubble": result.bubble_fraction,
+        "bubble_formula": bubble,
+        "over_ideal": result.iteration_s / (m * (F + B)) - 1,
         "over_ideal_formula": over,
         "formula_exact": name != "zbv" or m >= 2 * n_ranks - 1,
         "peak_memory": max(result.peak_rank_activation_bytes) / 2,
-    }  # fmt: skip
+    }
 
 
 def planned_row(name: str, n_ranks: int, m: int, costs: list[LayerCost]) -> dict[str, Any]:
@@ -82,12 +87,18 @@ def planned_row(name: str, n_ranks: int, m: int, costs: list[LayerCost]) -> dict
     work = m * sum(c.forward_s + c.backward_s for c in costs) / n_ranks  # a rank's share
     bubble, over = formula(name, n_ranks, m)
     return {
-        "schedule": name, "ranks": n_ranks, "stages": n_stages, "microbatches": m,
-        "sizes": list(plan.sizes), "iteration": result.iteration_s,
-        "predicted_iteration": plan.predicted_iteration_s, "bubble": result.bubble_fraction,
-        "bubble_formula_equal_stages": bubble, "over_ideal": result.iteration_s / work - 1,
+        "schedule": name,
+        "ranks": n_ranks,
+        "stages": n_stages,
+        "microbatches": m,
+        "sizes": list(plan.sizes),
+        "iteration": result.iteration_s,
+        "predicted_iteration": plan.predicted_iteration_s,
+        "bubble": result.bubble_fraction,
+        "bubble_formula_equal_stages": bubble,
+        "over_ideal": result.iteration_s / work - 1,
         "over_ideal_formula_equal_stages": over,
-    }  # fmt: skip
+    }
 
 
 def model_costs(n_layers: int = 32, seed: int = 0) -> list[LayerCost]:
@@ -103,31 +114,54 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", type=Path, default=HERE / "results" / "bubbles.json")
     args = parser.parse_args()
-    rows = [row(name, n_ranks, m) for n_ranks, _ in SHAPES for m in MICROBATCHES
-            for name in ("1f1b", "interleaved_1f1b", "zbv")]  # fmt: skip
-    print(f"{'schedule':<17} {'R':>2} {'S':>3} {'M':>3} {'bubble':>7} {'formula':>7} "
-          f"{'+ideal':>7} {'formula':>7} {'peak mem':>8}")  # fmt: skip
+    rows = [
+        row(name, n_ranks, m)
+        for n_ranks, _ in SHAPES
+        for m in MICROBATCHES
+        for name in ("1f1b", "interleaved_1f1b", "zbv")
+    ]
+    print(
+        f"{'schedule':<17} {'R':>2} {'S':>3} {'M':>3} {'bubble':>7} {'formula':>7} "
+        f"{'+ideal':>7} {'formula':>7} {'peak mem':>8}"
+    )
     for r in rows:
         mark = "" if r["formula_exact"] else "  (formula: M >= 2R - 1)"
-        print(f"{r['schedule']:<17} {r['ranks']:>2} {r['stages']:>3} {r['microbatches']:>3} "
-              f"{r['bubble']:>7.4f} {r['bubble_formula']:>7.4f} {r['over_ideal']:>7.4f} "
-              f"{r['over_ideal_formula']:>7.4f} {r['peak_memory']:>8.1f}{mark}")  # fmt: skip
+        print(
+            f"{r['schedule']:<17} {r['ranks']:>2} {r['stages']:>3} {r['microbatches']:>3} "
+            f"{r['bubble']:>7.4f} {r['bubble_formula']:>7.4f} {r['over_ideal']:>7.4f} "
+            f"{r['over_ideal_formula']:>7.4f} {r['peak_memory']:>8.1f}{mark}"
+        )
     costs = model_costs()
-    planned = [planned_row(name, n_ranks, m, costs) for n_ranks, _ in SHAPES
-               for m in MICROBATCHES for name in ("1f1b", "interleaved_1f1b", "zbv")]  # fmt: skip
+    planned = [
+        planned_row(name, n_ranks, m, costs)
+        for n_ranks, _ in SHAPES
+        for m in MICROBATCHES
+        for name in ("1f1b", "interleaved_1f1b", "zbv")
+    ]
     print("\nplanned (32 layers of varying cost, the time planner's partition):")
-    print(f"{'schedule':<17} {'R':>2} {'S':>3} {'M':>3} {'bubble':>7} {'equal':>7} "
-          f"{'+ideal':>7} {'equal':>7}")  # fmt: skip
+    print(
+        f"{'schedule':<17} {'R':>2} {'S':>3} {'M':>3} {'bubble':>7} {'equal':>7} "
+        f"{'+ideal':>7} {'equal':>7}"
+    )
     for r in planned:
-        print(f"{r['schedule']:<17} {r['ranks']:>2} {r['stages']:>3} {r['microbatches']:>3} "
-              f"{r['bubble']:>7.4f} {r['bubble_formula_equal_stages']:>7.4f} "
-              f"{r['over_ideal']:>7.4f} {r['over_ideal_formula_equal_stages']:>7.4f}")  # fmt: skip
-    config = {"forward": F, "backward": B, "weight": B / 2, "chunks_per_rank": V,
-              "link": "free", "planned_model": "32 layers, f in [0.7, 1.3] (seed 0), b = 2f",
-              "command": "python benchmarks/bubbles.py"}  # fmt: skip
+        print(
+            f"{r['schedule']:<17} {r['ranks']:>2} {r['stages']:>3} {r['microbatches']:>3} "
+            f"{r['bubble']:>7.4f} {r['bubble_formula_equal_stages']:>7.4f} "
+            f"{r['over_ideal']:>7.4f} {r['over_ideal_formula_equal_stages']:>7.4f}"
+        )
+    config = {
+        "forward": F,
+        "backward": B,
+        "weight": B / 2,
+        "chunks_per_rank": V,
+        "link": "free",
+        "planned_model": "32 layers, f in [0.7, 1.3] (seed 0), b = 2f",
+        "command": "python benchmarks/bubbles.py",
+    }
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"config": config, "rows": rows, "planned": planned},
-                                   indent=2) + "\n")  # fmt: skip
+    args.out.write_text(
+        json.dumps({"config": config, "rows": rows, "planned": planned}, indent=2) + "\n"
+    )
     print(f"wrote {args.out}")
 
 

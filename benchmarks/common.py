@@ -41,11 +41,16 @@ def uneven_stack(
 def uneven_config() -> dict[str, Any]:
     """The unbalanced workload, as benchmarks write it into their JSON."""
     return {
-        "layers": UNEVEN_LAYERS, "d_model": D_MODEL, "seq": SEQ, "batch": UNEVEN_BATCH,
-        "microbatches": UNEVEN_MICROBATCHES, "schedule": "1f1b", "stages": 2,
+        "layers": UNEVEN_LAYERS,
+        "d_model": D_MODEL,
+        "seq": SEQ,
+        "batch": UNEVEN_BATCH,
+        "microbatches": UNEVEN_MICROBATCHES,
+        "schedule": "1f1b",
+        "stages": 2,
         "heavy_layers": f"0-{UNEVEN_HEAVY - 1}: d_ff {4 * D_MODEL * UNEVEN_WIDEN} "
-                        f"({UNEVEN_WIDEN}x the others' {4 * D_MODEL})",
-    }  # fmt: skip
+        f"({UNEVEN_WIDEN}x the others' {4 * D_MODEL})",
+    }
 
 
 def batch(seed: int = 0, size: int = BATCH) -> tuple[torch.Tensor, torch.Tensor]:
@@ -71,10 +76,14 @@ def timed_rounds(
 
 
 def torch_pipelining_step(
-    ctx: StageContext, specs: list[LayerSpec], sizes: list[int], schedule_cls: type,
-    n_microbatches: int, optimizer: Callable[..., torch.optim.Optimizer],
+    ctx: StageContext,
+    specs: list[LayerSpec],
+    sizes: list[int],
+    schedule_cls: type,
+    n_microbatches: int,
+    optimizer: Callable[..., torch.optim.Optimizer],
     xy: tuple[torch.Tensor, torch.Tensor],
-) -> Callable[[], None]:  # fmt: skip
+) -> Callable[[], None]:
     """One training step (MSE loss) of torch.distributed.pipelining on this rank's share
     (`sizes`, one stage per rank) of the same layers, weights from `build_layer` seed 0."""
     start, stop = bounds(sizes)[ctx.rank]
@@ -98,6 +107,5 @@ def torch_pipelining_step(
 def experiment_settings(experiment: str, overrides: list[str]) -> NasSettings:
     register()
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
-        cfg = compose("config", overrides=[f"experiment={experiment}", "tracker=none",
-                                           *overrides])  # fmt: skip
+        cfg = compose("config", overrides=[f"experiment={experiment}", "tracker=none", *overrides])
     return to_settings(cfg)

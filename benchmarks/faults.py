@@ -98,15 +98,20 @@ class SGD(torch.optim.SGD):
 def specs() -> list[LayerSpec]:
     blocks = transformer_stack(LAYERS, D_MODEL, HEADS, dropout=0.1)
     half = LAYERS // 2
-    return [*blocks[:half], LayerSpec("trip0", Tripwire), *blocks[half:],
-            LayerSpec("trip1", Tripwire)]  # fmt: skip
+    return [
+        *blocks[:half],
+        LayerSpec("trip0", Tripwire),
+        *blocks[half:],
+        LayerSpec("trip1", Tripwire),
+    ]
 
 
 def cases(ctx: StageContext) -> list[dict[str, Any]]:
     opt = functools.partial(SGD, lr=1e-3)
     half = LAYERS // 2 + 1
-    pipe = ElasticPipeline(specs(), optimizer=opt, loss_fn=loss_fn, n_microbatches=MICROBATCHES,
-                           partition=[half, half])  # fmt: skip
+    pipe = ElasticPipeline(
+        specs(), optimizer=opt, loss_fn=loss_fn, n_microbatches=MICROBATCHES, partition=[half, half]
+    )
     x, y = batch()
     out = []
     for rank in range(ctx.world_size):
@@ -127,9 +132,16 @@ def cases(ctx: StageContext) -> list[dict[str, Any]]:
             pipe.reconfigure(specs(), partition=[half, half])
             t0 = time.perf_counter()
             pipe.train_step(x, y)
-            out.append({"stage": rank, "phase": phase, "error": error,
-                        "failed_step_s": failed, "healthy_step_s": statistics.median(healthy),
-                        "next_step_after_reconfigure_s": time.perf_counter() - t0})  # fmt: skip
+            out.append(
+                {
+                    "stage": rank,
+                    "phase": phase,
+                    "error": error,
+                    "failed_step_s": failed,
+                    "healthy_step_s": statistics.median(healthy),
+                    "next_step_after_reconfigure_s": time.perf_counter() - t0,
+                }
+            )
     pipe.close()
     return out
 
@@ -138,8 +150,13 @@ def dies(ctx: StageContext, how: str, stamp: str) -> None:
     Armed.stamp = stamp
     Armed.arm(1, how)
     half = LAYERS // 2 + 1
-    pipe = ElasticPipeline(specs(), optimizer=functools.partial(SGD, lr=1e-3), loss_fn=loss_fn,
-                           n_microbatches=MICROBATCHES, partition=[half, half])  # fmt: skip
+    pipe = ElasticPipeline(
+        specs(),
+        optimizer=functools.partial(SGD, lr=1e-3),
+        loss_fn=loss_fn,
+        n_microbatches=MICROBATCHES,
+        partition=[half, half],
+    )
     x, y = batch()
     for _ in range(STEP + 2):
         pipe.train_step(x, y)
@@ -149,12 +166,17 @@ def death(how: str) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         stamp = str(Path(tmp) / "died")
         try:
-            pipeline.launch(functools.partial(dies, how=how, stamp=stamp), 2,
-                            threads_per_stage=1, timeout_s=300)  # fmt: skip
+            pipeline.launch(
+                functools.partial(dies, how=how, stamp=stamp), 2, threads_per_stage=1, timeout_s=300
+            )
         except StageFailedError as error:
             seen = time.time()
-            return {"how": how, "stage": error.stage, "timeout_s": 300,
-                    "detected_s": seen - float(Path(stamp).read_text())}  # fmt: skip
+            return {
+                "how": how,
+                "stage": error.stage,
+                "timeout_s": 300,
+                "detected_s": seen - float(Path(stamp).read_text()),
+            }
     raise AssertionError("launch did not raise")
 
 
@@ -163,17 +185,27 @@ def main() -> None:
     per_case = []
     for rank_cases in zip(*results, strict=True):
         first = rank_cases[0]
-        per_case.append({**{k: first[k] for k in ("stage", "phase", "error")},
-                         "failed_step_s_per_rank": [c["failed_step_s"] for c in rank_cases],
-                         "healthy_step_s": first["healthy_step_s"],
-                         "next_step_after_reconfigure_s": first["next_step_after_reconfigure_s"]})
+        per_case.append(
+            {
+                **{k: first[k] for k in ("stage", "phase", "error")},
+                "failed_step_s_per_rank": [c["failed_step_s"] for c in rank_cases],
+                "healthy_step_s": first["healthy_step_s"],
+                "next_step_after_reconfigure_s": first["next_step_after_reconfigure_s"],
+            }
+        )
     out = {
-        "config": {"layers": LAYERS, "d_model": D_MODEL, "batch": BATCH,
-                   "microbatches": MICROBATCHES, "stages": 2, "schedule": "1f1b",
-                   "injected_at": {"step": STEP, "microbatch": MICROBATCH}},
+        "config": {
+            "layers": LAYERS,
+            "d_model": D_MODEL,
+            "batch": BATCH,
+            "microbatches": MICROBATCHES,
+            "stages": 2,
+            "schedule": "1f1b",
+            "injected_at": {"step": STEP, "microbatch": MICROBATCH},
+        },
         "failures": per_case,
         "deaths": [death("kill"), death("exit")],
-    }  # fmt: skip
+    }
     text = json.dumps(out, indent=2)
     print(text)
     path = Path(__file__).parent / "results" / "faults.json"

@@ -53,12 +53,14 @@ def settings(root: Path, name: str, trials: int, steps: int, inherit: bool) -> N
         study=StudySettings(name=name, n_trials=trials, inherit_weights=inherit),
         train=TrainSettings(steps=steps, batch_size=16, eval_every=steps, eval_batches=2),
         search_space=SearchSpaceSettings(d_model=(32,), max_cells=1),
-        sampler=SamplerSettings(name="evolution",  # as conf/sampler/evolution.yaml
-                                options={"population_size": 4, "sample_size": 2,
-                                         "warmup": "mutate"}),
+        sampler=SamplerSettings(
+            name="evolution",  # as conf/sampler/evolution.yaml
+            options={"population_size": 4, "sample_size": 2, "warmup": "mutate"},
+        ),
         tracker=TrackerSettings(name="none"),
-        output_dir=str(root / name), studies_dir=str(root / "studies"),
-    )  # fmt: skip
+        output_dir=str(root / name),
+        studies_dir=str(root / "studies"),
+    )
 
 
 def summarise(s: NasSettings, seconds: float) -> dict[str, Any]:
@@ -66,23 +68,37 @@ def summarise(s: NasSettings, seconds: float) -> dict[str, Any]:
     done = [t for t in study.trials if counted(t)]
     complete = [t for t in done if t.state == optuna.trial.TrialState.COMPLETE]
     best = min(complete, key=lambda t: t.values[0])
-    elapsed = [(t.datetime_complete - study.trials[0].datetime_start).total_seconds()
-               for t in complete if t.datetime_complete and study.trials[0].datetime_start]
+    elapsed = [
+        (t.datetime_complete - study.trials[0].datetime_start).total_seconds()
+        for t in complete
+        if t.datetime_complete and study.trials[0].datetime_start
+    ]
     best_at = elapsed[complete.index(best)] if elapsed else None
     curve, running = [], math.inf  # (seconds into the study, best validation loss so far)
     for t, at in sorted(zip(complete, elapsed, strict=True), key=lambda pair: pair[1]):
         running = min(running, t.values[0])
         curve.append([at, running])
     return {
-        "seconds": seconds, "trials": len(done), "trials_per_hour": 3600 * len(done) / seconds,
-        "best": {"trial": best.number, "validation_loss": best.values[0],
-                 "parameters": best.user_attrs.get("parameters"),
-                 "architecture": best.user_attrs.get("architecture"),
-                 "reached_after_s": best_at},
+        "seconds": seconds,
+        "trials": len(done),
+        "trials_per_hour": 3600 * len(done) / seconds,
+        "best": {
+            "trial": best.number,
+            "validation_loss": best.values[0],
+            "parameters": best.user_attrs.get("parameters"),
+            "architecture": best.user_attrs.get("architecture"),
+            "reached_after_s": best_at,
+        },
         "best_so_far": curve,
-        "seeds": [{"trial": t.number, "validation_loss": t.values[0] if t.values else None,
-                   "parameters": t.user_attrs.get("parameters")} for t in study.trials[:2]],
-    }  # fmt: skip
+        "seeds": [
+            {
+                "trial": t.number,
+                "validation_loss": t.values[0] if t.values else None,
+                "parameters": t.user_attrs.get("parameters"),
+            }
+            for t in study.trials[:2]
+        ],
+    }
 
 
 def warm(root: Path, name: str, trials: int, steps: int, inherit: bool = False) -> dict[str, Any]:
@@ -109,25 +125,33 @@ def compare_inheritance(off: dict[str, Any], on: dict[str, Any]) -> dict[str, An
         reached = [best for at, best in curve if at <= horizon]
         return reached[-1] if reached else None
 
-    return {"off": off["best"], "on": on["best"], "horizon_s": horizon,
-            "best_by_horizon": {"off": by(off["best_so_far"]), "on": by(on["best_so_far"])},
-            "best_so_far": {"off": off["best_so_far"], "on": on["best_so_far"]}}  # fmt: skip
+    return {
+        "off": off["best"],
+        "on": on["best"],
+        "horizon_s": horizon,
+        "best_by_horizon": {"off": by(off["best_so_far"]), "on": by(on["best_so_far"])},
+        "best_so_far": {"off": off["best_so_far"], "on": on["best_so_far"]},
+    }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--trials", type=int, default=8)
     parser.add_argument("--steps", type=int, default=30)
-    parser.add_argument("--out", type=Path,
-                        default=Path(__file__).parent / "results" / "nas_study.json")  # fmt: skip
+    parser.add_argument(
+        "--out", type=Path, default=Path(__file__).parent / "results" / "nas_study.json"
+    )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
-        out = {"config": vars(args) | {"out": str(args.out)},
-               "warm": warm(root, "warm", args.trials, args.steps),
-               "cold": cold(root, args.trials, args.steps)}  # fmt: skip
-        out["warm_vs_cold_trials_per_hour"] = (out["warm"]["trials_per_hour"]
-                                               / out["cold"]["trials_per_hour"])  # fmt: skip
+        out = {
+            "config": vars(args) | {"out": str(args.out)},
+            "warm": warm(root, "warm", args.trials, args.steps),
+            "cold": cold(root, args.trials, args.steps),
+        }
+        out["warm_vs_cold_trials_per_hour"] = (
+            out["warm"]["trials_per_hour"] / out["cold"]["trials_per_hour"]
+        )
         inherit = warm(root, "inherit", args.trials, args.steps, inherit=True)
         out["inherit_weights"] = compare_inheritance(out["warm"], inherit)
     text = json.dumps(out, indent=2, default=str)

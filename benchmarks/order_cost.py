@@ -48,8 +48,12 @@ def child(steps: int, warmup: int, out: Path) -> None:
     """One round in this tree (imported from PYTHONPATH): per-step seconds per config."""
     import pipeline
 
-    result = pipeline.launch(functools.partial(_time_all, steps=steps, warmup=warmup), 2,
-                             threads_per_stage=1, timeout_s=600.0)[0]  # fmt: skip
+    result = pipeline.launch(
+        functools.partial(_time_all, steps=steps, warmup=warmup),
+        2,
+        threads_per_stage=1,
+        timeout_s=600.0,
+    )[0]
     out.write_text(json.dumps(result))
 
 
@@ -62,8 +66,14 @@ def _time_all(ctx: Any, steps: int, warmup: int) -> dict[str, float]:
     x, y = batch()
     seconds: dict[str, float] = {}
     for name, m in itertools.product(SCHEDULES, MICROBATCHES):
-        pipe = ElasticPipeline(specs(), optimizer=OPTIMIZER, loss_fn=F.mse_loss, schedule=name,
-                               n_microbatches=m, partition=PARTITION)  # fmt: skip
+        pipe = ElasticPipeline(
+            specs(),
+            optimizer=OPTIMIZER,
+            loss_fn=F.mse_loss,
+            schedule=name,
+            n_microbatches=m,
+            partition=PARTITION,
+        )
         _train(pipe, name, x, y, warmup)
         started = time.perf_counter()
         _train(pipe, name, x, y, steps)
@@ -85,17 +95,30 @@ def run_round(tree: Path, steps: int, warmup: int) -> dict[str, float]:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "round.json"
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tree), str(HERE)])}
-        subprocess.run([sys.executable, str(Path(__file__).resolve()), "--child", str(out),
-                        "--steps", str(steps), "--warmup", str(warmup)],
-                       env=env, check=True, cwd=tmp)  # fmt: skip
+        subprocess.run(
+            [
+                sys.executable,
+                str(Path(__file__).resolve()),
+                "--child",
+                str(out),
+                "--steps",
+                str(steps),
+                "--warmup",
+                str(warmup),
+            ],
+            env=env,
+            check=True,
+            cwd=tmp,
+        )
         result: dict[str, float] = json.loads(out.read_text())
         return result
 
 
 def _commit(tree: Path) -> str:
     done = subprocess.run(["git", "rev-parse", "HEAD"], cwd=tree, capture_output=True, text=True)
-    dirty = subprocess.run(["git", "status", "--porcelain", "--", "pipeline"], cwd=tree,
-                           capture_output=True, text=True).stdout.strip()  # fmt: skip
+    dirty = subprocess.run(
+        ["git", "status", "--porcelain", "--", "pipeline"], cwd=tree, capture_output=True, text=True
+    ).stdout.strip()
     return done.stdout.strip() + (" (+ uncommitted changes in pipeline/)" if dirty else "")
 
 
@@ -143,12 +166,19 @@ def main() -> None:
             print(f"round {r + 1}/{args.rounds}: {label} done", flush=True)
     table = summarize(rounds)
     report = {
-        "config": {"trees": {k: {"path": str(v), "commit": _commit(v)} for k, v in trees.items()},
-                   "rounds": args.rounds, "steps_per_round": args.steps, "warmup": args.warmup,
-                   "partition": PARTITION, "stages": 2, "threads_per_stage": 1,
-                   "wall_s": time.perf_counter() - started, "load_average": os.getloadavg()},
+        "config": {
+            "trees": {k: {"path": str(v), "commit": _commit(v)} for k, v in trees.items()},
+            "rounds": args.rounds,
+            "steps_per_round": args.steps,
+            "warmup": args.warmup,
+            "partition": PARTITION,
+            "stages": 2,
+            "threads_per_stage": 1,
+            "wall_s": time.perf_counter() - started,
+            "load_average": os.getloadavg(),
+        },
         "by_config": table,
-    }  # fmt: skip
+    }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2))
     print(f"{'config':<14}{'before':>10}{'after':>10}{'ratio':>8}  per-round ratio range")

@@ -77,9 +77,12 @@ Batch = tuple[torch.Tensor, torch.Tensor]
 
 # mode -> (T1, T2); None: synchronous
 MODES: dict[str, tuple[bool, bool] | None] = {
-    "sync": None, "pipemare": (True, True), "async": (False, False),
-    "t1": (True, False), "t2": (False, True),
-}  # fmt: skip
+    "sync": None,
+    "pipemare": (True, True),
+    "async": (False, False),
+    "t1": (True, False),
+    "t2": (False, True),
+}
 
 
 # -- the model and the data ---------------------------------------------------------------
@@ -186,16 +189,25 @@ def setup(args: argparse.Namespace, mode: str, seed: int) -> dict[str, Any]:
     data = train_batches(args.context, args.steps, args.batch, seed)
     switches, config = MODES[mode], None
     if switches is not None:
-        config = PipeMareConfig(lr_reschedule=switches[0], correction=switches[1],
-                                warmup_updates=args.warmup or updates,
-                                correction_decay=args.decay)  # fmt: skip
+        config = PipeMareConfig(
+            lr_reschedule=switches[0],
+            correction=switches[1],
+            warmup_updates=args.warmup or updates,
+            correction_decay=args.decay,
+        )
     return {
-        "specs": specs, "config": config, "sizes": stage_sizes(len(specs), args.stages),
-        "optimizer": functools.partial(CosineSGD, lr=args.lr, momentum=args.momentum,
-                                       total=None if args.constant_lr else updates),
+        "specs": specs,
+        "config": config,
+        "sizes": stage_sizes(len(specs), args.stages),
+        "optimizer": functools.partial(
+            CosineSGD,
+            lr=args.lr,
+            momentum=args.momentum,
+            total=None if args.constant_lr else updates,
+        ),
         "m": 1 if config is None else args.microbatches,
         "data": split(data, args.microbatches) if config is None else data,
-    }  # fmt: skip
+    }
 
 
 def per_step(losses: list[float], per: int) -> list[float]:
@@ -207,23 +219,37 @@ def reference_run(args: argparse.Namespace, mode: str, seed: int) -> dict[str, A
     """`mode` in one process: losses per step (of `args.batch` samples) and the final
     weights' validation loss."""
     s = setup(args, mode, seed)
-    trainer = ReferenceTrainer(s["specs"], optimizer=s["optimizer"], loss_fn=F.cross_entropy,
-                               n_microbatches=s["m"], seed=seed, pipemare=s["config"],
-                               stage_sizes=s["sizes"] if s["config"] else None)  # fmt: skip
+    trainer = ReferenceTrainer(
+        s["specs"],
+        optimizer=s["optimizer"],
+        loss_fn=F.cross_entropy,
+        n_microbatches=s["m"],
+        seed=seed,
+        pipemare=s["config"],
+        stage_sizes=s["sizes"] if s["config"] else None,
+    )
     losses = [trainer.train_step(x, y) for x, y in s["data"]]
     if s["config"] is None:
         losses = per_step(losses, args.microbatches)
     return {"losses": losses, "val": validation_loss(trainer.layers, args.context)}
 
 
-def pipeline_run(ctx: StageContext, args: argparse.Namespace, mode: str,
-                 seed: int) -> dict[str, Any]:  # fmt: skip
+def pipeline_run(
+    ctx: StageContext, args: argparse.Namespace, mode: str, seed: int
+) -> dict[str, Any]:
     """`mode` on the real pipeline (one process per stage): losses and rank 0's weights."""
     s = setup(args, mode, seed)
-    pipe = ElasticPipeline(s["specs"], optimizer=s["optimizer"], loss_fn=F.cross_entropy,
-                           schedule="1f1b" if s["config"] is None else "pipemare",
-                           pipemare=s["config"], n_microbatches=s["m"], seed=seed,
-                           partition=s["sizes"], on_nonfinite="ignore")  # fmt: skip
+    pipe = ElasticPipeline(
+        s["specs"],
+        optimizer=s["optimizer"],
+        loss_fn=F.cross_entropy,
+        schedule="1f1b" if s["config"] is None else "pipemare",
+        pipemare=s["config"],
+        n_microbatches=s["m"],
+        seed=seed,
+        partition=s["sizes"],
+        on_nonfinite="ignore",
+    )
     losses = list(pipe.train(s["data"]))
     state = pipe.full_state_dict()
     pipe.close()
@@ -235,8 +261,12 @@ def pipeline_curves(args: argparse.Namespace) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for mode in ("sync", "pipemare", "async"):
         t0 = time.perf_counter()
-        result = pipeline.launch(functools.partial(pipeline_run, args=args, mode=mode, seed=1),
-                                 args.stages, threads_per_stage=1, timeout_s=900)[0]  # fmt: skip
+        result = pipeline.launch(
+            functools.partial(pipeline_run, args=args, mode=mode, seed=1),
+            args.stages,
+            threads_per_stage=1,
+            timeout_s=900,
+        )[0]
         seconds = time.perf_counter() - t0
         losses = result["losses"]
         if mode == "sync":
@@ -247,12 +277,19 @@ def pipeline_curves(args: argparse.Namespace) -> dict[str, Any]:
             layer.load_state_dict(result["state"][spec.key])
         ref = reference_run(args, mode, 1)
         gap = max(abs(a - b) for a, b in zip(losses, ref["losses"], strict=True))
-        out[mode] = {"losses": losses, "val": validation_loss(layers, args.context),
-                     "train_tail": statistics.fmean(losses[-args.tail :]),
-                     "max_abs_diff_vs_reference": gap, "seconds": seconds}  # fmt: skip
+        out[mode] = {
+            "losses": losses,
+            "val": validation_loss(layers, args.context),
+            "train_tail": statistics.fmean(losses[-args.tail :]),
+            "max_abs_diff_vs_reference": gap,
+            "seconds": seconds,
+        }
         run = out[mode]
-        print(f"pipeline {mode:9s} val {run['val']:.4f}  train {run['train_tail']:.4f}  "
-              f"|pipeline - reference| <= {gap:.1e}  ({seconds:.0f} s)", flush=True)  # fmt: skip
+        print(
+            f"pipeline {mode:9s} val {run['val']:.4f}  train {run['train_tail']:.4f}  "
+            f"|pipeline - reference| <= {gap:.1e}  ({seconds:.0f} s)",
+            flush=True,
+        )
     return out
 
 
@@ -270,8 +307,12 @@ def reference_table(args: argparse.Namespace) -> dict[str, Any]:
         table["sd"][mode] = statistics.stdev(v) if finite else math.nan
         if mode != "sync":
             d = [a - b for a, b in zip(v, vals["sync"], strict=True)]
-            table["minus_sync"][mode] = {"per_seed": d, "mean": statistics.fmean(d),
-                                         "min": min(d), "max": max(d)}  # fmt: skip
+            table["minus_sync"][mode] = {
+                "per_seed": d,
+                "mean": statistics.fmean(d),
+                "min": min(d),
+                "max": max(d),
+            }
     return table
 
 
@@ -284,8 +325,11 @@ def lr_sweep(args: argparse.Namespace, table: dict[str, Any]) -> dict[str, Any]:
         at = argparse.Namespace(**{**vars(args), "lr": lr})
         means = {}
         for mode in ("sync", "pipemare", "async"):
-            vals = (table["val"][mode][: len(seeds)] if lr == args.lr
-                    else [reference_run(at, mode, seed)["val"] for seed in seeds])  # fmt: skip
+            vals = (
+                table["val"][mode][: len(seeds)]
+                if lr == args.lr
+                else [reference_run(at, mode, seed)["val"] for seed in seeds]
+            )
             means[mode] = statistics.fmean(vals)
         sweep["mean"][str(lr)] = means
         print(f"lr {lr:<6} " + "  ".join(f"{m} {v:.4f}" for m, v in means.items()), flush=True)
@@ -310,13 +354,17 @@ def plot(path: pathlib.Path, args: argparse.Namespace, result: dict[str, Any]) -
 
 def plot_curves(ax: Any, args: argparse.Namespace, runs: dict[str, Any]) -> None:
     for mode, run in runs.items():
-        smooth = [statistics.fmean(run["losses"][max(0, i - 4) : i + 1])
-                  for i in range(len(run["losses"]))]  # fmt: skip
+        smooth = [
+            statistics.fmean(run["losses"][max(0, i - 4) : i + 1])
+            for i in range(len(run["losses"]))
+        ]
         line = ax.plot(smooth, lw=1.5, label=f"{mode} (validation {run['val']:.3f})")[0]
         ax.plot(run["losses"], lw=0.5, alpha=0.3, color=line.get_color())
-    ax.set(xlabel=f"step ({args.microbatches} micro-batches = {args.microbatches} updates)",
-           ylabel="training loss (5-step mean)",
-           title=f"pipeline, {args.stages} stages, SGD lr {args.lr} cosine, seed 1")  # fmt: skip
+    ax.set(
+        xlabel=f"step ({args.microbatches} micro-batches = {args.microbatches} updates)",
+        ylabel="training loss (5-step mean)",
+        title=f"pipeline, {args.stages} stages, SGD lr {args.lr} cosine, seed 1",
+    )
     if runs:
         ax.legend()
 
@@ -333,8 +381,11 @@ def plot_rates(ax: Any, sweep: dict[str, Any]) -> None:
     for mode in ("sync", "pipemare", "async"):
         ax.plot(lrs, [means[mode] for means in sweep["mean"].values()], marker="o", label=mode)
     ax.set_xticks(lrs, [f"{lr:g}" for lr in lrs])
-    ax.set(xlabel="base learning rate", ylabel="validation loss",
-           title=f"mean of {len(sweep['seeds'])} seeds (reference)")  # fmt: skip
+    ax.set(
+        xlabel="base learning rate",
+        ylabel="validation loss",
+        title=f"mean of {len(sweep['seeds'])} seeds (reference)",
+    )
     ax.legend()
 
 

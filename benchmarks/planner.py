@@ -58,27 +58,45 @@ def layer(key: str, kind: str, size: int) -> LayerCost:
         raise ValueError(kind)
     forward = flops / FLOPS
     return LayerCost(
-        key, forward_s=forward, backward_s=2 * forward, activation_bytes=saved * BYTES,
-        output_bytes=t * d * BYTES, param_bytes=params * BYTES, grad_bytes=params * BYTES,
+        key,
+        forward_s=forward,
+        backward_s=2 * forward,
+        activation_bytes=saved * BYTES,
+        output_bytes=t * d * BYTES,
+        param_bytes=params * BYTES,
+        grad_bytes=params * BYTES,
         optimizer_bytes=params * 8,  # Adam: two fp32 moments
-    )  # fmt: skip
+    )
 
 
 def candidate(n_layers: int, seed: int) -> list[LayerCost]:
     """An encoder-decoder stack of cells whose blocks are drawn from the search space."""
     rng = random.Random(seed)
-    encoder = [("conv", rng.choice([3, 7, 11])), ("glu", 0), ("attention", rng.choice([4, 8])),
-               ("ffn", rng.choice([2, 4]))]  # fmt: skip
-    decoder = [("attention", rng.choice([8, 16])), ("attention", 8), ("conv", rng.choice([7, 11])),
-               ("ffn", rng.choice([4, 8]))]  # fmt: skip
+    encoder = [
+        ("conv", rng.choice([3, 7, 11])),
+        ("glu", 0),
+        ("attention", rng.choice([4, 8])),
+        ("ffn", rng.choice([2, 4])),
+    ]
+    decoder = [
+        ("attention", rng.choice([8, 16])),
+        ("attention", 8),
+        ("conv", rng.choice([7, 11])),
+        ("ffn", rng.choice([4, 8])),
+    ]
     kinds: list[tuple[str, int]] = []
     while len(kinds) < n_layers:
         cell = encoder if len(kinds) < n_layers // 2 else decoder
         for kind, size in cell:
             if rng.random() < 0.3:  # mutate a block, as the search does
-                kind, size = rng.choice([("attention", rng.choice([4, 8, 16])),
-                                         ("ffn", rng.choice([1, 2, 4, 8])), ("glu", 0),
-                                         ("conv", rng.choice([3, 5, 7, 9, 11]))])  # fmt: skip
+                kind, size = rng.choice(
+                    [
+                        ("attention", rng.choice([4, 8, 16])),
+                        ("ffn", rng.choice([1, 2, 4, 8])),
+                        ("glu", 0),
+                        ("conv", rng.choice([3, 5, 7, 9, 11])),
+                    ]
+                )
             kinds.append((kind, size))
     return [layer(f"{i}.{k}{s or ''}", k, s) for i, (k, s) in enumerate(kinds[:n_layers])]
 
@@ -93,8 +111,9 @@ def median_s(fn: Callable[[], Any], repeats: int) -> float:
 
 
 def plan_with(planner: Planner, costs: list[LayerCost], n_stages: int, budget: int | None) -> Plan:
-    return planner.plan(costs, n_stages, schedule=SCHEDULE, n_microbatches=MICROBATCHES,
-                        memory_budget=budget)  # fmt: skip
+    return planner.plan(
+        costs, n_stages, schedule=SCHEDULE, n_microbatches=MICROBATCHES, memory_budget=budget
+    )
 
 
 def scale(repeats: int) -> list[dict[str, Any]]:
@@ -112,22 +131,31 @@ def scale(repeats: int) -> list[dict[str, Any]]:
             for planner, budget in budgets:
                 plan = plan_with(planner, costs, n_stages, budget)
                 seconds = median_s(partial(plan_with, planner, costs, n_stages, budget), repeats)
-                rows.append({
-                    "planner": planner.name, "layers": n_layers, "stages": n_stages,
-                    "memory_budget": budget, "median_s": seconds,
-                    "largest_stage_bytes": max(plan.predicted_stage_bytes),
-                    "recomputed_layers": plan.actions.count("recompute"),
-                    "bottleneck_s": plan.bottleneck_s,
-                })  # fmt: skip
+                rows.append(
+                    {
+                        "planner": planner.name,
+                        "layers": n_layers,
+                        "stages": n_stages,
+                        "memory_budget": budget,
+                        "median_s": seconds,
+                        "largest_stage_bytes": max(plan.predicted_stage_bytes),
+                        "recomputed_layers": plan.actions.count("recompute"),
+                        "bottleneck_s": plan.bottleneck_s,
+                    }
+                )
     return rows
 
 
-def versus_equal(n_layers: int, n_stages: int, seed: int, n_microbatches: int,
-                 budget_fraction: float | None = None) -> dict[str, Any]:  # fmt: skip
+def versus_equal(
+    n_layers: int,
+    n_stages: int,
+    seed: int,
+    n_microbatches: int,
+    budget_fraction: float | None = None,
+) -> dict[str, Any]:
     """The time planner vs equal layer counts on one generated candidate."""
     costs = candidate(n_layers, seed)
-    options: dict[str, Any] = {"schedule": SCHEDULE, "n_microbatches": n_microbatches,
-                               "link": LINK}  # fmt: skip
+    options: dict[str, Any] = {"schedule": SCHEDULE, "n_microbatches": n_microbatches, "link": LINK}
     planner = TimePlanner()
     equal = planner.evaluate(costs, equal_sizes(n_layers, n_stages), **options)
     budget = None
@@ -135,15 +163,22 @@ def versus_equal(n_layers: int, n_stages: int, seed: int, n_microbatches: int,
         budget = int(budget_fraction * max(equal.predicted_stage_bytes))
     plan = planner.plan(costs, n_stages, memory_budget=budget, **options)
     row = {
-        "layers": n_layers, "stages": n_stages, "microbatches": n_microbatches, "seed": seed,
-        "memory_budget": budget, "kinds": sorted({c.key.split(".")[1] for c in costs}),
-        "planned_sizes": list(plan.sizes), "recomputed_layers": plan.actions.count("recompute"),
+        "layers": n_layers,
+        "stages": n_stages,
+        "microbatches": n_microbatches,
+        "seed": seed,
+        "memory_budget": budget,
+        "kinds": sorted({c.key.split(".")[1] for c in costs}),
+        "planned_sizes": list(plan.sizes),
+        "recomputed_layers": plan.actions.count("recompute"),
         "bottleneck_s": {"planned": plan.bottleneck_s, "equal": equal.bottleneck_s},
-        "iteration_s": {"planned": plan.predicted_iteration_s,
-                        "equal": equal.predicted_iteration_s},
+        "iteration_s": {
+            "planned": plan.predicted_iteration_s,
+            "equal": equal.predicted_iteration_s,
+        },
         "bottleneck_ratio": equal.bottleneck_s / plan.bottleneck_s,
         "iteration_speedup": equal.predicted_iteration_s / plan.predicted_iteration_s,
-    }  # fmt: skip
+    }
     if budget is not None:
         row["equal_fits_budget"] = max(equal.predicted_stage_bytes) <= budget
     return row

@@ -32,8 +32,9 @@ from pipeline import SCHEDULES, ElasticPipeline, StageContext
 
 
 def profile(ctx: StageContext, schedule: str, m: int, steps: int, top: int) -> dict[str, Any]:
-    pipe = ElasticPipeline(specs(), optimizer=OPTIMIZER, loss_fn=F.mse_loss, schedule=schedule,
-                           n_microbatches=m)  # fmt: skip
+    pipe = ElasticPipeline(
+        specs(), optimizer=OPTIMIZER, loss_fn=F.mse_loss, schedule=schedule, n_microbatches=m
+    )
     x, y = batch()
     for _ in pipe.train(itertools.repeat((x, y), 2)):  # plan, warm up
         pass
@@ -47,12 +48,17 @@ def profile(ctx: StageContext, schedule: str, m: int, steps: int, top: int) -> d
     stats = pstats.Stats(profiler)
     table = stats.stats  # type: ignore[attr-defined]
     rows = sorted(table.items(), key=lambda kv: kv[1][2], reverse=True)[:top]
-    functions = [{"function": f"{path}:{line}({name})", "calls": nc, "own_s": tt,
-                  "cumulative_s": ct}
-                 for (path, line, name), (_, nc, tt, ct, _) in rows]  # fmt: skip
+    functions = [
+        {"function": f"{path}:{line}({name})", "calls": nc, "own_s": tt, "cumulative_s": ct}
+        for (path, line, name), (_, nc, tt, ct, _) in rows
+    ]
     pipe.close()
-    return {"stage": ctx.rank, "seconds": seconds, "samples_per_s": BATCH * steps / seconds,
-            "top_by_own_time": functions}  # fmt: skip
+    return {
+        "stage": ctx.rank,
+        "seconds": seconds,
+        "samples_per_s": BATCH * steps / seconds,
+        "top_by_own_time": functions,
+    }
 
 
 def main() -> None:
@@ -62,8 +68,9 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--top", type=int, default=15)
     args = parser.parse_args()
-    run = functools.partial(profile, schedule=args.schedule, m=args.microbatches,
-                            steps=args.steps, top=args.top)  # fmt: skip
+    run = functools.partial(
+        profile, schedule=args.schedule, m=args.microbatches, steps=args.steps, top=args.top
+    )
     stages = pipeline.launch(run, STAGES, threads_per_stage=1, timeout_s=1200)
     out = Path(__file__).parent / "results" / f"profile_{args.schedule}_M{args.microbatches}.json"
     out.write_text(json.dumps({"config": vars(args), "stages": stages}, indent=1))

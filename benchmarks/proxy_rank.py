@@ -97,15 +97,18 @@ def architectures(settings: NasSettings, count: int, mutants: int, seed: int) ->
     random samples, all inside the space's window."""
     primitives = space_primitives(settings)
     seeds = seed_architectures(settings)
-    models = [Model(name, None, seed_params(arch, primitives=primitives), to_json(arch))
-              for name, arch in seeds.items()]  # fmt: skip
+    models = [
+        Model(name, None, seed_params(arch, primitives=primitives), to_json(arch))
+        for name, arch in seeds.items()
+    ]
     seen = {functional_key(from_json(m.architecture)) for m in models}
     parent, rng, draw = models[-1].params, random.Random(seed), seed
     while len(models) < count:
         draw += 1
         mutant = len(models) < 2 + mutants
-        suggest: Any = OneEdit(parent, rng.choice(sorted(parent)), rng) if mutant \
-            else RandomSuggest(draw)  # fmt: skip
+        suggest: Any = (
+            OneEdit(parent, rng.choice(sorted(parent)), rng) if mutant else RandomSuggest(draw)
+        )
         arch = _valid(settings, suggest)
         if arch is not None and functional_key(arch) not in seen:
             seen.add(functional_key(arch))
@@ -119,10 +122,13 @@ def losses(result: RetrainResult) -> dict[str, dict[str, Any]]:
     for run in result.runs:
         out[run.model] = {
             "validation_loss": run.metrics.get("validation_loss"),
-            "curve": {int(e["step"]): e["validation_loss"] for e in run.history
-                      if "validation_loss" in e},
-            "seconds": run.seconds, "error": run.error, "parameters": run.parameters,
-        }  # fmt: skip
+            "curve": {
+                int(e["step"]): e["validation_loss"] for e in run.history if "validation_loss" in e
+            },
+            "seconds": run.seconds,
+            "error": run.error,
+            "parameters": run.parameters,
+        }
     return out
 
 
@@ -144,36 +150,55 @@ def main() -> None:
     settings = experiment_settings(args.experiment, args.overrides)
     models = architectures(settings, args.archs, args.mutants, args.sample_seed)
     folder = tempfile.mkdtemp(prefix="proxy_rank_")
-    base = replace(settings, retrain=replace(settings.retrain, seeds=(settings.seed,),
-                                             models_dir=folder))  # fmt: skip
+    base = replace(
+        settings, retrain=replace(settings.retrain, seeds=(settings.seed,), models_dir=folder)
+    )
     started = time.perf_counter()
-    budget = losses(retrain_models(replace(base, retrain=replace(
-        base.retrain, steps=settings.train.steps)), models))  # fmt: skip
+    budget = losses(
+        retrain_models(
+            replace(base, retrain=replace(base.retrain, steps=settings.train.steps)), models
+        )
+    )
     full_steps = base.retrain.steps or settings.train.steps
     full = budget if full_steps == settings.train.steps else losses(retrain_models(base, models))
-    names = [m.name for m in models if budget[m.name]["error"] is None and
-             full[m.name]["error"] is None]  # fmt: skip
+    names = [
+        m.name for m in models if budget[m.name]["error"] is None and full[m.name]["error"] is None
+    ]
     y = [full[n]["validation_loss"] for n in names]
     tau_final = kendalltau([budget[n]["validation_loss"] for n in names], y)
     steps = sorted(set.intersection(*(set(budget[n]["curve"]) for n in names))) if names else []
-    by_step = {str(s): float(kendalltau([budget[n]["curve"][s] for n in names], y).statistic)
-               for s in steps}  # fmt: skip
+    by_step = {
+        str(s): float(kendalltau([budget[n]["curve"][s] for n in names], y).statistic)
+        for s in steps
+    }
     result = {
-        "experiment": args.experiment, "overrides": args.overrides,
-        "trial_budget_steps": settings.train.steps, "full_steps": full_steps,
-        "train": settings.train.__dict__, "d_model": list(settings.search_space.d_model),
+        "experiment": args.experiment,
+        "overrides": args.overrides,
+        "trial_budget_steps": settings.train.steps,
+        "full_steps": full_steps,
+        "train": settings.train.__dict__,
+        "d_model": list(settings.search_space.d_model),
         "param_window": settings.search_space.param_window,
-        "architectures": [{
-            "name": m.name, "parameters": budget[m.name]["parameters"],
-            "body_parameters": parameter_count(_arch(m)), "summary": summary(_arch(m)),
-            "params": m.params, "budget": budget[m.name], "full": full[m.name],
-        } for m in models],
-        "kendall_tau": float(tau_final.statistic), "kendall_p": float(tau_final.pvalue),
-        "kendall_tau_by_eval_step": by_step, "ranked": len(names),
+        "architectures": [
+            {
+                "name": m.name,
+                "parameters": budget[m.name]["parameters"],
+                "body_parameters": parameter_count(_arch(m)),
+                "summary": summary(_arch(m)),
+                "params": m.params,
+                "budget": budget[m.name],
+                "full": full[m.name],
+            }
+            for m in models
+        ],
+        "kendall_tau": float(tau_final.statistic),
+        "kendall_p": float(tau_final.pvalue),
+        "kendall_tau_by_eval_step": by_step,
+        "ranked": len(names),
         "kendall_tau_by_rung": {b: t for b, t in by_step.items() if int(b) in _rungs(settings)},
         "mutants": sum(m.name.startswith("mutant-") for m in models),
         "seconds": time.perf_counter() - started,
-    }  # fmt: skip
+    }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     print(

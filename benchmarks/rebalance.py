@@ -83,17 +83,26 @@ def moved_state_bytes(pipe: ElasticPipeline, keys: set[str]) -> int:
     for key, module in pipe.layers.items():
         if key in keys:
             total += sum(v.numel() * v.element_size() for v in module.state_dict().values())
-            total += sum(v.numel() * v.element_size() for p in module.parameters()
-                         for v in state.get(p, {}).values() if torch.is_tensor(v))  # fmt: skip
+            total += sum(
+                v.numel() * v.element_size()
+                for p in module.parameters()
+                for v in state.get(p, {}).values()
+                if torch.is_tensor(v)
+            )
     totals: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(totals, total)
     return sum(totals)
 
 
 def run(ctx: StageContext, rounds: int, steps: int) -> dict[str, Any]:
-    pipe = ElasticPipeline(uneven_stack(), optimizer=OPTIMIZER, loss_fn=F.mse_loss,
-                           n_microbatches=MICROBATCHES, partition=EQUAL,
-                           rebalance_every=EVERY)  # fmt: skip
+    pipe = ElasticPipeline(
+        uneven_stack(),
+        optimizer=OPTIMIZER,
+        loss_fn=F.mse_loss,
+        n_microbatches=MICROBATCHES,
+        partition=EQUAL,
+        rebalance_every=EVERY,
+    )
     during = step_times(pipe, EVERY)  # the 4th step ends with the automatic rebalance
     migration = pipe.migrations[-1] if pipe.migrations else None
     moved = {key for key, _, _ in migration.moved} if migration else set()
@@ -102,21 +111,27 @@ def run(ctx: StageContext, rounds: int, steps: int) -> dict[str, Any]:
     rebalanced = (list(pipe.sizes), list(pipe.plan.actions))
     pipe.triggers = ReplanTriggers()  # from here on the benchmark picks the partitions
     configs: dict[str, tuple[list[int], list[str] | None]] = {
-        "before": (EQUAL, None), "after": rebalanced,
+        "before": (EQUAL, None),
+        "after": rebalanced,
         **{f"offline_{k}": ([k, LAYERS - k], None) for k in OFFLINE_SPLITS},
-    }  # fmt: skip
+    }
     seconds: dict[str, list[float]] = {name: [] for name in configs}
     for _ in range(rounds):  # interleaved: every configuration once per round
         for name, (sizes, actions) in configs.items():
             pipe.repartition(sizes, actions)
             step_times(pipe, 1)  # warm-up on this partition
             seconds[name] += step_times(pipe, steps)
-    out = {"seconds": seconds, "during_s": during, "rebalanced_sizes": rebalanced[0],
-           "migration": None if migration is None else vars(migration),
-           "moved_state_bytes": state_bytes, "bandwidth": link_bandwidth(),
-           "events": [e.to_dict() for e in pipe.events if e.kind in ("replan", "migration")][:2]}
+    out = {
+        "seconds": seconds,
+        "during_s": during,
+        "rebalanced_sizes": rebalanced[0],
+        "migration": None if migration is None else vars(migration),
+        "moved_state_bytes": state_bytes,
+        "bandwidth": link_bandwidth(),
+        "events": [e.to_dict() for e in pipe.events if e.kind in ("replan", "migration")][:2],
+    }
     pipe.close()
-    return out  # fmt: skip
+    return out
 
 
 def main() -> None:
@@ -126,22 +141,31 @@ def main() -> None:
     default_out = Path(__file__).parent / "results" / "rebalance.json"
     parser.add_argument("--out", type=Path, default=default_out)
     args = parser.parse_args()
-    r = pipeline.launch(functools.partial(run, rounds=args.rounds, steps=args.steps), 2,
-                        threads_per_stage=1)[0]  # fmt: skip
+    r = pipeline.launch(
+        functools.partial(run, rounds=args.rounds, steps=args.steps), 2, threads_per_stage=1
+    )[0]
     med = {name: statistics.median(t) for name, t in r["seconds"].items()}
     before, after = med["before"], med["after"]
     offline = {int(name.split("_")[1]): t for name, t in med.items() if name.startswith("offline")}
     best_k, best = min(offline.items(), key=lambda kv: kv[1])
     m = r["migration"]
     report = {
-        "config": {**uneven_config(), "rebalance_every": EVERY, "start": EQUAL,
-                   "rounds": args.rounds, "steps_per_round": args.steps},
+        "config": {
+            **uneven_config(),
+            "rebalance_every": EVERY,
+            "start": EQUAL,
+            "rounds": args.rounds,
+            "steps_per_round": args.steps,
+        },
         "rebalanced_sizes": r["rebalanced_sizes"],
         "median_step_s": {"before": before, "after": after, "best_offline": best},
         "best_offline_sizes": [int(best_k), LAYERS - int(best_k)],
         "offline_step_s": offline,
-        "samples_per_s": {"before": UNEVEN_BATCH / before, "after": UNEVEN_BATCH / after,
-                          "best_offline": UNEVEN_BATCH / best},
+        "samples_per_s": {
+            "before": UNEVEN_BATCH / before,
+            "after": UNEVEN_BATCH / after,
+            "best_offline": UNEVEN_BATCH / best,
+        },
         "step_s_while_training_before_rebalance": r["during_s"],
         "per_round_step_s": r["seconds"],
         "throughput_after_vs_before": before / after,
@@ -154,12 +178,20 @@ def main() -> None:
         "bytes_over_bandwidth_s": None if m is None else m["bytes_moved"] / r["bandwidth"],
         "targets": {"after_vs_before": 1.25, "after_vs_best_offline": 0.95},
         "events": r["events"],
-    }  # fmt: skip
+    }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2, default=str))
-    keys = ("rebalanced_sizes", "best_offline_sizes", "median_step_s",
-            "throughput_after_vs_before", "throughput_after_vs_best_offline", "bytes_moved",
-            "moved_layers_state_bytes", "pause_s", "bytes_over_bandwidth_s")  # fmt: skip
+    keys = (
+        "rebalanced_sizes",
+        "best_offline_sizes",
+        "median_step_s",
+        "throughput_after_vs_before",
+        "throughput_after_vs_best_offline",
+        "bytes_moved",
+        "moved_layers_state_bytes",
+        "pause_s",
+        "bytes_over_bandwidth_s",
+    )
     print(json.dumps({k: report[k] for k in keys}, indent=2))
 
 

@@ -165,15 +165,21 @@ def measure_step(
         step()
     param_bytes = sum(p.nbytes for p in params)
     grad_bytes = sum(p.grad.nbytes for p in params if p.grad is not None)
-    optimizer_bytes = sum(t.nbytes for state in optimizer.state.values()
-                          for t in state.values() if isinstance(t, torch.Tensor))  # fmt: skip
+    optimizer_bytes = sum(
+        t.nbytes
+        for state in optimizer.state.values()
+        for t in state.values()
+        if isinstance(t, torch.Tensor)
+    )
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     state = param_bytes + grad_bytes + optimizer_bytes
     return {
-        "param_bytes": param_bytes, "state_bytes": state,
-        "activation_peak_bytes": meter.peak, "measured_peak_bytes": state + meter.peak,
-    }  # fmt: skip
+        "param_bytes": param_bytes,
+        "state_bytes": state,
+        "activation_peak_bytes": meter.peak,
+        "measured_peak_bytes": state + meter.peak,
+    }
 
 
 # -- the single-process reference ---------------------------------------------------------------
@@ -252,10 +258,13 @@ def torch_run(
     n_chunks, mine = chunks_of(layout, ctx.rank)
     spans = bounds(equal_sizes(LAYERS, n_chunks))
     layers = specs()
-    modules = [nn.Sequential(*[build_layer(s, 0, ctx.device) for s in layers[slice(*spans[c])]])
-               for c in mine]  # fmt: skip
-    stages = [PipelineStage(mod, c, n_chunks, ctx.device)
-              for mod, c in zip(modules, mine, strict=True)]  # fmt: skip
+    modules = [
+        nn.Sequential(*[build_layer(s, 0, ctx.device) for s in layers[slice(*spans[c])]])
+        for c in mine
+    ]
+    stages = [
+        PipelineStage(mod, c, n_chunks, ctx.device) for mod, c in zip(modules, mine, strict=True)
+    ]
     if layout == "single":
         schedule = cls(stages[0], n_microbatches=m, loss_fn=F.mse_loss)
     else:
@@ -266,8 +275,9 @@ def torch_run(
     x, y = batch()
 
     def forward_backward(losses: list[torch.Tensor] | None = None) -> None:
-        kwargs: dict[str, Any] = {"target": y, "losses": [] if losses is None else losses} \
-            if last else {}  # fmt: skip
+        kwargs: dict[str, Any] = (
+            {"target": y, "losses": [] if losses is None else losses} if last else {}
+        )
         if first:
             schedule.step(x, **kwargs)
         else:
@@ -299,12 +309,14 @@ def torch_run(
     step_loss = next(v[0] for v in gathered if v[0] is not None)
     grad_error = max(v[1] for v in gathered)
     check = {
-        "first_step_loss": step_loss, "single_process_loss": ref_loss,
-        "loss_abs_diff": abs(step_loss - ref_loss), "max_rel_grad_diff": grad_error,
+        "first_step_loss": step_loss,
+        "single_process_loss": ref_loss,
+        "loss_abs_diff": abs(step_loss - ref_loss),
+        "max_rel_grad_diff": grad_error,
         "correct": abs(step_loss - ref_loss) <= LOSS_TOLERANCE and grad_error <= GRAD_TOLERANCE,
         "mode": "dropout off (eval) for the check; timed in train mode like one process",
         "chunks_per_rank": [chunks_of(layout, r)[1] for r in range(ctx.world_size)],
-    }  # fmt: skip
+    }
 
     def step() -> None:
         forward_backward()
@@ -325,8 +337,14 @@ def ours_run(
     round pays one warm-up and one cool-down; streams are drained within the round, as the
     other runs share the process group and its messages match by order.
     """
-    pipe = ElasticPipeline(specs(), optimizer=OPTIMIZER, loss_fn=F.mse_loss, schedule=name,
-                           n_microbatches=m, cost_cache=cache)  # fmt: skip
+    pipe = ElasticPipeline(
+        specs(),
+        optimizer=OPTIMIZER,
+        loss_fn=F.mse_loss,
+        schedule=name,
+        n_microbatches=m,
+        cost_cache=cache,
+    )
     x, y = batch()
     first_loss = pipe.train_step(x, y)
     calls = itertools.count()
@@ -347,8 +365,10 @@ def replay_measured(name: str, stats: PipelineStats) -> float | None:
     m = stats.n_microbatches
     if len(stats.partition) != len(stats.stages):
         return None
-    costs = [StageCost(s.forward_s / m, s.backward_s / m, optimizer_s=s.optimizer_s)
-             for s in stats.stages]  # fmt: skip
+    costs = [
+        StageCost(s.forward_s / m, s.backward_s / m, optimizer_s=s.optimizer_s)
+        for s in stats.stages
+    ]
     try:
         if is_stream(name):  # steady state per step of a stream (`SimResult.step_s`)
             return simulate(name, costs, m, n_steps=5).step_s
@@ -357,8 +377,9 @@ def replay_measured(name: str, stats: PipelineStats) -> float | None:
         return None
 
 
-def ours_record(name: str, pipe: ElasticPipeline, first_loss: float, ref_loss: float,
-                timelines: Path | None) -> dict[str, Any]:  # fmt: skip
+def ours_record(
+    name: str, pipe: ElasticPipeline, first_loss: float, ref_loss: float, timelines: Path | None
+) -> dict[str, Any]:
     stats = pipe.stats()
     if timelines is not None:
         pipe.save_timeline(timelines / f"ours_{name}_M{stats.n_microbatches}.json")
@@ -367,42 +388,60 @@ def ours_record(name: str, pipe: ElasticPipeline, first_loss: float, ref_loss: f
     breakdown = []
     for s in stats.stages:
         other = s.total_s - s.forward_s - s.backward_s - s.wait_s - s.optimizer_s
-        breakdown.append({"stage": s.stage, "forward_s": s.forward_s, "backward_s": s.backward_s,
-                          "wait_s": s.wait_s, "optimizer_s": s.optimizer_s,
-                          "other_s": other, "total_s": s.total_s})  # fmt: skip
+        breakdown.append(
+            {
+                "stage": s.stage,
+                "forward_s": s.forward_s,
+                "backward_s": s.backward_s,
+                "wait_s": s.wait_s,
+                "optimizer_s": s.optimizer_s,
+                "other_s": other,
+                "total_s": s.total_s,
+            }
+        )
     return {
-        "kind": "ours", "schedule": name, "exact": name in EXACT,
+        "kind": "ours",
+        "schedule": name,
+        "exact": name in EXACT,
         "partition": list(stats.partition),
-        "first_step_loss": first_loss, "reference_first_step_loss": ref_loss,
+        "first_step_loss": first_loss,
+        "reference_first_step_loss": ref_loss,
         "loss_abs_diff": abs(first_loss - ref_loss),
         "simulated_iteration_s": predicted,
         "simulated_samples_per_s": BATCH / predicted if predicted else None,
         "replay_on_measured_iteration_s": replay,
         "replay_on_measured_samples_per_s": BATCH / replay if replay else None,
-        "stats_iteration_s": stats.iteration_s, "bubble_fraction": stats.bubble_fraction,
+        "stats_iteration_s": stats.iteration_s,
+        "bubble_fraction": stats.bubble_fraction,
         "predicted_bubble_fraction": stats.predicted_bubble_fraction,
         "stage_breakdown_s": breakdown,
         "memory_per_stage": [
-            {"stage": s.stage, "param_bytes": s.param_bytes, "state_bytes": s.state_bytes,
-             "activation_peak_bytes": s.activation_peak_bytes,
-             "measured_peak_bytes": s.measured_peak_bytes,
-             "predicted_peak_bytes": s.predicted_peak_bytes,
-             "allocator_peak_bytes": s.allocator_peak_bytes}
+            {
+                "stage": s.stage,
+                "param_bytes": s.param_bytes,
+                "state_bytes": s.state_bytes,
+                "activation_peak_bytes": s.activation_peak_bytes,
+                "measured_peak_bytes": s.measured_peak_bytes,
+                "predicted_peak_bytes": s.predicted_peak_bytes,
+                "allocator_peak_bytes": s.allocator_peak_bytes,
+            }
             for s in stats.stages
         ],
-    }  # fmt: skip
+    }
 
 
 def reference_loss_with_dropout(m: int) -> float:
     """One process with ours' seeded dropout masks: what ours' first step must return."""
-    trainer = pipeline.ReferenceTrainer(specs(), optimizer=OPTIMIZER, loss_fn=F.mse_loss,
-                                        n_microbatches=m)  # fmt: skip
+    trainer = pipeline.ReferenceTrainer(
+        specs(), optimizer=OPTIMIZER, loss_fn=F.mse_loss, n_microbatches=m
+    )
     return trainer.train_step(*batch())
 
 
 # -- the run, in both processes -----------------------------------------------------------------
-def run_all(ctx: StageContext, rounds: int, steps: int, warmup: int,
-            timelines: Path | None) -> dict[str, Any]:  # fmt: skip
+def run_all(
+    ctx: StageContext, rounds: int, steps: int, warmup: int, timelines: Path | None
+) -> dict[str, Any]:
     cache = CostCache()
     runs: dict[str, Callable[[], None]] = {}
     records: dict[str, dict[str, Any]] = {}
@@ -428,12 +467,19 @@ def run_all(ctx: StageContext, rounds: int, steps: int, warmup: int,
             try:
                 run = torch_run(ctx, cls, layout, m, reference)
             except Exception as error:
-                records[key] = {"kind": "torch", "schedule": cls.__name__,
-                                "error": f"{type(error).__name__}: {error}"[:2000]}  # fmt: skip
+                records[key] = {
+                    "kind": "torch",
+                    "schedule": cls.__name__,
+                    "error": f"{type(error).__name__}: {error}"[:2000],
+                }
                 continue
             runs[key], torch_runs[key] = run.step, run
-            records[key] = {"kind": "torch", "schedule": cls.__name__, "layout": layout,
-                            "check": run.check}  # fmt: skip
+            records[key] = {
+                "kind": "torch",
+                "schedule": cls.__name__,
+                "layout": layout,
+                "check": run.check,
+            }
         key = f"single_process_M{m}"
         runs[key], singles[key] = single_process(ctx, m)
         records[key] = {"kind": "single_process"}
@@ -471,8 +517,11 @@ def run_all(ctx: StageContext, rounds: int, steps: int, warmup: int,
         records[key]["memory_per_rank"] = [g[0].get(key) for g in gathered]
     for key, times in seconds.items():
         records[key]["per_round_step_s"] = times
-    return {"records": records, "registry": registry,
-            "process_maxrss_bytes": [g[1] for g in gathered]}  # fmt: skip
+    return {
+        "records": records,
+        "registry": registry,
+        "process_maxrss_bytes": [g[1] for g in gathered],
+    }
 
 
 # -- the report ---------------------------------------------------------------------------------
@@ -480,8 +529,11 @@ def _best(
     runs: dict[str, dict[str, Any]], kind: str, ok: Callable[[dict[str, Any]], bool]
 ) -> tuple[str | None, float]:
     """The fastest measured run of `kind` that passes `ok`: (name, samples/s)."""
-    cands = [(v["samples_per_s"], k) for k, v in runs.items()
-             if v.get("kind") == kind and "samples_per_s" in v and ok(v)]  # fmt: skip
+    cands = [
+        (v["samples_per_s"], k)
+        for k, v in runs.items()
+        if v.get("kind") == kind and "samples_per_s" in v and ok(v)
+    ]
     return (max(cands)[1], max(cands)[0]) if cands else (None, math.nan)
 
 
@@ -515,9 +567,12 @@ def summarize(records: dict[str, dict[str, Any]]) -> dict[str, Any]:
             "single_process_samples_per_s": single,
             "flush_ideal_factor": flush,
             "flush_ideal_samples_per_s": single * flush,
-            "torch_best": torch_best, "torch_best_samples_per_s": torch_sps,
-            "ours_best": ours_best, "ours_best_samples_per_s": ours_sps,
-            "ours_best_exact": exact_best, "ours_best_exact_samples_per_s": exact_sps,
+            "torch_best": torch_best,
+            "torch_best_samples_per_s": torch_sps,
+            "ours_best": ours_best,
+            "ours_best_samples_per_s": ours_sps,
+            "ours_best_exact": exact_best,
+            "ours_best_exact_samples_per_s": exact_sps,
             "ours_best_vs_torch_best": ours_sps / torch_sps,
             "ours_best_exact_vs_torch_best": exact_sps / torch_sps,
             "perfect_split_samples_per_s": bound,
@@ -526,16 +581,20 @@ def summarize(records: dict[str, dict[str, Any]]) -> dict[str, Any]:
             "torch_best_vs_perfect_split": torch_sps / bound,
             "targets": TARGETS,
             "runs": mine,
-        }  # fmt: skip
+        }
     return out
 
 
 def print_table(by_m: dict[str, Any]) -> None:
     for label, res in by_m.items():
-        print(f"\n{label}: one process {res['single_process_samples_per_s']:.2f} samples/s, "
-              f"flush bound x{res['flush_ideal_factor']:.3f}")  # fmt: skip
-        print(f"  {'run':<24}{'samples/s':>10}{'best rnd':>10}{'x 1 proc':>10}"
-              f"{'x torch best':>14}{'sim':>8}")  # fmt: skip
+        print(
+            f"\n{label}: one process {res['single_process_samples_per_s']:.2f} samples/s, "
+            f"flush bound x{res['flush_ideal_factor']:.3f}"
+        )
+        print(
+            f"  {'run':<24}{'samples/s':>10}{'best rnd':>10}{'x 1 proc':>10}"
+            f"{'x torch best':>14}{'sim':>8}"
+        )
         for name, rec in res["runs"].items():
             if "samples_per_s" not in rec:
                 print(f"  {name:<24}  error: {rec.get('error', '?')[:60]}")
@@ -543,24 +602,30 @@ def print_table(by_m: dict[str, Any]) -> None:
             sim = rec.get("simulated_samples_per_s")
             flag = "" if rec.get("check", {}).get("correct", True) else "  (INCORRECT)"
             sim_text = "" if sim is None else f"{sim:8.2f}"
-            print(f"  {name:<24}{rec['samples_per_s']:>10.2f}"
-                  f"{rec['best_round_samples_per_s']:>10.2f}{rec['vs_single_process']:>10.3f}"
-                  f"{rec['vs_torch_best']:>14.3f}{sim_text}{flag}")  # fmt: skip
+            print(
+                f"  {name:<24}{rec['samples_per_s']:>10.2f}"
+                f"{rec['best_round_samples_per_s']:>10.2f}{rec['vs_single_process']:>10.3f}"
+                f"{rec['vs_torch_best']:>14.3f}{sim_text}{flag}"
+            )
         for ratio, (ours, peer) in {
             "ours_best_exact_vs_torch_best": ("ours_best_exact", "torch_best"),
             "ours_best_vs_perfect_split": ("ours_best", "perfect split"),
-        }.items():  # fmt: skip
-            print(f"  {res[ours]} / {res.get(peer, peer)}: {res[ratio]:.3f} "
-                  f"(goal {TARGETS[ratio]})")  # fmt: skip
-        print(f"  perfect split (no messages, no bubble) / torch best: "
-              f"{res['perfect_split_vs_torch_best']:.3f}")  # fmt: skip
+        }.items():
+            print(
+                f"  {res[ours]} / {res.get(peer, peer)}: {res[ratio]:.3f} (goal {TARGETS[ratio]})"
+            )
+        print(
+            f"  perfect split (no messages, no bubble) / torch best: "
+            f"{res['perfect_split_vs_torch_best']:.3f}"
+        )
 
 
 def _git(*args: str) -> str:
     """Output of a git command in the checkout this file lives in ('' outside git)."""
     try:
-        return subprocess.run(["git", *args], cwd=Path(__file__).parent, capture_output=True,
-                              text=True, check=True).stdout.strip()  # fmt: skip
+        return subprocess.run(
+            ["git", *args], cwd=Path(__file__).parent, capture_output=True, text=True, check=True
+        ).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return ""
 
@@ -571,8 +636,12 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=1, help="steps per run per round")
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--quick", action="store_true", help="smoke run: 2 rounds of 1 step")
-    parser.add_argument("--timelines", type=Path, default=None,
-                        help="write ours' Chrome-trace timelines (last step) there")  # fmt: skip
+    parser.add_argument(
+        "--timelines",
+        type=Path,
+        default=None,
+        help="write ours' Chrome-trace timelines (last step) there",
+    )
     default_out = Path(__file__).parent / "results" / "schedules.json"
     parser.add_argument("--out", type=Path, default=default_out)
     args = parser.parse_args()
@@ -586,30 +655,50 @@ def main() -> None:
     started = time.perf_counter()
 
     result = pipeline.launch(
-        functools.partial(run_all, rounds=args.rounds, steps=args.steps, warmup=args.warmup,
-                          timelines=args.timelines),
-        STAGES, threads_per_stage=1, timeout_s=600.0,
-    )[0]  # fmt: skip
+        functools.partial(
+            run_all,
+            rounds=args.rounds,
+            steps=args.steps,
+            warmup=args.warmup,
+            timelines=args.timelines,
+        ),
+        STAGES,
+        threads_per_stage=1,
+        timeout_s=600.0,
+    )[0]
     by_m = summarize(result["records"])
     report = {
         "config": {
-            "layers": LAYERS, "d_model": D_MODEL, "heads": HEADS, "seq": SEQ, "batch": BATCH,
-            "microbatches": list(MICROBATCHES), "stages": STAGES, "threads_per_stage": 1,
-            "rounds": args.rounds, "steps_per_round": args.steps, "warmup_steps": args.warmup,
-            "quick": args.quick, "torch": torch.__version__,
-            "git_commit": commit, "pipeline_dir_has_uncommitted_changes": dirty,
-            "our_schedules_registered": result["registry"], "exact_schedules": list(EXACT),
+            "layers": LAYERS,
+            "d_model": D_MODEL,
+            "heads": HEADS,
+            "seq": SEQ,
+            "batch": BATCH,
+            "microbatches": list(MICROBATCHES),
+            "stages": STAGES,
+            "threads_per_stage": 1,
+            "rounds": args.rounds,
+            "steps_per_round": args.steps,
+            "warmup_steps": args.warmup,
+            "quick": args.quick,
+            "torch": torch.__version__,
+            "git_commit": commit,
+            "pipeline_dir_has_uncommitted_changes": dirty,
+            "our_schedules_registered": result["registry"],
+            "exact_schedules": list(EXACT),
             "check_tolerances": {"loss_abs": LOSS_TOLERANCE, "grad_rel": GRAD_TOLERANCE},
             "single_process": "rank 0 alone (rank 1 idle at the barrier), timed in the rounds",
             "wall_s": time.perf_counter() - started,
-            "load_average_1_5_15_before": load_before, "load_average_1_5_15_after": os.getloadavg(),
+            "load_average_1_5_15_before": load_before,
+            "load_average_1_5_15_after": os.getloadavg(),
         },
         "memory_method": MEMORY_METHOD,
         "process_maxrss_bytes_per_rank": result["process_maxrss_bytes"],
-        "summary": {label: {k: v for k, v in res.items() if k != "runs"}
-                    for label, res in by_m.items()},
+        "summary": {
+            label: {k: v for k, v in res.items() if k != "runs"} for label, res in by_m.items()
+        },
         "by_microbatches": by_m,
-    }  # fmt: skip
+    }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2, default=str))
     print_table(by_m)

@@ -121,35 +121,54 @@ def main() -> None:
     picks: dict[str, str] = {}  # role -> the study whose pick is retrained
     if "best" in args.parts:
         key = "evolution/0"
-        if key not in runs or args.search_minutes != args.compare_minutes or \
-                args.search_trials:  # fmt: skip
+        if key not in runs or args.search_minutes != args.compare_minutes or args.search_trials:
             key = "headline"
-            runs[key] = _study(base, "evolution", 0, args.search_minutes, args.search_trials,
-                               args.reuse)  # fmt: skip
+            runs[key] = _study(
+                base, "evolution", 0, args.search_minutes, args.search_trials, args.reuse
+            )
         picks["best"] = key
     if "warm" in args.parts:
         for seed in range(args.study_seeds):
-            picks |= {f"warm-{seed}": f"evolution-inherit/{seed}",
-                      f"cold-{seed}": f"evolution-cold/{seed}"}  # fmt: skip
+            picks |= {
+                f"warm-{seed}": f"evolution-inherit/{seed}",
+                f"cold-{seed}": f"evolution-cold/{seed}",
+            }
     retrained = _retrain(base, runs, picks, "best" in args.parts, args) if picks else None
     run = {
-        "parts": args.parts, "experiment": args.experiment, "overrides": args.overrides,
-        "compare_minutes": args.compare_minutes, "search_minutes": args.search_minutes,
-        "search_trials": args.search_trials, "study_seeds": args.study_seeds,
-        "train": base.train.__dict__, "retrain_steps": base.retrain.steps,
-        "fitness": base.study.fitness, "seconds": time.perf_counter() - started,
-    }  # fmt: skip
+        "parts": args.parts,
+        "experiment": args.experiment,
+        "overrides": args.overrides,
+        "compare_minutes": args.compare_minutes,
+        "search_minutes": args.search_minutes,
+        "search_trials": args.search_trials,
+        "study_seeds": args.study_seeds,
+        "train": base.train.__dict__,
+        "retrain_steps": base.retrain.steps,
+        "fitness": base.study.fitness,
+        "seconds": time.perf_counter() - started,
+    }
     summary = _summary(runs, wanted, args.study_seeds)
     result = _merge(args.out, run, runs, summary, retrained, args.experiment)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2, default=str) + "\n")
     _plot(result["studies"], args.out.with_suffix(".png"), base.study.fitness)
-    print(json.dumps({"summary": result["summary"], "retrain": _brief(result["retrain"])},
-                     indent=2, default=str))  # fmt: skip
+    print(
+        json.dumps(
+            {"summary": result["summary"], "retrain": _brief(result["retrain"])},
+            indent=2,
+            default=str,
+        )
+    )
 
 
-def _merge(path: Path, run: dict[str, Any], studies: dict[str, Any], summary: dict[str, Any],
-           retrained: dict[str, Any] | None, experiment: str) -> dict[str, Any]:  # fmt: skip
+def _merge(
+    path: Path,
+    run: dict[str, Any],
+    studies: dict[str, Any],
+    summary: dict[str, Any],
+    retrained: dict[str, Any] | None,
+    experiment: str,
+) -> dict[str, Any]:
     """This run's parts over what an earlier run of other parts left in `path` (each part
     can be run, or re-run, on its own): studies and summaries by key, retrained models by
     the study they were picked from (the seeds with the headline)."""
@@ -161,8 +180,12 @@ def _merge(path: Path, run: dict[str, Any], studies: dict[str, Any], summary: di
         models = [m for m in models if m.get("study") not in roles] + retrained["models"]
         table = {r["model"]: r for r in [*retrain.get("table", []), *retrained["table"]]}
         picks = {**retrain.get("picks", {}), **retrained["picks"]}
-        retrain = {**retrain, **{k: v for k, v in retrained.items() if v is not None},
-                   "table": list(table.values()), "picks": picks}  # fmt: skip
+        retrain = {
+            **retrain,
+            **{k: v for k, v in retrained.items() if v is not None},
+            "table": list(table.values()),
+            "picks": picks,
+        }
         retrain.pop("models", None)
     studies = {**old.get("studies", {}), **studies}
     return {
@@ -180,23 +203,32 @@ def _pruning(headline: dict[str, Any] | None) -> dict[str, Any] | None:
     """The headline study's pruning: steps trained against every trial at the top rung."""
     if headline is None or "steps_if_all_top" not in headline:
         return None
-    keys = ("steps_saved", "steps_trained", "steps_if_all_top", "pruned", "complete",
-            "stopped_at")  # fmt: skip
+    keys = ("steps_saved", "steps_trained", "steps_if_all_top", "pruned", "complete", "stopped_at")
     return {key: headline.get(key) for key in keys}
 
 
 def _arguments() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--experiment", default="search_2h")
-    parser.add_argument("--parts", default=",".join(PARTS),
-                        help=f"comma-separated, of {', '.join(PARTS)}")  # fmt: skip
+    parser.add_argument(
+        "--parts", default=",".join(PARTS), help=f"comma-separated, of {', '.join(PARTS)}"
+    )
     parser.add_argument("--compare-minutes", type=float, default=15.0)
-    parser.add_argument("--search-minutes", type=float, default=None,
-                        help="default: the experiment's study.time_budget_s")  # fmt: skip
+    parser.add_argument(
+        "--search-minutes",
+        type=float,
+        default=None,
+        help="default: the experiment's study.time_budget_s",
+    )
     parser.add_argument("--search-trials", type=int, default=None)
     parser.add_argument("--study-seeds", type=int, default=2)
-    parser.add_argument("--retrain-seeds", type=int, nargs="+", default=None,
-                        help="training seeds; default: the experiment's retrain.seeds")  # fmt: skip
+    parser.add_argument(
+        "--retrain-seeds",
+        type=int,
+        nargs="+",
+        default=None,
+        help="training seeds; default: the experiment's retrain.seeds",
+    )
     parser.add_argument(
         "--out",
         type=Path,
@@ -226,21 +258,34 @@ def _sha_options(settings: NasSettings) -> dict[str, Any]:
 
 
 def _variants(parts: list[str]) -> list[str]:
-    chosen = {"samplers": ["evolution", "random", "tpe"], "pruning": ["evolution",
-              "evolution-sha", "evolution-no-pdh"],
-              "warm": ["evolution-inherit", "evolution-cold"]}  # fmt: skip
+    chosen = {
+        "samplers": ["evolution", "random", "tpe"],
+        "pruning": ["evolution", "evolution-sha", "evolution-no-pdh"],
+        "warm": ["evolution-inherit", "evolution-cold"],
+    }
     return list(dict.fromkeys(v for part in parts for v in chosen.get(part, [])))
 
 
-def _study(base: NasSettings, variant: str, seed: int, minutes: float,
-           trials: int | None = None, reuse: bool = False) -> dict[str, Any]:  # fmt: skip
+def _study(
+    base: NasSettings,
+    variant: str,
+    seed: int,
+    minutes: float,
+    trials: int | None = None,
+    reuse: bool = False,
+) -> dict[str, Any]:
     """Run one study for `minutes` or `trials` (cold: one `run_study` per trial) and read
     it back. With `reuse`, a study of that name already in `studies_dir` is read instead,
     its time from its first trial's start to its last trial's end."""
     name = f"{variant}-{seed}-{f'{trials}t' if trials else f'{minutes:g}m'}"
-    settings = VARIANTS[variant](replace(
-        base, seed=seed, study=replace(base.study, name=name, n_trials=trials or 100000),
-        output_dir=f"{base.output_dir}/{name}"))  # fmt: skip
+    settings = VARIANTS[variant](
+        replace(
+            base,
+            seed=seed,
+            study=replace(base.study, name=name, n_trials=trials or 100000),
+            output_dir=f"{base.output_dir}/{name}",
+        )
+    )
     if reuse and name in optuna.get_all_study_names(settings.storage_url):
         study = optuna.load_study(study_name=name, storage=settings.storage_url)
         first = min(t.datetime_start for t in study.trials if t.datetime_start)
@@ -264,35 +309,60 @@ def _study(base: NasSettings, variant: str, seed: int, minutes: float,
     return _read(study, settings, variant, seed, start, time.time() - start.timestamp())
 
 
-def _read(study: optuna.Study, settings: NasSettings, variant: str, seed: int,
-          start: datetime, seconds: float) -> dict[str, Any]:  # fmt: skip
+def _read(
+    study: optuna.Study,
+    settings: NasSettings,
+    variant: str,
+    seed: int,
+    start: datetime,
+    seconds: float,
+) -> dict[str, Any]:
     """What a study did: trials by state, steps trained, best-so-far against minutes."""
     sign = -1.0 if OBJECTIVES[settings.study.fitness] == "maximize" else 1.0
-    ended = {t.number: t.datetime_complete for t in study.trials
-             if counted(t) and t.datetime_complete is not None}  # fmt: skip
-    done = sorted((t for t in study.trials if t.number in ended),
-                  key=lambda t: ended[t.number])  # fmt: skip
+    ended = {
+        t.number: t.datetime_complete
+        for t in study.trials
+        if counted(t) and t.datetime_complete is not None
+    }
+    done = sorted((t for t in study.trials if t.number in ended), key=lambda t: ended[t.number])
     curve, best = [], math.inf
     for t in done:
         if t.state == optuna.trial.TrialState.COMPLETE and sign * t.values[0] < best:
             best = sign * t.values[0]
             curve.append([(ended[t.number] - start).total_seconds() / 60, sign * best])
-    steps = [settings.train.steps if t.state == optuna.trial.TrialState.COMPLETE else
-             max(t.intermediate_values, default=0) for t in done]  # fmt: skip
+    steps = [
+        settings.train.steps
+        if t.state == optuna.trial.TrialState.COMPLETE
+        else max(t.intermediate_values, default=0)
+        for t in done
+    ]
     top = settings.train.steps * len(done)  # had every trial gone to the top rung
     states = [t.state.name.lower() for t in done]
     return {
-        "variant": variant, "seed": seed, "seconds": seconds, "trials": len(done),
+        "variant": variant,
+        "seed": seed,
+        "seconds": seconds,
+        "trials": len(done),
         "trials_per_hour": 3600 * len(done) / seconds,
         **{state: states.count(state) for state in ("complete", "pruned", "fail")},
-        "steps_trained": sum(steps), "steps_per_trial": sum(steps) / max(1, len(done)),
-        "steps_if_all_top": top, "steps_saved": 1 - sum(steps) / top if top else None,
-        "stopped_at": dict(sorted(collections.Counter(
-            str(max(t.intermediate_values, default=0)) for t in done
-            if t.state == optuna.trial.TrialState.PRUNED).items())),
-        "best": sign * best if math.isfinite(best) else None, "curve": curve,
-        "storage": settings.storage_url, "study_name": study.study_name,
-    }  # fmt: skip
+        "steps_trained": sum(steps),
+        "steps_per_trial": sum(steps) / max(1, len(done)),
+        "steps_if_all_top": top,
+        "steps_saved": 1 - sum(steps) / top if top else None,
+        "stopped_at": dict(
+            sorted(
+                collections.Counter(
+                    str(max(t.intermediate_values, default=0))
+                    for t in done
+                    if t.state == optuna.trial.TrialState.PRUNED
+                ).items()
+            )
+        ),
+        "best": sign * best if math.isfinite(best) else None,
+        "curve": curve,
+        "storage": settings.storage_url,
+        "study_name": study.study_name,
+    }
 
 
 def _summary(runs: dict[str, dict[str, Any]], variants: list[str], seeds: int) -> dict[str, Any]:
@@ -302,28 +372,36 @@ def _summary(runs: dict[str, dict[str, Any]], variants: list[str], seeds: int) -
         bests = [r["best"] for r in mine if r["best"] is not None]
         out[variant] = {
             "best_mean": statistics.fmean(bests) if bests else None,
-            "best_sd": statistics.stdev(bests) if len(bests) > 1 else 0.0, "bests": bests,
+            "best_sd": statistics.stdev(bests) if len(bests) > 1 else 0.0,
+            "bests": bests,
             "trials_per_hour": statistics.fmean(r["trials_per_hour"] for r in mine),
             "steps_per_trial": statistics.fmean(r["steps_per_trial"] for r in mine),
-            "pruned": sum(r["pruned"] for r in mine), "trials": sum(r["trials"] for r in mine),
-        }  # fmt: skip
+            "pruned": sum(r["pruned"] for r in mine),
+            "trials": sum(r["trials"] for r in mine),
+        }
     pruners = {"pdh": "evolution", "sha": "evolution-sha", "none": "evolution-no-pdh"}
     if {"evolution", "evolution-no-pdh"} & set(out):
         out["pruners_at_equal_wall_clock"] = {
-            name: {"steps_saved": statistics.fmean(runs[f"{v}/{s}"]["steps_saved"]
-                                                   for s in range(seeds)),
-                   "best_mean": out[v]["best_mean"], "best_sd": out[v]["best_sd"],
-                   "trials_per_hour": out[v]["trials_per_hour"]}
-            for name, v in pruners.items() if v in out
-        }  # fmt: skip
+            name: {
+                "steps_saved": statistics.fmean(
+                    runs[f"{v}/{s}"]["steps_saved"] for s in range(seeds)
+                ),
+                "best_mean": out[v]["best_mean"],
+                "best_sd": out[v]["best_sd"],
+                "trials_per_hour": out[v]["trials_per_hour"],
+            }
+            for name, v in pruners.items()
+            if v in out
+        }
     if {"evolution", "evolution-no-pdh"} <= set(out):
         pdh, full = out["evolution"], out["evolution-no-pdh"]
         sd = max(pdh["best_sd"], full["best_sd"])
         out["pdh_vs_no_pruning"] = {
             "steps_saved_per_trial": 1 - pdh["steps_per_trial"] / full["steps_per_trial"],
-            "same_best_within_1sd": None if pdh["best_mean"] is None or full["best_mean"] is None
+            "same_best_within_1sd": None
+            if pdh["best_mean"] is None or full["best_mean"] is None
             else abs(pdh["best_mean"] - full["best_mean"]) <= sd,
-        }  # fmt: skip
+        }
     if {"evolution-inherit", "evolution-cold"} <= set(out):
         out["warm_vs_cold_trials_per_hour"] = (
             out["evolution-inherit"]["trials_per_hour"] / out["evolution-cold"]["trials_per_hour"]
@@ -331,8 +409,13 @@ def _summary(runs: dict[str, dict[str, Any]], variants: list[str], seeds: int) -
     return out
 
 
-def _retrain(base: NasSettings, runs: dict[str, dict[str, Any]], picks: dict[str, str],
-             seed_models: bool, args: argparse.Namespace) -> dict[str, Any]:  # fmt: skip
+def _retrain(
+    base: NasSettings,
+    runs: dict[str, dict[str, Any]],
+    picks: dict[str, str],
+    seed_models: bool,
+    args: argparse.Namespace,
+) -> dict[str, Any]:
     """Each pick (a role: "best", "warm-<seed>", "cold-<seed>", and the study in `runs` it
     picks from) retrained from scratch with the same training seeds, and both seeds when
     `seed_models`; "best" retrains the experiment's `retrain.top_k` best complete trials and
@@ -354,16 +437,22 @@ def _retrain(base: NasSettings, runs: dict[str, dict[str, Any]], picks: dict[str
     for role, key in picks.items():
         if key not in runs or runs[key]["best"] is None:
             continue
-        study = optuna.load_study(study_name=runs[key]["study_name"],
-                                  storage=runs[key]["storage"])  # fmt: skip
-        own = replace(settings, retrain=replace(settings.retrain, top_k=base.retrain.top_k)) \
-            if role == "best" else replace(
-                settings, retrain=replace(settings.retrain, seed_models=False))  # fmt: skip
+        study = optuna.load_study(study_name=runs[key]["study_name"], storage=runs[key]["storage"])
+        own = (
+            replace(settings, retrain=replace(settings.retrain, top_k=base.retrain.top_k))
+            if role == "best"
+            else replace(settings, retrain=replace(settings.retrain, seed_models=False))
+        )
         for model in select_models(study, own):
             name = model.name if model.trial is None else f"{role}-{model.name}"
-            same = next((n for n, m in models.items()
-                         if identity(m.architecture) == identity(model.architecture)),
-                        None)  # fmt: skip
+            same = next(
+                (
+                    n
+                    for n, m in models.items()
+                    if identity(m.architecture) == identity(model.architecture)
+                ),
+                None,
+            )
             if model.trial is not None:
                 candidates.setdefault(role, []).append(same or name)
             if same is None:
@@ -372,19 +461,27 @@ def _retrain(base: NasSettings, runs: dict[str, dict[str, Any]], picks: dict[str
     table = model_table(result.runs, settings.study.fitness)
     rows = {row["model"]: row for row in table}
     order = [row["model"] for row in table]  # best mean validation fitness first
-    chosen = {role: min(names, key=lambda n: order.index(n) if n in order else len(order))
-              for role, names in candidates.items()}  # fmt: skip
+    chosen = {
+        role: min(names, key=lambda n: order.index(n) if n in order else len(order))
+        for role, names in candidates.items()
+    }
     out: dict[str, Any] = {
         "models": [_entry(n, m, result.runs) for n, m in models.items()],
-        "picks": chosen, "table": table, "selected": result.selected,
+        "picks": chosen,
+        "table": table,
+        "selected": result.selected,
         "warm_vs_cold": _warm_vs_cold(rows, chosen),
-    }  # fmt: skip
+    }
     if "best" in chosen:
-        top = optuna.load_study(study_name=runs[picks["best"]]["study_name"],
-                                storage=runs[picks["best"]]["storage"]).best_trial  # fmt: skip
+        top = optuna.load_study(
+            study_name=runs[picks["best"]]["study_name"], storage=runs[picks["best"]]["storage"]
+        ).best_trial
         seeds = {summary(arch) for arch in seed_architectures(settings).values()}
-        out["study_best"] = {"trial": top.number, "value": top.values[0],
-                             "is_a_seed": top.user_attrs.get("architecture") in seeds}  # fmt: skip
+        out["study_best"] = {
+            "trial": top.number,
+            "value": top.values[0],
+            "is_a_seed": top.user_attrs.get("architecture") in seeds,
+        }
         out["goal"] = _goal(rows, chosen["best"])
     return out
 
@@ -400,15 +497,23 @@ def _entry(name: str, model: Model, runs: Sequence[RetrainRun]) -> dict[str, Any
     done = [run for run in mine if run.error is None]
 
     def values(metric: str) -> list[float]:
-        return [run.metrics[metric] for run in done] if all(metric in run.metrics
-                                                            for run in done) else []  # fmt: skip
+        return (
+            [run.metrics[metric] for run in done]
+            if all(metric in run.metrics for run in done)
+            else []
+        )
 
-    return {"name": model.name if model.trial is None else f"trial-{model.trial}",
-            "study": None if model.trial is None else role,
-            "params": mine[0].parameters if mine else None, "architecture": model.params,
-            "seeds": [run.seed for run in done], "validation_loss": values("validation_loss"),
-            "chrf": values("validation_chrf"), "test_loss": values("test_loss"),
-            "vs_evolved_transformer": _vs_evolved_transformer(name, runs)}  # fmt: skip
+    return {
+        "name": model.name if model.trial is None else f"trial-{model.trial}",
+        "study": None if model.trial is None else role,
+        "params": mine[0].parameters if mine else None,
+        "architecture": model.params,
+        "seeds": [run.seed for run in done],
+        "validation_loss": values("validation_loss"),
+        "chrf": values("validation_chrf"),
+        "test_loss": values("test_loss"),
+        "vs_evolved_transformer": _vs_evolved_transformer(name, runs),
+    }
 
 
 def _vs_evolved_transformer(name: str, runs: Sequence[RetrainRun]) -> dict[str, Any] | None:
@@ -428,19 +533,29 @@ def _warm_vs_cold(rows: dict[str, dict[str, Any]], chosen: dict[str, str]) -> di
     then the mean over study seeds."""
     out: dict[str, Any] = {}
     for variant in ("warm", "cold"):
-        mine = [rows[name] for role, name in sorted(chosen.items())
-                if role.startswith(f"{variant}-") and name in rows]  # fmt: skip
+        mine = [
+            rows[name]
+            for role, name in sorted(chosen.items())
+            if role.startswith(f"{variant}-") and name in rows
+        ]
         if not mine:
             return None
         out[variant] = {
-            "picks": [{"model": r["model"], "parameters": r["parameters"],
-                       "validation_loss_mean": r.get("validation_loss_mean"),
-                       "validation_loss_sd": r.get("validation_loss_sd"),
-                       "validation_chrf_mean": r.get("validation_chrf_mean")} for r in mine],
+            "picks": [
+                {
+                    "model": r["model"],
+                    "parameters": r["parameters"],
+                    "validation_loss_mean": r.get("validation_loss_mean"),
+                    "validation_loss_sd": r.get("validation_loss_sd"),
+                    "validation_chrf_mean": r.get("validation_chrf_mean"),
+                }
+                for r in mine
+            ],
             "validation_loss_mean": statistics.fmean(r["validation_loss_mean"] for r in mine),
-            "validation_chrf_mean": statistics.fmean(r.get("validation_chrf_mean", math.nan)
-                                                     for r in mine),
-        }  # fmt: skip
+            "validation_chrf_mean": statistics.fmean(
+                r.get("validation_chrf_mean", math.nan) for r in mine
+            ),
+        }
     return out
 
 
@@ -451,13 +566,15 @@ def _goal(rows: dict[str, dict[str, Any]], best_name: str) -> dict[str, Any]:
     if best is None or len(seeds) < 2:
         return {"met": None, "why": "no retrained best or seed"}
     checks = {
-        "lower_validation_loss": all(best["validation_loss_mean"] < s["validation_loss_mean"]
-                                     for s in seeds),
-        "higher_chrf": all(best.get("validation_chrf_mean", -1) > s.get("validation_chrf_mean",
-                                                                         math.inf)
-                           for s in seeds),
+        "lower_validation_loss": all(
+            best["validation_loss_mean"] < s["validation_loss_mean"] for s in seeds
+        ),
+        "higher_chrf": all(
+            best.get("validation_chrf_mean", -1) > s.get("validation_chrf_mean", math.inf)
+            for s in seeds
+        ),
         "no_more_parameters": all(best["parameters"] <= s["parameters"] for s in seeds),
-    }  # fmt: skip
+    }
     return {"met": all(checks.values()), **checks}
 
 
@@ -467,8 +584,16 @@ def _proxy(experiment: str) -> dict[str, Any] | None:
     data = json.loads(path.read_text()) if path.exists() else {}
     if data.get("experiment") != experiment:
         return None
-    keys = ("kendall_tau", "kendall_p", "kendall_tau_by_eval_step", "kendall_tau_by_rung",
-            "trial_budget_steps", "full_steps", "ranked", "mutants")  # fmt: skip
+    keys = (
+        "kendall_tau",
+        "kendall_p",
+        "kendall_tau_by_eval_step",
+        "kendall_tau_by_rung",
+        "trial_budget_steps",
+        "full_steps",
+        "ranked",
+        "mutants",
+    )
     return {k: data.get(k) for k in keys}
 
 
@@ -489,11 +614,20 @@ def _plot(runs: dict[str, dict[str, Any]], path: Path, fitness: str) -> None:
             x = [p[0] for p in run["curve"]] + [run["seconds"] / 60]
             y = [p[1] for p in run["curve"]] + [run["curve"][-1][1]]
             variant = run["variant"]
-            line = ax.step(x, y, where="post", color=colours.get(variant), alpha=0.85,
-                           label=None if variant in colours else variant)[0]  # fmt: skip
+            line = ax.step(
+                x,
+                y,
+                where="post",
+                color=colours.get(variant),
+                alpha=0.85,
+                label=None if variant in colours else variant,
+            )[0]
             colours.setdefault(variant, line.get_color())
-        ax.set(xlabel="wall-clock minutes", title=title,
-               ylabel=f"best {fitness.replace('_', ' ')} so far")  # fmt: skip
+        ax.set(
+            xlabel="wall-clock minutes",
+            title=title,
+            ylabel=f"best {fitness.replace('_', ' ')} so far",
+        )
         ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -504,11 +638,21 @@ def _brief(retrain: dict[str, Any]) -> Any:
     if not retrain:
         return None
     keys = ("validation_loss", "validation_chrf", "test_loss")
-    return {"goal": retrain.get("goal"), "warm_vs_cold": retrain.get("warm_vs_cold"),
-            "models": [{"model": r["model"], "parameters": r["parameters"],
-                        **{k: (round(r.get(f"{k}_mean", math.nan), 4),
-                               round(r.get(f"{k}_sd", 0.0), 4)) for k in keys}}
-                       for r in retrain.get("table", [])]}  # fmt: skip
+    return {
+        "goal": retrain.get("goal"),
+        "warm_vs_cold": retrain.get("warm_vs_cold"),
+        "models": [
+            {
+                "model": r["model"],
+                "parameters": r["parameters"],
+                **{
+                    k: (round(r.get(f"{k}_mean", math.nan), 4), round(r.get(f"{k}_sd", 0.0), 4))
+                    for k in keys
+                },
+            }
+            for r in retrain.get("table", [])
+        ],
+    }
 
 
 if __name__ == "__main__":

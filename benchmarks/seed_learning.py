@@ -41,9 +41,13 @@ def evaluate(pipe: ElasticPipeline, task: Translation, batch_size: int) -> dict[
     stats = TokenStats()
     for x, y in task.batches("validation", batch_size):
         stats.update(pipe.forward(x), y)
-    return {"validation_loss": stats.loss, "token_accuracy": stats.accuracy,
-            **task.generation_metrics(lambda s, t: pipe.forward((s, t)), "validation",
-                                      batch_size=batch_size)}  # fmt: skip
+    return {
+        "validation_loss": stats.loss,
+        "token_accuracy": stats.accuracy,
+        **task.generation_metrics(
+            lambda s, t: pipe.forward((s, t)), "validation", batch_size=batch_size
+        ),
+    }
 
 
 def train(ctx: StageContext, args: argparse.Namespace) -> dict[str, Any]:
@@ -54,8 +58,13 @@ def train(ctx: StageContext, args: argparse.Namespace) -> dict[str, Any]:
     for name, arch in seeds(args.d_model).items():
         specs = compile_arch(arch, len(task.vocab), max_len=task.max_chars + 2, dropout=0.1)
         if pipe is None:
-            pipe = ElasticPipeline(specs, optimizer=optimizer, loss_fn=masked_cross_entropy,
-                                   n_microbatches=args.microbatches, seed=args.seed)  # fmt: skip
+            pipe = ElasticPipeline(
+                specs,
+                optimizer=optimizer,
+                loss_fn=masked_cross_entropy,
+                n_microbatches=args.microbatches,
+                seed=args.seed,
+            )
         else:
             pipe.reconfigure(specs)
         start, losses, step = time.perf_counter(), [], 0
@@ -67,11 +76,15 @@ def train(ctx: StageContext, args: argparse.Namespace) -> dict[str, Any]:
                     break
         train_s = time.perf_counter() - start
         results[name] = {
-            "summary": summary(arch), "layers": len(specs), "partition": pipe.sizes,
-            "steps": step, "train_s": train_s, "first_loss": losses[0],
+            "summary": summary(arch),
+            "layers": len(specs),
+            "partition": pipe.sizes,
+            "steps": step,
+            "train_s": train_s,
+            "first_loss": losses[0],
             "last_train_loss": sum(losses[-20:]) / len(losses[-20:]),
             **evaluate(pipe, task, args.eval_batch),
-        }  # fmt: skip
+        }
         if ctx.rank == 0:
             print(name, json.dumps(results[name]), flush=True)
     assert pipe is not None

@@ -70,19 +70,27 @@ def batches(steps: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """`steps` fresh batches (each its own tensors, as a data loader yields them)."""
     g = torch.Generator().manual_seed(0)
     for _ in range(steps):
-        yield torch.randn(BATCH, SEQ, WIDTH, generator=g), torch.randn(BATCH, SEQ, WIDTH,
-                                                                       generator=g)  # fmt: skip
+        yield (
+            torch.randn(BATCH, SEQ, WIDTH, generator=g),
+            torch.randn(BATCH, SEQ, WIDTH, generator=g),
+        )
 
 
-def stream(ctx: StageContext, schedule: str, steps: int, checkpoints: tuple[int, ...]
-           ) -> dict[str, Any]:  # fmt: skip
+def stream(
+    ctx: StageContext, schedule: str, steps: int, checkpoints: tuple[int, ...]
+) -> dict[str, Any]:
     torch.manual_seed(0)
     specs = mlp_stack([WIDTH] * (LAYERS + 1), dropout=0.0)
-    pipe = ElasticPipeline(specs, optimizer=functools.partial(torch.optim.Adam, lr=1e-4),
-                           loss_fn=F.mse_loss, schedule=schedule, n_microbatches=MICROBATCHES,
-                           partition=[LAYERS // 2, LAYERS - LAYERS // 2], seed=0,
-                           pipemare=PipeMareConfig() if schedule == "pipemare"
-                           else None)  # fmt: skip
+    pipe = ElasticPipeline(
+        specs,
+        optimizer=functools.partial(torch.optim.Adam, lr=1e-4),
+        loss_fn=F.mse_loss,
+        schedule=schedule,
+        n_microbatches=MICROBATCHES,
+        partition=[LAYERS // 2, LAYERS - LAYERS // 2],
+        seed=0,
+        pipemare=PipeMareConfig() if schedule == "pipemare" else None,
+    )
     resident: dict[int, int] = {}
     trimmed: dict[int, int | None] = {}
     t0 = time.perf_counter()
@@ -93,8 +101,12 @@ def stream(ctx: StageContext, schedule: str, steps: int, checkpoints: tuple[int,
     seconds = time.perf_counter() - t0
     stats = pipe.stats().stages[ctx.rank]
     pipe.close()
-    return {"resident_bytes": resident, "trimmed_bytes": trimmed, "seconds": seconds,
-            "process_peak_bytes": stats.process_peak_bytes}  # fmt: skip
+    return {
+        "resident_bytes": resident,
+        "trimmed_bytes": trimmed,
+        "seconds": seconds,
+        "process_peak_bytes": stats.process_peak_bytes,
+    }
 
 
 def main() -> None:
@@ -107,40 +119,64 @@ def main() -> None:
     results: dict[str, Any] = {}
     for schedule in SCHEDULES:
         print(f"{schedule}: {args.steps} steps", flush=True)
-        run = functools.partial(stream, schedule=schedule, steps=args.steps,
-                                checkpoints=checkpoints)  # fmt: skip
+        run = functools.partial(
+            stream, schedule=schedule, steps=args.steps, checkpoints=checkpoints
+        )
         per_rank = pipeline.launch(run, 2, threads_per_stage=1, timeout_s=300)
         ranks = []
         for rank, result in enumerate(per_rank):
             resident = {int(k): v for k, v in result["resident_bytes"].items()}
             trimmed = {int(k): v for k, v in result["trimmed_bytes"].items()}
             raw_growth = resident[last] / resident[first] - 1
-            growth = (trimmed[last] / trimmed[first] - 1 if None not in trimmed.values()
-                      else raw_growth)  # fmt: skip
-            ranks.append({"rank": rank, "resident_mib": {k: round(v / 2**20, 1)
-                                                         for k, v in resident.items()},
-                          "trimmed_resident_mib": {k: None if v is None else round(v / 2**20, 1)
-                                                   for k, v in trimmed.items()},
-                          "growth": round(growth, 4), "raw_growth": round(raw_growth, 4),
-                          "process_peak_mib": round(result["process_peak_bytes"] / 2**20, 1),
-                          "seconds": round(result["seconds"], 1)})  # fmt: skip
+            growth = (
+                trimmed[last] / trimmed[first] - 1 if None not in trimmed.values() else raw_growth
+            )
+            ranks.append(
+                {
+                    "rank": rank,
+                    "resident_mib": {k: round(v / 2**20, 1) for k, v in resident.items()},
+                    "trimmed_resident_mib": {
+                        k: None if v is None else round(v / 2**20, 1) for k, v in trimmed.items()
+                    },
+                    "growth": round(growth, 4),
+                    "raw_growth": round(raw_growth, 4),
+                    "process_peak_mib": round(result["process_peak_bytes"] / 2**20, 1),
+                    "seconds": round(result["seconds"], 1),
+                }
+            )
         worst = max(r["growth"] for r in ranks)
-        results[schedule] = {"ranks": ranks, "worst_growth": worst,
-                             "goal_met": worst < GOAL_GROWTH}  # fmt: skip
+        results[schedule] = {"ranks": ranks, "worst_growth": worst, "goal_met": worst < GOAL_GROWTH}
     out = {
-        "workload": {"layers": LAYERS, "width": WIDTH, "batch": [BATCH, SEQ, WIDTH],
-                     "microbatches": MICROBATCHES, "stages": 2, "loss": "mse",
-                     "backend": "gloo (CPU)", "threads_per_stage": 1},
-        "steps": args.steps, "checkpoints": list(checkpoints),
+        "workload": {
+            "layers": LAYERS,
+            "width": WIDTH,
+            "batch": [BATCH, SEQ, WIDTH],
+            "microbatches": MICROBATCHES,
+            "stages": 2,
+            "loss": "mse",
+            "backend": "gloo (CPU)",
+            "threads_per_stage": 1,
+        },
+        "steps": args.steps,
+        "checkpoints": list(checkpoints),
         "growth": f"resident after malloc_trim at step {last} / the same at step {first} - 1, "
-                  "per rank (raw_growth: the resident set as it is)",
+        "per rank (raw_growth: the resident set as it is)",
         "goal": f"growth under {GOAL_GROWTH:.0%} for 2bw and pipemare",
-        "schedules": results, "torch": torch.__version__, "python": platform.python_version(),
-    }  # fmt: skip
+        "schedules": results,
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+    }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(out, indent=2) + "\n")
-    print(json.dumps({k: {"worst_growth": v["worst_growth"], "goal_met": v["goal_met"]}
-                      for k, v in results.items()}, indent=2))  # fmt: skip
+    print(
+        json.dumps(
+            {
+                k: {"worst_growth": v["worst_growth"], "goal_met": v["goal_met"]}
+                for k, v in results.items()
+            },
+            indent=2,
+        )
+    )
 
 
 if __name__ == "__main__":

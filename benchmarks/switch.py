@@ -64,8 +64,13 @@ def equal(specs: list[LayerSpec]) -> list[int]:
 
 def new_pipeline(specs: list[LayerSpec]) -> ElasticPipeline:
     """Built at once (explicit sizes), so construction includes building the layers."""
-    return ElasticPipeline(specs, optimizer=OPTIMIZER, loss_fn=F.mse_loss,
-                           n_microbatches=MICROBATCHES, partition=equal(specs))  # fmt: skip
+    return ElasticPipeline(
+        specs,
+        optimizer=OPTIMIZER,
+        loss_fn=F.mse_loss,
+        n_microbatches=MICROBATCHES,
+        partition=equal(specs),
+    )
 
 
 def timed(fn: Any) -> float:
@@ -81,9 +86,13 @@ def live_switches(ctx: StageContext, switches: int) -> dict[str, list[float]]:
     pipe = new_pipeline(specs)
     pipe.train_step(*batch(d))
     out: dict[str, list[float]] = {
-        "reconfigure": [], "reconfigure_first_step": [], "steady_step": [],
-        "reconfigure_auto_first_step": [], "torch_rebuild": [], "torch_first_step": [],
-    }  # fmt: skip
+        "reconfigure": [],
+        "reconfigure_first_step": [],
+        "steady_step": [],
+        "reconfigure_auto_first_step": [],
+        "torch_rebuild": [],
+        "torch_first_step": [],
+    }
     for i in range(1, switches + 1):
         specs, d = candidate(i)
         x, y = batch(d)
@@ -142,14 +151,16 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=default_out)
     args = parser.parse_args()
 
-    live = pipeline.launch(functools.partial(live_switches, switches=args.switches), STAGES,
-                           threads_per_stage=1)[0]  # fmt: skip
+    live = pipeline.launch(
+        functools.partial(live_switches, switches=args.switches), STAGES, threads_per_stage=1
+    )[0]
     cold: list[float] = []
     cold_step: list[float] = []
     for i in range(1, args.switches + 1):
         t0 = time.time()
-        ready, first_step = pipeline.launch(functools.partial(cold_start, i=i), STAGES,
-                                            threads_per_stage=1)  # fmt: skip
+        ready, first_step = pipeline.launch(
+            functools.partial(cold_start, i=i), STAGES, threads_per_stage=1
+        )
         cold.append(ready - t0)
         cold_step.append(ready - t0 + first_step)
 
@@ -157,8 +168,13 @@ def main() -> None:
     med["cold_restart"] = statistics.median(cold)
     med["cold_restart_first_step"] = statistics.median(cold_step)
     report = {
-        "config": {"stages": STAGES, "switches": args.switches, "seq": SEQ, "batch": BATCH,
-                   "candidates": ["8 x Transformer d256", "6 x Transformer d320"]},
+        "config": {
+            "stages": STAGES,
+            "switches": args.switches,
+            "seq": SEQ,
+            "batch": BATCH,
+            "candidates": ["8 x Transformer d256", "6 x Transformer d320"],
+        },
         "median_s": med,
         # switch overhead = time to the end of the new model's first step, less one steady step
         "overhead_s": {
@@ -173,7 +189,7 @@ def main() -> None:
         },
         "target": {"cold_restart_vs_reconfigure": 20.0},
         "runs_s": {**live, "cold_restart": cold, "cold_restart_first_step": cold_step},
-    }  # fmt: skip
+    }
     overhead = report["overhead_s"]
     cold_overhead = overhead["cold_restart"]
     report["ratios"]["overhead_cold_vs_reconfigure"] = cold_overhead / overhead["reconfigure"]

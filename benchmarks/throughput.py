@@ -53,15 +53,19 @@ def batch() -> tuple[torch.Tensor, torch.Tensor]:
 
 def torch_pipelining(ctx: StageContext, schedule_cls: type) -> Callable[[], None]:
     """One step of torch.distributed.pipelining on this rank's share of the same layers."""
-    return torch_pipelining_step(ctx, specs(), equal_sizes(LAYERS, STAGES), schedule_cls,
-                                 MICROBATCHES, OPTIMIZER, batch())  # fmt: skip
+    return torch_pipelining_step(
+        ctx, specs(), equal_sizes(LAYERS, STAGES), schedule_cls, MICROBATCHES, OPTIMIZER, batch()
+    )
 
 
 def ours(ctx: StageContext, schedule: str) -> tuple[Callable[[], None], ElasticPipeline]:
     pipe = ElasticPipeline(
-        specs(), optimizer=OPTIMIZER, loss_fn=F.mse_loss, schedule=schedule,
+        specs(),
+        optimizer=OPTIMIZER,
+        loss_fn=F.mse_loss,
+        schedule=schedule,
         n_microbatches=MICROBATCHES,
-    )  # fmt: skip
+    )
     x, y = batch()
 
     def step() -> None:
@@ -85,8 +89,10 @@ def run_pipelines(ctx: StageContext, rounds: int, steps: int) -> dict[str, Any]:
     seconds = timed_rounds(runs, rounds, steps)
     return {
         "step_s": seconds,
-        "profile": {"ours_gpipe": pipe_gpipe.stats().to_dict(),
-                    "ours_1f1b": pipe_1f1b.stats().to_dict()},
+        "profile": {
+            "ours_gpipe": pipe_gpipe.stats().to_dict(),
+            "ours_1f1b": pipe_1f1b.stats().to_dict(),
+        },
     }
 
 
@@ -121,13 +127,15 @@ def main() -> None:
     args = parser.parse_args()
 
     single = pipeline.launch(
-        functools.partial(single_process, rounds=args.rounds, steps=args.steps), 1,
+        functools.partial(single_process, rounds=args.rounds, steps=args.steps),
+        1,
         threads_per_stage=1,
-    )[0]  # fmt: skip
+    )[0]
     piped = pipeline.launch(
-        functools.partial(run_pipelines, rounds=args.rounds, steps=args.steps), STAGES,
+        functools.partial(run_pipelines, rounds=args.rounds, steps=args.steps),
+        STAGES,
         threads_per_stage=1,
-    )[0]  # fmt: skip
+    )[0]
 
     def samples_per_s(times: list[float]) -> float:
         return BATCH / statistics.median(times)
@@ -137,9 +145,17 @@ def main() -> None:
     results = {name: samples_per_s(t) for name, t in piped["step_s"].items()}
     report = {
         "config": {
-            "layers": LAYERS, "d_model": D_MODEL, "heads": HEADS, "seq": SEQ, "batch": BATCH,
-            "microbatches": MICROBATCHES, "stages": STAGES, "threads_per_stage": 1,
-            "rounds": args.rounds, "steps_per_round": args.steps, "torch": torch.__version__,
+            "layers": LAYERS,
+            "d_model": D_MODEL,
+            "heads": HEADS,
+            "seq": SEQ,
+            "batch": BATCH,
+            "microbatches": MICROBATCHES,
+            "stages": STAGES,
+            "threads_per_stage": 1,
+            "rounds": args.rounds,
+            "steps_per_round": args.steps,
+            "torch": torch.__version__,
         },
         "samples_per_s": {"single_process": single_sps, "ideal": ideal, **results},
         "median_step_s": {

@@ -78,8 +78,11 @@ def old_sample(ref: str) -> Callable[..., Any] | None:
     try:
         source = subprocess.run(
             ["git", "show", f"{ref}:search_spaces/evolved_transformer.py"],
-            cwd=ROOT, capture_output=True, text=True, check=True,
-        ).stdout  # fmt: skip
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
     except (OSError, subprocess.CalledProcessError) as error:
         print(f"old space at {ref!r} unavailable: {error}", file=sys.stderr)
         return None
@@ -96,9 +99,13 @@ def rule(error: InvalidArchitecture) -> str:
 
 
 def run(
-    make_sampler: Callable[[int], BaseSampler], space: dict[str, Any], proposals: int,
-    seed: int, sample_fn: Callable[..., Any], measure_repair: bool,
-) -> dict[str, Any]:  # fmt: skip
+    make_sampler: Callable[[int], BaseSampler],
+    space: dict[str, Any],
+    proposals: int,
+    seed: int,
+    sample_fn: Callable[..., Any],
+    measure_repair: bool,
+) -> dict[str, Any]:
     study = optuna.create_study(direction="minimize", sampler=make_sampler(seed))
     valid, repaired, seen, rejected = 0, 0, set[str](), collections.Counter[str]()
     start = time.perf_counter()
@@ -121,11 +128,14 @@ def run(
     seconds = time.perf_counter() - start
     complete = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
     result: dict[str, Any] = {
-        "proposals": proposals, "valid": valid, "valid_fraction": valid / proposals,
-        "distinct_valid": len(seen), "seconds": round(seconds, 3),
+        "proposals": proposals,
+        "valid": valid,
+        "valid_fraction": valid / proposals,
+        "distinct_valid": len(seen),
+        "seconds": round(seconds, 3),
         "best_parameter_count": min((t.values[0] for t in complete), default=None),
         "intersection_params": len(IntersectionSearchSpace().calculate(study)),
-    }  # fmt: skip
+    }
     if measure_repair:
         result |= {"repaired": repaired, "repaired_fraction": repaired / proposals}
     if rejected:
@@ -158,8 +168,14 @@ def main() -> None:
     for variant, sample_fn in variants.items():
         for space_name, space in SPACES.items():
             for name in args.samplers:
-                r = run(SAMPLERS[name], space, args.proposals, args.seed, sample_fn,
-                        measure_repair=variant == "current")  # fmt: skip
+                r = run(
+                    SAMPLERS[name],
+                    space,
+                    args.proposals,
+                    args.seed,
+                    sample_fn,
+                    measure_repair=variant == "current",
+                )
                 results.setdefault(variant, {}).setdefault(space_name, {})[name] = r
                 print(variant, space_name, name, json.dumps(r), flush=True)
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -36,8 +36,9 @@ def main(cfg: DictConfig) -> None:
     hydra_cfg = HydraConfig.get()
     OmegaConf.update(cfg, "output_dir", hydra_cfg.runtime.output_dir, force_add=True)
     if hydra_cfg.mode == RunMode.MULTIRUN:
-        cfg.study.name = _job_study_name(cfg.study.name, list(hydra_cfg.overrides.task),
-                                         hydra_cfg.job.num)  # fmt: skip
+        cfg.study.name = _job_study_name(
+            cfg.study.name, list(hydra_cfg.overrides.task), hydra_cfg.job.num
+        )
     settings = to_settings(cfg)
     from nas.report import report_study  # after composing: --help and --cfg stay fast
     from nas.retrain import retrain
@@ -54,9 +55,11 @@ def _job_study_name(name: str, overrides: list[str], number: int) -> str:
     """A multirun job's study: `name` + the values this job sweeps (`nas-seed=1`), so that
     each job is its own study (and re-running the sweep resumes each); `name` itself when
     the sweep sets `study.name`; `name-<job number>` when the swept keys are unknown."""
-    swept = {arg.split("=", 1)[0].lstrip("+~") for arg in sys.argv[1:]
-             if "=" in arg and "," in arg.split("=", 1)[1]
-             and not arg.split("=", 1)[1].startswith("[")}  # fmt: skip
+    swept = {
+        arg.split("=", 1)[0].lstrip("+~")
+        for arg in sys.argv[1:]
+        if "=" in arg and "," in arg.split("=", 1)[1] and not arg.split("=", 1)[1].startswith("[")
+    }
     if "study.name" in swept:
         return name
     mine = [o.lstrip("+~") for o in overrides if o.split("=", 1)[0].lstrip("+~") in swept]

@@ -20,8 +20,9 @@ def describe(error: BaseException) -> str:
     """ "Type: message", plus "(caused by Type: message)" for the root of its chain."""
     text = _one(error)
     root = error
-    while root.__cause__ is not None or (root.__context__ is not None
-                                         and not root.__suppress_context__):  # fmt: skip
+    while root.__cause__ is not None or (
+        root.__context__ is not None and not root.__suppress_context__
+    ):
         root = root.__cause__ or root.__context__  # type: ignore[assignment]
     return text if root is error else f"{text} (caused by {_one(root)})"
 

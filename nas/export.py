@@ -35,8 +35,14 @@ from pipeline.local.carry import as_carry, unwrap
 from search_spaces.architecture import Architecture, from_json, to_json
 from search_spaces.compile import compile as compile_arch
 
-__all__ = ["FILES", "ExportedModel", "ModelFolderError", "TranslationModel", "export_model",
-           "load_model"]  # fmt: skip
+__all__ = [
+    "FILES",
+    "ExportedModel",
+    "ModelFolderError",
+    "TranslationModel",
+    "export_model",
+    "load_model",
+]
 
 FILES = ("architecture.json", "model.safetensors", "metrics.json", "config.yaml")
 FORMAT = "elastic-nas-model/1"
@@ -52,8 +58,9 @@ class ExportedModel(nn.Module):
     `architecture`, `params`, `metrics` and `vocab` are what the folder says of it.
     """
 
-    def __init__(self, layers: Mapping[str, nn.Module], info: Mapping[str, Any],
-                 metrics: Mapping[str, Any]) -> None:  # fmt: skip
+    def __init__(
+        self, layers: Mapping[str, nn.Module], info: Mapping[str, Any], metrics: Mapping[str, Any]
+    ) -> None:
         super().__init__()
         self.layers = nn.ModuleDict(dict(layers))  # in order: the keys are the layer keys
         self.architecture: Architecture = from_json(json.dumps(info["architecture"]))
@@ -72,8 +79,9 @@ class ExportedModel(nn.Module):
 class TranslationModel(ExportedModel):
     """An exported encoder-decoder: `translate(sources)` greedily, as the evaluation does."""
 
-    def __init__(self, layers: Mapping[str, nn.Module], info: Mapping[str, Any],
-                 metrics: Mapping[str, Any]) -> None:  # fmt: skip
+    def __init__(
+        self, layers: Mapping[str, nn.Module], info: Mapping[str, Any], metrics: Mapping[str, Any]
+    ) -> None:
         super().__init__(layers, info, metrics)
         options = self.task.get("options", {})
         self.max_chars = int(options.get("max_chars", int(info["max_len"]) - 2))
@@ -86,14 +94,21 @@ class TranslationModel(ExportedModel):
             raise TypeError("translate() takes a list of sources, not one string")
         too_long = [s for s in sources if len(s) > self.max_chars]
         if too_long:
-            raise ValueError(f"source {too_long[0]!r} has {len(too_long[0])} characters; "
-                             f"this model reads at most {self.max_chars}")  # fmt: skip
+            raise ValueError(
+                f"source {too_long[0]!r} has {len(too_long[0])} characters; "
+                f"this model reads at most {self.max_chars}"
+            )
         if not sources:
             return []
         encoded = [self.vocab.encode(s) for s in sources]
-        return translate_ids(lambda src, tgt: self((src, tgt)), self.vocab, encoded,
-                             batch_size=batch_size, max_len=self.max_chars + 1,
-                             width=self.max_chars if self.fixed_length else None)  # fmt: skip
+        return translate_ids(
+            lambda src, tgt: self((src, tgt)),
+            self.vocab,
+            encoded,
+            batch_size=batch_size,
+            max_len=self.max_chars + 1,
+            width=self.max_chars if self.fixed_length else None,
+        )
 
 
 def export_model(
@@ -114,12 +129,20 @@ def export_model(
 
     folder = Path(directory)
     folder.mkdir(parents=True, exist_ok=True)
-    info = {"format": FORMAT, "task": dataclasses.asdict(settings.task), "params": dict(params),
-            "architecture": json.loads(to_json(arch)), "vocab": json.loads(task.vocab.to_json()),
-            "max_len": max_len}  # fmt: skip
+    info = {
+        "format": FORMAT,
+        "task": dataclasses.asdict(settings.task),
+        "params": dict(params),
+        "architecture": json.loads(to_json(arch)),
+        "vocab": json.loads(task.vocab.to_json()),
+        "max_len": max_len,
+    }
     _write_json(folder / "architecture.json", info)
-    tensors = {f"{key}.{name}": value.detach().cpu().contiguous()
-               for key, layer in state.items() for name, value in layer.items()}  # fmt: skip
+    tensors = {
+        f"{key}.{name}": value.detach().cpu().contiguous()
+        for key, layer in state.items()
+        for name, value in layer.items()
+    }
     save_file(tensors, str(folder / "model.safetensors"), metadata={"format": FORMAT})
     _write_json(folder / "metrics.json", dict(metrics))
     _write_config(folder / "config.yaml", settings)
@@ -134,16 +157,19 @@ def load_model(path: str | Path) -> ExportedModel:
 
     folder = Path(path)
     if not folder.is_dir():
-        raise ModelFolderError(f"{folder} is not a folder; an exported model is a folder "
-                               f"holding {', '.join(FILES)}")  # fmt: skip
+        raise ModelFolderError(
+            f"{folder} is not a folder; an exported model is a folder holding {', '.join(FILES)}"
+        )
     missing = [name for name in FILES if not (folder / name).is_file()]
     if missing:
-        raise ModelFolderError(f"{folder} is not a complete exported model: missing "
-                               f"{', '.join(missing)}")  # fmt: skip
+        raise ModelFolderError(
+            f"{folder} is not a complete exported model: missing {', '.join(missing)}"
+        )
     info = _read_json(folder / "architecture.json")
     if info.get("format") != FORMAT:
-        raise ModelFolderError(f"{folder / 'architecture.json'} has format "
-                               f"{info.get('format')!r}; valid: {FORMAT!r}")  # fmt: skip
+        raise ModelFolderError(
+            f"{folder / 'architecture.json'} has format {info.get('format')!r}; valid: {FORMAT!r}"
+        )
     arch = from_json(json.dumps(info["architecture"]))
     vocab = Vocab.from_json(json.dumps(info["vocab"]))
     specs = compile_arch(arch, len(vocab), max_len=int(info["max_len"]), dropout=0.0)
@@ -156,9 +182,11 @@ def load_model(path: str | Path) -> ExportedModel:
         try:
             layer.load_state_dict(layer_state)
         except RuntimeError as error:
-            raise ModelFolderError(f"{folder / 'model.safetensors'} does not fit the "
-                                   f"architecture in architecture.json at layer {spec.key!r}: "
-                                   f"{error}") from error  # fmt: skip
+            raise ModelFolderError(
+                f"{folder / 'model.safetensors'} does not fit the "
+                f"architecture in architecture.json at layer {spec.key!r}: "
+                f"{error}"
+            ) from error
         layers[spec.key] = layer
     cls = TranslationModel if info["task"]["name"] == "translation" else ExportedModel
     return cls(layers, info, _read_json(folder / "metrics.json")).eval()

@@ -102,9 +102,11 @@ class Leader:
             TextColumn("{task.completed}/{task.total}"),
             TimeElapsedColumn(),
         )
-        self.bar_study = self.progress.add_task(f"study {settings.study.name}",
-                                                total=settings.study.n_trials,
-                                                completed=finished(self.study))  # fmt: skip
+        self.bar_study = self.progress.add_task(
+            f"study {settings.study.name}",
+            total=settings.study.n_trials,
+            completed=finished(self.study),
+        )
         self.bar_trial = self.progress.add_task("trial", total=settings.train.steps)
         try:
             self.tracker.start_study(settings.study.name, dataclasses.asdict(settings))
@@ -127,12 +129,17 @@ class Leader:
         cause.
         """
         invalid = 0
-        while remaining(self.study, self.settings.study.n_trials) > 0 and \
-                time.time() < self.deadline and time_left(self.study, self.settings):  # fmt: skip
+        while (
+            remaining(self.study, self.settings.study.n_trials) > 0
+            and time.time() < self.deadline
+            and time_left(self.study, self.settings)
+        ):
             if invalid == MAX_INVALID_IN_A_ROW:
-                raise RuntimeError(f"{invalid} proposals in a row fell outside the parameter "
-                                   f"window {self.settings.search_space.param_window} or "
-                                   "repeated a trained architecture")  # fmt: skip
+                raise RuntimeError(
+                    f"{invalid} proposals in a row fell outside the parameter "
+                    f"window {self.settings.search_space.param_window} or "
+                    "repeated a trained architecture"
+                )
             trial = self.study.ask()
             trial.set_user_attr(OWNER, self.owner)  # first: a crash from here on is found
             try:
@@ -256,8 +263,11 @@ class Leader:
         self.trial = trial
         self.heartbeat = storage.Heartbeat(self.study, trial)
         self.heartbeat.start()
-        self.progress.reset(self.bar_trial, total=self.settings.train.steps,
-                            description=f"trial {trial.number}: {text[:60]}")  # fmt: skip
+        self.progress.reset(
+            self.bar_trial,
+            total=self.settings.train.steps,
+            description=f"trial {trial.number}: {text[:60]}",
+        )
         self.tracker.start_trial(
             trial.number, dict(trial.params), {"architecture": arch_json, "summary": text}
         )
@@ -272,11 +282,12 @@ class Leader:
         if budget is not None and "peak_memory_bytes" in outcome.attrs:
             # feasible when <= 0: the samplers (TPE, NSGA-II, GP) prefer feasible trials
             trial.set_constraint("memory", outcome.attrs["peak_memory_bytes"] - budget)
-        state = {"complete": optuna.trial.TrialState.COMPLETE,
-                 "pruned": optuna.trial.TrialState.PRUNED,
-                 "fail": optuna.trial.TrialState.FAIL}[outcome.state]  # fmt: skip
-        self.study.tell(trial, outcome.values if outcome.state == "complete" else None,
-                        state=state)  # fmt: skip
+        state = {
+            "complete": optuna.trial.TrialState.COMPLETE,
+            "pruned": optuna.trial.TrialState.PRUNED,
+            "fail": optuna.trial.TrialState.FAIL,
+        }[outcome.state]
+        self.study.tell(trial, outcome.values if outcome.state == "complete" else None, state=state)
 
     def _fail_now(self, trial: optuna.Trial, cause: str) -> None:
         trial.set_user_attr("fail_reason", cause)

@@ -69,8 +69,14 @@ class ScheduledOptimizer:
         self.current = self.rate(0)
 
     def rate(self, step: int) -> float:
-        return learning_rate(step, base=self.base, total=self.total, warmup=self.warmup,
-                             schedule=self.schedule, min_ratio=self.min_ratio)  # fmt: skip
+        return learning_rate(
+            step,
+            base=self.base,
+            total=self.total,
+            warmup=self.warmup,
+            schedule=self.schedule,
+            min_ratio=self.min_ratio,
+        )
 
     def __call__(self, groups: Sequence[dict[str, Any]]) -> torch.optim.Optimizer:
         return torch.optim.AdamW(groups, lr=self.current, weight_decay=self.weight_decay)

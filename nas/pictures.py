@@ -27,8 +27,10 @@ def save_architecture(arch: Architecture, path: str | Path) -> Path:
     """Write a PNG of `arch`'s cells to `path`; returns the path."""
     from matplotlib.figure import Figure
 
-    cells = [("encoder", arch.encoder_cells, arch.encoder), ("decoder", arch.decoder_cells,
-             arch.decoder)]  # fmt: skip
+    cells = [
+        ("encoder", arch.encoder_cells, arch.encoder),
+        ("decoder", arch.decoder_cells, arch.decoder),
+    ]
     shown = [(name, n, cell) for name, n, cell in cells if cell is not None]
     rows = max(len(cell.blocks) for _, _, cell in shown) + 2
     figure = Figure(figsize=(6.5 * len(shown), 0.62 * rows + 1.2), layout="constrained")
@@ -54,17 +56,29 @@ def _draw_cell(ax: Axes, cell: Cell, title: str, rows: int) -> None:
         for x, branch in ((2.2, block.left), (5.2, block.right)):
             if branch.dead:
                 continue
-            ax.annotate("", xy=(x - 1.1, y + 0.15), xytext=(0.25, -branch.input),
-                        arrowprops={"arrowstyle": "->", "color": "0.5", "lw": 0.8})  # fmt: skip
-            ax.text(x, y + 0.15, branch_text(branch), ha="center", va="center", bbox=box,
-                    fontsize=8)  # fmt: skip
+            ax.annotate(
+                "",
+                xy=(x - 1.1, y + 0.15),
+                xytext=(0.25, -branch.input),
+                arrowprops={"arrowstyle": "->", "color": "0.5", "lw": 0.8},
+            )
+            ax.text(
+                x, y + 0.15, branch_text(branch), ha="center", va="center", bbox=box, fontsize=8
+            )
         live = [b for b in block.branches if not b.dead]
         if len(live) == 2:
-            ax.text(7.4, y + 0.15, _COMBINER[block.combiner], ha="center", va="center",
-                    fontsize=9)  # fmt: skip
-        ax.annotate("", xy=(0.25, y), xytext=(7.0, y + 0.05),
-                    arrowprops={"arrowstyle": "->", "color": "#b8860b", "lw": 0.6,
-                                "connectionstyle": "arc3,rad=0.15"})  # fmt: skip
+            ax.text(7.4, y + 0.15, _COMBINER[block.combiner], ha="center", va="center", fontsize=9)
+        ax.annotate(
+            "",
+            xy=(0.25, y),
+            xytext=(7.0, y + 0.05),
+            arrowprops={
+                "arrowstyle": "->",
+                "color": "#b8860b",
+                "lw": 0.6,
+                "connectionstyle": "arc3,rad=0.15",
+            },
+        )
     ax.set_xlim(-0.8, 8.2)
     ax.set_ylim(-rows + 0.5, 0.8)
     ax.set_title(f"{title}\nred: summed into the cell output", fontsize=10)

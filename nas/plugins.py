@@ -36,6 +36,7 @@ def load_class(key: str, name: str, base: type[T]) -> type[T]:
     except (ImportError, AttributeError) as error:
         raise ValueError(f"{key}={name!r} cannot be imported: {error}") from error
     if not (isinstance(found, type) and issubclass(found, base)):
-        raise ValueError(f"{key}={name!r} is not a subclass of {base.__module__}."
-                         f"{base.__qualname__}")  # fmt: skip
+        raise ValueError(
+            f"{key}={name!r} is not a subclass of {base.__module__}.{base.__qualname__}"
+        )
     return found

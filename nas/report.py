@@ -46,10 +46,12 @@ def report_study(
     complete = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
     if complete:
         top = study.best_trials[0]
-        console.print(f"best architecture (trial {top.number}, "
-                      f"{top.user_attrs.get('parameters', '?')} parameters): "
-                      f"{escape(top.user_attrs.get('architecture', '?'))}",
-                      soft_wrap=True)  # fmt: skip
+        console.print(
+            f"best architecture (trial {top.number}, "
+            f"{top.user_attrs.get('parameters', '?')} parameters): "
+            f"{escape(top.user_attrs.get('architecture', '?'))}",
+            soft_wrap=True,
+        )
     skipped = [t.user_attrs for t in study.trials if t.user_attrs.get(INVALID)]
     repeats = sum(DUPLICATE_OF in attrs for attrs in skipped)
     if skipped:
@@ -89,8 +91,11 @@ def _trials_table(settings: NasSettings, study: optuna.Study, width: int = 100) 
         values = [f"{v:.4g}" for v in t.values] if t.values else ["-"] * len(study.directions)
         others = [_cell(t.user_attrs.get(m), m) for m in (*measured, *extra)]
         state = t.state.name.lower() + (" *" if t.number in best else "")
-        text = t.user_attrs.get("fail_reason") or t.user_attrs.get("short_name") or \
-            t.user_attrs.get("architecture", "")  # fmt: skip
+        text = (
+            t.user_attrs.get("fail_reason")
+            or t.user_attrs.get("short_name")
+            or t.user_attrs.get("architecture", "")
+        )
         rows.append([str(t.number), state, *values, *others, escape(text[:70])])
     table = Table(
         title=f"study {study.study_name}: {finished} trials",
@@ -117,8 +122,11 @@ def _report_retrained(settings: NasSettings, retrained: RetrainResult, console: 
     and starred; then each against the reference seed model, paired by training seed; then
     the test figures), where each was exported, and how to load the chosen one."""
     rows = model_table(retrained.runs, retrained.fitness)
-    table = Table(title=f"retrained from scratch: {len(retrained.runs)} runs, chosen on "
-                        "validation, test split read once", box=box.SIMPLE_HEAD)  # fmt: skip
+    table = Table(
+        title=f"retrained from scratch: {len(retrained.runs)} runs, chosen on "
+        "validation, test split read once",
+        box=box.SIMPLE_HEAD,
+    )
     table.add_column("")
     for row in rows:
         star = " *" if row["model"] == retrained.selected else ""
@@ -133,14 +141,14 @@ def _report_retrained(settings: NasSettings, retrained: RetrainResult, console: 
     console.print(table)
     for run in retrained.runs:
         if run.error:
-            console.print(f"retrain {run.model} seed {run.seed} failed: "
-                          f"{escape(run.error.splitlines()[0])}")  # fmt: skip
+            console.print(
+                f"retrain {run.model} seed {run.seed} failed: {escape(run.error.splitlines()[0])}"
+            )
     for name, folder in retrained.exported.items():
         console.print(f"exported {name}: {folder}", soft_wrap=True)
     if retrained.selected and retrained.selected in retrained.exported:
         folder = retrained.exported[retrained.selected]
-        call = "m.translate(['Germany', 'France'])" if settings.task.name == "translation" \
-            else "m"  # fmt: skip
+        call = "m.translate(['Germany', 'France'])" if settings.task.name == "translation" else "m"
         console.print(
             f'load the chosen model ({retrained.selected}): python -c "import nas; '
             f"m = nas.load_model('{folder}'); print({call})\"",
@@ -152,8 +160,10 @@ def _metric_rows(table: Table, rows: list[dict[str, Any]], metrics: Iterable[str
     """A row per metric any model has: mean ± sd over its seeds, "-" where a model lacks it."""
     for m in metrics:
         if any(f"{m}_mean" in row for row in rows):
-            cells = [f"{r[f'{m}_mean']:.4g} ± {r[f'{m}_sd']:.2g}" if f"{m}_mean" in r else "-"
-                     for r in rows]  # fmt: skip
+            cells = [
+                f"{r[f'{m}_mean']:.4g} ± {r[f'{m}_sd']:.2g}" if f"{m}_mean" in r else "-"
+                for r in rows
+            ]
             table.add_row(m.replace("_", " "), *cells)
 
 
@@ -174,9 +184,15 @@ def _short(metric: str) -> str:
     return metric.replace("validation_", "val ").replace("_", " ")
 
 
-_HEADERS = {"samples_per_s": "smp/s", "peak_memory_bytes": "MB", "parameters": "params",
-            "validation_exact_match": "exact", "validation_accuracy": "acc",
-            "validation_bits_per_char": "bpc", "trial": "#"}  # fmt: skip
+_HEADERS = {
+    "samples_per_s": "smp/s",
+    "peak_memory_bytes": "MB",
+    "parameters": "params",
+    "validation_exact_match": "exact",
+    "validation_accuracy": "acc",
+    "validation_bits_per_char": "bpc",
+    "trial": "#",
+}
 
 
 def _cell(value: object, column: str = "") -> str:
@@ -190,8 +206,11 @@ def _cell(value: object, column: str = "") -> str:
 def plot_history(study: optuna.Study, path: Path, fitness: str = "validation_loss") -> Path:
     """The fitness (first objective) of every trained trial against the wall-clock time it
     finished at, pruned trials marked (their last evaluation), and the best so far."""
-    trained = [t for t in study.get_trials(deepcopy=False) if t.datetime_complete and
-               (t.values or fitness in t.user_attrs)]  # fmt: skip
+    trained = [
+        t
+        for t in study.get_trials(deepcopy=False)
+        if t.datetime_complete and (t.values or fitness in t.user_attrs)
+    ]
     trained.sort(key=lambda t: t.datetime_complete)  # type: ignore[arg-type, return-value]
     starts = [t.datetime_start for t in study.trials if t.datetime_start]
     zero = min(starts) if starts else None
@@ -203,8 +222,9 @@ def plot_history(study: optuna.Study, path: Path, fitness: str = "validation_los
         x = (t.datetime_complete - zero).total_seconds() / 60 if zero else 0.0  # type: ignore[operator]
         y = t.values[0] if t.values else float(t.user_attrs[fitness])
         pruned = t.state == optuna.trial.TrialState.PRUNED
-        ax.scatter([x], [y], marker="x" if pruned else "o", color="tab:red" if pruned
-                   else "tab:blue", s=30)  # fmt: skip
+        ax.scatter(
+            [x], [y], marker="x" if pruned else "o", color="tab:red" if pruned else "tab:blue", s=30
+        )
         if t.state == optuna.trial.TrialState.COMPLETE:
             xs.append(x)
             best.append(better(best[-1], y) if best else y)
@@ -212,8 +232,11 @@ def plot_history(study: optuna.Study, path: Path, fitness: str = "validation_los
         ax.step(xs, best, where="post", color="black", label="best so far")
     ax.scatter([], [], marker="o", color="tab:blue", label="complete")
     ax.scatter([], [], marker="x", color="tab:red", label="pruned")
-    ax.set(xlabel="wall-clock time (minutes since the study began)",
-           ylabel=fitness.replace("_", " "), title="optimization history")  # fmt: skip
+    ax.set(
+        xlabel="wall-clock time (minutes since the study began)",
+        ylabel=fitness.replace("_", " "),
+        title="optimization history",
+    )
     ax.legend()
     fig.tight_layout()
     fig.savefig(path)
@@ -229,8 +252,11 @@ def plot_pareto(study: optuna.Study, objectives: list[str] | tuple[str, ...], pa
     for on_front, colour in ((False, "lightgray"), (True, "tab:red")):
         points = [t.values[:2] for t in complete if (t.number in front) == on_front]
         if points:
-            ax.scatter(*zip(*points, strict=True), color=colour,
-                       label="Pareto front" if on_front else "trial")  # fmt: skip
+            ax.scatter(
+                *zip(*points, strict=True),
+                color=colour,
+                label="Pareto front" if on_front else "trial",
+            )
     ax.set(xlabel=objectives[0], ylabel=objectives[1], title="Pareto front")
     ax.legend()
     fig.tight_layout()
@@ -249,11 +275,18 @@ def plot_partition(trial: optuna.trial.FrozenTrial, path: Path) -> Path:
         end = history[i + 1][0] if i + 1 < len(history) else last
         low = 0
         for stage, size in enumerate(sizes):
-            ax.broken_barh([(start, max(end - start, 1))], (low, size), color=colours(stage),
-                           label=f"stage {stage}" if i == 0 else None)  # fmt: skip
+            ax.broken_barh(
+                [(start, max(end - start, 1))],
+                (low, size),
+                color=colours(stage),
+                label=f"stage {stage}" if i == 0 else None,
+            )
             low += size
-    ax.set(xlabel="step", ylabel="layers (first to last)",
-           title=f"partition over time, best trial {trial.number}")  # fmt: skip
+    ax.set(
+        xlabel="step",
+        ylabel="layers (first to last)",
+        title=f"partition over time, best trial {trial.number}",
+    )
     ax.legend(loc="upper right")
     fig.tight_layout()
     fig.savefig(path)

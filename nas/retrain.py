@@ -73,8 +73,18 @@ from pipeline.distributed.comm import Comm
 from search_spaces.architecture import from_json, functional_key, to_json
 from search_spaces.evolved_transformer import seed_params
 
-__all__ = ["Model", "RetrainResult", "RetrainRun", "compare", "identity", "model_table",
-           "paired_metrics", "retrain", "retrain_models", "select_models"]  # fmt: skip
+__all__ = [
+    "Model",
+    "RetrainResult",
+    "RetrainRun",
+    "compare",
+    "identity",
+    "model_table",
+    "paired_metrics",
+    "retrain",
+    "retrain_models",
+    "select_models",
+]
 
 
 def retrain(settings: NasSettings) -> RetrainResult:
@@ -91,9 +101,10 @@ def retrain_models(settings: NasSettings, models: Sequence[Model]) -> RetrainRes
     done, tracked = _recorded(settings, models)
     results = pipeline.launch(
         functools.partial(_stage_main, settings=settings, models=tuple(models), done=done),
-        settings.pipeline.n_stages, threads_per_stage=settings.pipeline.threads_per_stage,
+        settings.pipeline.n_stages,
+        threads_per_stage=settings.pipeline.threads_per_stage,
         timeout_s=settings.pipeline.timeout_s,
-    )  # fmt: skip
+    )
     runs, exported = results[0] if results[0] is not None else ((), {})
     fitness = settings.study.fitness
     table = model_table(runs, fitness)
@@ -109,8 +120,16 @@ def retrain_models(settings: NasSettings, models: Sequence[Model]) -> RetrainRes
         if run.error is None:
             digest = _digest(settings, by_name[run.model])
             retrain_runs.mark_tracked(_folder(settings, by_name[run.model]), run.seed, digest)
-    return RetrainResult(settings.study.name, tuple(runs), exported, selected, fitness,
-                         tuple(run_dirs), reference, paired)  # fmt: skip
+    return RetrainResult(
+        settings.study.name,
+        tuple(runs),
+        exported,
+        selected,
+        fitness,
+        tuple(run_dirs),
+        reference,
+        paired,
+    )
 
 
 def select_models(study: optuna.Study, settings: NasSettings) -> list[Model]:
@@ -127,11 +146,14 @@ def select_models(study: optuna.Study, settings: NasSettings) -> list[Model]:
         architecture = trials.architecture_of(trial, settings)
         if identity(architecture) not in taken:
             taken.add(identity(architecture))
-            chosen.append(Model(f"trial-{trial.number}", trial.number, dict(trial.params),
-                                architecture))  # fmt: skip
+            chosen.append(
+                Model(f"trial-{trial.number}", trial.number, dict(trial.params), architecture)
+            )
     primitives = trials.space_primitives(settings)
-    chosen += [Model(name, None, seed_params(arch, primitives=primitives), to_json(arch))
-               for name, arch in seeds.items()]  # fmt: skip
+    chosen += [
+        Model(name, None, seed_params(arch, primitives=primitives), to_json(arch))
+        for name, arch in seeds.items()
+    ]
     return chosen
 
 
@@ -143,9 +165,11 @@ def identity(architecture: str) -> str:
 
 # -- inside every stage process -------------------------------------------------------------
 def _stage_main(
-    ctx: StageContext, settings: NasSettings, models: tuple[Model, ...],
+    ctx: StageContext,
+    settings: NasSettings,
+    models: tuple[Model, ...],
     done: dict[tuple[str, int], RetrainRun],
-) -> tuple[list[RetrainRun], dict[str, str]] | None:  # fmt: skip
+) -> tuple[list[RetrainRun], dict[str, str]] | None:
     """Steps 2-4 on one rank, skipping the runs `done` holds (recorded by an earlier,
     stopped retraining); rank 0 returns every run and the exported folders."""
     comm = Comm()
@@ -174,8 +198,14 @@ def _stage_main(
     return (runs, exported) if ctx.rank == 0 else None
 
 
-def _keep(settings: NasSettings, task: Task, model: Model, run: RetrainRun,
-          state: dict[str, Any], runs: Sequence[RetrainRun]) -> None:  # fmt: skip
+def _keep(
+    settings: NasSettings,
+    task: Task,
+    model: Model,
+    run: RetrainRun,
+    state: dict[str, Any],
+    runs: Sequence[RetrainRun],
+) -> None:
     """Rank 0, after each run (`nas.retrain_runs`): export the model if this run is its best
     seed so far, else refresh the export's per-seed figures; then record the run."""
     mine = [r for r in runs if r.model == model.name]
@@ -197,8 +227,11 @@ def _folder(settings: NasSettings, model: Model) -> Path:
 
 def _digest(settings: NasSettings, model: Model) -> str:
     """How a run of `model` trains: equal digests, the same run (`nas.retrain_runs`)."""
-    how = {"train": asdict(settings.train), "task": asdict(settings.task),
-           "decode_pairs": settings.retrain.decode_pairs}  # fmt: skip
+    how = {
+        "train": asdict(settings.train),
+        "task": asdict(settings.task),
+        "decode_pairs": settings.retrain.decode_pairs,
+    }
     return retrain_runs.fingerprint(
         model.architecture, settings.retrain.steps or settings.train.steps, how
     )
@@ -221,9 +254,13 @@ def _recorded(
 
 
 def _train(
-    settings: NasSettings, task: Task, model: Model, seed: int, steps: int,
+    settings: NasSettings,
+    task: Task,
+    model: Model,
+    seed: int,
+    steps: int,
     progress: tuple[Progress, Any] | None,
-) -> tuple[RetrainRun, dict[str, Any]]:  # fmt: skip
+) -> tuple[RetrainRun, dict[str, Any]]:
     """Steps 2 and 3 for one (model, seed): the run, and rank 0's weights ({} elsewhere)."""
     arch = from_json(model.architecture)
     specs, parameters = training.compile_model(arch, task, settings.train.dropout)
@@ -268,21 +305,39 @@ def _final_train(settings: NasSettings) -> TrainSettings:
 
 
 def _export(
-    settings: NasSettings, task: Task, model: Model, run: RetrainRun, state: dict[str, Any],
+    settings: NasSettings,
+    task: Task,
+    model: Model,
+    run: RetrainRun,
+    state: dict[str, Any],
     runs: Sequence[RetrainRun],
-) -> Path:  # fmt: skip
+) -> Path:
     """Step 4: the model's best seed, with every seed's validation figures beside it."""
     metrics: dict[str, Any] = dict(run.metrics)
     if "validation_chrf" in metrics:  # the names a translation user looks for
-        metrics |= {"chrf": metrics["validation_chrf"],
-                    "exact_match": metrics["validation_exact_match"]}  # fmt: skip
+        metrics |= {
+            "chrf": metrics["validation_chrf"],
+            "exact_match": metrics["validation_exact_match"],
+        }
     mine = [r for r in runs if r.model == model.name and r.error is None]
-    metrics |= {"params": run.parameters, "steps": run.steps, "seed": run.seed,
-                "samples_per_s": run.samples_per_s, "trial": model.trial,
-                "per_seed": [{"seed": r.seed, **r.metrics} for r in mine]}  # fmt: skip
-    return export_model(_folder(settings, model), state=state, arch=from_json(model.architecture),
-                        params=model.params, task=task, settings=settings, metrics=metrics,
-                        max_len=training.max_len(task))  # fmt: skip
+    metrics |= {
+        "params": run.parameters,
+        "steps": run.steps,
+        "seed": run.seed,
+        "samples_per_s": run.samples_per_s,
+        "trial": model.trial,
+        "per_seed": [{"seed": r.seed, **r.metrics} for r in mine],
+    }
+    return export_model(
+        _folder(settings, model),
+        state=state,
+        arch=from_json(model.architecture),
+        params=model.params,
+        task=task,
+        settings=settings,
+        metrics=metrics,
+        max_len=training.max_len(task),
+    )
 
 
 def _progress(total: int) -> tuple[Progress, Any]:
@@ -292,7 +347,7 @@ def _progress(total: int) -> tuple[Progress, Any]:
         TextColumn("{task.completed}/{task.total} steps"),
         TimeElapsedColumn(),
     )
-    bar = progress.add_task("retrain", total=total)  # fmt: skip
+    bar = progress.add_task("retrain", total=total)
     progress.start()
     return progress, bar
 
@@ -300,21 +355,29 @@ def _progress(total: int) -> tuple[Progress, Any]:
 # -- in the caller --------------------------------------------------------------------------
 def _load_study(settings: NasSettings) -> optuna.Study:
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    missing = ValueError(f"no study {settings.study.name!r} in {settings.storage_url}; run "
-                         "the search first (stages=[search])")  # fmt: skip
+    missing = ValueError(
+        f"no study {settings.study.name!r} in {settings.storage_url}; run "
+        "the search first (stages=[search])"
+    )
     url = settings.storage_url
     for prefix in ("sqlite:///", storage.JOURNAL):  # a file that is not there: no study
         if url.startswith(prefix) and not Path(url[len(prefix) :].split("?")[0]).exists():
             raise missing
     try:
-        return optuna.load_study(study_name=settings.study.name,
-                                 storage=storage.make_storage(settings.storage_url))  # fmt: skip
+        return optuna.load_study(
+            study_name=settings.study.name, storage=storage.make_storage(settings.storage_url)
+        )
     except KeyError as error:
         raise missing from error
 
 
-def _track(settings: NasSettings, runs: Sequence[RetrainRun], fresh: Sequence[RetrainRun],
-           selected: str | None, comparison: dict[str, Any]) -> list[str]:  # fmt: skip
+def _track(
+    settings: NasSettings,
+    runs: Sequence[RetrainRun],
+    fresh: Sequence[RetrainRun],
+    selected: str | None,
+    comparison: dict[str, Any],
+) -> list[str]:
     """Step 6: a tracker run per (model, seed) not tracked yet (`fresh`: a resumed
     retraining's runs tracked before are not again), in the study's group; the summary holds
     every run's table and `comparison` (the reference and the paired differences)."""
@@ -322,12 +385,18 @@ def _track(settings: NasSettings, runs: Sequence[RetrainRun], fresh: Sequence[Re
     try:
         tracker.start_study(settings.study.name, asdict(settings))
         for index, run in enumerate(fresh):
-            config = {"job_type": "retrain", "run_name": f"retrain-{run.model}-seed-{run.seed}",
-                      "model": run.model, "seed": run.seed, "trial": run.trial}  # fmt: skip
+            config = {
+                "job_type": "retrain",
+                "run_name": f"retrain-{run.model}-seed-{run.seed}",
+                "model": run.model,
+                "seed": run.seed,
+                "trial": run.trial,
+            }
             tracker.start_trial(index, run.params, config)
             for entry in run.history:
-                tracker.log_step(int(entry["step"]), {k: v for k, v in entry.items()
-                                                      if k != "step"})  # fmt: skip
+                tracker.log_step(
+                    int(entry["step"]), {k: v for k, v in entry.items() if k != "step"}
+                )
             summary_ = {
                 **run.metrics,
                 "parameters": run.parameters,
@@ -337,8 +406,11 @@ def _track(settings: NasSettings, runs: Sequence[RetrainRun], fresh: Sequence[Re
             }
             tracker.end_trial("failed" if run.error else "complete", summary_, run.error)
         rows = model_table(runs, settings.study.fitness)
-        tracker.end_study(rows, [r for r in rows if r["model"] == selected],
-                          {"selected": selected, "stage": "retrain", **comparison})  # fmt: skip
+        tracker.end_study(
+            rows,
+            [r for r in rows if r["model"] == selected],
+            {"selected": selected, "stage": "retrain", **comparison},
+        )
     finally:
         tracker.close()
     return run_directories(tracker)

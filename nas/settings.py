@@ -46,11 +46,15 @@ DIRECTIONS = ("minimize", "maximize")
 TASKS = ("translation", "charlm", "textfile")
 # The validation metrics each task measures (nas.tasks: `evaluate` of each task).
 TASK_METRICS = {
-    "translation": ("validation_loss", "validation_accuracy", "validation_chrf",
-                    "validation_exact_match"),
+    "translation": (
+        "validation_loss",
+        "validation_accuracy",
+        "validation_chrf",
+        "validation_exact_match",
+    ),
     "charlm": ("validation_loss", "validation_accuracy", "validation_bits_per_char"),
     "textfile": ("validation_loss", "validation_accuracy", "validation_bits_per_char"),
-}  # fmt: skip
+}
 SAMPLERS = ("tpe", "nsga2", "random", "gp", "evolution")
 PRUNERS = ("pdh", "median", "none", "sha")
 TRACKERS = ("wandb", "jsonl", "none")
@@ -114,11 +118,13 @@ class StudySettings:
         for key in ("timeout_s", "time_budget_s"):
             value = getattr(self, key)
             if value is not None and not value > 0:
-                raise ValueError(f"study.{key}={value!r} is not valid; use seconds > 0 or "
-                                 "null (no time limit)")  # fmt: skip
+                raise ValueError(
+                    f"study.{key}={value!r} is not valid; use seconds > 0 or null (no time limit)"
+                )
         if not self.objectives:
-            raise ValueError("study.objectives is empty; valid objectives: "
-                             + ", ".join(OBJECTIVES))  # fmt: skip
+            raise ValueError(
+                "study.objectives is empty; valid objectives: " + ", ".join(OBJECTIVES)
+            )
         for objective in self.objectives:
             _one_of("study.objectives", objective, list(OBJECTIVES))
         if not self.objectives[0].startswith("validation_"):
@@ -163,22 +169,30 @@ class TrainSettings:
             _positive(f"train.{key}", getattr(self, key))
         for key in ("decode_pairs", "final_decode_pairs"):
             value = getattr(self, key)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int)
-                                      or value < 0):  # fmt: skip
-                raise ValueError(f"train.{key}={value!r} is not valid; use a count >= 0 "
-                                 "(0: no decoding) or null (all pairs)")  # fmt: skip
+            if value is not None and (
+                isinstance(value, bool) or not isinstance(value, int) or value < 0
+            ):
+                raise ValueError(
+                    f"train.{key}={value!r} is not valid; use a count >= 0 "
+                    "(0: no decoding) or null (all pairs)"
+                )
         if not self.lr > 0:
             raise ValueError(f"train.lr={self.lr!r} is not valid; it must be > 0")
         if not 0 <= self.dropout < 1:
             raise ValueError(f"train.dropout={self.dropout!r} is not valid; it must be in [0, 1)")
         _one_of("train.lr_schedule", self.lr_schedule, LR_SCHEDULES)
-        if isinstance(self.warmup_steps, bool) or not isinstance(self.warmup_steps, int) or \
-                self.warmup_steps < 0:  # fmt: skip
-            raise ValueError(f"train.warmup_steps={self.warmup_steps!r} is not valid; "
-                             "use a count >= 0")  # fmt: skip
+        if (
+            isinstance(self.warmup_steps, bool)
+            or not isinstance(self.warmup_steps, int)
+            or self.warmup_steps < 0
+        ):
+            raise ValueError(
+                f"train.warmup_steps={self.warmup_steps!r} is not valid; use a count >= 0"
+            )
         if not 0 <= self.min_lr_ratio <= 1:
-            raise ValueError(f"train.min_lr_ratio={self.min_lr_ratio!r} is not valid; it must "
-                             "be in [0, 1]")  # fmt: skip
+            raise ValueError(
+                f"train.min_lr_ratio={self.min_lr_ratio!r} is not valid; it must be in [0, 1]"
+            )
 
 
 @dataclass
@@ -204,12 +218,16 @@ class PipelineSettings:
         _one_of("pipeline.schedule", self.schedule, SCHEDULES)
         _one_of("pipeline.planner", self.planner, PLANNERS)
         if self.pipemare and self.schedule != "pipemare":
-            raise ValueError(f"pipeline.pipemare is set but pipeline.schedule={self.schedule!r}; "
-                             "PipeMare's options apply to schedule=pipemare only")  # fmt: skip
+            raise ValueError(
+                f"pipeline.pipemare is set but pipeline.schedule={self.schedule!r}; "
+                "PipeMare's options apply to schedule=pipemare only"
+            )
         unknown = sorted(set(self.pipemare) - set(PIPEMARE_OPTIONS))
         if unknown:
-            raise ValueError(f"pipeline.pipemare has unknown options {unknown}; valid: "
-                             + ", ".join(PIPEMARE_OPTIONS))  # fmt: skip
+            raise ValueError(
+                f"pipeline.pipemare has unknown options {unknown}; valid: "
+                + ", ".join(PIPEMARE_OPTIONS)
+            )
 
 
 @dataclass
@@ -238,11 +256,15 @@ class SearchSpaceSettings:
         for primitive in self.primitives:
             _one_of("search_space.primitives", primitive, PRIMITIVES)
         if not self.d_model or any(d < 32 or d % 32 for d in self.d_model):
-            raise ValueError(f"search_space.d_model={list(self.d_model)!r} is not valid; "
-                             "widths are positive multiples of 32")  # fmt: skip
+            raise ValueError(
+                f"search_space.d_model={list(self.d_model)!r} is not valid; "
+                "widths are positive multiples of 32"
+            )
         if not 1 <= self.min_cells <= self.max_cells:
-            raise ValueError(f"search_space cells {self.min_cells}..{self.max_cells} must "
-                             "satisfy 1 <= min_cells <= max_cells")  # fmt: skip
+            raise ValueError(
+                f"search_space cells {self.min_cells}..{self.max_cells} must "
+                "satisfy 1 <= min_cells <= max_cells"
+            )
 
 
 @dataclass
@@ -290,10 +312,10 @@ class RetrainSettings:
         _positive("retrain.top_k", self.top_k)
         _positive("retrain.steps", self.steps, allow_none=True)
         _positive("retrain.decode_pairs", self.decode_pairs, allow_none=True)
-        if not self.seeds or any(isinstance(s, bool) or not isinstance(s, int)
-                                 for s in self.seeds):  # fmt: skip
-            raise ValueError(f"retrain.seeds={list(self.seeds)!r} is not valid; use a "
-                             "non-empty list of integers")  # fmt: skip
+        if not self.seeds or any(isinstance(s, bool) or not isinstance(s, int) for s in self.seeds):
+            raise ValueError(
+                f"retrain.seeds={list(self.seeds)!r} is not valid; use a non-empty list of integers"
+            )
         if len(set(self.seeds)) != len(self.seeds):
             raise ValueError(f"retrain.seeds={list(self.seeds)!r} names a seed twice")
 
@@ -319,10 +341,15 @@ class NasSettings:
     studies_dir: str = "outputs/studies"
 
     def __post_init__(self) -> None:
-        if not self.stages or any(s not in STAGES for s in self.stages) or \
-                list(self.stages) != sorted(set(self.stages), key=STAGES.index):  # fmt: skip
-            raise ValueError(f"stages={list(self.stages)!r} is not valid; valid: [search], "
-                             "[retrain] or [search, retrain]")  # fmt: skip
+        if (
+            not self.stages
+            or any(s not in STAGES for s in self.stages)
+            or list(self.stages) != sorted(set(self.stages), key=STAGES.index)
+        ):
+            raise ValueError(
+                f"stages={list(self.stages)!r} is not valid; valid: [search], "
+                "[retrain] or [search, retrain]"
+            )
         wants = self.task.name != "translation"  # the language models are decoder-only
         if self.search_space.decoder_only is None:
             self.search_space.decoder_only = wants

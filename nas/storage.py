@@ -72,9 +72,13 @@ def make_storage(
     engine = busy if url.startswith("sqlite") and "timeout=" not in url else None
     with warnings.catch_warnings():  # heartbeats are "experimental" in Optuna 5
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        rdb = RDBStorage(url, engine_kwargs=engine, heartbeat_interval=heartbeat_s,
-                         grace_period=grace_s,
-                         heartbeat_stale_trial_callback=_ask_again)  # fmt: skip
+        rdb = RDBStorage(
+            url,
+            engine_kwargs=engine,
+            heartbeat_interval=heartbeat_s,
+            grace_period=grace_s,
+            heartbeat_stale_trial_callback=_ask_again,
+        )
     if url.startswith("sqlite"):
         sqlalchemy.event.listen(rdb.engine, "connect", _write_ahead)
         rdb.engine.dispose()  # the connections made so far reopen with it

@@ -91,13 +91,15 @@ def run_study(settings: NasSettings) -> StudyResult:
     deadline = math.inf if timeout is None else time.time() + timeout  # no trial starts after
     if pipeline.under_torchrun():
         end = _launch(settings, owner, deadline)
-        return StudyResult(settings.study.name, settings.storage_url, end.finished, 0,
-                           end.run_dirs)  # fmt: skip
+        return StudyResult(settings.study.name, settings.storage_url, end.finished, 0, end.run_dirs)
     study = trials.open_study(settings)
     restarts = 0
     run_dirs: list[str] = []
-    while trials.remaining(study, settings.study.n_trials) > 0 and time.time() < deadline and \
-            trials.time_left(study, settings):  # fmt: skip
+    while (
+        trials.remaining(study, settings.study.n_trials) > 0
+        and time.time() < deadline
+        and trials.time_left(study, settings)
+    ):
         try:
             run_dirs.extend(_launch(settings, owner, deadline).run_dirs)
         except LeaderError as error:  # the study stopped on every rank: its trial is retried
@@ -109,8 +111,9 @@ def run_study(settings: NasSettings) -> StudyResult:
             restarts += 1
             if restarts > settings.study.max_restarts:
                 raise
-    return StudyResult(settings.study.name, settings.storage_url, trials.finished(study),
-                       restarts, tuple(run_dirs))  # fmt: skip
+    return StudyResult(
+        settings.study.name, settings.storage_url, trials.finished(study), restarts, tuple(run_dirs)
+    )
 
 
 def _launch(settings: NasSettings, owner: str, deadline: float) -> StudyEnd:
@@ -118,9 +121,10 @@ def _launch(settings: NasSettings, owner: str, deadline: float) -> StudyEnd:
     rank 0's account of the run. A study stopped by an error raises it here."""
     results = pipeline.launch(
         functools.partial(_stage_main, settings=settings, owner=owner, deadline=deadline),
-        settings.pipeline.n_stages, threads_per_stage=settings.pipeline.threads_per_stage,
+        settings.pipeline.n_stages,
+        threads_per_stage=settings.pipeline.threads_per_stage,
         timeout_s=settings.pipeline.timeout_s,
-    )  # fmt: skip
+    )
     end, error = results[0]
     if error is not None:
         raise error
@@ -214,27 +218,41 @@ def _run_trial(
     """Build and train one candidate on every rank (3. and 4.); how it ended."""
     arch = from_json(order.architecture)
     specs, parameters = training.compile_model(arch, task, settings.train.dropout)
-    attrs: dict[str, Any] = {"architecture": summary(arch), "short_name": short_name(arch),
-                             "parameters": parameters}  # fmt: skip
+    attrs: dict[str, Any] = {
+        "architecture": summary(arch),
+        "short_name": short_name(arch),
+        "parameters": parameters,
+    }
     source = bank.source(order.parent) if settings.study.inherit_weights else None
     if source is not None:
         attrs["inherited_from"] = source
     started = time.perf_counter()
     try:
         optimizer.set_step(0)
-        pipe = training.build(settings, task, specs, optimizer, seed=settings.seed, pipe=pipe,
-                              snapshot=bank.get(source))  # fmt: skip
+        pipe = training.build(
+            settings,
+            task,
+            specs,
+            optimizer,
+            seed=settings.seed,
+            pipe=pipe,
+            snapshot=bank.get(source),
+        )
         evaluation, steps, pruned = _train(settings, task, pipe, decide, optimizer)
     except (LeaderError, *training.RUN_ERRORS) as error:  # raised on every rank
         reason, detail = training.failure(error)
         return pipe, trials.Outcome("fail", attrs | {"fail_reason": reason, "detail": detail})
     stats = pipe.stats()
     attrs |= evaluation | {
-        "steps": steps, "seconds": time.perf_counter() - started,
-        "partition": list(pipe.sizes), "migrations": len(stats.migrations),
+        "steps": steps,
+        "seconds": time.perf_counter() - started,
+        "partition": list(pipe.sizes),
+        "migrations": len(stats.migrations),
         "partition_history": [[step, list(sizes)] for step, sizes in pipe.partition_history],
-        "tokens_per_s": stats.tokens_per_s or 0.0, "samples_per_s": stats.samples_per_s or 0.0,
-        "peak_memory_bytes": max(s.measured_peak_bytes for s in stats.stages)}  # fmt: skip
+        "tokens_per_s": stats.tokens_per_s or 0.0,
+        "samples_per_s": stats.samples_per_s or 0.0,
+        "peak_memory_bytes": max(s.measured_peak_bytes for s in stats.stages),
+    }
     if settings.study.inherit_weights:
         attrs |= _inheritance(pipe)
         bank.add(order.number, pipe)
@@ -270,8 +288,12 @@ def _train(
             raise ValueError(f"task {settings.task.name!r} yielded no training batches")
         final = step == train.steps  # every rank evaluates
         evaluation = training.evaluate(train, task, pipe, final=final)
-        metrics = {"loss": last_loss, "lr": optimizer.rate(step - 1),
-                   **pipeline_metrics(pipe.stats().to_dict()), **evaluation}  # fmt: skip
+        metrics = {
+            "loss": last_loss,
+            "lr": optimizer.rate(step - 1),
+            **pipeline_metrics(pipe.stats().to_dict()),
+            **evaluation,
+        }
         if decide(f"report step {step}", Leader.evaluated, step, metrics):  # 4.
             return evaluation, step, True
         if final:
@@ -289,7 +311,8 @@ def _objective(attrs: dict[str, Any], name: str) -> float:
 def _inheritance(pipe: ElasticPipeline) -> dict[str, int]:
     """What this model took from the trial it came from (`inherit_weights`): layers and
     bytes inherited, and how many of them moved to another stage."""
-    found = [e.details for e in pipe.events if e.kind == "inherit" and
-             e.generation == pipe.generation]  # fmt: skip
+    found = [
+        e.details for e in pipe.events if e.kind == "inherit" and e.generation == pipe.generation
+    ]
     record = found[-1] if found else {"layers": 0, "bytes": 0, "moved": 0, "moved_bytes": 0}
     return {f"inherited_{k}": int(v) for k, v in record.items()}

@@ -30,8 +30,16 @@ from search_spaces.architecture import Architecture
 from search_spaces.compile import compile as compile_arch
 from search_spaces.compile import parameter_count
 
-__all__ = ["RUN_ERRORS", "build", "compile_model", "evaluate", "failure", "max_len", "rates",
-           "steps"]  # fmt: skip
+__all__ = [
+    "RUN_ERRORS",
+    "build",
+    "compile_model",
+    "evaluate",
+    "failure",
+    "max_len",
+    "rates",
+    "steps",
+]
 
 # what the runtime raises on every rank when a run fails (a layer error, a NaN loss, a
 # memory plan that cannot fit): the run is recorded as failed and the next one goes on
@@ -60,8 +68,13 @@ def compile_model(arch: Architecture, task: Task, dropout: float) -> tuple[list[
 
 def rates(train: TrainSettings, total: int | None = None) -> ScheduledOptimizer:
     """The optimizer factory of a run of `total` steps (default `train.steps`)."""
-    return ScheduledOptimizer(train.lr, total or train.steps, warmup=train.warmup_steps,
-                              schedule=train.lr_schedule, min_ratio=train.min_lr_ratio)  # fmt: skip
+    return ScheduledOptimizer(
+        train.lr,
+        total or train.steps,
+        warmup=train.warmup_steps,
+        schedule=train.lr_schedule,
+        min_ratio=train.min_lr_ratio,
+    )
 
 
 def build(
@@ -81,11 +94,17 @@ def build(
         return pipe
     p = settings.pipeline
     return ElasticPipeline(
-        specs, optimizer=optimizer, loss_fn=task.loss_fn, schedule=p.schedule,
-        n_microbatches=p.n_microbatches, seed=seed, memory_budget=p.memory_budget,
-        planner=p.planner, rebalance_every=p.rebalance_every,
+        specs,
+        optimizer=optimizer,
+        loss_fn=task.loss_fn,
+        schedule=p.schedule,
+        n_microbatches=p.n_microbatches,
+        seed=seed,
+        memory_budget=p.memory_budget,
+        planner=p.planner,
+        rebalance_every=p.rebalance_every,
         pipemare=dict(p.pipemare) if p.schedule == "pipemare" else None,
-    )  # fmt: skip
+    )
 
 
 def batches(task: Task, batch_size: int, seed: int) -> Iterator[tuple[Any, Any]]:
@@ -119,9 +138,13 @@ def steps(
 
 
 def evaluate(
-    train: TrainSettings, task: Task, pipe: ElasticPipeline, split: str = "validation", *,
+    train: TrainSettings,
+    task: Task,
+    pipe: ElasticPipeline,
+    split: str = "validation",
+    *,
     final: bool,
-) -> dict[str, float]:  # fmt: skip
+) -> dict[str, float]:
     """The task's metrics on `split`, named `<split>_<metric>`: on `train.eval_batches`
     batches and `train.decode_pairs` decoded pairs, or (final) on the whole split and
     `train.final_decode_pairs` pairs; `<split>_s` is what it cost. Every rank calls it."""
@@ -133,5 +156,5 @@ def evaluate(
         max_batches=None if final else train.eval_batches,
         decode=train.final_decode_pairs if final else train.decode_pairs,
     )
-    metrics["s"] = time.perf_counter() - started  # fmt: skip
+    metrics["s"] = time.perf_counter() - started
     return {f"{split}_{name}": value for name, value in metrics.items()}

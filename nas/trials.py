@@ -56,8 +56,11 @@ __all__ = [
     "trials_table",
 ]
 
-_DONE = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED,
-         optuna.trial.TrialState.FAIL)  # fmt: skip
+_DONE = (
+    optuna.trial.TrialState.COMPLETE,
+    optuna.trial.TrialState.PRUNED,
+    optuna.trial.TrialState.FAIL,
+)
 INTERRUPTED = "interrupted"  # user attr of a trial failed because its processes died
 INVALID = "invalid"  # user attr of a proposal not trained (window, or a duplicate)
 DUPLICATE_OF = "duplicate_of"  # user attr: the finished trial that trained the same architecture
@@ -79,12 +82,13 @@ def open_study(settings: NasSettings) -> optuna.Study:
     # ask/tell keeps its own heartbeat (nas.storage.Heartbeat), which Optuna cannot see
     warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used")
     study = optuna.create_study(
-        study_name=settings.study.name, storage=storage.make_storage(settings.storage_url),
+        study_name=settings.study.name,
+        storage=storage.make_storage(settings.storage_url),
         load_if_exists=True,
         directions=settings.study.directions,  # type: ignore[arg-type]
         sampler=_sampler(settings),
         pruner=make_pruner(settings.pruner.name, **pruner_options(settings)),
-    )  # fmt: skip
+    )
     if settings.study.enqueue_seeds and not study.trials:
         primitives = space_primitives(settings)
         for arch in seed_architectures(settings).values():
@@ -118,9 +122,10 @@ def seed_architectures(settings: NasSettings) -> dict[str, Architecture]:
     space = settings.search_space
     d, heads, cells = space.d_model[0], space.n_heads, space.min_cells
     n_enc = 0 if space.decoder_only else cells
-    return {"transformer": transformer(d, n_heads=heads, n_enc=2 * n_enc, n_dec=2 * cells),
-            "evolved_transformer": evolved_transformer(d, n_heads=heads, n_enc=n_enc,
-                                                       n_dec=cells)}  # fmt: skip
+    return {
+        "transformer": transformer(d, n_heads=heads, n_enc=2 * n_enc, n_dec=2 * cells),
+        "evolved_transformer": evolved_transformer(d, n_heads=heads, n_enc=n_enc, n_dec=cells),
+    }
 
 
 def sample_architecture(suggest: Suggest, settings: NasSettings) -> Architecture:
@@ -128,9 +133,14 @@ def sample_architecture(suggest: Suggest, settings: NasSettings) -> Architecture
     stored trial's parameters replayed by `FixedSuggest`), repaired the same way every time;
     the parameter window is not applied here (`param_window`)."""
     space = settings.search_space
-    return sample(suggest, d_model=space.d_model, decoder_only=bool(space.decoder_only),
-                  cells=(space.min_cells, space.max_cells), window=None,
-                  primitives=space_primitives(settings))  # fmt: skip
+    return sample(
+        suggest,
+        d_model=space.d_model,
+        decoder_only=bool(space.decoder_only),
+        cells=(space.min_cells, space.max_cells),
+        window=None,
+        primitives=space_primitives(settings),
+    )
 
 
 def space_primitives(settings: NasSettings) -> tuple[Primitive, ...]:
@@ -153,16 +163,19 @@ def param_window(settings: NasSettings) -> ParamWindow | None:
     """The configured parameter window, relative to the space's seed Transformer (2 layers
     per cell of `min_cells`); None when the space has none."""
     space = settings.search_space
-    return ParamWindow(*space.param_window, layers=2 * space.min_cells) \
-        if space.param_window else None  # fmt: skip
+    return (
+        ParamWindow(*space.param_window, layers=2 * space.min_cells) if space.param_window else None
+    )
 
 
 def seconds_trained(study: optuna.Study) -> float:
     """The time the study's finished trials took, summed over every run and worker: what
     `study.time_budget_s` counts."""
-    return sum((t.datetime_complete - t.datetime_start).total_seconds()
-               for t in study.get_trials(deepcopy=False)
-               if t.datetime_start is not None and t.datetime_complete is not None)  # fmt: skip
+    return sum(
+        (t.datetime_complete - t.datetime_start).total_seconds()
+        for t in study.get_trials(deepcopy=False)
+        if t.datetime_start is not None and t.datetime_complete is not None
+    )
 
 
 def time_left(study: optuna.Study, settings: NasSettings) -> bool:
@@ -212,5 +225,7 @@ def fail_running(study: optuna.Study, cause: str, owner: str | None = None) -> N
 
 def trials_table(study: optuna.Study) -> list[dict[str, Any]]:
     """One row per trial: number, state, values and every user attribute."""
-    return [{"number": t.number, "state": t.state.name, "values": t.values, **t.user_attrs}
-            for t in study.get_trials(deepcopy=False)]  # fmt: skip
+    return [
+        {"number": t.number, "state": t.state.name, "values": t.values, **t.user_attrs}
+        for t in study.get_trials(deepcopy=False)
+    ]

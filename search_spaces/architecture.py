@@ -315,8 +315,12 @@ def functional_key(arch: Architecture) -> str:
 
 # --- one line for logs ----------------------------------------------------------------------
 
-_SHORT = {"identity": "id", "encoder_attention": "enc_attn", "attention": "attn",
-          "encoder_mdha": "enc_mdha"}  # fmt: skip
+_SHORT = {
+    "identity": "id",
+    "encoder_attention": "enc_attn",
+    "attention": "attn",
+    "encoder_mdha": "enc_mdha",
+}
 _DIM_TEXT = {0.5: "d/2", 1.0: "d", 2.0: "2d", 4.0: "4d"}
 _COMBINER_TEXT = {"add": "+", "multiply": "*", "concat": "&"}
 
@@ -356,10 +360,18 @@ def short_name(arch: Architecture) -> str:
     return f"d{arch.d_model} e{arch.encoder_cells} d{arch.decoder_cells} {counts}".strip()
 
 
-_KINDS = (("attention", "attn"), ("encoder_attention", "xattn"), ("mdha", "mdha"),
-          ("encoder_mdha", "xmdha"), ("conv_1x1", "ffn"),
-          ("conv_3x1", "conv"), ("sep_conv", "sepconv"), ("light_conv", "lconv"),
-          ("glu", "glu"), ("", "other"))  # fmt: skip
+_KINDS = (
+    ("attention", "attn"),
+    ("encoder_attention", "xattn"),
+    ("mdha", "mdha"),
+    ("encoder_mdha", "xmdha"),
+    ("conv_1x1", "ffn"),
+    ("conv_3x1", "conv"),
+    ("sep_conv", "sepconv"),
+    ("light_conv", "lconv"),
+    ("glu", "glu"),
+    ("", "other"),
+)
 
 
 def summary(arch: Architecture) -> str:

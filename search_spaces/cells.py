@@ -31,9 +31,14 @@ class BranchModule(nn.Module):
         self.d_out = branch.width(d_in, d_model)
         self.norm = nn.LayerNorm(d_in) if branch.norm == "layer_norm" else nn.Identity()
         self.layer = make_layer(
-            branch.layer, d_in, self.d_out, causal=causal, heads=branch.heads,
-            reduction=branch.reduction, d_memory=d_model,
-        )  # fmt: skip
+            branch.layer,
+            d_in,
+            self.d_out,
+            causal=causal,
+            heads=branch.heads,
+            reduction=branch.reduction,
+            d_memory=d_model,
+        )
         self.activation = activation(branch.activation)
         self.dropout = nn.Dropout(dropout) if branch.layer != "identity" else nn.Identity()
 

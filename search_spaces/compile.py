@@ -182,19 +182,25 @@ def _specs(
     if arch.encoder is None:
         return [
             LayerSpec("embed", p(LMEmbedding, vocab, d, max_len, dropout)),
-            *[LayerSpec(f"dec{i}", p(LMCell, arch.decoder, d, dropout, pad_id))
-              for i in range(arch.decoder_cells)],
+            *[
+                LayerSpec(f"dec{i}", p(LMCell, arch.decoder, d, dropout, pad_id))
+                for i in range(arch.decoder_cells)
+            ],
             LayerSpec("head", p(Head, d, vocab)),
-        ]  # fmt: skip
+        ]
     return [
         LayerSpec("embed_src", p(SourceEmbedding, vocab, d, max_len, dropout)),
-        *[LayerSpec(f"enc{i}", p(EncoderCell, arch.encoder, d, dropout, pad_id))
-          for i in range(arch.encoder_cells)],
+        *[
+            LayerSpec(f"enc{i}", p(EncoderCell, arch.encoder, d, dropout, pad_id))
+            for i in range(arch.encoder_cells)
+        ],
         LayerSpec("embed_tgt", p(TargetEmbedding, vocab, d, max_len, dropout)),
-        *[LayerSpec(f"dec{i}", p(DecoderCell, arch.decoder, d, dropout, pad_id))
-          for i in range(arch.decoder_cells)],
+        *[
+            LayerSpec(f"dec{i}", p(DecoderCell, arch.decoder, d, dropout, pad_id))
+            for i in range(arch.decoder_cells)
+        ],
         LayerSpec("head", p(Head, d, vocab)),
-    ]  # fmt: skip
+    ]
 
 
 def compile(  # the name DESIGN.md uses; unrelated to torch.compile

@@ -219,9 +219,14 @@ def validate(arch: Architecture, *, window: ParamWindow | None = DEFAULT_WINDOW)
 
 
 def _sample_branch(
-    suggest: Suggest, name: str, block: int, layers: Sequence[str], activations: Sequence[str],
-    *, cross: str | None = None,
-) -> Branch:  # fmt: skip
+    suggest: Suggest,
+    name: str,
+    block: int,
+    layers: Sequence[str],
+    activations: Sequence[str],
+    *,
+    cross: str | None = None,
+) -> Branch:
     """A branch of block `block` (it may read hidden states 0..block); `cross`: for the
     branch that attends to the encoder, the name its layer is asked under when there is a
     choice of it (not `<name>.layer`, whose choices differ: the cross block moves)."""
@@ -244,8 +249,9 @@ def _sample_branch(
     return Branch(index, layer, norm, dim, act, heads, reduction)
 
 
-def _sample_cell(suggest: Suggest, side: str, n_blocks: int, choices: _Choices,
-                 cross: int | None, repair: bool) -> Cell:  # fmt: skip
+def _sample_cell(
+    suggest: Suggest, side: str, n_blocks: int, choices: _Choices, cross: int | None, repair: bool
+) -> Cell:
     """A cell whose blocks follow rules 1-3 (module docstring); rule 4 by `with_residual`."""
     layers, acts = choices.side_layers(attends=cross is not None), choices.activations
     left_layers = [n for n in layers if n != "dead"]  # rule 1
@@ -253,8 +259,9 @@ def _sample_cell(suggest: Suggest, side: str, n_blocks: int, choices: _Choices,
     for i in range(n_blocks):
         name = f"{side}.block{i}"
         if i == cross:  # rule 3
-            left = _sample_branch(suggest, f"{name}.left", i, choices.cross_layers, acts,
-                                  cross=CROSS_LAYER)  # fmt: skip
+            left = _sample_branch(
+                suggest, f"{name}.left", i, choices.cross_layers, acts, cross=CROSS_LAYER
+            )
         else:
             left = _sample_branch(suggest, f"{name}.left", i, left_layers, acts)
         right = _sample_branch(suggest, f"{name}.right", i, layers, acts)
@@ -334,8 +341,13 @@ def _branch_params(
         return params
     params[f"{name}.input"] = b.input
     if has_norm_and_activation(b.layer):  # the fields that apply are the ones not None
-        fields = {"norm": b.norm, "dim": b.dim, "activation": b.activation, "heads": b.heads,
-                  "reduction": b.reduction}  # fmt: skip
+        fields = {
+            "norm": b.norm,
+            "dim": b.dim,
+            "activation": b.activation,
+            "heads": b.heads,
+            "reduction": b.reduction,
+        }
         params |= {f"{name}.{k}": v for k, v in fields.items() if v is not None}
     return params
 
@@ -346,8 +358,10 @@ def _cell_params(
     params: dict[str, CategoricalChoice] = {}
     for i, block in enumerate(cell.blocks):
         if block.left.dead:
-            raise ValueError(f"{side}.block{i}: the left branch is dead; this space keeps "
-                             "dead branches on the right (mirror the block)")  # fmt: skip
+            raise ValueError(
+                f"{side}.block{i}: the left branch is dead; this space keeps "
+                "dead branches on the right (mirror the block)"
+            )
         crossing = choices if i == cross else None
         params |= _branch_params(f"{side}.block{i}.left", block.left, cross=crossing)
         params |= _branch_params(f"{side}.block{i}.right", block.right)
@@ -361,8 +375,10 @@ def _cross_block(cell: Cell) -> int:
     for i, block in enumerate(cell.blocks):
         if block.left.layer in CROSS_LAYERS:
             return i
-    raise ValueError("the decoder cell has no left branch attending to the encoder; this "
-                     "space asks for one (dec.cross_block)")  # fmt: skip
+    raise ValueError(
+        "the decoder cell has no left branch attending to the encoder; this "
+        "space asks for one (dec.cross_block)"
+    )
 
 
 def seed_params(

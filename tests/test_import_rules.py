@@ -80,16 +80,19 @@ def runtime_imports(path: Path) -> Iterator[tuple[int, str]]:
 def test_layers_inside_pipeline(module: str, path: Path) -> None:
     """pure <- local <- distributed: a part never imports a later one or torch.distributed."""
     rules = RULES["layers"]
-    layer = next((name for name in rules if module == name or module.startswith(name + ".")),
-                 None)  # fmt: skip
+    layer = next((name for name in rules if module == name or module.startswith(name + ".")), None)
     if layer is None:
         return  # the distributed parts and the facade may import anything of the runtime
     allowed = rules[layer]
     for line, name in runtime_imports(path):
         where = f"{module} (line {line}) imports {name}"
         assert not name.startswith("torch.distributed"), where
-        if name.count(".") >= 1 and name.split(".")[1] in {"pure", "local", "distributed",
-                                                          "errors"}:  # fmt: skip
+        if name.count(".") >= 1 and name.split(".")[1] in {
+            "pure",
+            "local",
+            "distributed",
+            "errors",
+        }:
             target = ".".join(name.split(".")[:2])
             assert target in allowed, f"{where}; {layer} may import only {allowed}"
 

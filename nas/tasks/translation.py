@@ -312,9 +312,14 @@ class Translation(Task):
         data = self._encoded[split]
         chosen = range(len(data)) if indices is None else indices
         sources = [data[i][0] for i in chosen]
-        return translate_ids(step_fn, self.vocab, sources, batch_size=batch_size,
-                             max_len=self.max_chars + 1 if max_len is None else max_len,
-                             width=self.max_chars if self.fixed_length else None)  # fmt: skip
+        return translate_ids(
+            step_fn,
+            self.vocab,
+            sources,
+            batch_size=batch_size,
+            max_len=self.max_chars + 1 if max_len is None else max_len,
+            width=self.max_chars if self.fixed_length else None,
+        )
 
     def generation_metrics(
         self,
@@ -345,16 +350,19 @@ class Translation(Task):
         decoding of `decode` pairs (None: all) in batches of `decode_batch_size` (one
         forward per generated token, so few large batches cost least): `chrf`,
         `exact_match`, `decoded` (pairs) and `decode_s` (what decoding cost, in seconds)."""
-        metrics = super().evaluate(forward, split, batch_size=batch_size,
-                                   max_batches=max_batches)  # fmt: skip
+        metrics = super().evaluate(forward, split, batch_size=batch_size, max_batches=max_batches)
         if decode == 0:
             return metrics
         started = time.perf_counter()
-        decoded = self.generation_metrics(lambda src, tgt: forward((src, tgt)), split,
-                                          batch_size=decode_batch_size, pairs=decode)  # fmt: skip
-        return metrics | {"chrf": decoded["chrf"], "exact_match": decoded["exact_match"],
-                          "decoded": decoded["n"],
-                          "decode_s": time.perf_counter() - started}  # fmt: skip
+        decoded = self.generation_metrics(
+            lambda src, tgt: forward((src, tgt)), split, batch_size=decode_batch_size, pairs=decode
+        )
+        return metrics | {
+            "chrf": decoded["chrf"],
+            "exact_match": decoded["exact_match"],
+            "decoded": decoded["n"],
+            "decode_s": time.perf_counter() - started,
+        }
 
     def unigram_baseline(self, split: str) -> float:
         """Nats per target token (characters and EOS) under the training unigram."""

@@ -136,8 +136,9 @@ class LifecycleTracker(Tracker):
 
     def _on_start_study(self, study_name: str, config: Mapping[str, Any]) -> None: ...
 
-    def _on_start_trial(self, number: int, params: Mapping[str, Any],
-                        config: Mapping[str, Any]) -> None: ...  # fmt: skip
+    def _on_start_trial(
+        self, number: int, params: Mapping[str, Any], config: Mapping[str, Any]
+    ) -> None: ...
 
     def _on_step(self, step: int, metrics: Metrics) -> None: ...
 
@@ -357,11 +358,31 @@ def check_step(step: int) -> None:
 
 
 # -- the runtime's statistics as step metrics ----------------------------------------------------
-_TOP = ("samples_per_s", "tokens_per_s", "iteration_s", "predicted_iteration_s",
-        "bubble_fraction", "predicted_bubble_fraction", "plan_version", "generation")  # fmt: skip
-_STAGE = ("forward_s", "backward_s", "wait_s", "optimizer_s", "total_s", "param_bytes",
-          "state_bytes", "activation_peak_bytes", "measured_peak_bytes", "predicted_peak_bytes",
-          "predicted_compute_s", "allocator_peak_bytes", "process_peak_bytes")  # fmt: skip
+_TOP = (
+    "samples_per_s",
+    "tokens_per_s",
+    "iteration_s",
+    "predicted_iteration_s",
+    "bubble_fraction",
+    "predicted_bubble_fraction",
+    "plan_version",
+    "generation",
+)
+_STAGE = (
+    "forward_s",
+    "backward_s",
+    "wait_s",
+    "optimizer_s",
+    "total_s",
+    "param_bytes",
+    "state_bytes",
+    "activation_peak_bytes",
+    "measured_peak_bytes",
+    "predicted_peak_bytes",
+    "predicted_compute_s",
+    "allocator_peak_bytes",
+    "process_peak_bytes",
+)
 
 
 def pipeline_metrics(stats: Mapping[str, Any]) -> dict[str, float | int | None]:

@@ -22,8 +22,9 @@ def study_tracker(settings: NasSettings, *, study_run: bool = True) -> Tracker:
     directory = str(Path(settings.output_dir) / "tracking")
     if name == "wandb":
         wandb_options = {"directory": directory, "study_run": study_run} | options
-        return CompositeTracker([make_tracker("jsonl", directory=directory),
-                                 make_tracker("wandb", **wandb_options)])  # fmt: skip
+        return CompositeTracker(
+            [make_tracker("jsonl", directory=directory), make_tracker("wandb", **wandb_options)]
+        )
     if name == "jsonl":
         options.setdefault("directory", directory)
     return make_tracker(name, **options)

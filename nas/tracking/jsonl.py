@@ -87,8 +87,11 @@ class JsonlTracker(LifecycleTracker):
         assert self._fd is not None and self._study is not None  # the lifecycle's checks
         record = {"kind": kind, "study": self._study, **fields}
         if "trial" in fields and self._job is not None:
-            record = {**dict(list(record.items())[:3]), "job": self._job,
-                      **dict(list(record.items())[3:])}  # fmt: skip
+            record = {
+                **dict(list(record.items())[:3]),
+                "job": self._job,
+                **dict(list(record.items())[3:]),
+            }
         line = json.dumps(json_safe(record), allow_nan=False, ensure_ascii=False) + "\n"
         data = line.encode("utf-8")
         while data:  # one write for a whole line in practice; loop on a short write
@@ -113,16 +116,23 @@ class JsonlTracker(LifecycleTracker):
         self._write("trial_start", trial=number, time=time.time(), params=params, config=config)
 
     def _on_step(self, step: int, metrics: Metrics) -> None:
-        self._write("step", trial=self._trial, step=step, time=time.time(),
-                    metrics=clean_metrics(metrics))  # fmt: skip
+        self._write(
+            "step", trial=self._trial, step=step, time=time.time(), metrics=clean_metrics(metrics)
+        )
 
     def _on_event(self, step: int, event: Mapping[str, Any]) -> None:
         self._write("event", trial=self._trial, step=step, time=time.time(), event=event)
 
     def _on_end_trial(self, state: str, summary: Mapping[str, Any], error: str | None) -> None:
         try:
-            self._write("trial_end", trial=self._trial, time=time.time(), state=state,
-                        error=error, summary=summary)  # fmt: skip
+            self._write(
+                "trial_end",
+                trial=self._trial,
+                time=time.time(),
+                state=state,
+                error=error,
+                summary=summary,
+            )
         finally:
             self._job = None
 
@@ -133,8 +143,13 @@ class JsonlTracker(LifecycleTracker):
         summary: Mapping[str, Any],
     ) -> None:
         try:
-            self._write("study_end", time=time.time(), trials=list(trials_table),
-                        pareto_front=list(pareto_front), summary=summary)  # fmt: skip
+            self._write(
+                "study_end",
+                time=time.time(),
+                trials=list(trials_table),
+                pareto_front=list(pareto_front),
+                summary=summary,
+            )
         finally:
             self._on_close()
 

@@ -53,11 +53,13 @@ def save_pareto_plot(
     figure = Figure(figsize=(6, 4.5), layout="constrained")
     axes = figure.add_subplot()
     if points:
-        axes.scatter([p[0] for p in points], [p[1] for p in points], s=18, color="0.6",
-                     label="trials")  # fmt: skip
+        axes.scatter(
+            [p[0] for p in points], [p[1] for p in points], s=18, color="0.6", label="trials"
+        )
     if best:
-        axes.plot([p[0] for p in best], [p[1] for p in best], marker="o", color="C3",
-                  label="Pareto front")  # fmt: skip
+        axes.plot(
+            [p[0] for p in best], [p[1] for p in best], marker="o", color="C3", label="Pareto front"
+        )
     axes.set_xlabel(x)
     axes.set_ylabel(y)
     axes.set_title(title)

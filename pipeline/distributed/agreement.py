@@ -54,8 +54,9 @@ def profile_costs(
     if source == "estimate":
         return comm.agree(lambda: estimate(shapes, device, ratio))
     rank, world = comm.rank, comm.world_size
-    comm.together(lambda: sandbox(specs, shapes, device, ratio, cache,
-                                  mine=lambda i: i % world == rank))  # fmt: skip
+    comm.together(
+        lambda: sandbox(specs, shapes, device, ratio, cache, mine=lambda i: i % world == rank)
+    )
     for part in comm.all_gather_object(cache.entries()):
         cache.update(part)
     return comm.agree(lambda: sandbox(specs, shapes, device, ratio, cache, mine=lambda i: False))
@@ -66,9 +67,13 @@ def measured_costs(
 ) -> tuple[list[LayerCost], list[str]]:
     """Every layer's smoothed measured costs and memory action, from the stage running it
     (this rank's `stages`; gathered in stage order, whichever rank holds which)."""
-    mine = [(stage.index, [(stage.measured_cost(i), layer.action)
-                           for i, layer in enumerate(stage.layers)])
-            for stage in stages]  # fmt: skip
+    mine = [
+        (
+            stage.index,
+            [(stage.measured_cost(i), layer.action) for i, layer in enumerate(stage.layers)],
+        )
+        for stage in stages
+    ]
     parts = sorted(part for rank in comm.all_gather_object(mine) for part in rank)
     gathered = [entry for _, entries in parts for entry in entries]
     assert len(gathered) == n_layers, "every layer is owned by exactly one stage"

@@ -31,9 +31,11 @@ __all__ = ["build", "checked_sizes", "plan_first", "planned_schedule", "set_hand
 
 
 def setup(
-    pipe: PipelineParts, specs: Sequence[LayerSpec], partition: str | Sequence[int] | Plan,
+    pipe: PipelineParts,
+    specs: Sequence[LayerSpec],
+    partition: str | Sequence[int] | Plan,
     requested_handoff: tuple[int, ...] | None,
-) -> None:  # fmt: skip
+) -> None:
     """Validate a model and its partition; build now, or on the first step if "auto"."""
     pipe.model = ModelHolder(check_specs(specs), requested_handoff)
     n_layers = len(pipe.model.specs)
@@ -57,16 +59,19 @@ def build(
     """Build this rank's stage of `sizes` (with `plan`'s memory actions, meters from `costs`)."""
     model, cuts = pipe.model, bounds(sizes)
     # Factories run here: a bad one raises on every rank, not only where it is built.
-    stages = pipe.comm.together(lambda: [
-        _stage(pipe, s, *cuts[s], plan) for s in pipe.runner.placement.stages_of(pipe.rank)
-    ])  # fmt: skip
+    stages = pipe.comm.together(
+        lambda: [
+            _stage(pipe, s, *cuts[s], plan) for s in pipe.runner.placement.stages_of(pipe.rank)
+        ]
+    )
     if costs is not None:
         for stage in stages:
             start, stop = cuts[stage.index]
             stage.seed_meters(costs[start:stop])
     model.install(stages, sizes, plan)
-    set_handoff(pipe, plan.handoff if plan is not None and plan.handoff
-                else model.requested_handoff)  # fmt: skip
+    set_handoff(
+        pipe, plan.handoff if plan is not None and plan.handoff else model.requested_handoff
+    )
     pipe.plan_age.restart(model.step)  # measure memory on the first step of every plan
     pipe.event_log.record("build", sizes=list(sizes), plan=None if plan is None else plan.to_dict())
 
@@ -74,9 +79,16 @@ def build(
 def _stage(pipe: PipelineParts, index: int, start: int, stop: int, plan: Plan | None) -> Stage:
     """Stage `index`, holding layers [start, stop) with the plan's memory actions."""
     actions = list(plan.actions[start:stop]) if plan is not None else None
-    return Stage(index, pipe.n_stages, pipe.model.specs[start:stop], seed=pipe.recipe.seed,
-                 device=pipe.device, optimizer=pipe.recipe.optimizer,
-                 loss_fn=pipe.recipe.loss_fn, actions=actions)  # fmt: skip
+    return Stage(
+        index,
+        pipe.n_stages,
+        pipe.model.specs[start:stop],
+        seed=pipe.recipe.seed,
+        device=pipe.device,
+        optimizer=pipe.recipe.optimizer,
+        loss_fn=pipe.recipe.loss_fn,
+        actions=actions,
+    )
 
 
 def set_handoff(pipe: PipelineParts, handoff: Sequence[int] | None) -> None:
@@ -86,39 +98,57 @@ def set_handoff(pipe: PipelineParts, handoff: Sequence[int] | None) -> None:
     if any(cut) or any(model.handoff):  # a cut to put in force or to take back
         stage = model.live_stage("Bi-Partition's handoff")
         if any(cut) and is_stream(pipe.schedule):
-            raise ValueError(f"handoff {list(cut)} needs a flushed schedule (gpipe, 1f1b, "
-                             f"zbh1), not {pipe.schedule_name or pipe.schedule!r}")  # fmt: skip
-        pipe.comm.together(lambda: handoff_cut.configure(stage, model.specs, model.sizes, cut,
-                                                         pipe.recipe.seed))  # fmt: skip
+            raise ValueError(
+                f"handoff {list(cut)} needs a flushed schedule (gpipe, 1f1b, "
+                f"zbh1), not {pipe.schedule_name or pipe.schedule!r}"
+            )
+        pipe.comm.together(
+            lambda: handoff_cut.configure(stage, model.specs, model.sizes, cut, pipe.recipe.seed)
+        )
         pipe.event_log.record("handoff", handoff=list(cut))
     model.handoff = cut
 
 
 def plan_first(pipe: PipelineParts, example: Any) -> None:
     """partition="auto": profile one micro-batch's shapes, plan on rank 0, build."""
-    costs = profile_costs(pipe.comm, pipe.model.specs, example, device=pipe.device,
-                          opt_ratio=pipe.recipe.optimizer_state_ratio, cache=pipe.cost_cache,
-                          source=pipe.profile)  # fmt: skip
+    costs = profile_costs(
+        pipe.comm,
+        pipe.model.specs,
+        example,
+        device=pipe.device,
+        opt_ratio=pipe.recipe.optimizer_state_ratio,
+        cache=pipe.cost_cache,
+        source=pipe.profile,
+    )
     if pipe.auto_schedule:
         plan = _choose_schedule(pipe, costs)
     else:
         schedule = planned_schedule(pipe)
-        plan = pipe.comm.agree(lambda: pipe.planner.plan(
-            costs, pipe.n_stages, schedule=schedule,
-            n_microbatches=pipe.n_microbatches, memory_budget=pipe.memory_budget,
-        ))  # fmt: skip
+        plan = pipe.comm.agree(
+            lambda: pipe.planner.plan(
+                costs,
+                pipe.n_stages,
+                schedule=schedule,
+                n_microbatches=pipe.n_microbatches,
+                memory_budget=pipe.memory_budget,
+            )
+        )
     build(pipe, list(plan.sizes), plan, costs)
     weights.take_inheritance(pipe)
 
 
 def _choose_schedule(pipe: PipelineParts, costs: list[LayerCost]) -> Plan:
     """schedule="auto": every exact schedule planned on rank 0, the fastest adopted."""
-    best, tried = pipe.comm.agree(lambda: choose_schedule(
-        pipe.planner, costs, pipe.comm.world_size, n_microbatches=pipe.n_microbatches,
-        memory_budget=pipe.memory_budget,
-    ))  # fmt: skip
-    pipe.event_log.record("schedule", chosen=best.schedule,
-                          candidates=[c.to_dict() for c in tried])  # fmt: skip
+    best, tried = pipe.comm.agree(
+        lambda: choose_schedule(
+            pipe.planner,
+            costs,
+            pipe.comm.world_size,
+            n_microbatches=pipe.n_microbatches,
+            memory_budget=pipe.memory_budget,
+        )
+    )
+    pipe.event_log.record("schedule", chosen=best.schedule, candidates=[c.to_dict() for c in tried])
     pipe.adopt_schedule(best.schedule)
     assert best.plan is not None
     return best.plan

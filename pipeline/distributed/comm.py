@@ -126,8 +126,9 @@ class Comm:
         """Post the open group: its operations start together; `Posted.wait` waits for one."""
         group, self._open = self._open, []
         for control in (True, False):  # a batch holds tensors of one device and one group
-            ops = [(op, posted) for op, posted in group
-                   if (op.tensor.device.type == "cpu") == control]  # fmt: skip
+            ops = [
+                (op, posted) for op, posted in group if (op.tensor.device.type == "cpu") == control
+            ]
             if not ops:
                 continue
             works: list[Any] = list(dist.batch_isend_irecv([op for op, _ in ops]))

@@ -159,29 +159,42 @@ class ElasticPipeline(ModelViews):
         self.auto_schedule = isinstance(schedule, str) and schedule.lower() == "auto"
         if self.auto_schedule:
             if not (isinstance(partition, str) and partition == "auto"):
-                raise ValueError("schedule='auto' chooses the stages with the partition: it "
-                                 f"needs partition='auto', got {partition!r}")  # fmt: skip
+                raise ValueError(
+                    "schedule='auto' chooses the stages with the partition: it "
+                    f"needs partition='auto', got {partition!r}"
+                )
             schedule = "1f1b"  # until the first step chooses (`build.plan_first`)
         self.options = PipelineOptions(
-            n_microbatches, memory_budget, profile, rebalance_every, rebalance_on_drift,
-            rebalance_horizon, rebalance_settle, measure_memory_every, on_nonfinite,
-            check_pipemare(schedule.lower() if isinstance(schedule, str) else None, pipemare,
-                           n_microbatches),
+            n_microbatches,
+            memory_budget,
+            profile,
+            rebalance_every,
+            rebalance_on_drift,
+            rebalance_horizon,
+            rebalance_settle,
+            measure_memory_every,
+            on_nonfinite,
+            check_pipemare(
+                schedule.lower() if isinstance(schedule, str) else None, pipemare, n_microbatches
+            ),
             None if handoff is None else tuple(handoff),
-        )  # fmt: skip
+        )
         self.pipemare = self.options.pipemare  # PipeMare's T1/T2 (None: another schedule)
         if not callable(loss_fn):
             raise TypeError(f"loss_fn must be callable, got {type(loss_fn).__name__}")
         self.n_microbatches = n_microbatches
         self._set_schedule(schedule, stages_per_rank)
         if handoff is not None and isinstance(partition, str):
-            raise ValueError("handoff= needs explicit stage sizes (partition=[...]); with "
-                             "partition='auto', planner='bipartition' chooses the cut")  # fmt: skip
+            raise ValueError(
+                "handoff= needs explicit stage sizes (partition=[...]); with "
+                "partition='auto', planner='bipartition' chooses the cut"
+            )
         self.active_stream: ActiveStream | None = None  # a `train` stream in flight
         self.planner = get_planner(planner) if isinstance(planner, str) else planner
         self.memory_budget, self.profile = memory_budget, profile
-        self.triggers = ReplanTriggers(rebalance_every, memory_budget, rebalance_on_drift,
-                                       rebalance_settle)  # fmt: skip
+        self.triggers = ReplanTriggers(
+            rebalance_every, memory_budget, rebalance_on_drift, rebalance_settle
+        )
         self.cost_cache = cost_cache if cost_cache is not None else CostCache()
         self.device = torch.device(device) if device is not None else self.comm.data_device
         self.recipe = TrainingRecipe.of(seed, optimizer, loss_fn)  # also checks the factory
@@ -263,9 +276,11 @@ class ElasticPipeline(ModelViews):
 
     # -- elasticity --------------------------------------------------------------------------
     def repartition(
-        self, sizes: Sequence[int], actions: Sequence[str] | None = None,
+        self,
+        sizes: Sequence[int],
+        actions: Sequence[str] | None = None,
         handoff: Sequence[int] | None = None,
-    ) -> MigrationRecord:  # fmt: skip
+    ) -> MigrationRecord:
         """Move layers live so that stage s holds `sizes[s]` layers; call on every rank.
 
         Only the layers whose stage changes travel, with their parameters, buffers,
@@ -306,9 +321,15 @@ class ElasticPipeline(ModelViews):
         that model's weights instead. An "inherit" event records what was taken.
         `loss_fn` and `optimizer`, when given, replace the current ones.
         """
-        elasticity.reconfigure(self, specs, partition=partition, inherit_weights=inherit_weights,
-                               inherit_from=inherit_from, loss_fn=loss_fn,
-                               optimizer=optimizer)  # fmt: skip
+        elasticity.reconfigure(
+            self,
+            specs,
+            partition=partition,
+            inherit_weights=inherit_weights,
+            inherit_from=inherit_from,
+            loss_fn=loss_fn,
+            optimizer=optimizer,
+        )
 
     def snapshot(self) -> WeightSnapshot:
         """This rank's layers' weights (CPU copies) with the model's keys and partition, to
@@ -338,8 +359,7 @@ class ElasticPipeline(ModelViews):
 
         A collective: call it on every rank; rank 0 writes the file and returns its path.
         """
-        return report.save_timeline(self.comm, self._live_stages(), path,
-                                    f"step {self.step - 1}")  # fmt: skip
+        return report.save_timeline(self.comm, self._live_stages(), path, f"step {self.step - 1}")
 
     def full_state_dict(self) -> dict[str, dict[str, torch.Tensor]]:
         """{layer key: its state dict on CPU}, in layer order, on rank 0; {} on other ranks.

@@ -53,8 +53,16 @@ def repartition(
     for stage in stages:
         stage.set_handoff(0, None)  # replicas go; the owners hold every handed layer's state
     try:
-        record = migrate(pipe.comm, stages, model.specs, model.sizes, new, model.step,
-                         model.version + 1, pipe.placement.rank_of)  # fmt: skip
+        record = migrate(
+            pipe.comm,
+            stages,
+            model.specs,
+            model.sizes,
+            new,
+            model.step,
+            model.version + 1,
+            pipe.placement.rank_of,
+        )
     except MigrationError as exc:
         build.set_handoff(pipe, old_cut)
         pipe.event_log.record("rollback", sizes=model.sizes, requested=new, error=str(exc))
@@ -78,29 +86,51 @@ def rebalance(pipe: PipelineParts, remaining_steps: int | None) -> MigrationReco
     horizon = pipe.options.rebalance_horizon if remaining_steps is None else remaining_steps
     costs, actions = pipe.layer_costs()
     schedule = build.planned_schedule(pipe)
-    current = evaluate(costs, pipe.model.sizes, actions, schedule=schedule,
-                       n_microbatches=pipe.n_microbatches, handoff=pipe.model.handoff)  # fmt: skip
-    decision = pipe.comm.agree(lambda: replan(
-        current, costs, pipe.planner, remaining_steps=horizon, link=pipe.link,
-        memory_budget=pipe.memory_budget, schedule=schedule,
-    ))  # fmt: skip
-    pipe.event_log.record("replan", changed=decision.changed, reason=decision.reason,
-                          candidate=decision.candidate.to_dict())  # fmt: skip
+    current = evaluate(
+        costs,
+        pipe.model.sizes,
+        actions,
+        schedule=schedule,
+        n_microbatches=pipe.n_microbatches,
+        handoff=pipe.model.handoff,
+    )
+    decision = pipe.comm.agree(
+        lambda: replan(
+            current,
+            costs,
+            pipe.planner,
+            remaining_steps=horizon,
+            link=pipe.link,
+            memory_budget=pipe.memory_budget,
+            schedule=schedule,
+        )
+    )
+    pipe.event_log.record(
+        "replan",
+        changed=decision.changed,
+        reason=decision.reason,
+        candidate=decision.candidate.to_dict(),
+    )
     pipe.model.replanned(decision.plan)
     pipe.plan_age.restart(pipe.model.step, measure=False)
     if not decision.changed:
         return None
-    return pipe.repartition(decision.plan.sizes, decision.plan.actions,
-                            decision.plan.handoff or None)  # fmt: skip
+    return pipe.repartition(
+        decision.plan.sizes, decision.plan.actions, decision.plan.handoff or None
+    )
 
 
 def maybe_rebalance(pipe: PipelineParts, measured: bool) -> None:
     """After a step: rebalance when a trigger fires (`pipeline.distributed.triggers`)."""
     model = pipe.model
     reason = pipe.triggers.reason(
-        pipe.comm, model.step, model.live_stages(), model.plan, measured,
+        pipe.comm,
+        model.step,
+        model.live_stages(),
+        model.plan,
+        measured,
         steps_on_plan=pipe.plan_age.steps_on_plan(model.step),
-    )  # fmt: skip
+    )
     if reason is not None:
         pipe.event_log.record("trigger", reason=reason)
         pipe.rebalance()
@@ -123,8 +153,10 @@ def reconfigure(
     if any(r != requests[0] for r in requests):
         raise ValueError("ranks passed different models to reconfigure")
     if inherit_from is not None and not isinstance(inherit_from, WeightSnapshot):
-        raise TypeError(f"inherit_from must be a WeightSnapshot (from snapshot()), "
-                        f"got {type(inherit_from).__name__}")  # fmt: skip
+        raise TypeError(
+            f"inherit_from must be a WeightSnapshot (from snapshot()), "
+            f"got {type(inherit_from).__name__}"
+        )
     source = inherit_from
     if source is None and inherit_weights and pipe.model.built:
         source = weights.snapshot(pipe, copy=False)  # references: the old layers are freed next

@@ -37,8 +37,17 @@ from typing import Any
 
 __all__ = ["EVENT_KINDS", "EventLog", "PipelineEvent", "plain"]
 
-EVENT_KINDS = ("schedule", "build", "migration", "rollback", "trigger", "replan", "reconfigure",
-               "inherit", "error")  # fmt: skip
+EVENT_KINDS = (
+    "schedule",
+    "build",
+    "migration",
+    "rollback",
+    "trigger",
+    "replan",
+    "reconfigure",
+    "inherit",
+    "error",
+)
 
 
 def plain(value: Any) -> Any:
@@ -97,8 +106,12 @@ class PipelineEvent:
 
     def to_dict(self) -> dict[str, Any]:
         """{"generation", "step", "kind", "details"} in plain JSON values (see `plain`)."""
-        return {"generation": self.generation, "step": self.step, "kind": self.kind,
-                "details": plain(self.details)}  # fmt: skip
+        return {
+            "generation": self.generation,
+            "step": self.step,
+            "kind": self.kind,
+            "details": plain(self.details),
+        }
 
 
 class EventLog:

@@ -67,8 +67,17 @@ from pipeline.local.stage import ComputeError, InFlight, Stage, StepTimes
 from pipeline.pure.actions import COMPUTE_OPS
 from pipeline.pure.schedule import Action, Op
 
-__all__ = ["LOCAL", "Edge", "Edges", "Run", "infer", "merged_times", "peer_links", "sum_losses",
-           "train_step"]  # fmt: skip
+__all__ = [
+    "LOCAL",
+    "Edge",
+    "Edges",
+    "Run",
+    "infer",
+    "merged_times",
+    "peer_links",
+    "sum_losses",
+    "train_step",
+]
 
 T = TypeVar("T")
 Batches = Sequence[T] | Mapping[int, T]  # micro-batch i's item at [i] (a stream: a dict)
@@ -143,13 +152,15 @@ class Run:
             except PeerFailed:
                 self.peer_failed = True
             except ComputeError as error:
-                self.failure = self.stage_error(error.phase, error.error, error.layer,
-                                                error.microbatch, action.stage)  # fmt: skip
+                self.failure = self.stage_error(
+                    error.phase, error.error, error.layer, error.microbatch, action.stage
+                )
             except (ValueError, TypeError, RuntimeError) as error:  # a send's checks
                 if action.op not in (Op.SEND_ACT, Op.SEND_GRAD):
                     raise
-                self.failure = self.stage_error("send", error, None, action.microbatch,
-                                                action.stage)  # fmt: skip
+                self.failure = self.stage_error(
+                    "send", error, None, action.microbatch, action.stage
+                )
         self._unblock(action)
 
     # -- healthy -----------------------------------------------------------------------------
@@ -246,14 +257,19 @@ class Run:
             prev.send_failure(GRAD, i)
 
     def stage_error(
-        self, phase: str, error: BaseException, layer: str | None, microbatch: int | None,
+        self,
+        phase: str,
+        error: BaseException,
+        layer: str | None,
+        microbatch: int | None,
         stage: int = -1,
-    ) -> StageError:  # fmt: skip
+    ) -> StageError:
         text = "".join(traceback.format_exception(error))
         cause = f"{type(error).__name__}: {error}"
         index = self.stages[stage].index if stage in self.stages else self.stage.index
-        failure = StageError(index, phase, self.step, cause, text, layer=layer,
-                             microbatch=microbatch)  # fmt: skip
+        failure = StageError(
+            index, phase, self.step, cause, text, layer=layer, microbatch=microbatch
+        )
         failure.__cause__ = error
         return failure
 
@@ -305,10 +321,12 @@ def train_step(
     loss = loss_sum / n_microbatches
     if on_nonfinite == "raise" and not math.isfinite(loss):
         raise NonFiniteLossError(
-            max(s.n_stages for s in stages.values()) - 1, "loss", step,
+            max(s.n_stages for s in stages.values()) - 1,
+            "loss",
+            step,
             f"the loss is {loss} (mean of the micro-batches)",
             microbatch=int(first_bad) - 1 if first_bad else None,
-        )  # fmt: skip
+        )
     error = None
     for k, stage in stages.items():
         try:
@@ -343,12 +361,14 @@ def merged_times(times: Sequence[StepTimes]) -> StepTimes:
     if len(times) == 1:
         return times[0]
     return StepTimes(
-        forward_s=sum(t.forward_s for t in times), backward_s=sum(t.backward_s for t in times),
-        wait_s=sum(t.wait_s for t in times), optimizer_s=sum(t.optimizer_s for t in times),
+        forward_s=sum(t.forward_s for t in times),
+        backward_s=sum(t.backward_s for t in times),
+        wait_s=sum(t.wait_s for t in times),
+        optimizer_s=sum(t.optimizer_s for t in times),
         total_s=max(t.total_s for t in times),
         peak_activation_bytes=sum(t.peak_activation_bytes for t in times),
         allocator_peak_bytes=max(t.allocator_peak_bytes for t in times),
-    )  # fmt: skip
+    )
 
 
 def sum_losses(losses: dict[int, torch.Tensor]) -> tuple[float, float]:
@@ -385,8 +405,10 @@ def infer(
     mine = None
     if comm.rank == last_rank and not run.failed:
         last = [k for k, (_, nxt) in edges.items() if nxt is None]
-        mine = [tuple(t.cpu() for t in run.outputs[key])
-                for key in sorted(key for key in run.outputs if key[0] in last)]  # fmt: skip
+        mine = [
+            tuple(t.cpu() for t in run.outputs[key])
+            for key in sorted(key for key in run.outputs if key[0] in last)
+        ]
     gathered = comm.all_gather_object((run.failed, run.failure, mine))
     if any(failed for failed, _, _ in gathered):
         raise_first([failure for _, failure, _ in gathered], comm.rank, run.failure)

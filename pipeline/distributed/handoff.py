@@ -59,19 +59,25 @@ def check_handoff(handoff: Sequence[int] | None, sizes: Sequence[int]) -> tuple[
         return (0,) * n
     values = tuple(handoff)
     if len(values) != n or any(isinstance(k, bool) or not isinstance(k, int) for k in values):
-        raise ValueError(f"handoff must give an int for each of the {n} stage boundaries, "
-                         f"got {handoff!r}")  # fmt: skip
+        raise ValueError(
+            f"handoff must give an int for each of the {n} stage boundaries, got {handoff!r}"
+        )
     for s, k in enumerate(values):
         if not 0 <= k < sizes[s]:
-            raise ValueError(f"handoff[{s}]={k} is not valid: stage {s} holds {sizes[s]} "
-                             f"layers, so it may hand 0..{sizes[s] - 1} of them")  # fmt: skip
+            raise ValueError(
+                f"handoff[{s}]={k} is not valid: stage {s} holds {sizes[s]} "
+                f"layers, so it may hand 0..{sizes[s] - 1} of them"
+            )
     return values
 
 
 def configure(
-    stage: Stage, specs: Sequence[LayerSpec], sizes: Sequence[int], handoff: Sequence[int],
+    stage: Stage,
+    specs: Sequence[LayerSpec],
+    sizes: Sequence[int],
+    handoff: Sequence[int],
     seed: int,
-) -> None:  # fmt: skip
+) -> None:
     """Set this stage's cut on both sides and build the replicas (each step's
     `share_weights` gives them the owners' weights). Every rank calls it with the same
     arguments; a layer that is not separable raises ValueError where its replica would
@@ -119,5 +125,8 @@ def share_weights(stage: Stage, links: Links) -> None:
 
 
 def _handed_params(stage: Stage) -> list[torch.Tensor]:
-    return [p for layer in stage.layers[len(stage.layers) - stage.handoff_out :]
-            for p in layer.module.parameters()]  # fmt: skip
+    return [
+        p
+        for layer in stage.layers[len(stage.layers) - stage.handoff_out :]
+        for p in layer.module.parameters()
+    ]

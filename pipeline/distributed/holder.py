@@ -103,8 +103,10 @@ class ModelHolder:
         stages = self.live_stages()
         if len(stages) != 1:
             held = [s.index for s in stages]
-            raise ValueError(f"{what} needs one stage per rank; this rank holds stages "
-                             f"{held} (an interleaved or V schedule)")  # fmt: skip
+            raise ValueError(
+                f"{what} needs one stage per rank; this rank holds stages "
+                f"{held} (an interleaved or V schedule)"
+            )
         return stages[0]
 
     # -- the events that change a model ----------------------------------------------------

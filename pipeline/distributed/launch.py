@@ -96,8 +96,9 @@ def launch(
         raise ValueError(f"timeout_s must be positive, got {timeout_s}")
     here = int(os.environ.get("LOCAL_WORLD_SIZE", n_stages)) if under_torchrun() else n_stages
     if backend is None:  # from the stages on this machine, not from the whole world's count
-        backend = "nccl" if torch.cuda.is_available() and torch.cuda.device_count() >= here \
-            else "gloo"  # fmt: skip
+        backend = (
+            "nccl" if torch.cuda.is_available() and torch.cuda.device_count() >= here else "gloo"
+        )
     if threads_per_stage is None:
         threads_per_stage = max(1, (os.cpu_count() or 1) // here)
     if under_torchrun():
@@ -128,15 +129,18 @@ def _join_torchrun(
         # Created once and kept until the process exits: a second group on torchrun's store
         # would meet the first one's keys (its ranks' old addresses) and hang, so a program
         # that launches twice (a study, then its retraining) reuses the first.
-        dist.init_process_group(_group_backend(backend),
-                                timeout=datetime.timedelta(seconds=timeout_s))  # fmt: skip
+        dist.init_process_group(
+            _group_backend(backend), timeout=datetime.timedelta(seconds=timeout_s)
+        )
         atexit.register(dist.destroy_process_group)
     comm = Comm()
     chosen = comm.all_gather_object((socket.gethostname(), backend))
     if len({b for _, b in chosen}) > 1:
-        raise ValueError(f"the nodes chose different backends (host, backend per rank): "
-                         f"{chosen}; pass backend= explicitly, or give every node a GPU "
-                         "per stage it runs")  # fmt: skip
+        raise ValueError(
+            f"the nodes chose different backends (host, backend per rank): "
+            f"{chosen}; pass backend= explicitly, or give every node a GPU "
+            "per stage it runs"
+        )
     local_rank = int(os.environ.get("LOCAL_RANK", dist.get_rank()))
     ctx = _context(dist.get_rank(), world, backend, threads, timeout_s, local_rank)
     result = fn(ctx)
@@ -151,9 +155,13 @@ def _launch_local(
 ) -> list[Any]:
     spawn = mp.get_context("spawn")
     store = dist.TCPStore(
-        "127.0.0.1", 0, n_stages + 1, is_master=True,
-        timeout=datetime.timedelta(seconds=timeout_s), wait_for_workers=False,
-    )  # fmt: skip
+        "127.0.0.1",
+        0,
+        n_stages + 1,
+        is_master=True,
+        timeout=datetime.timedelta(seconds=timeout_s),
+        wait_for_workers=False,
+    )
     reports: Any = spawn.Queue()
     procs = [
         spawn.Process(
@@ -216,9 +224,10 @@ def _first_cause(
     for rank, p in enumerate(procs):
         if p.exitcode is not None and rank not in errors and rank not in finished:
             return StageFailedError(
-                rank, f"the process exited with code {p.exitcode} without a report "
-                "(killed by a signal or out of memory?)"
-            )  # fmt: skip
+                rank,
+                f"the process exited with code {p.exitcode} without a report "
+                "(killed by a signal or out of memory?)",
+            )
     primary = [r for r, tb in errors.items() if not any(m in tb for m in _PEER_FAILURE)]
     rank = primary[0] if primary else next(iter(errors))
     return StageFailedError(rank, errors[rank])
@@ -237,8 +246,14 @@ def _terminate(procs: list[Any]) -> None:
             p.join()
 
 
-def _context(rank: int, world: int, backend: str, threads: int, timeout_s: float,
-             local_rank: int | None = None) -> StageContext:  # fmt: skip
+def _context(
+    rank: int,
+    world: int,
+    backend: str,
+    threads: int,
+    timeout_s: float,
+    local_rank: int | None = None,
+) -> StageContext:
     """The stage's context; its GPU is its rank on this machine (`local_rank`)."""
     torch.set_num_threads(threads)
     if backend == "nccl":
@@ -265,8 +280,9 @@ def _stage_main(
     try:
         timeout = datetime.timedelta(seconds=timeout_s)
         store = dist.TCPStore("127.0.0.1", port, world + 1, is_master=False, timeout=timeout)
-        dist.init_process_group(_group_backend(backend), store=store, rank=rank,
-                                world_size=world, timeout=timeout)  # fmt: skip
+        dist.init_process_group(
+            _group_backend(backend), store=store, rank=rank, world_size=world, timeout=timeout
+        )
     except BaseException:
         _report(reports, rank, "error", traceback.format_exc())
         return

@@ -69,9 +69,17 @@ _MAX_DIMS = 8
 _FIELDS = 3 + _MAX_DIMS  # dtype code, requires_grad, ndim, dims...
 _HEADER_LEN = 2 + _MAX_TENSORS * _FIELDS
 _DTYPES = [
-    torch.float32, torch.float64, torch.float16, torch.bfloat16,
-    torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool,
-]  # fmt: skip
+    torch.float32,
+    torch.float64,
+    torch.float16,
+    torch.bfloat16,
+    torch.int64,
+    torch.int32,
+    torch.int16,
+    torch.int8,
+    torch.uint8,
+    torch.bool,
+]
 
 ACT, GRAD = 0, 1  # frame kinds: activations travel down the pipeline, gradients up
 _OK, _FAILED = 1, 0
@@ -94,8 +102,10 @@ def carry_meta(carry: Carry, grads: Sequence[bool] | None = None) -> tuple[Tenso
     flags = [t.is_floating_point() for t in carry] if grads is None else list(grads)
     if len(flags) != len(carry):
         raise ValueError(f"{len(flags)} gradient flags for a carry of {len(carry)} tensors")
-    return tuple(TensorMeta(tuple(t.shape), t.dtype, bool(g) and t.is_floating_point())
-                 for t, g in zip(carry, flags, strict=True))  # fmt: skip
+    return tuple(
+        TensorMeta(tuple(t.shape), t.dtype, bool(g) and t.is_floating_point())
+        for t, g in zip(carry, flags, strict=True)
+    )
 
 
 def _encode(metas: Sequence[TensorMeta], ok: bool = True) -> torch.Tensor:
@@ -136,8 +146,9 @@ class Receive:
 
     def __init__(self, comm: Comm, peer: int, metas: Sequence[TensorMeta]) -> None:
         self._peer, self._status = peer, torch.zeros(1, dtype=torch.int64)
-        self._tensors = [torch.empty(m.shape, dtype=m.dtype, device=comm.data_device)
-                         for m in metas]  # fmt: skip
+        self._tensors = [
+            torch.empty(m.shape, dtype=m.dtype, device=comm.data_device) for m in metas
+        ]
         self._works = [comm.recv(t, peer) for t in (self._status, *self._tensors)]
 
     def _finish(self) -> bool:

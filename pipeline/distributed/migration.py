@@ -124,7 +124,8 @@ def _pack_layer(stage: Stage, layer: StageLayer) -> dict[str, Any]:
         "action": layer.action,
         "meter": vars(layer.meter).copy(),
         "module": {k: v.detach().cpu() for k, v in layer.module.state_dict().items()},
-        "previous": None if stage.versions is None or layer.key not in stage.versions.layer_keys()
+        "previous": None
+        if stage.versions is None or layer.key not in stage.versions.layer_keys()
         else {k: v.cpu() for k, v in stage.versions.previous(layer.key).items()},
         "grads": [None if p.grad is None else p.grad.detach().cpu() for p in params],
         "group": None if group is None else {k: v for k, v in group.items() if k != "params"},
@@ -178,8 +179,7 @@ def _install_optimizer(stage: Stage, incoming: _Incoming) -> None:
         return
     params = list(module.parameters())
     if stage.optimizer is None:
-        stage.optimizer = build_optimizer(stage.optimizer_factory,
-                                          [(incoming.layer.key, module)])
+        stage.optimizer = build_optimizer(stage.optimizer_factory, [(incoming.layer.key, module)])
         assert stage.optimizer is not None
         group = stage.optimizer.param_groups[-1]
         group.update(packed["group"])
@@ -223,8 +223,9 @@ def migrate(
         raise MigrationError(f"ranks asked for different partitions: {requests}")
     planned = moves(old, new)
     what = f"migration {old} -> {new}"
-    packed, bytes_moved = _vote(comm, what, "pack",
-                                lambda: _pack(comm.rank, stages, old, planned, where))  # fmt: skip
+    packed, bytes_moved = _vote(
+        comm, what, "pack", lambda: _pack(comm.rank, stages, old, planned, where)
+    )
     received = exchange(comm, packed)
     incoming = _vote(comm, what, "build", lambda: _unpack(received, specs, stages[0]))
     snapshots = [_Snapshot(stage) for stage in stages]
@@ -256,9 +257,12 @@ def _vote(comm: Comm, what: str, phase: str, work: Callable[[], T]) -> T:
 
 
 def _pack(
-    rank: int, stages: Sequence[Stage], old: list[int], planned: list[tuple[int, int, int]],
+    rank: int,
+    stages: Sequence[Stage],
+    old: list[int],
+    planned: list[tuple[int, int, int]],
     rank_of: Callable[[int], int],
-) -> tuple[dict[int, Any], int]:  # fmt: skip
+) -> tuple[dict[int, Any], int]:
     """The layers this rank's stages give away, per receiving rank, packed for the wire
     (what stays on this rank as it is); the bytes that leave the rank."""
     mine = {stage.index: stage for stage in stages}
@@ -268,14 +272,11 @@ def _pack(
             stage = mine[src]
             layer = stage.layers[index - bounds(old)[src][0]]
             outgoing.setdefault(rank_of(dst), []).append(_pack_layer(stage, layer))
-    nbytes = sum(_tensor_bytes(p) for dst, packs in outgoing.items() if dst != rank
-                 for p in packs)  # fmt: skip
+    nbytes = sum(_tensor_bytes(p) for dst, packs in outgoing.items() if dst != rank for p in packs)
     return pack_all(outgoing, rank), nbytes
 
 
-def _unpack(
-    received: dict[int, Any], specs: list[LayerSpec], stage: Stage
-) -> dict[str, _Incoming]:
+def _unpack(received: dict[int, Any], specs: list[LayerSpec], stage: Stage) -> dict[str, _Incoming]:
     by_key = {spec.key: spec for spec in specs}
     return {
         packed["key"]: _unpack_layer(packed, by_key[packed["key"]], stage)
@@ -309,9 +310,11 @@ class _Snapshot:
 
 
 def _commit_all(
-    stages: Sequence[Stage], specs: list[LayerSpec], new: list[int],
+    stages: Sequence[Stage],
+    specs: list[LayerSpec],
+    new: list[int],
     incoming: dict[str, _Incoming],
-) -> None:  # fmt: skip
+) -> None:
     for stage in stages:
         _commit(stage, specs, new, incoming)
 
@@ -365,8 +368,9 @@ def inherited_states(
     held them (one exchange, like a migration)."""
     rank = comm.rank
     if len(source.sizes) != comm.world_size:
-        raise ValueError(f"the snapshot has {len(source.sizes)} stages, the pipeline "
-                         f"{comm.world_size}")  # fmt: skip
+        raise ValueError(
+            f"the snapshot has {len(source.sizes)} stages, the pipeline {comm.world_size}"
+        )
 
     def pack() -> dict[int, Any]:
         outgoing: dict[int, dict[str, dict[str, torch.Tensor]]] = {}

@@ -35,11 +35,13 @@ class PipelineOptions:
     handoff: tuple[int, ...] | None = None  # Bi-Partition's cut, checked against the sizes
 
     def __post_init__(self) -> None:
-        positive = {"n_microbatches": self.n_microbatches,
-                    "rebalance_horizon": self.rebalance_horizon,
-                    "measure_memory_every": self.measure_memory_every,
-                    "memory_budget": self.memory_budget,
-                    "rebalance_every": self.rebalance_every}  # fmt: skip
+        positive = {
+            "n_microbatches": self.n_microbatches,
+            "rebalance_horizon": self.rebalance_horizon,
+            "measure_memory_every": self.measure_memory_every,
+            "memory_budget": self.memory_budget,
+            "rebalance_every": self.rebalance_every,
+        }
         for name, value in positive.items():
             if value is None and name in ("memory_budget", "rebalance_every"):
                 continue

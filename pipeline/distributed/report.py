@@ -168,8 +168,11 @@ def predicted_bubble_fraction(
     if plan is None:
         return None
     stage_s = plan.predicted_stage_s
-    held = ([placement.stages_of(r) for r in range(placement.n_ranks)] if placement
-            else [(s,) for s in range(len(stage_s))])  # fmt: skip
+    held = (
+        [placement.stages_of(r) for r in range(placement.n_ranks)]
+        if placement
+        else [(s,) for s in range(len(stage_s))]
+    )
     busy = [sum(stage_s[s] for s in stages) * plan.n_microbatches for stages in held]
     return bubble_fraction(busy, plan.predicted_iteration_s)
 
@@ -263,9 +266,7 @@ def save_partition_picture(pipe: PipelineParts, path: str | Path) -> Path:
     return path
 
 
-def save_timeline(
-    comm: Comm, stages: Sequence[Stage], path: str | Path, title: str
-) -> Path | None:
+def save_timeline(comm: Comm, stages: Sequence[Stage], path: str | Path, title: str) -> Path | None:
     """Gather every stage's spans of the last step; rank 0 writes Chrome-trace JSON (one
     row per stage)."""
     spans = comm.all_gather_object([span for stage in stages for span in stage.spans])

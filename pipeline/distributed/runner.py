@@ -51,21 +51,36 @@ class StepRunner:
         return self.placement.rank_of(self.placement.n_stages - 1)
 
     def train_step(
-        self, stages: Sequence[Stage], step: int, inputs: Sequence[Carry],
-        targets: Sequence[Any], *, measure_memory: bool, on_nonfinite: str,
-    ) -> tuple[float, StepTimes]:  # fmt: skip
+        self,
+        stages: Sequence[Stage],
+        step: int,
+        inputs: Sequence[Carry],
+        targets: Sequence[Any],
+        *,
+        measure_memory: bool,
+        on_nonfinite: str,
+    ) -> tuple[float, StepTimes]:
         """One flushed step of this rank's list over its `stages` (`executor.train_step`)."""
-        return executor.train_step(self._by_key(stages), self._edges, self.comm, self._actions,
-                                   step, inputs, targets, measure_memory=measure_memory,
-                                   on_nonfinite=on_nonfinite)  # fmt: skip
+        return executor.train_step(
+            self._by_key(stages),
+            self._edges,
+            self.comm,
+            self._actions,
+            step,
+            inputs,
+            targets,
+            measure_memory=measure_memory,
+            on_nonfinite=on_nonfinite,
+        )
 
     def infer(
         self, stages: Sequence[Stage], step: int, chunks: Sequence[Carry]
     ) -> list[Carry] | None:
         """The forward-only list over `len(chunks)` micro-batches (`executor.infer`)."""
         actions = self._forward_actions(len(chunks))
-        return executor.infer(self._by_key(stages), self._edges, self.comm, actions, step,
-                              chunks, self.last_rank)  # fmt: skip
+        return executor.infer(
+            self._by_key(stages), self._edges, self.comm, actions, step, chunks, self.last_rank
+        )
 
     def open_run(
         self, stage: Stage, step: int, inputs: Mapping[int, Carry], targets: Mapping[int, Any]
@@ -110,8 +125,14 @@ class StepRunner:
         placement, rank = self.placement, self.comm.rank
         if placement.stages_per_rank == 1:
             return stage_actions(forward_only, placement.n_ranks, n_microbatches, rank)
-        computes = [[Action(Op.FORWARD, i, s) for s in placement.stages_of(r)
-                     for i in range(n_microbatches)] for r in range(placement.n_ranks)]  # fmt: skip
+        computes = [
+            [
+                Action(Op.FORWARD, i, s)
+                for s in placement.stages_of(r)
+                for i in range(n_microbatches)
+            ]
+            for r in range(placement.n_ranks)
+        ]
         return lower_ranks(computes, placement)[rank]
 
     def _neighbours(self) -> list[PeerLink]:

@@ -36,9 +36,14 @@ def train_step(pipe: PipelineParts, x: Any, y: Any) -> float:
     measure = pipe.plan_age.measures(model.step, pipe.options.measure_memory_every)
     rng = torch.random.get_rng_state()
     try:
-        loss, times = pipe.runner.train_step(stages, model.step, inputs, targets,
-                                             measure_memory=measure,
-                                             on_nonfinite=pipe.options.on_nonfinite)  # fmt: skip
+        loss, times = pipe.runner.train_step(
+            stages,
+            model.step,
+            inputs,
+            targets,
+            measure_memory=measure,
+            on_nonfinite=pipe.options.on_nonfinite,
+        )
     except PipelineError as error:  # raised on every rank; nothing is in flight
         for stage in stages:
             stage.abort_step()

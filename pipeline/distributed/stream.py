@@ -152,13 +152,18 @@ class Segment:
         bounded by the micro-batches in flight however long the stream runs."""
         run = self._run
         return {
-            "inputs": len(self.inputs), "targets": len(self.targets), "sizes": len(self.sizes),
-            "agreements": len(self.open), "losses": len(self.buffer) + len(run.losses),
-            "receives": len(run.pending), "in_flight": len(run.live),
-            "outputs": len(run.outputs), "input_grads": len(run.input_grads),
+            "inputs": len(self.inputs),
+            "targets": len(self.targets),
+            "sizes": len(self.sizes),
+            "agreements": len(self.open),
+            "losses": len(self.buffer) + len(run.losses),
+            "receives": len(run.pending),
+            "in_flight": len(run.live),
+            "outputs": len(run.outputs),
+            "input_grads": len(run.input_grads),
             "sends": self.pipe.runner.sends_in_flight,
             "spans": len(self.stage.spans),
-        }  # fmt: skip
+        }
 
     # -- batches (protocol step 1) -------------------------------------------------------
     def _add(self, batch: tuple[Any, Any]) -> None:
@@ -294,8 +299,9 @@ class Segment:
             failure = self._run.stage_error("optimizer", exc.error, None, None)
             self._run.failure = self._globally(failure, self.start + step)
         times = self.stage.end_step()
-        self.stage.begin_step(self.start + step + 1, self.m, step + 1 < _MEASURED_STEPS,
-                              keep_spans=True, stream=True)  # fmt: skip
+        self.stage.begin_step(
+            self.start + step + 1, self.m, step + 1 < _MEASURED_STEPS, keep_spans=True, stream=True
+        )
         samples, tokens = self.sizes.pop(step)
         self.pipe.model.stepped(samples, tokens, times)
         self.buffer.append(loss)
@@ -311,9 +317,15 @@ class Segment:
         g = failure.microbatch
         if step is None:
             step = self.start + (g // self.m if g is not None else 0)
-        error = StageError(failure.stage, failure.phase, step, failure.cause, failure.traceback,
-                           layer=failure.layer,
-                           microbatch=None if g is None else g % self.m)  # fmt: skip
+        error = StageError(
+            failure.stage,
+            failure.phase,
+            step,
+            failure.cause,
+            failure.traceback,
+            layer=failure.layer,
+            microbatch=None if g is None else g % self.m,
+        )
         error.__cause__ = failure.__cause__
         return error
 
@@ -325,10 +337,12 @@ class Segment:
             self.stage.abort_step()
             step, loss, first_bad = self.nonfinite
             raise NonFiniteLossError(
-                self.comm.world_size - 1, "loss", self.start + step,
+                self.comm.world_size - 1,
+                "loss",
+                self.start + step,
                 f"the loss is {loss} (mean of the micro-batches)",
                 microbatch=int(first_bad) - 1 if first_bad else None,
-            )  # fmt: skip
+            )
         if failed or self.failed_at is not None:
             self.stage.abort_step()
             run.raise_agreed(self.comm)

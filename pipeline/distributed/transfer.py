@@ -122,14 +122,15 @@ def exchange(comm: Comm, packed: dict[int, Packed | Any]) -> dict[int, Any]:
     for src in range(world):
         n_skeleton, n_data = (int(v) for v in table[src][rank])
         if n_skeleton:
-            buffers[src] = (torch.empty(n_skeleton, dtype=torch.uint8),
-                            torch.empty(n_data, dtype=torch.uint8))  # fmt: skip
+            buffers[src] = (
+                torch.empty(n_skeleton, dtype=torch.uint8),
+                torch.empty(n_data, dtype=torch.uint8),
+            )
             works.append(comm.recv(buffers[src][0], src))
             if n_data:
                 works.append(comm.recv(buffers[src][1], src))
     for dst, (skeleton, data) in remote.items():
-        works.append(comm.send(torch.frombuffer(bytearray(skeleton), dtype=torch.uint8),
-                                dst))  # fmt: skip
+        works.append(comm.send(torch.frombuffer(bytearray(skeleton), dtype=torch.uint8), dst))
         if data.numel():
             works.append(comm.send(data, dst))
     for work in works:

@@ -39,8 +39,7 @@ def full_state_dict(pipe: PipelineParts) -> dict[str, dict[str, torch.Tensor]]:
 
 def _own_states(pipe: PipelineParts) -> dict[str, dict[str, torch.Tensor]]:
     if pipe.model.built:
-        modules = {layer.key: layer.module for stage in pipe.model.stages
-                   for layer in stage.layers}  # fmt: skip
+        modules = {layer.key: layer.module for stage in pipe.model.stages for layer in stage.layers}
     else:  # not built yet: every rank builds a share, in turns
         cpu = torch.device("cpu")
         modules = {
@@ -48,16 +47,22 @@ def _own_states(pipe: PipelineParts) -> dict[str, dict[str, torch.Tensor]]:
             for i, spec in enumerate(pipe.model.specs)
             if i % pipe.comm.world_size == pipe.rank
         }
-    return {key: {k: v.detach().cpu() for k, v in module.state_dict().items()}
-            for key, module in modules.items()}  # fmt: skip
+    return {
+        key: {k: v.detach().cpu() for k, v in module.state_dict().items()}
+        for key, module in modules.items()
+    }
 
 
 def snapshot(pipe: PipelineParts, copy: bool) -> WeightSnapshot:
     """This rank's layers' states (CPU copies, or references with copy=False)."""
     model = pipe.model
-    states = {layer.key: {k: v.detach().cpu().clone() if copy else v for k, v in
-                          layer.module.state_dict().items()}
-              for stage in model.live_stages() for layer in stage.layers}  # fmt: skip
+    states = {
+        layer.key: {
+            k: v.detach().cpu().clone() if copy else v for k, v in layer.module.state_dict().items()
+        }
+        for stage in model.live_stages()
+        for layer in stage.layers
+    }
     return WeightSnapshot(tuple(s.key for s in model.specs), tuple(model.sizes), states)
 
 
@@ -72,9 +77,12 @@ def take_inheritance(pipe: PipelineParts) -> None:
     states = {k: dict(v) for k, (_, v) in found.items()}
     loaded = [key for stage in model.live_stages() for key in stage.load_matching(states)]
     rank = pipe.comm.rank
-    rows = [(sum(nbytes(t) for t in found[k][1].values()), found[k][0] != rank)
-            for k in loaded]  # fmt: skip
+    rows = [(sum(nbytes(t) for t in found[k][1].values()), found[k][0] != rank) for k in loaded]
     everyone = [row for part in pipe.comm.all_gather_object(rows) for row in part]
-    pipe.event_log.record("inherit", layers=len(everyone), bytes=sum(b for b, _ in everyone),
-                          moved=sum(m for _, m in everyone),
-                          moved_bytes=sum(b for b, m in everyone if m))  # fmt: skip
+    pipe.event_log.record(
+        "inherit",
+        layers=len(everyone),
+        bytes=sum(b for b, _ in everyone),
+        moved=sum(m for _, m in everyone),
+        moved_bytes=sum(b for b, m in everyone if m),
+    )

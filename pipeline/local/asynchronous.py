@@ -83,8 +83,10 @@ class AsyncWeights:
         if previous is not None and "updates" in previous:
             carried = int(previous["updates"].item())
             if carried != self.updates:
-                raise ValueError(f"layer {key!r} arrives after {carried} PipeMare updates, "
-                                 f"this stage has applied {self.updates}")  # fmt: skip
+                raise ValueError(
+                    f"layer {key!r} arrives after {carried} PipeMare updates, "
+                    f"this stage has applied {self.updates}"
+                )
         if self.config.correction:
             corr = DiscrepancyCorrection(params.values(), self.delay, self.config.correction_decay)
             if previous is not None:
@@ -125,8 +127,9 @@ class AsyncWeights:
 
     def nbytes(self) -> int:
         """Bytes beyond the parameters: T2's delta buffers."""
-        return sum(d.numel() * d.element_size() for c in self._corrections.values()
-                   for d in c.delta)  # fmt: skip
+        return sum(
+            d.numel() * d.element_size() for c in self._corrections.values() for d in c.delta
+        )
 
     # -- one micro-batch ------------------------------------------------------------------
     def note_forward(self, i: int) -> None:
@@ -142,8 +145,9 @@ class AsyncWeights:
         saved: list[tuple[torch.Tensor, torch.Tensor]] = []
         with torch.no_grad():
             for key, corr in self._corrections.items():
-                for w, u in zip(self._leaves[key].values(), corr.backward_weights(lag),
-                                strict=True):  # fmt: skip
+                for w, u in zip(
+                    self._leaves[key].values(), corr.backward_weights(lag), strict=True
+                ):
                     saved.append((w, w.detach().clone()))
                     w.data.copy_(u)  # untracked: no version counter moves
         try:
@@ -174,8 +178,9 @@ class AsyncWeights:
             if self.config.lr_reschedule:
                 for group in optimizer.param_groups:
                     base.append(group["lr"])
-                    group["lr"] = rescaled_lr(group["lr"], self.updates, self.delay,
-                                              self.config.warmup_updates)  # fmt: skip
+                    group["lr"] = rescaled_lr(
+                        group["lr"], self.updates, self.delay, self.config.warmup_updates
+                    )
             optimizer.step()
             for corr in self._corrections.values():
                 corr.observe()

@@ -73,12 +73,14 @@ class WeightGrad:
         """W: the parameters' gradients, accumulated into their .grad (module doc)."""
         edges, grads = [e for e, _ in self.roots], [g for _, g in self.roots]
         for split in self.split:
-            slots = [(GradientEdge(split.node, j), g) for j, g in enumerate(split.grads)
-                     if g is not None]  # fmt: skip
+            slots = [
+                (GradientEdge(split.node, j), g) for j, g in enumerate(split.grads) if g is not None
+            ]
             if not slots:
                 continue
-            out = torch.autograd.grad([e for e, _ in slots], split.frontier,
-                                      [g for _, g in slots], allow_unused=True)  # fmt: skip
+            out = torch.autograd.grad(
+                [e for e, _ in slots], split.frontier, [g for _, g in slots], allow_unused=True
+            )
             for edge, grad in zip(split.frontier, out, strict=True):
                 if grad is not None:
                     edges.append(edge)
@@ -116,8 +118,13 @@ def backward_input(
     if wanted and pairs:
         handles = [split.node.register_prehook(_keeper(split)) for split in plan.split]
         try:
-            found = torch.autograd.grad([o for o, _ in pairs], wanted, [g for _, g in pairs],
-                                        retain_graph=bool(plan), allow_unused=True)  # fmt: skip
+            found = torch.autograd.grad(
+                [o for o, _ in pairs],
+                wanted,
+                [g for _, g in pairs],
+                retain_graph=bool(plan),
+                allow_unused=True,
+            )
         finally:
             for handle in handles:
                 handle.remove()
@@ -161,18 +168,23 @@ def _plan(
         if node in reaches_input:
             continue  # appended twice when reached twice before its children were done
         leaf = not children[node] and hasattr(node, "variable")  # AccumulateGrad
-        reaches_input[node] = node in input_nodes or any(reaches_input[n] for n, _ in
-                                                         children[node])  # fmt: skip
+        reaches_input[node] = node in input_nodes or any(
+            reaches_input[n] for n, _ in children[node]
+        )
         reaches_param[node] = (leaf and node not in input_nodes) or any(
-            reaches_param[n] for n, _ in children[node])  # fmt: skip
+            reaches_param[n] for n, _ in children[node]
+        )
         for n, _ in children[node]:
             parents.setdefault(n, set()).add(node)
     plan = WeightGrad()
     for node in reaches_input:
         if not reaches_input[node]:
             continue
-        frontier = [GradientEdge(n, k) for n, k in children[node]
-                    if not reaches_input[n] and reaches_param[n]]  # fmt: skip
+        frontier = [
+            GradientEdge(n, k)
+            for n, k in children[node]
+            if not reaches_input[n] and reaches_param[n]
+        ]
         if not frontier:
             continue
         if any(parents[e.node] != {node} for e in frontier):

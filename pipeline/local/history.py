@@ -48,8 +48,7 @@ class StepHistory:
             self._latest_activation_bytes = times.peak_activation_bytes
         if times.allocator_peak_bytes:
             self._latest_allocator_bytes = times.allocator_peak_bytes
-            self._peak_allocator_bytes = max(self._peak_allocator_bytes,
-                                             times.allocator_peak_bytes)  # fmt: skip
+            self._peak_allocator_bytes = max(self._peak_allocator_bytes, times.allocator_peak_bytes)
 
     def recent(self, n: int) -> list[StepRecord]:
         """The last `n` steps' records (fewer if fewer were recorded or kept)."""

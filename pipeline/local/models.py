@@ -38,12 +38,20 @@ def transformer_stack(
     if len(widths) != n_layers:
         raise ValueError(f"{len(widths)} feed-forward widths for {n_layers} layers")
     return [
-        LayerSpec(f"block{i}", functools.partial(
-            nn.TransformerEncoderLayer, d_model, n_heads, dim_feedforward=width,
-            dropout=dropout, batch_first=True, norm_first=True,
-        ))
+        LayerSpec(
+            f"block{i}",
+            functools.partial(
+                nn.TransformerEncoderLayer,
+                d_model,
+                n_heads,
+                dim_feedforward=width,
+                dropout=dropout,
+                batch_first=True,
+                norm_first=True,
+            ),
+        )
         for i, width in enumerate(widths)
-    ]  # fmt: skip
+    ]
 
 
 class MLPBlock(nn.Module):

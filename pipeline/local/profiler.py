@@ -76,10 +76,11 @@ Shapes = Sequence[tuple[tuple[int, ...], torch.dtype]]
 def _example(shapes: Shapes, device: torch.device) -> Carry:
     """Inputs of the right shapes: normal floats, zeros for integers (valid indices)."""
     return tuple(
-        torch.randn(shape, device=device, dtype=dtype) if dtype.is_floating_point
+        torch.randn(shape, device=device, dtype=dtype)
+        if dtype.is_floating_point
         else torch.zeros(shape, device=device, dtype=dtype)
         for shape, dtype in shapes
-    )  # fmt: skip
+    )
 
 
 @contextlib.contextmanager
@@ -129,15 +130,19 @@ def trace_shapes(specs: Sequence[LayerSpec], example: Any) -> list[LayerShape]:
         saved = [sum(nbytes(t) for t in carry)]
         with FlopCounterMode(display=False) as flops, _count_saved(params, carry, saved):
             out = as_carry(module(unwrap(carry)), spec.key)
-        shapes.append(LayerShape(
-            key=spec.key, signature=_signature(module, carry),
-            inputs=tuple((tuple(t.shape), t.dtype) for t in carry),
-            flops=int(flops.get_total_flops()), saved_bytes=saved[0],
-            output_bytes=sum(nbytes(t) for t in out),
-            param_bytes=sum(nbytes(p) for p in params),
-            grad_bytes=sum(nbytes(p) for p in params if p.requires_grad),
-            separable=is_separable(module) and len(carry) == 1 and len(out) == 1,
-        ))  # fmt: skip
+        shapes.append(
+            LayerShape(
+                key=spec.key,
+                signature=_signature(module, carry),
+                inputs=tuple((tuple(t.shape), t.dtype) for t in carry),
+                flops=int(flops.get_total_flops()),
+                saved_bytes=saved[0],
+                output_bytes=sum(nbytes(t) for t in out),
+                param_bytes=sum(nbytes(p) for p in params),
+                grad_bytes=sum(nbytes(p) for p in params if p.requires_grad),
+                separable=is_separable(module) and len(carry) == 1 and len(out) == 1,
+            )
+        )
         carry = out
     return shapes
 
@@ -179,19 +184,26 @@ def optimizer_state_ratio(
     probe.grad = torch.zeros_like(probe)
     optimizer.step()
     state = sum(
-        nbytes(v) for s in optimizer.state.values() for v in s.values()
+        nbytes(v)
+        for s in optimizer.state.values()
+        for v in s.values()
         if isinstance(v, torch.Tensor) and v.numel() == probe.numel()
-    )  # fmt: skip
+    )
     return state / nbytes(probe)
 
 
 def _cost(shape: LayerShape, forward_s: float, backward_s: float, opt_ratio: float) -> LayerCost:
     return LayerCost(
-        key=shape.key, forward_s=forward_s, backward_s=backward_s,
-        activation_bytes=shape.saved_bytes, output_bytes=shape.output_bytes,
-        param_bytes=shape.param_bytes, grad_bytes=shape.grad_bytes,
-        optimizer_bytes=int(shape.param_bytes * opt_ratio), separable=shape.separable,
-    )  # fmt: skip
+        key=shape.key,
+        forward_s=forward_s,
+        backward_s=backward_s,
+        activation_bytes=shape.saved_bytes,
+        output_bytes=shape.output_bytes,
+        param_bytes=shape.param_bytes,
+        grad_bytes=shape.grad_bytes,
+        optimizer_bytes=int(shape.param_bytes * opt_ratio),
+        separable=shape.separable,
+    )
 
 
 def estimate(
@@ -283,8 +295,10 @@ class CostCache:
         self, signature: str, forward_s: float, backward_s: float, activation_bytes: float
     ) -> None:
         self._entries[signature] = {
-            "forward_s": forward_s, "backward_s": backward_s, "activation_bytes": activation_bytes
-        }  # fmt: skip
+            "forward_s": forward_s,
+            "backward_s": backward_s,
+            "activation_bytes": activation_bytes,
+        }
 
     def get(self, signature: str) -> dict[str, float] | None:
         return self._entries.get(signature)

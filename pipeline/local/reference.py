@@ -137,8 +137,9 @@ class ReferenceTrainer:
 class _PipeMare:
     """The PipeMare rule of `ReferenceTrainer` (module doc)."""
 
-    def __init__(self, ref: ReferenceTrainer, config: PipeMareConfig,
-                 sizes: Sequence[int] | None) -> None:  # fmt: skip
+    def __init__(
+        self, ref: ReferenceTrainer, config: PipeMareConfig, sizes: Sequence[int] | None
+    ) -> None:
         self.ref, self.config = ref, config
         self.g = self.g0 = self.updates = 0  # g0: the first micro-batch of the segment
         self.partition(sizes)
@@ -149,16 +150,23 @@ class _PipeMare:
         if sizes is None or sum(sizes) != len(ref.layers) or min(sizes) < 1:
             raise ValueError(f"pipemare needs stage_sizes covering the {len(ref.layers)} layers")
         n = len(sizes)
-        old = {id(p): d for c in getattr(self, "corr", [])
-               for p, d in zip(c.params, c.delta, strict=True)}  # fmt: skip
+        old = {
+            id(p): d
+            for c in getattr(self, "corr", [])
+            for p, d in zip(c.params, c.delta, strict=True)
+        }
         starts = [sum(sizes[:s]) for s in range(n)]
-        self.params = [[p for layer in ref.layers[a : a + k] for p in layer.parameters()]
-                       for a, k in zip(starts, sizes, strict=True)]  # fmt: skip
+        self.params = [
+            [p for layer in ref.layers[a : a + k] for p in layer.parameters()]
+            for a, k in zip(starts, sizes, strict=True)
+        ]
         self.stage_of = {id(p): s for s, ps in enumerate(self.params) for p in ps}
         self.warmup = [n - 1 - s for s in range(n)]
         self.delays = [delay(n, s, config.update_every) for s in range(n)]
-        self.corr = [DiscrepancyCorrection(ps, d, config.correction_decay)
-                     for ps, d in zip(self.params, self.delays, strict=True)]  # fmt: skip
+        self.corr = [
+            DiscrepancyCorrection(ps, d, config.correction_decay)
+            for ps, d in zip(self.params, self.delays, strict=True)
+        ]
         for c in self.corr:
             for p, d in zip(c.params, c.delta, strict=True):
                 if id(p) in old:
@@ -177,8 +185,9 @@ class _PipeMare:
         for s, f in enumerate(fwd):
             current = self.history[s][b]
             if self.config.correction and b > f:
-                current = [w - (b - f) * d for w, d in zip(current, self.corr[s].delta,
-                                                            strict=True)]  # fmt: skip
+                current = [
+                    w - (b - f) * d for w, d in zip(current, self.corr[s].delta, strict=True)
+                ]
             self._write(s, current)
 
     def train_step(self, x: Any, y: Any) -> float:
@@ -216,8 +225,9 @@ class _PipeMare:
         if config.lr_reschedule:
             for group in opt.param_groups:
                 s = self.stage_of[id(group["params"][0])]
-                group["lr"] = rescaled_lr(group["lr"], self.updates, self.delays[s],
-                                          config.warmup_updates)  # fmt: skip
+                group["lr"] = rescaled_lr(
+                    group["lr"], self.updates, self.delays[s], config.warmup_updates
+                )
         opt.step()
         for group, lr in zip(opt.param_groups, base, strict=True):
             group["lr"] = lr

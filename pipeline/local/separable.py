@@ -94,13 +94,14 @@ def _linear_backward(
 
 
 # Activations without parameters: autograd's own backward kernels, from the input
-_ACTIVATIONS: dict[type[nn.Module], Callable[[nn.Module, torch.Tensor, torch.Tensor],
-                                              torch.Tensor]] = {
+_ACTIVATIONS: dict[
+    type[nn.Module], Callable[[nn.Module, torch.Tensor, torch.Tensor], torch.Tensor]
+] = {
     nn.GELU: lambda m, x, g: torch.ops.aten.gelu_backward(g, x, approximate=m.approximate),
     nn.ReLU: lambda m, x, g: torch.ops.aten.threshold_backward(g, x, 0),
     nn.SiLU: lambda m, x, g: torch.ops.aten.silu_backward(g, x),
     nn.Tanh: lambda m, x, g: torch.ops.aten.tanh_backward(g, torch.tanh(x)),
-}  # fmt: skip
+}
 
 
 def _activation_backward(

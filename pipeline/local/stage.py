@@ -63,9 +63,11 @@ __all__ = ["ComputeError", "InFlight", "LossFn", "OptimizerFactory", "Stage", "S
 def _one_tensor(carry: Carry, key: str, what: str, i: int) -> Carry:
     """A handed layer (Bi-Partition) takes and returns one floating tensor."""
     if len(carry) != 1 or not carry[0].is_floating_point():
-        error = TypeError(f"layer {key!r} runs its backward on the next stage (handoff), so "
-                          f"its {what} must be one floating-point tensor, got "
-                          f"{[(tuple(t.shape), t.dtype) for t in carry]}")  # fmt: skip
+        error = TypeError(
+            f"layer {key!r} runs its backward on the next stage (handoff), so "
+            f"its {what} must be one floating-point tensor, got "
+            f"{[(tuple(t.shape), t.dtype) for t in carry]}"
+        )
         raise ComputeError("forward", key, i, error)
     return carry
 
@@ -106,8 +108,10 @@ class Stage:
     def set_handoff(self, handoff_out: int, handed_in: HandedLayers | None) -> None:
         """Bi-Partition's cut at both ends of this stage (`pipeline.distributed.handoff`)."""
         if not 0 <= handoff_out < len(self.layers) or (handoff_out and self.versions):
-            raise ValueError(f"stage {self.index} cannot hand {handoff_out} of its "
-                             f"{len(self.layers)} layers' backward to the next stage")  # fmt: skip
+            raise ValueError(
+                f"stage {self.index} cannot hand {handoff_out} of its "
+                f"{len(self.layers)} layers' backward to the next stage"
+            )
         if handoff_out and self.index == self.n_stages - 1:
             raise ValueError("the last stage has no next stage to hand a backward to")
         self.handoff_out, self.handed_in = handoff_out, handed_in
@@ -134,8 +138,9 @@ class Stage:
         return None if not self.handoff_out else (True,) + (False,) * self.handoff_out
 
     def set_memory_actions(self, actions: Sequence[str]) -> None:
-        stage_memory.set_memory_actions(self.layers, actions, self.device,
-                                        holds_loss=self.index == self.n_stages - 1)  # fmt: skip
+        stage_memory.set_memory_actions(
+            self.layers, actions, self.device, holds_loss=self.index == self.n_stages - 1
+        )
 
     def load_matching(self, states: dict[str, dict[str, torch.Tensor]]) -> list[str]:
         """Load each layer's state from `states[key]` where every shape matches."""
@@ -195,9 +200,13 @@ class Stage:
         self._step = step
 
     def begin_step(
-        self, step: int, n_microbatches: int, measure_memory: bool, keep_spans: bool = False,
+        self,
+        step: int,
+        n_microbatches: int,
+        measure_memory: bool,
+        keep_spans: bool = False,
         stream: bool = False,
-    ) -> None:  # fmt: skip
+    ) -> None:
         """Reset this step's sums; with `measure_memory`, count saved activations. In a
         `stream` the steps interleave: the count goes on (`measure_stream` started it)."""
         self._step, self._n_microbatches, self._stream = step, n_microbatches, stream
@@ -259,8 +268,9 @@ class Stage:
         """Layer `layer`'s forward of micro-batch i, seeded as every run of it is (a
         recompute gives the same result), with the step's weight version."""
         # a stream numbers micro-batches across its steps: i % M is the index in the step
-        seed_rng(dropout_seed(self.seed, self._step, i % self._n_microbatches, layer.key),
-                 self.device)  # fmt: skip
+        seed_rng(
+            dropout_seed(self.seed, self._step, i % self._n_microbatches, layer.key), self.device
+        )
         try:
             if self.versions is None:
                 out = layer.module(unwrap(carry))
@@ -270,8 +280,10 @@ class Stage:
             return as_carry(out, f"the output of layer {layer.key!r}")
         except Exception as error:
             shapes = [tuple(t.shape) for t in carry]
-            error.add_note(f"in the forward of layer {layer.key!r} on stage {self.index}, "
-                           f"input shapes {shapes}")  # fmt: skip
+            error.add_note(
+                f"in the forward of layer {layer.key!r} on stage {self.index}, "
+                f"input shapes {shapes}"
+            )
             raise ComputeError("forward", layer.key, i, error) from error
 
     def forward(self, i: int, carry: Carry, target: Any) -> InFlight:

@@ -99,8 +99,9 @@ def backward_weight(stage: BackwardStage, state: InFlight, i: int) -> None:
         try:
             state.weight.pop(position).run()
         except Exception as error:
-            error.add_note(f"in the weight-gradient backward (W) of layer {layer.key!r} on "
-                           f"stage {stage.index}")  # fmt: skip
+            error.add_note(
+                f"in the weight-gradient backward (W) of layer {layer.key!r} on stage {stage.index}"
+            )
             raise ComputeError("backward", layer.key, i, error) from error
         elapsed = stage.now() - t0
         layer.backward_s += elapsed
@@ -186,8 +187,9 @@ def _handed_weight(stage: BackwardStage, state: InFlight, i: int) -> None:
         for accumulate in state.handed_weight:
             accumulate()
     except Exception as error:
-        error.add_note(f"in the weight-gradient backward (W) of handed layers on stage "
-                       f"{stage.index}")  # fmt: skip
+        error.add_note(
+            f"in the weight-gradient backward (W) of handed layers on stage {stage.index}"
+        )
         raise ComputeError("backward", stage.handed_in.keys[-1], i, error) from error
     state.handed_weight = []
     stage.times.backward_s += stage.now() - t0

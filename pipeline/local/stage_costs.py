@@ -37,8 +37,9 @@ __all__ = ["measured_cost", "seed_meters", "state_bytes", "update_meters"]
 def seed_meters(layers: Sequence[StageLayer], costs: Sequence[LayerCost]) -> None:
     """Start each layer's meter from profiled costs (the first steps refine them)."""
     for layer, cost in zip(layers, costs, strict=True):
-        layer.meter = LayerMeter(cost.forward_s, cost.backward_s, cost.activation_bytes,
-                                 cost.output_bytes, steps=1)  # fmt: skip
+        layer.meter = LayerMeter(
+            cost.forward_s, cost.backward_s, cost.activation_bytes, cost.output_bytes, steps=1
+        )
 
 
 def update_meters(
@@ -64,14 +65,21 @@ def measured_cost(layer: StageLayer, optimizer: torch.optim.Optimizer | None) ->
     meter, params = layer.meter, list(layer.module.parameters())
     state = optimizer.state if optimizer is not None else {}
     return LayerCost(
-        key=layer.key, forward_s=meter.forward_s, backward_s=meter.backward_s,
-        activation_bytes=round(meter.activation_bytes), output_bytes=round(meter.output_bytes),
+        key=layer.key,
+        forward_s=meter.forward_s,
+        backward_s=meter.backward_s,
+        activation_bytes=round(meter.activation_bytes),
+        output_bytes=round(meter.output_bytes),
         param_bytes=sum(nbytes(p) for p in params),
         grad_bytes=sum(nbytes(p) for p in params if p.requires_grad),
-        optimizer_bytes=sum(nbytes(v) for p in params for v in state.get(p, {}).values()
-                            if isinstance(v, torch.Tensor) and v.dim() > 0),
+        optimizer_bytes=sum(
+            nbytes(v)
+            for p in params
+            for v in state.get(p, {}).values()
+            if isinstance(v, torch.Tensor) and v.dim() > 0
+        ),
         separable=is_separable(layer.module),
-    )  # fmt: skip
+    )
 
 
 def state_bytes(

@@ -53,13 +53,17 @@ class WeightVersions:
         params = dict(module.named_parameters())
         current = {n: _leaf(p.data, p.requires_grad) for n, p in params.items()}
         if previous is not None and previous.keys() != params.keys():
-            raise ValueError(f"layer {key!r}: the previous weight version names "
-                             f"{sorted(previous)}, the layer {sorted(params)}")  # fmt: skip
+            raise ValueError(
+                f"layer {key!r}: the previous weight version names "
+                f"{sorted(previous)}, the layer {sorted(params)}"
+            )
         older = {
-            n: _leaf((previous[n] if previous is not None else p.data).to(p.device).clone(),
-                     p.requires_grad)
+            n: _leaf(
+                (previous[n] if previous is not None else p.data).to(p.device).clone(),
+                p.requires_grad,
+            )
             for n, p in params.items()
-        }  # fmt: skip
+        }
         for n, p in params.items():
             p.data = current[n].data  # the parameters live in slot u % 2
         self._slots[key] = (current, older) if self.updates % 2 == 0 else (older, current)
@@ -121,8 +125,11 @@ class WeightVersions:
 
     def nbytes(self) -> int:
         """Bytes of the copy beyond the parameters (one slot is the parameters' storage)."""
-        return sum(t.numel() * t.element_size() for key in self._slots
-                   for t in self._slots[key][(self.updates - 1) % 2].values())  # fmt: skip
+        return sum(
+            t.numel() * t.element_size()
+            for key in self._slots
+            for t in self._slots[key][(self.updates - 1) % 2].values()
+        )
 
 
 def _leaf(data: torch.Tensor, requires_grad: bool) -> torch.Tensor:

@@ -43,16 +43,20 @@ def stage_times(
     for s, (a, e) in enumerate(bounds(sizes)):
         k_in = handoff[s - 1] if s > 0 else 0
         k_out = handoff[s] if s < len(handoff) else 0
-        out.append(sum(c.forward_s for c in costs[a:e])
-                   + sum(c.backward_s for c in costs[a : e - k_out])
-                   + sum(c.backward_s for c in costs[a - k_in : a]))  # fmt: skip
+        out.append(
+            sum(c.forward_s for c in costs[a:e])
+            + sum(c.backward_s for c in costs[a : e - k_out])
+            + sum(c.backward_s for c in costs[a - k_in : a])
+        )
     return out
 
 
 def handed_stage_costs(
-    stages: Sequence[StageCost], costs: Sequence[LayerCost], sizes: Sequence[int],
+    stages: Sequence[StageCost],
+    costs: Sequence[LayerCost],
+    sizes: Sequence[int],
     handoff: Sequence[int],
-) -> list[StageCost]:  # fmt: skip
+) -> list[StageCost]:
     """Whole-layer stage costs (`pipeline.pure.simulate.stage_costs`) moved by a handoff."""
     out = list(stages)
     for s, ((_, e), k) in enumerate(zip(bounds(sizes), handoff, strict=False)):
@@ -64,19 +68,24 @@ def handed_stage_costs(
         replicas = sum(c.param_bytes + c.grad_bytes for c in handed)
         src, dst = out[s], out[s + 1]
         out[s] = StageCost(
-            forward_s=src.forward_s, backward_s=src.backward_s - moved,
+            forward_s=src.forward_s,
+            backward_s=src.backward_s - moved,
             activation_bytes=max(src.activation_bytes - sum(c.activation_bytes for c in handed), 0),
-            output_bytes=src.output_bytes + inputs, state_bytes=src.state_bytes,
+            output_bytes=src.output_bytes + inputs,
+            state_bytes=src.state_bytes,
             grad_bytes=costs[e - k - 1].output_bytes,  # the first handed layer's input
             optimizer_s=src.optimizer_s,
             weight_s=None if src.weight_s is None else max(src.weight_s - moved / 2, 0.0),
-        )  # fmt: skip
+        )
         out[s + 1] = StageCost(
-            forward_s=dst.forward_s, backward_s=dst.backward_s + moved,
+            forward_s=dst.forward_s,
+            backward_s=dst.backward_s + moved,
             activation_bytes=dst.activation_bytes + inputs,
-            output_bytes=dst.output_bytes, state_bytes=dst.state_bytes + replicas,
-            optimizer_s=dst.optimizer_s, weight_s=dst.weight_s,
-        )  # fmt: skip
+            output_bytes=dst.output_bytes,
+            state_bytes=dst.state_bytes + replicas,
+            optimizer_s=dst.optimizer_s,
+            weight_s=dst.weight_s,
+        )
     return out
 
 
@@ -98,7 +107,7 @@ def search(
         """(bottleneck, handed layers, ((end, k_out) per stage)) for stages s.. from layer i."""
         last = s == n_stages - 1
         result: tuple[float, int, tuple[tuple[int, int], ...]] = (math.inf, 0, ())
-        for j in ([n] if last else range(i + 1, n - (n_stages - s - 1) + 1)):
+        for j in [n] if last else range(i + 1, n - (n_stages - s - 1) + 1):
             limit = 0 if last else min(max_handoff, trailing[j], j - i - 1)
             for k_out in range(limit + 1):
                 t = (fwd[j] - fwd[i]) + (bwd[j - k_out] - bwd[i]) + (bwd[i] - bwd[i - k_in])

@@ -92,8 +92,9 @@ def interleaved(stages_per_rank: int) -> ScheduleFn:
         return _order(n_ranks, n_microbatches, rank, stages_per_rank)
 
     schedule.__name__ = schedule.__qualname__ = "interleaved_1f1b"
-    schedule.__doc__ = (f"Interleaved 1F1B, {stages_per_rank} chunks per rank "
-                        "(`pipeline.pure.interleaved`).")  # fmt: skip
+    schedule.__doc__ = (
+        f"Interleaved 1F1B, {stages_per_rank} chunks per rank (`pipeline.pure.interleaved`)."
+    )
     schedule.placement = "loop"  # type: ignore[attr-defined]
     schedule.stages_per_rank = stages_per_rank  # type: ignore[attr-defined]
     return schedule

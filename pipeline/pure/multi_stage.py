@@ -71,8 +71,11 @@ def _message(action: Action, rank: int, placement: Placement) -> tuple[int, Acti
     if action.op is Op.FORWARD and s + 1 < placement.n_stages and placement.crosses(s):
         return (placement.rank_of(s + 1), Action(Op.SEND_ACT, i, s), Action(Op.RECV_ACT, i, s + 1))
     if action.op in GRAD_OPS and s > 0 and placement.crosses(s - 1):
-        return (placement.rank_of(s - 1), Action(Op.SEND_GRAD, i, s),
-                Action(Op.RECV_GRAD, i, s - 1))  # fmt: skip
+        return (
+            placement.rank_of(s - 1),
+            Action(Op.SEND_GRAD, i, s),
+            Action(Op.RECV_GRAD, i, s - 1),
+        )
     return None
 
 
@@ -152,15 +155,18 @@ def check_ranks(
 ) -> None:
     """Raise `ScheduleError` unless the compute lists are well formed (module doc)."""
     if len(computes) != placement.n_ranks:
-        raise ScheduleError(f"{len(computes)} lists for the {placement.n_ranks} ranks of "
-                            f"{placement}")  # fmt: skip
+        raise ScheduleError(
+            f"{len(computes)} lists for the {placement.n_ranks} ranks of {placement}"
+        )
     for r, actions in enumerate(computes):
         counts: dict[tuple[str, int], int] = {}  # (what, stage) -> next micro-batch
         for position, action in enumerate(actions):
             if action.op is Op.OPTIMIZER_STEP:
                 if position != len(actions) - 1 or action.stage >= 0:
-                    raise ScheduleError(f"rank {r}: one optimizer step (no stage) comes last, "
-                                        f"found {action} at {position}")  # fmt: skip
+                    raise ScheduleError(
+                        f"rank {r}: one optimizer step (no stage) comes last, "
+                        f"found {action} at {position}"
+                    )
                 continue
             if action.op not in COMPUTE_OPS:
                 raise ScheduleError(f"rank {r}: {action} in a compute list (lowering adds it)")
@@ -170,8 +176,10 @@ def check_ranks(
         for s in placement.stages_of(r):
             for what in ("F", "G", "W"):
                 if counts.get((what, s), 0) != n_microbatches:
-                    raise ScheduleError(f"rank {r}: stage {s} runs {counts.get((what, s), 0)} "
-                                        f"{_NAMES[what]} of {n_microbatches}")  # fmt: skip
+                    raise ScheduleError(
+                        f"rank {r}: stage {s} runs {counts.get((what, s), 0)} "
+                        f"{_NAMES[what]} of {n_microbatches}"
+                    )
 
 
 _NAMES = {"F": "forwards", "G": "input gradients", "W": "weight gradients"}
@@ -182,28 +190,47 @@ def _check_action(
 ) -> None:
     s, i = action.stage, action.microbatch
     if not 0 <= s < placement.n_stages or placement.rank_of(s) != r:
-        where = (f"placement {placement.kind!r} puts it on rank {placement.rank_of(s)}"
-                 if 0 <= s < placement.n_stages else f"there are {placement.n_stages} stages")
+        where = (
+            f"placement {placement.kind!r} puts it on rank {placement.rank_of(s)}"
+            if 0 <= s < placement.n_stages
+            else f"there are {placement.n_stages} stages"
+        )
         raise ScheduleError(f"rank {r}: {action} names stage {s}, but {where}")
     if not 0 <= i < m:
         raise ScheduleError(f"rank {r}: {action} names no micro-batch of {m}")
-    whats = {Op.FORWARD: ("F",), Op.BACKWARD: ("G", "W"), Op.BACKWARD_INPUT: ("G",),
-             Op.BACKWARD_WEIGHT: ("W",)}[action.op]  # fmt: skip
+    whats = {
+        Op.FORWARD: ("F",),
+        Op.BACKWARD: ("G", "W"),
+        Op.BACKWARD_INPUT: ("G",),
+        Op.BACKWARD_WEIGHT: ("W",),
+    }[action.op]
     for what in whats:
         if counts.get((what, s), 0) != i:
-            raise ScheduleError(f"rank {r}: {action} out of order: stage {s}'s next "
-                                f"{_NAMES[what][:-1]} is micro-batch {counts.get((what, s), 0)}")
+            raise ScheduleError(
+                f"rank {r}: {action} out of order: stage {s}'s next "
+                f"{_NAMES[what][:-1]} is micro-batch {counts.get((what, s), 0)}"
+            )
         counts[(what, s)] = i + 1
     if action.op in GRAD_OPS and counts.get(("F", s), 0) <= i:
         raise ScheduleError(f"rank {r}: backward {action} before its forward")
     if action.op is Op.BACKWARD_WEIGHT and counts.get(("G", s), 0) <= i:
         raise ScheduleError(f"rank {r}: weight gradient {action} before its BACKWARD_INPUT")
     # a hand-over between two stages of this rank comes after its producer
-    if action.op is Op.FORWARD and s > 0 and not placement.crosses(s - 1) \
-            and counts.get(("F", s - 1), 0) <= i:  # fmt: skip
-        raise ScheduleError(f"rank {r}: {action} before stage {s - 1}'s forward of {i} on "
-                            "the same rank")  # fmt: skip
-    if action.op in GRAD_OPS and s + 1 < placement.n_stages and not placement.crosses(s) \
-            and counts.get(("G", s + 1), 0) <= i:  # fmt: skip
-        raise ScheduleError(f"rank {r}: {action} before stage {s + 1}'s input gradient of {i} "
-                            "on the same rank")  # fmt: skip
+    if (
+        action.op is Op.FORWARD
+        and s > 0
+        and not placement.crosses(s - 1)
+        and counts.get(("F", s - 1), 0) <= i
+    ):
+        raise ScheduleError(
+            f"rank {r}: {action} before stage {s - 1}'s forward of {i} on the same rank"
+        )
+    if (
+        action.op in GRAD_OPS
+        and s + 1 < placement.n_stages
+        and not placement.crosses(s)
+        and counts.get(("G", s + 1), 0) <= i
+    ):
+        raise ScheduleError(
+            f"rank {r}: {action} before stage {s + 1}'s input gradient of {i} on the same rank"
+        )

@@ -42,9 +42,11 @@ class Placement:
         if self.stages_per_rank < 1:
             raise ValueError(f"stages_per_rank must be >= 1, got {self.stages_per_rank}")
         if self.kind == "v" and self.stages_per_rank not in (1, 2):
-            raise ValueError(f"placement 'v' holds 2 stages per rank (1: one stage per rank), "
-                             f"got stages_per_rank={self.stages_per_rank}; use 'loop' for "
-                             "more")  # fmt: skip
+            raise ValueError(
+                f"placement 'v' holds 2 stages per rank (1: one stage per rank), "
+                f"got stages_per_rank={self.stages_per_rank}; use 'loop' for "
+                "more"
+            )
 
     @classmethod
     def single(cls, n_ranks: int) -> Placement:

@@ -159,9 +159,14 @@ def forward_only(n_stages: int, n_microbatches: int, stage: int) -> list[Action]
 
 
 SCHEDULES: dict[str, ScheduleFn] = {
-    "gpipe": gpipe, "1f1b": one_f_one_b, "zbh1": zbh1, "2bw": pipedream_2bw,
-    "pipemare": pipemare, "interleaved_1f1b": interleaved_1f1b, "zbv": zbv,
-}  # fmt: skip
+    "gpipe": gpipe,
+    "1f1b": one_f_one_b,
+    "zbh1": zbh1,
+    "2bw": pipedream_2bw,
+    "pipemare": pipemare,
+    "interleaved_1f1b": interleaved_1f1b,
+    "zbv": zbv,
+}
 
 
 def is_stream(schedule: str | ScheduleFn) -> bool:
@@ -184,9 +189,11 @@ def get_schedule(name: str, stages_per_rank: int | None = None) -> ScheduleFn:
         return fn
     if fn is interleaved_1f1b:
         return interleaved(stages_per_rank)
-    raise ValueError(f"schedule {name!r} runs {v} stage(s) per rank, got stages_per_rank="
-                     f"{stages_per_rank}; only 'interleaved_1f1b' takes another count (any "
-                     ">= 1)")  # fmt: skip
+    raise ValueError(
+        f"schedule {name!r} runs {v} stage(s) per rank, got stages_per_rank="
+        f"{stages_per_rank}; only 'interleaved_1f1b' takes another count (any "
+        ">= 1)"
+    )
 
 
 def is_multi_stage(schedule: str | ScheduleFn) -> bool:
@@ -220,8 +227,10 @@ def lower_lazily(compute: Iterable[Action], stage: int, n_stages: int) -> Iterat
     first, last = stage == 0, stage == n_stages - 1
     for action in compute:
         if action.stage >= 0:
-            raise ValueError(f"{action} names a stage: lists of ranks that hold several "
-                             "stages are lowered together (multi_stage.lower_ranks)")
+            raise ValueError(
+                f"{action} names a stage: lists of ranks that hold several "
+                "stages are lowered together (multi_stage.lower_ranks)"
+            )
         i = action.microbatch
         if action.op is Op.FORWARD and not first:
             yield Action(Op.RECV_ACT, i)
@@ -235,9 +244,12 @@ def lower_lazily(compute: Iterable[Action], stage: int, n_stages: int) -> Iterat
 
 
 def stage_actions(
-    schedule: str | ScheduleFn, n_stages: int, n_microbatches: int, stage: int,
+    schedule: str | ScheduleFn,
+    n_stages: int,
+    n_microbatches: int,
+    stage: int,
     n_steps: int = 1,
-) -> list[Action]:  # fmt: skip
+) -> list[Action]:
     """The lowered action list one stage executes per training step (per stream of
     `n_steps` steps for a stream schedule); for a schedule with several stages per rank,
     the list of rank `stage` of `n_stages` ranks (module doc)."""
@@ -249,8 +261,10 @@ def stage_actions(
         _check_shape(n_stages, n_microbatches, stage)
         return list(_lowered_ranks(fn, n_stages, n_microbatches)[stage])
     if n_steps != 1:
-        raise ValueError(f"schedule {getattr(fn, '__name__', fn)!r} has a flush: one step per "
-                         f"list, got n_steps={n_steps}")  # fmt: skip
+        raise ValueError(
+            f"schedule {getattr(fn, '__name__', fn)!r} has a flush: one step per "
+            f"list, got n_steps={n_steps}"
+        )
     return lower(fn(n_stages, n_microbatches, stage), stage, n_stages)
 
 
@@ -300,12 +314,12 @@ def validate(
     (`pipeline.pure.multi_stage.check_ranks`) and `check_order` on the ranks' lists.
     """
     if is_multi_stage(schedule):  # n_stages ranks (`pipeline.pure.multi_stage`)
-        lists = [stage_actions(schedule, n_stages, n_microbatches, r, n_steps)
-                 for r in range(n_stages)]  # fmt: skip
+        lists = [
+            stage_actions(schedule, n_stages, n_microbatches, r, n_steps) for r in range(n_stages)
+        ]
         check_order(lists, placement=placement_of(schedule, n_stages))
         return
-    lists = [stage_actions(schedule, n_stages, n_microbatches, s, n_steps)
-             for s in range(n_stages)]  # fmt: skip
+    lists = [stage_actions(schedule, n_stages, n_microbatches, s, n_steps) for s in range(n_stages)]
     for s, actions in enumerate(lists):
         _check_stage(actions, s, n_microbatches * n_steps)
         if n_steps > 1 or is_stream(schedule):
@@ -344,8 +358,11 @@ def _check_stage(actions: Sequence[Action], stage: int, n_microbatches: int) -> 
             if i in weights:
                 raise ScheduleError(f"stage {stage}: weight gradient of {i} computed twice")
             weights.add(i)
-        elif (action.op is Op.OPTIMIZER_STEP and position != len(actions) - 1
-              and action.microbatch < 0):  # a stream's steps name themselves  # fmt: skip
+        elif (
+            action.op is Op.OPTIMIZER_STEP
+            and position != len(actions) - 1
+            and action.microbatch < 0
+        ):  # a stream's steps name themselves
             raise ScheduleError(f"stage {stage}: optimizer step must be the last action")
     missing = set(range(n_microbatches)) - (backwarded & weights)
     if missing or forwarded != backwarded or weights != backwarded:

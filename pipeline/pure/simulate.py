@@ -81,8 +81,14 @@ class StageCost:
     grad_bytes: int | None = None  # the gradient sent back per micro-batch (None: output's)
 
     def __post_init__(self) -> None:
-        for name in ("forward_s", "backward_s", "activation_bytes", "output_bytes",
-                     "state_bytes", "optimizer_s"):  # fmt: skip
+        for name in (
+            "forward_s",
+            "backward_s",
+            "activation_bytes",
+            "output_bytes",
+            "state_bytes",
+            "optimizer_s",
+        ):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)!r}")
         if self.weight_s is not None and not 0 <= self.weight_s <= self.backward_s:
@@ -154,8 +160,7 @@ def simulate(
     validate(schedule, n_ranks, n_microbatches, n_steps)
     link = link or LinkCost.free()
     stream = is_stream(schedule)
-    lists = [stage_actions(schedule, n_ranks, n_microbatches, r, n_steps)
-             for r in range(n_ranks)]  # fmt: skip
+    lists = [stage_actions(schedule, n_ranks, n_microbatches, r, n_steps) for r in range(n_ranks)]
     free = [0.0] * n_ranks
     pc = [0] * n_ranks
     arrival: dict[tuple[str, int, int], float] = {}  # (kind, receiving stage, micro-batch) -> s
@@ -217,8 +222,9 @@ def simulate(
             last_arrival[r] = max(last_arrival[r], t)
         elif a.op is Op.SEND_GRAD:
             sent = stages[s - 1]
-            t = grad_done[(s, i)] + link.time(sent.output_bytes if sent.grad_bytes is None
-                                              else sent.grad_bytes)  # fmt: skip
+            t = grad_done[(s, i)] + link.time(
+                sent.output_bytes if sent.grad_bytes is None else sent.grad_bytes
+            )
             arrival[("grad", s - 1, i)] = t
             last_arrival[r] = max(last_arrival[r], t)
         elif a.op is Op.OPTIMIZER_STEP:  # the rank steps all its stages (timed on its first)
@@ -248,8 +254,11 @@ def simulate(
     bubble = sum(rank_idle) / (n_ranks * iteration) if iteration > 0 else 0.0
     name = schedule if isinstance(schedule, str) else getattr(schedule, "__name__", "custom")
     firsts = [placement.stages_of(r)[0] for r in range(n_ranks)]
-    updates = [max(finished[(s, Op.OPTIMIZER_STEP, t)] for s in firsts)
-               for t in range(n_steps)] if stream else []  # fmt: skip
+    updates = (
+        [max(finished[(s, Op.OPTIMIZER_STEP, t)] for s in firsts) for t in range(n_steps)]
+        if stream
+        else []
+    )
     step_s = (updates[-2] - updates[0]) / (n_steps - 2) if n_steps >= 3 else iteration / n_steps
     return SimResult(
         schedule=name,
@@ -275,8 +284,10 @@ def _placement(schedule: str | ScheduleFn, n_stages: int) -> Placement:
     v = placement_of(schedule, 1).stages_per_rank
     if n_stages % v:
         name = schedule if isinstance(schedule, str) else getattr(schedule, "__name__", "custom")
-        raise ValueError(f"schedule {name!r} places {v} stages on each rank: the stage "
-                         f"costs must be a multiple of {v}, got {n_stages}")  # fmt: skip
+        raise ValueError(
+            f"schedule {name!r} places {v} stages on each rank: the stage "
+            f"costs must be a multiple of {v}, got {n_stages}"
+        )
     return placement_of(schedule, n_stages // v)
 
 
@@ -304,20 +315,28 @@ def stage_costs(
         layers = costs[start:stop]
         added = sum(effects[i][0] for i in range(start, stop))
         kept = [c for i, c in enumerate(layers, start) if actions is None or actions[i] == "keep"]
-        result.append(StageCost(
-            forward_s=sum(c.forward_s for c in layers),
-            backward_s=sum(c.backward_s for c in layers) + added,
-            weight_s=sum(c.backward_s for c in kept) / 2,
-            activation_bytes=sum(effects[i][1] for i in range(start, stop)),
-            output_bytes=layers[-1].output_bytes,
-            state_bytes=sum(weight_copies * c.param_bytes + c.grad_bytes + c.optimizer_bytes
-                            for c in layers),
-        ))  # fmt: skip
+        result.append(
+            StageCost(
+                forward_s=sum(c.forward_s for c in layers),
+                backward_s=sum(c.backward_s for c in layers) + added,
+                weight_s=sum(c.backward_s for c in kept) / 2,
+                activation_bytes=sum(effects[i][1] for i in range(start, stop)),
+                output_bytes=layers[-1].output_bytes,
+                state_bytes=sum(
+                    weight_copies * c.param_bytes + c.grad_bytes + c.optimizer_bytes for c in layers
+                ),
+            )
+        )
     return result
 
 
-_CATEGORY = {Op.FORWARD: "forward", Op.BACKWARD: "backward", Op.BACKWARD_INPUT: "backward",
-             Op.BACKWARD_WEIGHT: "weight", Op.OPTIMIZER_STEP: "optimizer"}  # fmt: skip
+_CATEGORY = {
+    Op.FORWARD: "forward",
+    Op.BACKWARD: "backward",
+    Op.BACKWARD_INPUT: "backward",
+    Op.BACKWARD_WEIGHT: "weight",
+    Op.OPTIMIZER_STEP: "optimizer",
+}
 
 
 def to_chrome_trace(result: SimResult, title: str = "simulated") -> dict[str, Any]:
@@ -329,11 +348,21 @@ def to_chrome_trace(result: SimResult, title: str = "simulated") -> dict[str, An
     stages' rows inside; a rank's optimizer step on its first stage's row).
     """
     several = len(set(result.ranks)) < result.n_stages
-    spans = [Span(e.stage, repr(Action(e.action.op, e.action.microbatch)), e.start_s, e.end_s,
-                  _CATEGORY.get(e.action.op, "other"), result.ranks[e.stage] if several else -1)
-             for e in result.events]  # fmt: skip
+    spans = [
+        Span(
+            e.stage,
+            repr(Action(e.action.op, e.action.microbatch)),
+            e.start_s,
+            e.end_s,
+            _CATEGORY.get(e.action.op, "other"),
+            result.ranks[e.stage] if several else -1,
+        )
+        for e in result.events
+    ]
     other = {
-        "schedule": result.schedule, "n_microbatches": result.n_microbatches,
-        "iteration_s": result.iteration_s, "bubble_fraction": result.bubble_fraction,
-    }  # fmt: skip
+        "schedule": result.schedule,
+        "n_microbatches": result.n_microbatches,
+        "iteration_s": result.iteration_s,
+        "bubble_fraction": result.bubble_fraction,
+    }
     return chrome_trace(spans, title, other)

@@ -83,9 +83,7 @@ def stream_actions(
             yield Action(Op.OPTIMIZER_STEP, backwarded // m - 1)
 
 
-def pipedream_2bw(
-    n_stages: int, n_microbatches: int, stage: int, n_steps: int = 1
-) -> list[Action]:
+def pipedream_2bw(n_stages: int, n_microbatches: int, stage: int, n_steps: int = 1) -> list[Action]:
     """PipeDream-2BW's list for a stream of `n_steps` steps (module doc)."""
     if n_steps < 1:
         raise ValueError(f"n_steps must be >= 1, got {n_steps}")

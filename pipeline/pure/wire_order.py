@@ -46,8 +46,6 @@ whole rank (`failure=(rank, k)`).
 Any mismatch, a message nobody receives, or a stall raises `ScheduleError`.
 """
 
-
-
 from __future__ import annotations
 
 from collections import deque
@@ -119,8 +117,12 @@ class _Rank:
 
 
 class _Wire:
-    def __init__(self, lists: Sequence[Sequence[Action]], failure: tuple[int, int] | None,
-                 placement: Placement | None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        lists: Sequence[Sequence[Action]],
+        failure: tuple[int, int] | None,
+        placement: Placement | None,
+    ) -> None:
         self.ranks = [_Rank(r, actions) for r, actions in enumerate(lists)]
         self.failure = failure
         self.single = all(a.stage < 0 for actions in lists for a in actions)
@@ -134,12 +136,15 @@ class _Wire:
         """The global stage an action concerns (its rank's only one if it names none)."""
         if action.stage < 0:
             if self.several:
-                raise ScheduleError(f"rank {rank.index}: {action} names no stage, but the "
-                                    "ranks hold several")  # fmt: skip
+                raise ScheduleError(
+                    f"rank {rank.index}: {action} names no stage, but the ranks hold several"
+                )
             return rank.index
         if self.rank_of(action.stage) != rank.index:
-            raise ScheduleError(f"rank {rank.index} runs {action}, but stage {action.stage} "
-                                f"lives on rank {self.rank_of(action.stage)}")  # fmt: skip
+            raise ScheduleError(
+                f"rank {rank.index} runs {action}, but stage {action.stage} "
+                f"lives on rank {self.rank_of(action.stage)}"
+            )
         return action.stage
 
     def remote(self, rank: _Rank, stage: int) -> bool:
@@ -162,16 +167,21 @@ class _Wire:
             partner = peers.popleft()
             send, recv = (op, partner) if op.send else (partner, op)
             sent, named = send.frame, recv.frame
-            if (sent.kind, sent.microbatch, sent.stage) != (named.kind, named.microbatch,
-                                                            named.stage):  # fmt: skip
+            if (sent.kind, sent.microbatch, sent.stage) != (
+                named.kind,
+                named.microbatch,
+                named.stage,
+            ):
                 raise ScheduleError(
                     f"{self.node} {recv.channel[1]} posted {named.name} but {self.node} "
-                    f"{send.channel[0]} sent {sent.name} in that place: the orders differ")
+                    f"{send.channel[0]} sent {sent.name} in that place: the orders differ"
+                )
             if sent.tensors != named.tensors:
                 raise ScheduleError(
                     f"{self.node} {recv.channel[1]} expected {named.tensors} tensors in "
                     f"{named.name} from {self.node} {send.channel[0]}, which sent "
-                    f"{sent.tensors}")  # fmt: skip
+                    f"{sent.tensors}"
+                )
             op.partner, partner.partner = partner, op
 
     def run_streams(self) -> bool:
@@ -220,14 +230,17 @@ class _Wire:
         if action.op is Op.RECV_GRAD:
             if s not in rank.header_sent:
                 what = Frame("grad", i, True, 0, named).name
-                raise ScheduleError(f"{self.node} {rank.index} receives {what} before it sent "
-                                    "any activations: the gradient's size is unknown")  # fmt: skip
+                raise ScheduleError(
+                    f"{self.node} {rank.index} receives {what} before it sent "
+                    "any activations: the gradient's size is unknown"
+                )
             size = GRAD_TENSORS if rank.header_sent[s] else 0
             self._recv(rank, Frame("grad", i, True, size, named), s, self.rank_of(s + 1))
         elif action.op is Op.SEND_ACT:
             ok = rank.header_sent.setdefault(s, not rank.failed)
-            frame = Frame("act", i, not rank.failed, ACT_TENSORS if ok else 0,
-                          s + 1 if named >= 0 else -1)  # fmt: skip
+            frame = Frame(
+                "act", i, not rank.failed, ACT_TENSORS if ok else 0, s + 1 if named >= 0 else -1
+            )
             self._send(rank, frame, self.rank_of(s + 1))
         elif action.op is Op.SEND_GRAD:
             size = GRAD_TENSORS if rank.header_received.get(s) else 0
@@ -245,8 +258,10 @@ class _Wire:
             receive = rank.owed.get(needed)
             if receive is None:
                 what = needed[::2] if self.single else needed  # (kind, micro-batch)
-                raise ScheduleError(f"{self.node} {rank.index}: {action} consumes {what}, "
-                                    "which no RECV action before it posted")  # fmt: skip
+                raise ScheduleError(
+                    f"{self.node} {rank.index}: {action} consumes {what}, "
+                    "which no RECV action before it posted"
+                )
             group = next((g for g in rank.stream if receive in g.ops), None)
             if group is not None:
                 return False  # its group has not completed (rule 2)
@@ -286,16 +301,21 @@ def _placement(
     no stage; else read off the compute actions (each stage computed on one rank)."""
     if placement is not None:
         if placement.n_ranks != len(lists):
-            raise ScheduleError(f"{len(lists)} lists for the {placement.n_ranks} ranks of "
-                                f"{placement}")  # fmt: skip
+            raise ScheduleError(
+                f"{len(lists)} lists for the {placement.n_ranks} ranks of {placement}"
+            )
         return placement.rank_of, placement.n_stages - 1
     owner: dict[int, int] = {}
     for rank, actions in enumerate(lists):
         for action in actions:
-            if (action.op in COMPUTE_OPS and action.stage >= 0
-                    and owner.setdefault(action.stage, rank) != rank):  # fmt: skip
-                raise ScheduleError(f"stage {action.stage} is computed on ranks "
-                                    f"{owner[action.stage]} and {rank}")  # fmt: skip
+            if (
+                action.op in COMPUTE_OPS
+                and action.stage >= 0
+                and owner.setdefault(action.stage, rank) != rank
+            ):
+                raise ScheduleError(
+                    f"stage {action.stage} is computed on ranks {owner[action.stage]} and {rank}"
+                )
     if not owner:
         return (lambda stage: stage), len(lists) - 1
 
@@ -325,10 +345,16 @@ def check_order(
             while wire.step(rank):
                 progressed = True
         progressed = wire.run_streams() or progressed
-    stuck = {r.index: r.actions[r.pc] if r.pc < len(r.actions) else "its sends"
-             for r in wire.ranks if r.pc < len(r.actions) or r.stream}  # fmt: skip
-    left = {str(channel): [op.frame for op in ops]
-            for (channel, _send), ops in wire.unpaired.items() if ops}  # fmt: skip
+    stuck = {
+        r.index: r.actions[r.pc] if r.pc < len(r.actions) else "its sends"
+        for r in wire.ranks
+        if r.pc < len(r.actions) or r.stream
+    }
+    left = {
+        str(channel): [op.frame for op in ops]
+        for (channel, _send), ops in wire.unpaired.items()
+        if ops
+    }
     if stuck:
         raise ScheduleError(f"deadlock: {wire.node}s wait forever at {stuck}")
     if left:

@@ -80,9 +80,12 @@ def _fused_at_w(actions: list[Action], stage: int = -1) -> list[Action]:
     the split in Python, one autograd engine call per split node, the hooks).
     """
     fused = [a for a in actions if (a.op, a.stage) != (Op.BACKWARD_INPUT, stage)]
-    return [Action(Op.BACKWARD, a.microbatch, a.stage)
-            if (a.op, a.stage) == (Op.BACKWARD_WEIGHT, stage) else a
-            for a in fused]  # fmt: skip
+    return [
+        Action(Op.BACKWARD, a.microbatch, a.stage)
+        if (a.op, a.stage) == (Op.BACKWARD_WEIGHT, stage)
+        else a
+        for a in fused
+    ]
 
 
 @functools.lru_cache(maxsize=64)
@@ -101,8 +104,9 @@ def _split_lists(
         # the stage that can start something earliest goes first (ties: lower stage)
         best: tuple[float, int, Action] | None = None
         for s in range(S):
-            option = _zbh1_next(s, free[s], nxt_f[s], nxt_b[s], nxt_w[s], limit[s], M,
-                                act[s], grad[s])  # fmt: skip
+            option = _zbh1_next(
+                s, free[s], nxt_f[s], nxt_b[s], nxt_w[s], limit[s], M, act[s], grad[s]
+            )
             if option is not None and (best is None or option[0] < best[0]):
                 best = (option[0], s, option[1])
         assert best is not None, "the unit-cost replay cannot stall"
@@ -126,9 +130,16 @@ def _split_lists(
 
 
 def _zbh1_next(
-    s: int, free: float, f: int, b: int, w: int, limit: int, m: int,
-    act: list[float], grad: list[float],
-) -> tuple[float, Action] | None:  # fmt: skip
+    s: int,
+    free: float,
+    f: int,
+    b: int,
+    w: int,
+    limit: int,
+    m: int,
+    act: list[float],
+    grad: list[float],
+) -> tuple[float, Action] | None:
     """(start time, action) of what stage s does next in the replay, None if nothing is left."""
     candidates: list[tuple[float, int, Action]] = []  # (start, priority, action)
     if b < f:

@@ -34,10 +34,16 @@ def exported(tmp_path_factory: pytest.TempPathFactory, task: Translation) -> tup
     specs, parameters = training.compile_model(arch, task, dropout=0.1)
     layers = {spec.key: build_layer(spec, 3, torch.device("cpu")) for spec in specs}
     state = {key: layer.state_dict() for key, layer in layers.items()}
-    folder = export_model(tmp_path_factory.mktemp("models") / "et", state=state, arch=arch,
-                          params=seed_params(arch), task=task, settings=NasSettings(),
-                          metrics={"validation_loss": 1.5, "params": parameters},
-                          max_len=training.max_len(task))  # fmt: skip
+    folder = export_model(
+        tmp_path_factory.mktemp("models") / "et",
+        state=state,
+        arch=arch,
+        params=seed_params(arch),
+        task=task,
+        settings=NasSettings(),
+        metrics={"validation_loss": 1.5, "params": parameters},
+        max_len=training.max_len(task),
+    )
     return folder, layers
 
 
@@ -63,8 +69,9 @@ def test_translate_decodes_exactly_as_the_evaluation_does(
     model = nas.load_model(exported[0])
     assert isinstance(model, TranslationModel)
     sources = [english for english, _ in task.pairs("validation")][:150]
-    evaluation = task.generate(lambda src, tgt: model((src, tgt)), "validation",
-                               batch_size=128, indices=range(150))  # fmt: skip
+    evaluation = task.generate(
+        lambda src, tgt: model((src, tgt)), "validation", batch_size=128, indices=range(150)
+    )
     assert model.translate(sources) == evaluation
     assert model.translate([]) == []
     with pytest.raises(ValueError, match="reads at most 48"):
@@ -111,10 +118,16 @@ def test_a_model_with_primers_primitives_exports_and_loads(
     specs, parameters = training.compile_model(arch, task, dropout=0.1)
     layers = {spec.key: build_layer(spec, 5, torch.device("cpu")).eval() for spec in specs}
     settings = NasSettings(search_space=SearchSpaceSettings(primitives=PRIMITIVES))
-    folder = export_model(tmp_path / "primer", state={k: m.state_dict() for k, m in layers.items()},
-                          arch=arch, params=seed_params(arch, primitives=PRIMITIVES), task=task,
-                          settings=settings, metrics={"params": parameters},
-                          max_len=training.max_len(task))  # fmt: skip
+    folder = export_model(
+        tmp_path / "primer",
+        state={k: m.state_dict() for k, m in layers.items()},
+        arch=arch,
+        params=seed_params(arch, primitives=PRIMITIVES),
+        task=task,
+        settings=settings,
+        metrics={"params": parameters},
+        max_len=training.max_len(task),
+    )
     model = nas.load_model(folder)
     assert model.architecture == arch
     assert (folder / "architecture.png").stat().st_size > 10_000

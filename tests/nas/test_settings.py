@@ -33,8 +33,10 @@ def test_pipemare_options_are_the_runtimes() -> None:
 
 def test_pdh_budgets_must_be_evaluation_steps() -> None:
     with pytest.raises(ValueError, match=r"budgets=\[15\] has \[15\], not an evaluation step"):
-        settings.NasSettings(train=settings.TrainSettings(steps=60, eval_every=20),
-                             pruner=settings.PrunerSettings("pdh", {"budgets": [15]}))  # fmt: skip
+        settings.NasSettings(
+            train=settings.TrainSettings(steps=60, eval_every=20),
+            pruner=settings.PrunerSettings("pdh", {"budgets": [15]}),
+        )
 
 
 def test_the_top_rung_of_the_hurdles_is_the_full_training_length() -> None:
@@ -65,11 +67,18 @@ def test_the_median_pruner_needs_a_single_objective() -> None:
         )
 
 
-@pytest.mark.parametrize("stages,valid", [
-    (("search",), True), (("retrain",), True), (("search", "retrain"), True),
-    ((), False), (("retrain", "search"), False), (("search", "search"), False),
-    (("export",), False),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "stages,valid",
+    [
+        (("search",), True),
+        (("retrain",), True),
+        (("search", "retrain"), True),
+        ((), False),
+        (("retrain", "search"), False),
+        (("search", "search"), False),
+        (("export",), False),
+    ],
+)
 def test_stages_run_in_order_each_once(stages: tuple[str, ...], valid: bool) -> None:
     if valid:
         assert settings.NasSettings(stages=stages).stages == stages
@@ -78,24 +87,30 @@ def test_stages_run_in_order_each_once(stages: tuple[str, ...], valid: bool) -> 
             settings.NasSettings(stages=stages)
 
 
-@pytest.mark.parametrize("retrain,message", [
-    ({"top_k": 0}, "retrain.top_k=0 is not valid"),
-    ({"steps": -5}, "retrain.steps=-5 is not valid"),
-    ({"decode_pairs": 0}, "retrain.decode_pairs=0 is not valid"),
-    ({"seeds": ()}, r"retrain.seeds=\[\] is not valid; use a non-empty list of integers"),
-    ({"seeds": (1, 1)}, r"retrain.seeds=\[1, 1\] names a seed twice"),
-    ({"seeds": (0.5,)}, r"retrain.seeds=\[0.5\] is not valid"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "retrain,message",
+    [
+        ({"top_k": 0}, "retrain.top_k=0 is not valid"),
+        ({"steps": -5}, "retrain.steps=-5 is not valid"),
+        ({"decode_pairs": 0}, "retrain.decode_pairs=0 is not valid"),
+        ({"seeds": ()}, r"retrain.seeds=\[\] is not valid; use a non-empty list of integers"),
+        ({"seeds": (1, 1)}, r"retrain.seeds=\[1, 1\] names a seed twice"),
+        ({"seeds": (0.5,)}, r"retrain.seeds=\[0.5\] is not valid"),
+    ],
+)
 def test_retrain_settings_name_the_bad_value(retrain: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         settings.RetrainSettings(**retrain)
 
 
-@pytest.mark.parametrize("train,message", [
-    ({"lr_schedule": "step"}, "train.lr_schedule='step' is not valid"),
-    ({"warmup_steps": -1}, "train.warmup_steps=-1 is not valid; use a count >= 0"),
-    ({"min_lr_ratio": 1.5}, r"train.min_lr_ratio=1.5 is not valid; it must be in \[0, 1\]"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "train,message",
+    [
+        ({"lr_schedule": "step"}, "train.lr_schedule='step' is not valid"),
+        ({"warmup_steps": -1}, "train.warmup_steps=-1 is not valid; use a count >= 0"),
+        ({"min_lr_ratio": 1.5}, r"train.min_lr_ratio=1.5 is not valid; it must be in \[0, 1\]"),
+    ],
+)
 def test_learning_rate_settings_name_the_bad_value(train: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         settings.TrainSettings(**train)

@@ -177,7 +177,8 @@ def test_evaluate_scores_teacher_forcing_and_greedy_decoding(task: Translation) 
 
     full = task.evaluate(forward, batch_size=64)  # the final evaluation: everything
     assert full["accuracy"] == 1.0 and full["tokens"] == sum(
-        len(de) + 1 for _, de in task.pairs("validation"))  # fmt: skip
+        len(de) + 1 for _, de in task.pairs("validation")
+    )
     assert full["chrf"] >= 99.0 and full["exact_match"] >= 0.99  # two names have 2 answers
     assert full["decoded"] == task.size("validation") and full["decode_s"] > 0
     part = task.evaluate(forward, batch_size=64, max_batches=1, decode=16)

@@ -17,8 +17,9 @@ from pipeline import (
 from pipeline.distributed.links import TensorMeta, _decode, _encode
 
 ERRORS = [
-    StageError(1, "backward", 7, "RuntimeError: boom", "Traceback ...", layer="block3",
-               microbatch=2),
+    StageError(
+        1, "backward", 7, "RuntimeError: boom", "Traceback ...", layer="block3", microbatch=2
+    ),
     NonFiniteLossError(2, "loss", 0, "the loss is nan", microbatch=0),
     StageFailedError(0, "the process exited with code -9"),
     MigrationError("migration [2, 2] -> [1, 3] rolled back in its build phase"),
@@ -35,8 +36,10 @@ def test_errors_pickle_with_every_field(error: PipelineError) -> None:
 
 def test_a_stage_error_names_where_it_happened() -> None:
     text = str(ERRORS[0])
-    assert text.startswith("stage 1 failed in the backward of layer 'block3' (micro-batch 2) "
-                           "at step 7: RuntimeError: boom")  # fmt: skip
+    assert text.startswith(
+        "stage 1 failed in the backward of layer 'block3' (micro-batch 2) "
+        "at step 7: RuntimeError: boom"
+    )
     assert "Traceback ..." in text
 
 

@@ -37,8 +37,9 @@ def valid_architectures(
     found, seed = 0, start
     while found < n:
         try:
-            yield sample(RandomSuggest(seed), d_model=D, decoder_only=decoder_only,
-                         cells=(1, 2), window=None)  # fmt: skip
+            yield sample(
+                RandomSuggest(seed), d_model=D, decoder_only=decoder_only, cells=(1, 2), window=None
+            )
             found += 1
         except InvalidArchitecture:
             pass

@@ -55,8 +55,18 @@ def batch(arch: Architecture, src_len: int = 7, tgt_len: int = 8, seed: int = 0)
 
 def test_keys_and_picklable_factories() -> None:
     keys = [s.key for s in specs(ET)]
-    assert keys == ["embed_src", "enc0", "enc1", "enc2", "embed_tgt",
-                    "dec0", "dec1", "dec2", "dec3", "head"]  # fmt: skip
+    assert keys == [
+        "embed_src",
+        "enc0",
+        "enc1",
+        "enc2",
+        "embed_tgt",
+        "dec0",
+        "dec1",
+        "dec2",
+        "dec3",
+        "head",
+    ]
     assert [s.key for s in specs(ET_LM)] == ["embed", "dec0", "dec1", "head"]
     for spec in specs(ET):
         assert isinstance(spec.factory, functools.partial)
@@ -107,8 +117,11 @@ def causal_check(arch: Architecture) -> None:
         torch.testing.assert_close(run(modules, changed)[..., : t + 1], logits[..., : t + 1])
 
 
-@pytest.mark.parametrize("arch", [ET, TRANSFORMER, ET_LM, TRANSFORMER_LM],
-                         ids=["et", "transformer", "et_lm", "transformer_lm"])  # fmt: skip
+@pytest.mark.parametrize(
+    "arch",
+    [ET, TRANSFORMER, ET_LM, TRANSFORMER_LM],
+    ids=["et", "transformer", "et_lm", "transformer_lm"],
+)
 def test_seeds_are_causal(arch: Architecture) -> None:
     causal_check(arch)
 
@@ -140,14 +153,20 @@ def padding_check(arch: Architecture) -> None:
 
 
 def test_padding_does_not_leak() -> None:
-    for arch in [ET, TRANSFORMER, ET_LM, *valid_architectures(4, start=500),
-                 *valid_architectures(2, decoder_only=True, start=500)]:  # fmt: skip
+    for arch in [
+        ET,
+        TRANSFORMER,
+        ET_LM,
+        *valid_architectures(4, start=500),
+        *valid_architectures(2, decoder_only=True, start=500),
+    ]:
         padding_check(arch)
 
 
 def torch_transformer(n_layers: int, heads: int) -> nn.Transformer:
-    return nn.Transformer(D, heads, n_layers, n_layers, 4 * D, dropout=0.0, batch_first=True,
-                          norm_first=True)  # fmt: skip
+    return nn.Transformer(
+        D, heads, n_layers, n_layers, 4 * D, dropout=0.0, batch_first=True, norm_first=True
+    )
 
 
 def numel(module: nn.Module) -> int:
@@ -212,9 +231,14 @@ def test_transformer_seed_computes_like_torch() -> None:
     logits = run(modules, (src, tgt))
     causal = nn.Transformer.generate_square_subsequent_mask(8)
     src_pad = src == PAD
-    out = reference(embed_src((src, tgt))[0], embed_tgt.embed(tgt), tgt_mask=causal,
-                    src_key_padding_mask=src_pad, memory_key_padding_mask=src_pad,
-                    tgt_is_causal=True)  # fmt: skip
+    out = reference(
+        embed_src((src, tgt))[0],
+        embed_tgt.embed(tgt),
+        tgt_mask=causal,
+        src_key_padding_mask=src_pad,
+        memory_key_padding_mask=src_pad,
+        tgt_is_causal=True,
+    )
     torch.testing.assert_close(logits, head.proj(out).transpose(1, 2), atol=1e-5, rtol=1e-5)
 
 
@@ -249,17 +273,26 @@ def train_batches() -> list[tuple[Any, torch.Tensor]]:
 
 
 def test_reference_trainer_learns() -> None:
-    trainer = ReferenceTrainer(specs(ET, dropout=0.1), n_microbatches=2, loss_fn=loss,
-                               optimizer=functools.partial(torch.optim.Adam, lr=3e-3))  # fmt: skip
+    trainer = ReferenceTrainer(
+        specs(ET, dropout=0.1),
+        n_microbatches=2,
+        loss_fn=loss,
+        optimizer=functools.partial(torch.optim.Adam, lr=3e-3),
+    )
     x, y = train_batches()[0]
     losses = [trainer.train_step(x, y) for _ in range(8)]
     assert losses[-1] < losses[0]
 
 
 def pipelined(ctx: pipeline.StageContext, arch: Architecture) -> dict[str, Any]:
-    pipe = pipeline.ElasticPipeline(specs(arch, dropout=0.1), loss_fn=loss, n_microbatches=2,
-                                    optimizer=functools.partial(torch.optim.Adam, lr=1e-3),
-                                    partition=[5, 5], seed=3)  # fmt: skip
+    pipe = pipeline.ElasticPipeline(
+        specs(arch, dropout=0.1),
+        loss_fn=loss,
+        n_microbatches=2,
+        optimizer=functools.partial(torch.optim.Adam, lr=1e-3),
+        partition=[5, 5],
+        seed=3,
+    )
     losses = [pipe.train_step(x, y) for x, y in train_batches()]
     state = pipe.full_state_dict()
     pipe.close()

@@ -20,8 +20,9 @@ D_IN, B, T, S = 16, 2, 9, 6
 def layer(name: str, causal: bool, d_out: int = 32) -> torch.nn.Module:
     keeps = name in ("identity", "dead") or name.startswith("light_conv")
     torch.manual_seed(0)
-    return make_layer(name, D_IN, D_IN if keeps else d_out, causal=causal, heads=4,
-                      reduction=4, d_memory=24)  # fmt: skip
+    return make_layer(
+        name, D_IN, D_IN if keeps else d_out, causal=causal, heads=4, reduction=4, d_memory=24
+    )
 
 
 def context(pad_tail: int = 3) -> Context:

@@ -85,8 +85,12 @@ class RecordingSuggest(RandomSuggest):
 def test_every_random_sample_is_a_valid_architecture(
     decoder_only: bool, cells: tuple[int, int]
 ) -> None:
-    space: dict[str, Any] = {"d_model": [D, 2 * D], "decoder_only": decoder_only,
-                             "cells": cells, "window": None}  # fmt: skip
+    space: dict[str, Any] = {
+        "d_model": [D, 2 * D],
+        "decoder_only": decoder_only,
+        "cells": cells,
+        "window": None,
+    }
     asked: dict[str, object] = {}  # name -> choices: fixed for the whole study (Optuna)
     repaired = 0
     for seed in range(1500):
@@ -112,13 +116,20 @@ def random_branch(rng: random.Random, i: int, side: str) -> Branch:
     """A uniformly random branch of block i, dead allowed (no rule of the space applied)."""
     if rng.random() < 0.5:
         return Branch(rng.randint(0, i), "identity")
-    layer = rng.choice([n for n in LAYER_NAMES if n != "identity" and
-                        (side == "dec" or n not in CROSS_LAYERS)])  # fmt: skip
+    layer = rng.choice(
+        [n for n in LAYER_NAMES if n != "identity" and (side == "dec" or n not in CROSS_LAYERS)]
+    )
     if layer == "dead":
         return DEAD
-    return Branch(rng.randint(0, i), layer, "layer_norm", 1.0 if has_dim(layer) else None,
-                  "relu", 4 if layer in ATTENTION_LAYERS else None,
-                  4 if layer.startswith("light_conv") else None)  # fmt: skip
+    return Branch(
+        rng.randint(0, i),
+        layer,
+        "layer_norm",
+        1.0 if has_dim(layer) else None,
+        "relu",
+        4 if layer in ATTENTION_LAYERS else None,
+        4 if layer.startswith("light_conv") else None,
+    )
 
 
 def random_cell(rng: random.Random, side: str) -> Cell:
@@ -181,8 +192,9 @@ def test_the_residual_repair_of_random_cells() -> None:
         changed = [i for i, (a, b) in enumerate(pairs) if a != b]
         if fixed is cell:
             kinds["valid"] += 1
-        elif fixed.blocks[changed[0]] == dataclasses.replace(cell.blocks[changed[0]],
-                                                             combiner="add"):  # fmt: skip
+        elif fixed.blocks[changed[0]] == dataclasses.replace(
+            cell.blocks[changed[0]], combiner="add"
+        ):
             assert len(changed) == 1
             kinds["combiner"] += 1
             for i in range(changed[0]):  # no earlier combiner would have done

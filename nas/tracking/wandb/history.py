@@ -190,8 +190,10 @@ class WandbRunData:
 
     def metrics(self) -> list[dict[str, Any]]:
         """The history rows with W&B's bookkeeping keys left out (`_step` kept)."""
-        return [{k: v for k, v in row.items() if k == "_step" or not k.startswith("_")}
-                for row in self.history]  # fmt: skip
+        return [
+            {k: v for k, v in row.items() if k == "_step" or not k.startswith("_")}
+            for row in self.history
+        ]
 
     def table(self, key: str) -> dict[str, Any]:
         """A `wandb.Table` logged (or put in the summary) under `key`, read back from the

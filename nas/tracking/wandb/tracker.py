@@ -151,8 +151,9 @@ class WandbTracker(LifecycleTracker):
         self.directory.mkdir(parents=True, exist_ok=True)
         self._set_up = True
 
-    def _init(self, *, name: str, group: str, job_type: str,
-              config: Mapping[str, Any]) -> tuple[Any, Path | None]:  # fmt: skip
+    def _init(
+        self, *, name: str, group: str, job_type: str, config: Mapping[str, Any]
+    ) -> tuple[Any, Path | None]:
         self._setup()
         run = self._wandb.init(
             project=self.project,
@@ -194,8 +195,12 @@ class WandbTracker(LifecycleTracker):
         run_config = {**config, "study": self._study, "trial": number, "params": dict(params)}
         job_type = str(config.get("job_type", "trial"))
         name = str(config.get("run_name", f"trial-{number}"))
-        run, directory = self._init(name=f"{self._study}-{name}", group=str(self._study),
-                                    job_type=job_type, config=run_config)  # fmt: skip
+        run, directory = self._init(
+            name=f"{self._study}-{name}",
+            group=str(self._study),
+            job_type=job_type,
+            config=run_config,
+        )
         self._trial_run = run
         self._events = []
         if directory is not None:
@@ -224,8 +229,10 @@ class WandbTracker(LifecycleTracker):
         self._ended[state] += 1
         if self._study_run is not None:
             ended = sum(self._ended.values())
-            self._study_run.log({f"trials/{k}": v for k, v in self._ended.items()}
-                                | {"trials/ended": ended}, step=ended)  # fmt: skip
+            self._study_run.log(
+                {f"trials/{k}": v for k, v in self._ended.items()} | {"trials/ended": ended},
+                step=ended,
+            )
 
     def _on_end_study(
         self,
@@ -237,15 +244,22 @@ class WandbTracker(LifecycleTracker):
         if run is None:
             return
         try:
-            final: dict[str, Any] = {**json_safe(dict(summary)),
-                                     "trials": self._table(trials_table),
-                                     "pareto_front": self._table(pareto_front)}  # fmt: skip
+            final: dict[str, Any] = {
+                **json_safe(dict(summary)),
+                "trials": self._table(trials_table),
+                "pareto_front": self._table(pareto_front),
+            }
             objectives = summary.get("objectives")
-            if (isinstance(objectives, Sequence) and not isinstance(objectives, str)
-                    and len(objectives) >= 2 and self.study_directory is not None):  # fmt: skip
+            if (
+                isinstance(objectives, Sequence)
+                and not isinstance(objectives, str)
+                and len(objectives) >= 2
+                and self.study_directory is not None
+            ):
                 x, y = str(objectives[0]), str(objectives[1])
-                picture = save_pareto_plot(trials_table, pareto_front, x, y,
-                                           self.study_directory / "pareto_front.png")  # fmt: skip
+                picture = save_pareto_plot(
+                    trials_table, pareto_front, x, y, self.study_directory / "pareto_front.png"
+                )
                 if picture is not None:
                     final["pareto_plot"] = self._wandb.Image(str(picture))
             run.summary.update(final)

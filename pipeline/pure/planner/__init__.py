@@ -61,8 +61,10 @@ __all__ = [
 ]
 
 PLANNERS: dict[str, type[Planner]] = {
-    "time": TimePlanner, "memory": MemoryPlanner, "bipartition": BiPartitionPlanner,
-}  # fmt: skip
+    "time": TimePlanner,
+    "memory": MemoryPlanner,
+    "bipartition": BiPartitionPlanner,
+}
 
 
 def get_planner(name: str, **options: Any) -> Planner:

@@ -105,10 +105,14 @@ class Plan:
         object.__setattr__(self, "actions", tuple(self.actions))
         object.__setattr__(self, "handoff", tuple(self.handoff))
         check_sizes(self.sizes, sum(self.sizes), len(self.sizes))
-        if self.handoff and (len(self.handoff) != len(self.sizes) - 1 or any(
-                not 0 <= k < n for k, n in zip(self.handoff, self.sizes, strict=False))):
-            raise ValueError(f"handoff {self.handoff} does not fit stage sizes {self.sizes}: "
-                             "one count per boundary, fewer than the stage's layers")
+        if self.handoff and (
+            len(self.handoff) != len(self.sizes) - 1
+            or any(not 0 <= k < n for k, n in zip(self.handoff, self.sizes, strict=False))
+        ):
+            raise ValueError(
+                f"handoff {self.handoff} does not fit stage sizes {self.sizes}: "
+                "one count per boundary, fewer than the stage's layers"
+            )
         if len(self.actions) != sum(self.sizes):
             raise ValueError(f"{len(self.actions)} memory actions for {sum(self.sizes)} layers")
         unknown = set(self.actions) - set(MEMORY_ACTIONS)
@@ -138,26 +142,32 @@ class Plan:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "sizes": list(self.sizes), "actions": list(self.actions),
-            "schedule": self.schedule, "n_microbatches": self.n_microbatches,
+            "sizes": list(self.sizes),
+            "actions": list(self.actions),
+            "schedule": self.schedule,
+            "n_microbatches": self.n_microbatches,
             "predicted_iteration_s": self.predicted_iteration_s,
             "predicted_stage_s": list(self.predicted_stage_s),
             "predicted_stage_bytes": list(self.predicted_stage_bytes),
-            "planner": self.planner, "handoff": list(self.handoff),
+            "planner": self.planner,
+            "handoff": list(self.handoff),
             "predicted_rank_bytes": list(self.predicted_rank_bytes),
-        }  # fmt: skip
+        }
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Plan:
         return cls(
-            sizes=tuple(data["sizes"]), actions=tuple(data["actions"]),
-            schedule=data["schedule"], n_microbatches=data["n_microbatches"],
+            sizes=tuple(data["sizes"]),
+            actions=tuple(data["actions"]),
+            schedule=data["schedule"],
+            n_microbatches=data["n_microbatches"],
             predicted_iteration_s=data["predicted_iteration_s"],
             predicted_stage_s=tuple(data["predicted_stage_s"]),
             predicted_stage_bytes=tuple(data["predicted_stage_bytes"]),
-            planner=data.get("planner", ""), handoff=tuple(data.get("handoff", ())),
+            planner=data.get("planner", ""),
+            handoff=tuple(data.get("handoff", ())),
             predicted_rank_bytes=tuple(data.get("predicted_rank_bytes", ())),
-        )  # fmt: skip
+        )
 
 
 DEFAULT_SCHEDULE: ScheduleLike = "1f1b"  # what `plan` and `evaluate` assume unless told
@@ -189,19 +199,28 @@ def evaluate(
     n_steps = STREAM_STEPS if is_stream(schedule) else 1
     result = simulate(schedule, stages, n_microbatches, link, n_steps=n_steps)
     placement = placement_for(schedule, len(stages))
-    per_rank = () if placement.stages_per_rank == 1 else tuple(
-        sum(stages[s].state_bytes for s in placement.stages_of(r)) + held
-        for r, held in enumerate(result.peak_rank_activation_bytes))  # fmt: skip
+    per_rank = (
+        ()
+        if placement.stages_per_rank == 1
+        else tuple(
+            sum(stages[s].state_bytes for s in placement.stages_of(r)) + held
+            for r, held in enumerate(result.peak_rank_activation_bytes)
+        )
+    )
     return Plan(
-        sizes=tuple(sizes), actions=actions, schedule=schedule_name(schedule),
+        sizes=tuple(sizes),
+        actions=actions,
+        schedule=schedule_name(schedule),
         n_microbatches=n_microbatches,
         predicted_iteration_s=result.step_s,
         predicted_stage_s=tuple(st.forward_s + st.backward_s for st in stages),
-        predicted_stage_bytes=tuple(st.state_bytes + k * st.activation_bytes
-                                    for st, k in zip(stages, counts, strict=True)),
-        planner=planner, handoff=tuple(handoff) if any(handoff) else (),
+        predicted_stage_bytes=tuple(
+            st.state_bytes + k * st.activation_bytes for st, k in zip(stages, counts, strict=True)
+        ),
+        planner=planner,
+        handoff=tuple(handoff) if any(handoff) else (),
         predicted_rank_bytes=per_rank,
-    )  # fmt: skip
+    )
 
 
 @dataclass(frozen=True, eq=False)
@@ -332,8 +351,9 @@ class Planner(abc.ABC):
         """The strategy: this planner's layout first, then any challengers to compare it
         with; InfeasibleBudgetError if no layout fits the memory budget."""
 
-    def stage_bytes(self, costs: Sequence[LayerCost], plan: Plan,
-                    schedule: ScheduleLike) -> tuple[int, ...]:  # fmt: skip
+    def stage_bytes(
+        self, costs: Sequence[LayerCost], plan: Plan, schedule: ScheduleLike
+    ) -> tuple[int, ...]:
         """The peak memory per stage this planner predicts for an evaluated plan; by default
         the shared model's (`plan.predicted_stage_bytes`)."""
         return plan.predicted_stage_bytes
@@ -347,15 +367,22 @@ class Planner(abc.ABC):
     ) -> Plan:
         """Put this planner's numbers on a layout it did not choose (e.g. the current one);
         `options` as for the module's `evaluate`."""
-        plan = evaluate(costs, sizes, actions, host_link=self.host_link, planner=self.name,
-                        **options)  # fmt: skip
+        plan = evaluate(
+            costs, sizes, actions, host_link=self.host_link, planner=self.name, **options
+        )
         stage_bytes = self.stage_bytes(costs, plan, options.get("schedule", DEFAULT_SCHEDULE))
         return dataclasses.replace(plan, predicted_stage_bytes=stage_bytes)
 
     def _evaluate_layout(self, problem: Problem, layout: Layout) -> Plan:
-        return self.evaluate(problem.costs, layout.sizes, layout.actions,
-                             schedule=problem.schedule, n_microbatches=problem.n_microbatches,
-                             link=problem.link, handoff=layout.handoff)  # fmt: skip
+        return self.evaluate(
+            problem.costs,
+            layout.sizes,
+            layout.actions,
+            schedule=problem.schedule,
+            n_microbatches=problem.n_microbatches,
+            link=problem.link,
+            handoff=layout.handoff,
+        )
 
     def __repr__(self) -> str:
         options = ", ".join(f"{k}={v!r}" for k, v in vars(self).items() if not k.startswith("_"))

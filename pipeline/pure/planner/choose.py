@@ -38,9 +38,12 @@ class Candidate:
     reason: str  # "" for a candidate that was planned
 
     def to_dict(self) -> dict[str, Any]:
-        return {"schedule": self.schedule, "n_stages": self.n_stages, "reason": self.reason,
-                "predicted_iteration_s": None if self.plan is None
-                else self.plan.predicted_iteration_s}  # fmt: skip
+        return {
+            "schedule": self.schedule,
+            "n_stages": self.n_stages,
+            "reason": self.reason,
+            "predicted_iteration_s": None if self.plan is None else self.plan.predicted_iteration_s,
+        }
 
 
 def choose_schedule(
@@ -54,28 +57,42 @@ def choose_schedule(
     candidates: Sequence[str] = AUTO_CANDIDATES,
 ) -> tuple[Candidate, list[Candidate]]:
     """(the fastest candidate, every candidate tried); ValueError if none can be planned."""
-    tried = [_plan(planner, costs, n_ranks, name, n_microbatches, memory_budget, link)
-             for name in candidates]  # fmt: skip
+    tried = [
+        _plan(planner, costs, n_ranks, name, n_microbatches, memory_budget, link)
+        for name in candidates
+    ]
     planned = [c for c in tried if c.plan is not None]
     if not planned:
         reasons = "; ".join(f"{c.schedule}: {c.reason}" for c in tried)
-        raise ValueError(f"no schedule can be planned for {len(costs)} layers on {n_ranks} "
-                         f"ranks: {reasons}")  # fmt: skip
+        raise ValueError(
+            f"no schedule can be planned for {len(costs)} layers on {n_ranks} ranks: {reasons}"
+        )
     best = min(planned, key=lambda c: c.plan.predicted_iteration_s if c.plan else 0.0)
     return best, tried
 
 
 def _plan(
-    planner: Planner, costs: Sequence[LayerCost], n_ranks: int, name: str, m: int,
-    memory_budget: int | None, link: LinkCost | None,
-) -> Candidate:  # fmt: skip
+    planner: Planner,
+    costs: Sequence[LayerCost],
+    n_ranks: int,
+    name: str,
+    m: int,
+    memory_budget: int | None,
+    link: LinkCost | None,
+) -> Candidate:
     n_stages = int(getattr(get_schedule(name), "stages_per_rank", 1)) * n_ranks
     if len(costs) < n_stages:
-        return Candidate(name, n_stages, None, f"needs at least {n_stages} layers for its "
-                                               f"{n_stages} stages, the model has {len(costs)}")
+        return Candidate(
+            name,
+            n_stages,
+            None,
+            f"needs at least {n_stages} layers for its "
+            f"{n_stages} stages, the model has {len(costs)}",
+        )
     try:
-        plan = planner.plan(costs, n_stages, schedule=name, n_microbatches=m,
-                            memory_budget=memory_budget, link=link)  # fmt: skip
+        plan = planner.plan(
+            costs, n_stages, schedule=name, n_microbatches=m, memory_budget=memory_budget, link=link
+        )
     except InfeasibleBudgetError as error:
         return Candidate(name, n_stages, None, str(error))
     return Candidate(name, n_stages, plan, "")

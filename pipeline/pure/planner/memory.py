@@ -54,8 +54,9 @@ __all__ = ["MemoryPlanner"]
 class _Peaks:
     """Stage peaks from prefix sums: peak = head[k][a] + body[k][e] - body[k][a + 1]."""
 
-    def __init__(self, costs: Sequence[LayerCost], counts: Sequence[int], copies: int,
-                 in_flight: bool) -> None:  # fmt: skip
+    def __init__(
+        self, costs: Sequence[LayerCost], counts: Sequence[int], copies: int, in_flight: bool
+    ) -> None:
         self.k = [k if in_flight else 1 for k in counts]
         self.iso = [c.isolated_peak for c in costs]
         self.extra = [c.activation_bytes for c in costs]  # per extra micro-batch in flight
@@ -80,8 +81,10 @@ class _Peaks:
     def start_monotone(self) -> bool:
         """Does dropping a stage's first layer never raise its peak (for every k used)?"""
         k = min(self.k)
-        return all(self.peak_k(k, a, a + 2) >= self.peak_k(k, a + 1, a + 2)
-                   for a in range(len(self.iso) - 1))  # fmt: skip
+        return all(
+            self.peak_k(k, a, a + 2) >= self.peak_k(k, a + 1, a + 2)
+            for a in range(len(self.iso) - 1)
+        )
 
     def arrays(self, k: int) -> tuple[np.ndarray, np.ndarray]:
         """head(k, a) for every a and body(k, e) for every e, as int64 arrays."""
@@ -96,8 +99,10 @@ class _Peaks:
     def lower_bound(self) -> int:
         """Every layer adds at least min(as first layer, as a later one) to some stage."""
         k = min(self.k)
-        return max(min(self.head(k, a), self.body(k, a + 1) - self.body(k, a))
-                   for a in range(len(self.iso)))  # fmt: skip
+        return max(
+            min(self.head(k, a), self.body(k, a + 1) - self.body(k, a))
+            for a in range(len(self.iso))
+        )
 
 
 def _reachable(peaks: _Peaks, n_layers: int, n_stages: int, limit: float) -> Cuts | None:
@@ -147,20 +152,30 @@ class MemoryPlanner(Planner):
         peaks = _Peaks(problem.costs, problem.in_flight, problem.weight_copies, self.in_flight)
         n, n_stages = problem.n_layers, problem.n_stages
         if peaks.start_monotone():
-            found = solve(peaks.peak, n, n_stages, order=stage_order(peaks.k),
-                          lower=peaks.lower_bound(), integer=True)  # fmt: skip
+            found = solve(
+                peaks.peak,
+                n,
+                n_stages,
+                order=stage_order(peaks.k),
+                lower=peaks.lower_bound(),
+                integer=True,
+            )
         else:
-            found = minimize(lambda limit: _reachable(peaks, n, n_stages, limit),
-                             lambda cuts: bottleneck(peaks.peak, cuts), peaks.lower_bound(),
-                             integer=True)  # fmt: skip
+            found = minimize(
+                lambda limit: _reachable(peaks, n, n_stages, limit),
+                lambda cuts: bottleneck(peaks.peak, cuts),
+                peaks.lower_bound(),
+                integer=True,
+            )
         assert found is not None  # peaks are finite: some partition always exists
         worst, cuts = found
         if problem.stage_budget is not None and worst > problem.stage_budget:
             raise problem.infeasible(int(worst), " (all layers kept)")
         return [Layout(tuple(sizes_from_cuts(cuts)))]
 
-    def stage_bytes(self, costs: Sequence[LayerCost], plan: Plan,
-                    schedule: ScheduleLike) -> tuple[int, ...]:  # fmt: skip
+    def stage_bytes(
+        self, costs: Sequence[LayerCost], plan: Plan, schedule: ScheduleLike
+    ) -> tuple[int, ...]:
         """CAPSlog's predicted peaks, which model whole layers: a plan with a handoff keeps
         the shared evaluation's memory."""
         if plan.handoff:
@@ -168,7 +183,8 @@ class MemoryPlanner(Planner):
         peaks = self._peaks(costs, schedule, plan.n_stages, plan.n_microbatches)
         return tuple(peaks.peak(s, a, e) for s, (a, e) in enumerate(plan.bounds()))
 
-    def _peaks(self, costs: Sequence[LayerCost], schedule: ScheduleLike, n_stages: int,
-               n_microbatches: int) -> _Peaks:  # fmt: skip
+    def _peaks(
+        self, costs: Sequence[LayerCost], schedule: ScheduleLike, n_stages: int, n_microbatches: int
+    ) -> _Peaks:
         counts = in_flight_counts(schedule, n_stages, n_microbatches)
         return _Peaks(costs, counts, weight_copies(schedule), self.in_flight)

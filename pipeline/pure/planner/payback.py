@@ -73,11 +73,23 @@ def replan(
         raise ValueError(f"{len(sizes)} state sizes for {len(costs)} layers")
     m = current.n_microbatches
     schedule = current.schedule if schedule is None else schedule
-    now = planner.evaluate(costs, current.sizes, current.actions, schedule=schedule,
-                           n_microbatches=m, link=pipeline_link,
-                           handoff=current.handoff)  # fmt: skip
-    new = planner.plan(costs, current.n_stages, schedule=schedule, n_microbatches=m,
-                       memory_budget=memory_budget, link=pipeline_link)  # fmt: skip
+    now = planner.evaluate(
+        costs,
+        current.sizes,
+        current.actions,
+        schedule=schedule,
+        n_microbatches=m,
+        link=pipeline_link,
+        handoff=current.handoff,
+    )
+    new = planner.plan(
+        costs,
+        current.n_stages,
+        schedule=schedule,
+        n_microbatches=m,
+        memory_budget=memory_budget,
+        link=pipeline_link,
+    )
     moved = moved_layers(now, new)
     nbytes = sum(sizes[i] for i in moved)
     move_s = link.time(nbytes) if moved else 0.0
@@ -89,10 +101,17 @@ def replan(
         adopt, reason = False, "the best plan is the current one"
     else:
         adopt = saving > move_s
-        reason = (f"saves {saving:.4g} s over {remaining_steps} steps; moving {nbytes:,} bytes "
-                  f"takes {move_s:.4g} s")  # fmt: skip
+        reason = (
+            f"saves {saving:.4g} s over {remaining_steps} steps; moving {nbytes:,} bytes "
+            f"takes {move_s:.4g} s"
+        )
     return Replan(
-        plan=new if adopt else now, changed=adopt, candidate=new,
-        moved=tuple(costs[i].key for i in moved), bytes_moved=nbytes, move_s=move_s,
-        saving_s=saving, reason=reason,
-    )  # fmt: skip
+        plan=new if adopt else now,
+        changed=adopt,
+        candidate=new,
+        moved=tuple(costs[i].key for i in moved),
+        bytes_moved=nbytes,
+        move_s=move_s,
+        saving_s=saving,
+        reason=reason,
+    )

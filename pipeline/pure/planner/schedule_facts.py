@@ -34,8 +34,10 @@ def placement_for(schedule: ScheduleLike, n_stages: int) -> Placement:
     fn = get_schedule(schedule) if isinstance(schedule, str) else schedule
     v = int(getattr(fn, "stages_per_rank", 1))
     if n_stages % v:
-        raise ValueError(f"schedule {schedule_name(schedule)!r} holds {v} stages per rank, so "
-                         f"n_stages must be a multiple of {v}, got {n_stages}")  # fmt: skip
+        raise ValueError(
+            f"schedule {schedule_name(schedule)!r} holds {v} stages per rank, so "
+            f"n_stages must be a multiple of {v}, got {n_stages}"
+        )
     return placement_of(fn, n_stages // v)
 
 
@@ -47,8 +49,9 @@ def in_flight_counts(schedule: ScheduleLike, n_stages: int, n_microbatches: int)
         return [in_flight(fn(n_stages, n_microbatches, s)) for s in range(n_stages)]
     placement = placement_for(fn, n_stages)
     lists = [fn(placement.n_ranks, n_microbatches, r) for r in range(placement.n_ranks)]
-    return [in_flight([a for a in lists[placement.rank_of(s)] if a.stage == s])
-            for s in range(n_stages)]  # fmt: skip
+    return [
+        in_flight([a for a in lists[placement.rank_of(s)] if a.stage == s]) for s in range(n_stages)
+    ]
 
 
 def weight_copies(schedule: ScheduleLike) -> int:

@@ -78,7 +78,7 @@ def first_true(lo: int, hi: int, pred: Callable[[int], bool]) -> int:
 
 
 def stage_order(values: Sequence[float]) -> str:
-    """"backward" if `values` never grow with the stage, "forward" if never shrink, else "dp"."""
+    """ "backward" if `values` never grow with the stage, "forward" if never shrink, else "dp"."""
     if all(x >= y for x, y in pairwise(values)):
         return "backward"
     if all(x <= y for x, y in pairwise(values)):

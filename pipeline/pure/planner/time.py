@@ -63,14 +63,18 @@ class _Stages:
         self.saving = [c.activation_bytes - kept[i] for i, c in enumerate(costs)]
         self.reduce_s = list(reduce_s)
         self.t = [0.0, *accumulate(c.compute_s for c in costs)]
-        self.state = [0, *accumulate(copies * c.param_bytes + c.grad_bytes + c.optimizer_bytes
-                                     for c in costs)]  # fmt: skip
+        self.state = [
+            0,
+            *accumulate(copies * c.param_bytes + c.grad_bytes + c.optimizer_bytes for c in costs),
+        ]
         self.act = [0, *accumulate(c.activation_bytes for c in costs)]
         self.floor = [0, *accumulate(kept)]  # every candidate reduced
         self.n_cand = [0, *accumulate(int(s > 0) for s in self.saving)]
         # greedy order: least added seconds per byte saved, then lower index
-        order = sorted((i for i in range(n) if self.saving[i] > 0),
-                       key=lambda i: (self.reduce_s[i] / self.saving[i], i))  # fmt: skip
+        order = sorted(
+            (i for i in range(n) if self.saving[i] > 0),
+            key=lambda i: (self.reduce_s[i] / self.saving[i], i),
+        )
         self.layer_by_rank = np.array(order, dtype=np.int64)
         self.rank = np.full(n, len(order), dtype=np.int64)
         self.rank[self.layer_by_rank] = np.arange(len(order))
@@ -122,8 +126,11 @@ class _Stages:
                 save, add = self.saving[i], self.reduce_s[i]
                 if save > 0:
                     front = _pareto(front + [(b + save, t + add, (*c, i)) for b, t, c in front])
-            self._frontiers[(a, e)] = ([f[0] for f in front], [f[1] for f in front],
-                                       [f[2] for f in front])  # fmt: skip
+            self._frontiers[(a, e)] = (
+                [f[0] for f in front],
+                [f[1] for f in front],
+                [f[2] for f in front],
+            )
         return self._frontiers[(a, e)]
 
     def _greedy(self, a: int, e: int, need: int, layers: bool) -> Choice | None:
@@ -228,9 +235,15 @@ class TimePlanner(Planner):
 
     def _search(self, stages: _Stages, n_layers: int, n_stages: int) -> tuple[float, Cuts]:
         order = "backward" if stages.budget is None else stage_order(stages.k)
-        found = solve(stages.cost, n_layers, n_stages, order=order,
-                      lower=stages.lower_bound(n_stages), rtol=self.rtol,
-                      min_start=stages.min_start)  # fmt: skip
+        found = solve(
+            stages.cost,
+            n_layers,
+            n_stages,
+            order=order,
+            lower=stages.lower_bound(n_stages),
+            rtol=self.rtol,
+            min_start=stages.min_start,
+        )
         assert found is not None  # the caller checked the budget admits a partition
         return found
 
@@ -239,7 +252,13 @@ class TimePlanner(Planner):
         """The smallest per-stage budget some partition fits with every candidate reduced."""
         k_min = min(stages.k)
         lower = max(stages.least_memory(stages.k.index(k_min), i, i + 1) for i in range(n_layers))
-        found = solve(stages.least_memory, n_layers, n_stages, order=stage_order(stages.k),
-                      lower=lower, integer=True)  # fmt: skip
+        found = solve(
+            stages.least_memory,
+            n_layers,
+            n_stages,
+            order=stage_order(stages.k),
+            lower=lower,
+            integer=True,
+        )
         assert found is not None  # memory is always finite
         return int(found[0])

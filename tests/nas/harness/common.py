@@ -13,9 +13,17 @@ from nas.config import CONFIG_DIR, register, to_settings
 from nas.settings import NasSettings
 
 # A study that trains in seconds: 2 stages, d_model 32, one cell per side, few steps.
-TINY = ("tracker=jsonl", "train.steps=6", "train.eval_every=3", "train.eval_batches=1",
-        "train.batch_size=16", "train.decode_pairs=16", "train.final_decode_pairs=32",
-        "search_space.d_model=[32]", "search_space.max_cells=1")  # fmt: skip
+TINY = (
+    "tracker=jsonl",
+    "train.steps=6",
+    "train.eval_every=3",
+    "train.eval_batches=1",
+    "train.batch_size=16",
+    "train.decode_pairs=16",
+    "train.final_decode_pairs=32",
+    "search_space.d_model=[32]",
+    "search_space.max_cells=1",
+)
 
 
 def composed(*overrides: str) -> NasSettings:
@@ -27,8 +35,9 @@ def composed(*overrides: str) -> NasSettings:
 
 def tiny_settings(tmp_path: Path, *overrides: str) -> NasSettings:
     """The composed settings of a tiny study under `tmp_path` (overrides win)."""
-    return composed(*TINY, f"studies_dir={tmp_path / 'studies'}",
-                    f"output_dir={tmp_path / 'run'}", *overrides)
+    return composed(
+        *TINY, f"studies_dir={tmp_path / 'studies'}", f"output_dir={tmp_path / 'run'}", *overrides
+    )
 
 
 def offline_wandb(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -53,16 +62,26 @@ class locked:
     worker or a backup tool holds it) until the block ends or `release_after_s`."""
 
     def __init__(self, path: Path, release_after_s: float | None = None) -> None:
-        hold = "import sys, time\nwhile sys.stdin.readline().strip() != 'release': pass\n" \
-            if release_after_s is None else f"import time\ntime.sleep({release_after_s})\n"
-        self.code = ("import sqlite3, sys\n"
-                     f"db = sqlite3.connect({str(path)!r}, isolation_level=None)\n"
-                     "db.execute('BEGIN EXCLUSIVE')\nprint('locked', flush=True)\n"
-                     + hold + "db.execute('COMMIT')\n")  # fmt: skip
+        hold = (
+            "import sys, time\nwhile sys.stdin.readline().strip() != 'release': pass\n"
+            if release_after_s is None
+            else f"import time\ntime.sleep({release_after_s})\n"
+        )
+        self.code = (
+            "import sqlite3, sys\n"
+            f"db = sqlite3.connect({str(path)!r}, isolation_level=None)\n"
+            "db.execute('BEGIN EXCLUSIVE')\nprint('locked', flush=True)\n"
+            + hold
+            + "db.execute('COMMIT')\n"
+        )
 
     def __enter__(self) -> locked:
-        self.process = subprocess.Popen([sys.executable, "-c", self.code], text=True,
-                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        self.process = subprocess.Popen(
+            [sys.executable, "-c", self.code],
+            text=True,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+        )
         assert self.process.stdout is not None and self.process.stdout.readline() == "locked\n"
         return self
 

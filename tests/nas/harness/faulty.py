@@ -32,8 +32,9 @@ class FailingTracker(JsonlTracker):
     """A JSONL tracker whose `log_step` raises at `step` of trial `trial`, and whose
     `end_study` raises if `fail_end_study`."""
 
-    def __init__(self, directory: str, *, trial: int = -1, step: int = 1,
-                 fail_end_study: bool = False) -> None:  # fmt: skip
+    def __init__(
+        self, directory: str, *, trial: int = -1, step: int = 1, fail_end_study: bool = False
+    ) -> None:
         super().__init__(directory)
         self.fail_trial, self.fail_step, self.fail_end_study = trial, step, fail_end_study
 
@@ -62,9 +63,12 @@ class FailingSampler(RandomSampler):
         super().before_trial(study, trial)
 
     def sample_independent(
-        self, study: optuna.Study, trial: optuna.trial.FrozenTrial, name: str,
+        self,
+        study: optuna.Study,
+        trial: optuna.trial.FrozenTrial,
+        name: str,
         distribution: BaseDistribution,
-    ) -> Any:  # fmt: skip
+    ) -> Any:
         if self.where == "sample" and trial.number == self.fail_trial:
             raise SamplerBug(f"sample_independent failed for {name} of trial {trial.number}")
         return super().sample_independent(study, trial, name, distribution)

@@ -24,20 +24,37 @@ pytestmark = pytest.mark.multiprocess
 def run(
     tmp_path: Path, *overrides: str, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
-    cmd = [sys.executable, "-m", "nas", *overrides, f"hydra.run.dir={tmp_path / 'run'}",
-           f"studies_dir={tmp_path / 'studies'}"]  # fmt: skip
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=tmp_path,
-                          env=env)  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "nas",
+        *overrides,
+        f"hydra.run.dir={tmp_path / 'run'}",
+        f"studies_dir={tmp_path / 'studies'}",
+    ]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=tmp_path, env=env)
 
 
 # One trial of each task, as small as it gets: a few steps, one evaluation batch, a few
 # decoded pairs (translation), short windows (the language models).
-ONE_TRIAL = ("tracker=jsonl", "stages=[search]", "study.n_trials=1", "train.steps=2",
-             "train.eval_every=2", "train.eval_batches=1", "train.batch_size=16",
-             "train.decode_pairs=4", "train.final_decode_pairs=8", "search_space.d_model=[32]",
-             "search_space.max_cells=1")  # fmt: skip
-TASK_OPTIONS = {"translation": (), "charlm": ("task.options.seq_len=16",),
-                "textfile": ("task.options.seq_len=16",)}  # fmt: skip
+ONE_TRIAL = (
+    "tracker=jsonl",
+    "stages=[search]",
+    "study.n_trials=1",
+    "train.steps=2",
+    "train.eval_every=2",
+    "train.eval_batches=1",
+    "train.batch_size=16",
+    "train.decode_pairs=4",
+    "train.final_decode_pairs=8",
+    "search_space.d_model=[32]",
+    "search_space.max_cells=1",
+)
+TASK_OPTIONS = {
+    "translation": (),
+    "charlm": ("task.options.seq_len=16",),
+    "textfile": ("task.options.seq_len=16",),
+}
 
 
 @pytest.mark.timeout(300)
@@ -49,8 +66,9 @@ def test_one_trial_of_each_task_from_the_command_line(tmp_path: Path, task: str)
     env = {**os.environ, "WANDB_MODE": "offline"}
     done = run(tmp_path, f"task={task}", f"study.name={task}", *ONE_TRIAL, *options, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
-    study = optuna.load_study(study_name=task,
-                              storage=f"sqlite:///{tmp_path / 'studies' / task}.db")  # fmt: skip
+    study = optuna.load_study(
+        study_name=task, storage=f"sqlite:///{tmp_path / 'studies' / task}.db"
+    )
     assert [t.state for t in study.trials if counted(t)] == [optuna.trial.TrialState.COMPLETE]
     trial = next(t for t in study.trials if counted(t))
     assert set(TASK_METRICS[task]) <= set(trial.user_attrs), sorted(trial.user_attrs)
@@ -73,18 +91,31 @@ print(json.dumps(scores))
 
 def test_a_small_study_from_the_command_line(tmp_path: Path) -> None:
     """Search, retrain and export; the exported model, loaded alone, scores as reported."""
-    done = run(tmp_path, "study.name=cli", "study.n_trials=2", "tracker=none", "train.steps=4",
-               "train.eval_every=2", "train.eval_batches=1", "train.batch_size=16",
-               "search_space.d_model=[32]", "search_space.max_cells=1",
-               f"retrain.models_dir={tmp_path / 'models'}")  # fmt: skip
+    done = run(
+        tmp_path,
+        "study.name=cli",
+        "study.n_trials=2",
+        "tracker=none",
+        "train.steps=4",
+        "train.eval_every=2",
+        "train.eval_batches=1",
+        "train.batch_size=16",
+        "search_space.d_model=[32]",
+        "search_space.max_cells=1",
+        f"retrain.models_dir={tmp_path / 'models'}",
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     assert "study cli: 2 trials" in done.stdout
     [folder] = (tmp_path / "models" / "cli").iterdir()
     assert folder.name.startswith("trial-") and f"exported {folder.name}" in done.stdout
     assert "nas.load_model(" in done.stdout
     metrics = json.loads((folder / "metrics.json").read_text())
-    loaded = subprocess.run([sys.executable, "-c", LOAD_AND_SCORE, str(folder)],
-                            capture_output=True, text=True, timeout=300)  # fmt: skip
+    loaded = subprocess.run(
+        [sys.executable, "-c", LOAD_AND_SCORE, str(folder)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert loaded.returncode == 0, loaded.stderr[-3000:]
     scores = json.loads(loaded.stdout)
     assert scores["chrf"] == pytest.approx(metrics["chrf"], abs=1e-9)
@@ -97,12 +128,21 @@ def test_a_small_study_from_the_command_line(tmp_path: Path) -> None:
 
 
 def test_a_multirun_runs_one_study_per_job(tmp_path: Path) -> None:
-    done = run(tmp_path, "--multirun", "pipeline.schedule=1f1b,2bw", "study.n_trials=1",
-               "stages=[search]",
-               "tracker=none",
-               "train.steps=4", "train.eval_every=2", "train.eval_batches=1",
-               "train.batch_size=16", "search_space.d_model=[32]", "search_space.max_cells=1",
-               f"hydra.sweep.dir={tmp_path / 'sweep'}")  # fmt: skip
+    done = run(
+        tmp_path,
+        "--multirun",
+        "pipeline.schedule=1f1b,2bw",
+        "study.n_trials=1",
+        "stages=[search]",
+        "tracker=none",
+        "train.steps=4",
+        "train.eval_every=2",
+        "train.eval_batches=1",
+        "train.batch_size=16",
+        "search_space.d_model=[32]",
+        "search_space.max_cells=1",
+        f"hydra.sweep.dir={tmp_path / 'sweep'}",
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     for job, schedule in enumerate(("1f1b", "2bw")):  # 2bw: steps streamed without flush
         name = f"nas-pipeline.schedule={schedule}"  # the swept value names the job's study
@@ -114,11 +154,27 @@ def test_a_multirun_runs_one_study_per_job(tmp_path: Path) -> None:
 
 
 def test_stages_started_by_torchrun_run_the_study(tmp_path: Path) -> None:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
-           "2", "-m", "nas", "study.name=tr", "study.n_trials=2", "tracker=jsonl",
-           "train.steps=2", "train.eval_every=2", "train.eval_batches=1", "train.batch_size=16",
-           "search_space.d_model=[32]", "search_space.max_cells=1",
-           f"hydra.run.dir={tmp_path / 'run'}", f"studies_dir={tmp_path / 'studies'}"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        "-m",
+        "nas",
+        "study.name=tr",
+        "study.n_trials=2",
+        "tracker=jsonl",
+        "train.steps=2",
+        "train.eval_every=2",
+        "train.eval_batches=1",
+        "train.batch_size=16",
+        "search_space.d_model=[32]",
+        "search_space.max_cells=1",
+        f"hydra.run.dir={tmp_path / 'run'}",
+        f"studies_dir={tmp_path / 'studies'}",
+    ]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.count("study tr: 2 trials") == 1  # rank 0 reports
@@ -155,9 +211,13 @@ def test_a_killed_study_resumes_at_the_right_trial_count(tmp_path: Path) -> None
         f"studies_dir={tmp_path / 'studies'}",
     ]
     storage = f"sqlite:///{tmp_path / 'studies' / 'killed.db'}"
-    harness = subprocess.Popen([sys.executable, "-m", "nas", *overrides], cwd=tmp_path,
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                               start_new_session=True)  # fmt: skip
+    harness = subprocess.Popen(
+        [sys.executable, "-m", "nas", *overrides],
+        cwd=tmp_path,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     deadline = time.monotonic() + 240
     while time.monotonic() < deadline and not _complete(tmp_path / "studies" / "killed.db"):
         assert harness.poll() is None, "the harness stopped before it was killed"
@@ -201,9 +261,13 @@ def test_a_study_killed_in_a_top_rung_trial_resumes_with_every_completed_rung(
         f"studies_dir={tmp_path / 'studies'}",
     ]
     db = tmp_path / "studies" / "rungs.db"
-    harness = subprocess.Popen([sys.executable, "-m", "nas", *overrides], cwd=tmp_path,
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                               start_new_session=True)  # fmt: skip
+    harness = subprocess.Popen(
+        [sys.executable, "-m", "nas", *overrides],
+        cwd=tmp_path,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     deadline = time.monotonic() + 240
     while time.monotonic() < deadline and not _in_top_rung(db, after_complete=1, rung=20):
         assert harness.poll() is None, "the harness stopped before it was killed"
@@ -229,17 +293,32 @@ def test_a_study_killed_in_a_top_rung_trial_resumes_with_every_completed_rung(
 def test_two_workers_share_one_study(tmp_path: Path) -> None:
     """Two harnesses (each with its own stage processes) on one SQLite study: together they
     finish it, and neither fails the other's running trials as orphans."""
-    overrides = ["study.name=shared", "study.n_trials=4", "stages=[search]", "tracker=none",
-                 "train.steps=4", "train.eval_every=2", "train.eval_batches=1",
-                 "train.batch_size=16", "search_space.d_model=[32]", "search_space.max_cells=1",
-                 f"studies_dir={tmp_path / 'studies'}"]  # fmt: skip
+    overrides = [
+        "study.name=shared",
+        "study.n_trials=4",
+        "stages=[search]",
+        "tracker=none",
+        "train.steps=4",
+        "train.eval_every=2",
+        "train.eval_batches=1",
+        "train.batch_size=16",
+        "search_space.d_model=[32]",
+        "search_space.max_cells=1",
+        f"studies_dir={tmp_path / 'studies'}",
+    ]
     (tmp_path / "studies").mkdir()
     url = f"sqlite:///{tmp_path / 'studies' / 'shared.db'}"
     optuna.create_study(study_name="shared", storage=url)  # created once, before both start
-    workers = [subprocess.Popen([sys.executable, "-m", "nas", *overrides,
-                                 f"hydra.run.dir={tmp_path / f'run{i}'}"], cwd=tmp_path,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-               for i in range(2)]  # fmt: skip
+    workers = [
+        subprocess.Popen(
+            [sys.executable, "-m", "nas", *overrides, f"hydra.run.dir={tmp_path / f'run{i}'}"],
+            cwd=tmp_path,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for i in range(2)
+    ]
     for worker in workers:
         _, err = worker.communicate(timeout=600)
         assert worker.returncode == 0, err[-3000:]

@@ -42,8 +42,11 @@ FILLS: dict[str, Callable[[Path], str]] = {
 def option_file(group: str, option: str) -> tuple[str, DictConfig]:
     """The package an option file fills ("" for the top level) and its content."""
     path = CONF / group / f"{option}.yaml"
-    header = [line.split("@package", 1)[1].strip() for line in path.read_text().splitlines()
-              if line.startswith("#") and "@package" in line]  # fmt: skip
+    header = [
+        line.split("@package", 1)[1].strip()
+        for line in path.read_text().splitlines()
+        if line.startswith("#") and "@package" in line
+    ]
     package = header[0] if header else group
     content = OmegaConf.load(path)
     assert isinstance(content, DictConfig), f"{path} is not a mapping"
@@ -58,8 +61,11 @@ def leaves(node: Any, prefix: str) -> dict[str, Any]:
         for key in node:
             key = str(key)
             dotted = f"{prefix}.{key}" if prefix else key
-            found.update(leaves("???", dotted) if OmegaConf.is_missing(node, key)
-                         else leaves(node[key], dotted))  # fmt: skip
+            found.update(
+                leaves("???", dotted)
+                if OmegaConf.is_missing(node, key)
+                else leaves(node[key], dotted)
+            )
         return found
     if isinstance(node, DictConfig | ListConfig):
         return {prefix: OmegaConf.to_container(node)}
@@ -70,9 +76,12 @@ def expected(group: str, option: str, chosen: Mapping[str, str] | None = None) -
     """The values an option sets: those of the options its defaults list picks (or the one
     `chosen` on the command line for a group, which wins), then its own on top."""
     package, content = option_file(group, option)
-    picks = {str(key).removeprefix("override").strip().lstrip("/"): str(picked)
-             for entry in content.get("defaults", []) if isinstance(entry, DictConfig)
-             for key, picked in entry.items()}  # fmt: skip
+    picks = {
+        str(key).removeprefix("override").strip().lstrip("/"): str(picked)
+        for entry in content.get("defaults", [])
+        if isinstance(entry, DictConfig)
+        for key, picked in entry.items()
+    }
     picks.update(chosen or {})
     values: dict[str, Any] = {}
     for other, picked in picks.items():
@@ -109,8 +118,11 @@ def fill_mandatory(values: dict[str, Any], tmp_path: Path) -> list[str]:
 
 
 def assert_carries(settings: NasSettings, values: Mapping[str, Any]) -> None:
-    wrong = {key: (value_at(settings, key), want) for key, want in values.items()
-             if value_at(settings, key) != want}  # fmt: skip
+    wrong = {
+        key: (value_at(settings, key), want)
+        for key, want in values.items()
+        if value_at(settings, key) != want
+    }
     assert not wrong, f"composed (got, option file) differ: {wrong}"
 
 

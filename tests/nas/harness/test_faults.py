@@ -33,11 +33,18 @@ def test_a_tracker_and_a_sampler_that_raise_fail_their_trial_and_the_study_goes_
     tmp_path: Path,
 ) -> None:
     tracking = tmp_path / "tracking"
-    config = tiny_settings(tmp_path, "study.name=faults", "study.n_trials=4",
-                           f"tracker.name={TRACKER}", f"+tracker.options.directory={tracking}",
-                           "+tracker.options.trial=1", "+tracker.options.step=1",
-                           "sampler=random", f"sampler.name={SAMPLER}",
-                           "+sampler.options.trial=2")  # fmt: skip
+    config = tiny_settings(
+        tmp_path,
+        "study.name=faults",
+        "study.n_trials=4",
+        f"tracker.name={TRACKER}",
+        f"+tracker.options.directory={tracking}",
+        "+tracker.options.trial=1",
+        "+tracker.options.step=1",
+        "sampler=random",
+        f"sampler.name={SAMPLER}",
+        "+sampler.options.trial=2",
+    )
     result = run_study(config)
     assert (result.finished, result.restarts) == (4, 0)  # no stage died, nothing restarted
     trials = optuna.load_study(study_name="faults", storage=config.storage_url).trials
@@ -56,9 +63,16 @@ def test_a_sampler_that_raises_in_ask_stops_the_study_on_every_rank_and_runs_fin
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     offline_wandb(monkeypatch, tmp_path)
-    config = tiny_settings(tmp_path, "study.name=stop", "study.n_trials=4", "tracker=wandb",
-                           "sampler=random", f"sampler.name={SAMPLER}",
-                           "+sampler.options.trial=2", "+sampler.options.where=ask")  # fmt: skip
+    config = tiny_settings(
+        tmp_path,
+        "study.name=stop",
+        "study.n_trials=4",
+        "tracker=wandb",
+        "sampler=random",
+        f"sampler.name={SAMPLER}",
+        "+sampler.options.trial=2",
+        "+sampler.options.where=ask",
+    )
     started = time.monotonic()
     with pytest.raises(LeaderError, match="could not ask for a trial: SamplerBug"):
         run_study(config)
@@ -76,8 +90,13 @@ def test_a_locked_database_mid_study_is_a_recorded_error_not_a_dead_stage(
     tmp_path: Path,
 ) -> None:
     db = tmp_path / "locked.db"
-    config = tiny_settings(tmp_path, "study.name=lock", "study.n_trials=3", "tracker=none",
-                           f"study.storage='sqlite:///{db}?timeout=1'")  # fmt: skip
+    config = tiny_settings(
+        tmp_path,
+        "study.name=lock",
+        "study.n_trials=3",
+        "tracker=none",
+        f"study.storage='sqlite:///{db}?timeout=1'",
+    )
     lock_held = threading.Event()
 
     def lock_when_trial_1_trains() -> None:  # as another worker or a backup would
@@ -111,7 +130,8 @@ def _running(db: Path, trial: int) -> bool:
     with sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=0.1) as connection:
         try:
             rows = connection.execute(
-                "SELECT state FROM trials WHERE number = ?", (trial,)).fetchall()
+                "SELECT state FROM trials WHERE number = ?", (trial,)
+            ).fetchall()
         except sqlite3.OperationalError:  # tables not created yet
             return False
     return bool(rows) and rows[0][0] == "RUNNING"
@@ -119,9 +139,13 @@ def _running(db: Path, trial: int) -> bool:
 
 def test_closing_never_replaces_the_first_error_and_finishes_the_tracker(tmp_path: Path) -> None:
     tracking = tmp_path / "tracking"
-    config = tiny_settings(tmp_path, "study.name=close", f"tracker.name={TRACKER}",
-                           f"+tracker.options.directory={tracking}",
-                           "+tracker.options.fail_end_study=true")  # fmt: skip
+    config = tiny_settings(
+        tmp_path,
+        "study.name=close",
+        f"tracker.name={TRACKER}",
+        f"+tracker.options.directory={tracking}",
+        "+tracker.options.fail_end_study=true",
+    )
     Path(config.studies_dir).mkdir(parents=True)
     leader = Leader(config, owner="test:1")
     first = LeaderError("ask for a trial", "SamplerBug: the first error")

@@ -23,8 +23,13 @@ from search_spaces.suggest import FixedSuggest
 from tests.nas.harness.common import offline_wandb, tiny_settings
 
 pytestmark = pytest.mark.multiprocess
-RETRAIN = ("retrain.top_k=1", "retrain.seeds=[0,1]", "retrain.seed_models=true",
-           "retrain.steps=6", "retrain.decode_pairs=16")  # fmt: skip
+RETRAIN = (
+    "retrain.top_k=1",
+    "retrain.seeds=[0,1]",
+    "retrain.seed_models=true",
+    "retrain.steps=6",
+    "retrain.decode_pairs=16",
+)
 
 
 @pytest.mark.timeout(600)
@@ -32,17 +37,22 @@ def test_the_best_and_both_seeds_are_retrained_exported_and_load_alone(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     offline_wandb(monkeypatch, tmp_path)
-    settings = tiny_settings(tmp_path, "study.name=r", "study.n_trials=3", "tracker=wandb",
-                             "search_space.param_window=[0.3,0.9]",
-                             f"retrain.models_dir={tmp_path / 'models'}", *RETRAIN)  # fmt: skip
+    settings = tiny_settings(
+        tmp_path,
+        "study.name=r",
+        "study.n_trials=3",
+        "tracker=wandb",
+        "search_space.param_window=[0.3,0.9]",
+        f"retrain.models_dir={tmp_path / 'models'}",
+        *RETRAIN,
+    )
     run_study(settings)
     study = optuna.load_study(study_name="r", storage=settings.storage_url)
     trials = [t for t in study.trials if counted(t)]  # proposals outside the window are not
     assert [t.state for t in trials] == [optuna.trial.TrialState.COMPLETE] * 3
     # the window is relative to the seed Transformer; the seeds themselves are exempt
     window = ParamWindow(0.3, 0.9, layers=2)
-    proposed = sample(FixedSuggest(trials[2].params), d_model=[32], cells=(1, 1),
-                      window=None)  # fmt: skip
+    proposed = sample(FixedSuggest(trials[2].params), d_model=[32], cells=(1, 1), window=None)
     validate(proposed, window=window)
     seed_sizes = [parameter_count(arch) for arch in seed_architectures(settings).values()]
     assert max(seed_sizes) > 0.9 * window.reference(32, False)  # trained all the same
@@ -58,10 +68,14 @@ def test_the_best_and_both_seeds_are_retrained_exported_and_load_alone(
     # each model against the Evolved Transformer, paired on both training seeds
     assert result.reference == "evolved_transformer"
     assert sorted(result.paired) == sorted([best, "transformer"])
-    assert all(pair.n == 2 and pair.seeds == (0, 1) for pairs in result.paired.values()
-               for pair in pairs.values())  # fmt: skip
-    assert all(sorted(pairs) == ["validation_chrf", "validation_loss"]
-               for pairs in result.paired.values())  # fmt: skip
+    assert all(
+        pair.n == 2 and pair.seeds == (0, 1)
+        for pairs in result.paired.values()
+        for pair in pairs.values()
+    )
+    assert all(
+        sorted(pairs) == ["validation_chrf", "validation_loss"] for pairs in result.paired.values()
+    )
 
     task = get_task("translation")
     for name, folder in result.exported.items():
@@ -70,8 +84,7 @@ def test_the_best_and_both_seeds_are_retrained_exported_and_load_alone(
         assert metrics["validation_loss"] == chosen.metrics["validation_loss"]
         model = nas.load_model(folder)  # one process: no pipeline, Optuna or W&B
         assert isinstance(model, TranslationModel) and not model.training
-        alone = task.evaluate(model, "validation", batch_size=settings.train.batch_size,
-                              decode=16)  # fmt: skip
+        alone = task.evaluate(model, "validation", batch_size=settings.train.batch_size, decode=16)
         assert alone["loss"] == pytest.approx(metrics["validation_loss"], abs=1e-5)
         assert alone["accuracy"] == pytest.approx(metrics["validation_accuracy"], abs=1e-6)
         assert alone["chrf"] == metrics["chrf"] and alone["exact_match"] == metrics["exact_match"]
@@ -84,8 +97,7 @@ def test_the_best_and_both_seeds_are_retrained_exported_and_load_alone(
         f"r-retrain-{r.model}-seed-{r.seed}" for r in result.runs
     )
     assert all(run.group == "r" and run.exit_code == 0 for run in retrained)
-    assert all("validation_chrf" in run.summary and "test_loss" in run.summary
-               for run in retrained)  # fmt: skip
+    assert all("validation_chrf" in run.summary and "test_loss" in run.summary for run in retrained)
 
     # run again with a third seed, as a stopped retraining resumes: only what is missing trains
     more = replace(settings, retrain=replace(settings.retrain, seeds=(0, 1, 2)))

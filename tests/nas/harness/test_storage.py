@@ -23,23 +23,32 @@ pytestmark = pytest.mark.filterwarnings("ignore:Heartbeat of storage")
 
 
 def _study(url: str, **kwargs: int) -> optuna.Study:
-    return optuna.create_study(study_name="s", storage=storage.make_storage(url, **kwargs),
-                               load_if_exists=True)  # fmt: skip
+    return optuna.create_study(
+        study_name="s", storage=storage.make_storage(url, **kwargs), load_if_exists=True
+    )
 
 
 def _dead_owner() -> str:
-    child = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
-                           capture_output=True, text=True, check=True)  # fmt: skip
+    child = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return f"{socket.gethostname()}:{child.stdout.strip()}"  # exited: its pid is free
 
 
 @pytest.mark.parametrize("scheme", ["sqlite", "journal"])
 def test_only_orphaned_trials_are_failed_and_asked_again(tmp_path: Path, scheme: str) -> None:
-    url = f"sqlite:///{tmp_path / 's.db'}" if scheme == "sqlite" else \
-        f"journal://{tmp_path / 's.log'}"  # fmt: skip
+    url = (
+        f"sqlite:///{tmp_path / 's.db'}"
+        if scheme == "sqlite"
+        else f"journal://{tmp_path / 's.log'}"
+    )
     study = _study(url)
-    orphan, live, remote, mine = (study.ask({"x": optuna.distributions.FloatDistribution(0, 1)})
-                                  for _ in range(4))  # fmt: skip
+    orphan, live, remote, mine = (
+        study.ask({"x": optuna.distributions.FloatDistribution(0, 1)}) for _ in range(4)
+    )
     orphan.set_user_attr(OWNER, _dead_owner())
     live.set_user_attr(OWNER, storage.this_owner())  # another worker, alive
     remote.set_user_attr(OWNER, "another-machine:1")  # unknown: left to its heartbeat
@@ -80,10 +89,13 @@ def test_a_trial_whose_heartbeat_stops_is_failed_uncounted_and_asked_again(
     assert retry.system_attrs["fixed_params"] == stale.params
 
 
-@pytest.mark.parametrize("url,message", [
-    ("outputs/x.db", "use an SQLAlchemy URL"),
-    ("journal://", "names no file"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "url,message",
+    [
+        ("outputs/x.db", "use an SQLAlchemy URL"),
+        ("journal://", "names no file"),
+    ],
+)
 def test_a_bad_storage_url_says_what_is_valid(url: str, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         storage.make_storage(url)
@@ -116,4 +128,3 @@ def test_a_write_waits_for_a_lock_shorter_than_the_busy_timeout(tmp_path: Path) 
     with locked(path, release_after_s=6.0):
         study.tell(trial, 0.5)  # waits for the lock instead of raising after 5 s
     assert study.get_trials()[0].state == optuna.trial.TrialState.COMPLETE
-

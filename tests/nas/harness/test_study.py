@@ -21,8 +21,13 @@ from tests.nas.harness.common import tiny_settings as settings
 
 pytestmark = pytest.mark.multiprocess
 # what every evaluation of a translation trial logs (W&B history, JSONL, user attrs)
-VALIDATION = ("validation_loss", "validation_accuracy", "validation_chrf",
-              "validation_exact_match", "validation_decode_s")  # fmt: skip
+VALIDATION = (
+    "validation_loss",
+    "validation_accuracy",
+    "validation_chrf",
+    "validation_exact_match",
+    "validation_decode_s",
+)
 
 
 def test_a_study_runs_resumes_and_records_failures(
@@ -57,8 +62,9 @@ def test_a_study_runs_resumes_and_records_failures(
     assert repeat.user_attrs["fail_reason"] == "Duplicate: trial 1 trained this architecture"
     assert resumed[-1].state == optuna.trial.TrialState.COMPLETE
     # a memory budget no plan fits: failed with its cause, and the next trial still runs
-    tight = settings(tmp_path, "study.name=tight", "study.n_trials=2",
-                     "pipeline.memory_budget=1000")
+    tight = settings(
+        tmp_path, "study.name=tight", "study.n_trials=2", "pipeline.memory_budget=1000"
+    )
     assert run_study(tight).finished == 2
     failed = optuna.load_study(study_name="tight", storage=tight.storage_url).trials
     assert [t.state for t in failed] == [optuna.trial.TrialState.FAIL] * 2
@@ -66,15 +72,18 @@ def test_a_study_runs_resumes_and_records_failures(
     assert not any(t.user_attrs.get(INTERRUPTED) for t in failed)
 
 
-@pytest.mark.parametrize("override,message", [
-    ("sampler.name=foo", "sampler='foo' is not valid; valid values: tpe, nsga2"),
-    ("pipeline.schedule=zigzag", "pipeline.schedule='zigzag' is not valid"),
-    ("study.objectives=[tokens_per_s]", "must start with a validation metric"),
-    ("study.objectives=[validation_bits_per_char]", "which task=translation does not measure"),
-    ("train.decode_pairs=-1", "train.decode_pairs=-1 is not valid"),
-    ("search_space.decoder_only=true", "does not fit task=translation"),
-    ("search_space.d_model=[48]", "widths are positive multiples of 32"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "override,message",
+    [
+        ("sampler.name=foo", "sampler='foo' is not valid; valid values: tpe, nsga2"),
+        ("pipeline.schedule=zigzag", "pipeline.schedule='zigzag' is not valid"),
+        ("study.objectives=[tokens_per_s]", "must start with a validation metric"),
+        ("study.objectives=[validation_bits_per_char]", "which task=translation does not measure"),
+        ("train.decode_pairs=-1", "train.decode_pairs=-1 is not valid"),
+        ("search_space.decoder_only=true", "does not fit task=translation"),
+        ("search_space.d_model=[48]", "widths are positive multiples of 32"),
+    ],
+)
 def test_invalid_values_name_the_key_and_the_valid_ones(
     tmp_path: Path, override: str, message: str
 ) -> None:
@@ -90,8 +99,11 @@ def assert_wandb_history_equals_the_jsonl_mirror(directory: Path, study: str) ->
     assert trials and f"{study}-study" in runs
     for trial in trials:
         run = runs[f"{study}-trial-{trial}"]
-        mirror = [{"_step": r["step"], **r["metrics"]} for r in records
-                  if r["kind"] == "step" and r["trial"] == trial]  # fmt: skip
+        mirror = [
+            {"_step": r["step"], **r["metrics"]}
+            for r in records
+            if r["kind"] == "step" and r["trial"] == trial
+        ]
         assert len(mirror) == 6
         evaluations = [row for row in mirror if "validation_loss" in row]
         assert [row["_step"] for row in evaluations] == [3, 6]
@@ -103,22 +115,32 @@ def assert_wandb_history_equals_the_jsonl_mirror(directory: Path, study: str) ->
 
 
 def test_a_diverging_trial_fails_with_its_cause_and_the_study_goes_on(tmp_path: Path) -> None:
-    diverging = settings(tmp_path, "study.name=nan", "study.n_trials=2", "train.lr=1e12",
-                         "tracker=none")  # fmt: skip
+    diverging = settings(
+        tmp_path, "study.name=nan", "study.n_trials=2", "train.lr=1e12", "tracker=none"
+    )
     assert run_study(diverging).finished == 2
     failed = optuna.load_study(study_name="nan", storage=diverging.storage_url).trials[:2]
     assert [t.state for t in failed] == [optuna.trial.TrialState.FAIL] * 2
     assert all("NonFiniteLossError" in t.user_attrs["fail_reason"] for t in failed), [
-        t.user_attrs["fail_reason"] for t in failed]
+        t.user_attrs["fail_reason"] for t in failed
+    ]
 
 
 def test_a_multi_objective_study_with_hurdles_a_budget_and_inherited_weights(
     tmp_path: Path,
 ) -> None:
     budget = 10**9
-    config = settings(tmp_path, "study.name=multi", "study.n_trials=5", "objective=chrf_params",
-                      "pruner=pdh", "pruner.options.budgets=[3]", "sampler=evolution",
-                      f"pipeline.memory_budget={budget}", "study.inherit_weights=true")  # fmt: skip
+    config = settings(
+        tmp_path,
+        "study.name=multi",
+        "study.n_trials=5",
+        "objective=chrf_params",
+        "pruner=pdh",
+        "pruner.options.budgets=[3]",
+        "sampler=evolution",
+        f"pipeline.memory_budget={budget}",
+        "study.inherit_weights=true",
+    )
     result = run_study(config)
     study = optuna.load_study(study_name="multi", storage=config.storage_url)
     trials = [t for t in study.trials if counted(t)]
@@ -145,8 +167,9 @@ def test_a_multi_objective_study_with_hurdles_a_budget_and_inherited_weights(
     assert trials[1].user_attrs["inherited_from"] == trials[0].number  # the previous trial
     children = [t for t in trials if "evolution:parent" in t.system_attrs]
     assert children  # a child starts from its evolution parent's weights
-    assert all(t.user_attrs["inherited_from"] == t.system_attrs["evolution:parent"]
-               for t in children)  # fmt: skip
+    assert all(
+        t.user_attrs["inherited_from"] == t.system_attrs["evolution:parent"] for t in children
+    )
     report_study(config, result)
     for name in ("optimization_history", "pareto_front", "partition_best_trial"):
         assert (tmp_path / "run" / f"{name}.png").stat().st_size > 1000

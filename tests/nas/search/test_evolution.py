@@ -255,8 +255,18 @@ def test_warm_up_uses_the_given_sampler() -> None:
 def test_a_mutating_warm_up_grows_the_first_population_from_the_seeds() -> None:
     sampler = RegularizedEvolutionSampler(4, 3, seed=0, warmup="mutate")
     study = optuna.create_study(sampler=sampler)
-    study.enqueue_trial({"cat": "x", "int": 1, "int_step": 3, "int_log": 8, "float": 0.0,
-                         "float_log": 0.01, "float_step": 0.5, "single": 5})  # fmt: skip
+    study.enqueue_trial(
+        {
+            "cat": "x",
+            "int": 1,
+            "int_step": 3,
+            "int_log": 8,
+            "float": 0.0,
+            "float_log": 0.01,
+            "float_step": 0.5,
+            "single": 5,
+        }
+    )
     study.optimize(mixed_objective, n_trials=5)
     roles = [t.system_attrs[KEY_ROLE] for t in study.trials]
     assert roles == ["seed", "child", "child", "child", "child"]

@@ -117,8 +117,11 @@ def test_a_hurdle_against_a_hand_computed_mean(
 
     better = down if direction == "minimize" else up
     assert run(study, {10: 3.0}) == 10  # equal: stops, as in the paper
-    assert attrs(study, 3) == {"pdh:hurdle:10": 3.0, "pdh:pruned_at": 10,
-                                    "pdh:hurdle_at_prune": 3.0}  # fmt: skip
+    assert attrs(study, 3) == {
+        "pdh:hurdle:10": 3.0,
+        "pdh:pruned_at": 10,
+        "pdh:hurdle_at_prune": 3.0,
+    }
     assert pdh(study).hurdle_at(study, 10) == 3.0  # (1 + 2 + 6 + 3) / 4
     assert run(study, {10: math.nan}) == 10  # NaN stops and does not count
     assert pdh(study).hurdle_at(study, 10) == 3.0
@@ -298,8 +301,11 @@ def test_make_pruner_pdh_prunes_inside_optimize() -> None:
     # At 10 the hurdle for trial 3 is (10 + 30 + 20) / 3 = 20: it (5) stops; for trial 4
     # (10 + 30 + 20 + 5) / 4 = 16.25, which 40 beats. 20 is the top rung: no hurdle there.
     assert [t.state.name for t in study.trials] == ["COMPLETE"] * 3 + ["PRUNED", "COMPLETE"]
-    assert study.trials[3].user_attrs == {"pdh:hurdle:10": 20.0, "pdh:pruned_at": 10,
-                                          "pdh:hurdle_at_prune": 20.0}  # fmt: skip
+    assert study.trials[3].user_attrs == {
+        "pdh:hurdle:10": 20.0,
+        "pdh:pruned_at": 10,
+        "pdh:hurdle_at_prune": 20.0,
+    }
     assert study.trials[4].user_attrs == {"pdh:hurdle:10": 16.25}
 
 

@@ -133,18 +133,25 @@ class Point:
 
 def test_json_safe_gives_strict_json() -> None:
     value = {
-        "nan": math.nan, "inf": -math.inf, "tuple": (1, (2, 3)), "set": {3, 1},
-        "dataclass": Point(1.5, (1,)), "event": PipelineEvent(0, 3, "migration", {"a": (1,)}),
-        "path": Path("/tmp/x"), 7: "int key", "numpy": np.float32(0.5), "array": np.arange(2),
-        "tensor": torch.tensor(3), "object": object,
-    }  # fmt: skip
+        "nan": math.nan,
+        "inf": -math.inf,
+        "tuple": (1, (2, 3)),
+        "set": {3, 1},
+        "dataclass": Point(1.5, (1,)),
+        "event": PipelineEvent(0, 3, "migration", {"a": (1,)}),
+        "path": Path("/tmp/x"),
+        7: "int key",
+        "numpy": np.float32(0.5),
+        "array": np.arange(2),
+        "tensor": torch.tensor(3),
+        "object": object,
+    }
     safe = json_safe(value)
     assert json.loads(json.dumps(safe, allow_nan=False)) == safe
     assert safe["nan"] is None and safe["inf"] is None
     assert safe["tuple"] == [1, [2, 3]] and safe["set"] == [1, 3]
     assert safe["dataclass"] == {"x": 1.5, "y": [1]}
-    assert safe["event"] == {"generation": 0, "step": 3, "kind": "migration",
-                             "details": {"a": [1]}}  # fmt: skip
+    assert safe["event"] == {"generation": 0, "step": 3, "kind": "migration", "details": {"a": [1]}}
     assert safe["path"] == "/tmp/x" and safe["7"] == "int key"
     assert safe["numpy"] == 0.5 and safe["array"] == [0, 1] and safe["tensor"] == 3
     assert safe["object"] == str(object)
@@ -185,24 +192,55 @@ def test_state_and_step_checks() -> None:
 # -- the runtime's figures as metrics -------------------------------------------------------------
 def stage(index: int, peak: int) -> StageStats:
     return StageStats(
-        stage=index, layers=("a", "b")[: index + 1], memory_actions=("keep",) * (index + 1),
-        forward_s=1.0, backward_s=2.0, wait_s=0.5, optimizer_s=0.1, total_s=3.6,
-        param_bytes=100, state_bytes=400, activation_peak_bytes=peak - 400,
-        measured_peak_bytes=peak, predicted_peak_bytes=None, predicted_compute_s=None,
-        allocator_peak_bytes=None, process_peak_bytes=2 * peak,
-    )  # fmt: skip
+        stage=index,
+        layers=("a", "b")[: index + 1],
+        memory_actions=("keep",) * (index + 1),
+        forward_s=1.0,
+        backward_s=2.0,
+        wait_s=0.5,
+        optimizer_s=0.1,
+        total_s=3.6,
+        param_bytes=100,
+        state_bytes=400,
+        activation_peak_bytes=peak - 400,
+        measured_peak_bytes=peak,
+        predicted_peak_bytes=None,
+        predicted_compute_s=None,
+        allocator_peak_bytes=None,
+        process_peak_bytes=2 * peak,
+    )
 
 
 def test_pipeline_metrics_flattens_the_real_stats_dict() -> None:
-    moves = [MigrationRecord(step=s, version=s, old_sizes=(2, 1), new_sizes=(1, 2),
-                             moved=(("b", 0, 1),), bytes_moved=1000 * s, pause_s=0.25)
-             for s in (1, 2)]  # fmt: skip
+    moves = [
+        MigrationRecord(
+            step=s,
+            version=s,
+            old_sizes=(2, 1),
+            new_sizes=(1, 2),
+            moved=(("b", 0, 1),),
+            bytes_moved=1000 * s,
+            pause_s=0.25,
+        )
+        for s in (1, 2)
+    ]
     stats = PipelineStats(
-        generation=0, steps=5, plan_version=2, plan=None, schedule="1f1b", n_microbatches=4,
-        partition=(1, 2), iteration_s=3.6, predicted_iteration_s=None, samples_per_s=8.0,
-        tokens_per_s=1024.0, bubble_fraction=0.25, predicted_bubble_fraction=None,
-        migrations=tuple(moves), stages=(stage(0, 450), stage(1, 900)),
-    )  # fmt: skip
+        generation=0,
+        steps=5,
+        plan_version=2,
+        plan=None,
+        schedule="1f1b",
+        n_microbatches=4,
+        partition=(1, 2),
+        iteration_s=3.6,
+        predicted_iteration_s=None,
+        samples_per_s=8.0,
+        tokens_per_s=1024.0,
+        bubble_fraction=0.25,
+        predicted_bubble_fraction=None,
+        migrations=tuple(moves),
+        stages=(stage(0, 450), stage(1, 900)),
+    )
     metrics = pipeline_metrics(stats.to_dict())
     assert metrics["tokens_per_s"] == 1024.0 and metrics["samples_per_s"] == 8.0
     assert metrics["bubble_fraction"] == 0.25 and metrics["predicted_iteration_s"] is None

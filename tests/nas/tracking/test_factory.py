@@ -19,8 +19,11 @@ def test_make_tracker_by_name(tmp_path: Path) -> None:
     assert isinstance(make_tracker("none"), NoneTracker)
     jsonl = make_tracker("jsonl", directory=tmp_path)
     assert isinstance(jsonl, JsonlTracker) and jsonl.directory == tmp_path
-    with pytest.raises(ValueError, match=r"unknown tracker 'mlflow'; valid trackers: wandb, "
-                                         r"jsonl, none"):  # fmt: skip
+    with pytest.raises(
+        ValueError,
+        match=r"unknown tracker 'mlflow'; valid trackers: wandb, "
+        r"jsonl, none",
+    ):
         make_tracker("mlflow")
     with pytest.raises(TypeError, match="takes no options"):
         make_tracker("none", directory=tmp_path)
@@ -61,7 +64,13 @@ def test_nas_tracking_imports_and_works_without_wandb(tmp_path: Path) -> None:
                        for name, module in sys.modules.items() if module is not None)
         print("ok")
     """)
-    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                         cwd=ROOT, timeout=120, check=False)  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+        check=False,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.strip() == "ok"

@@ -20,8 +20,9 @@ def test_records_in_order_with_their_fields(tmp_path: Path) -> None:
     tracker.start_trial(4, {"d_model": 64}, {"architecture": {"layers": ("a", "b")}})
     tracker.log_step(1, {"loss": 2.5, "validation": None, "tokens_per_s": 100})
     tracker.log_step(2, {"loss": math.nan, "tokens_per_s": math.inf})
-    tracker.log_event(2, {"generation": 0, "step": 2, "kind": "migration",
-                          "details": {"moved": (("b", 0, 1),)}})  # fmt: skip
+    tracker.log_event(
+        2, {"generation": 0, "step": 2, "kind": "migration", "details": {"moved": (("b", 0, 1),)}}
+    )
     tracker.end_trial("pruned", {"loss": 2.0})
     tracker.end_study([{"number": 4, "state": "pruned"}], [], {"best": math.nan})
     tracker.close()
@@ -31,8 +32,15 @@ def test_records_in_order_with_their_fields(tmp_path: Path) -> None:
     for line in lines:  # strict JSON, no NaN
         json.loads(line, parse_constant=lambda c: pytest.fail(f"non-JSON constant {c}"))
     records = read_jsonl(tracker.path)
-    assert [r["kind"] for r in records] == ["study_start", "trial_start", "step", "step",
-                                            "event", "trial_end", "study_end"]  # fmt: skip
+    assert [r["kind"] for r in records] == [
+        "study_start",
+        "trial_start",
+        "step",
+        "step",
+        "event",
+        "trial_end",
+        "study_end",
+    ]
     assert all(r["study"] == "study/one" and isinstance(r["time"], float) for r in records)
     assert [list(r)[:2] for r in records] == [["kind", "study"]] * len(records)
     start, trial, step1, step2, event, end, study_end = records
@@ -68,8 +76,12 @@ def test_close_fails_an_open_trial_and_resuming_appends(tmp_path: Path) -> None:
     again.start_study("s", {"resumed": True})
     again.close()
     records = read_jsonl(tmp_path / "s.jsonl")
-    assert [r["kind"] for r in records] == ["study_start", "trial_start", "trial_end",
-                                            "study_start"]  # fmt: skip
+    assert [r["kind"] for r in records] == [
+        "study_start",
+        "trial_start",
+        "trial_end",
+        "study_start",
+    ]
     assert records[2]["state"] == "failed" and "closed before" in records[2]["error"]
 
 

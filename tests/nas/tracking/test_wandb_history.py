@@ -86,29 +86,58 @@ def item(key: str, value: Any) -> Any:
 def run_file(tmp_path: Path, *, exit_code: int | None, cut: int = 0) -> Path:
     records = [
         pb.Record(header=pb.HeaderRecord()),
-        pb.Record(run=pb.RunRecord(
-            run_id="abc", project="p", display_name="s-trial-0", run_group="s",
-            job_type="trial", tags=["x"],
-            config=pb.ConfigRecord(update=[pb.ConfigItem(key="arch", value_json='{"d": 64}'),
-                                           pb.ConfigItem(key="drop", value_json="1")]))),
+        pb.Record(
+            run=pb.RunRecord(
+                run_id="abc",
+                project="p",
+                display_name="s-trial-0",
+                run_group="s",
+                job_type="trial",
+                tags=["x"],
+                config=pb.ConfigRecord(
+                    update=[
+                        pb.ConfigItem(key="arch", value_json='{"d": 64}'),
+                        pb.ConfigItem(key="drop", value_json="1"),
+                    ]
+                ),
+            )
+        ),
         pb.Record(config=pb.ConfigRecord(remove=[pb.ConfigItem(key="drop")])),
-        pb.Record(history=pb.HistoryRecord(item=[item("_step", 0), item("loss", 2.0),
-                                                 item("nan", "NaN"), item("_runtime", 0.1)])),
-        pb.Record(history=pb.HistoryRecord(
-            step=pb.HistoryStep(num=1),
-            item=[pb.HistoryItem(key="loss", number=1.5),
-                  pb.HistoryItem(key="count", integer=-3),
-                  pb.HistoryItem(key="ok", boolean=True),
-                  pb.HistoryItem(key="name", text="a"),
-                  pb.HistoryItem(key="gone", none=0),
-                  pb.HistoryItem(key="obj", json='{"a": [1]}'),
-                  pb.HistoryItem(nested_key=["table", "nrows"], value_json="2")])),
-        pb.Record(summary=pb.SummaryRecord(update=[
-            pb.SummaryItem(key="loss", value_json="1.5"),
-            pb.SummaryItem(nested_key=["_wandb", "runtime"], value_json="1"),
-            pb.SummaryItem(key="tmp", value_json="0")])),
+        pb.Record(
+            history=pb.HistoryRecord(
+                item=[
+                    item("_step", 0),
+                    item("loss", 2.0),
+                    item("nan", "NaN"),
+                    item("_runtime", 0.1),
+                ]
+            )
+        ),
+        pb.Record(
+            history=pb.HistoryRecord(
+                step=pb.HistoryStep(num=1),
+                item=[
+                    pb.HistoryItem(key="loss", number=1.5),
+                    pb.HistoryItem(key="count", integer=-3),
+                    pb.HistoryItem(key="ok", boolean=True),
+                    pb.HistoryItem(key="name", text="a"),
+                    pb.HistoryItem(key="gone", none=0),
+                    pb.HistoryItem(key="obj", json='{"a": [1]}'),
+                    pb.HistoryItem(nested_key=["table", "nrows"], value_json="2"),
+                ],
+            )
+        ),
+        pb.Record(
+            summary=pb.SummaryRecord(
+                update=[
+                    pb.SummaryItem(key="loss", value_json="1.5"),
+                    pb.SummaryItem(nested_key=["_wandb", "runtime"], value_json="1"),
+                    pb.SummaryItem(key="tmp", value_json="0"),
+                ]
+            )
+        ),
         pb.Record(summary=pb.SummaryRecord(remove=[pb.SummaryItem(key="tmp")])),
-    ]  # fmt: skip
+    ]
     if exit_code is not None:
         records.append(pb.Record(exit=pb.RunExitRecord(exit_code=exit_code)))
     data = write_log([r.SerializeToString() for r in records])
@@ -136,8 +165,16 @@ def test_read_run_decodes_every_record_kind(tmp_path: Path) -> None:
     first, second = run.history
     assert first["_step"] == 0 and first["loss"] == 2.0 and first["_runtime"] == 0.1
     assert first["nan"] == "NaN"  # a JSON string stays a string
-    assert second == {"_step": 1, "loss": 1.5, "count": -3, "ok": True, "name": "a",
-                      "gone": None, "obj": {"a": [1]}, "table": {"nrows": 2}}  # fmt: skip
+    assert second == {
+        "_step": 1,
+        "loss": 1.5,
+        "count": -3,
+        "ok": True,
+        "name": "a",
+        "gone": None,
+        "obj": {"a": [1]},
+        "table": {"nrows": 2},
+    }
     assert run.metrics()[0] == {"_step": 0, "loss": 2.0, "nan": "NaN"}
     assert run.summary == {"loss": 1.5, "_wandb": {"runtime": 1}}
     assert run.exit_code == 1 and not run.truncated

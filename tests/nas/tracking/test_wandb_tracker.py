@@ -53,9 +53,13 @@ def sealed_wandb(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[li
     for name in list(os.environ):
         if name.startswith("WANDB_"):
             monkeypatch.delenv(name)
-    for name, folder in [("WANDB_DIR", "wandb_dir"), ("WANDB_CACHE_DIR", "cache"),
-                         ("WANDB_DATA_DIR", "data"), ("WANDB_CONFIG_DIR", "config"),
-                         ("WANDB_ARTIFACT_DIR", "artifacts")]:  # fmt: skip
+    for name, folder in [
+        ("WANDB_DIR", "wandb_dir"),
+        ("WANDB_CACHE_DIR", "cache"),
+        ("WANDB_DATA_DIR", "data"),
+        ("WANDB_CONFIG_DIR", "config"),
+        ("WANDB_ARTIFACT_DIR", "artifacts"),
+    ]:
         monkeypatch.setenv(name, str(tmp_path / folder))
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_ERROR_REPORTING", "false")
@@ -79,14 +83,22 @@ def steps_of(trial: int) -> list[tuple[int, dict[str, float | int | None]]]:
     """A fake-but-real step sequence: loss falling, validation every other step, a NaN."""
     out: list[tuple[int, dict[str, float | int | None]]] = []
     for step in range(1, 6):
-        out.append((step, {
-            "loss": 3.0 / step + trial, "validation_loss": 2.5 / step if step % 2 == 0 else None,
-            "tokens_per_s": 1000 + 10 * step, "bubble_fraction": 0.25,
-            "stage0/total_s": 0.01 * step, "stage1/measured_peak_bytes": 1 << 20,
-            "migrations/bytes_moved": 4096 if step >= 3 else 0,
-            "migrations/pause_s": 0.002 if step >= 3 else 0.0,
-            "grad_norm": math.nan if (trial, step) == (1, 4) else 1.0,
-        }))  # fmt: skip
+        out.append(
+            (
+                step,
+                {
+                    "loss": 3.0 / step + trial,
+                    "validation_loss": 2.5 / step if step % 2 == 0 else None,
+                    "tokens_per_s": 1000 + 10 * step,
+                    "bubble_fraction": 0.25,
+                    "stage0/total_s": 0.01 * step,
+                    "stage1/measured_peak_bytes": 1 << 20,
+                    "migrations/bytes_moved": 4096 if step >= 3 else 0,
+                    "migrations/pause_s": 0.002 if step >= 3 else 0.0,
+                    "grad_norm": math.nan if (trial, step) == (1, 4) else 1.0,
+                },
+            )
+        )
     return out
 
 
@@ -131,10 +143,22 @@ def test_trials_and_study_round_trip_through_wandb_files(
                 {"parameters": 23456},
                 "StageError: stage 1 failed in backward of block3 at step 4",
             )
-    trials = [{"number": 0, "state": "complete", "validation_loss": 0.6, "tokens_per_s": 1050.0,
-               "params": {"d_model": 64}},
-              {"number": 1, "state": "failed", "validation_loss": None, "tokens_per_s": None,
-               "params": {"d_model": 64}}]  # fmt: skip
+    trials = [
+        {
+            "number": 0,
+            "state": "complete",
+            "validation_loss": 0.6,
+            "tokens_per_s": 1050.0,
+            "params": {"d_model": 64},
+        },
+        {
+            "number": 1,
+            "state": "failed",
+            "validation_loss": None,
+            "tokens_per_s": None,
+            "params": {"d_model": 64},
+        },
+    ]
     tracker.end_study(
         trials,
         trials[:1],
@@ -145,10 +169,15 @@ def test_trials_and_study_round_trip_through_wandb_files(
 
     assert not sealed_wandb, f"W&B tried the network: {sealed_wandb}"
     assert set(wandb.trial_directories) == {0, 1} and wandb.study_directory is not None
-    assert wandb.run_directories == [wandb.study_directory, wandb.trial_directories[0],
-                                     wandb.trial_directories[1]]  # fmt: skip
-    assert all(d.parent == tmp_path / "run" / "wandb" and d.name.startswith("offline-run-")
-               for d in wandb.run_directories)  # fmt: skip
+    assert wandb.run_directories == [
+        wandb.study_directory,
+        wandb.trial_directories[0],
+        wandb.trial_directories[1],
+    ]
+    assert all(
+        d.parent == tmp_path / "run" / "wandb" and d.name.startswith("offline-run-")
+        for d in wandb.run_directories
+    )
     assert wandb.sync_command() == sync_command(wandb.run_directories)
     assert wandb.sync_command().startswith("wandb sync ")
 
@@ -160,8 +189,11 @@ def test_trials_and_study_round_trip_through_wandb_files(
         assert (run.name, run.group, run.job_type) == (f"{STUDY}-trial-{trial}", STUDY, "trial")
         # The W&B history equals the JSONL mirror's step records: same steps, keys, values
         # (NaN is NaN in W&B and null in JSON: compared through json_safe).
-        mirror = [{"_step": r["step"], **r["metrics"]} for r in records
-                  if r["kind"] == "step" and r["trial"] == trial]  # fmt: skip
+        mirror = [
+            {"_step": r["step"], **r["metrics"]}
+            for r in records
+            if r["kind"] == "step" and r["trial"] == trial
+        ]
         assert len(mirror) == 5
         assert json_safe(run.metrics()) == mirror
         assert "validation_loss" not in run.metrics()[0]  # None: not logged at all
@@ -194,12 +226,19 @@ def test_trials_and_study_round_trip_through_wandb_files(
         0,
     )
     assert study.config["notes"] == BIG and study.config["n_trials"] == 2  # spans blocks
-    assert study.metrics()[-1] == {"_step": 2, "trials/ended": 2, "trials/complete": 1,
-                                   "trials/pruned": 0, "trials/failed": 1}  # fmt: skip
+    assert study.metrics()[-1] == {
+        "_step": 2,
+        "trials/ended": 2,
+        "trials/complete": 1,
+        "trials/pruned": 0,
+        "trials/failed": 1,
+    }
     table = study.table("trials")
     assert table["columns"] == ["number", "state", "validation_loss", "tokens_per_s", "params"]
-    assert [row[:4] for row in table["data"]] == [[0, "complete", 0.6, 1050.0],
-                                                  [1, "failed", None, None]]  # fmt: skip
+    assert [row[:4] for row in table["data"]] == [
+        [0, "complete", 0.6, 1050.0],
+        [1, "failed", None, None],
+    ]
     assert table["data"][0][4] == '{"d_model": 64}'  # nested values as JSON text
     assert study.table("pareto_front")["data"] == table["data"][:1]
     assert study.summary["pareto_plot"]["_type"] == "image-file"
@@ -228,8 +267,15 @@ def test_close_fails_an_open_trial_and_an_unfinished_study(
     assert tracker.study_directory is not None
     study = read_run(tracker.study_directory)
     assert study.exit_code == 1  # the study never ended
-    assert study.metrics() == [{"_step": 1, "trials/complete": 0, "trials/pruned": 0,
-                                "trials/failed": 1, "trials/ended": 1}]  # fmt: skip
+    assert study.metrics() == [
+        {
+            "_step": 1,
+            "trials/complete": 0,
+            "trials/pruned": 0,
+            "trials/failed": 1,
+            "trials/ended": 1,
+        }
+    ]
     with pytest.raises(RuntimeError, match="after close"):
         tracker.start_study("again", {})
 

@@ -15,15 +15,18 @@ import pipeline
 from pipeline import StageContext
 
 
-def _run(ctx: StageContext, train: Callable[..., Any], configs: Mapping[str, tuple[Any, ...]]
-         ) -> dict[str, Any]:  # fmt: skip
+def _run(
+    ctx: StageContext, train: Callable[..., Any], configs: Mapping[str, tuple[Any, ...]]
+) -> dict[str, Any]:
     return {name: train(*config) for name, config in configs.items()}
 
 
 def launch_configs(
-    train: Callable[..., Any], configs: Mapping[str, tuple[Any, ...]], n_ranks: int,
+    train: Callable[..., Any],
+    configs: Mapping[str, tuple[Any, ...]],
+    n_ranks: int,
     timeout_s: float = 90,
-) -> dict[str, Any]:  # fmt: skip
+) -> dict[str, Any]:
     """`train(*config)` for every config, in one launch of `n_ranks` processes: rank 0's
     results by name (every rank returns the same losses; rank 0 holds the full state)."""
     run = functools.partial(_run, train=train, configs=dict(configs))

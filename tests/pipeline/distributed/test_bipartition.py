@@ -50,18 +50,18 @@ class Twice(nn.Linear):
         return y, y
 
 
-
-
 def specs(brittle: bool = False, twice: bool = False) -> list[LayerSpec]:
     """in b0 p0 p1 | b1 p2 | head: Linear layers (p*) where stages can cut backwards."""
     p1 = Brittle if brittle else Twice if twice else nn.Linear
-    return [LayerSpec("in", functools.partial(nn.Linear, 12, 32)),
-            LayerSpec("b0", functools.partial(MLPBlock, 32, 32, 0.1, False)),
-            LayerSpec("p0", functools.partial(nn.Linear, 32, 24)),
-            LayerSpec("p1", functools.partial(p1, 24, 32)),
-            LayerSpec("b1", functools.partial(MLPBlock, 32, 16, 0.1, False)),
-            LayerSpec("p2", functools.partial(nn.Linear, 16, 16)),
-            LayerSpec("head", functools.partial(nn.Linear, 16, 5))]  # fmt: skip
+    return [
+        LayerSpec("in", functools.partial(nn.Linear, 12, 32)),
+        LayerSpec("b0", functools.partial(MLPBlock, 32, 32, 0.1, False)),
+        LayerSpec("p0", functools.partial(nn.Linear, 32, 24)),
+        LayerSpec("p1", functools.partial(p1, 24, 32)),
+        LayerSpec("b1", functools.partial(MLPBlock, 32, 16, 0.1, False)),
+        LayerSpec("p2", functools.partial(nn.Linear, 16, 16)),
+        LayerSpec("head", functools.partial(nn.Linear, 16, 5)),
+    ]
 
 
 WIDE = 1024
@@ -70,34 +70,40 @@ WIDE = 1024
 def wide() -> list[LayerSpec]:
     """Three big Linear layers between two small ones: whole layers cannot balance them
     (wide enough that compute, not the link's latency, decides the plan)."""
-    return [LayerSpec("in", functools.partial(nn.Linear, 12, WIDE)),
-            *[LayerSpec(f"h{i}", functools.partial(nn.Linear, WIDE, WIDE)) for i in range(3)],
-            LayerSpec("head", functools.partial(nn.Linear, WIDE, 5))]  # fmt: skip
+    return [
+        LayerSpec("in", functools.partial(nn.Linear, 12, WIDE)),
+        *[LayerSpec(f"h{i}", functools.partial(nn.Linear, WIDE, WIDE)) for i in range(3)],
+        LayerSpec("head", functools.partial(nn.Linear, WIDE, 5)),
+    ]
 
 
 def activated() -> list[LayerSpec]:
     """Linear layers with their activations as layers of their own: a cut hands on both."""
-    return [LayerSpec("in", functools.partial(nn.Linear, 12, 32)),
-            LayerSpec("a0", nn.GELU),
-            LayerSpec("p", functools.partial(nn.Linear, 32, 32)),
-            LayerSpec("a1", nn.SiLU),
-            LayerSpec("head", functools.partial(nn.Linear, 32, 5))]  # fmt: skip
+    return [
+        LayerSpec("in", functools.partial(nn.Linear, 12, 32)),
+        LayerSpec("a0", nn.GELU),
+        LayerSpec("p", functools.partial(nn.Linear, 32, 32)),
+        LayerSpec("a1", nn.SiLU),
+        LayerSpec("head", functools.partial(nn.Linear, 32, 5)),
+    ]
 
 
 Moves = dict[int, tuple[list[int], list[int]]]  # step -> (sizes, handoff)
 CONFIGS: dict[int, dict[str, tuple[str, Any, Any, Moves]]] = {
     # name: (schedule, partition, handoff, repartitions)
-    2: {"1f1b": ("1f1b", [4, 3], [2], {}),
+    2: {
+        "1f1b": ("1f1b", [4, 3], [2], {}),
         "gpipe": ("gpipe", [4, 3], [1], {}),
         "zbh1": ("zbh1", [4, 3], [2], {}),
-        "1f1b moved": ("1f1b", [4, 3], [2], {2: ([3, 4], [1]), 3: ([5, 2], [0]),
-                                              4: ([4, 3], [2])}),
-        "1f1b edited": ("1f1b", [4, 3], [2], {})},
-    3: {"1f1b": ("1f1b", [4, 2, 1], [2, 1], {}),
+        "1f1b moved": ("1f1b", [4, 3], [2], {2: ([3, 4], [1]), 3: ([5, 2], [0]), 4: ([4, 3], [2])}),
+        "1f1b edited": ("1f1b", [4, 3], [2], {}),
+    },
+    3: {
+        "1f1b": ("1f1b", [4, 2, 1], [2, 1], {}),
         "zbh1": ("zbh1", [3, 3, 1], [1, 1], {}),
-        "zbh1 moved": ("zbh1", [3, 3, 1], [1, 1], {1: ([4, 2, 1], [2, 1]),
-                                                   3: ([3, 3, 1], [1, 1])})},
-}  # fmt: skip
+        "zbh1 moved": ("zbh1", [3, 3, 1], [1, 1], {1: ([4, 2, 1], [2, 1]), 3: ([3, 3, 1], [1, 1])}),
+    },
+}
 
 
 EDIT_AT = 2
@@ -110,11 +116,19 @@ def edit_weights(layers: Any) -> None:
             layers["p1"].weight.mul_(0.5)
 
 
-def train(schedule: str, partition: Any, handoff: Any, moves: Moves,
-          edit: bool = False) -> dict[str, Any]:  # fmt: skip
-    pipe = ElasticPipeline(specs(), optimizer=ADAM, loss_fn=F.cross_entropy,
-                           schedule=schedule, n_microbatches=4, seed=3, partition=partition,
-                           handoff=handoff)  # fmt: skip
+def train(
+    schedule: str, partition: Any, handoff: Any, moves: Moves, edit: bool = False
+) -> dict[str, Any]:
+    pipe = ElasticPipeline(
+        specs(),
+        optimizer=ADAM,
+        loss_fn=F.cross_entropy,
+        schedule=schedule,
+        n_microbatches=4,
+        seed=3,
+        partition=partition,
+        handoff=handoff,
+    )
     losses, cuts = [], [pipe.handoff]
     for step, (x, y) in enumerate(batches("flat")):
         if step in moves:
@@ -123,17 +137,28 @@ def train(schedule: str, partition: Any, handoff: Any, moves: Moves,
         if edit and step == EDIT_AT:
             edit_weights(pipe.layers)  # only this rank's layers: the owner of p1 edits it
         losses.append(pipe.train_step(x, y))
-    result = {"losses": losses, "state": pipe.full_state_dict(), "cuts": cuts,
-              "output": pipe.forward(batches("flat")[0][0])}  # fmt: skip
+    result = {
+        "losses": losses,
+        "state": pipe.full_state_dict(),
+        "cuts": cuts,
+        "output": pipe.forward(batches("flat")[0][0]),
+    }
     pipe.close()
     return result
 
 
 def with_activations() -> dict[str, Any]:
     """Stage 0 = in a0 p a1, handing p and a1 (a Linear and its activation) under zbh1."""
-    pipe = ElasticPipeline(activated(), optimizer=ADAM, loss_fn=F.cross_entropy,
-                           schedule="zbh1", n_microbatches=4, seed=3, partition=[4, 1],
-                           handoff=[2])  # fmt: skip
+    pipe = ElasticPipeline(
+        activated(),
+        optimizer=ADAM,
+        loss_fn=F.cross_entropy,
+        schedule="zbh1",
+        n_microbatches=4,
+        seed=3,
+        partition=[4, 1],
+        handoff=[2],
+    )
     losses = [pipe.train_step(x, y) for x, y in batches("flat")]
     result = {"losses": losses, "state": pipe.full_state_dict(), "handoff": pipe.handoff}
     pipe.close()
@@ -143,8 +168,15 @@ def with_activations() -> dict[str, Any]:
 def planned() -> dict[str, Any]:
     """planner="bipartition" on the estimate profile (FLOPs: deterministic costs), then a
     re-plan from measured costs mid-training (whatever it decides, training stays exact)."""
-    pipe = ElasticPipeline(wide(), optimizer=ADAM, loss_fn=F.cross_entropy, n_microbatches=4,
-                           seed=3, planner="bipartition", profile="estimate")  # fmt: skip
+    pipe = ElasticPipeline(
+        wide(),
+        optimizer=ADAM,
+        loss_fn=F.cross_entropy,
+        n_microbatches=4,
+        seed=3,
+        planner="bipartition",
+        profile="estimate",
+    )
     losses, first = [], None
     for step, (x, y) in enumerate(batches("flat")):
         if step == 3:
@@ -153,9 +185,14 @@ def planned() -> dict[str, Any]:
             pipe.rebalance(remaining_steps=10**6)
         losses.append(pipe.train_step(x, y))
     assert first is not None and pipe.plan is not None
-    result = {"losses": losses, "state": pipe.full_state_dict(), "handoff": first[0],
-              "sizes": first[1], "plan": first[2],
-              "after_replan": (pipe.handoff, pipe.plan.handoff or (0,))}  # fmt: skip
+    result = {
+        "losses": losses,
+        "state": pipe.full_state_dict(),
+        "handoff": first[0],
+        "sizes": first[1],
+        "plan": first[2],
+        "after_replan": (pipe.handoff, pipe.plan.handoff or (0,)),
+    }
     pipe.close()
     return result
 
@@ -163,8 +200,15 @@ def planned() -> dict[str, Any]:
 def failing() -> dict[str, Any]:
     """Step 2's batch is huge: the handed backward of p1 raises on the stage after its own."""
     pipeline.separable(Brittle)(_brittle_backward)
-    pipe = ElasticPipeline(specs(brittle=True), optimizer=ADAM, loss_fn=F.cross_entropy,
-                           n_microbatches=4, seed=3, partition=[4, 3], handoff=[1])  # fmt: skip
+    pipe = ElasticPipeline(
+        specs(brittle=True),
+        optimizer=ADAM,
+        loss_fn=F.cross_entropy,
+        n_microbatches=4,
+        seed=3,
+        partition=[4, 3],
+        handoff=[1],
+    )
     losses, errors = [], []
     for step, (x, y) in enumerate(batches("flat")):
         try:
@@ -177,14 +221,22 @@ def failing() -> dict[str, Any]:
 
 
 def refusals() -> dict[str, str]:
-    bad: dict[str, dict[str, Any]] = {"auto": dict(partition="auto", handoff=[1]),
-           "not separable": dict(partition=[4, 3], handoff=[3]),
-           "too many": dict(partition=[4, 3], handoff=[4]),
-           "stream": dict(partition=[4, 3], handoff=[1], schedule="2bw")}  # fmt: skip
+    bad: dict[str, dict[str, Any]] = {
+        "auto": dict(partition="auto", handoff=[1]),
+        "not separable": dict(partition=[4, 3], handoff=[3]),
+        "too many": dict(partition=[4, 3], handoff=[4]),
+        "stream": dict(partition=[4, 3], handoff=[1], schedule="2bw"),
+    }
     out = {}
     pipeline.separable(Twice)(_brittle_backward)
-    pipe = ElasticPipeline(specs(twice=True), optimizer=ADAM, loss_fn=F.cross_entropy,
-                           n_microbatches=4, partition=[4, 3], handoff=[1])  # fmt: skip
+    pipe = ElasticPipeline(
+        specs(twice=True),
+        optimizer=ADAM,
+        loss_fn=F.cross_entropy,
+        n_microbatches=4,
+        partition=[4, 3],
+        handoff=[1],
+    )
     try:
         pipe.train_step(*batches("flat")[0])
         out["two outputs"] = "accepted"
@@ -193,8 +245,9 @@ def refusals() -> dict[str, str]:
     pipe.close()
     for name, kwargs in bad.items():
         try:
-            ElasticPipeline(specs(), optimizer=ADAM, loss_fn=F.cross_entropy, n_microbatches=4,
-                            **kwargs).close()  # fmt: skip
+            ElasticPipeline(
+                specs(), optimizer=ADAM, loss_fn=F.cross_entropy, n_microbatches=4, **kwargs
+            ).close()
             out[name] = "accepted"
         except ValueError as error:
             out[name] = str(error)
@@ -202,25 +255,33 @@ def refusals() -> dict[str, str]:
 
 
 def run_all(ctx: StageContext, n_stages: int) -> dict[str, Any]:
-    out: dict[str, Any] = {name: train(*c, edit="edited" in name)
-                           for name, c in CONFIGS[n_stages].items()}  # fmt: skip
+    out: dict[str, Any] = {
+        name: train(*c, edit="edited" in name) for name, c in CONFIGS[n_stages].items()
+    }
     if n_stages == 2:
-        out.update(planned=planned(), failing=failing(), refusals=refusals(),
-                   activations=with_activations())
+        out.update(
+            planned=planned(),
+            failing=failing(),
+            refusals=refusals(),
+            activations=with_activations(),
+        )
     return out
 
 
 @functools.cache
 def pipelined(n_stages: int) -> dict[str, Any]:
-    results = pipeline.launch(functools.partial(run_all, n_stages=n_stages), n_stages,
-                              threads_per_stage=1, timeout_s=90)  # fmt: skip
+    results = pipeline.launch(
+        functools.partial(run_all, n_stages=n_stages), n_stages, threads_per_stage=1, timeout_s=90
+    )
     return results[0]  # rank 0 holds the full state; every rank the losses
 
 
-def reference(make: Any, skip: int | None = None,
-              edit: bool = False) -> tuple[list[float], dict[str, Any], Any]:  # fmt: skip
-    ref = ReferenceTrainer(make(), optimizer=ADAM, loss_fn=F.cross_entropy, n_microbatches=4,
-                           seed=3)  # fmt: skip
+def reference(
+    make: Any, skip: int | None = None, edit: bool = False
+) -> tuple[list[float], dict[str, Any], Any]:
+    ref = ReferenceTrainer(
+        make(), optimizer=ADAM, loss_fn=F.cross_entropy, n_microbatches=4, seed=3
+    )
     losses = []
     for step, (x, y) in enumerate(batches("flat")):
         if edit and step == EDIT_AT:
@@ -249,8 +310,9 @@ def test_bipartition_matches_single_process(n_stages: int) -> None:
         torch.testing.assert_close(result["output"], ref_out, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("n_stages,moved,static", [(2, "1f1b moved", "1f1b"),
-                                                   (3, "zbh1 moved", "zbh1")])
+@pytest.mark.parametrize(
+    "n_stages,moved,static", [(2, "1f1b moved", "1f1b"), (3, "zbh1 moved", "zbh1")]
+)
 def test_moving_the_cut_keeps_the_trajectory(n_stages: int, moved: str, static: str) -> None:
     a, b = pipelined(n_stages)[moved], pipelined(n_stages)[static]
     expected = [tuple(CONFIGS[n_stages][moved][2])]

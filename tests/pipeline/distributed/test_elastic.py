@@ -76,9 +76,14 @@ def batches(kind: str) -> list[tuple[Any, torch.Tensor]]:
 def train(model: str, schedule: str, partition: Any) -> tuple[list[float], dict[str, Any]]:
     make_specs, kind, loss_fn = MODELS[model]
     pipe = ElasticPipeline(
-        make_specs(), optimizer=ADAM, loss_fn=loss_fn, schedule=schedule,
-        n_microbatches=MICROBATCHES, seed=3, partition=partition,
-    )  # fmt: skip
+        make_specs(),
+        optimizer=ADAM,
+        loss_fn=loss_fn,
+        schedule=schedule,
+        n_microbatches=MICROBATCHES,
+        seed=3,
+        partition=partition,
+    )
     losses = [pipe.train_step(x, y) for x, y in batches(kind)]
     state = pipe.full_state_dict()
     pipe.close()
@@ -110,9 +115,11 @@ def reference(model: str) -> tuple[list[float], dict[str, Any]]:
 @functools.cache
 def pipelined(n_stages: int) -> dict[Any, Any]:
     results = pipeline.launch(
-        functools.partial(run_configs, n_stages=n_stages), n_stages,
-        threads_per_stage=1, timeout_s=60,
-    )  # fmt: skip
+        functools.partial(run_configs, n_stages=n_stages),
+        n_stages,
+        threads_per_stage=1,
+        timeout_s=60,
+    )
     assert all(r.keys() == results[0].keys() for r in results)
     return results[0]  # every rank returns the same losses; rank 0 holds the state
 
@@ -120,9 +127,7 @@ def pipelined(n_stages: int) -> dict[Any, Any]:
 def max_state_diff(a: dict[str, Any], b: dict[str, Any]) -> float:
     assert a.keys() == b.keys()
     return max(
-        (a[k][name].double() - b[k][name].double()).abs().max().item()
-        for k in a
-        for name in a[k]
+        (a[k][name].double() - b[k][name].double()).abs().max().item() for k in a for name in a[k]
     )
 
 
@@ -153,8 +158,11 @@ def test_dropout_is_active() -> None:
     losses = []
     for p in (0.1, 0.0):
         ref = ReferenceTrainer(
-            transformer_stack(4, 16, 2, dropout=p), optimizer=ADAM, loss_fn=F.mse_loss,
-            n_microbatches=MICROBATCHES, seed=3,
-        )  # fmt: skip
+            transformer_stack(4, 16, 2, dropout=p),
+            optimizer=ADAM,
+            loss_fn=F.mse_loss,
+            n_microbatches=MICROBATCHES,
+            seed=3,
+        )
         losses.append(ref.train_step(x, y))
     assert losses[0] != losses[1]

@@ -133,8 +133,10 @@ def faulty_stack() -> list[LayerSpec]:
 
 def data(n: int, seed: int = 0) -> list[tuple[torch.Tensor, torch.Tensor]]:
     g = torch.Generator().manual_seed(seed)
-    return [(torch.randn(BATCH, 6, generator=g), torch.randint(0, 3, (BATCH,), generator=g))
-            for _ in range(n)]  # fmt: skip
+    return [
+        (torch.randn(BATCH, 6, generator=g), torch.randint(0, 3, (BATCH,), generator=g))
+        for _ in range(n)
+    ]
 
 
 def clean_losses(pipe: ElasticPipeline, n: int) -> list[float]:
@@ -146,8 +148,14 @@ def injected(ctx: StageContext, schedule: str, cases: list[tuple[int, str, int, 
     """Each case: arm a fault, train until it fires, record the error, then reconfigure."""
     n_stages = placement_of(schedule, ctx.world_size).n_stages
     sizes = [5 - 2 * (n_stages - 1)] + [2] * (n_stages - 1) if n_stages < 4 else [2, 1, 1, 1]
-    pipe = ElasticPipeline(faulty_stack(), optimizer=OPT, loss_fn=faulty_loss,
-                           schedule=schedule, n_microbatches=M, partition=sizes)  # fmt: skip
+    pipe = ElasticPipeline(
+        faulty_stack(),
+        optimizer=OPT,
+        loss_fn=faulty_loss,
+        schedule=schedule,
+        n_microbatches=M,
+        partition=sizes,
+    )
     fresh = clean_losses(pipe, 3)  # what a clean model trains like on these processes
     out: list[dict[str, Any]] = []
     for rank, phase, step, microbatch in cases:
@@ -159,9 +167,16 @@ def injected(ctx: StageContext, schedule: str, cases: list[tuple[int, str, int, 
             try:
                 pipe.train_step(x, y)
             except StageError as error:
-                record.update(type=type(error).__name__, stage=error.stage, phase=error.phase,
-                              step=error.step, layer=error.layer, microbatch=error.microbatch,
-                              text=str(error), seconds=time.monotonic() - start)  # fmt: skip
+                record.update(
+                    type=type(error).__name__,
+                    stage=error.stage,
+                    phase=error.phase,
+                    step=error.step,
+                    layer=error.layer,
+                    microbatch=error.microbatch,
+                    text=str(error),
+                    seconds=time.monotonic() - start,
+                )
                 break
         Fault.arm(-1, "", -1, -1)
         record["after"] = clean_losses(pipe, 3)
@@ -183,8 +198,10 @@ def random_cases(placement: Placement, count: int, seed: int) -> list[tuple[int,
     return cases
 
 
-@pytest.mark.parametrize("schedule,n_ranks", [("1f1b", 2), ("gpipe", 3), ("zbh1", 3), ("zbv", 2),
-                                              ("interleaved_1f1b", 2)])  # fmt: skip
+@pytest.mark.parametrize(
+    "schedule,n_ranks",
+    [("1f1b", 2), ("gpipe", 3), ("zbh1", 3), ("zbv", 2), ("interleaved_1f1b", 2)],
+)
 def test_an_injected_failure_raises_on_every_rank_and_the_processes_stay_usable(
     schedule: str, n_ranks: int
 ) -> None:
@@ -215,8 +232,9 @@ def test_an_injected_failure_raises_on_every_rank_and_the_processes_stay_usable(
 
 # -- a NaN loss is not applied anywhere ------------------------------------------------------
 def nan_step(ctx: StageContext) -> dict[str, Any]:
-    pipe = ElasticPipeline(faulty_stack(), optimizer=OPT, loss_fn=faulty_loss, n_microbatches=M,
-                           partition=[3, 2])  # fmt: skip
+    pipe = ElasticPipeline(
+        faulty_stack(), optimizer=OPT, loss_fn=faulty_loss, n_microbatches=M, partition=[3, 2]
+    )
     batches = data(3)
     pipe.train_step(*batches[0])
     before = pipe.full_state_dict()
@@ -228,8 +246,9 @@ def nan_step(ctx: StageContext) -> dict[str, Any]:
         out["error"] = (error.stage, error.step, error.microbatch)
     Fault.arm(-1, "", -1, -1)
     after = pipe.full_state_dict()  # a collective: {} on other ranks than 0
-    out["unchanged"] = all(torch.equal(before[k][n], v) for k, s in after.items()
-                           for n, v in s.items())  # fmt: skip
+    out["unchanged"] = all(
+        torch.equal(before[k][n], v) for k, s in after.items() for n, v in s.items()
+    )
     out["next"] = pipe.train_step(*batches[1])  # the same batch again, now finite
     pipe.close()
     return out
@@ -262,8 +281,9 @@ class Dies(nn.Linear):
 
 def dying(ctx: StageContext, how: str) -> None:
     specs = [*mlp_stack([6, 12, 12]), LayerSpec("dies", functools.partial(Dies, 12, 3, how))]
-    pipe = ElasticPipeline(specs, optimizer=OPT, loss_fn=F.cross_entropy, n_microbatches=M,
-                           partition=[2, 1])  # fmt: skip
+    pipe = ElasticPipeline(
+        specs, optimizer=OPT, loss_fn=F.cross_entropy, n_microbatches=M, partition=[2, 1]
+    )
     for x, y in data(5):
         pipe.train_step(x, y)
 
@@ -307,15 +327,18 @@ class CommitFails(torch.optim.SGD):
 
 
 def migrations(ctx: StageContext) -> dict[str, Any]:
-    specs = [*mlp_stack([6, 12, 12, 12])[:2],
-             LayerSpec("fragile", functools.partial(Fragile, 12, 12)),
-             LayerSpec("out", functools.partial(nn.Linear, 12, 3))]  # fmt: skip
+    specs = [
+        *mlp_stack([6, 12, 12, 12])[:2],
+        LayerSpec("fragile", functools.partial(Fragile, 12, 12)),
+        LayerSpec("out", functools.partial(nn.Linear, 12, 3)),
+    ]
     opt = functools.partial(CommitFails, lr=0.1, momentum=0.9)
     out: dict[str, Any] = {}
     for phase in ["pack", "serialise", "build", "commit"]:
         Fragile.fail = "serialise" if phase == "serialise" else ""  # a lambda in the state
-        pipe = ElasticPipeline(specs, optimizer=opt, loss_fn=F.cross_entropy, n_microbatches=M,
-                               partition=[3, 1])  # fmt: skip
+        pipe = ElasticPipeline(
+            specs, optimizer=opt, loss_fn=F.cross_entropy, n_microbatches=M, partition=[3, 1]
+        )
         batches = data(3)
         pipe.train_step(*batches[0])
         before = pipe.full_state_dict()
@@ -328,8 +351,13 @@ def migrations(ctx: StageContext) -> dict[str, Any]:
         Fragile.fail = ""
         after = pipe.full_state_dict()
         same = all(torch.equal(before[k][n], v) for k, s in after.items() for n, v in s.items())
-        out[phase] = {"error": error, "sizes": pipe.sizes, "same": same,
-                      "keys": pipe.layer_keys, "loss": pipe.train_step(*batches[1])}  # fmt: skip
+        out[phase] = {
+            "error": error,
+            "sizes": pipe.sizes,
+            "same": same,
+            "keys": pipe.layer_keys,
+            "loss": pipe.train_step(*batches[1]),
+        }
         pipe.close()
     return out
 
@@ -353,8 +381,14 @@ def failing_stream(ctx: StageContext, schedule: str, cases: list[tuple[int, str,
     """For stream schedules (2bw, pipemare): each case arms a fault, trains a `pipe.train`
     stream into it, records the error every rank raised, and checks the pipeline trains on."""
     sizes = [5 - 2 * (ctx.world_size - 1)] + [2] * (ctx.world_size - 1)
-    pipe = ElasticPipeline(faulty_stack(), optimizer=OPT, loss_fn=faulty_loss, schedule=schedule,
-                           n_microbatches=4, partition=sizes)  # fmt: skip
+    pipe = ElasticPipeline(
+        faulty_stack(),
+        optimizer=OPT,
+        loss_fn=faulty_loss,
+        schedule=schedule,
+        n_microbatches=4,
+        partition=sizes,
+    )
     out = []
     for rank, phase, step, microbatch in cases:
         pipe.reconfigure(faulty_stack(), partition=sizes, loss_fn=faulty_loss)
@@ -364,8 +398,13 @@ def failing_stream(ctx: StageContext, schedule: str, cases: list[tuple[int, str,
             for loss in pipe.train(data(step + 3)):
                 record["losses"].append(loss)
         except StageError as error:
-            record.update(type=type(error).__name__, stage=error.stage, phase=error.phase,
-                          step=error.step, microbatch=error.microbatch)  # fmt: skip
+            record.update(
+                type=type(error).__name__,
+                stage=error.stage,
+                phase=error.phase,
+                step=error.step,
+                microbatch=error.microbatch,
+            )
         Fault.arm(-1, "", -1, -1)
         record["steps"] = pipe.step
         record["after"] = list(pipe.train(data(2, seed=1)))  # still usable

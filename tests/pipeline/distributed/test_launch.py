@@ -92,10 +92,12 @@ def bad_arguments(ctx: StageContext) -> dict[str, str]:
         ),
         "not a module": lambda: ElasticPipeline(
             [LayerSpec("a", nn.ReLU), LayerSpec("b", lambda: "no module")],  # type: ignore[arg-type,return-value]
-            optimizer=SGD, loss_fn=F.cross_entropy,
+            optimizer=SGD,
+            loss_fn=F.cross_entropy,
         ).train_step(torch.randn(4, 4), torch.zeros(4, dtype=torch.long)),  # planned, then built
         "not an optimizer": lambda: ElasticPipeline(
-            specs, optimizer=lambda groups: groups,  # type: ignore[arg-type,return-value]
+            specs,
+            optimizer=lambda groups: groups,  # type: ignore[arg-type,return-value]
             loss_fn=F.cross_entropy,
         ),
         "infeasible budget": lambda: ElasticPipeline(
@@ -130,15 +132,20 @@ def test_bad_arguments_give_clear_errors() -> None:
 
 
 def mismatched_shapes(ctx: StageContext) -> None:
-    specs = [LayerSpec("a", functools.partial(nn.Linear, 4, 8)),
-             LayerSpec("b", functools.partial(nn.Linear, 5, 3))]  # fmt: skip
+    specs = [
+        LayerSpec("a", functools.partial(nn.Linear, 4, 8)),
+        LayerSpec("b", functools.partial(nn.Linear, 5, 3)),
+    ]
     pipe = ElasticPipeline(specs, optimizer=SGD, loss_fn=F.cross_entropy, partition=[1, 1])
     pipe.train_step(torch.randn(4, 4), torch.zeros(4, dtype=torch.long))
 
 
 def test_an_error_in_a_layer_names_the_layer_and_its_input() -> None:
-    with pytest.raises(StageFailedError, match="(?s)cannot be multiplied.*in the forward of "
-                       r"layer 'b' on stage 1, input shapes \[\(1, 8\)\]"):  # fmt: skip
+    with pytest.raises(
+        StageFailedError,
+        match="(?s)cannot be multiplied.*in the forward of "
+        r"layer 'b' on stage 1, input shapes \[\(1, 8\)\]",
+    ):
         pipeline.launch(mismatched_shapes, 2, threads_per_stage=1, timeout_s=30)
 
 
@@ -184,8 +191,16 @@ def test_joins_torchrun_process_group(tmp_path: Path) -> None:
     """Two launches in one torchrun job share the group it creates; it is gone at exit."""
     script = tmp_path / "job.py"
     script.write_text(textwrap.dedent(TORCHRUN_SCRIPT))
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-           "--standalone", str(script), str(tmp_path)]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        "2",
+        "--standalone",
+        str(script),
+        str(tmp_path),
+    ]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False)
     assert out.returncode == 0, out.stderr[:3000]
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]

@@ -31,24 +31,28 @@ MICROBATCHES = 4
 
 def seq_batches(n: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
     g = torch.Generator().manual_seed(11)
-    return [(torch.randn(8, 5, 16, generator=g), torch.randn(8, 5, 16, generator=g))
-            for _ in range(n)]  # fmt: skip
+    return [
+        (torch.randn(8, 5, 16, generator=g), torch.randn(8, 5, 16, generator=g)) for _ in range(n)
+    ]
 
 
 def flat_batches(n: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
     g = torch.Generator().manual_seed(12)
-    return [(torch.randn(8, 6, generator=g), torch.randint(0, 3, (8,), generator=g))
-            for _ in range(n)]  # fmt: skip
+    return [
+        (torch.randn(8, 6, generator=g), torch.randint(0, 3, (8,), generator=g)) for _ in range(n)
+    ]
 
 
 def optimizer_state(pipe: ElasticPipeline) -> dict[str, list[dict[str, Any]]]:
     """{layer key: [state of each parameter]} gathered from every stage (test introspection)."""
     state = pipe.optimizer.state if pipe.optimizer is not None else {}
     mine = {
-        key: [{k: v.clone() if torch.is_tensor(v) else v for k, v in state.get(p, {}).items()}
-              for p in module.parameters()]
+        key: [
+            {k: v.clone() if torch.is_tensor(v) else v for k, v in state.get(p, {}).items()}
+            for p in module.parameters()
+        ]
         for key, module in pipe.layers.items()
-    }  # fmt: skip
+    }
     parts: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(parts, mine)
     return {k: v for part in parts for k, v in part.items()}
@@ -60,20 +64,30 @@ def owned_keys(pipe: ElasticPipeline) -> list[list[str]]:
     return keys
 
 
-def train(specs: list[LayerSpec], batches: list[Any], loss_fn: Any, start: list[int],
-          plan: dict[int, list[int]]) -> dict[str, Any]:  # fmt: skip
+def train(
+    specs: list[LayerSpec],
+    batches: list[Any],
+    loss_fn: Any,
+    start: list[int],
+    plan: dict[int, list[int]],
+) -> dict[str, Any]:
     """Train; before step s in `plan`, repartition to plan[s]."""
-    pipe = ElasticPipeline(specs, optimizer=ADAM, loss_fn=loss_fn, n_microbatches=MICROBATCHES,
-                           seed=5, partition=start)  # fmt: skip
+    pipe = ElasticPipeline(
+        specs, optimizer=ADAM, loss_fn=loss_fn, n_microbatches=MICROBATCHES, seed=5, partition=start
+    )
     losses, records = [], []
     for step, (x, y) in enumerate(batches):
         if step in plan:
             records.append(pipe.repartition(plan[step]))
         losses.append(pipe.train_step(x, y))
-    result: dict[str, Any] = {"losses": losses, "state": pipe.full_state_dict(),
-              "records": records,
-              "optimizer": optimizer_state(pipe), "owned": owned_keys(pipe),
-              "events": pipe.events}  # fmt: skip
+    result: dict[str, Any] = {
+        "losses": losses,
+        "state": pipe.full_state_dict(),
+        "records": records,
+        "optimizer": optimizer_state(pipe),
+        "owned": owned_keys(pipe),
+        "events": pipe.events,
+    }
     with tempfile.TemporaryDirectory() as tmp:
         result["svg"] = pipe.save_partition_picture(Path(tmp) / "p.svg").read_text()
         trace = pipe.save_timeline(Path(tmp) / "t.json")
@@ -158,8 +172,7 @@ def test_event_log_and_pictures() -> None:
 def random_walk(ctx: StageContext, seed: int) -> list[str]:
     rng = random.Random(seed)
     specs = mlp_stack([6, 12, 12, 12, 12, 12, 12, 3], dropout=0.1, batch_norm=True)
-    pipe = ElasticPipeline(specs, optimizer=ADAM, loss_fn=F.cross_entropy,
-                           n_microbatches=2, seed=1)  # fmt: skip
+    pipe = ElasticPipeline(specs, optimizer=ADAM, loss_fn=F.cross_entropy, n_microbatches=2, seed=1)
     problems = []
     for step, (x, y) in enumerate(flat_batches(8)):
         pipe.train_step(x, y)
@@ -184,8 +197,9 @@ def random_walk(ctx: StageContext, seed: int) -> list[str]:
 
 @pytest.mark.parametrize("seed", [0, 1])
 def test_random_repartitions_keep_every_layer_once_and_intact(seed: int) -> None:
-    problems = pipeline.launch(functools.partial(random_walk, seed=seed), 3,
-                               threads_per_stage=1, timeout_s=60)  # fmt: skip
+    problems = pipeline.launch(
+        functools.partial(random_walk, seed=seed), 3, threads_per_stage=1, timeout_s=60
+    )
     assert problems == [[], [], []]
 
 
@@ -200,13 +214,17 @@ class RefusesStageOne(nn.Linear):
 
 
 def interrupted(ctx: StageContext) -> dict[str, Any]:
-    specs = [*transformer_stack(2, 16, 2), LayerSpec("fragile", RefusesStageOne),
-             *transformer_stack(3, 16, 2)[2:]]  # fmt: skip
+    specs = [
+        *transformer_stack(2, 16, 2),
+        LayerSpec("fragile", RefusesStageOne),
+        *transformer_stack(3, 16, 2)[2:],
+    ]
     batches = seq_batches(4)
     out: dict[str, Any] = {}
     for attempt in (False, True):
-        pipe = ElasticPipeline(specs, optimizer=ADAM, loss_fn=F.mse_loss,
-                               n_microbatches=MICROBATCHES, partition=[3, 1])  # fmt: skip
+        pipe = ElasticPipeline(
+            specs, optimizer=ADAM, loss_fn=F.mse_loss, n_microbatches=MICROBATCHES, partition=[3, 1]
+        )
         losses = [pipe.train_step(*batches[0]), pipe.train_step(*batches[1])]
         if attempt:
             try:
@@ -215,9 +233,12 @@ def interrupted(ctx: StageContext) -> dict[str, Any]:
                 out["error"] = str(exc)
         losses += [pipe.train_step(*batches[2]), pipe.train_step(*batches[3])]
         out["attempt" if attempt else "plain"] = {
-            "losses": losses, "sizes": pipe.sizes, "version": pipe.version,
-            "owned": owned_keys(pipe), "state": pipe.full_state_dict(),
-        }  # fmt: skip
+            "losses": losses,
+            "sizes": pipe.sizes,
+            "version": pipe.version,
+            "owned": owned_keys(pipe),
+            "state": pipe.full_state_dict(),
+        }
         pipe.close()
     return out
 

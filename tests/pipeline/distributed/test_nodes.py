@@ -92,21 +92,39 @@ def wait_for(paths: list[Path], agents: list[subprocess.Popen[bytes]], timeout_s
 
 
 @pytest.mark.timeout(240)
-def test_two_torchrun_agents_train_like_one_process_and_a_dead_one_is_seen(tmp_path: Path
-                                                                          ) -> None:  # fmt: skip
+def test_two_torchrun_agents_train_like_one_process_and_a_dead_one_is_seen(tmp_path: Path) -> None:
     script = tmp_path / "node.py"
     script.write_text(textwrap.dedent(NODE_SCRIPT))
     endpoint = f"127.0.0.1:{free_port()}"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     agents: list[subprocess.Popen[bytes]] = []
     for node in range(2):
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2",
-               "--nproc-per-node", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint,
-               "--rdzv-id", "two-nodes", "--max-restarts", "0", str(script), str(tmp_path),
-               str(node)]  # fmt: skip
+        cmd = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nnodes",
+            "2",
+            "--nproc-per-node",
+            "1",
+            "--rdzv-backend",
+            "c10d",
+            "--rdzv-endpoint",
+            endpoint,
+            "--rdzv-id",
+            "two-nodes",
+            "--max-restarts",
+            "0",
+            str(script),
+            str(tmp_path),
+            str(node),
+        ]
         with (tmp_path / f"agent{node}.log").open("wb") as log:  # the agent keeps its copy
-            agents.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                           start_new_session=True))  # fmt: skip
+            agents.append(
+                subprocess.Popen(
+                    cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+                )
+            )
     try:
         wait_for([tmp_path / f"trained-{a}.json" for a in range(2)], agents, 150)
         trained = [json.loads((tmp_path / f"trained-{a}.json").read_text()) for a in range(2)]
@@ -114,8 +132,7 @@ def test_two_torchrun_agents_train_like_one_process_and_a_dead_one_is_seen(tmp_p
         for t in trained:
             assert t["backend"] == "gloo" and t["device"] == "cpu"
             assert len(t["losses"]) == 3
-            assert max(abs(a - b) for a, b in zip(t["losses"], t["reference"], strict=True)) \
-                <= 1e-6  # fmt: skip
+            assert max(abs(a - b) for a, b in zip(t["losses"], t["reference"], strict=True)) <= 1e-6
         rank0 = next(t for t in trained if t["rank"] == 0)
         assert rank0["state_diff"] is not None and rank0["state_diff"] <= 1e-6
 

@@ -34,10 +34,17 @@ def test_a_bad_knob_names_its_value_and_what_is_valid(field: str, value: Any, ma
 def test_defaults_are_documented_values_and_frozen() -> None:
     options = PipelineOptions(rebalance_on_drift=0.1, memory_budget=1 << 20, rebalance_settle=0)
     assert dataclasses.asdict(PipelineOptions()) == {
-        "n_microbatches": 4, "memory_budget": None, "profile": "sandbox",
-        "rebalance_every": None, "rebalance_on_drift": None, "rebalance_horizon": 100,
-        "rebalance_settle": 3, "measure_memory_every": 10, "on_nonfinite": "raise",
-        "pipemare": None, "handoff": None,
-    }  # fmt: skip
+        "n_microbatches": 4,
+        "memory_budget": None,
+        "profile": "sandbox",
+        "rebalance_every": None,
+        "rebalance_on_drift": None,
+        "rebalance_horizon": 100,
+        "rebalance_settle": 3,
+        "measure_memory_every": 10,
+        "on_nonfinite": "raise",
+        "pipemare": None,
+        "handoff": None,
+    }
     with pytest.raises(dataclasses.FrozenInstanceError):
         options.n_microbatches = 8  # type: ignore[misc]

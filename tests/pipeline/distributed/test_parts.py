@@ -38,8 +38,10 @@ def test_events_are_stamped_with_the_pipeline_generation_and_step() -> None:
     log.record("build", sizes=[2, 2])
     now[:] = [1, 7]
     event = log.record("trigger", reason="drift")
-    assert [(e.generation, e.step, e.kind) for e in log.events] == [(0, 0, "build"),
-                                                                     (1, 7, "trigger")]
+    assert [(e.generation, e.step, e.kind) for e in log.events] == [
+        (0, 0, "build"),
+        (1, 7, "trigger"),
+    ]
     assert event.details == {"reason": "drift"}
 
 
@@ -59,8 +61,9 @@ def _holder_with_stage(n_layers: int = 4) -> tuple[ModelHolder, Stage]:
     specs = [LayerSpec(f"l{i}", functools.partial(torch.nn.Linear, 4, 4)) for i in range(n_layers)]
     holder = ModelHolder(specs, requested_handoff=None)
     sgd = functools.partial(torch.optim.SGD, lr=0.1)
-    stage = Stage(0, 1, specs, seed=0, device=torch.device("cpu"), optimizer=sgd,
-                  loss_fn=F.mse_loss)  # fmt: skip
+    stage = Stage(
+        0, 1, specs, seed=0, device=torch.device("cpu"), optimizer=sgd, loss_fn=F.mse_loss
+    )
     return holder, stage
 
 

@@ -35,8 +35,16 @@ Split = tuple[int, list[int]] | None  # (steps of the first stream, sizes for th
 
 def train(model: str, config: PipeMareConfig, sizes: list[int], split: Split) -> dict[str, Any]:
     make_specs, kind, loss_fn = MODELS[model]
-    pipe = ElasticPipeline(make_specs(), optimizer=ADAM, loss_fn=loss_fn, schedule="pipemare",
-                           pipemare=config, n_microbatches=4, seed=3, partition=sizes)  # fmt: skip
+    pipe = ElasticPipeline(
+        make_specs(),
+        optimizer=ADAM,
+        loss_fn=loss_fn,
+        schedule="pipemare",
+        pipemare=config,
+        n_microbatches=4,
+        seed=3,
+        partition=sizes,
+    )
     data = batches(kind)
     if split is None:
         losses = list(pipe.train(data))
@@ -73,11 +81,19 @@ def pipelined(n_stages: int) -> dict[str, Any]:
     return launch_configs(train, configs(n_stages), n_stages, timeout_s=90)
 
 
-def reference(model: str, config: PipeMareConfig | None, sizes: list[int],
-              split: Split = None) -> tuple[list[float], dict[str, Any]]:  # fmt: skip
+def reference(
+    model: str, config: PipeMareConfig | None, sizes: list[int], split: Split = None
+) -> tuple[list[float], dict[str, Any]]:
     make_specs, kind, loss_fn = MODELS[model]
-    ref = ReferenceTrainer(make_specs(), optimizer=ADAM, loss_fn=loss_fn, n_microbatches=4,
-                           seed=3, pipemare=config, stage_sizes=sizes)  # fmt: skip
+    ref = ReferenceTrainer(
+        make_specs(),
+        optimizer=ADAM,
+        loss_fn=loss_fn,
+        n_microbatches=4,
+        seed=3,
+        pipemare=config,
+        stage_sizes=sizes,
+    )
     losses = []
     for t, (x, y) in enumerate(batches(kind)):
         if split is not None and t == split[0]:
@@ -106,10 +122,10 @@ def test_the_pipemare_rule_is_not_synchronous_training() -> None:
     assert max_state_diff(sync, off) > 1e-5 and max_state_diff(off, on) > 1e-5
 
 
-@pytest.mark.parametrize("n_stages,a,b", [(2, "transformer moved", "transformer two"),
-                                          (3, "mlp moved", "mlp two")])  # fmt: skip
-def test_repartition_between_pipemare_streams_keeps_the_rule(n_stages: int, a: str,
-                                                             b: str) -> None:  # fmt: skip
+@pytest.mark.parametrize(
+    "n_stages,a,b", [(2, "transformer moved", "transformer two"), (3, "mlp moved", "mlp two")]
+)
+def test_repartition_between_pipemare_streams_keeps_the_rule(n_stages: int, a: str, b: str) -> None:
     """Under PipeMare a layer's staleness is its stage's, so a move changes the trajectory by
     definition; what must hold is the rule with the new partition from the move on, with
     weights, optimizer state, T2's buffers and T1's counter carried (the reference test

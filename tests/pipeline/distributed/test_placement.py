@@ -46,8 +46,13 @@ def mixed_stack() -> list[LayerSpec]:
     """7 layers of four types; the carry is (hidden, ids) until `take`, then hidden."""
     tokens = [LayerSpec(f"tok{i}", functools.partial(AddTokenBias, 11, 16)) for i in range(2)]
     linear = [LayerSpec(f"lin{i}", functools.partial(torch.nn.Linear, 16, 16)) for i in range(2)]
-    return [*tokens, LayerSpec("take", TakeHidden), linear[0], *transformer_stack(2, 16, 2),
-            linear[1]]  # fmt: skip
+    return [
+        *tokens,
+        LayerSpec("take", TakeHidden),
+        linear[0],
+        *transformer_stack(2, 16, 2),
+        linear[1],
+    ]
 
 
 def other_stack() -> list[LayerSpec]:
@@ -68,11 +73,19 @@ def configs(n_ranks: int) -> dict[str, tuple[str, int, Any, Move | None]]:
     if n_ranks == 2:
         return {
             "interleaved auto M=4": ("interleaved_1f1b", 4, "auto", None),
-            "interleaved recompute M=8": ("interleaved_1f1b", 8, recomputing([2, 2, 1, 2],
-                                          "interleaved_1f1b", 8), None),
+            "interleaved recompute M=8": (
+                "interleaved_1f1b",
+                8,
+                recomputing([2, 2, 1, 2], "interleaved_1f1b", 8),
+                None,
+            ),
             "interleaved static M=4": ("interleaved_1f1b", 4, [2, 2, 1, 2], None),
-            "interleaved moved M=4": ("interleaved_1f1b", 4, [2, 2, 1, 2],
-                                      (2, [1, 3, 2, 1], ["recompute"] * 7)),
+            "interleaved moved M=4": (
+                "interleaved_1f1b",
+                4,
+                [2, 2, 1, 2],
+                (2, [1, 3, 2, 1], ["recompute"] * 7),
+            ),
             "zbv auto M=4": ("zbv", 4, "auto", None),
             "zbv recompute M=2": ("zbv", 2, recomputing([1, 2, 2, 2], "zbv", 2), None),
             "zbv static M=4": ("zbv", 4, [2, 2, 1, 2], None),
@@ -80,20 +93,31 @@ def configs(n_ranks: int) -> dict[str, tuple[str, int, Any, Move | None]]:
             "auto M=4": ("auto", 4, "auto", None),
             "interleaved rebalanced M=4": ("interleaved_1f1b", 4, [1, 1, 1, 4], (2, "rebalance")),
             "zbv reconfigured M=4": ("zbv", 4, [2, 2, 1, 2], (0, "reconfigure")),
-        }  # fmt: skip
+        }
     return {
         "interleaved M=8": ("interleaved_1f1b", 8, [1, 1, 1, 2, 1, 1], None),
-        "interleaved recompute M=2": ("interleaved_1f1b", 2, recomputing([2, 1, 1, 1, 1, 1],
-                                      "interleaved_1f1b", 2), None),
+        "interleaved recompute M=2": (
+            "interleaved_1f1b",
+            2,
+            recomputing([2, 1, 1, 1, 1, 1], "interleaved_1f1b", 2),
+            None,
+        ),
         "zbv static M=4": ("zbv", 4, [1, 1, 2, 1, 1, 1], None),
         "zbv moved M=4": ("zbv", 4, [1, 1, 2, 1, 1, 1], (3, [2, 1, 1, 1, 1, 1], None)),
-    }  # fmt: skip
+    }
 
 
 def train(schedule: str, m: int, partition: Any, move: Move | None) -> dict[str, Any]:
     first = other_stack() if move == (0, "reconfigure") else mixed_stack()
-    pipe = ElasticPipeline(first, optimizer=ADAM, loss_fn=F.mse_loss, schedule=schedule,
-                           n_microbatches=m, seed=3, partition=partition)  # fmt: skip
+    pipe = ElasticPipeline(
+        first,
+        optimizer=ADAM,
+        loss_fn=F.mse_loss,
+        schedule=schedule,
+        n_microbatches=m,
+        seed=3,
+        partition=partition,
+    )
     if move == (0, "reconfigure"):
         for x, y in batches("tokens")[:2]:
             pipe.train_step(x, y)
@@ -108,14 +132,24 @@ def train(schedule: str, m: int, partition: Any, move: Move | None) -> dict[str,
     output = pipe.forward(batches("tokens")[0][0])
     with tempfile.TemporaryDirectory() as tmp:
         trace = pipe.save_timeline(Path(tmp) / "t.json")
-        lanes = sorted({e["tid"] for e in json.loads(trace.read_text())["traceEvents"]
-                        if e["ph"] == "X"}) if trace else []  # fmt: skip
+        lanes = (
+            sorted(
+                {e["tid"] for e in json.loads(trace.read_text())["traceEvents"] if e["ph"] == "X"}
+            )
+            if trace
+            else []
+        )
     stats = pipe.stats()
-    result = {"losses": losses, "state": pipe.full_state_dict(), "output": output,
-              "lanes": lanes, "partition": list(stats.partition),
-              "stats_layers": [list(s.layers) for s in stats.stages],
-              "schedule": [e.details for e in pipe.events if e.kind == "schedule"],
-              "n_stages": pipe.n_stages}  # fmt: skip
+    result = {
+        "losses": losses,
+        "state": pipe.full_state_dict(),
+        "output": output,
+        "lanes": lanes,
+        "partition": list(stats.partition),
+        "stats_layers": [list(s.layers) for s in stats.stages],
+        "schedule": [e.details for e in pipe.events if e.kind == "schedule"],
+        "n_stages": pipe.n_stages,
+    }
     pipe.close()
     return result
 
@@ -127,8 +161,9 @@ def pipelined(n_ranks: int) -> dict[str, Any]:
 
 @functools.cache
 def reference(m: int) -> tuple[list[float], dict[str, Any], torch.Tensor]:
-    ref = ReferenceTrainer(mixed_stack(), optimizer=ADAM, loss_fn=F.mse_loss, n_microbatches=m,
-                           seed=3)  # fmt: skip
+    ref = ReferenceTrainer(
+        mixed_stack(), optimizer=ADAM, loss_fn=F.mse_loss, n_microbatches=m, seed=3
+    )
     losses = [ref.train_step(x, y) for x, y in batches("tokens")]
     state = ref.full_state_dict()
     return losses, state, evaluated(state, batches("tokens")[0][0])
@@ -160,11 +195,14 @@ def test_several_stages_per_rank_match_single_process(n_ranks: int) -> None:
         assert result["lanes"] == list(range(result["n_stages"])), what  # a row per stage
 
 
-@pytest.mark.parametrize("n_ranks,moved,static", [
-    (2, "interleaved moved M=4", "interleaved static M=4"),
-    (2, "zbv moved M=4", "zbv static M=4"),
-    (3, "zbv moved M=4", "zbv static M=4"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "n_ranks,moved,static",
+    [
+        (2, "interleaved moved M=4", "interleaved static M=4"),
+        (2, "zbv moved M=4", "zbv static M=4"),
+        (3, "zbv moved M=4", "zbv static M=4"),
+    ],
+)
 def test_repartition_under_several_stages_per_rank_keeps_the_trajectory(
     n_ranks: int, moved: str, static: str
 ) -> None:
@@ -185,8 +223,11 @@ def test_auto_plans_every_exact_schedule_and_runs_the_fastest_predicted() -> Non
     [choice] = result["schedule"]
     tried = {c["schedule"]: c for c in choice["candidates"]}
     assert set(tried) == {"1f1b", "zbh1", "interleaved_1f1b", "zbv"}
-    predicted = {name: c["predicted_iteration_s"] for name, c in tried.items()
-                 if c["predicted_iteration_s"] is not None}  # fmt: skip
+    predicted = {
+        name: c["predicted_iteration_s"]
+        for name, c in tried.items()
+        if c["predicted_iteration_s"] is not None
+    }
     fastest = choice["chosen"]
     assert predicted[fastest] == min(predicted.values())
     assert result["n_stages"] == tried[fastest]["n_stages"] == len(result["partition"])

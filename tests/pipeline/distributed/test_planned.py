@@ -30,8 +30,10 @@ M = 4
 
 def batches(n: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
     g = torch.Generator().manual_seed(2)
-    return [(torch.randn(16, 24, 32, generator=g), torch.randn(16, 24, 32, generator=g))
-            for _ in range(n)]  # fmt: skip
+    return [
+        (torch.randn(16, 24, 32, generator=g), torch.randn(16, 24, 32, generator=g))
+        for _ in range(n)
+    ]
 
 
 def specs() -> list[pipeline.LayerSpec]:
@@ -39,8 +41,9 @@ def specs() -> list[pipeline.LayerSpec]:
 
 
 def predicted_vs_measured(ctx: StageContext, schedule: str) -> dict[str, Any]:
-    pipe = ElasticPipeline(specs(), optimizer=ADAM, loss_fn=F.mse_loss, n_microbatches=M,
-                           schedule=schedule)  # fmt: skip
+    pipe = ElasticPipeline(
+        specs(), optimizer=ADAM, loss_fn=F.mse_loss, n_microbatches=M, schedule=schedule
+    )
     losses = [pipe.train_step(x, y) for x, y in batches(3)]
     stats = pipe.stats()
     pipe.close()
@@ -60,8 +63,7 @@ def test_measured_activation_peak_is_within_10_percent_of_the_plan(schedule: str
         assert entry.measured_peak_bytes == pytest.approx(predicted, rel=0.10), entry
         # the in-flight activations alone, measured by the saved-tensor hooks
         predicted_activations = predicted - entry.state_bytes
-        assert entry.activation_peak_bytes == pytest.approx(
-            predicted_activations, rel=0.10), entry  # fmt: skip
+        assert entry.activation_peak_bytes == pytest.approx(predicted_activations, rel=0.10), entry
         assert predicted_activations > 0.5 * predicted  # activations dominate
 
 
@@ -69,22 +71,33 @@ def under_budget(ctx: StageContext) -> dict[str, Any]:
     x, _ = batches(1)[0]
     # The budget: 75% of what equal layer counts would need (rank 0 decides, all agree).
     comm = Comm()
-    costs = profile_costs(comm, specs(), x.chunk(M)[0], device=ctx.device, opt_ratio=2.0,
-                          cache=CostCache())  # fmt: skip
+    costs = profile_costs(
+        comm, specs(), x.chunk(M)[0], device=ctx.device, opt_ratio=2.0, cache=CostCache()
+    )
     equal = evaluate(costs, [3, 3], schedule="gpipe", n_microbatches=M)
     budget = comm.agree(lambda: int(0.75 * max(equal.predicted_stage_bytes)))
     out: dict[str, Any] = {"budget": budget, "equal_peaks": equal.predicted_stage_bytes}
     for name, partition in (("planned", "auto"), ("pressure", [3, 3])):
-        pipe = ElasticPipeline(specs(), optimizer=ADAM, loss_fn=F.mse_loss, n_microbatches=M,
-                               schedule="gpipe", partition=partition,
-                               memory_budget=budget)  # fmt: skip
+        pipe = ElasticPipeline(
+            specs(),
+            optimizer=ADAM,
+            loss_fn=F.mse_loss,
+            n_microbatches=M,
+            schedule="gpipe",
+            partition=partition,
+            memory_budget=budget,
+        )
         losses = []
         for step, (x, y) in enumerate(batches(12)):
             losses.append(pipe.train_step(x, y))
             if step == 0:
                 first = pipe.stats(last_steps=1)
-        out[name] = {"losses": losses, "first": first, "last": pipe.stats(last_steps=1),
-                     "events": [e.kind for e in pipe.events]}  # fmt: skip
+        out[name] = {
+            "losses": losses,
+            "first": first,
+            "last": pipe.stats(last_steps=1),
+            "events": [e.kind for e in pipe.events],
+        }
         pipe.close()
     return out
 
@@ -130,11 +143,21 @@ def uneven() -> list[pipeline.LayerSpec]:
 
 
 def rebalancing(ctx: StageContext) -> dict[str, Any]:
-    pipe = ElasticPipeline(uneven(), optimizer=ADAM, loss_fn=F.mse_loss, n_microbatches=M,
-                           partition=[4, 4], rebalance_every=3)  # fmt: skip
+    pipe = ElasticPipeline(
+        uneven(),
+        optimizer=ADAM,
+        loss_fn=F.mse_loss,
+        n_microbatches=M,
+        partition=[4, 4],
+        rebalance_every=3,
+    )
     losses = [pipe.train_step(x, y) for x, y in batches(8)]
-    out = {"losses": losses, "events": pipe.events, "sizes": pipe.sizes,
-           "state": pipe.full_state_dict()}  # fmt: skip
+    out = {
+        "losses": losses,
+        "events": pipe.events,
+        "sizes": pipe.sizes,
+        "state": pipe.full_state_dict(),
+    }
     pipe.close()
     return out
 
@@ -173,8 +196,14 @@ def drifting(ctx: StageContext, drift: float, slow: bool) -> dict[str, Any]:
     layers = [pipeline.LayerSpec("l0", first)] + [
         pipeline.LayerSpec(f"l{i}", functools.partial(SlowsDown, 32, 0, 0.0)) for i in range(1, 8)
     ]
-    pipe = ElasticPipeline(layers, optimizer=ADAM, loss_fn=F.mse_loss, n_microbatches=M,
-                           partition="auto", rebalance_on_drift=drift)  # fmt: skip
+    pipe = ElasticPipeline(
+        layers,
+        optimizer=ADAM,
+        loss_fn=F.mse_loss,
+        n_microbatches=M,
+        partition="auto",
+        rebalance_on_drift=drift,
+    )
     x, y = torch.randn(16, 32), torch.randn(16, 32)
     for _ in range(10):
         pipe.train_step(x, y)
@@ -184,8 +213,9 @@ def drifting(ctx: StageContext, drift: float, slow: bool) -> dict[str, Any]:
 
 
 def test_drift_triggers_a_replan_that_moves_layers_off_the_slowed_stage() -> None:
-    r = pipeline.launch(functools.partial(drifting, drift=0.5, slow=True), 2,
-                        threads_per_stage=1, timeout_s=120)[0]  # fmt: skip
+    r = pipeline.launch(
+        functools.partial(drifting, drift=0.5, slow=True), 2, threads_per_stage=1, timeout_s=120
+    )[0]
     triggers = [e for e in r["events"] if e.kind == "trigger"]
     assert triggers and "drifted" in triggers[0].details["reason"], r["events"]
     assert triggers[0].step >= 3  # not before the layer slowed down and the plan settled
@@ -195,8 +225,9 @@ def test_drift_triggers_a_replan_that_moves_layers_off_the_slowed_stage() -> Non
 def test_steady_costs_replan_at_most_once() -> None:
     """The sandbox misses per-layer runtime overheads of tiny layers (and the loss), so the
     first check may re-plan from measured costs; after that the plan matches the costs."""
-    r = pipeline.launch(functools.partial(drifting, drift=0.5, slow=False), 2,
-                        threads_per_stage=1, timeout_s=120)[0]  # fmt: skip
+    r = pipeline.launch(
+        functools.partial(drifting, drift=0.5, slow=False), 2, threads_per_stage=1, timeout_s=120
+    )[0]
     triggers = [e for e in r["events"] if e.kind == "trigger"]
     assert len(triggers) <= 1, triggers
     assert all(e.step == 3 for e in triggers), triggers

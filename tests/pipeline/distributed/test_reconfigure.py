@@ -21,14 +21,16 @@ SEED = 9
 
 def seq(n: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
     g = torch.Generator().manual_seed(3)
-    return [(torch.randn(4, 5, 16, generator=g), torch.randn(4, 5, 16, generator=g))
-            for _ in range(n)]  # fmt: skip
+    return [
+        (torch.randn(4, 5, 16, generator=g), torch.randn(4, 5, 16, generator=g)) for _ in range(n)
+    ]
 
 
 def flat(n: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
     g = torch.Generator().manual_seed(4)
-    return [(torch.randn(4, 6, generator=g), torch.randint(0, 3, (4,), generator=g))
-            for _ in range(n)]  # fmt: skip
+    return [
+        (torch.randn(4, 6, generator=g), torch.randint(0, 3, (4,), generator=g)) for _ in range(n)
+    ]
 
 
 def mlp() -> list[pipeline.LayerSpec]:
@@ -36,8 +38,14 @@ def mlp() -> list[pipeline.LayerSpec]:
 
 
 def candidates(ctx: StageContext) -> dict[str, Any]:
-    pipe = ElasticPipeline(transformer_stack(4, 16, 2), optimizer=ADAM, loss_fn=F.mse_loss,
-                           n_microbatches=2, seed=SEED, partition=[2, 2])  # fmt: skip
+    pipe = ElasticPipeline(
+        transformer_stack(4, 16, 2),
+        optimizer=ADAM,
+        loss_fn=F.mse_loss,
+        n_microbatches=2,
+        seed=SEED,
+        partition=[2, 2],
+    )
     for x, y in seq(3):
         pipe.train_step(x, y)
     trained = pipe.full_state_dict()
@@ -49,15 +57,23 @@ def candidates(ctx: StageContext) -> dict[str, Any]:
     # a different architecture, loss and data on the same processes
     pipe.reconfigure(mlp(), partition=[1, 2], loss_fn=F.cross_entropy)
     losses = [pipe.train_step(x, y) for x, y in flat(4)]
-    out = {"trained": trained, "inherited": inherited, "losses": losses, "six": six,
-           "state": pipe.full_state_dict(), "generation": pipe.generation, "step": pipe.step}
+    out = {
+        "trained": trained,
+        "inherited": inherited,
+        "losses": losses,
+        "six": six,
+        "state": pipe.full_state_dict(),
+        "generation": pipe.generation,
+        "step": pipe.step,
+    }
     # four layers of the six-layer model, from its snapshot, on another partition
-    pipe.reconfigure(transformer_stack(4, 16, 2), partition=[1, 3], inherit_from=snapshot,
-                     loss_fn=F.mse_loss)  # fmt: skip
+    pipe.reconfigure(
+        transformer_stack(4, 16, 2), partition=[1, 3], inherit_from=snapshot, loss_fn=F.mse_loss
+    )
     out["from_snapshot"] = pipe.full_state_dict()
     out["took"] = [e.details for e in pipe.events if e.kind == "inherit"]
     pipe.close()
-    return out  # fmt: skip
+    return out
 
 
 @functools.cache
@@ -67,8 +83,9 @@ def results() -> dict[str, Any]:
 
 def test_reconfigured_model_matches_a_fresh_reference() -> None:
     torch.set_num_threads(1)
-    ref = ReferenceTrainer(mlp(), optimizer=ADAM, loss_fn=F.cross_entropy, n_microbatches=2,
-                           seed=SEED)  # fmt: skip
+    ref = ReferenceTrainer(
+        mlp(), optimizer=ADAM, loss_fn=F.cross_entropy, n_microbatches=2, seed=SEED
+    )
     ref_losses = [ref.train_step(x, y) for x, y in flat(4)]
     r = results()
     assert r["losses"] == pytest.approx(ref_losses, abs=1e-6)
@@ -81,8 +98,9 @@ def test_reconfigured_model_matches_a_fresh_reference() -> None:
 
 def test_inherit_weights_where_keys_and_shapes_match() -> None:
     r = results()
-    fresh = ReferenceTrainer(transformer_stack(6, 16, 2), optimizer=ADAM, loss_fn=F.mse_loss,
-                             n_microbatches=2, seed=SEED).full_state_dict()  # fmt: skip
+    fresh = ReferenceTrainer(
+        transformer_stack(6, 16, 2), optimizer=ADAM, loss_fn=F.mse_loss, n_microbatches=2, seed=SEED
+    ).full_state_dict()
     for key, state in r["inherited"].items():
         source = r["trained"] if key in r["trained"] else fresh
         for name, value in state.items():
@@ -93,8 +111,13 @@ def test_inherit_weights_where_keys_and_shapes_match() -> None:
 
 
 def inference(ctx: StageContext) -> dict[str, Any]:
-    pipe = ElasticPipeline(transformer_stack(4, 16, 2, dropout=0.5), optimizer=ADAM,
-                           loss_fn=F.mse_loss, n_microbatches=4, seed=SEED)  # fmt: skip
+    pipe = ElasticPipeline(
+        transformer_stack(4, 16, 2, dropout=0.5),
+        optimizer=ADAM,
+        loss_fn=F.mse_loss,
+        n_microbatches=4,
+        seed=SEED,
+    )
     x, y = seq(1)[0]
     before = pipe.forward(x[:3])  # batch 3: split into 3 micro-batches; plans the pipeline
     pipe.train_step(x, y)
@@ -107,8 +130,13 @@ def test_forward_is_inference_on_every_rank() -> None:
     results = pipeline.launch(inference, 2, threads_per_stage=1, timeout_s=60)
     assert torch.equal(results[0]["after"], results[1]["after"])  # every rank gets it
     torch.set_num_threads(1)
-    ref = ReferenceTrainer(transformer_stack(4, 16, 2, dropout=0.5), optimizer=ADAM,
-                           loss_fn=F.mse_loss, n_microbatches=4, seed=SEED)  # fmt: skip
+    ref = ReferenceTrainer(
+        transformer_stack(4, 16, 2, dropout=0.5),
+        optimizer=ADAM,
+        loss_fn=F.mse_loss,
+        n_microbatches=4,
+        seed=SEED,
+    )
     x = seq(1)[0][0]
     for layer in ref.layers:
         layer.eval()
@@ -123,8 +151,14 @@ def test_forward_is_inference_on_every_rank() -> None:
 
 def planned_candidates(ctx: StageContext) -> dict[str, Any]:
     """Two "auto" candidates in a row: the second is planned from the cost cache alone."""
-    pipe = ElasticPipeline(transformer_stack(4, 16, 2), optimizer=ADAM, loss_fn=F.mse_loss,
-                           n_microbatches=2, seed=SEED, partition="auto")  # fmt: skip
+    pipe = ElasticPipeline(
+        transformer_stack(4, 16, 2),
+        optimizer=ADAM,
+        loss_fn=F.mse_loss,
+        n_microbatches=2,
+        seed=SEED,
+        partition="auto",
+    )
     pipe.train_step(*seq(1)[0])
     (signature,) = pipe.cost_cache.entries()  # one distinct layer, timed once
     entry = pipe.cost_cache.get(signature)
@@ -140,11 +174,12 @@ def planned_candidates(ctx: StageContext) -> dict[str, Any]:
     live = list(pipe.layers.values())
     assert pipe.plan is not None
     out = {
-        "predicted_stage_s": pipe.plan.predicted_stage_s, "cache_size": len(pipe.cost_cache),
+        "predicted_stage_s": pipe.plan.predicted_stage_s,
+        "cache_size": len(pipe.cost_cache),
         "keys": list(pipe.layer_keys),
         "optimizes_only_live_layers": optimized == {id(p) for m in live for p in m.parameters()},
         "old_modules_alive": any(m is n for m in old_modules for n in live),
-    }  # fmt: skip
+    }
     pipe.close()
     return out
 

@@ -20,30 +20,66 @@ from pipeline.pure.costs import LayerCost
 from pipeline.pure.placement import Placement
 from pipeline.pure.planner import Plan, evaluate
 
-PLAN = Plan(sizes=(1, 2), actions=("keep", "recompute", "keep"), schedule="1f1b",
-            n_microbatches=4, predicted_iteration_s=5.0, predicted_stage_s=(1.0, 0.5),
-            predicted_stage_bytes=(1_000, 2_000), planner="time")  # fmt: skip
-RECORD = MigrationRecord(step=3, version=1, old_sizes=(2, 1), new_sizes=(1, 2),
-                         moved=(("block1", 0, 1),), bytes_moved=4_096, pause_s=0.01)  # fmt: skip
+PLAN = Plan(
+    sizes=(1, 2),
+    actions=("keep", "recompute", "keep"),
+    schedule="1f1b",
+    n_microbatches=4,
+    predicted_iteration_s=5.0,
+    predicted_stage_s=(1.0, 0.5),
+    predicted_stage_bytes=(1_000, 2_000),
+    planner="time",
+)
+RECORD = MigrationRecord(
+    step=3,
+    version=1,
+    old_sizes=(2, 1),
+    new_sizes=(1, 2),
+    moved=(("block1", 0, 1),),
+    bytes_moved=4_096,
+    pause_s=0.01,
+)
 
 
 def stage_stats(stage: int, allocator: int | None = None) -> report.StageStats:
     return report.StageStats(
-        stage=stage, layers=(f"block{stage}",), memory_actions=("keep",),
-        forward_s=1.0, backward_s=2.0, wait_s=0.5, optimizer_s=0.1, total_s=3.6,
-        param_bytes=100, state_bytes=400, activation_peak_bytes=50, measured_peak_bytes=450,
-        predicted_peak_bytes=440, predicted_compute_s=3.0, allocator_peak_bytes=allocator,
+        stage=stage,
+        layers=(f"block{stage}",),
+        memory_actions=("keep",),
+        forward_s=1.0,
+        backward_s=2.0,
+        wait_s=0.5,
+        optimizer_s=0.1,
+        total_s=3.6,
+        param_bytes=100,
+        state_bytes=400,
+        activation_peak_bytes=50,
+        measured_peak_bytes=450,
+        predicted_peak_bytes=440,
+        predicted_compute_s=3.0,
+        allocator_peak_bytes=allocator,
         process_peak_bytes=9_000,
-    )  # fmt: skip
+    )
 
 
 def pipeline_stats(plan: Plan | None = PLAN) -> report.PipelineStats:
     return report.PipelineStats(
-        generation=1, steps=7, plan_version=1, plan=plan, schedule="1f1b", n_microbatches=4,
-        partition=(1, 2), iteration_s=3.6, predicted_iteration_s=5.0, samples_per_s=4.4,
-        tokens_per_s=None, bubble_fraction=0.1, predicted_bubble_fraction=0.2,
-        migrations=(RECORD,), stages=(stage_stats(0), stage_stats(1, allocator=1 << 20)),
-    )  # fmt: skip
+        generation=1,
+        steps=7,
+        plan_version=1,
+        plan=plan,
+        schedule="1f1b",
+        n_microbatches=4,
+        partition=(1, 2),
+        iteration_s=3.6,
+        predicted_iteration_s=5.0,
+        samples_per_s=4.4,
+        tokens_per_s=None,
+        bubble_fraction=0.1,
+        predicted_bubble_fraction=0.2,
+        migrations=(RECORD,),
+        stages=(stage_stats(0), stage_stats(1, allocator=1 << 20)),
+    )
 
 
 def round_trip(data: dict[str, Any]) -> Any:
@@ -58,9 +94,17 @@ def test_pipeline_stats_to_dict_is_plain_json(plan: Plan | None) -> None:
     assert round_trip(data) == data  # nothing but JSON values: no tuples, no dataclasses
     assert data["plan"] == (None if plan is None else plan.to_dict())
     assert data["partition"] == [1, 2]
-    assert data["migrations"] == [{"step": 3, "version": 1, "old_sizes": [2, 1],
-                                   "new_sizes": [1, 2], "moved": [["block1", 0, 1]],
-                                   "bytes_moved": 4_096, "pause_s": 0.01}]  # fmt: skip
+    assert data["migrations"] == [
+        {
+            "step": 3,
+            "version": 1,
+            "old_sizes": [2, 1],
+            "new_sizes": [1, 2],
+            "moved": [["block1", 0, 1]],
+            "bytes_moved": 4_096,
+            "pause_s": 0.01,
+        }
+    ]
     assert data["stages"] == [s.to_dict() for s in stats.stages]
     assert set(data) == {f.name for f in dataclasses.fields(report.PipelineStats)}
     if plan is not None:
@@ -191,8 +235,7 @@ def test_predicted_bubble_with_several_stages_per_rank_counts_a_rank_busy_for_al
     """Interleaved 1F1B on 2R equal stages: Megatron's (R - 1) / (v M + R - 1) of the step."""
     stages = 2 * n_ranks
     costs = [LayerCost(f"l{i}", forward_s=0.5, backward_s=1.0) for i in range(stages)]
-    plan = evaluate(costs, [1] * stages, schedule="interleaved_1f1b",
-                    n_microbatches=n_microbatches)  # fmt: skip
+    plan = evaluate(costs, [1] * stages, schedule="interleaved_1f1b", n_microbatches=n_microbatches)
     expected = (n_ranks - 1) / (2 * n_microbatches + n_ranks - 1)
     placement = Placement("loop", n_ranks, 2)
     assert report.predicted_bubble_fraction(plan, placement) == pytest.approx(expected)

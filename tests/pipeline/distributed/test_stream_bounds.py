@@ -31,9 +31,16 @@ EARLY, LATE = range(10, 50), range(150, STREAM_STEPS)
 def held_per_step(schedule: str) -> tuple[list[dict[str, int]], list[tuple[int, int]]]:
     make_specs, kind, loss_fn = MODELS["mlp"]
     config = PipeMareConfig(update_every=2) if schedule == "pipemare" else None
-    pipe = ElasticPipeline(make_specs(), optimizer=ADAM, loss_fn=loss_fn, schedule=schedule,
-                           pipemare=config, n_microbatches=4, seed=3,
-                           partition=[3, 2])  # fmt: skip
+    pipe = ElasticPipeline(
+        make_specs(),
+        optimizer=ADAM,
+        loss_fn=loss_fn,
+        schedule=schedule,
+        pipemare=config,
+        n_microbatches=4,
+        seed=3,
+        partition=[3, 2],
+    )
     data = itertools.islice(itertools.cycle(batches(kind)), STREAM_STEPS)
     counts = []
     for _loss in pipe.train(data):
@@ -68,8 +75,11 @@ def test_a_long_stream_holds_only_what_is_in_flight() -> None:
 def test_step_records_stop_at_keep_and_memory_figures_survive_them() -> None:
     history = StepHistory(keep=3)
     for step in range(10):
-        times = StepTimes(total_s=float(step), peak_activation_bytes=100 + step if step < 2 else 0,
-                          allocator_peak_bytes=1000 if step == 4 else 10)  # fmt: skip
+        times = StepTimes(
+            total_s=float(step),
+            peak_activation_bytes=100 + step if step < 2 else 0,
+            allocator_peak_bytes=1000 if step == 4 else 10,
+        )
         history.record(8, None if step % 2 else 48, times)
     assert history.steps == 10 and history.held == 3
     assert [r.times.total_s for r in history.recent(5)] == [7.0, 8.0, 9.0]

@@ -50,16 +50,25 @@ class FailsOnStageOne(nn.Linear):
 
 def with_layer(mode: str) -> list[LayerSpec]:
     layer = functools.partial(FailsOnStageOne, 16, 16, mode)
-    return [*mlp_stack([6, 16, 16, 16, 16])[:-1], LayerSpec("x", layer),
-            LayerSpec("out", functools.partial(nn.Linear, 16, 3))]  # fmt: skip
+    return [
+        *mlp_stack([6, 16, 16, 16, 16])[:-1],
+        LayerSpec("x", layer),
+        LayerSpec("out", functools.partial(nn.Linear, 16, 3)),
+    ]
 
 
 def surface(ctx: StageContext) -> dict[str, Any]:
     g = torch.Generator().manual_seed(0)
     x, y = torch.randn(8, 6, generator=g), torch.randint(0, 3, (8,), generator=g)
     out: dict[str, Any] = {}
-    pipe = ElasticPipeline(mlp_stack(WIDTHS), optimizer=SGD, loss_fn=F.cross_entropy,
-                           schedule=all_forwards_first, n_microbatches=4, seed=3)  # fmt: skip
+    pipe = ElasticPipeline(
+        mlp_stack(WIDTHS),
+        optimizer=SGD,
+        loss_fn=F.cross_entropy,
+        schedule=all_forwards_first,
+        n_microbatches=4,
+        seed=3,
+    )
     out["unbuilt_keys"] = pipe.layer_keys
     out["initial"] = pipe.full_state_dict()  # before the first step: built in turns
     pipe.train_step(x, y)
@@ -77,9 +86,14 @@ def surface(ctx: StageContext) -> dict[str, Any]:
     pipe.reconfigure(with_layer("none"), partition=[3, 2])
     out["forward_after"] = tuple(pipe.forward(x).shape)
     # NaN losses train on when asked to
-    nan = ElasticPipeline(mlp_stack(WIDTHS), optimizer=SGD, n_microbatches=2, partition=[2, 2],
-                          loss_fn=lambda o, t: F.cross_entropy(o, t) * float("nan"),
-                          on_nonfinite="ignore")  # fmt: skip
+    nan = ElasticPipeline(
+        mlp_stack(WIDTHS),
+        optimizer=SGD,
+        n_microbatches=2,
+        partition=[2, 2],
+        loss_fn=lambda o, t: F.cross_entropy(o, t) * float("nan"),
+        on_nonfinite="ignore",
+    )
     out["nan"] = nan.train_step(x, y)
     pipe.close()
     nan.close()

@@ -28,11 +28,19 @@ pytestmark = pytest.mark.multiprocess
 Split = tuple[int, list[int] | None] | None  # (steps before the break, new sizes or None)
 
 
-def train(model: str, schedule: str, m: int, partition: Any, split: Split,
-          stepwise: bool = False) -> dict[str, Any]:  # fmt: skip
+def train(
+    model: str, schedule: str, m: int, partition: Any, split: Split, stepwise: bool = False
+) -> dict[str, Any]:
     make_specs, kind, loss_fn = MODELS[model]
-    pipe = ElasticPipeline(make_specs(), optimizer=ADAM, loss_fn=loss_fn, schedule=schedule,
-                           n_microbatches=m, seed=3, partition=partition)  # fmt: skip
+    pipe = ElasticPipeline(
+        make_specs(),
+        optimizer=ADAM,
+        loss_fn=loss_fn,
+        schedule=schedule,
+        n_microbatches=m,
+        seed=3,
+        partition=partition,
+    )
     data = batches(kind)
     if stepwise:
         losses = [pipe.train_step(x, y) for x, y in data]
@@ -48,8 +56,12 @@ def train(model: str, schedule: str, m: int, partition: Any, split: Split,
         pipe.repartition(split[1])
         losses += list(pipe.train(data[split[0] :]))
     memory = [(s.activation_peak_bytes, s.state_bytes, s.param_bytes) for s in pipe.stats().stages]
-    result = {"losses": losses, "state": pipe.full_state_dict(), "steps": pipe.step,
-              "memory": memory}  # fmt: skip
+    result = {
+        "losses": losses,
+        "state": pipe.full_state_dict(),
+        "steps": pipe.step,
+        "memory": memory,
+    }
     pipe.close()
     return result
 
@@ -84,8 +96,9 @@ def pipelined(n_stages: int) -> dict[str, Any]:
 @functools.cache
 def reference(model: str, m: int) -> tuple[list[float], dict[str, Any]]:
     make_specs, kind, loss_fn = MODELS[model]
-    ref = ReferenceTrainer(make_specs(), optimizer=ADAM, loss_fn=loss_fn, n_microbatches=m,
-                           seed=3, pipedream_2bw=True)  # fmt: skip
+    ref = ReferenceTrainer(
+        make_specs(), optimizer=ADAM, loss_fn=loss_fn, n_microbatches=m, seed=3, pipedream_2bw=True
+    )
     return [ref.train_step(x, y) for x, y in batches(kind)], ref.full_state_dict()
 
 
@@ -105,18 +118,23 @@ def test_2bw_matches_the_2bw_reference(n_stages: int) -> None:
 def test_2bw_is_not_synchronous_training() -> None:
     """The reference rule differs from plain gradient accumulation (the test has teeth)."""
     make_specs, kind, loss_fn = MODELS["transformer"]
-    sync = ReferenceTrainer(make_specs(), optimizer=ADAM, loss_fn=loss_fn, n_microbatches=4,
-                            seed=3)  # fmt: skip
+    sync = ReferenceTrainer(make_specs(), optimizer=ADAM, loss_fn=loss_fn, n_microbatches=4, seed=3)
     for x, y in batches(kind):
         sync.train_step(x, y)
     assert max_state_diff(sync.full_state_dict(), reference("transformer", 4)[1]) > 1e-5
 
 
-@pytest.mark.parametrize("n_stages,a,b", [(2, "transformer moved", "transformer static"),
-                                          (2, "transformer split", "transformer M=4"),
-                                          (3, "mlp moved", "mlp static")])  # fmt: skip
-def test_repartition_between_2bw_streams_keeps_the_trajectory(n_stages: int, a: str,
-                                                              b: str) -> None:  # fmt: skip
+@pytest.mark.parametrize(
+    "n_stages,a,b",
+    [
+        (2, "transformer moved", "transformer static"),
+        (2, "transformer split", "transformer M=4"),
+        (3, "mlp moved", "mlp static"),
+    ],
+)
+def test_repartition_between_2bw_streams_keeps_the_trajectory(
+    n_stages: int, a: str, b: str
+) -> None:
     one, other = pipelined(n_stages)[a], pipelined(n_stages)[b]
     assert one["losses"] == pytest.approx(other["losses"], abs=1e-6)
     assert max_state_diff(one["state"], other["state"]) <= 1e-6
@@ -139,8 +157,12 @@ def test_train_under_1f1b_equals_train_step() -> None:
 
 @pytest.mark.parametrize("n_stages", [2, 3])
 def test_a_failure_mid_stream_raises_on_every_rank(n_stages: int) -> None:
-    cases = [(n_stages - 1, "forward", 2, 1), (0, "backward", 1, 3), (n_stages - 1, "loss", 3, 0),
-             (0, "optimizer", 2, -1)]  # fmt: skip
+    cases = [
+        (n_stages - 1, "forward", 2, 1),
+        (0, "backward", 1, 3),
+        (n_stages - 1, "loss", 3, 0),
+        (0, "optimizer", 2, -1),
+    ]
     run = functools.partial(failing_stream, schedule="2bw", cases=cases)
     results = pipeline.launch(run, n_stages, threads_per_stage=1, timeout_s=60)
     for records in results:

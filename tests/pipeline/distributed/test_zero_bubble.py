@@ -29,8 +29,15 @@ Moves = dict[int, tuple[list[int], list[str] | None]]  # step -> (sizes, memory 
 
 def train(model: str, m: int, partition: Any, moves: Moves) -> dict[str, Any]:
     make_specs, kind, loss_fn = MODELS[model]
-    pipe = ElasticPipeline(make_specs(), optimizer=ADAM, loss_fn=loss_fn, schedule="zbh1",
-                           n_microbatches=m, seed=3, partition=partition)  # fmt: skip
+    pipe = ElasticPipeline(
+        make_specs(),
+        optimizer=ADAM,
+        loss_fn=loss_fn,
+        schedule="zbh1",
+        n_microbatches=m,
+        seed=3,
+        partition=partition,
+    )
     losses = []
     for step, (x, y) in enumerate(batches(kind)):
         if step in moves:
@@ -38,8 +45,15 @@ def train(model: str, m: int, partition: Any, moves: Moves) -> dict[str, Any]:
         losses.append(pipe.train_step(x, y))
     with tempfile.TemporaryDirectory() as tmp:
         trace = pipe.save_timeline(Path(tmp) / "t.json")
-        spans = [(e["tid"], e["name"], e["cat"]) for e in json.loads(trace.read_text())
-                 ["traceEvents"] if e["ph"] == "X"] if trace else []  # fmt: skip
+        spans = (
+            [
+                (e["tid"], e["name"], e["cat"])
+                for e in json.loads(trace.read_text())["traceEvents"]
+                if e["ph"] == "X"
+            ]
+            if trace
+            else []
+        )
     result = {"losses": losses, "state": pipe.full_state_dict(), "spans": spans}
     pipe.close()
     return result
@@ -67,9 +81,13 @@ def configs(n_stages: int) -> dict[str, tuple[str, int, Any, Moves]]:
         "mlp M=8": ("mlp", 8, [1, 3, 1], {}),
         "mlp recompute M=4": ("mlp", 4, recomputing(5, [2, 2, 1], 4), {}),
         "mlp static M=4": ("mlp", 4, [2, 2, 1], {}),
-        "mlp moved M=4": ("mlp", 4, [2, 2, 1], {2: ([1, 2, 2], None),
-                                                3: ([3, 1, 1], ["recompute"] * 5)}),
-    }  # fmt: skip
+        "mlp moved M=4": (
+            "mlp",
+            4,
+            [2, 2, 1],
+            {2: ([1, 2, 2], None), 3: ([3, 1, 1], ["recompute"] * 5)},
+        ),
+    }
 
 
 @functools.cache
@@ -80,8 +98,7 @@ def pipelined(n_stages: int) -> dict[str, Any]:
 @functools.cache
 def reference(model: str, m: int) -> tuple[list[float], dict[str, Any]]:
     make_specs, kind, loss_fn = MODELS[model]
-    ref = ReferenceTrainer(make_specs(), optimizer=ADAM, loss_fn=loss_fn, n_microbatches=m,
-                           seed=3)  # fmt: skip
+    ref = ReferenceTrainer(make_specs(), optimizer=ADAM, loss_fn=loss_fn, n_microbatches=m, seed=3)
     return [ref.train_step(x, y) for x, y in batches(kind)], ref.full_state_dict()
 
 
@@ -97,10 +114,13 @@ def test_zbh1_matches_single_process(n_stages: int) -> None:
         assert result["losses"][-1] != result["losses"][0], what
 
 
-@pytest.mark.parametrize("n_stages,moved,static", [(2, "transformer moved M=4", "transformer M=4"),
-                                                   (3, "mlp moved M=4", "mlp static M=4")])
-def test_repartition_under_zbh1_keeps_the_trajectory(n_stages: int, moved: str,
-                                                     static: str) -> None:  # fmt: skip
+@pytest.mark.parametrize(
+    "n_stages,moved,static",
+    [(2, "transformer moved M=4", "transformer M=4"), (3, "mlp moved M=4", "mlp static M=4")],
+)
+def test_repartition_under_zbh1_keeps_the_trajectory(
+    n_stages: int, moved: str, static: str
+) -> None:
     a, b = pipelined(n_stages)[moved], pipelined(n_stages)[static]
     assert a["losses"] == pytest.approx(b["losses"], abs=1e-6)
     assert max_state_diff(a["state"], b["state"]) <= 1e-6

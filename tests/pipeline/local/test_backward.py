@@ -18,8 +18,14 @@ from pipeline.local.spec import LayerSpec
 from pipeline.local.stage import Stage
 
 CPU = torch.device("cpu")
-_COUNTED = {"aten.mm", "aten.addmm", "aten.bmm", "aten.convolution_backward",
-            "aten.embedding_dense_backward", "aten.native_batch_norm_backward"}  # fmt: skip
+_COUNTED = {
+    "aten.mm",
+    "aten.addmm",
+    "aten.bmm",
+    "aten.convolution_backward",
+    "aten.embedding_dense_backward",
+    "aten.native_batch_norm_backward",
+}
 
 
 class Counter(TorchDispatchMode):
@@ -92,8 +98,16 @@ LAYERS: dict[str, tuple[Callable[[], nn.Module], Callable[[], list[tuple[torch.T
     "layer applied twice": (lambda: nn.Sequential(*[nn.Linear(8, 8)] * 2), _flat),
     "no parameters": (nn.GELU, _flat),
 }
-SPLIT = {"linear", "linear, batch input", "mlp block, batch norm", "transformer",
-         "transformer, batch input", "conv", "embedding carry", "no parameters"}  # fmt: skip
+SPLIT = {
+    "linear",
+    "linear, batch input",
+    "mlp block, batch norm",
+    "transformer",
+    "transformer, batch input",
+    "conv",
+    "embedding carry",
+    "no parameters",
+}
 
 
 def _run(name: str, split: bool) -> dict[str, Any]:
@@ -152,14 +166,22 @@ def test_b_runs_only_the_input_side_products() -> None:
 
 # -- a whole stage: keep and recompute layers, the loss, the first and a middle stage -----------
 def _stage(index: int, n_stages: int, specs: list[LayerSpec], actions: list[str]) -> Stage:
-    return Stage(index, n_stages, specs, seed=4, device=CPU,
-                 optimizer=functools.partial(torch.optim.SGD, lr=0.1), loss_fn=F.cross_entropy,
-                 actions=actions)  # fmt: skip
+    return Stage(
+        index,
+        n_stages,
+        specs,
+        seed=4,
+        device=CPU,
+        optimizer=functools.partial(torch.optim.SGD, lr=0.1),
+        loss_fn=F.cross_entropy,
+        actions=actions,
+    )
 
 
 @pytest.mark.parametrize("index,n_stages", [(0, 2), (1, 3), (1, 2)])
-@pytest.mark.parametrize("actions", [["keep"] * 3, ["recompute", "keep", "keep"],
-                                     ["keep", "recompute", "keep"]])  # fmt: skip
+@pytest.mark.parametrize(
+    "actions", [["keep"] * 3, ["recompute", "keep", "keep"], ["keep", "recompute", "keep"]]
+)
 def test_a_stage_split_equals_fused(index: int, n_stages: int, actions: list[str]) -> None:
     torch.set_num_threads(1)
     specs = mlp_stack([6, 12, 12, 3], dropout=0.2)
@@ -187,9 +209,13 @@ def test_a_stage_split_equals_fused(index: int, n_stages: int, actions: list[str
         times = stage.end_step()
         names = [s.name for s in stage.spans]
         assert ("W0" in names) == split and ("BI0" in names) == split
-        results.append(([[g.clone() for g in gs] for gs in input_grads],
-                        [p.grad.clone() for p in stage.parameters() if p.grad is not None],
-                        times.backward_s))  # fmt: skip
+        results.append(
+            (
+                [[g.clone() for g in gs] for gs in input_grads],
+                [p.grad.clone() for p in stage.parameters() if p.grad is not None],
+                times.backward_s,
+            )
+        )
     (fused_in, fused_params, _), (split_in, split_params, backward_s) = results
     assert len(fused_params) == len(split_params) == 6
     for a, b in zip(fused_params, split_params, strict=True):

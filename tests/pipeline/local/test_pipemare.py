@@ -44,11 +44,14 @@ def test_the_correction_recovers_the_forward_weights_under_steady_motion() -> No
     assert (history[-1] - forward_weights).abs().max() > 100 * (u - forward_weights).abs().max()
 
 
-@pytest.mark.parametrize("kwargs,message", [
-    ({"warmup_updates": 0}, "warmup_updates=0 is not valid"),
-    ({"update_every": 1.5}, "update_every=1.5 is not valid"),
-    ({"correction_decay": 1.0}, r"correction_decay=1.0 is not valid; it must be in \(0, 1\)"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "kwargs,message",
+    [
+        ({"warmup_updates": 0}, "warmup_updates=0 is not valid"),
+        ({"update_every": 1.5}, "update_every=1.5 is not valid"),
+        ({"correction_decay": 1.0}, r"correction_decay=1.0 is not valid; it must be in \(0, 1\)"),
+    ],
+)
 def test_bad_parameters_are_named(kwargs: dict[str, float], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         PipeMareConfig(**kwargs)  # type: ignore[arg-type]

@@ -54,9 +54,21 @@ def bench() -> ModuleType:
 
 def options(**overrides: float) -> argparse.Namespace:
     """The benchmark's defaults: 8 stages, lr 0.02 cosine, K = the run, D = 0.1."""
-    defaults = {"stages": 8, "blocks": 10, "steps": 100, "batch": 64, "microbatches": 4,
-                "context": 12, "width": 256, "lr": 0.02, "momentum": 0.9, "warmup": 0,
-                "decay": 0.1, "tail": 20, "constant_lr": False}  # fmt: skip
+    defaults = {
+        "stages": 8,
+        "blocks": 10,
+        "steps": 100,
+        "batch": 64,
+        "microbatches": 4,
+        "context": 12,
+        "width": 256,
+        "lr": 0.02,
+        "momentum": 0.9,
+        "warmup": 0,
+        "decay": 0.1,
+        "tail": 20,
+        "constant_lr": False,
+    }
     return argparse.Namespace(**{**defaults, **overrides})
 
 
@@ -65,14 +77,26 @@ def test_the_yardstick_is_pipemare_without_delay(bench: ModuleType) -> None:
     rule trains bit for bit as synchronous training on the same micro-batches."""
     args = options(steps=3)
     sync, mare = bench.setup(args, "sync", seed=1), bench.setup(args, "pipemare", seed=1)
-    one = ReferenceTrainer(sync["specs"], optimizer=sync["optimizer"], loss_fn=F.cross_entropy,
-                           n_microbatches=1, seed=1)  # fmt: skip
-    staged = ReferenceTrainer(mare["specs"], optimizer=mare["optimizer"], loss_fn=F.cross_entropy,
-                              n_microbatches=args.microbatches, seed=1, pipemare=mare["config"],
-                              stage_sizes=[len(mare["specs"])])  # fmt: skip
+    one = ReferenceTrainer(
+        sync["specs"],
+        optimizer=sync["optimizer"],
+        loss_fn=F.cross_entropy,
+        n_microbatches=1,
+        seed=1,
+    )
+    staged = ReferenceTrainer(
+        mare["specs"],
+        optimizer=mare["optimizer"],
+        loss_fn=F.cross_entropy,
+        n_microbatches=args.microbatches,
+        seed=1,
+        pipemare=mare["config"],
+        stage_sizes=[len(mare["specs"])],
+    )
     losses = [one.train_step(x, y) for x, y in sync["data"]]
-    assert bench.per_step(losses, args.microbatches) == [staged.train_step(x, y)
-                                                         for x, y in mare["data"]]  # fmt: skip
+    assert bench.per_step(losses, args.microbatches) == [
+        staged.train_step(x, y) for x, y in mare["data"]
+    ]
     for a, b in zip(one.layers, staged.layers, strict=True):
         for p, q in zip(a.parameters(), b.parameters(), strict=True):
             assert torch.equal(p, q)
@@ -84,10 +108,14 @@ def test_pipemare_stays_near_synchronous_training_where_plain_async_falls_behind
 ) -> None:
     torch.set_num_threads(1)
     args = options()
-    val = {mode: [bench.reference_run(args, mode, seed)["val"] for seed in SEEDS]
-           for mode in ("sync", "pipemare", "async")}  # fmt: skip
-    behind = {mode: statistics.fmean(a - b for a, b in zip(val[mode], val["sync"], strict=True))
-              for mode in ("pipemare", "async")}  # fmt: skip
+    val = {
+        mode: [bench.reference_run(args, mode, seed)["val"] for seed in SEEDS]
+        for mode in ("sync", "pipemare", "async")
+    }
+    behind = {
+        mode: statistics.fmean(a - b for a, b in zip(val[mode], val["sync"], strict=True))
+        for mode in ("pipemare", "async")
+    }
     assert behind["async"] > MARGIN, (val, behind)
     assert behind["pipemare"] < MARGIN, (val, behind)
 

@@ -33,8 +33,10 @@ def language_model(n_layers: int) -> list[LayerSpec]:
 
 
 def test_shapes_and_bytes_of_a_linear_stack() -> None:
-    specs = [LayerSpec("a", functools.partial(nn.Linear, 8, 32)),
-             LayerSpec("b", functools.partial(nn.Linear, 32, 4))]  # fmt: skip
+    specs = [
+        LayerSpec("a", functools.partial(nn.Linear, 8, 32)),
+        LayerSpec("b", functools.partial(nn.Linear, 32, 4)),
+    ]
     shapes = trace_shapes(specs, torch.zeros(16, 8))
     assert [s.output_bytes for s in shapes] == [16 * 32 * 4, 16 * 4 * 4]
     assert [s.param_bytes for s in shapes] == [(8 * 32 + 32) * 4, (32 * 4 + 4) * 4]
@@ -99,8 +101,11 @@ def test_cost_cache_round_trip(tmp_path: Path) -> None:
     cache.put("abc", 0.5, 1.0, 1024)
     cache.save(tmp_path / "c.json")
     loaded = CostCache.load(tmp_path / "c.json")
-    assert "abc" in loaded and loaded.get("abc") == {"forward_s": 0.5, "backward_s": 1.0,
-                                                      "activation_bytes": 1024}  # fmt: skip
+    assert "abc" in loaded and loaded.get("abc") == {
+        "forward_s": 0.5,
+        "backward_s": 1.0,
+        "activation_bytes": 1024,
+    }
     (tmp_path / "bad.json").write_text('{"version": 7, "entries": {}}')
     with pytest.raises(ValueError, match="unknown cost cache version 7"):
         CostCache.load(tmp_path / "bad.json")

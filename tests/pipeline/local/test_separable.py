@@ -41,8 +41,10 @@ EXAMPLES: dict[type[nn.Module], list[Callable[[], nn.Module]]] = {
     nn.Linear: [functools.partial(nn.Linear, 8, 6), functools.partial(nn.Linear, 8, 6, bias=False)],
     Scale: [functools.partial(Scale, 8)],
     nn.GELU: [nn.GELU, functools.partial(nn.GELU, approximate="tanh")],
-    nn.ReLU: [nn.ReLU], nn.SiLU: [nn.SiLU], nn.Tanh: [nn.Tanh],
-}  # fmt: skip
+    nn.ReLU: [nn.ReLU],
+    nn.SiLU: [nn.SiLU],
+    nn.Tanh: [nn.Tanh],
+}
 
 
 def autograd_grads(module: nn.Module, xs: list[torch.Tensor], gs: list[torch.Tensor]) -> list:
@@ -94,8 +96,10 @@ def test_every_separable_type_matches_autograd(
 
 
 def test_a_chain_of_handed_layers_backpropagates_in_reverse() -> None:
-    specs = [LayerSpec("a", functools.partial(nn.Linear, 8, 6)),
-             LayerSpec("b", functools.partial(Scale, 6))]  # fmt: skip
+    specs = [
+        LayerSpec("a", functools.partial(nn.Linear, 8, 6)),
+        LayerSpec("b", functools.partial(Scale, 6)),
+    ]
     handed = HandedLayers(specs, seed=2, device=CPU)
     a, b = (build_layer(s, 2, CPU) for s in specs)
     x = torch.randn(4, 8, requires_grad=True)
@@ -117,7 +121,10 @@ def test_layers_that_are_not_separable_are_refused_by_name() -> None:
 
     assert not is_separable(Sub(2, 2))
     with pytest.raises(ValueError, match=r"'mlp' \(Sequential\).*pipeline.separable"):
-        HandedLayers([LayerSpec("mlp", functools.partial(nn.Sequential, nn.Linear(2, 2)))],
-                     seed=0, device=CPU)  # fmt: skip
+        HandedLayers(
+            [LayerSpec("mlp", functools.partial(nn.Sequential, nn.Linear(2, 2)))],
+            seed=0,
+            device=CPU,
+        )
     with pytest.raises(TypeError, match="nn.Module subclass"):
         pipeline.separable(int)  # type: ignore[arg-type]

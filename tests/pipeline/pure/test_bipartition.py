@@ -20,9 +20,16 @@ from pipeline.pure.planner.base import evaluate
 
 
 def layer(i: int, f: float, separable: bool, b: float | None = None) -> LayerCost:
-    return LayerCost(f"l{i}", forward_s=f, backward_s=2 * f if b is None else b,
-                     activation_bytes=100, output_bytes=10, param_bytes=40, grad_bytes=40,
-                     separable=separable)  # fmt: skip
+    return LayerCost(
+        f"l{i}",
+        forward_s=f,
+        backward_s=2 * f if b is None else b,
+        activation_bytes=100,
+        output_bytes=10,
+        param_bytes=40,
+        grad_bytes=40,
+        separable=separable,
+    )
 
 
 def brute_force(costs: Sequence[LayerCost], n_stages: int, max_k: int) -> float:
@@ -31,9 +38,11 @@ def brute_force(costs: Sequence[LayerCost], n_stages: int, max_k: int) -> float:
     for cuts in itertools.combinations(range(1, n), n_stages - 1):
         edges = [0, *cuts, n]
         for handoff in itertools.product(range(max_k + 1), repeat=n_stages - 1):
-            ok = all(k < edges[s + 1] - edges[s]
-                     and all(costs[j].separable for j in range(edges[s + 1] - k, edges[s + 1]))
-                     for s, k in enumerate(handoff))  # fmt: skip
+            ok = all(
+                k < edges[s + 1] - edges[s]
+                and all(costs[j].separable for j in range(edges[s + 1] - k, edges[s + 1]))
+                for s, k in enumerate(handoff)
+            )
             if not ok:
                 continue
             times = []
@@ -53,8 +62,15 @@ def random_problems(count: int) -> Iterator[tuple[list[LayerCost], int]]:
     rng = random.Random(5)
     for _ in range(count):
         n = rng.randint(2, 7)
-        costs = [layer(i, rng.choice([1.0, 2.0, 3.0, 0.5]), rng.random() < 0.6,
-                       b=rng.choice([1.0, 2.0, 4.0, 6.0])) for i in range(n)]  # fmt: skip
+        costs = [
+            layer(
+                i,
+                rng.choice([1.0, 2.0, 3.0, 0.5]),
+                rng.random() < 0.6,
+                b=rng.choice([1.0, 2.0, 4.0, 6.0]),
+            )
+            for i in range(n)
+        ]
         yield costs, rng.randint(1, min(n, 3))
 
 
@@ -102,15 +118,18 @@ def test_the_planner_cuts_only_where_the_simulator_predicts_a_gain() -> None:
     separable = [layer(i, 1.0, True) for i in range(3)]
     plan = planner.plan(separable, 2, schedule="1f1b", n_microbatches=8)
     assert plan.handoff == (1,) and plan.sizes == (2, 1) and plan.planner == "bipartition"
-    assert plan.predicted_iteration_s < get_planner("time").plan(
-        separable, 2, schedule="1f1b", n_microbatches=8).predicted_iteration_s
+    assert (
+        plan.predicted_iteration_s
+        < get_planner("time")
+        .plan(separable, 2, schedule="1f1b", n_microbatches=8)
+        .predicted_iteration_s
+    )
     # nothing separable, a stream schedule, or a budget the cut breaks: whole layers
     assert planner.plan([layer(i, 1.0, False) for i in range(3)], 2).handoff == ()
     assert planner.plan(separable, 2, schedule="2bw", n_microbatches=8).handoff == ()
     # the handed input crosses the link on every micro-batch: a slow link eats the saving
     assert planner.plan(separable, 2, n_microbatches=8, link=LinkCost(2.0)).handoff == ()
-    whole_peak = max(get_planner("time").plan(separable, 2, n_microbatches=8)
-                     .predicted_stage_bytes)  # fmt: skip
+    whole_peak = max(get_planner("time").plan(separable, 2, n_microbatches=8).predicted_stage_bytes)
     tight = planner.plan(separable, 2, n_microbatches=8, memory_budget=whole_peak)
     assert max(tight.predicted_stage_bytes) <= whole_peak
     with pytest.raises(ValueError, match="max_handoff"):

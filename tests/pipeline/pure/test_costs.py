@@ -20,9 +20,15 @@ from pipeline.pure.costs import (
 
 
 def layer(key: str = "a", **kw: float) -> LayerCost:
-    base: dict[str, float] = dict(forward_s=1.0, backward_s=2.0, activation_bytes=100,
-                                  output_bytes=10, param_bytes=4, grad_bytes=4,
-                                  optimizer_bytes=8)  # fmt: skip
+    base: dict[str, float] = dict(
+        forward_s=1.0,
+        backward_s=2.0,
+        activation_bytes=100,
+        output_bytes=10,
+        param_bytes=4,
+        grad_bytes=4,
+        optimizer_bytes=8,
+    )
     base.update(kw)
     return LayerCost(key, **base)  # type: ignore[arg-type]
 
@@ -38,9 +44,21 @@ def test_derived_defaults() -> None:
     assert (explicit.recompute_time, explicit.added_peak, explicit.isolated_peak) == (0.5, 7, 9)
 
 
-@pytest.mark.parametrize("field", ["forward_s", "backward_s", "activation_bytes", "output_bytes",
-                                   "param_bytes", "grad_bytes", "optimizer_bytes", "recompute_s",
-                                   "isolated_peak_bytes", "added_peak_bytes"])  # fmt: skip
+@pytest.mark.parametrize(
+    "field",
+    [
+        "forward_s",
+        "backward_s",
+        "activation_bytes",
+        "output_bytes",
+        "param_bytes",
+        "grad_bytes",
+        "optimizer_bytes",
+        "recompute_s",
+        "isolated_peak_bytes",
+        "added_peak_bytes",
+    ],
+)
 def test_negative_numbers_are_rejected(field: str) -> None:
     with pytest.raises(ValueError, match=field):
         layer("a", **{field: -1})
@@ -76,8 +94,12 @@ def test_json_errors_are_clear() -> None:
     with pytest.raises(ValueError, match="version"):
         from_json(json.dumps({"version": 99, "layers": []}))
     with pytest.raises(ValueError, match="unknown fields"):
-        costs_from_dict({"version": 1, "layers": [{"key": "a", "forward_s": 1, "backward_s": 1,
-                                                   "colour": "red"}]})  # fmt: skip
+        costs_from_dict(
+            {
+                "version": 1,
+                "layers": [{"key": "a", "forward_s": 1, "backward_s": 1, "colour": "red"}],
+            }
+        )
     with pytest.raises(ValueError, match="layer 0"):
         costs_from_dict({"version": 1, "layers": [{"key": "a"}]})
 

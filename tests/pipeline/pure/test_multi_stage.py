@@ -53,8 +53,11 @@ def test_other_chunk_counts() -> None:
     assert get_schedule("interleaved_1f1b", stages_per_rank=2) is interleaved_1f1b
     assert placement_of(three, 2) == Placement("loop", 2, 3)
     assert get_schedule("zbv", stages_per_rank=2) is zbv
-    with pytest.raises(ValueError, match=r"'zbv' runs 2 stage\(s\) per rank, got "
-                                         r"stages_per_rank=3; only 'interleaved_1f1b'"):
+    with pytest.raises(
+        ValueError,
+        match=r"'zbv' runs 2 stage\(s\) per rank, got "
+        r"stages_per_rank=3; only 'interleaved_1f1b'",
+    ):
         get_schedule("zbv", stages_per_rank=3)
     with pytest.raises(ValueError, match=r"'1f1b' runs 1 stage\(s\) per rank"):
         get_schedule("1f1b", stages_per_rank=2)
@@ -101,26 +104,63 @@ def test_interleaved_order() -> None:
     """Depth first: a group of R micro-batches through chunk 0, then chunk 1; backwards
     with the chunks reversed; 2(R - 1 - r) + (v - 1) R warm-up forwards."""
     assert [repr(a) for a in interleaved_1f1b(2, 4, 0)] == [
-        "F0@0", "F1@0", "F0@2", "F1@2", "F2@0", "B0@2", "F3@0", "B1@2", "F2@2", "B0@0",
-        "F3@2", "B1@0", "B2@2", "B3@2", "B2@0", "B3@0", "STEP",
-    ]  # fmt: skip
+        "F0@0",
+        "F1@0",
+        "F0@2",
+        "F1@2",
+        "F2@0",
+        "B0@2",
+        "F3@0",
+        "B1@2",
+        "F2@2",
+        "B0@0",
+        "F3@2",
+        "B1@0",
+        "B2@2",
+        "B3@2",
+        "B2@0",
+        "B3@0",
+        "STEP",
+    ]
     assert [repr(a) for a in interleaved_1f1b(2, 4, 1)][:6] == [
-        "F0@1", "F1@1", "F0@3", "B0@3", "F1@3", "B1@3",
-    ]  # fmt: skip
+        "F0@1",
+        "F1@1",
+        "F0@3",
+        "B0@3",
+        "F1@3",
+        "B1@3",
+    ]
 
 
 def test_zbv_order() -> None:
     """The paper's V order (`zbv`'s doc); the first stage's backward whole, the others split."""
     assert [repr(a) for a in zbv(2, 4, 1)] == [
-        "F0@1",                                  # F0 x 1
-        "F0@2", "F1@1",                          # (F1 F0) x 1
-        "F1@2", "BI0@2", "W0@2",                 # (F1 B1 W1) x 1
-        "F2@1", "BI0@1", "W0@1", "F2@2", "BI1@2", "W1@2",  # steady
-        "F3@1", "BI1@1", "W1@1", "F3@2", "BI2@2", "W2@2",
-        "BI2@1", "BI3@2",                        # (B0 B1) x 1
-        "BI3@1", "W2@1",                         # (B0 W0) x 1
-        "W3@2", "W3@1", "STEP",                  # the pending W1s, then W0s
-    ]  # fmt: skip
+        "F0@1",  # F0 x 1
+        "F0@2",
+        "F1@1",  # (F1 F0) x 1
+        "F1@2",
+        "BI0@2",
+        "W0@2",  # (F1 B1 W1) x 1
+        "F2@1",
+        "BI0@1",
+        "W0@1",
+        "F2@2",
+        "BI1@2",
+        "W1@2",  # steady
+        "F3@1",
+        "BI1@1",
+        "W1@1",
+        "F3@2",
+        "BI2@2",
+        "W2@2",
+        "BI2@1",
+        "BI3@2",  # (B0 B1) x 1
+        "BI3@1",
+        "W2@1",  # (B0 W0) x 1
+        "W3@2",
+        "W3@1",
+        "STEP",  # the pending W1s, then W0s
+    ]
     rank0 = zbv(4, 8, 0)
     assert {a.op for a in rank0 if a.stage == 0} == {F, B}  # stage 0 sends no gradient
     assert {a.op for a in rank0 if a.stage == 7} == {F, BI, W}
@@ -142,10 +182,16 @@ def test_each_stage_runs_its_micro_batches_once_in_order(name: str) -> None:
 
 
 # -- the lowering ------------------------------------------------------------------------
-@pytest.mark.parametrize("name,n_ranks,m", [
-    ("interleaved_1f1b", 2, 4), ("interleaved_1f1b", 4, 8), ("zbv", 2, 4), ("zbv", 4, 8),
-    ("zbv", 3, 2),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "name,n_ranks,m",
+    [
+        ("interleaved_1f1b", 2, 4),
+        ("interleaved_1f1b", 4, 8),
+        ("zbv", 2, 4),
+        ("zbv", 4, 8),
+        ("zbv", 3, 2),
+    ],
+)
 def test_messages_cross_ranks_only_and_follow_their_producer(
     name: str, n_ranks: int, m: int
 ) -> None:
@@ -165,8 +211,7 @@ def test_messages_cross_ranks_only_and_follow_their_producer(
                 assert actions[pos - 1].microbatch == a.microbatch
             if a.op is F and a.stage > 0 and placement.crosses(a.stage - 1):
                 assert Action(Op.RECV_ACT, a.microbatch, a.stage) in actions[:pos]
-            if a.op in GRAD_OPS and a.stage < placement.n_stages - 1 \
-                    and placement.crosses(a.stage):  # fmt: skip
+            if a.op in GRAD_OPS and a.stage < placement.n_stages - 1 and placement.crosses(a.stage):
                 assert Action(Op.RECV_GRAD, a.microbatch, a.stage) in actions[:pos]
     sends = sum(a.op in (Op.SEND_ACT, Op.SEND_GRAD) for x in lists for a in x)
     crossing = sum(placement.crosses(s) for s in range(placement.n_stages - 1))
@@ -226,8 +271,9 @@ def _next_to_consumer(actions: list[Action], placement: Placement) -> list[Actio
     return out
 
 
-@pytest.mark.parametrize("name,n_ranks", [("interleaved_1f1b", 2), ("interleaved_1f1b", 3),
-                                          ("zbv", 2), ("zbv", 4)])  # fmt: skip
+@pytest.mark.parametrize(
+    "name,n_ranks", [("interleaved_1f1b", 2), ("interleaved_1f1b", 3), ("zbv", 2), ("zbv", 4)]
+)
 def test_receiving_next_to_the_consumer_deadlocks_under_nccl(name: str, n_ranks: int) -> None:
     """Why the lockstep lowering: with several stages per rank, the one-stage rule leaves a
     receive on a rank's stream ahead of sends its peer needs first."""
@@ -247,8 +293,11 @@ def test_receives_in_another_order_than_the_sends_are_caught() -> None:
     rank1 = lists[1]
     a, b = rank1.index(Action(Op.RECV_ACT, 1, 3)), rank1.index(Action(Op.RECV_GRAD, 0, 1))
     rank1[a], rank1[b] = rank1[b], rank1[a]
-    with pytest.raises(ScheduleError, match=r"rank 1 posted grad0@1 but rank 0 sent act1@3 "
-                                            "in that place: the orders differ"):
+    with pytest.raises(
+        ScheduleError,
+        match=r"rank 1 posted grad0@1 but rank 0 sent act1@3 "
+        "in that place: the orders differ",
+    ):
         check_order(lists, placement=placement)
 
 
@@ -275,18 +324,24 @@ GOOD_V1 = [Action(F, 0, 0), Action(F, 0, 1), Action(B, 0, 1), Action(B, 0, 0)]  
 @pytest.mark.parametrize(
     "rank0,match",
     [
-        ([Action(F, 0, 1), Action(F, 0, 0), Action(B, 0, 1), Action(B, 0, 0)],
-         r"F0@1 before stage 0's forward of 0 on the same rank"),
-        ([Action(F, 0, 0), Action(F, 0, 1), Action(B, 0, 0), Action(B, 0, 1)],
-         r"B0@0 before stage 1's input gradient of 0 on the same rank"),
+        (
+            [Action(F, 0, 1), Action(F, 0, 0), Action(B, 0, 1), Action(B, 0, 0)],
+            r"F0@1 before stage 0's forward of 0 on the same rank",
+        ),
+        (
+            [Action(F, 0, 0), Action(F, 0, 1), Action(B, 0, 0), Action(B, 0, 1)],
+            r"B0@0 before stage 1's input gradient of 0 on the same rank",
+        ),
         ([Action(F, 0, 0), Action(F, 0, 2), *GOOD_V1[1:]], "names stage 2, but there are 2"),
-        ([Action(F, 0, 0), Action(F, 0, 1), Action(W, 0, 1), *GOOD_V1[2:]],
-         "W0@1 before its BACKWARD_INPUT"),
+        (
+            [Action(F, 0, 0), Action(F, 0, 1), Action(W, 0, 1), *GOOD_V1[2:]],
+            "W0@1 before its BACKWARD_INPUT",
+        ),
         (GOOD_V1[:3], "stage 0 runs 0 input gradients of 1"),
         ([*GOOD_V1[:2], Action(STEP), *GOOD_V1[2:]], "one optimizer step"),
         ([Action(F, 0), *GOOD_V1[1:]], "names stage -1"),
     ],
-)  # fmt: skip
+)
 def test_malformed_rank_lists_are_rejected(rank0: list[Action], match: str) -> None:
     with pytest.raises(ScheduleError, match=match):
         validate(_custom({0: rank0}), 1, 1)
@@ -294,10 +349,19 @@ def test_malformed_rank_lists_are_rejected(rank0: list[Action], match: str) -> N
 
 
 def test_out_of_order_micro_batches_are_rejected() -> None:
-    rank0 = [Action(F, 1, 0), Action(F, 0, 0), Action(F, 0, 1), Action(F, 1, 1),
-             Action(B, 0, 1), Action(B, 1, 1), Action(B, 0, 0), Action(B, 1, 0)]  # fmt: skip
-    with pytest.raises(ScheduleError, match="F1@0 out of order: stage 0's next forward is "
-                                            "micro-batch 0"):
+    rank0 = [
+        Action(F, 1, 0),
+        Action(F, 0, 0),
+        Action(F, 0, 1),
+        Action(F, 1, 1),
+        Action(B, 0, 1),
+        Action(B, 1, 1),
+        Action(B, 0, 0),
+        Action(B, 1, 0),
+    ]
+    with pytest.raises(
+        ScheduleError, match="F1@0 out of order: stage 0's next forward is micro-batch 0"
+    ):
         check_ranks([[*rank0, Action(STEP)]], Placement("v", 1, 2), 2)
 
 
@@ -307,6 +371,9 @@ def test_a_rank_waiting_for_itself_is_a_deadlock() -> None:
     placement = Placement("v", 2, 2)  # rank 0: stages 0, 3; rank 1: stages 1, 2
     rank0 = [Action(F, 0, 0), Action(B, 0, 0), Action(F, 0, 3), Action(B, 0, 3), Action(STEP)]
     rank1 = [Action(F, 0, 1), Action(F, 0, 2), Action(B, 0, 2), Action(B, 0, 1), Action(STEP)]
-    with pytest.raises(ScheduleError, match=r"deadlock: ranks wait forever at "
-                                            r"\{0: B0@0, 1: B0@2\}"):
+    with pytest.raises(
+        ScheduleError,
+        match=r"deadlock: ranks wait forever at "
+        r"\{0: B0@0, 1: B0@2\}",
+    ):
         lower_ranks([rank0, rank1], placement)

@@ -56,18 +56,37 @@ def test_interleaved_reaches_megatrons_bubble_for_any_m_from_r(n_ranks: int, m: 
 
 def test_the_exact_figures_for_s8_on_4_ranks_and_s16_on_8() -> None:
     """The numbers the report quotes (bubble fraction of the step)."""
-    got = {(name, R, m): round(simulate(name, chunks(R, 2) if name != "1f1b" else
-                                        [StageCost(f, b)] * R, m).bubble_fraction, 4)
-           for name in ("1f1b", "interleaved_1f1b", "zbv") for R in (4, 8) for m in (8, 16, 32)}
+    got = {
+        (name, R, m): round(
+            simulate(
+                name, chunks(R, 2) if name != "1f1b" else [StageCost(f, b)] * R, m
+            ).bubble_fraction,
+            4,
+        )
+        for name in ("1f1b", "interleaved_1f1b", "zbv")
+        for R in (4, 8)
+        for m in (8, 16, 32)
+    }
     assert got == {
-        ("1f1b", 4, 8): 0.2727, ("1f1b", 4, 16): 0.1579, ("1f1b", 4, 32): 0.0857,
-        ("1f1b", 8, 8): 0.4667, ("1f1b", 8, 16): 0.3043, ("1f1b", 8, 32): 0.1795,
-        ("interleaved_1f1b", 4, 8): 0.1579, ("interleaved_1f1b", 4, 16): 0.0857,
-        ("interleaved_1f1b", 4, 32): 0.0448, ("interleaved_1f1b", 8, 8): 0.3043,
-        ("interleaved_1f1b", 8, 16): 0.1795, ("interleaved_1f1b", 8, 32): 0.0986,
-        ("zbv", 4, 8): 0.0588, ("zbv", 4, 16): 0.0303, ("zbv", 4, 32): 0.0154,
-        ("zbv", 8, 8): 0.2258, ("zbv", 8, 16): 0.068, ("zbv", 8, 32): 0.0352,
-    }  # fmt: skip
+        ("1f1b", 4, 8): 0.2727,
+        ("1f1b", 4, 16): 0.1579,
+        ("1f1b", 4, 32): 0.0857,
+        ("1f1b", 8, 8): 0.4667,
+        ("1f1b", 8, 16): 0.3043,
+        ("1f1b", 8, 32): 0.1795,
+        ("interleaved_1f1b", 4, 8): 0.1579,
+        ("interleaved_1f1b", 4, 16): 0.0857,
+        ("interleaved_1f1b", 4, 32): 0.0448,
+        ("interleaved_1f1b", 8, 8): 0.3043,
+        ("interleaved_1f1b", 8, 16): 0.1795,
+        ("interleaved_1f1b", 8, 32): 0.0986,
+        ("zbv", 4, 8): 0.0588,
+        ("zbv", 4, 16): 0.0303,
+        ("zbv", 4, 32): 0.0154,
+        ("zbv", 8, 8): 0.2258,
+        ("zbv", 8, 16): 0.068,
+        ("zbv", 8, 32): 0.0352,
+    }
 
 
 @pytest.mark.parametrize("n_ranks,m", [(2, 8), (4, 8), (4, 16), (8, 16)])
@@ -84,8 +103,9 @@ def test_memory_per_rank(n_ranks: int, m: int) -> None:
         placement = placement_of(r.schedule, n_ranks)
         for rank in range(n_ranks):
             stages = placement.stages_of(rank)
-            assert r.peak_rank_activation_bytes[rank] <= sum(r.peak_activation_bytes[s]
-                                                             for s in stages)  # fmt: skip
+            assert r.peak_rank_activation_bytes[rank] <= sum(
+                r.peak_activation_bytes[s] for s in stages
+            )
 
 
 @pytest.mark.parametrize("name", ["interleaved_1f1b", "zbv"])
@@ -136,8 +156,9 @@ def test_the_trace_has_a_lane_per_stage_grouped_by_rank() -> None:
     meta = [ev for ev in trace["traceEvents"] if ev["ph"] == "M"]
     processes = {ev["pid"]: ev["args"]["name"] for ev in meta if ev["name"] == "process_name"}
     assert processes == {0: "zbv: rank 0", 1: "zbv: rank 1"}
-    lanes = {(ev["pid"], ev["tid"]): ev["args"]["name"] for ev in meta
-             if ev["name"] == "thread_name"}  # fmt: skip
+    lanes = {
+        (ev["pid"], ev["tid"]): ev["args"]["name"] for ev in meta if ev["name"] == "thread_name"
+    }
     assert lanes == {(0, 0): "stage 0", (0, 3): "stage 3", (1, 1): "stage 1", (1, 2): "stage 2"}
     xs = [ev for ev in trace["traceEvents"] if ev["ph"] == "X"]
     assert all((ev["pid"], ev["tid"]) in lanes for ev in xs)

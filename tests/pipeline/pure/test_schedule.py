@@ -41,8 +41,16 @@ def test_one_f_one_b_shape() -> None:
     ops = [repr(a) for a in one_f_one_b(3, 4, 0)]
     assert ops == ["F0", "F1", "F2", "B0", "F3", "B1", "B2", "B3", "STEP"]
     assert [repr(a) for a in one_f_one_b(3, 4, 2)] == [
-        "F0", "B0", "F1", "B1", "F2", "B2", "F3", "B3", "STEP",
-    ]  # fmt: skip
+        "F0",
+        "B0",
+        "F1",
+        "B1",
+        "F2",
+        "B2",
+        "F3",
+        "B3",
+        "STEP",
+    ]
 
 
 @pytest.mark.parametrize("name", sorted(SCHEDULES))
@@ -54,8 +62,11 @@ def test_receives_are_posted_before_their_consumer(name: str) -> None:
         for pos, a in enumerate(actions):
             wanted = {F: Op.RECV_ACT, B: Op.RECV_GRAD}.get(a.op)
             s = a.stage if a.stage >= 0 else r
-            if (wanted is None or (a.op is F and (s == 0 or not placement.crosses(s - 1)))
-                    or (a.op is B and (s == last or not placement.crosses(s)))):  # fmt: skip
+            if (
+                wanted is None
+                or (a.op is F and (s == 0 or not placement.crosses(s - 1)))
+                or (a.op is B and (s == last or not placement.crosses(s)))
+            ):
                 continue
             assert Action(wanted, a.microbatch, a.stage) in actions[:pos], (r, a)
 
@@ -89,10 +100,12 @@ def test_malformed_stage_lists_are_rejected(stage0: list[Action], match: str) ->
 def test_deadlock_is_detected() -> None:
     # Stage 0 waits for micro-batch 0's gradient before it sends micro-batch 1, but stage 1
     # wants micro-batch 1's forward before it back-propagates micro-batch 0.
-    schedule = _custom({
-        0: [Action(F, 0), Action(B, 0), Action(F, 1), Action(B, 1)],
-        1: [Action(F, 0), Action(F, 1), Action(B, 0), Action(B, 1)],
-    })  # fmt: skip
+    schedule = _custom(
+        {
+            0: [Action(F, 0), Action(B, 0), Action(F, 1), Action(B, 1)],
+            1: [Action(F, 0), Action(F, 1), Action(B, 0), Action(B, 1)],
+        }
+    )
     with pytest.raises(ScheduleError, match="deadlock"):
         validate(schedule, 2, 2)
 

@@ -83,14 +83,18 @@ def test_events_and_chrome_trace() -> None:
     xs = [ev for ev in trace["traceEvents"] if ev["ph"] == "X"]
     assert len([ev for ev in xs if ev["cat"] in ("forward", "backward")]) == 2 * n_stages * m
     assert {ev["tid"] for ev in xs} == set(range(n_stages))  # one row per stage
-    rows = {ev["tid"]: ev["args"]["name"] for ev in trace["traceEvents"]
-            if ev["name"] == "thread_name"}  # fmt: skip
+    rows = {
+        ev["tid"]: ev["args"]["name"] for ev in trace["traceEvents"] if ev["name"] == "thread_name"
+    }
     assert rows == {s: f"stage {s}" for s in range(n_stages)}
     f0 = next(ev for ev in xs if ev["name"] == "F0" and ev["tid"] == 1)
     assert f0["ts"] == pytest.approx(1e3) and f0["dur"] == pytest.approx(1e3)  # microseconds
-    assert trace["otherData"] == {"schedule": "1f1b", "n_microbatches": m,
-                                  "iteration_s": r.iteration_s,
-                                  "bubble_fraction": r.bubble_fraction}  # fmt: skip
+    assert trace["otherData"] == {
+        "schedule": "1f1b",
+        "n_microbatches": m,
+        "iteration_s": r.iteration_s,
+        "bubble_fraction": r.bubble_fraction,
+    }
 
 
 def test_a_deadlocking_schedule_is_reported() -> None:
@@ -106,15 +110,28 @@ def test_a_deadlocking_schedule_is_reported() -> None:
 
 
 def test_stage_costs_from_layers_and_actions() -> None:
-    costs = [LayerCost(f"l{i}", 1.0, 2.0, activation_bytes=100, output_bytes=10 * (i + 1),
-                       param_bytes=4, grad_bytes=4, optimizer_bytes=8, recompute_s=0.5)
-             for i in range(4)]  # fmt: skip
+    costs = [
+        LayerCost(
+            f"l{i}",
+            1.0,
+            2.0,
+            activation_bytes=100,
+            output_bytes=10 * (i + 1),
+            param_bytes=4,
+            grad_bytes=4,
+            optimizer_bytes=8,
+            recompute_s=0.5,
+        )
+        for i in range(4)
+    ]
     stages = stage_costs(costs, [1, 3], ["keep", "recompute", "keep", "keep"], weight_copies=2)
-    assert stages[0] == StageCost(1.0, 2.0, activation_bytes=100, output_bytes=10, state_bytes=20,
-                                  weight_s=1.0)  # fmt: skip
+    assert stages[0] == StageCost(
+        1.0, 2.0, activation_bytes=100, output_bytes=10, state_bytes=20, weight_s=1.0
+    )
     # layer 1 recomputed: +0.5 s in the backward, keeps its input (layer 0's 10 bytes); a
     # split backward runs all of its backward in BI, so W is half of the kept layers' only
-    assert stages[1] == StageCost(3.0, 6.5, activation_bytes=210, output_bytes=40, state_bytes=60,
-                                  weight_s=2.0)  # fmt: skip
+    assert stages[1] == StageCost(
+        3.0, 6.5, activation_bytes=210, output_bytes=40, state_bytes=60, weight_s=2.0
+    )
     with pytest.raises(ValueError, match="partition"):
         stage_costs(costs, [1, 2])

@@ -44,11 +44,18 @@ def test_streams_are_valid_and_keep_1f1b_in_flight(n_stages: int, n_steps: int) 
 def test_no_flush_between_steps() -> None:
     """Stage 0 of 2 runs step 1's first forward before step 0's last backward."""
     actions = pipedream_2bw(2, 2, 0, 2)
-    assert actions == [Action(Op.FORWARD, 0), Action(Op.FORWARD, 1), Action(Op.BACKWARD, 0),
-                       Action(Op.FORWARD, 2), Action(Op.BACKWARD, 1),
-                       Action(Op.OPTIMIZER_STEP, 0), Action(Op.FORWARD, 3),
-                       Action(Op.BACKWARD, 2), Action(Op.BACKWARD, 3),
-                       Action(Op.OPTIMIZER_STEP, 1)]  # fmt: skip
+    assert actions == [
+        Action(Op.FORWARD, 0),
+        Action(Op.FORWARD, 1),
+        Action(Op.BACKWARD, 0),
+        Action(Op.FORWARD, 2),
+        Action(Op.BACKWARD, 1),
+        Action(Op.OPTIMIZER_STEP, 0),
+        Action(Op.FORWARD, 3),
+        Action(Op.BACKWARD, 2),
+        Action(Op.BACKWARD, 3),
+        Action(Op.OPTIMIZER_STEP, 1),
+    ]
     lowered = stage_actions("2bw", 2, 2, 1, n_steps=2)
     assert Action(Op.SEND_GRAD, 3) in lowered
 
@@ -87,12 +94,23 @@ def test_the_steady_step_has_no_bubble(n_stages: int, m: int) -> None:
 
 
 def test_the_planner_counts_the_second_weight_copy() -> None:
-    costs = [LayerCost(f"l{i}", 1.0, 2.0, activation_bytes=100, output_bytes=10,
-                       param_bytes=1000, grad_bytes=1000, optimizer_bytes=2000)
-             for i in range(4)]  # fmt: skip
+    costs = [
+        LayerCost(
+            f"l{i}",
+            1.0,
+            2.0,
+            activation_bytes=100,
+            output_bytes=10,
+            param_bytes=1000,
+            grad_bytes=1000,
+            optimizer_bytes=2000,
+        )
+        for i in range(4)
+    ]
     two = evaluate(costs, [2, 2], schedule="2bw", n_microbatches=4)
     one = evaluate(costs, [2, 2], schedule="1f1b", n_microbatches=4)
-    assert [a - b for a, b in zip(two.predicted_stage_bytes, one.predicted_stage_bytes,
-                                  strict=True)] == [2000, 2000]  # fmt: skip
+    assert [
+        a - b for a, b in zip(two.predicted_stage_bytes, one.predicted_stage_bytes, strict=True)
+    ] == [2000, 2000]
     assert two.predicted_iteration_s == pytest.approx(4 * 6.0)
     assert one.predicted_iteration_s == pytest.approx(5 * 6.0)

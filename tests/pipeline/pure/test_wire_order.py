@@ -61,8 +61,10 @@ def test_a_receive_posted_a_compute_early_deadlocks_as_under_nccl() -> None:
     R, S, RG, SG = Op.RECV_ACT, Op.SEND_ACT, Op.RECV_GRAD, Op.SEND_GRAD
     stage0 = [(F, 0), (S, 0), (RG, 0), (F, 1), (S, 1), (RG, 1), (B, 0), (B, 1)]
     stage1 = [(R, 0), (R, 1), (F, 0), (F, 1), (B, 0), (SG, 0), (B, 1), (SG, 1)]
-    early = [[Action(op, i) for op, i in stage] + [Action(Op.OPTIMIZER_STEP)]
-             for stage in (stage0, stage1)]  # fmt: skip
+    early = [
+        [Action(op, i) for op, i in stage] + [Action(Op.OPTIMIZER_STEP)]
+        for stage in (stage0, stage1)
+    ]
     with pytest.raises(ScheduleError, match="deadlock"):
         check_order(early)
     check_order([stage_actions("gpipe", 2, 2, s) for s in range(2)])  # as lowered now
@@ -70,7 +72,10 @@ def test_a_receive_posted_a_compute_early_deadlocks_as_under_nccl() -> None:
 
 def test_a_send_nobody_receives_is_caught() -> None:
     stage0 = lower([Action(F, 0), Action(B, 0), Action(Op.OPTIMIZER_STEP)], 0, 2)
-    stage1 = [a for a in lower([Action(F, 0), Action(B, 0), Action(Op.OPTIMIZER_STEP)], 1, 2)
-              if a.op is not Op.SEND_GRAD]  # fmt: skip
+    stage1 = [
+        a
+        for a in lower([Action(F, 0), Action(B, 0), Action(Op.OPTIMIZER_STEP)], 1, 2)
+        if a.op is not Op.SEND_GRAD
+    ]
     with pytest.raises(ScheduleError, match="wait forever"):
         check_order([stage0, stage1])

@@ -49,11 +49,31 @@ def test_valid_split_and_as_much_in_flight_as_1f1b(n_stages: int, n_microbatches
 
 def test_the_two_stage_shape() -> None:
     assert [repr(a) for a in zbh1(2, 4, 0)] == [
-        "F0", "F1", "B0", "F2", "B1", "F3", "B2", "B3", "STEP",
-    ]  # fmt: skip
+        "F0",
+        "F1",
+        "B0",
+        "F2",
+        "B1",
+        "F3",
+        "B2",
+        "B3",
+        "STEP",
+    ]
     assert [repr(a) for a in zbh1(2, 4, 1)] == [
-        "F0", "BI0", "W0", "F1", "BI1", "W1", "F2", "BI2", "W2", "F3", "BI3", "W3", "STEP",
-    ]  # fmt: skip
+        "F0",
+        "BI0",
+        "W0",
+        "F1",
+        "BI1",
+        "W1",
+        "F2",
+        "BI2",
+        "W2",
+        "F3",
+        "BI3",
+        "W3",
+        "STEP",
+    ]
 
 
 def test_messages_go_with_the_input_gradient_and_none_with_w() -> None:
@@ -125,15 +145,28 @@ def test_chrome_trace_shows_input_and_weight_backwards() -> None:
     xs = [ev for ev in to_chrome_trace(r)["traceEvents"] if ev["ph"] == "X"]
     assert {ev["cat"] for ev in xs} == {"forward", "backward", "weight", "optimizer"}
     assert sorted(ev["name"] for ev in xs if ev["cat"] == "weight" and ev["tid"] == 1) == [
-        "W0", "W1", "W2", "W3",
-    ]  # fmt: skip
+        "W0",
+        "W1",
+        "W2",
+        "W3",
+    ]
     assert any(ev["name"] == "BI3" and ev["cat"] == "backward" for ev in xs)
 
 
 def _costs(n: int) -> list[LayerCost]:
-    return [LayerCost(f"l{i}", 1.0 + i % 3, 2.0 + i % 2, activation_bytes=100 + 10 * i,
-                      output_bytes=10, param_bytes=40, grad_bytes=40, optimizer_bytes=80)
-            for i in range(n)]  # fmt: skip
+    return [
+        LayerCost(
+            f"l{i}",
+            1.0 + i % 3,
+            2.0 + i % 2,
+            activation_bytes=100 + 10 * i,
+            output_bytes=10,
+            param_bytes=40,
+            grad_bytes=40,
+            optimizer_bytes=80,
+        )
+        for i in range(n)
+    ]
 
 
 def test_planned_memory_equals_1f1b_and_time_is_shorter() -> None:
@@ -145,8 +178,9 @@ def test_planned_memory_equals_1f1b_and_time_is_shorter() -> None:
     assert zb.predicted_iteration_s < base.predicted_iteration_s
     for name in ("time", "memory"):
         budget = max(base.predicted_stage_bytes)
-        plan = get_planner(name).plan(costs, 3, schedule="zbh1", n_microbatches=6,
-                                      memory_budget=budget)  # fmt: skip
+        plan = get_planner(name).plan(
+            costs, 3, schedule="zbh1", n_microbatches=6, memory_budget=budget
+        )
         assert plan.schedule == "zbh1" and max(plan.predicted_stage_bytes) <= budget
 
 

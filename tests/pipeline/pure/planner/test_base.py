@@ -15,8 +15,10 @@ from pipeline.pure.costs import LayerCost, LinkCost
 from pipeline.pure.planner import Plan, Planner, evaluate
 from pipeline.pure.planner.base import Layout, Problem, ScheduleLike
 
-COSTS = [LayerCost(f"l{i}", f, 2 * f, activation_bytes=100 * (i + 1), param_bytes=10)
-         for i, f in enumerate([1.0, 1.0, 1.0, 3.0])]  # fmt: skip
+COSTS = [
+    LayerCost(f"l{i}", f, 2 * f, activation_bytes=100 * (i + 1), param_bytes=10)
+    for i, f in enumerate([1.0, 1.0, 1.0, 3.0])
+]
 BALANCED, LOPSIDED = Layout((3, 1)), Layout((1, 3))
 
 
@@ -38,8 +40,9 @@ class Fixed(Planner):
 class Doubled(Fixed):
     """Predicts twice the shared model's memory."""
 
-    def stage_bytes(self, costs: Sequence[LayerCost], plan: Plan,
-                    schedule: ScheduleLike) -> tuple[int, ...]:  # fmt: skip
+    def stage_bytes(
+        self, costs: Sequence[LayerCost], plan: Plan, schedule: ScheduleLike
+    ) -> tuple[int, ...]:
         return tuple(2 * b for b in plan.predicted_stage_bytes)
 
 
@@ -75,8 +78,9 @@ def test_the_problem_is_validated_and_carries_the_default_link() -> None:
     first, second = planner._seen
     assert first.link == Fixed.default_link and second.link == explicit
     assert first.in_flight == [3, 3] and first.weight_copies == 1 and first.n_layers == 4
-    assert first.fits(shared(BALANCED)) and not Problem(
-        COSTS, 2, "1f1b", 8, 1, None).fits(shared(BALANCED))  # fmt: skip
+    assert first.fits(shared(BALANCED)) and not Problem(COSTS, 2, "1f1b", 8, 1, None).fits(
+        shared(BALANCED)
+    )
 
 
 def test_a_strategy_must_propose_something() -> None:

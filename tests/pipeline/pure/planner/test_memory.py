@@ -20,8 +20,13 @@ def stage_peak(costs: Sequence[LayerCost], a: int, e: int, k: int) -> int:
     """isolated(first) + added(rest) + (k - 1) more micro-batches of activations."""
     isolated = costs[a].isolated_peak_bytes
     if isolated is None:
-        isolated = costs[a].activation_bytes + costs[a].param_bytes + costs[a].grad_bytes \
-            + costs[a].optimizer_bytes + costs[a].output_bytes
+        isolated = (
+            costs[a].activation_bytes
+            + costs[a].param_bytes
+            + costs[a].grad_bytes
+            + costs[a].optimizer_bytes
+            + costs[a].output_bytes
+        )
     peak = isolated
     for c in costs[a + 1 : e]:
         added = c.added_peak_bytes
@@ -31,8 +36,9 @@ def stage_peak(costs: Sequence[LayerCost], a: int, e: int, k: int) -> int:
     return peak + (k - 1) * sum(c.activation_bytes for c in costs[a:e])
 
 
-def brute_force(costs: Sequence[LayerCost], n_stages: int, schedule: str, m: int,
-                use_in_flight: bool = True) -> int:  # fmt: skip
+def brute_force(
+    costs: Sequence[LayerCost], n_stages: int, schedule: str, m: int, use_in_flight: bool = True
+) -> int:
     best = None
     n = len(costs)
     for cuts in itertools.combinations(range(1, n), n_stages - 1):
@@ -54,11 +60,20 @@ def random_costs(rng: random.Random, n: int, explicit_peaks: bool) -> list[Layer
         if explicit_peaks:  # measured peaks need not be consistent with the other numbers
             added = rng.randint(0, 400)
             iso = added + rng.randint(0, 600)
-        out.append(LayerCost(
-            f"l{i}", rng.uniform(0.1, 2.0), rng.uniform(0.1, 4.0), activation_bytes=act,
-            output_bytes=out_bytes, param_bytes=rng.randint(0, 50), grad_bytes=rng.randint(0, 50),
-            optimizer_bytes=rng.randint(0, 100), isolated_peak_bytes=iso, added_peak_bytes=added,
-        ))  # fmt: skip
+        out.append(
+            LayerCost(
+                f"l{i}",
+                rng.uniform(0.1, 2.0),
+                rng.uniform(0.1, 4.0),
+                activation_bytes=act,
+                output_bytes=out_bytes,
+                param_bytes=rng.randint(0, 50),
+                grad_bytes=rng.randint(0, 50),
+                optimizer_bytes=rng.randint(0, 100),
+                isolated_peak_bytes=iso,
+                added_peak_bytes=added,
+            )
+        )
     return out
 
 
@@ -102,15 +117,18 @@ def test_a_larger_instance_equals_a_dynamic_program() -> None:
 def test_capslog_balances_peaks_not_times() -> None:
     # two heavy-memory layers that are fast, six light ones that are slow
     costs = [LayerCost(f"l{i}", 5.0, 5.0, activation_bytes=10) for i in range(6)]
-    costs[2:2] = [LayerCost("h0", 0.1, 0.1, activation_bytes=1000),
-                  LayerCost("h1", 0.1, 0.1, activation_bytes=1000)]  # fmt: skip
+    costs[2:2] = [
+        LayerCost("h0", 0.1, 0.1, activation_bytes=1000),
+        LayerCost("h1", 0.1, 0.1, activation_bytes=1000),
+    ]
     plan = get_planner("memory", in_flight=False).plan(costs, 2, schedule="gpipe", n_microbatches=1)
     assert plan.sizes == (3, 5)  # one heavy layer each
     by_time = get_planner("time").plan(costs, 2, schedule="gpipe", n_microbatches=1)
     assert by_time.sizes == (5, 3)  # 30.4 s and 30 s
     assert by_time.bottleneck_s < plan.bottleneck_s
-    peaks = MemoryPlanner(in_flight=False).evaluate(costs, by_time.sizes, schedule="gpipe",
-                                                    n_microbatches=1)  # fmt: skip
+    peaks = MemoryPlanner(in_flight=False).evaluate(
+        costs, by_time.sizes, schedule="gpipe", n_microbatches=1
+    )
     assert max(plan.predicted_stage_bytes) < max(peaks.predicted_stage_bytes)
 
 

@@ -14,9 +14,18 @@ FAST_LINK = LinkCost(bandwidth_bytes_per_s=1e9)
 
 def layers(slow: int = 0, factor: float = 3.0) -> list[LayerCost]:
     """8 layers of 1 s + 2 s; the first `slow` are `factor` times slower."""
-    return [LayerCost(f"l{i}", (factor if i < slow else 1.0), 2 * (factor if i < slow else 1.0),
-                      activation_bytes=10, param_bytes=100, grad_bytes=100, optimizer_bytes=200)
-            for i in range(8)]  # fmt: skip
+    return [
+        LayerCost(
+            f"l{i}",
+            (factor if i < slow else 1.0),
+            2 * (factor if i < slow else 1.0),
+            activation_bytes=10,
+            param_bytes=100,
+            grad_bytes=100,
+            optimizer_bytes=200,
+        )
+        for i in range(8)
+    ]
 
 
 def test_nothing_changes_when_the_costs_do_not() -> None:
@@ -69,8 +78,14 @@ def test_the_move_must_pay_back_within_the_remaining_steps() -> None:
 def test_explicit_state_bytes_are_what_moves() -> None:
     planner = TimePlanner()
     plan = planner.plan(layers(), 2, schedule="1f1b", n_microbatches=4)
-    result = replan(plan, layers(slow=2), planner, remaining_steps=100, link=FAST_LINK,
-                    state_bytes=[1000 + i for i in range(8)])  # fmt: skip
+    result = replan(
+        plan,
+        layers(slow=2),
+        planner,
+        remaining_steps=100,
+        link=FAST_LINK,
+        state_bytes=[1000 + i for i in range(8)],
+    )
     moved = moved_layers(plan, result.plan)
     assert result.bytes_moved == sum(1000 + i for i in moved)
 
@@ -79,14 +94,30 @@ def test_a_plan_over_the_budget_is_replaced_whatever_the_cost() -> None:
     planner = TimePlanner()
     plan = planner.plan(layers(), 2, schedule="1f1b", n_microbatches=4)
     # activations grow 100x: stage 0 (2 micro-batches in flight) no longer fits
-    bigger = [LayerCost(c.key, c.forward_s, c.backward_s, activation_bytes=1000,
-                        param_bytes=100, grad_bytes=100, optimizer_bytes=200)
-              for c in layers()]  # fmt: skip
+    bigger = [
+        LayerCost(
+            c.key,
+            c.forward_s,
+            c.backward_s,
+            activation_bytes=1000,
+            param_bytes=100,
+            grad_bytes=100,
+            optimizer_bytes=200,
+        )
+        for c in layers()
+    ]
     budget = 8000
-    assert max(planner.evaluate(bigger, plan.sizes, schedule="1f1b",
-                                n_microbatches=4).predicted_stage_bytes) > budget  # fmt: skip
-    result = replan(plan, bigger, planner, remaining_steps=0, link=LinkCost(1.0),
-                    memory_budget=budget)  # fmt: skip
+    assert (
+        max(
+            planner.evaluate(
+                bigger, plan.sizes, schedule="1f1b", n_microbatches=4
+            ).predicted_stage_bytes
+        )
+        > budget
+    )
+    result = replan(
+        plan, bigger, planner, remaining_steps=0, link=LinkCost(1.0), memory_budget=budget
+    )
     assert result.changed and max(result.plan.predicted_stage_bytes) <= budget
     assert "budget" in result.reason
 

@@ -22,10 +22,18 @@ from pipeline.pure.simulate import simulate, stage_costs
 
 
 def random_costs(rng: random.Random, n: int) -> list[LayerCost]:
-    return [LayerCost(f"l{i}", rng.uniform(0.5, 3.0), rng.uniform(1.0, 6.0),
-                      activation_bytes=rng.randint(1, 50) * 1000, output_bytes=1000,
-                      param_bytes=rng.randint(1, 20) * 1000, grad_bytes=1000)
-            for i in range(n)]  # fmt: skip
+    return [
+        LayerCost(
+            f"l{i}",
+            rng.uniform(0.5, 3.0),
+            rng.uniform(1.0, 6.0),
+            activation_bytes=rng.randint(1, 50) * 1000,
+            output_bytes=1000,
+            param_bytes=rng.randint(1, 20) * 1000,
+            grad_bytes=1000,
+        )
+        for i in range(n)
+    ]
 
 
 def partitions(n_layers: int, n_stages: int) -> Iterator[list[int]]:
@@ -68,8 +76,7 @@ def test_the_time_planner_minimises_the_slowest_of_all_stages(schedule: str) -> 
     for trial in range(12):
         n_ranks, n_layers = rng.choice([2, 3]), rng.randint(6, 9)
         costs = random_costs(rng, n_layers)
-        plan = get_planner("time").plan(costs, 2 * n_ranks, schedule=schedule,
-                                        n_microbatches=4)  # fmt: skip
+        plan = get_planner("time").plan(costs, 2 * n_ranks, schedule=schedule, n_microbatches=4)
         best = min(bottleneck(costs, s) for s in partitions(n_layers, 2 * n_ranks))
         assert len(plan.sizes) == 2 * n_ranks
         assert bottleneck(costs, list(plan.sizes)) == pytest.approx(best), trial
@@ -83,8 +90,9 @@ def test_a_memory_budget_holds_per_rank(planner: str) -> None:
         unlimited = get_planner(planner).plan(costs, 4, schedule="zbv", n_microbatches=4)
         budget = int(max(unlimited.predicted_rank_bytes) * 0.9)
         try:
-            plan = get_planner(planner).plan(costs, 4, schedule="zbv", n_microbatches=4,
-                                             memory_budget=budget)  # fmt: skip
+            plan = get_planner(planner).plan(
+                costs, 4, schedule="zbv", n_microbatches=4, memory_budget=budget
+            )
         except InfeasibleBudgetError as error:
             assert error.budget == budget and error.min_budget > budget
             continue
@@ -110,7 +118,7 @@ def test_a_zbv_rank_holds_the_activations_of_a_1f1b_first_stage(n_ranks: int, m:
     zbv = evaluate(costs, [2] * (2 * n_ranks), schedule="zbv", n_microbatches=m)
     assert max(zbv.predicted_rank_bytes) == max(one.predicted_stage_bytes)
     placement = placement_for("zbv", 2 * n_ranks)
-    summed = [sum(zbv.predicted_stage_bytes[s] for s in placement.stages_of(r))
-              for r in range(n_ranks)]  # fmt: skip
-    assert all(held <= total for held, total in zip(zbv.predicted_rank_bytes, summed,
-                                                     strict=True))  # fmt: skip
+    summed = [
+        sum(zbv.predicted_stage_bytes[s] for s in placement.stages_of(r)) for r in range(n_ranks)
+    ]
+    assert all(held <= total for held, total in zip(zbv.predicted_rank_bytes, summed, strict=True))

@@ -47,20 +47,27 @@ def reduce_seconds(costs: Sequence[LayerCost], i: int, swap: LinkCost | None) ->
 
 
 def stage_memory(costs: Sequence[LayerCost], layers: range, reduced: set[int], k: int) -> int:
-    state = sum(costs[i].param_bytes + costs[i].grad_bytes + costs[i].optimizer_bytes
-                for i in layers)  # fmt: skip
+    state = sum(
+        costs[i].param_bytes + costs[i].grad_bytes + costs[i].optimizer_bytes for i in layers
+    )
     acts = sum(kept(costs, i) if i in reduced else costs[i].activation_bytes for i in layers)
     return state + k * acts
 
 
-def stage_time(costs: Sequence[LayerCost], layers: range, reduced: set[int],
-               swap: LinkCost | None) -> float:  # fmt: skip
-    return sum(costs[i].forward_s + costs[i].backward_s + (reduce_seconds(costs, i, swap)
-               if i in reduced else 0.0) for i in layers)  # fmt: skip
+def stage_time(
+    costs: Sequence[LayerCost], layers: range, reduced: set[int], swap: LinkCost | None
+) -> float:
+    return sum(
+        costs[i].forward_s
+        + costs[i].backward_s
+        + (reduce_seconds(costs, i, swap) if i in reduced else 0.0)
+        for i in layers
+    )
 
 
-def best_exact(costs: Sequence[LayerCost], layers: range, k: int, budget: int | None,
-               swap: LinkCost | None) -> float:  # fmt: skip
+def best_exact(
+    costs: Sequence[LayerCost], layers: range, k: int, budget: int | None, swap: LinkCost | None
+) -> float:
     """The fastest way to run `layers` on one stage within the budget: every subset."""
     if budget is None:
         return stage_time(costs, layers, set(), swap)
@@ -73,14 +80,19 @@ def best_exact(costs: Sequence[LayerCost], layers: range, k: int, budget: int | 
     return best
 
 
-def best_greedy(costs: Sequence[LayerCost], layers: range, k: int, budget: int | None,
-                swap: LinkCost | None) -> float:  # fmt: skip
+def best_greedy(
+    costs: Sequence[LayerCost], layers: range, k: int, budget: int | None, swap: LinkCost | None
+) -> float:
     """Reduce layers by least seconds per byte saved (then index) until the stage fits."""
     if budget is None:
         return stage_time(costs, layers, set(), swap)
     candidates = [i for i in layers if costs[i].activation_bytes > kept(costs, i)]
-    candidates.sort(key=lambda i: (reduce_seconds(costs, i, swap)
-                                   / (costs[i].activation_bytes - kept(costs, i)), i))  # fmt: skip
+    candidates.sort(
+        key=lambda i: (
+            reduce_seconds(costs, i, swap) / (costs[i].activation_bytes - kept(costs, i)),
+            i,
+        )
+    )
     reduced: set[int] = set()
     for i in [None, *candidates]:
         if i is not None:
@@ -90,9 +102,15 @@ def best_greedy(costs: Sequence[LayerCost], layers: range, k: int, budget: int |
     return INF
 
 
-def brute_force(costs: Sequence[LayerCost], n_stages: int, schedule: str, m: int,
-                budget: int | None, swap: LinkCost | None = None,
-                greedy: bool = False) -> float:  # fmt: skip
+def brute_force(
+    costs: Sequence[LayerCost],
+    n_stages: int,
+    schedule: str,
+    m: int,
+    budget: int | None,
+    swap: LinkCost | None = None,
+    greedy: bool = False,
+) -> float:
     """The smallest bottleneck over all partitions (INF if none fits the budget)."""
     best_range = best_greedy if greedy else best_exact
     memo: dict[tuple[int, int, int], float] = {}
@@ -111,23 +129,31 @@ def brute_force(costs: Sequence[LayerCost], n_stages: int, schedule: str, m: int
 def least_budget(costs: Sequence[LayerCost], n_stages: int, schedule: str, m: int) -> int:
     """The smallest budget some partition fits with every layer reduced."""
     return min(
-        max(stage_memory(costs, range(a, e), set(range(a, e)), in_flight(schedule, n_stages, m, s))
-            for s, (a, e) in enumerate(ranges))
+        max(
+            stage_memory(costs, range(a, e), set(range(a, e)), in_flight(schedule, n_stages, m, s))
+            for s, (a, e) in enumerate(ranges)
+        )
         for ranges in partitions(len(costs), n_stages)
-    )  # fmt: skip
+    )
 
 
 def random_costs(rng: random.Random, n: int) -> list[LayerCost]:
     out = []
     for i in range(n):
         f = rng.choice([rng.uniform(0.1, 3.0), float(rng.randint(1, 4))])  # ties, sometimes
-        out.append(LayerCost(
-            f"l{i}", forward_s=f, backward_s=rng.choice([2 * f, rng.uniform(0.1, 5.0)]),
-            activation_bytes=rng.randint(0, 400), output_bytes=rng.randint(0, 150),
-            param_bytes=rng.randint(0, 60), grad_bytes=rng.randint(0, 60),
-            optimizer_bytes=rng.randint(0, 120),
-            recompute_s=rng.choice([None, rng.uniform(0.0, 2.0)]),
-        ))  # fmt: skip
+        out.append(
+            LayerCost(
+                f"l{i}",
+                forward_s=f,
+                backward_s=rng.choice([2 * f, rng.uniform(0.1, 5.0)]),
+                activation_bytes=rng.randint(0, 400),
+                output_bytes=rng.randint(0, 150),
+                param_bytes=rng.randint(0, 60),
+                grad_bytes=rng.randint(0, 60),
+                optimizer_bytes=rng.randint(0, 120),
+                recompute_s=rng.choice([None, rng.uniform(0.0, 2.0)]),
+            )
+        )
     return out
 
 
@@ -137,8 +163,9 @@ def random_instance(rng: random.Random) -> tuple[list[LayerCost], int, str, int]
     return random_costs(rng, n_layers), n_stages, rng.choice(["gpipe", "1f1b"]), rng.randint(1, 6)
 
 
-def budget_between(rng: random.Random, costs: Sequence[LayerCost], n_stages: int, schedule: str,
-                   m: int) -> int:  # fmt: skip
+def budget_between(
+    rng: random.Random, costs: Sequence[LayerCost], n_stages: int, schedule: str, m: int
+) -> int:
     """A budget from a little below the least feasible one to above what keeping all needs."""
     low = least_budget(costs, n_stages, schedule, m)
     high = max(stage_memory(costs, range(len(costs)), set(), m), low)
@@ -150,8 +177,14 @@ def random_budgeted_instance(rng: random.Random) -> tuple[list[LayerCost], int, 
     return costs, n_stages, schedule, m, budget_between(rng, costs, n_stages, schedule, m)
 
 
-def check_plan(plan: Plan, costs: Sequence[LayerCost], schedule: str, m: int, budget: int | None,
-               swap: LinkCost | None = None) -> float:  # fmt: skip
+def check_plan(
+    plan: Plan,
+    costs: Sequence[LayerCost],
+    schedule: str,
+    m: int,
+    budget: int | None,
+    swap: LinkCost | None = None,
+) -> float:
     """The plan is well-formed and fits; its own claims match the brute-force model."""
     assert sum(plan.sizes) == len(costs) and all(n >= 1 for n in plan.sizes)
     worst = 0.0
@@ -169,18 +202,21 @@ def check_plan(plan: Plan, costs: Sequence[LayerCost], schedule: str, m: int, bu
 
 
 def plan_or_infeasible(
-    planner: TimePlanner, costs: Sequence[LayerCost], n_stages: int, schedule: str, m: int,
-    budget: int, expected: float,
-) -> float | None:  # fmt: skip
+    planner: TimePlanner,
+    costs: Sequence[LayerCost],
+    n_stages: int,
+    schedule: str,
+    m: int,
+    budget: int,
+    expected: float,
+) -> float | None:
     """The checked plan's bottleneck; None where brute force fits nothing (and the planner
     raised InfeasibleBudgetError)."""
     if expected == INF:
         with pytest.raises(InfeasibleBudgetError):
-            planner.plan(costs, n_stages, schedule=schedule, n_microbatches=m,
-                         memory_budget=budget)  # fmt: skip
+            planner.plan(costs, n_stages, schedule=schedule, n_microbatches=m, memory_budget=budget)
         return None
-    plan = planner.plan(costs, n_stages, schedule=schedule, n_microbatches=m,
-                        memory_budget=budget)  # fmt: skip
+    plan = planner.plan(costs, n_stages, schedule=schedule, n_microbatches=m, memory_budget=budget)
     return check_plan(plan, costs, schedule, m, budget)
 
 
@@ -214,8 +250,9 @@ def test_greedy_recompute_equals_brute_force_of_the_greedy_model(seed: int) -> N
         expected = brute_force(costs, n_stages, schedule, m, budget, greedy=True)
         if expected == INF:
             continue
-        plan = TimePlanner(exact_limit=0).plan(costs, n_stages, schedule=schedule,
-                                               n_microbatches=m, memory_budget=budget)  # fmt: skip
+        plan = TimePlanner(exact_limit=0).plan(
+            costs, n_stages, schedule=schedule, n_microbatches=m, memory_budget=budget
+        )
         got = check_plan(plan, costs, schedule, m, budget)
         assert got == pytest.approx(expected, rel=1e-9, abs=1e-12)
         # the greedy choice can only be slower than the optimal one
@@ -231,27 +268,34 @@ def test_swap_is_chosen_where_it_is_cheaper() -> None:
         if expected == INF:
             continue
         plan = TimePlanner(allow_swap=True, host_link=host).plan(
-            costs, n_stages, schedule=schedule, n_microbatches=m, memory_budget=budget)
+            costs, n_stages, schedule=schedule, n_microbatches=m, memory_budget=budget
+        )
         got = check_plan(plan, costs, schedule, m, budget, swap=host)
         assert got == pytest.approx(expected, rel=1e-9, abs=1e-12)
     # 80 bytes must go: recomputing "a" (1 s) beats recomputing "b" (5 s), but swapping "b"
     # (2 x (0.01 + 90 / 400) = 0.47 s) beats both; "head" feeds the loss: it keeps all
-    costs = [LayerCost("a", 1.0, 1.0, activation_bytes=100, output_bytes=10),
-             LayerCost("b", 5.0, 5.0, activation_bytes=100, output_bytes=10),
-             LayerCost("head", 0.5, 0.5, activation_bytes=0, output_bytes=10)]  # fmt: skip
+    costs = [
+        LayerCost("a", 1.0, 1.0, activation_bytes=100, output_bytes=10),
+        LayerCost("b", 5.0, 5.0, activation_bytes=100, output_bytes=10),
+        LayerCost("head", 0.5, 0.5, activation_bytes=0, output_bytes=10),
+    ]
     plan = TimePlanner(allow_swap=True, host_link=host).plan(
-        costs, 1, schedule="gpipe", n_microbatches=1, memory_budget=120)
+        costs, 1, schedule="gpipe", n_microbatches=1, memory_budget=120
+    )
     assert plan.actions == ("keep", "swap", "keep")
     assert plan.predicted_stage_s == pytest.approx((13.47,))
-    assert TimePlanner().plan(costs, 1, schedule="gpipe", n_microbatches=1,
-                              memory_budget=120).actions == ("recompute", "keep", "keep")
+    assert TimePlanner().plan(
+        costs, 1, schedule="gpipe", n_microbatches=1, memory_budget=120
+    ).actions == ("recompute", "keep", "keep")
 
 
 def test_the_layer_that_feeds_the_loss_is_never_recomputed() -> None:
     """The runtime keeps the last layer's activations (the loss is computed from its output
     in the forward), so a plan that recomputes it would promise memory it never saves."""
-    costs = [LayerCost("a", 5.0, 5.0, activation_bytes=100, output_bytes=10),
-             LayerCost("b", 1.0, 1.0, activation_bytes=100, output_bytes=10)]  # fmt: skip
+    costs = [
+        LayerCost("a", 5.0, 5.0, activation_bytes=100, output_bytes=10),
+        LayerCost("b", 1.0, 1.0, activation_bytes=100, output_bytes=10),
+    ]
     plan = TimePlanner().plan(costs, 1, schedule="gpipe", n_microbatches=1, memory_budget=120)
     assert plan.actions == ("recompute", "keep")  # "b" would have been cheaper
     with pytest.raises(InfeasibleBudgetError):
@@ -265,18 +309,21 @@ def test_infeasible_budget_reports_the_least_feasible_one() -> None:
         least = least_budget(costs, n_stages, schedule, m)
         planner = TimePlanner()
         with pytest.raises(InfeasibleBudgetError) as caught:
-            planner.plan(costs, n_stages, schedule=schedule, n_microbatches=m,
-                         memory_budget=least - 1)  # fmt: skip
+            planner.plan(
+                costs, n_stages, schedule=schedule, n_microbatches=m, memory_budget=least - 1
+            )
         err = caught.value
         assert (err.budget, err.min_budget) == (least - 1, least)
         assert f"{least:,}" in str(err)
-        plan = planner.plan(costs, n_stages, schedule=schedule, n_microbatches=m,
-                            memory_budget=err.min_budget)  # fmt: skip
+        plan = planner.plan(
+            costs, n_stages, schedule=schedule, n_microbatches=m, memory_budget=err.min_budget
+        )
         check_plan(plan, costs, schedule, m, err.min_budget)
 
 
-def medium_dp(costs: Sequence[LayerCost], n_stages: int, schedule: str, m: int,
-              budget: int) -> float:  # fmt: skip
+def medium_dp(
+    costs: Sequence[LayerCost], n_stages: int, schedule: str, m: int, budget: int
+) -> float:
     """O(S L^2) dynamic program with the greedy recompute model: too many layers to enumerate."""
     n = len(costs)
     best = [[INF] * (n + 1) for _ in range(n_stages + 1)]
@@ -298,12 +345,15 @@ def test_medium_instances_equal_a_dynamic_program(schedule: str) -> None:
         n_stages, n = rng.randint(3, 6), rng.randint(25, 40)
         costs = random_costs(rng, n)
         m = rng.randint(2, 8)
-        keep_all = max(stage_memory(costs, range(a, e), set(), in_flight(schedule, n_stages, m, s))
-                       for s, (a, e) in enumerate(_equal(n, n_stages)))  # fmt: skip
+        keep_all = max(
+            stage_memory(costs, range(a, e), set(), in_flight(schedule, n_stages, m, s))
+            for s, (a, e) in enumerate(_equal(n, n_stages))
+        )
         budget = int(keep_all * 0.6)
         expected = medium_dp(costs, n_stages, schedule, m, budget)
-        got = plan_or_infeasible(TimePlanner(exact_limit=0), costs, n_stages, schedule, m, budget,
-                                 expected)  # fmt: skip
+        got = plan_or_infeasible(
+            TimePlanner(exact_limit=0), costs, n_stages, schedule, m, budget, expected
+        )
         assert got is None or got == pytest.approx(expected, rel=1e-9)
 
 
@@ -325,8 +375,10 @@ def test_uniform_layers_split_evenly_and_predict_the_iteration() -> None:
 def test_1f1b_puts_memory_heavy_layers_late() -> None:
     # stage 0 keeps 2 micro-batches in flight, stage 1 keeps 1: the big layer must go last
     # ("big" cannot be recomputed for less: its input is as large as its activations)
-    costs = [LayerCost("small", 1.0, 1.0, activation_bytes=10, output_bytes=100),
-             LayerCost("big", 1.0, 1.0, activation_bytes=100)]  # fmt: skip
+    costs = [
+        LayerCost("small", 1.0, 1.0, activation_bytes=10, output_bytes=100),
+        LayerCost("big", 1.0, 1.0, activation_bytes=100),
+    ]
     plan = TimePlanner().plan(costs, 2, schedule="1f1b", n_microbatches=4, memory_budget=100)
     assert plan.sizes == (1, 1) and plan.actions == ("keep", "keep")
     with pytest.raises(InfeasibleBudgetError):
@@ -361,12 +413,15 @@ def _gpipe_under_another_name(n_stages: int, n_microbatches: int, stage: int) ->
 
 def test_a_custom_schedule_is_planned_with_its_own_in_flight_counts() -> None:
     """Pure: a custom function plans like the built-in schedule it equals, not like 1F1B."""
-    costs = [LayerCost(f"l{i}", 1e-3 * (1 + i % 3), 2e-3, 10_000 * (8 - i), 4_000, 2_000,
-                       2_000, 4_000) for i in range(8)]  # fmt: skip
+    costs = [
+        LayerCost(f"l{i}", 1e-3 * (1 + i % 3), 2e-3, 10_000 * (8 - i), 4_000, 2_000, 2_000, 4_000)
+        for i in range(8)
+    ]
     planner = TimePlanner()
     budget = 120_000
-    custom = planner.plan(costs, 2, schedule=_gpipe_under_another_name, n_microbatches=4,
-                          memory_budget=budget)  # fmt: skip
+    custom = planner.plan(
+        costs, 2, schedule=_gpipe_under_another_name, n_microbatches=4, memory_budget=budget
+    )
     named = planner.plan(costs, 2, schedule="gpipe", n_microbatches=4, memory_budget=budget)
     flush = planner.plan(costs, 2, schedule="1f1b", n_microbatches=4, memory_budget=budget)
     assert custom.schedule == "_gpipe_under_another_name"
