@@ -36,6 +36,7 @@ from nas.errors import HeartbeatError, LeaderError, describe
 from nas.search import ProgressiveDynamicHurdles
 from nas.search.evolution import KEY_PARENT
 from nas.settings import NasSettings
+from nas.tracking.base import TrialEnd
 from nas.tracking.configured import run_directories, study_tracker
 from nas.trials import (
     DUPLICATE_OF,
@@ -201,11 +202,10 @@ class Leader:
             try:  # an error left by the last steps fails the trial it happened in
                 self._raise_deferred()
             except (LeaderError, HeartbeatError) as error:
-                outcome = Outcome("fail", outcome.attrs | {"fail_reason": describe(error)})
+                outcome = Outcome(TrialEnd.FAILED, outcome.attrs | {"fail_reason": describe(error)})
             self._tell(trial, outcome)
         finally:
-            state = "failed" if outcome.state == "fail" else outcome.state
-            self.tracker.end_trial(state, outcome.attrs, outcome.attrs.get("fail_reason"))
+            self.tracker.end_trial(outcome.state, outcome.attrs, outcome.attrs.get("fail_reason"))
             self.progress.advance(self.bar_study)
 
     def close(self, error: BaseException | None = None) -> StudyEnd:
@@ -283,11 +283,12 @@ class Leader:
             # feasible when <= 0: the samplers (TPE, NSGA-II, GP) prefer feasible trials
             trial.set_constraint("memory", outcome.attrs["peak_memory_bytes"] - budget)
         state = {
-            "complete": optuna.trial.TrialState.COMPLETE,
-            "pruned": optuna.trial.TrialState.PRUNED,
-            "fail": optuna.trial.TrialState.FAIL,
+            TrialEnd.COMPLETE: optuna.trial.TrialState.COMPLETE,
+            TrialEnd.PRUNED: optuna.trial.TrialState.PRUNED,
+            TrialEnd.FAILED: optuna.trial.TrialState.FAIL,
         }[outcome.state]
-        self.study.tell(trial, outcome.values if outcome.state == "complete" else None, state=state)
+        complete = outcome.state == TrialEnd.COMPLETE
+        self.study.tell(trial, outcome.values if complete else None, state=state)
 
     def _fail_now(self, trial: optuna.Trial, cause: str) -> None:
         trial.set_user_attr("fail_reason", cause)

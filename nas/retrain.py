@@ -67,6 +67,7 @@ from nas.retrain_results import (
 )
 from nas.settings import OBJECTIVES, NasSettings, TrainSettings
 from nas.tasks import Task, get_task
+from nas.tracking.base import TrialEnd
 from nas.tracking.configured import run_directories, study_tracker
 from pipeline import ElasticPipeline, StageContext
 from pipeline.distributed.comm import Comm
@@ -404,7 +405,9 @@ def _track(
                 "samples_per_s": run.samples_per_s,
                 "selected": run.model == selected,
             }
-            tracker.end_trial("failed" if run.error else "complete", summary_, run.error)
+            tracker.end_trial(
+                TrialEnd.FAILED if run.error else TrialEnd.COMPLETE, summary_, run.error
+            )
         rows = model_table(runs, settings.study.fitness)
         tracker.end_study(
             rows,

@@ -52,7 +52,7 @@ from nas.leader import Leader, StudyEnd, TrialOrder
 from nas.learning_rate import ScheduledOptimizer
 from nas.settings import OBJECTIVES, NasSettings
 from nas.tasks import Task, get_task
-from nas.tracking import pipeline_metrics
+from nas.tracking import TrialEnd, pipeline_metrics
 from pipeline import (
     ElasticPipeline,
     StageContext,
@@ -241,7 +241,9 @@ def _run_trial(
         evaluation, steps, pruned = _train(settings, task, pipe, decide, optimizer)
     except (LeaderError, *training.RUN_ERRORS) as error:  # raised on every rank
         reason, detail = training.failure(error)
-        return pipe, trials.Outcome("fail", attrs | {"fail_reason": reason, "detail": detail})
+        return pipe, trials.Outcome(
+            TrialEnd.FAILED, attrs | {"fail_reason": reason, "detail": detail}
+        )
     stats = pipe.stats()
     attrs |= evaluation | {
         "steps": steps,
@@ -257,9 +259,9 @@ def _run_trial(
         attrs |= _inheritance(pipe)
         bank.add(order.number, pipe)
     if pruned:
-        return pipe, trials.Outcome("pruned", attrs)
+        return pipe, trials.Outcome(TrialEnd.PRUNED, attrs)
     values = [_objective(attrs, name) for name in settings.study.objectives]
-    return pipe, trials.Outcome("complete", attrs, values)
+    return pipe, trials.Outcome(TrialEnd.COMPLETE, attrs, values)
 
 
 def _train(

@@ -21,6 +21,7 @@ from nas.plugins import is_import_path, load_class
 from nas.search import make_pruner, make_sampler
 from nas.search.records import StudyRecords
 from nas.settings import NasSettings
+from nas.tracking.base import TrialEnd
 from search_spaces.architecture import Architecture, functional_key, to_json
 from search_spaces.evolved_transformer import (
     PRIMITIVES,
@@ -69,9 +70,9 @@ OWNER = "owner"  # user attr: "<host>:<pid>" of the harness that asked the trial
 
 @dataclass(frozen=True)
 class Outcome:
-    """How a trial ended: "complete" (with values), "pruned" or "fail"; what to record."""
+    """How a trial ended (complete with values, pruned or failed) and what to record."""
 
-    state: str
+    state: TrialEnd
     attrs: dict[str, Any] = field(default_factory=dict)
     values: list[float] | None = None
 

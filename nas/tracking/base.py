@@ -14,6 +14,7 @@ metrics) and `pipeline_metrics` (a `PipelineStats.to_dict()` flattened into step
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from enum import StrEnum
 from types import TracebackType
 from typing import Any
 
@@ -33,7 +34,17 @@ __all__ = [
     "pipeline_metrics",
 ]
 
-TRIAL_STATES = ("complete", "pruned", "failed")
+
+class TrialEnd(StrEnum):
+    """How a trial ended, as the study tells Optuna and the trackers record it (a `str`, so
+    a tracker may compare it with the text)."""
+
+    COMPLETE = "complete"
+    PRUNED = "pruned"
+    FAILED = "failed"
+
+
+TRIAL_STATES: tuple[TrialEnd, ...] = tuple(TrialEnd)
 
 # One step's metrics as the study loop hands them over; None = not measured at this step.
 Metrics = Mapping[str, float | int | None]
@@ -92,7 +103,9 @@ class Tracker:
     def log_event(self, step: int, event: Mapping[str, Any]) -> None:
         """One pipeline event (a `PipelineEvent.to_dict()`) at `step` of the current trial."""
 
-    def end_trial(self, state: str, summary: Mapping[str, Any], error: str | None = None) -> None:
+    def end_trial(
+        self, state: TrialEnd | str, summary: Mapping[str, Any], error: str | None = None
+    ) -> None:
         """The current trial ended: complete, pruned or failed (with its cause)."""
 
     def end_study(
@@ -144,7 +157,9 @@ class LifecycleTracker(Tracker):
 
     def _on_event(self, step: int, event: Mapping[str, Any]) -> None: ...
 
-    def _on_end_trial(self, state: str, summary: Mapping[str, Any], error: str | None) -> None: ...
+    def _on_end_trial(
+        self, state: TrialEnd, summary: Mapping[str, Any], error: str | None
+    ) -> None: ...
 
     def _on_end_study(
         self,
@@ -203,7 +218,9 @@ class LifecycleTracker(Tracker):
         check_step(step)
         self._on_event(step, event)
 
-    def end_trial(self, state: str, summary: Mapping[str, Any], error: str | None = None) -> None:
+    def end_trial(
+        self, state: TrialEnd | str, summary: Mapping[str, Any], error: str | None = None
+    ) -> None:
         self._require_trial("end_trial")
         state = check_state(state)
         try:
@@ -233,7 +250,7 @@ class LifecycleTracker(Tracker):
         self._closed = True
         try:
             if self._trial is not None:
-                self.end_trial("failed", {}, "the tracker was closed before the trial ended")
+                self.end_trial(TrialEnd.FAILED, {}, "the tracker was closed before the trial ended")
         finally:
             self._on_close()
             self._study = None
@@ -283,7 +300,9 @@ class CompositeTracker(Tracker):
     def log_event(self, step: int, event: Mapping[str, Any]) -> None:
         self._each("log_event", step, event)
 
-    def end_trial(self, state: str, summary: Mapping[str, Any], error: str | None = None) -> None:
+    def end_trial(
+        self, state: TrialEnd | str, summary: Mapping[str, Any], error: str | None = None
+    ) -> None:
         self._each("end_trial", state, summary, error)
 
     def end_study(
@@ -341,14 +360,14 @@ def clean_metrics(metrics: Metrics) -> dict[str, float | int]:
 _STATE_ALIASES = {"fail": "failed"}  # Optuna's TrialState.FAIL
 
 
-def check_state(state: str) -> str:
+def check_state(state: TrialEnd | str) -> TrialEnd:
     """A trial's end state as one of `TRIAL_STATES`. Optuna's `TrialState` names are taken
     too, in any case ("COMPLETE", "PRUNED", "FAIL" -> "failed"); anything else is an error."""
     name = state.lower() if isinstance(state, str) else state
     name = _STATE_ALIASES.get(name, name)
-    if name not in TRIAL_STATES:
+    if name not in set(TRIAL_STATES):
         raise ValueError(f"unknown trial state {state!r}; valid states: {', '.join(TRIAL_STATES)}")
-    return name
+    return TrialEnd(name)
 
 
 def check_step(step: int) -> None:

@@ -35,7 +35,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from nas.tracking.base import LifecycleTracker, Metrics, clean_metrics, json_safe
+from nas.tracking.base import LifecycleTracker, Metrics, TrialEnd, clean_metrics, json_safe
 
 __all__ = ["RECORD_KINDS", "JsonlTracker", "read_jsonl", "study_file_name"]
 
@@ -123,7 +123,7 @@ class JsonlTracker(LifecycleTracker):
     def _on_event(self, step: int, event: Mapping[str, Any]) -> None:
         self._write("event", trial=self._trial, step=step, time=time.time(), event=event)
 
-    def _on_end_trial(self, state: str, summary: Mapping[str, Any], error: str | None) -> None:
+    def _on_end_trial(self, state: TrialEnd, summary: Mapping[str, Any], error: str | None) -> None:
         try:
             self._write(
                 "trial_end",

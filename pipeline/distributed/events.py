@@ -10,6 +10,8 @@ Kinds, and what `details` holds for each:
     schedule     schedule="auto" chose one (`choose_schedule`): chosen, candidates (each
                  schedule's stage count, predicted iteration, or why it was left out)
     build        a stage was built: sizes, plan (a `Plan.to_dict()`, or None)
+    handoff      Bi-Partition's cut was put in force or taken back: handoff (per boundary,
+                 the last layers of the stage before it whose backward runs after it)
     migration    layers moved live: the `MigrationRecord`'s fields (step, version, old_sizes,
                  new_sizes, moved, bytes_moved, pause_s)
     rollback     a migration was rolled back: sizes (kept), requested, error
@@ -33,13 +35,14 @@ import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import PurePath
-from typing import Any
+from typing import Any, Literal, get_args
 
-__all__ = ["EVENT_KINDS", "EventLog", "PipelineEvent", "plain"]
+__all__ = ["EVENT_KINDS", "EventKind", "EventLog", "PipelineEvent", "plain"]
 
-EVENT_KINDS = (
+EventKind = Literal[
     "schedule",
     "build",
+    "handoff",
     "migration",
     "rollback",
     "trigger",
@@ -47,7 +50,8 @@ EVENT_KINDS = (
     "reconfigure",
     "inherit",
     "error",
-)
+]
+EVENT_KINDS: tuple[EventKind, ...] = get_args(EventKind)
 
 
 def plain(value: Any) -> Any:
@@ -97,12 +101,14 @@ class PipelineEvent:
 
     generation: int  # which model: +1 per `reconfigure`
     step: int  # the model's step count when it happened
-    kind: str
+    kind: EventKind
     details: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        if not isinstance(self.kind, str) or not self.kind:
-            raise ValueError(f"an event's kind must be a non-empty string, got {self.kind!r}")
+        if self.kind not in EVENT_KINDS:
+            raise ValueError(
+                f"an event's kind={self.kind!r} is not valid; valid: {', '.join(EVENT_KINDS)}"
+            )
 
     def to_dict(self) -> dict[str, Any]:
         """{"generation", "step", "kind", "details"} in plain JSON values (see `plain`)."""
@@ -126,7 +132,7 @@ class EventLog:
         """Every event so far, oldest first (read-only by convention: `record` adds)."""
         return self._events
 
-    def record(self, kind: str, **details: Any) -> PipelineEvent:
+    def record(self, kind: EventKind, **details: Any) -> PipelineEvent:
         """Add an event of `kind`, stamped with the pipeline's generation and step."""
         generation, step = self._now()
         event = PipelineEvent(generation, step, kind, details)

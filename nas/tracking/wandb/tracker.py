@@ -28,7 +28,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from nas.tracking.base import LifecycleTracker, Metrics, clean_metrics, json_safe
+from nas.tracking.base import LifecycleTracker, Metrics, TrialEnd, clean_metrics, json_safe
 from nas.tracking.plots import save_pareto_plot
 
 __all__ = ["MODES", "QUIET_SETTINGS", "WandbTracker", "sync_command"]
@@ -214,19 +214,20 @@ class WandbTracker(LifecycleTracker):
         so the step history holds step metrics only)."""
         self._events.append({"step": step, **json_safe(dict(event))})
 
-    def _on_end_trial(self, state: str, summary: Mapping[str, Any], error: str | None) -> None:
+    def _on_end_trial(self, state: TrialEnd, summary: Mapping[str, Any], error: str | None) -> None:
         run = self._trial_run
         try:
-            final: dict[str, Any] = {**json_safe(dict(summary)), "state": state, "error": error}
+            text = state.value  # W&B writes an enum by its name
+            final: dict[str, Any] = {**json_safe(dict(summary)), "state": text, "error": error}
             if self._events:
                 final["events"] = self._table(self._events)
                 final["event_count"] = len(self._events)
             run.summary.update(final)
-            run.tags = (*tuple(run.tags or ()), state)
+            run.tags = (*tuple(run.tags or ()), text)
         finally:
             self._trial_run, self._events = None, []
-            run.finish(exit_code=1 if state == "failed" else 0)
-        self._ended[state] += 1
+            run.finish(exit_code=1 if state == TrialEnd.FAILED else 0)
+        self._ended[state.value] += 1
         if self._study_run is not None:
             ended = sum(self._ended.values())
             self._study_run.log(

@@ -25,6 +25,10 @@ TINY = (
     "search_space.max_cells=1",
 )
 
+# Greedy decoding (a pipeline forward per generated character) is what a tiny study's
+# evaluations spend most on; tests that are not about it decode a few pairs.
+LITTLE_DECODING = ("train.decode_pairs=4", "train.final_decode_pairs=8", "retrain.decode_pairs=8")
+
 
 def composed(*overrides: str) -> NasSettings:
     """`conf/config.yaml` composed with `overrides`, as typed settings."""

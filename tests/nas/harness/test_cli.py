@@ -16,7 +16,7 @@ import pytest
 
 from nas.settings import TASK_METRICS
 from nas.trials import INTERRUPTED, OWNER, counted
-from tests.nas.harness.common import write_text
+from tests.nas.harness.common import LITTLE_DECODING, write_text
 
 pytestmark = pytest.mark.multiprocess
 
@@ -45,8 +45,7 @@ ONE_TRIAL = (
     "train.eval_every=2",
     "train.eval_batches=1",
     "train.batch_size=16",
-    "train.decode_pairs=4",
-    "train.final_decode_pairs=8",
+    *LITTLE_DECODING,
     "search_space.d_model=[32]",
     "search_space.max_cells=1",
 )
@@ -76,14 +75,15 @@ def test_one_trial_of_each_task_from_the_command_line(tmp_path: Path, task: str)
 
 
 # Loads an exported model in a fresh process (no pipeline, no Optuna, no W&B) and scores its
-# greedy translations of the whole validation split as the retrain's final evaluation did.
+# greedy translations of the pairs the retraining's final evaluation decoded, as it scored them.
 LOAD_AND_SCORE = """
 import json, sys
 import nas
 from nas.tasks import get_task
 from nas.tasks.metrics import decode_metrics
 model = nas.load_model(sys.argv[1])
-pairs = get_task("translation").pairs("validation")
+task = get_task("translation")
+pairs = [task.pairs("validation")[i] for i in task.decode_subset("validation", 8)]
 scores = decode_metrics(model.translate([src for src, _ in pairs]), [tgt for _, tgt in pairs])
 print(json.dumps(scores))
 """
@@ -97,6 +97,7 @@ def test_a_small_study_from_the_command_line(tmp_path: Path) -> None:
         "study.n_trials=2",
         "tracker=none",
         "train.steps=4",
+        *LITTLE_DECODING,
         "train.eval_every=2",
         "train.eval_batches=1",
         "train.batch_size=16",
@@ -136,6 +137,7 @@ def test_a_multirun_runs_one_study_per_job(tmp_path: Path) -> None:
         "stages=[search]",
         "tracker=none",
         "train.steps=4",
+        *LITTLE_DECODING,
         "train.eval_every=2",
         "train.eval_batches=1",
         "train.batch_size=16",
@@ -167,6 +169,7 @@ def test_stages_started_by_torchrun_run_the_study(tmp_path: Path) -> None:
         "study.n_trials=2",
         "tracker=jsonl",
         "train.steps=2",
+        *LITTLE_DECODING,
         "train.eval_every=2",
         "train.eval_batches=1",
         "train.batch_size=16",
@@ -202,6 +205,7 @@ def test_a_killed_study_resumes_at_the_right_trial_count(tmp_path: Path) -> None
         "stages=[search]",
         "tracker=none",
         "train.steps=30",
+        *LITTLE_DECODING,
         "train.eval_every=10",
         "train.eval_batches=1",
         "train.batch_size=16",
@@ -299,6 +303,7 @@ def test_two_workers_share_one_study(tmp_path: Path) -> None:
         "stages=[search]",
         "tracker=none",
         "train.steps=4",
+        *LITTLE_DECODING,
         "train.eval_every=2",
         "train.eval_batches=1",
         "train.batch_size=16",

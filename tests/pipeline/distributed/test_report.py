@@ -157,9 +157,10 @@ def test_the_records_pickle() -> None:  # stats and events travel back from stag
         assert pickle.loads(pickle.dumps(obj)) == obj
 
 
-def test_an_event_needs_a_kind() -> None:
-    with pytest.raises(ValueError, match="kind"):
-        PipelineEvent(0, 0, "")
+def test_an_event_needs_a_known_kind() -> None:
+    for kind in ("", "handof"):
+        with pytest.raises(ValueError, match=f"kind={kind!r} is not valid; valid: schedule, "):
+            PipelineEvent(0, 0, kind)  # type: ignore[arg-type]
 
 
 def test_the_public_names() -> None:
