@@ -76,7 +76,7 @@ from nas.retrain import (
     retrain_models,
     select_models,
 )
-from nas.settings import OBJECTIVES, NasSettings, PrunerSettings, SamplerSettings
+from nas.settings import NasSettings, PrunerSettings, SamplerSettings, lower_is_better
 from nas.study import run_study
 from nas.trials import counted, finished, open_study, seed_architectures
 from search_spaces.architecture import summary
@@ -318,18 +318,20 @@ def _read(
     seconds: float,
 ) -> dict[str, Any]:
     """What a study did: trials by state, steps trained, best-so-far against minutes."""
-    sign = -1.0 if OBJECTIVES[settings.study.fitness] == "maximize" else 1.0
+    fitness = settings.study.fitness
     ended = {
         t.number: t.datetime_complete
         for t in study.trials
         if counted(t) and t.datetime_complete is not None
     }
     done = sorted((t for t in study.trials if t.number in ended), key=lambda t: ended[t.number])
-    curve, best = [], math.inf
+    curve: list[list[float]] = []
+    best, best_key = None, math.inf  # the best fitness so far and its lower-is-better key
     for t in done:
-        if t.state == optuna.trial.TrialState.COMPLETE and sign * t.values[0] < best:
-            best = sign * t.values[0]
-            curve.append([(ended[t.number] - start).total_seconds() / 60, sign * best])
+        key = lower_is_better(fitness, t.values[0]) if t.values else math.inf
+        if t.state == optuna.trial.TrialState.COMPLETE and key < best_key:
+            best, best_key = t.values[0], key
+            curve.append([(ended[t.number] - start).total_seconds() / 60, best])
     steps = [
         settings.train.steps
         if t.state == optuna.trial.TrialState.COMPLETE
@@ -358,7 +360,7 @@ def _read(
                 ).items()
             )
         ),
-        "best": sign * best if math.isfinite(best) else None,
+        "best": best,
         "curve": curve,
         "storage": settings.storage_url,
         "study_name": study.study_name,

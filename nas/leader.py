@@ -29,10 +29,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import optuna
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from nas import storage
 from nas.errors import HeartbeatError, LeaderError, describe
+from nas.progress import progress_bars
 from nas.search import ProgressiveDynamicHurdles
 from nas.search.evolution import KEY_PARENT
 from nas.settings import NasSettings
@@ -97,12 +97,7 @@ class Leader:
         self.deferred: BaseException | None = None  # a logging error between decisions
         self.end: StudyEnd | None = None  # set by close()
         self.tracker = study_tracker(settings)
-        self.progress = Progress(
-            TextColumn("{task.description}"),
-            BarColumn(),
-            TextColumn("{task.completed}/{task.total}"),
-            TimeElapsedColumn(),
-        )
+        self.progress = progress_bars()
         self.bar_study = self.progress.add_task(
             f"study {settings.study.name}",
             total=settings.study.n_trials,

@@ -51,11 +51,12 @@ from pathlib import Path
 from typing import Any
 
 import optuna
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import Progress
 
 import pipeline
 from nas import retrain_runs, storage, training, trials
 from nas.export import export_model
+from nas.progress import progress_bars
 from nas.retrain_results import (
     Model,
     RetrainResult,
@@ -65,7 +66,7 @@ from nas.retrain_results import (
     paired_metrics,
     score,
 )
-from nas.settings import OBJECTIVES, NasSettings, TrainSettings
+from nas.settings import NasSettings, TrainSettings, lower_is_better
 from nas.tasks import Task, get_task
 from nas.tracking.base import TrialEnd
 from nas.tracking.configured import run_directories, study_tracker
@@ -137,9 +138,9 @@ def select_models(study: optuna.Study, settings: NasSettings) -> list[Model]:
     """Step 1: the `top_k` best complete trials, one per network (then the seeds)."""
     seeds = trials.seed_architectures(settings) if settings.retrain.seed_models else {}
     taken = {identity(to_json(arch)) for arch in seeds.values()}
-    sign = -1.0 if OBJECTIVES[settings.study.fitness] == "maximize" else 1.0
     complete = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
-    ranked = sorted(complete, key=lambda t: (sign * t.values[0], t.number))
+    fitness = settings.study.fitness
+    ranked = sorted(complete, key=lambda t: (lower_is_better(fitness, t.values[0]), t.number))
     chosen: list[Model] = []
     for trial in ranked:
         if len(chosen) == settings.retrain.top_k:
@@ -342,12 +343,7 @@ def _export(
 
 
 def _progress(total: int) -> tuple[Progress, Any]:
-    progress = Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        TextColumn("{task.completed}/{task.total} steps"),
-        TimeElapsedColumn(),
-    )
+    progress = progress_bars("steps")
     bar = progress.add_task("retrain", total=total)
     progress.start()
     return progress, bar

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nas.paired import PairedDifference, paired_difference, reference_model
-from nas.settings import OBJECTIVES
+from nas.settings import OBJECTIVES, lower_is_better
 
 __all__ = [
     "Model",
@@ -96,13 +96,7 @@ def model_table(runs: Sequence[RetrainRun], fitness: str) -> list[dict[str, Any]
             row[f"{key}_values"] = values
         row.setdefault(f"{fitness}_mean", math.nan)
         rows.append(row)
-    sign = -1.0 if OBJECTIVES[fitness] == "maximize" else 1.0
-
-    def order(row: dict[str, Any]) -> float:
-        value = row[f"{fitness}_mean"]
-        return sign * value if math.isfinite(value) else math.inf
-
-    return sorted(rows, key=order)
+    return sorted(rows, key=lambda row: lower_is_better(fitness, row[f"{fitness}_mean"]))
 
 
 def compare(
@@ -154,5 +148,4 @@ def _per_seed(runs: Sequence[RetrainRun], model: str, metric: str) -> dict[int, 
 def score(run: RetrainRun, fitness: str) -> float:
     """Lower is better: the run's validation fitness, signed by its direction."""
     value = run.metrics.get(fitness, math.nan) if run.error is None else math.nan
-    sign = -1.0 if OBJECTIVES[fitness] == "maximize" else 1.0
-    return sign * value if math.isfinite(value) else math.inf
+    return lower_is_better(fitness, value)

@@ -8,6 +8,7 @@ A wrong value is refused here, naming the key, the value and what would be valid
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,6 +28,7 @@ __all__ = [
     "TaskSettings",
     "TrackerSettings",
     "TrainSettings",
+    "lower_is_better",
 ]
 
 # What a study may optimise: every metric a trial logs once it has trained, with its
@@ -43,6 +45,16 @@ OBJECTIVES = {
     "parameters": "minimize",
 }
 DIRECTIONS = ("minimize", "maximize")
+
+
+def lower_is_better(metric: str, value: float) -> float:
+    """`value` of `metric` on a scale where lower is better: negated when the metric is
+    maximised; +inf when it is not finite (a failed run ranks last)."""
+    if not math.isfinite(value):
+        return math.inf
+    return -value if OBJECTIVES[metric] == "maximize" else value
+
+
 TASKS = ("translation", "charlm", "textfile")
 # The validation metrics each task measures (nas.tasks: `evaluate` of each task).
 TASK_METRICS = {

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from nas import settings
@@ -114,3 +116,11 @@ def test_retrain_settings_name_the_bad_value(retrain: dict, message: str) -> Non
 def test_learning_rate_settings_name_the_bad_value(train: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         settings.TrainSettings(**train)
+
+
+def test_lower_is_better_signs_a_metric_by_its_direction() -> None:
+    assert settings.lower_is_better("validation_loss", 0.5) == 0.5
+    assert settings.lower_is_better("validation_chrf", 60.0) == -60.0
+    assert (
+        settings.lower_is_better("validation_chrf", math.nan) == math.inf
+    )  # a failed run ranks last

@@ -1,0 +1,19 @@
+"""The harness's progress bars, one look for the study, its trials and the retraining.
+
+`rich` draws them on the terminal (and stays quiet when the output is not one); each bar is
+its description, the bar, done / total and the time elapsed.
+"""
+
+from __future__ import annotations
+
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+__all__ = ["progress_bars"]
+
+
+def progress_bars(unit: str = "") -> Progress:
+    """A `Progress` (not started) whose counts read "done/total unit"."""
+    count = "{task.completed}/{task.total}" + (f" {unit}" if unit else "")
+    return Progress(
+        TextColumn("{task.description}"), BarColumn(), TextColumn(count), TimeElapsedColumn()
+    )
