@@ -37,7 +37,12 @@ into `--out` over what earlier runs of other parts wrote there.
 
     python benchmarks/search_quality.py                       # the full figures, ~8 hours
     python benchmarks/search_quality.py --parts best          # the headline, ~2 hours
-    python benchmarks/search_quality.py --experiment search_1h --parts best \
+    # or in pieces that survive a stop: the harness's own (resumable) study, then the
+    # benchmark reads it and retrains (finished runs are kept in retrain.models_dir)
+    python -m nas experiment=search_2h 'stages=[search]' studies_dir=out/studies
+    python benchmarks/search_quality.py --parts best --headline-study search_2h \\
+        studies_dir=out/studies retrain.models_dir=out/models
+    python benchmarks/search_quality.py --experiment search_1h --parts best \\
         --out benchmarks/results/search_quality_search_1h.json  # the earlier experiment
     python benchmarks/search_quality.py --parts samplers,pruning,warm --compare-minutes 4 \\
         --study-seeds 1                                       # reduced: ~30 minutes
@@ -78,7 +83,7 @@ from nas.retrain import (
 )
 from nas.settings import NasSettings, PrunerSettings, SamplerSettings, lower_is_better
 from nas.study import run_study
-from nas.trials import counted, finished, open_study, seed_architectures
+from nas.trials import counted, finished, open_study, seconds_trained, seed_architectures
 from search_spaces.architecture import summary
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -121,7 +126,12 @@ def main() -> None:
     picks: dict[str, str] = {}  # role -> the study whose pick is retrained
     if "best" in args.parts:
         key = "evolution/0"
-        if key not in runs or args.search_minutes != args.compare_minutes or args.search_trials:
+        if args.headline_study:  # a study the harness ran (and may have resumed) before
+            key = "headline"
+            runs[key] = _stored(
+                replace(base, study=replace(base.study, name=args.headline_study)), "evolution", 0
+            )
+        elif key not in runs or args.search_minutes != args.compare_minutes or args.search_trials:
             key = "headline"
             runs[key] = _study(
                 base, "evolution", 0, args.search_minutes, args.search_trials, args.reuse
@@ -221,6 +231,12 @@ def _arguments() -> argparse.Namespace:
         help="default: the experiment's study.time_budget_s",
     )
     parser.add_argument("--search-trials", type=int, default=None)
+    parser.add_argument(
+        "--headline-study",
+        default=None,
+        help="take this study in studies_dir as the headline instead of running one "
+        "(e.g. one `python -m nas experiment=search_2h` ran and resumed)",
+    )
     parser.add_argument("--study-seeds", type=int, default=2)
     parser.add_argument(
         "--retrain-seeds",
@@ -266,6 +282,19 @@ def _variants(parts: list[str]) -> list[str]:
     return list(dict.fromkeys(v for part in parts for v in chosen.get(part, [])))
 
 
+def _stored(settings: NasSettings, variant: str, seed: int) -> dict[str, Any]:
+    """A study already in `studies_dir` (`settings.study.name`), read back; its time is the
+    sum of its trials' (`nas.trials.seconds_trained`), which a study resumed across runs
+    also counts right."""
+    name = settings.study.name
+    if name not in optuna.get_all_study_names(settings.storage_url):
+        raise SystemExit(f"no study {name!r} in {settings.storage_url}")
+    study = optuna.load_study(study_name=name, storage=settings.storage_url)
+    first = min(t.datetime_start for t in study.trials if t.datetime_start)
+    print(f"study {name}: read from {settings.storage_url}", flush=True)
+    return _read(study, settings, variant, seed, first, seconds_trained(study))
+
+
 def _study(
     base: NasSettings,
     variant: str,
@@ -287,11 +316,7 @@ def _study(
         )
     )
     if reuse and name in optuna.get_all_study_names(settings.storage_url):
-        study = optuna.load_study(study_name=name, storage=settings.storage_url)
-        first = min(t.datetime_start for t in study.trials if t.datetime_start)
-        last = max(t.datetime_complete for t in study.trials if t.datetime_complete)
-        print(f"study {name}: read from {settings.storage_url}", flush=True)
-        return _read(study, settings, variant, seed, first, (last - first).total_seconds())
+        return _stored(settings, variant, seed)
     print(f"study {name}", flush=True)
     start, deadline = datetime.now(), time.time() + (math.inf if trials else 60 * minutes)
     cold = variant == "evolution-cold"  # a fresh run_study (new processes) per trial

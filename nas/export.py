@@ -12,8 +12,8 @@
     architecture.png    the encoder and decoder cells, drawn (`nas.pictures`)
 
 `load_model(path)` rebuilds it in one process: no pipeline, no Optuna, no W&B. The layers
-are the ones the pipeline trained (`search_spaces.compile`), run in order; a translation
-model also translates (`TranslationModel.translate`, greedy, decoded exactly as the
+are the ones the pipeline trained (`search_spaces.compile`), run in order; a model with an
+encoder (a source and a target, as for translation) also translates (`TranslationModel.translate`, greedy, decoded exactly as the
 evaluation decodes).
 """
 
@@ -151,8 +151,8 @@ def export_model(
 
 
 def load_model(path: str | Path) -> ExportedModel:
-    """The model exported to folder `path`, in eval mode (a `TranslationModel` for the
-    translation task). Raises `ModelFolderError` naming the path and what is missing."""
+    """The model exported to folder `path`, in eval mode (a `TranslationModel` when it has an
+    encoder). Raises `ModelFolderError` naming the path and what is missing."""
     from safetensors.torch import load_file
 
     folder = Path(path)
@@ -188,7 +188,7 @@ def load_model(path: str | Path) -> ExportedModel:
                 f"{error}"
             ) from error
         layers[spec.key] = layer
-    cls = TranslationModel if info["task"]["name"] == "translation" else ExportedModel
+    cls = ExportedModel if arch.decoder_only else TranslationModel  # a source: translate()
     return cls(layers, info, _read_json(folder / "metrics.json")).eval()
 
 

@@ -24,8 +24,9 @@ from rich.markup import escape
 from rich.table import Table
 
 from nas.retrain_results import RetrainResult, model_table
-from nas.settings import TASK_METRICS, NasSettings
+from nas.settings import NasSettings, task_metrics
 from nas.study import StudyResult
+from nas.tasks import task_class
 from nas.trials import DUPLICATE_OF, INVALID
 
 __all__ = ["plot_history", "plot_pareto", "plot_partition", "report_study"]
@@ -82,7 +83,7 @@ def _trials_table(settings: NasSettings, study: optuna.Study, width: int = 100) 
     architecture's short name (or the failure's cause) takes what width is left."""
     finished = sum(t.state.is_finished() for t in study.trials)
     objectives = list(settings.study.objectives)
-    measured = [m for m in TASK_METRICS[settings.task.name] if m not in objectives]
+    measured = [m for m in task_metrics(settings.task.name) if m not in objectives]
     extra = [m for m in ("parameters", "samples_per_s", "peak_memory_bytes") if m not in objectives]
     best = {t.number for t in study.best_trials} if study.best_trials else set()
     shown = [t for t in study.get_trials(deepcopy=False) if not t.user_attrs.get("invalid")]
@@ -132,7 +133,7 @@ def _report_retrained(settings: NasSettings, retrained: RetrainResult, console: 
         star = " *" if row["model"] == retrained.selected else ""
         table.add_column(row["model"] + star, justify="right", no_wrap=True)
     table.add_row("seeds (failed)", *[f"{r['seeds']} ({r['failed']})" for r in rows])
-    _metric_rows(table, rows, TASK_METRICS[settings.task.name])
+    _metric_rows(table, rows, task_metrics(settings.task.name))
     for metric in dict.fromkeys(m for pairs in retrained.paired.values() for m in pairs):
         cells = [_paired_cell(retrained, r["model"], metric) for r in rows]
         table.add_row(f"Δ {_short(metric)} vs {retrained.reference}", *cells)
@@ -148,7 +149,7 @@ def _report_retrained(settings: NasSettings, retrained: RetrainResult, console: 
         console.print(f"exported {name}: {folder}", soft_wrap=True)
     if retrained.selected and retrained.selected in retrained.exported:
         folder = retrained.exported[retrained.selected]
-        call = "m.translate(['Germany', 'France'])" if settings.task.name == "translation" else "m"
+        call = task_class(settings.task.name).example_call
         console.print(
             f'load the chosen model ({retrained.selected}): python -c "import nas; '
             f"m = nas.load_model('{folder}'); print({call})\"",

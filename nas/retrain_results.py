@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nas.paired import PairedDifference, paired_difference, reference_model
-from nas.settings import OBJECTIVES, lower_is_better
+from nas.settings import direction, lower_is_better, objectives
 
 __all__ = [
     "Model",
@@ -107,7 +107,7 @@ def compare(
     `fitness` and, when the runs have it, `validation_chrf`; (None, {}) without one."""
     rows = model_table(runs, fitness)
     seeds = {row["model"]: row[f"{fitness}_mean"] for row in rows if row["trial"] is None}
-    reference = reference_model(seeds, maximize=OBJECTIVES[fitness] == "maximize")
+    reference = reference_model(seeds, maximize=direction(fitness) == "maximize")
     if reference is None:
         return None, {}
     metrics = [
@@ -130,7 +130,7 @@ def paired_metrics(
         metric: paired_difference(
             _per_seed(runs, model, metric),
             _per_seed(runs, reference, metric),
-            maximize=OBJECTIVES.get(metric) == "maximize",
+            maximize=objectives().get(metric) == "maximize",
         )
         for metric in metrics
     }

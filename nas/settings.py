@@ -9,15 +9,23 @@ A wrong value is refused here, naming the key, the value and what would be valid
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from nas.learning_rate import SCHEDULES as LR_SCHEDULES
 from nas.plugins import is_import_path
+from nas.search import PRUNERS, SAMPLERS
+from nas.tasks import TASKS, Direction, task_class
+from nas.tracking import TRACKERS
+from pipeline.local.pipemare import PipeMareConfig
+from pipeline.pure.planner import PLANNERS
+from pipeline.pure.schedule import SCHEDULES
+from search_spaces.evolved_transformer import PRIMITIVES
 
 __all__ = [
     "DIRECTIONS",
-    "OBJECTIVES",
-    "TASK_METRICS",
+    "RUNTIME_OBJECTIVES",
     "NasSettings",
     "PipelineSettings",
     "PrunerSettings",
@@ -28,18 +36,14 @@ __all__ = [
     "TaskSettings",
     "TrackerSettings",
     "TrainSettings",
+    "direction",
     "lower_is_better",
+    "objectives",
+    "task_metrics",
 ]
 
-# What a study may optimise: every metric a trial logs once it has trained, with its
-# direction. The first objective is the fitness: measured at every evaluation (a
-# `validation_*` metric), it is what pruners and hurdles see and what evolution ranks by.
-OBJECTIVES = {
-    "validation_loss": "minimize",
-    "validation_accuracy": "maximize",
-    "validation_chrf": "maximize",
-    "validation_exact_match": "maximize",
-    "validation_bits_per_char": "minimize",
+# What a study may optimise besides its task's validation metrics, with the direction.
+RUNTIME_OBJECTIVES: dict[str, Direction] = {
     "tokens_per_s": "maximize",
     "peak_memory_bytes": "minimize",
     "parameters": "minimize",
@@ -47,51 +51,52 @@ OBJECTIVES = {
 DIRECTIONS = ("minimize", "maximize")
 
 
+def task_metrics(task: str) -> tuple[str, ...]:
+    """The validation metrics `task` measures (`Task.metric_directions`), as a trial logs
+    them (`validation_<metric>`)."""
+    return tuple(f"validation_{metric}" for metric in task_class(task).metric_directions)
+
+
+def objectives() -> dict[str, Direction]:
+    """Every metric a study may optimise, with its direction: each known task's validation
+    metrics (a task loaded by import path counts from then on), then the runtime's. The
+    first objective of a study is its fitness: measured at every evaluation (a
+    `validation_*` metric), it is what pruners and hurdles see and what evolution ranks by."""
+    known: dict[str, Direction] = {}
+    for cls in TASKS.values():
+        known |= {f"validation_{m}": way for m, way in cls.metric_directions.items()}
+    return known | RUNTIME_OBJECTIVES
+
+
+def direction(metric: str) -> Direction:
+    """Whether `metric` is minimised or maximised (`objectives`)."""
+    known = objectives()
+    if metric not in known:
+        raise ValueError(f"unknown metric {metric!r}; known: {', '.join(known)}")
+    return known[metric]
+
+
 def lower_is_better(metric: str, value: float) -> float:
     """`value` of `metric` on a scale where lower is better: negated when the metric is
     maximised; +inf when it is not finite (a failed run ranks last)."""
     if not math.isfinite(value):
         return math.inf
-    return -value if OBJECTIVES[metric] == "maximize" else value
+    return -value if direction(metric) == "maximize" else value
 
 
-TASKS = ("translation", "charlm", "textfile")
-# The validation metrics each task measures (nas.tasks: `evaluate` of each task).
-TASK_METRICS = {
-    "translation": (
-        "validation_loss",
-        "validation_accuracy",
-        "validation_chrf",
-        "validation_exact_match",
-    ),
-    "charlm": ("validation_loss", "validation_accuracy", "validation_bits_per_char"),
-    "textfile": ("validation_loss", "validation_accuracy", "validation_bits_per_char"),
-}
-SAMPLERS = ("tpe", "nsga2", "random", "gp", "evolution")
-PRUNERS = ("pdh", "median", "none", "sha")
-TRACKERS = ("wandb", "jsonl", "none")
-# pipeline.pure.schedule.SCHEDULES, spelled out so that composing a config needs no torch
-# import (tests/nas/test_settings.py keeps the two equal)
-PIPEMARE_OPTIONS = (
-    "lr_reschedule",
-    "warmup_updates",
-    "correction",
-    "correction_decay",
-    "update_every",
-)  # pipeline.local.pipemare.PipeMareConfig's fields
-SCHEDULES = ("1f1b", "gpipe", "zbh1", "2bw", "pipemare", "interleaved_1f1b", "zbv")
-PLANNERS = ("time", "memory", "bipartition")  # bipartition: Bi-Partition's cut where it helps
-LR_SCHEDULES = ("constant", "cosine")  # nas.learning_rate.SCHEDULES
 STAGES = ("search", "retrain")  # in this order
-PRIMITIVES = ("squared_relu", "mdha")  # search_spaces.evolved_transformer.PRIMITIVES
+# The choices are read from the registries they name, at the moment a setting is checked,
+# so a schedule registered by the user (`pipeline.register_schedule`) is a valid one.
+PIPEMARE_OPTIONS = tuple(PipeMareConfig.__dataclass_fields__)
 
 
-def _one_of(key: str, value: Any, valid: tuple[str, ...] | list[str]) -> None:
-    if value not in valid:
-        raise ValueError(f"{key}={value!r} is not valid; valid values: {', '.join(valid)}")
+def _one_of(key: str, value: Any, valid: Iterable[str]) -> None:
+    names = tuple(valid)
+    if value not in names:
+        raise ValueError(f"{key}={value!r} is not valid; valid values: {', '.join(names)}")
 
 
-def _built_in_or_class(key: str, value: Any, valid: tuple[str, ...]) -> None:
+def _built_in_or_class(key: str, value: Any, valid: Iterable[str]) -> None:
     """One of the built-in choices, or a user's class by import path (`nas.plugins`)."""
     if not (isinstance(value, str) and is_import_path(value)):
         try:
@@ -133,24 +138,26 @@ class StudySettings:
                 raise ValueError(
                     f"study.{key}={value!r} is not valid; use seconds > 0 or null (no time limit)"
                 )
+        # the task's validation metrics are checked with the task (`NasSettings`)
         if not self.objectives:
             raise ValueError(
-                "study.objectives is empty; valid objectives: " + ", ".join(OBJECTIVES)
+                "study.objectives is empty; valid objectives: " + ", ".join(objectives())
             )
         for objective in self.objectives:
-            _one_of("study.objectives", objective, list(OBJECTIVES))
+            if not objective.startswith("validation_"):
+                _one_of("study.objectives", objective, [*objectives()])
         if not self.objectives[0].startswith("validation_"):
             raise ValueError(
                 f"study.objectives={list(self.objectives)} must start with a validation metric "
                 "(the fitness, measured at every evaluation); valid first objectives: "
-                + ", ".join(o for o in OBJECTIVES if o.startswith("validation_"))
+                + ", ".join(o for o in objectives() if o.startswith("validation_"))
             )
         if len(set(self.objectives)) != len(self.objectives):
             raise ValueError(f"study.objectives={list(self.objectives)} names one twice")
 
     @property
     def directions(self) -> list[str]:
-        return [OBJECTIVES[o] for o in self.objectives]
+        return [direction(o) for o in self.objectives]
 
     @property
     def fitness(self) -> str:
@@ -248,7 +255,7 @@ class TaskSettings:
     options: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        _one_of("task", self.name, TASKS)
+        task_class(self.name)  # a built-in name, or a Task subclass by import path
 
 
 @dataclass
@@ -362,7 +369,7 @@ class NasSettings:
                 f"stages={list(self.stages)!r} is not valid; valid: [search], "
                 "[retrain] or [search, retrain]"
             )
-        wants = self.task.name != "translation"  # the language models are decoder-only
+        wants = task_class(self.task.name).decoder_only
         if self.search_space.decoder_only is None:
             self.search_space.decoder_only = wants
         elif self.search_space.decoder_only != wants:
@@ -370,13 +377,12 @@ class NasSettings:
                 f"search_space.decoder_only={self.search_space.decoder_only} does not fit "
                 f"task={self.task.name}; valid: {wants} (or leave it unset)"
             )
-        measured = TASK_METRICS[self.task.name]
+        measured = task_metrics(self.task.name)
         for objective in self.study.objectives:
             if objective.startswith("validation_") and objective not in measured:
                 raise ValueError(
                     f"study.objectives has {objective}, which task={self.task.name} does not "
-                    f"measure; valid: {', '.join(measured)} and "
-                    + ", ".join(o for o in OBJECTIVES if not o.startswith("validation_"))
+                    f"measure; valid: {', '.join(measured)} and " + ", ".join(RUNTIME_OBJECTIVES)
                 )
         self._check_pruner()
         if self.train.batch_size % self.pipeline.n_microbatches:

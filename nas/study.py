@@ -50,7 +50,7 @@ from nas.errors import LeaderError
 from nas.inheritance import WeightBank
 from nas.leader import Leader, StudyEnd, TrialOrder
 from nas.learning_rate import ScheduledOptimizer
-from nas.settings import OBJECTIVES, NasSettings
+from nas.settings import NasSettings, direction
 from nas.tasks import Task, get_task
 from nas.tracking import TrialEnd, pipeline_metrics
 from pipeline import (
@@ -307,7 +307,7 @@ def _objective(attrs: dict[str, Any], name: str) -> float:
     value = float(attrs[name])
     if math.isfinite(value):
         return value
-    return math.inf if OBJECTIVES[name] == "minimize" else -math.inf
+    return math.inf if direction(name) == "minimize" else -math.inf
 
 
 def _inheritance(pipe: ElasticPipeline) -> dict[str, int]:

@@ -40,7 +40,14 @@ from pipeline.local.separable import separable
 from pipeline.local.spec import LayerSpec
 from pipeline.pure.costs import LayerCost
 from pipeline.pure.planner import InfeasibleBudgetError, Plan, Planner
-from pipeline.pure.schedule import SCHEDULES, Action, Op, ScheduleError
+from pipeline.pure.schedule import (
+    SCHEDULES,
+    Action,
+    Op,
+    ScheduleError,
+    ScheduleSpec,
+    register_schedule,
+)
 
 __all__ = [
     "SCHEDULES",
@@ -62,6 +69,7 @@ __all__ = [
     "Planner",
     "ReferenceTrainer",
     "ScheduleError",
+    "ScheduleSpec",
     "StageContext",
     "StageError",
     "StageFailedError",
@@ -69,6 +77,7 @@ __all__ = [
     "WeightSnapshot",
     "launch",
     "lead_process",
+    "register_schedule",
     "separable",
     "under_torchrun",
 ]

@@ -25,6 +25,7 @@ from __future__ import annotations
 import inspect
 from typing import Any
 
+from nas.plugins import is_import_path, load_class
 from nas.tasks.base import (
     BOS,
     EOS,
@@ -32,6 +33,7 @@ from nas.tasks.base import (
     SPLITS,
     UNK,
     Batch,
+    Direction,
     Task,
     TokenStats,
     Vocab,
@@ -52,6 +54,7 @@ __all__ = [
     "Batch",
     "CharLM",
     "CharLanguageModel",
+    "Direction",
     "Task",
     "TextFile",
     "TokenStats",
@@ -64,16 +67,29 @@ __all__ = [
     "greedy_decode",
     "masked_cross_entropy",
     "sentence_chrf",
+    "task_class",
 ]
 
 TASKS: dict[str, type[Task]] = {"translation": Translation, "charlm": CharLM, "textfile": TextFile}
 
 
+def task_class(name: str) -> type[Task]:
+    """The built-in task called `name`, or a user's `Task` subclass by import path
+    ("package.module:ClassName", `nas.plugins`), which is then known by that path."""
+    if name in TASKS:
+        return TASKS[name]
+    if is_import_path(name):
+        TASKS[name] = load_class("task", name, Task)  # type: ignore[type-abstract]
+        return TASKS[name]
+    raise ValueError(
+        f"unknown task {name!r}; valid tasks: {', '.join(sorted(TASKS))}, or a Task subclass "
+        "as 'package.module:ClassName'"
+    )
+
+
 def get_task(name: str, **options: Any) -> Task:
-    """The task called `name`, built with `options` (e.g. seed, seq_len, path)."""
-    if name not in TASKS:
-        raise ValueError(f"unknown task {name!r}; valid tasks: {', '.join(sorted(TASKS))}")
-    cls = TASKS[name]
+    """The task called `name` (`task_class`), built with `options` (e.g. seed, seq_len)."""
+    cls = task_class(name)
     try:
         inspect.signature(cls).bind(**options)
     except TypeError as error:

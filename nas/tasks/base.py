@@ -20,7 +20,7 @@ import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 import torch
 import torch.nn.functional as F
@@ -32,6 +32,7 @@ __all__ = [
     "SPLITS",
     "UNK",
     "Batch",
+    "Direction",
     "Forward",
     "Task",
     "TokenStats",
@@ -201,14 +202,32 @@ def unigram_cross_entropy(
     return float(-log_p[torch.tensor(targets, dtype=torch.long)].mean())
 
 
+Direction = Literal["minimize", "maximize"]
+
+
 class Task(ABC):
     """A data set with fixed train/validation/test splits, batched identically on every rank.
 
     `baseline_metric` names the key of `metrics()` that `unigram_baseline()` is comparable to.
+    What the harness asks of a task beyond its data (so that a user's task, named by import
+    path as `task=my_pkg.tasks:MyTask`, plugs in like a built-in one):
+
+    * `metric_directions`: every metric `evaluate` returns that a study may rank by, and
+      whether it is minimised or maximised; the study's objectives are
+      `validation_<metric>`, and the report shows them;
+    * `decoder_only`: whether its model reads one sequence (a language model) rather than
+      a source and a target (which the exported model can `translate`);
+    * `example_call`: how a user calls the exported model `m`, as the report shows it.
     """
 
     name: ClassVar[str]
     baseline_metric: ClassVar[str]
+    metric_directions: ClassVar[dict[str, Direction]] = {
+        "loss": "minimize",
+        "accuracy": "maximize",
+    }
+    decoder_only: ClassVar[bool] = True
+    example_call: ClassVar[str] = "m"
     vocab: Vocab
 
     @abstractmethod

@@ -20,12 +20,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator, Mapping
+from typing import ClassVar
 
 import torch
 
 from nas.tasks.base import (
     PAD,
     SPLITS,
+    Direction,
     Task,
     TokenStats,
     Vocab,
@@ -57,6 +59,10 @@ class CharLanguageModel(Task):
 
     name = "charlm"
     baseline_metric = "bits_per_char"
+    metric_directions: ClassVar[dict[str, Direction]] = {
+        **Task.metric_directions,
+        "bits_per_char": "minimize",
+    }
 
     def __init__(self, texts: Mapping[str, str], *, seq_len: int = 64) -> None:
         if seq_len < 1:

@@ -31,7 +31,7 @@ import time
 import unicodedata
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
@@ -40,6 +40,7 @@ from nas.tasks.base import (
     EOS,
     PAD,
     SPLITS,
+    Direction,
     Forward,
     Task,
     Vocab,
@@ -209,6 +210,13 @@ class Translation(Task):
 
     name = "translation"
     baseline_metric = "loss"
+    metric_directions: ClassVar[dict[str, Direction]] = {
+        **Task.metric_directions,
+        "chrf": "maximize",
+        "exact_match": "maximize",
+    }
+    decoder_only = False
+    example_call = "m.translate(['Germany', 'France'])"
 
     def __init__(
         self,

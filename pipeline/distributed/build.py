@@ -25,7 +25,7 @@ from pipeline.local.stage import Stage
 from pipeline.pure.costs import LayerCost
 from pipeline.pure.partition import bounds, check_sizes, equal_sizes
 from pipeline.pure.planner import Plan, choose_schedule
-from pipeline.pure.schedule import ScheduleFn, is_stream
+from pipeline.pure.schedule import ScheduleSpec, is_stream
 
 __all__ = ["build", "checked_sizes", "plan_first", "planned_schedule", "set_handoff", "setup"]
 
@@ -100,7 +100,7 @@ def set_handoff(pipe: PipelineParts, handoff: Sequence[int] | None) -> None:
         if any(cut) and is_stream(pipe.schedule):
             raise ValueError(
                 f"handoff {list(cut)} needs a flushed schedule (gpipe, 1f1b, "
-                f"zbh1), not {pipe.schedule_name or pipe.schedule!r}"
+                f"zbh1), not {pipe.schedule.name!r}"
             )
         pipe.comm.together(
             lambda: handoff_cut.configure(stage, model.specs, model.sizes, cut, pipe.recipe.seed)
@@ -154,12 +154,10 @@ def _choose_schedule(pipe: PipelineParts, costs: list[LayerCost]) -> Plan:
     return best.plan
 
 
-def planned_schedule(pipe: PipelineParts) -> str | ScheduleFn:
-    """The schedule as the planner takes it: by name (what a plan records), but as the
-    function itself when it holds several stages per rank (its name does not say how many)."""
-    if pipe.placement.stages_per_rank > 1 or pipe.schedule_name is None:
-        return pipe.schedule
-    return pipe.schedule_name
+def planned_schedule(pipe: PipelineParts) -> ScheduleSpec:
+    """The schedule as the planner takes it: the spec in force (its name is what a plan
+    records; its stages per rank may differ from the registered one's)."""
+    return pipe.schedule
 
 
 def checked_sizes(sizes: Sequence[int], n_layers: int, n_stages: int) -> list[int]:

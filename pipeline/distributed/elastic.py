@@ -57,10 +57,11 @@ from pipeline.local.stage import LossFn, OptimizerFactory, Stage
 from pipeline.pure.costs import HOST_LINK, LayerCost
 from pipeline.pure.planner import Plan, Planner, get_planner
 from pipeline.pure.schedule import (
-    ScheduleFn,
+    ScheduleLike,
+    ScheduleSpec,
     get_schedule,
-    is_stream,
     placement_of,
+    spec_of,
     validate,
 )
 from pipeline.pure.two_bw import check_2bw
@@ -135,7 +136,7 @@ class ElasticPipeline(ModelViews):
         *,
         optimizer: OptimizerFactory,
         loss_fn: LossFn,
-        schedule: str | ScheduleFn = "1f1b",
+        schedule: ScheduleLike = "1f1b",
         n_microbatches: int = 4,
         seed: int = 0,
         partition: str | Sequence[int] | Plan = "auto",
@@ -205,7 +206,7 @@ class ElasticPipeline(ModelViews):
         self._closed = False
         build.setup(self, specs, partition, self.options.handoff)
 
-    def adopt_schedule(self, schedule: str | ScheduleFn) -> None:
+    def adopt_schedule(self, schedule: ScheduleLike) -> None:
         """Run `schedule` from the next build: its placement, stage count, links and list.
 
         What schedule="auto" does once the first step has chosen
@@ -215,16 +216,18 @@ class ElasticPipeline(ModelViews):
         self.runner.close()
         self._set_schedule(schedule, None)
 
-    def _set_schedule(self, schedule: str | ScheduleFn, stages_per_rank: int | None) -> None:
-        fn = get_schedule(schedule, stages_per_rank) if isinstance(schedule, str) else schedule
-        if is_stream(fn) and self.pipemare is None:
+    def _set_schedule(self, schedule: ScheduleLike, stages_per_rank: int | None) -> None:
+        if isinstance(schedule, str):
+            spec = get_schedule(schedule, stages_per_rank)
+        else:
+            spec = spec_of(schedule).with_stages_per_rank(stages_per_rank)
+        if spec.stream and self.pipemare is None:
             check_2bw(self.comm.world_size, self.n_microbatches)
-        validate(fn, self.comm.world_size, self.n_microbatches)
-        self.schedule = fn
-        self.schedule_name = schedule.lower() if isinstance(schedule, str) else None
-        self.placement = placement_of(fn, self.comm.world_size)
+        validate(spec, self.comm.world_size, self.n_microbatches)
+        self.schedule: ScheduleSpec = spec
+        self.placement = placement_of(spec, self.comm.world_size)
         self.n_stages = self.placement.n_stages  # v per rank (v > 1: interleaved_1f1b, zbv)
-        self.runner = StepRunner(self.comm, fn, self.n_microbatches)  # links, list
+        self.runner = StepRunner(self.comm, spec, self.n_microbatches)  # links, list
 
     @property
     def events(self) -> list[PipelineEvent]:
@@ -238,7 +241,7 @@ class ElasticPipeline(ModelViews):
         Under "2bw" the steps run without a flush (`pipeline.distributed.stream`); a failure
         raises `StageError` on every rank from the generator, as `train_step` does.
         """
-        if not is_stream(self.schedule):
+        if not self.schedule.stream:
             for x, y in batches:
                 yield self.train_step(x, y)
             return
@@ -259,7 +262,7 @@ class ElasticPipeline(ModelViews):
         """One optimizer step on the batch (x, y); returns the mean micro-batch loss."""
         if self._closed:
             raise RuntimeError("this ElasticPipeline is closed")
-        if is_stream(self.schedule):  # a stream of one step (after any stream in flight)
+        if self.schedule.stream:  # a stream of one step (after any stream in flight)
             self.drain()
             return next(iter(list(stream.train(self, [(x, y)]))))
         return steps.train_step(self, x, y)

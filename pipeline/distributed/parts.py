@@ -26,7 +26,7 @@ from pipeline.local.recipe import TrainingRecipe
 from pipeline.pure.costs import LayerCost, LinkCost
 from pipeline.pure.placement import Placement
 from pipeline.pure.planner import Planner
-from pipeline.pure.schedule import ScheduleFn
+from pipeline.pure.schedule import ScheduleLike, ScheduleSpec
 
 __all__ = ["ActiveStream", "PipelineParts"]
 
@@ -47,8 +47,7 @@ class PipelineParts(Protocol):
     n_stages: int  # stages in all: stages_per_rank * ranks (`placement`)
     placement: Placement
     n_microbatches: int
-    schedule: ScheduleFn
-    schedule_name: str | None
+    schedule: ScheduleSpec
     options: PipelineOptions
     pipemare: PipeMareConfig | None
     planner: Planner
@@ -69,7 +68,7 @@ class PipelineParts(Protocol):
 
     def drain(self) -> None: ...
 
-    def adopt_schedule(self, schedule: str | ScheduleFn) -> None: ...
+    def adopt_schedule(self, schedule: ScheduleLike) -> None: ...
 
     def plan_for(self, x: Any) -> None: ...
 

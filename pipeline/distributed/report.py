@@ -243,7 +243,7 @@ def stats(pipe: PipelineParts, stages: Sequence[Stage], last_steps: int) -> Pipe
         steps=model.step,
         plan_version=model.version,
         plan=plan,
-        schedule=pipe.schedule_name or str(getattr(pipe.schedule, "__name__", "custom")),
+        schedule=pipe.schedule.name,
         n_microbatches=m,
         partition=tuple(model.sizes),
         iteration_s=iteration_s,

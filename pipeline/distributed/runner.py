@@ -25,7 +25,7 @@ from pipeline.local.carry import Carry
 from pipeline.local.stage import Stage, StepTimes
 from pipeline.pure.actions import Action, Op
 from pipeline.pure.multi_stage import lower_ranks
-from pipeline.pure.schedule import ScheduleFn, forward_only, placement_of, stage_actions
+from pipeline.pure.schedule import ScheduleLike, forward_only, placement_of, stage_actions
 
 __all__ = ["StepRunner"]
 
@@ -33,7 +33,7 @@ __all__ = ["StepRunner"]
 class StepRunner:
     """The links to the stages on other ranks and this rank's action list for a flushed step."""
 
-    def __init__(self, comm: Comm, schedule: str | ScheduleFn, n_microbatches: int) -> None:
+    def __init__(self, comm: Comm, schedule: ScheduleLike, n_microbatches: int) -> None:
         self.comm = comm
         rank, n_ranks = comm.rank, comm.world_size
         self.placement = placement_of(schedule, n_ranks)

@@ -45,7 +45,8 @@ from __future__ import annotations
 import functools
 import itertools
 
-from pipeline.pure.actions import Action, Op, ScheduleFn, check_shape
+from pipeline.pure.actions import Action, Op, check_shape
+from pipeline.pure.schedule_spec import ScheduleSpec
 
 __all__ = ["interleaved", "interleaved_1f1b", "microbatch_groups"]
 
@@ -83,21 +84,17 @@ def _order(n_ranks: int, n_microbatches: int, rank: int, v: int) -> list[Action]
 
 
 @functools.cache
-def interleaved(stages_per_rank: int) -> ScheduleFn:
+def interleaved(stages_per_rank: int) -> ScheduleSpec:
     """Interleaved 1F1B with `stages_per_rank` chunks per rank, loop placement (module doc)."""
-    if stages_per_rank < 1:
-        raise ValueError(f"stages_per_rank must be >= 1, got {stages_per_rank}")
-
-    def schedule(n_ranks: int, n_microbatches: int, rank: int) -> list[Action]:
-        return _order(n_ranks, n_microbatches, rank, stages_per_rank)
-
-    schedule.__name__ = schedule.__qualname__ = "interleaved_1f1b"
-    schedule.__doc__ = (
-        f"Interleaved 1F1B, {stages_per_rank} chunks per rank (`pipeline.pure.interleaved`)."
+    if not isinstance(stages_per_rank, int) or stages_per_rank < 1:
+        raise ValueError(f"stages_per_rank must be >= 1 (an int), got {stages_per_rank!r}")
+    return ScheduleSpec(
+        "interleaved_1f1b",
+        functools.partial(_order, v=stages_per_rank),
+        placement="loop",
+        stages_per_rank=stages_per_rank,
+        rechunk=interleaved,
     )
-    schedule.placement = "loop"  # type: ignore[attr-defined]
-    schedule.stages_per_rank = stages_per_rank  # type: ignore[attr-defined]
-    return schedule
 
 
 interleaved_1f1b = interleaved(2)

@@ -18,19 +18,18 @@ It has no M >= S - 1 condition (2BW's second version needs one; one copy does no
 from __future__ import annotations
 
 from pipeline.pure.actions import Action
+from pipeline.pure.schedule_spec import ScheduleSpec
 from pipeline.pure.two_bw import stream_actions
 
 __all__ = ["pipemare"]
 
 
-def pipemare(n_stages: int, n_microbatches: int, stage: int, n_steps: int = 1) -> list[Action]:
+def _pipemare(n_stages: int, n_microbatches: int, stage: int, n_steps: int = 1) -> list[Action]:
     """PipeMare's list for a stream of `n_steps` steps (module doc)."""
     if n_steps < 1:
         raise ValueError(f"n_steps must be >= 1, got {n_steps}")
     return list(stream_actions(n_stages, n_microbatches, stage, lambda t: t < n_steps))
 
 
-# Read by the planners, `validate`, `simulate` and the runtime (see `two_bw`).
-pipemare.weight_copies = 1  # type: ignore[attr-defined]
-pipemare.stream = True  # type: ignore[attr-defined]
-pipemare.asynchronous = True  # type: ignore[attr-defined]
+# One weight copy, a stream, updates applied while earlier micro-batches are in flight.
+pipemare = ScheduleSpec("pipemare", _pipemare, stream=True, asynchronous=True)

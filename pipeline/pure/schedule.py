@@ -53,14 +53,17 @@ stage, which sends no gradient, runs each backward whole where its W would be)::
     stage 0:  F0 F1 .  B0    F2 B1    F3 B2    .  B3       <- 14 units (B: 2 units)
     stage 1:  .  F0 B0 W0 F1 B1 W1 F2 B2 W2 F3 B3 W3       <- 1F1B: 15 units (BI shown as B)
 
-PipeDream-2BW (`2bw`, `pipeline.pure.two_bw`) spans a *stream* of steps: the functions with
-a true `stream` attribute take a fourth argument, n_steps, number micro-batch i of step t
+Every schedule is registered as a `ScheduleSpec` (`pipeline.pure.schedule_spec`): its list
+builder and the facts below, read by everything else (`spec_of`, `register_schedule`).
+
+PipeDream-2BW (`2bw`, `pipeline.pure.two_bw`) spans a *stream* of steps: the schedules whose
+spec says `stream` take a fourth argument, n_steps, number micro-batch i of step t
 as t * M + i and put an OPTIMIZER_STEP(t) after each step's last backward. `stage_actions`,
 `validate` and `simulate` take n_steps for them (1 by default).
 
 Several stages per rank: `interleaved_1f1b` (`pipeline.pure.interleaved`) and `zbv`
 (`pipeline.pure.zero_bubble`) cut the model into S = v * R stages, placed on the R ranks
-by their `placement` attribute ("loop" or "v", `pipeline.pure.placement`) with
+by their spec's `placement` ("loop" or "v", `pipeline.pure.placement`) with
 `stages_per_rank` = v. They take (n_ranks, n_microbatches, rank) and return the rank's one
 merged list, every action naming its global stage (`Action.stage`); `stage_actions`,
 `validate` and `simulate` read their first two arguments as ranks then. Messages are only
@@ -90,10 +93,11 @@ from pipeline.pure.actions import (
     ScheduleFn,
 )
 from pipeline.pure.actions import check_shape as _check_shape
-from pipeline.pure.interleaved import interleaved, interleaved_1f1b
+from pipeline.pure.interleaved import interleaved_1f1b
 from pipeline.pure.multi_stage import check_ranks, lower_ranks
 from pipeline.pure.pipemare import pipemare
 from pipeline.pure.placement import Placement
+from pipeline.pure.schedule_spec import ScheduleSpec
 from pipeline.pure.two_bw import pipedream_2bw
 from pipeline.pure.wire_order import check_order
 from pipeline.pure.zero_bubble import zbh1, zbv
@@ -105,6 +109,8 @@ __all__ = [
     "Placement",
     "ScheduleError",
     "ScheduleFn",
+    "ScheduleLike",
+    "ScheduleSpec",
     "forward_only",
     "get_schedule",
     "gpipe",
@@ -117,6 +123,8 @@ __all__ = [
     "one_f_one_b",
     "pipedream_2bw",
     "placement_of",
+    "register_schedule",
+    "spec_of",
     "stage_actions",
     "validate",
     "zbh1",
@@ -124,7 +132,10 @@ __all__ = [
 ]
 
 
-def gpipe(n_stages: int, n_microbatches: int, stage: int) -> list[Action]:
+ScheduleLike = str | ScheduleSpec | ScheduleFn  # a registered name, a spec, or a plain builder
+
+
+def _gpipe(n_stages: int, n_microbatches: int, stage: int) -> list[Action]:
     """All forwards, then all backwards, then one optimizer step.
 
     Backwards run in micro-batch order (as in `torch.distributed.pipelining`), so gradients
@@ -136,7 +147,7 @@ def gpipe(n_stages: int, n_microbatches: int, stage: int) -> list[Action]:
     return [*forwards, *backwards, Action(Op.OPTIMIZER_STEP)]
 
 
-def one_f_one_b(n_stages: int, n_microbatches: int, stage: int) -> list[Action]:
+def _one_f_one_b(n_stages: int, n_microbatches: int, stage: int) -> list[Action]:
     """PipeDream-Flush: warm-up forwards, one-forward-one-backward, drain, optimizer step."""
     _check_shape(n_stages, n_microbatches, stage)
     warmup = min(n_stages - stage - 1, n_microbatches)
@@ -158,58 +169,71 @@ def forward_only(n_stages: int, n_microbatches: int, stage: int) -> list[Action]
     return [Action(Op.FORWARD, i) for i in range(n_microbatches)]
 
 
-SCHEDULES: dict[str, ScheduleFn] = {
-    "gpipe": gpipe,
-    "1f1b": one_f_one_b,
-    "zbh1": zbh1,
-    "2bw": pipedream_2bw,
-    "pipemare": pipemare,
-    "interleaved_1f1b": interleaved_1f1b,
-    "zbv": zbv,
+gpipe = ScheduleSpec("gpipe", _gpipe)
+one_f_one_b = ScheduleSpec("1f1b", _one_f_one_b)
+
+# Every schedule by name: what `get_schedule`, the planners and the runtime look up.
+SCHEDULES: dict[str, ScheduleSpec] = {
+    spec.name: spec
+    for spec in (gpipe, one_f_one_b, zbh1, pipedream_2bw, pipemare, interleaved_1f1b, zbv)
 }
 
 
-def is_stream(schedule: str | ScheduleFn) -> bool:
-    """True for schedules without a flush, whose lists span a stream of steps (2BW)."""
-    fn = get_schedule(schedule) if isinstance(schedule, str) else schedule
-    return bool(getattr(fn, "stream", False))
+def register_schedule(spec: ScheduleSpec, *, replace: bool = False) -> ScheduleSpec:
+    """Add `spec` to `SCHEDULES` under its name, so that `schedule="<name>"` finds it; an
+    existing name needs `replace=True`. Returns `spec`."""
+    if not isinstance(spec, ScheduleSpec):
+        raise TypeError(f"register_schedule takes a ScheduleSpec, got {type(spec).__name__}")
+    name = spec.name.lower()
+    if name in SCHEDULES and not replace:
+        raise ValueError(f"a schedule named {name!r} is registered; pass replace=True")
+    SCHEDULES[name] = spec
+    return spec
 
 
-def get_schedule(name: str, stages_per_rank: int | None = None) -> ScheduleFn:
+def get_schedule(name: str, stages_per_rank: int | None = None) -> ScheduleSpec:
     """The schedule registered as `name`; with `stages_per_rank`, its variant with that many
     stages per rank (`interleaved_1f1b` takes any v >= 1, `zbv` 2, the others 1)."""
     try:
-        fn = SCHEDULES[name.lower()]
+        spec = SCHEDULES[name.lower()]
     except (KeyError, AttributeError):
         raise ValueError(
             f"unknown schedule {name!r}; valid schedules: {sorted(SCHEDULES)}"
         ) from None
-    v = int(getattr(fn, "stages_per_rank", 1))
-    if stages_per_rank is None or stages_per_rank == v:
-        return fn
-    if fn is interleaved_1f1b:
-        return interleaved(stages_per_rank)
-    raise ValueError(
-        f"schedule {name!r} runs {v} stage(s) per rank, got stages_per_rank="
-        f"{stages_per_rank}; only 'interleaved_1f1b' takes another count (any "
-        ">= 1)"
+    return spec.with_stages_per_rank(stages_per_rank)
+
+
+def spec_of(schedule: ScheduleLike) -> ScheduleSpec:
+    """`schedule` as a spec: a registered name looked up, a spec as it is, a plain builder
+    function as a flushed schedule with one stage per rank (named after the function)."""
+    if isinstance(schedule, ScheduleSpec):
+        return schedule
+    if isinstance(schedule, str):
+        return get_schedule(schedule)
+    if callable(schedule):
+        return ScheduleSpec(getattr(schedule, "__name__", "custom"), schedule)
+    raise TypeError(
+        f"a schedule is a registered name, a ScheduleSpec or a builder function, got {schedule!r}"
     )
 
 
-def is_multi_stage(schedule: str | ScheduleFn) -> bool:
-    """True for schedules whose lists are per rank, naming stages (a `placement` attribute)."""
-    fn = get_schedule(schedule) if isinstance(schedule, str) else schedule
-    return getattr(fn, "placement", None) is not None
+def is_stream(schedule: ScheduleLike) -> bool:
+    """True for schedules without a flush, whose lists span a stream of steps (2BW)."""
+    return spec_of(schedule).stream
 
 
-def placement_of(schedule: str | ScheduleFn, n_ranks: int) -> Placement:
-    """Where `schedule` puts its stages on `n_ranks` ranks: its `placement` and
-    `stages_per_rank` attributes, or one stage per rank (`Placement.single`)."""
-    fn = get_schedule(schedule) if isinstance(schedule, str) else schedule
-    kind = getattr(fn, "placement", None)
-    if kind is None:
+def is_multi_stage(schedule: ScheduleLike) -> bool:
+    """True for schedules whose lists are per rank, naming stages (a `placement`)."""
+    return spec_of(schedule).multi_stage
+
+
+def placement_of(schedule: ScheduleLike, n_ranks: int) -> Placement:
+    """Where `schedule` puts its stages on `n_ranks` ranks: its spec's `placement` and
+    `stages_per_rank`, or one stage per rank (`Placement.single`)."""
+    spec = spec_of(schedule)
+    if spec.placement is None:
         return Placement.single(n_ranks)
-    return Placement(kind, n_ranks, int(getattr(fn, "stages_per_rank", 1)))
+    return Placement(spec.placement, n_ranks, spec.stages_per_rank)
 
 
 def lower(compute: Sequence[Action], stage: int, n_stages: int) -> list[Action]:
@@ -244,7 +268,7 @@ def lower_lazily(compute: Iterable[Action], stage: int, n_stages: int) -> Iterat
 
 
 def stage_actions(
-    schedule: str | ScheduleFn,
+    schedule: ScheduleLike,
     n_stages: int,
     n_microbatches: int,
     stage: int,
@@ -253,28 +277,26 @@ def stage_actions(
     """The lowered action list one stage executes per training step (per stream of
     `n_steps` steps for a stream schedule); for a schedule with several stages per rank,
     the list of rank `stage` of `n_stages` ranks (module doc)."""
-    fn = get_schedule(schedule) if isinstance(schedule, str) else schedule
-    if is_stream(fn):
-        compute = fn(n_stages, n_microbatches, stage, n_steps)  # type: ignore[call-arg]
-        return lower(compute, stage, n_stages)
-    if is_multi_stage(fn) and n_steps == 1:  # n_stages ranks; `stage` is a rank
+    spec = spec_of(schedule)
+    if spec.stream:
+        return lower(spec(n_stages, n_microbatches, stage, n_steps), stage, n_stages)
+    if spec.multi_stage and n_steps == 1:  # n_stages ranks; `stage` is a rank
         _check_shape(n_stages, n_microbatches, stage)
-        return list(_lowered_ranks(fn, n_stages, n_microbatches)[stage])
+        return list(_lowered_ranks(spec, n_stages, n_microbatches)[stage])
     if n_steps != 1:
         raise ValueError(
-            f"schedule {getattr(fn, '__name__', fn)!r} has a flush: one step per "
-            f"list, got n_steps={n_steps}"
+            f"schedule {spec.name!r} has a flush: one step per list, got n_steps={n_steps}"
         )
-    return lower(fn(n_stages, n_microbatches, stage), stage, n_stages)
+    return lower(spec(n_stages, n_microbatches, stage), stage, n_stages)
 
 
 @functools.lru_cache(maxsize=64)
 def _lowered_ranks(
-    fn: ScheduleFn, n_ranks: int, n_microbatches: int
+    spec: ScheduleSpec, n_ranks: int, n_microbatches: int
 ) -> tuple[tuple[Action, ...], ...]:
     """Every rank's lowered list of a multi-stage schedule, its compute lists checked first."""
-    placement = placement_of(fn, n_ranks)
-    computes = [fn(n_ranks, n_microbatches, r) for r in range(n_ranks)]
+    placement = placement_of(spec, n_ranks)
+    computes = [spec(n_ranks, n_microbatches, r) for r in range(n_ranks)]
     check_ranks(computes, placement, n_microbatches)
     return tuple(tuple(actions) for actions in lower_ranks(computes, placement))
 
@@ -294,9 +316,7 @@ def in_flight(actions: Sequence[Action]) -> int:
     return peak
 
 
-def validate(
-    schedule: str | ScheduleFn, n_stages: int, n_microbatches: int, n_steps: int = 1
-) -> None:
+def validate(schedule: ScheduleLike, n_stages: int, n_microbatches: int, n_steps: int = 1) -> None:
     """Raise `ScheduleError` unless every stage's lowered list is correct and deadlock-free.
 
     Checks: each micro-batch is forwarded and back-propagated exactly once per stage, its

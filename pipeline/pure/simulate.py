@@ -56,9 +56,10 @@ from pipeline.pure.schedule import (
     Action,
     Op,
     ScheduleError,
-    ScheduleFn,
+    ScheduleLike,
     is_stream,
     placement_of,
+    spec_of,
     stage_actions,
     validate,
 )
@@ -140,7 +141,7 @@ class SimResult:
 
 
 def simulate(
-    schedule: str | ScheduleFn,
+    schedule: ScheduleLike,
     stages: Sequence[StageCost],
     n_microbatches: int,
     link: LinkCost | None = None,
@@ -252,7 +253,7 @@ def simulate(
     rank_busy = [sum(busy[x] for x in placement.stages_of(r)) for r in range(n_ranks)]
     rank_idle = [iteration - b for b in rank_busy]
     bubble = sum(rank_idle) / (n_ranks * iteration) if iteration > 0 else 0.0
-    name = schedule if isinstance(schedule, str) else getattr(schedule, "__name__", "custom")
+    name = spec_of(schedule).name
     firsts = [placement.stages_of(r)[0] for r in range(n_ranks)]
     updates = (
         [max(finished[(s, Op.OPTIMIZER_STEP, t)] for s in firsts) for t in range(n_steps)]
@@ -279,13 +280,13 @@ def simulate(
     )
 
 
-def _placement(schedule: str | ScheduleFn, n_stages: int) -> Placement:
+def _placement(schedule: ScheduleLike, n_stages: int) -> Placement:
     """The schedule's placement of `n_stages` stages (a multiple of its stages per rank)."""
-    v = placement_of(schedule, 1).stages_per_rank
+    spec = spec_of(schedule)
+    v = spec.stages_per_rank
     if n_stages % v:
-        name = schedule if isinstance(schedule, str) else getattr(schedule, "__name__", "custom")
         raise ValueError(
-            f"schedule {name!r} places {v} stages on each rank: the stage "
+            f"schedule {spec.name!r} places {v} stages on each rank: the stage "
             f"costs must be a multiple of {v}, got {n_stages}"
         )
     return placement_of(schedule, n_stages // v)

@@ -31,6 +31,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 
 from pipeline.pure.actions import Action, Op, check_shape
+from pipeline.pure.schedule_spec import ScheduleSpec
 
 __all__ = ["check_2bw", "pipedream_2bw", "stream_actions"]
 
@@ -83,14 +84,14 @@ def stream_actions(
             yield Action(Op.OPTIMIZER_STEP, backwarded // m - 1)
 
 
-def pipedream_2bw(n_stages: int, n_microbatches: int, stage: int, n_steps: int = 1) -> list[Action]:
+def _pipedream_2bw(
+    n_stages: int, n_microbatches: int, stage: int, n_steps: int = 1
+) -> list[Action]:
     """PipeDream-2BW's list for a stream of `n_steps` steps (module doc)."""
     if n_steps < 1:
         raise ValueError(f"n_steps must be >= 1, got {n_steps}")
     return list(stream_actions(n_stages, n_microbatches, stage, lambda t: t < n_steps))
 
 
-# Read by the planners (`pipeline.pure.planner.base.weight_copies`) and by `validate`,
-# `simulate` and the runtime: parameters are held twice, and the list spans a stream.
-pipedream_2bw.weight_copies = 2  # type: ignore[attr-defined]
-pipedream_2bw.stream = True  # type: ignore[attr-defined]
+# Parameters are held twice, and the list spans a stream.
+pipedream_2bw = ScheduleSpec("2bw", _pipedream_2bw, stream=True, weight_copies=2)

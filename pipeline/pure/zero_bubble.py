@@ -57,11 +57,12 @@ import functools
 import math
 
 from pipeline.pure.actions import Action, Op, check_shape
+from pipeline.pure.schedule_spec import ScheduleSpec
 
 __all__ = ["zbh1", "zbv"]
 
 
-def zbh1(n_stages: int, n_microbatches: int, stage: int) -> list[Action]:
+def _zbh1(n_stages: int, n_microbatches: int, stage: int) -> list[Action]:
     """ZB-H1: 1F1B's in-flight counts, split backwards, W's filling the waits (module doc)."""
     check_shape(n_stages, n_microbatches, stage)
     limits = tuple(min(n_stages - s, n_microbatches) for s in range(n_stages))
@@ -155,7 +156,7 @@ def _zbh1_next(
 
 
 # -- ZB-V: two stages per rank in a V ------------------------------------------------------
-def zbv(n_ranks: int, n_microbatches: int, rank: int) -> list[Action]:
+def _zbv(n_ranks: int, n_microbatches: int, rank: int) -> list[Action]:
     """ZB-V (Qi et al., section 6): V placement, split backwards, the paper's order.
 
     Rank r holds stage r (chunk 0, going down) and stage 2R - 1 - r (chunk 1, coming back
@@ -181,8 +182,8 @@ def zbv(n_ranks: int, n_microbatches: int, rank: int) -> list[Action]:
     return [*actions, Action(Op.OPTIMIZER_STEP)]
 
 
-zbv.placement = "v"  # type: ignore[attr-defined]
-zbv.stages_per_rank = 2  # type: ignore[attr-defined]
+zbh1 = ScheduleSpec("zbh1", _zbh1, split_backward=True)
+zbv = ScheduleSpec("zbv", _zbv, placement="v", stages_per_rank=2, split_backward=True)
 
 
 def _zbv_pattern(n_ranks: int, n: int, rank: int) -> list[Action]:

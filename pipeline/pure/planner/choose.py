@@ -80,7 +80,7 @@ def _plan(
     memory_budget: int | None,
     link: LinkCost | None,
 ) -> Candidate:
-    n_stages = int(getattr(get_schedule(name), "stages_per_rank", 1)) * n_ranks
+    n_stages = get_schedule(name).stages_per_rank * n_ranks
     if len(costs) < n_stages:
         return Candidate(
             name,

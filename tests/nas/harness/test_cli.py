@@ -14,7 +14,7 @@ from pathlib import Path
 import optuna
 import pytest
 
-from nas.settings import TASK_METRICS
+from nas.settings import task_metrics
 from nas.trials import INTERRUPTED, OWNER, counted
 from tests.nas.harness.common import LITTLE_DECODING, write_text
 
@@ -70,7 +70,7 @@ def test_one_trial_of_each_task_from_the_command_line(tmp_path: Path, task: str)
     )
     assert [t.state for t in study.trials if counted(t)] == [optuna.trial.TrialState.COMPLETE]
     trial = next(t for t in study.trials if counted(t))
-    assert set(TASK_METRICS[task]) <= set(trial.user_attrs), sorted(trial.user_attrs)
+    assert set(task_metrics(task)) <= set(trial.user_attrs), sorted(trial.user_attrs)
     assert (tmp_path / "run" / "tracking" / f"{task}.jsonl").exists()
 
 

@@ -6,6 +6,7 @@ stage processes kept for the whole study, the translation task's data, the JSONL
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import optuna
@@ -182,3 +183,46 @@ def test_a_study_with_a_time_limit_starts_no_trial_after_it(tmp_path: Path) -> N
     ran = [t for t in trials if t.state != optuna.trial.TrialState.WAITING]  # seeds queued
     assert result.finished == len(ran) <= 1
     assert all(t.state == optuna.trial.TrialState.COMPLETE for t in ran)
+
+
+PLUGIN = "tests.nas.harness.plugin_task:PerplexityCharLM"
+
+
+def test_a_task_loaded_by_import_path_runs_a_study_ranked_by_its_own_metric(
+    tmp_path: Path,
+) -> None:
+    plugin = settings(
+        tmp_path,
+        "study.name=plugin",
+        "study.n_trials=1",
+        "tracker=none",
+        "task=charlm",
+        f"task.name={PLUGIN}",
+        "task.options.seq_len=16",
+        "study.objectives=[validation_perplexity,parameters]",
+        "pruner=pdh",
+        "pruner.options.budgets=[3]",
+        "pruner.options.min_trials=1",
+    )
+    assert plugin.search_space.decoder_only  # asked of the task, as its metrics are
+    assert run_study(plugin).finished == 1
+    trials = optuna.load_study(study_name="plugin", storage=plugin.storage_url).trials
+    [trial] = [t for t in trials if counted(t)]
+    assert trial.state == optuna.trial.TrialState.COMPLETE, trial.user_attrs.get("fail_reason")
+    assert trial.values[0] == trial.user_attrs["validation_perplexity"]
+    assert trial.values[0] == pytest.approx(math.exp(trial.user_attrs["validation_loss"]))
+
+
+@pytest.mark.parametrize(
+    "name,message",
+    [
+        ("tests.nas.harness.plugin_task:NotATask", "is not a subclass of nas.tasks.base.Task"),
+        ("tests.nas.harness.no_such_module:Task", "cannot be imported"),
+        ("charlmm", "unknown task 'charlmm'; valid tasks: charlm, "),
+    ],
+)
+def test_a_task_that_is_not_one_is_refused_naming_the_key(
+    tmp_path: Path, name: str, message: str
+) -> None:
+    with pytest.raises(ValueError, match=message):
+        settings(tmp_path, f"task.name={name}")

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import pipeline
-from pipeline import ElasticPipeline, LayerSpec, StageContext
+from pipeline import Action, ElasticPipeline, LayerSpec, Op, ScheduleSpec, StageContext
 from pipeline.local.models import mlp_stack, transformer_stack
 from pipeline.local.reference import ReferenceTrainer
 
@@ -73,7 +73,24 @@ def batches(kind: str) -> list[tuple[Any, torch.Tensor]]:
     return out
 
 
-def train(model: str, schedule: str, partition: Any) -> tuple[list[float], dict[str, Any]]:
+def _eager_1f1b(n_stages: int, n_microbatches: int, stage: int) -> list[Action]:
+    """A user's schedule, from a spec outside the package: 1F1B with one more warm-up forward
+    on every stage (more in flight; backwards still in micro-batch order, so exact)."""
+    warmup = min(n_stages - stage, n_microbatches)
+    actions = [Action(Op.FORWARD, i) for i in range(warmup)]
+    for i in range(n_microbatches):
+        if warmup + i < n_microbatches:
+            actions.append(Action(Op.FORWARD, warmup + i))
+        actions.append(Action(Op.BACKWARD, i))
+    return [*actions, Action(Op.OPTIMIZER_STEP)]
+
+
+EAGER_1F1B = ScheduleSpec("eager_1f1b", _eager_1f1b)
+
+
+def train(
+    model: str, schedule: str | ScheduleSpec, partition: Any
+) -> tuple[list[float], dict[str, Any]]:
     make_specs, kind, loss_fn = MODELS[model]
     pipe = ElasticPipeline(
         make_specs(),
@@ -90,11 +107,17 @@ def train(model: str, schedule: str, partition: Any) -> tuple[list[float], dict[
     return losses, state
 
 
-CONFIGS: dict[int, list[tuple[str, str, Any]]] = {
-    2: [(m, s, "auto") for m in MODELS for s in ("gpipe", "1f1b")]
-    + [("transformer", "1f1b", [1, 3]), ("transformer", "1f1b", [2, 2])]
-    + [("tuple", "gpipe", [3, 2])],
-    4: [(m, s, "auto") for m in ("transformer", "mlp") for s in ("gpipe", "1f1b")],
+Config = tuple[str, str | ScheduleSpec, Any]  # model, schedule, partition
+CONFIGS: dict[int, list[Config]] = {
+    2: [
+        *[(m, s, "auto") for m in MODELS for s in ("gpipe", "1f1b")],
+        ("transformer", "1f1b", [1, 3]),
+        ("transformer", "1f1b", [2, 2]),
+        ("tuple", "gpipe", [3, 2]),
+        ("transformer", EAGER_1F1B, "auto"),
+        ("tuple", EAGER_1F1B, [3, 2]),
+    ],
+    4: [(m, s, "auto") for m in ("transformer", "mlp") for s in ("gpipe", "1f1b", EAGER_1F1B)],
 }
 
 

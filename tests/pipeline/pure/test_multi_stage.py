@@ -23,6 +23,7 @@ from pipeline.pure.schedule import (
     stage_actions,
     validate,
 )
+from pipeline.pure.schedule_spec import PlacementKind, ScheduleSpec
 from pipeline.pure.wire_order import check_order
 from pipeline.pure.zero_bubble import zbv
 
@@ -38,8 +39,8 @@ def lists_of(schedule: str | ScheduleFn, n_ranks: int, m: int) -> list[list[Acti
 # -- the registry ------------------------------------------------------------------------
 def test_registered_with_their_placement() -> None:
     assert SCHEDULES["interleaved_1f1b"] is interleaved_1f1b and SCHEDULES["zbv"] is zbv
-    assert (interleaved_1f1b.placement, interleaved_1f1b.stages_per_rank) == ("loop", 2)  # type: ignore[attr-defined]
-    assert (zbv.placement, zbv.stages_per_rank) == ("v", 2)  # type: ignore[attr-defined]
+    assert (interleaved_1f1b.placement, interleaved_1f1b.stages_per_rank) == ("loop", 2)
+    assert (zbv.placement, zbv.stages_per_rank) == ("v", 2)
     assert placement_of("interleaved_1f1b", 4) == Placement("loop", 4, 2)
     assert placement_of("zbv", 3) == Placement("v", 3, 2)
     assert placement_of("1f1b", 4) == placement_of(one_f_one_b, 4) == Placement.single(4)
@@ -49,7 +50,7 @@ def test_registered_with_their_placement() -> None:
 
 def test_other_chunk_counts() -> None:
     three = get_schedule("interleaved_1f1b", stages_per_rank=3)
-    assert three is interleaved(3) and three.stages_per_rank == 3  # type: ignore[attr-defined]
+    assert three is interleaved(3) and three.stages_per_rank == 3
     assert get_schedule("interleaved_1f1b", stages_per_rank=2) is interleaved_1f1b
     assert placement_of(three, 2) == Placement("loop", 2, 3)
     assert get_schedule("zbv", stages_per_rank=2) is zbv
@@ -309,13 +310,11 @@ def test_an_action_on_the_wrong_rank_is_caught() -> None:
 
 
 # -- malformed lists ---------------------------------------------------------------------
-def _custom(per_rank: dict[int, list[Action]], kind: str = "v") -> ScheduleFn:
+def _custom(per_rank: dict[int, list[Action]], kind: PlacementKind = "v") -> ScheduleSpec:
     def schedule(n_ranks: int, n_microbatches: int, rank: int) -> list[Action]:
         return [*per_rank[rank], Action(STEP)]
 
-    schedule.placement = kind  # type: ignore[attr-defined]
-    schedule.stages_per_rank = 2  # type: ignore[attr-defined]
-    return schedule
+    return ScheduleSpec("custom", schedule, placement=kind, stages_per_rank=2)
 
 
 GOOD_V1 = [Action(F, 0, 0), Action(F, 0, 1), Action(B, 0, 1), Action(B, 0, 0)]  # one rank

@@ -24,7 +24,7 @@ from pipeline.pure.two_bw import check_2bw, stream_actions
 
 def test_registered_as_a_stream() -> None:
     assert SCHEDULES["2bw"] is pipedream_2bw and is_stream("2bw") and not is_stream("1f1b")
-    assert getattr(pipedream_2bw, "weight_copies", 1) == 2
+    assert pipedream_2bw.weight_copies == 2
 
 
 @pytest.mark.parametrize("n_stages", [1, 2, 3, 4, 6])
