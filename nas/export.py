@@ -13,8 +13,8 @@
 
 `load_model(path)` rebuilds it in one process: no pipeline, no Optuna, no W&B. The layers
 are the ones the pipeline trained (`search_spaces.compile`), run in order; a model with an
-encoder (a source and a target, as for translation) also translates (`TranslationModel.translate`, greedy, decoded exactly as the
-evaluation decodes).
+encoder (a source and a target, as for translation) also translates
+(`TranslationModel.translate`, greedy, decoded exactly as the evaluation decodes).
 """
 
 from __future__ import annotations
