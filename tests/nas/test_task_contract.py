@@ -1,0 +1,67 @@
+"""One contract over every built-in task (what the harness asks of a task plug-in): its
+metric directions, batches that are the same for the same arguments and exactly
+`batch_size` rows, and an evaluation that returns every metric it declares."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from nas.settings import DIRECTIONS
+from nas.tasks import SPLITS, TASKS, Task, get_task
+from tests.nas.harness.common import write_text
+
+OPTIONS: dict[str, dict[str, Any]] = {
+    "translation": {},
+    "charlm": {"seq_len": 16},
+    "textfile": {"seq_len": 16},
+}
+
+
+@pytest.fixture(params=sorted(OPTIONS))
+def task(request: pytest.FixtureRequest, tmp_path: Path) -> Task:
+    options = dict(OPTIONS[request.param])
+    if request.param == "textfile":
+        options["path"] = str(write_text(tmp_path / "corpus.txt"))
+    return get_task(request.param, **options)
+
+
+def test_every_built_in_task_is_under_the_contract() -> None:
+    assert sorted(OPTIONS) == sorted(TASKS)
+
+
+def test_a_task_declares_what_a_study_can_rank_it_by(task: Task) -> None:
+    assert {"loss", "accuracy"} <= set(task.metric_directions)
+    assert set(task.metric_directions.values()) <= set(DIRECTIONS)
+    assert task.baseline_metric in task.metric_directions
+    assert isinstance(task.decoder_only, bool) and task.example_call.startswith("m")
+
+
+def test_batches_are_the_same_for_the_same_arguments_and_full(task: Task) -> None:
+    for split in SPLITS:
+        assert task.size(split) > 0
+    first = list(task.batches("train", 8, seed=1, epoch=2))[:3]
+    again = list(task.batches("train", 8, seed=1, epoch=2))[:3]
+    for (x, y), (x2, y2) in zip(first, again, strict=True):
+        assert torch.equal(y, y2) and y.shape[0] == 8
+        for part, part2 in zip(_parts(x), _parts(x2), strict=True):
+            assert torch.equal(part, part2) and part.shape[0] == 8
+
+
+def test_evaluate_returns_every_declared_metric(task: Task) -> None:
+    vocab = len(task.vocab)
+
+    def uniform(x: Any) -> torch.Tensor:  # the same logits everywhere: (batch, vocab, seq)
+        ids = _parts(x)[-1]
+        return torch.zeros(ids.shape[0], vocab, ids.shape[1])
+
+    metrics = task.evaluate(uniform, "validation", batch_size=16, max_batches=2, decode=2)
+    assert set(task.metric_directions) <= set(metrics)
+    assert metrics["loss"] == pytest.approx(torch.log(torch.tensor(float(vocab))).item())
+
+
+def _parts(x: Any) -> list[torch.Tensor]:
+    return list(x) if isinstance(x, tuple | list) else [x]
