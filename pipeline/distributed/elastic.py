@@ -166,24 +166,22 @@ class ElasticPipeline(ModelViews):
                 )
             schedule = "1f1b"  # until the first step chooses (`build.plan_first`)
         self.options = PipelineOptions(
-            n_microbatches,
-            memory_budget,
-            profile,
-            rebalance_every,
-            rebalance_on_drift,
-            rebalance_horizon,
-            rebalance_settle,
-            measure_memory_every,
-            on_nonfinite,
-            check_pipemare(
+            n_microbatches=n_microbatches,
+            memory_budget=memory_budget,
+            profile=profile,
+            rebalance_every=rebalance_every,
+            rebalance_on_drift=rebalance_on_drift,
+            rebalance_horizon=rebalance_horizon,
+            rebalance_settle=rebalance_settle,
+            measure_memory_every=measure_memory_every,
+            on_nonfinite=on_nonfinite,
+            pipemare=check_pipemare(
                 schedule.lower() if isinstance(schedule, str) else None, pipemare, n_microbatches
             ),
-            None if handoff is None else tuple(handoff),
+            handoff=None if handoff is None else tuple(handoff),
         )
-        self.pipemare = self.options.pipemare  # PipeMare's T1/T2 (None: another schedule)
         if not callable(loss_fn):
             raise TypeError(f"loss_fn must be callable, got {type(loss_fn).__name__}")
-        self.n_microbatches = n_microbatches
         self._set_schedule(schedule, stages_per_rank)
         if handoff is not None and isinstance(partition, str):
             raise ValueError(
@@ -192,7 +190,6 @@ class ElasticPipeline(ModelViews):
             )
         self.active_stream: ActiveStream | None = None  # a `train` stream in flight
         self.planner = get_planner(planner) if isinstance(planner, str) else planner
-        self.memory_budget, self.profile = memory_budget, profile
         self.triggers = ReplanTriggers(
             rebalance_every, memory_budget, rebalance_on_drift, rebalance_settle
         )
@@ -205,6 +202,24 @@ class ElasticPipeline(ModelViews):
         self.event_log = EventLog(lambda: (self.generation, self.model.step))  # builds...
         self._closed = False
         build.setup(self, specs, partition, self.options.handoff)
+
+    # -- the options, each kept once (in `options`) --------------------------------------------
+    @property
+    def n_microbatches(self) -> int:
+        return self.options.n_microbatches
+
+    @property
+    def memory_budget(self) -> int | None:
+        return self.options.memory_budget
+
+    @property
+    def profile(self) -> str:
+        return self.options.profile
+
+    @property
+    def pipemare(self) -> PipeMareConfig | None:
+        """PipeMare's T1/T2 (None: another schedule)."""
+        return self.options.pipemare
 
     def adopt_schedule(self, schedule: ScheduleLike) -> None:
         """Run `schedule` from the next build: its placement, stage count, links and list.

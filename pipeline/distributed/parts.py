@@ -46,13 +46,9 @@ class PipelineParts(Protocol):
     rank: int
     n_stages: int  # stages in all: stages_per_rank * ranks (`placement`)
     placement: Placement
-    n_microbatches: int
     schedule: ScheduleSpec
     options: PipelineOptions
-    pipemare: PipeMareConfig | None
     planner: Planner
-    memory_budget: int | None
-    profile: str
     cost_cache: CostCache
     device: torch.device
     runner: StepRunner
@@ -65,6 +61,18 @@ class PipelineParts(Protocol):
     auto_schedule: bool  # schedule="auto": each model's first step chooses one
     link: LinkCost  # the link as the last migration measured it
     active_stream: ActiveStream | None
+
+    @property
+    def n_microbatches(self) -> int: ...
+
+    @property
+    def memory_budget(self) -> int | None: ...
+
+    @property
+    def profile(self) -> str: ...
+
+    @property
+    def pipemare(self) -> PipeMareConfig | None: ...
 
     def drain(self) -> None: ...
 
