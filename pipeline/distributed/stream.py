@@ -241,9 +241,10 @@ class Segment:
                 if action.op in (Op.OPTIMIZER_STEP, Op.FORWARD):
                     self.comm.post()  # nothing stays open while this rank waits to agree
                 if action.op is Op.OPTIMIZER_STEP:
-                    yield from self._settle(action.microbatch - 1)
-                    self._post(action.microbatch)
-                    last_step = action.microbatch
+                    assert action.step is not None  # a stream's list numbers its steps
+                    yield from self._settle(action.step - 1)
+                    self._post(action.step)
+                    last_step = action.step
                     continue
                 if action.op is Op.FORWARD:
                     yield from self._settle(step - 2)

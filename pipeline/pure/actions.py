@@ -42,15 +42,23 @@ class Action:
     rank's only stage, and its repr is the op and micro-batch ("F3"). A schedule with several
     stages per rank (`pipeline.pure.placement`) names the global stage of every compute and
     message action ("F3@2": micro-batch 3's forward on stage 2); its OPTIMIZER_STEP stays -1
-    (one per rank, for all its stages).
+    (one per rank, for all its stages). `step` is the training step an OPTIMIZER_STEP
+    closes in a stream's list, which spans several ("STEP3"); a flushed list has one step,
+    and None there.
     """
 
     op: Op
     microbatch: int = -1  # -1 for actions that concern no micro-batch (OPTIMIZER_STEP)
     stage: int = -1  # -1: the rank's only stage (module doc)
+    step: int | None = None  # OPTIMIZER_STEP in a stream: the step it closes
+
+    def __post_init__(self) -> None:
+        if self.step is not None and self.op is not Op.OPTIMIZER_STEP:
+            raise ValueError(f"only an OPTIMIZER_STEP closes a step, not {self.op.name}")
 
     def __repr__(self) -> str:
-        text = self.op.value if self.microbatch < 0 else f"{self.op.value}{self.microbatch}"
+        index = self.step if self.step is not None else self.microbatch
+        text = self.op.value if index < 0 else f"{self.op.value}{index}"
         return text if self.stage < 0 else f"{text}@{self.stage}"
 
 

@@ -379,9 +379,7 @@ def _check_stage(actions: Sequence[Action], stage: int, n_microbatches: int) -> 
                 raise ScheduleError(f"stage {stage}: weight gradient of {i} computed twice")
             weights.add(i)
         elif (
-            action.op is Op.OPTIMIZER_STEP
-            and position != len(actions) - 1
-            and action.microbatch < 0
+            action.op is Op.OPTIMIZER_STEP and position != len(actions) - 1 and action.step is None
         ):  # a stream's steps name themselves
             raise ScheduleError(f"stage {stage}: optimizer step must be the last action")
     missing = set(range(n_microbatches)) - (backwarded & weights)
@@ -397,7 +395,7 @@ def _check_versions(actions: Sequence[Action], stage: int, m: int, n_steps: int)
     for action in actions:
         step = action.microbatch // m
         if action.op is Op.OPTIMIZER_STEP:
-            if action.microbatch != done + 1:
+            if action.step != done + 1:
                 raise ScheduleError(f"stage {stage}: {action} after STEP{done}")
             done += 1
         elif action.op in COMPUTE_OPS and step <= done:

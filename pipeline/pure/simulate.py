@@ -176,7 +176,8 @@ def simulate(
     def run(r: int, s: int, action: Action, ready: float, seconds: float) -> None:
         start = max(free[r], ready)
         free[r] = start + seconds
-        finished[(s, action.op, action.microbatch)] = free[r]
+        index = action.step if action.step is not None else action.microbatch
+        finished[(s, action.op, index)] = free[r]
         events.append(Event(s, action, start, free[r]))
 
     def hold(r: int, s: int, count: int) -> None:
@@ -352,7 +353,7 @@ def to_chrome_trace(result: SimResult, title: str = "simulated") -> dict[str, An
     spans = [
         Span(
             e.stage,
-            repr(Action(e.action.op, e.action.microbatch)),
+            repr(Action(e.action.op, e.action.microbatch, step=e.action.step)),
             e.start_s,
             e.end_s,
             _CATEGORY.get(e.action.op, "other"),

@@ -3,7 +3,7 @@
 A schedule is data (`pipeline.pure.schedule`); this one spans a *stream* of steps instead
 of one, so it lives apart. Micro-batch i of step t is numbered globally, g = t * M + i, and
 a stage's list for a stream of T steps is 1F1B over the T * M micro-batches, with an
-OPTIMIZER_STEP(t) (`Action(Op.OPTIMIZER_STEP, t)`) right after the stage's last backward
+OPTIMIZER_STEP(t) (`Action(Op.OPTIMIZER_STEP, step=t)`) right after the stage's last backward
 of step t. Warm-up happens once, at the start of the stream, and cool-down once, at its
 end: between the steps there is no flush. 2 stages, M = 2, T = 2 (S0 = OPTIMIZER_STEP(0))::
 
@@ -81,7 +81,7 @@ def stream_actions(
         yield Action(Op.BACKWARD, backwarded)
         backwarded += 1
         if backwarded % m == 0:
-            yield Action(Op.OPTIMIZER_STEP, backwarded // m - 1)
+            yield Action(Op.OPTIMIZER_STEP, step=backwarded // m - 1)
 
 
 def _pipedream_2bw(

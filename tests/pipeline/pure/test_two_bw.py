@@ -35,7 +35,7 @@ def test_streams_are_valid_and_keep_1f1b_in_flight(n_stages: int, n_steps: int) 
         for s in range(n_stages):
             actions = pipedream_2bw(n_stages, m, s, n_steps)
             assert in_flight(actions) == min(n_stages - s, m * n_steps)
-            steps = [a.microbatch for a in actions if a.op is Op.OPTIMIZER_STEP]
+            steps = [a.step for a in actions if a.op is Op.OPTIMIZER_STEP]
             assert steps == list(range(n_steps))
             if n_steps == 1:  # one step is 1F1B
                 assert actions[:-1] == one_f_one_b(n_stages, m, s)[:-1]
@@ -50,11 +50,11 @@ def test_no_flush_between_steps() -> None:
         Action(Op.BACKWARD, 0),
         Action(Op.FORWARD, 2),
         Action(Op.BACKWARD, 1),
-        Action(Op.OPTIMIZER_STEP, 0),
+        Action(Op.OPTIMIZER_STEP, step=0),
         Action(Op.FORWARD, 3),
         Action(Op.BACKWARD, 2),
         Action(Op.BACKWARD, 3),
-        Action(Op.OPTIMIZER_STEP, 1),
+        Action(Op.OPTIMIZER_STEP, step=1),
     ]
     lowered = stage_actions("2bw", 2, 2, 1, n_steps=2)
     assert Action(Op.SEND_GRAD, 3) in lowered
@@ -114,3 +114,9 @@ def test_the_planner_counts_the_second_weight_copy() -> None:
     ] == [2000, 2000]
     assert two.predicted_iteration_s == pytest.approx(4 * 6.0)
     assert one.predicted_iteration_s == pytest.approx(5 * 6.0)
+
+
+def test_only_an_optimizer_step_closes_a_step() -> None:
+    assert repr(Action(Op.OPTIMIZER_STEP, step=3)) == "STEP3"
+    with pytest.raises(ValueError, match="only an OPTIMIZER_STEP closes a step, not FORWARD"):
+        Action(Op.FORWARD, 0, step=0)
