@@ -35,6 +35,16 @@ def run(
     return subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=tmp_path, env=env)
 
 
+# What every study here shares: one evaluation batch, small batches, the narrowest model,
+# few decoded pairs.
+SMALL = (
+    "train.eval_batches=1",
+    "train.batch_size=16",
+    "search_space.d_model=[32]",
+    "search_space.max_cells=1",
+    *LITTLE_DECODING,
+)
+
 # One trial of each task, as small as it gets: a few steps, one evaluation batch, a few
 # decoded pairs (translation), short windows (the language models).
 ONE_TRIAL = (
@@ -43,11 +53,7 @@ ONE_TRIAL = (
     "study.n_trials=1",
     "train.steps=2",
     "train.eval_every=2",
-    "train.eval_batches=1",
-    "train.batch_size=16",
-    *LITTLE_DECODING,
-    "search_space.d_model=[32]",
-    "search_space.max_cells=1",
+    *SMALL,
 )
 TASK_OPTIONS = {
     "translation": (),
@@ -97,12 +103,8 @@ def test_a_small_study_from_the_command_line(tmp_path: Path) -> None:
         "study.n_trials=2",
         "tracker=none",
         "train.steps=4",
-        *LITTLE_DECODING,
+        *SMALL,
         "train.eval_every=2",
-        "train.eval_batches=1",
-        "train.batch_size=16",
-        "search_space.d_model=[32]",
-        "search_space.max_cells=1",
         f"retrain.models_dir={tmp_path / 'models'}",
     )
     assert done.returncode == 0, done.stderr[-3000:]
@@ -137,12 +139,8 @@ def test_a_multirun_runs_one_study_per_job(tmp_path: Path) -> None:
         "stages=[search]",
         "tracker=none",
         "train.steps=4",
-        *LITTLE_DECODING,
+        *SMALL,
         "train.eval_every=2",
-        "train.eval_batches=1",
-        "train.batch_size=16",
-        "search_space.d_model=[32]",
-        "search_space.max_cells=1",
         f"hydra.sweep.dir={tmp_path / 'sweep'}",
     )
     assert done.returncode == 0, done.stderr[-3000:]
@@ -169,12 +167,8 @@ def test_stages_started_by_torchrun_run_the_study(tmp_path: Path) -> None:
         "study.n_trials=2",
         "tracker=jsonl",
         "train.steps=2",
-        *LITTLE_DECODING,
+        *SMALL,
         "train.eval_every=2",
-        "train.eval_batches=1",
-        "train.batch_size=16",
-        "search_space.d_model=[32]",
-        "search_space.max_cells=1",
         f"hydra.run.dir={tmp_path / 'run'}",
         f"studies_dir={tmp_path / 'studies'}",
     ]
@@ -205,12 +199,8 @@ def test_a_killed_study_resumes_at_the_right_trial_count(tmp_path: Path) -> None
         "stages=[search]",
         "tracker=none",
         "train.steps=30",
-        *LITTLE_DECODING,
+        *SMALL,
         "train.eval_every=10",
-        "train.eval_batches=1",
-        "train.batch_size=16",
-        "search_space.d_model=[32]",
-        "search_space.max_cells=1",
         f"hydra.run.dir={tmp_path / 'run'}",
         f"studies_dir={tmp_path / 'studies'}",
     ]
@@ -303,12 +293,8 @@ def test_two_workers_share_one_study(tmp_path: Path) -> None:
         "stages=[search]",
         "tracker=none",
         "train.steps=4",
-        *LITTLE_DECODING,
+        *SMALL,
         "train.eval_every=2",
-        "train.eval_batches=1",
-        "train.batch_size=16",
-        "search_space.d_model=[32]",
-        "search_space.max_cells=1",
         f"studies_dir={tmp_path / 'studies'}",
     ]
     (tmp_path / "studies").mkdir()
