@@ -16,7 +16,7 @@ from typing import Any
 from nas.learning_rate import SCHEDULES as LR_SCHEDULES
 from nas.plugins import is_import_path
 from nas.search import PRUNERS, SAMPLERS
-from nas.tasks import TASKS, Direction, task_class
+from nas.tasks import Direction, known_tasks, task_class
 from nas.tracking import TRACKERS
 from pipeline.local.pipemare import PipeMareConfig
 from pipeline.pure.planner import PLANNERS
@@ -63,7 +63,7 @@ def objectives() -> dict[str, Direction]:
     first objective of a study is its fitness: measured at every evaluation (a
     `validation_*` metric), it is what pruners and hurdles see and what evolution ranks by."""
     known: dict[str, Direction] = {}
-    for cls in TASKS.values():
+    for cls in known_tasks().values():
         known |= {f"validation_{m}": way for m, way in cls.metric_directions.items()}
     return known | RUNTIME_OBJECTIVES
 

@@ -65,6 +65,7 @@ __all__ = [
     "exact_match",
     "get_task",
     "greedy_decode",
+    "known_tasks",
     "masked_cross_entropy",
     "sentence_chrf",
     "task_class",
@@ -73,14 +74,23 @@ __all__ = [
 TASKS: dict[str, type[Task]] = {"translation": Translation, "charlm": CharLM, "textfile": TextFile}
 
 
+_PLUG_INS: dict[str, type[Task]] = {}  # the users' tasks loaded so far, by import path
+
+
+def known_tasks() -> dict[str, type[Task]]:
+    """The built-in tasks, then every user's task `task_class` has loaded (by import path)."""
+    return {**TASKS, **_PLUG_INS}
+
+
 def task_class(name: str) -> type[Task]:
     """The built-in task called `name`, or a user's `Task` subclass by import path
     ("package.module:ClassName", `nas.plugins`), which is then known by that path."""
     if name in TASKS:
         return TASKS[name]
     if is_import_path(name):
-        TASKS[name] = load_class("task", name, Task)  # type: ignore[type-abstract]
-        return TASKS[name]
+        if name not in _PLUG_INS:
+            _PLUG_INS[name] = load_class("task", name, Task)  # type: ignore[type-abstract]
+        return _PLUG_INS[name]
     raise ValueError(
         f"unknown task {name!r}; valid tasks: {', '.join(sorted(TASKS))}, or a Task subclass "
         "as 'package.module:ClassName'"

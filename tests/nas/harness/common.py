@@ -19,8 +19,8 @@ TINY = (
     "train.eval_every=3",
     "train.eval_batches=1",
     "train.batch_size=16",
-    "train.decode_pairs=16",
-    "train.final_decode_pairs=32",
+    "train.decode_pairs=4",
+    "train.final_decode_pairs=8",
     "search_space.d_model=[32]",
     "search_space.max_cells=1",
 )
