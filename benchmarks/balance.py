@@ -33,7 +33,7 @@ from common import (
 )
 
 import pipeline
-from pipeline import ElasticPipeline, StageContext
+from pipeline import ElasticPipeline, PlanOptions, StageContext
 from pipeline.pure.planner import evaluate
 
 MICROBATCHES, LAYERS = UNEVEN_MICROBATCHES, UNEVEN_LAYERS
@@ -49,14 +49,14 @@ def run(ctx: StageContext, rounds: int, steps: int) -> dict[str, Any]:
             optimizer=OPTIMIZER,
             loss_fn=F.mse_loss,
             n_microbatches=MICROBATCHES,
-            partition=EQUAL,
+            planning=PlanOptions(partition=EQUAL),
         ),
         "planned": ElasticPipeline(
             uneven_stack(),
             optimizer=OPTIMIZER,
             loss_fn=F.mse_loss,
             n_microbatches=MICROBATCHES,
-            partition="auto",
+            planning=PlanOptions(partition="auto"),
         ),
     }
     for pipe in pipes.values():  # the first step plans ("auto"); then warm up

@@ -16,8 +16,8 @@ lin1's backward to stage 1: 2F + B ~ 4 units on stage 0, F + 2B ~ 5 on stage 1.
 
 Runs, side by side in the same two processes, timed in interleaved rounds:
 
-* ours 1f1b and zbh1 with `planner="time"` (whole layers),
-* ours 1f1b and zbh1 with `planner="bipartition"` (the planner picks the cut),
+* ours 1f1b and zbh1 with `PlanOptions(planner="time")` (whole layers),
+* ours 1f1b and zbh1 with `PlanOptions(planner="bipartition")` (the planner picks the cut),
 * torch.distributed.pipelining Schedule1F1B and ScheduleGPipe on ours' whole-layer split,
 * one process (gradient accumulation over the same micro-batches).
 
@@ -45,7 +45,14 @@ from torch import nn
 from torch.distributed.pipelining import Schedule1F1B, ScheduleGPipe
 
 import pipeline
-from pipeline import CostCache, ElasticPipeline, LayerSpec, ReferenceTrainer, StageContext
+from pipeline import (
+    CostCache,
+    ElasticPipeline,
+    LayerSpec,
+    PlanOptions,
+    ReferenceTrainer,
+    StageContext,
+)
 from pipeline.local.spec import build_layer
 
 WIDTH, TOKENS, BATCH, STAGES = 1024, 32, 32, 2
@@ -81,8 +88,7 @@ def ours(
         loss_fn=F.mse_loss,
         schedule=schedule,
         n_microbatches=m,
-        planner=planner,
-        cost_cache=cache,
+        planning=PlanOptions(planner=planner, cost_cache=cache),
     )
     x, y = batch()
     first = pipe.train_step(x, y)

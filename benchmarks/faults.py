@@ -31,7 +31,14 @@ from common import BATCH, D_MODEL, HEADS, batch
 from torch import nn
 
 import pipeline
-from pipeline import ElasticPipeline, LayerSpec, StageContext, StageError, StageFailedError
+from pipeline import (
+    ElasticPipeline,
+    LayerSpec,
+    PlanOptions,
+    StageContext,
+    StageError,
+    StageFailedError,
+)
 from pipeline.local.models import transformer_stack
 
 LAYERS, MICROBATCHES, STEP, MICROBATCH = 8, 8, 3, 4
@@ -110,7 +117,11 @@ def cases(ctx: StageContext) -> list[dict[str, Any]]:
     opt = functools.partial(SGD, lr=1e-3)
     half = LAYERS // 2 + 1
     pipe = ElasticPipeline(
-        specs(), optimizer=opt, loss_fn=loss_fn, n_microbatches=MICROBATCHES, partition=[half, half]
+        specs(),
+        optimizer=opt,
+        loss_fn=loss_fn,
+        n_microbatches=MICROBATCHES,
+        planning=PlanOptions(partition=[half, half]),
     )
     x, y = batch()
     out = []
@@ -155,7 +166,7 @@ def dies(ctx: StageContext, how: str, stamp: str) -> None:
         optimizer=functools.partial(SGD, lr=1e-3),
         loss_fn=loss_fn,
         n_microbatches=MICROBATCHES,
-        partition=[half, half],
+        planning=PlanOptions(partition=[half, half]),
     )
     x, y = batch()
     for _ in range(STEP + 2):

@@ -61,7 +61,7 @@ def _time_all(ctx: Any, steps: int, warmup: int) -> dict[str, float]:
     import torch.nn.functional as F
     from throughput import OPTIMIZER, batch, specs
 
-    from pipeline import ElasticPipeline
+    from pipeline import ElasticPipeline, PlanOptions
 
     x, y = batch()
     seconds: dict[str, float] = {}
@@ -72,7 +72,7 @@ def _time_all(ctx: Any, steps: int, warmup: int) -> dict[str, float]:
             loss_fn=F.mse_loss,
             schedule=name,
             n_microbatches=m,
-            partition=PARTITION,
+            planning=PlanOptions(partition=PARTITION),
         )
         _train(pipe, name, x, y, warmup)
         started = time.perf_counter()

@@ -68,7 +68,7 @@ from torch import nn
 import pipeline
 from nas.tasks.base import PAD
 from nas.tasks.charlm import CharLM
-from pipeline import ElasticPipeline, LayerSpec, ReferenceTrainer, StageContext
+from pipeline import ElasticPipeline, LayerSpec, PlanOptions, ReferenceTrainer, StageContext
 from pipeline.local.pipemare import PipeMareConfig
 from pipeline.local.spec import build_layer
 
@@ -247,7 +247,7 @@ def pipeline_run(
         pipemare=s["config"],
         n_microbatches=s["m"],
         seed=seed,
-        partition=s["sizes"],
+        planning=PlanOptions(partition=s["sizes"]),
         on_nonfinite="ignore",
     )
     losses = list(pipe.train(s["data"]))

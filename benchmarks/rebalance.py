@@ -3,10 +3,10 @@
 The unbalanced stack of `common.uneven_stack` (16 Transformer layers, the first eight with an
 8x wider feed-forward block; d_model 256, sequence 64, batch 32, 16 micro-batches, 1F1B)
 starts on equal layer counts on 2 stages (CPU gloo, 1 thread per stage) with
-`rebalance_every=4`: after 4 steps the runtime re-plans from the costs it measured and
-migrates layers live. Then automatic rebalancing is switched off and, in interleaved rounds
-on the same processes (`repartition` between them, so drift of the machine hits all alike),
-the following are timed; reported side by side:
+`elastic=ElasticOptions(rebalance_every=4)`: after 4 steps the runtime re-plans from the
+costs it measured and migrates layers live. Then automatic rebalancing is switched off and,
+in interleaved rounds on the same processes (`repartition` between them, so drift of the
+machine hits all alike), the following are timed; reported side by side:
 
 * throughput before (equal counts) vs after the rebalance (target >= 1.25x);
 * after vs the best split found offline by timing every [k, 16 - k], k = 3..8
@@ -40,7 +40,7 @@ from common import (
 )
 
 import pipeline
-from pipeline import ElasticPipeline, StageContext
+from pipeline import ElasticOptions, ElasticPipeline, PlanOptions, StageContext
 from pipeline.distributed.triggers import ReplanTriggers
 
 MICROBATCHES, LAYERS, EVERY = UNEVEN_MICROBATCHES, UNEVEN_LAYERS, 4
@@ -100,8 +100,8 @@ def run(ctx: StageContext, rounds: int, steps: int) -> dict[str, Any]:
         optimizer=OPTIMIZER,
         loss_fn=F.mse_loss,
         n_microbatches=MICROBATCHES,
-        partition=EQUAL,
-        rebalance_every=EVERY,
+        planning=PlanOptions(partition=EQUAL),
+        elastic=ElasticOptions(rebalance_every=EVERY),
     )
     during = step_times(pipe, EVERY)  # the 4th step ends with the automatic rebalance
     migration = pipe.migrations[-1] if pipe.migrations else None

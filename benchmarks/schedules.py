@@ -66,7 +66,7 @@ from torch.distributed.pipelining import (
 )
 
 import pipeline
-from pipeline import CostCache, ElasticPipeline, PipelineStats, StageContext
+from pipeline import CostCache, ElasticPipeline, PipelineStats, PlanOptions, StageContext
 from pipeline.local.spec import build_layer
 from pipeline.pure.partition import bounds, equal_sizes
 from pipeline.pure.schedule import SCHEDULES, is_stream
@@ -343,7 +343,7 @@ def ours_run(
         loss_fn=F.mse_loss,
         schedule=name,
         n_microbatches=m,
-        cost_cache=cache,
+        planning=PlanOptions(cost_cache=cache),
     )
     x, y = batch()
     first_loss = pipe.train_step(x, y)

@@ -36,7 +36,7 @@ import torch
 import torch.nn.functional as F
 
 import pipeline
-from pipeline import ElasticPipeline, StageContext
+from pipeline import ElasticPipeline, PlanOptions, StageContext
 from pipeline.local.models import mlp_stack
 from pipeline.local.pipemare import PipeMareConfig
 
@@ -87,7 +87,7 @@ def stream(
         loss_fn=F.mse_loss,
         schedule=schedule,
         n_microbatches=MICROBATCHES,
-        partition=[LAYERS // 2, LAYERS - LAYERS // 2],
+        planning=PlanOptions(partition=[LAYERS // 2, LAYERS - LAYERS // 2]),
         seed=0,
         pipemare=PipeMareConfig() if schedule == "pipemare" else None,
     )

@@ -36,7 +36,7 @@ from torch import nn
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B
 
 import pipeline
-from pipeline import ElasticPipeline, LayerSpec, StageContext
+from pipeline import ElasticPipeline, LayerSpec, PlanOptions, StageContext
 from pipeline.local.models import transformer_stack
 from pipeline.local.spec import build_layer
 from pipeline.pure.partition import bounds, equal_sizes
@@ -69,7 +69,7 @@ def new_pipeline(specs: list[LayerSpec]) -> ElasticPipeline:
         optimizer=OPTIMIZER,
         loss_fn=F.mse_loss,
         n_microbatches=MICROBATCHES,
-        partition=equal(specs),
+        planning=PlanOptions(partition=equal(specs)),
     )
 
 

@@ -20,10 +20,12 @@ from nas.learning_rate import ScheduledOptimizer
 from nas.settings import NasSettings, TrainSettings
 from nas.tasks import Task
 from pipeline import (
+    ElasticOptions,
     ElasticPipeline,
     InfeasibleBudgetError,
     LayerSpec,
     PipelineError,
+    PlanOptions,
     WeightSnapshot,
 )
 from search_spaces.architecture import Architecture
@@ -100,9 +102,8 @@ def build(
         schedule=p.schedule,
         n_microbatches=p.n_microbatches,
         seed=seed,
-        memory_budget=p.memory_budget,
-        planner=p.planner,
-        rebalance_every=p.rebalance_every,
+        planning=PlanOptions(planner=p.planner, memory_budget=p.memory_budget),
+        elastic=ElasticOptions(rebalance_every=p.rebalance_every),
         pipemare=dict(p.pipemare) if p.schedule == "pipemare" else None,
     )
 

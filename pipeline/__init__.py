@@ -6,12 +6,14 @@ pipeline schedule so that the result equals single-process training with gradien
 accumulation::
 
     import functools, torch, pipeline
-    from pipeline import ElasticPipeline, LayerSpec
+    from pipeline import ElasticOptions, ElasticPipeline, LayerSpec, PlanOptions
 
     def main(ctx):                      # runs in every stage process
         pipe = ElasticPipeline(specs, optimizer=functools.partial(torch.optim.AdamW, lr=1e-3),
                                loss_fn=torch.nn.functional.cross_entropy,
-                               schedule="1f1b", n_microbatches=8)
+                               schedule="1f1b", n_microbatches=8,
+                               planning=PlanOptions(memory_budget=2 << 30),
+                               elastic=ElasticOptions(rebalance_on_drift=0.1))
         for x, y in batches:            # the same batches on every rank
             loss = pipe.train_step(x, y)
         return pipe.stats()
@@ -25,7 +27,7 @@ from pipeline.distributed.elastic import ElasticPipeline
 from pipeline.distributed.events import PipelineEvent
 from pipeline.distributed.launch import StageContext, launch, lead_process, under_torchrun
 from pipeline.distributed.migration import MigrationRecord, WeightSnapshot
-from pipeline.distributed.options import PipelineOptions
+from pipeline.distributed.options import ElasticOptions, PipelineOptions, PlanOptions
 from pipeline.distributed.report import PipelineStats, StageStats
 from pipeline.errors import (
     MigrationError,
@@ -46,6 +48,7 @@ from pipeline.pure.schedule import (
     Op,
     ScheduleError,
     ScheduleSpec,
+    get_schedule,
     register_schedule,
 )
 
@@ -53,6 +56,7 @@ __all__ = [
     "SCHEDULES",
     "Action",
     "CostCache",
+    "ElasticOptions",
     "ElasticPipeline",
     "InfeasibleBudgetError",
     "LayerCost",
@@ -66,6 +70,7 @@ __all__ = [
     "PipelineOptions",
     "PipelineStats",
     "Plan",
+    "PlanOptions",
     "Planner",
     "ReferenceTrainer",
     "ScheduleError",
@@ -75,6 +80,7 @@ __all__ = [
     "StageFailedError",
     "StageStats",
     "WeightSnapshot",
+    "get_schedule",
     "launch",
     "lead_process",
     "register_schedule",

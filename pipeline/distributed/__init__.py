@@ -2,13 +2,14 @@
 
 `ElasticPipeline` (elastic.py) is the public facade, one per rank. It composes parts that
 each own their state and change only through their methods, and delegates its longer
-methods to helper modules typed against `parts.PipelineParts` (so none imports the facade):
+methods to helper modules, each typed against a narrow interface in `parts` that lists what
+it reads (so none imports the facade, and only the facade replaces its own parts):
 
     ElasticPipeline ── the public API: train_step, train, forward, repartition, rebalance,
      │                 reconfigure, snapshot, stats, full_state_dict ... (read-only views
      │                 of the model: `views.ModelViews`)
      ├─ comm: Comm                 every collective and point-to-point message (comm.py)
-     ├─ options: PipelineOptions   the knobs, checked (options.py)
+     ├─ options: PipelineOptions   the knobs, checked: PlanOptions, ElasticOptions (options.py)
      ├─ recipe: TrainingRecipe     seed, optimizer factory, loss (pipeline.local.recipe)
      ├─ placement: Placement       which rank holds which stage (pipeline.pure.placement)
      ├─ model: ModelHolder         specs, sizes, plan, handoff cut, step counters (holder.py)
@@ -28,7 +29,7 @@ methods to helper modules typed against `parts.PipelineParts` (so none imports t
     helper modules (called by the facade, in every rank, in the same order):
       build       plan (agreement: profile, plan on rank 0) and build a model; Bi-Partition's
                   cut (handoff)
-      steps       a flushed train_step and forward            ──> runner, elasticity
+      steps       a flushed train_step and forward            ──> runner
       stream      2BW / PipeMare `train` without flushes      ──> runner
       elasticity  repartition, rebalance, reconfigure         ──> migration (transfer), build
       weights     full state dict, snapshots, inheritance     ──> migration

@@ -18,9 +18,8 @@ from typing import Any
 from pipeline.distributed import handoff as handoff_cut
 from pipeline.distributed import weights
 from pipeline.distributed.agreement import profile_costs
-from pipeline.distributed.holder import ModelHolder
-from pipeline.distributed.parts import PipelineParts
-from pipeline.local.spec import LayerSpec, check_specs
+from pipeline.distributed.options import check_partition
+from pipeline.distributed.parts import BuiltPipeline
 from pipeline.local.stage import Stage
 from pipeline.pure.costs import LayerCost
 from pipeline.pure.partition import bounds, check_sizes, equal_sizes
@@ -30,18 +29,11 @@ from pipeline.pure.schedule import ScheduleSpec, is_stream
 __all__ = ["build", "checked_sizes", "plan_first", "planned_schedule", "set_handoff", "setup"]
 
 
-def setup(
-    pipe: PipelineParts,
-    specs: Sequence[LayerSpec],
-    partition: str | Sequence[int] | Plan,
-    requested_handoff: tuple[int, ...] | None,
-) -> None:
-    """Validate a model and its partition; build now, or on the first step if "auto"."""
-    pipe.model = ModelHolder(check_specs(specs), requested_handoff)
+def setup(pipe: BuiltPipeline, partition: str | Sequence[int] | Plan) -> None:
+    """Check the new model's partition; build now, or on the first step if "auto"."""
     n_layers = len(pipe.model.specs)
+    partition = check_partition(partition)
     if isinstance(partition, str):
-        if partition != "auto":
-            raise ValueError(f"partition must be 'auto', stage sizes or a Plan, got {partition!r}")
         equal_sizes(n_layers, pipe.n_stages)  # more stages than layers: fail now
         return
     if isinstance(partition, Plan):
@@ -51,7 +43,7 @@ def setup(
 
 
 def build(
-    pipe: PipelineParts,
+    pipe: BuiltPipeline,
     sizes: list[int],
     plan: Plan | None = None,
     costs: list[LayerCost] | None = None,
@@ -61,7 +53,7 @@ def build(
     # Factories run here: a bad one raises on every rank, not only where it is built.
     stages = pipe.comm.together(
         lambda: [
-            _stage(pipe, s, *cuts[s], plan) for s in pipe.runner.placement.stages_of(pipe.rank)
+            _stage(pipe, s, *cuts[s], plan) for s in pipe.runner.placement.stages_of(pipe.comm.rank)
         ]
     )
     if costs is not None:
@@ -76,7 +68,7 @@ def build(
     pipe.event_log.record("build", sizes=list(sizes), plan=None if plan is None else plan.to_dict())
 
 
-def _stage(pipe: PipelineParts, index: int, start: int, stop: int, plan: Plan | None) -> Stage:
+def _stage(pipe: BuiltPipeline, index: int, start: int, stop: int, plan: Plan | None) -> Stage:
     """Stage `index`, holding layers [start, stop) with the plan's memory actions."""
     actions = list(plan.actions[start:stop]) if plan is not None else None
     return Stage(
@@ -91,7 +83,7 @@ def _stage(pipe: PipelineParts, index: int, start: int, stop: int, plan: Plan | 
     )
 
 
-def set_handoff(pipe: PipelineParts, handoff: Sequence[int] | None) -> None:
+def set_handoff(pipe: BuiltPipeline, handoff: Sequence[int] | None) -> None:
     """Put Bi-Partition's cut in force (`pipeline.distributed.handoff`); every rank."""
     model = pipe.model
     cut = handoff_cut.check_handoff(handoff, model.sizes)
@@ -106,10 +98,10 @@ def set_handoff(pipe: PipelineParts, handoff: Sequence[int] | None) -> None:
             lambda: handoff_cut.configure(stage, model.specs, model.sizes, cut, pipe.recipe.seed)
         )
         pipe.event_log.record("handoff", handoff=list(cut))
-    model.handoff = cut
+    model.set_handoff(cut)
 
 
-def plan_first(pipe: PipelineParts, example: Any) -> None:
+def plan_first(pipe: BuiltPipeline, example: Any) -> None:
     """partition="auto": profile one micro-batch's shapes, plan on rank 0, build."""
     costs = profile_costs(
         pipe.comm,
@@ -117,8 +109,8 @@ def plan_first(pipe: PipelineParts, example: Any) -> None:
         example,
         device=pipe.device,
         opt_ratio=pipe.recipe.optimizer_state_ratio,
-        cache=pipe.cost_cache,
-        source=pipe.profile,
+        cache=pipe.options.planning.cost_cache,
+        source=pipe.options.planning.profile,
     )
     if pipe.auto_schedule:
         plan = _choose_schedule(pipe, costs)
@@ -129,23 +121,23 @@ def plan_first(pipe: PipelineParts, example: Any) -> None:
                 costs,
                 pipe.n_stages,
                 schedule=schedule,
-                n_microbatches=pipe.n_microbatches,
-                memory_budget=pipe.memory_budget,
+                n_microbatches=pipe.options.n_microbatches,
+                memory_budget=pipe.options.planning.memory_budget,
             )
         )
     build(pipe, list(plan.sizes), plan, costs)
-    weights.take_inheritance(pipe)
+    weights.take_inheritance(pipe.comm, pipe.model, pipe.event_log)
 
 
-def _choose_schedule(pipe: PipelineParts, costs: list[LayerCost]) -> Plan:
+def _choose_schedule(pipe: BuiltPipeline, costs: list[LayerCost]) -> Plan:
     """schedule="auto": every exact schedule planned on rank 0, the fastest adopted."""
     best, tried = pipe.comm.agree(
         lambda: choose_schedule(
             pipe.planner,
             costs,
             pipe.comm.world_size,
-            n_microbatches=pipe.n_microbatches,
-            memory_budget=pipe.memory_budget,
+            n_microbatches=pipe.options.n_microbatches,
+            memory_budget=pipe.options.planning.memory_budget,
         )
     )
     pipe.event_log.record("schedule", chosen=best.schedule, candidates=[c.to_dict() for c in tried])
@@ -154,7 +146,7 @@ def _choose_schedule(pipe: PipelineParts, costs: list[LayerCost]) -> Plan:
     return best.plan
 
 
-def planned_schedule(pipe: PipelineParts) -> ScheduleSpec:
+def planned_schedule(pipe: BuiltPipeline) -> ScheduleSpec:
     """The schedule as the planner takes it: the spec in force (its name is what a plan
     records; its stages per rank may differ from the registered one's)."""
     return pipe.schedule

@@ -43,7 +43,13 @@ from pipeline.distributed.comm import Comm
 from pipeline.distributed.events import EventLog, PipelineEvent
 from pipeline.distributed.holder import ModelHolder
 from pipeline.distributed.migration import MigrationRecord, WeightSnapshot
-from pipeline.distributed.options import PipelineOptions
+from pipeline.distributed.options import (
+    ElasticOptions,
+    NonFinitePolicy,
+    PipelineOptions,
+    PlanOptions,
+    moved_argument_error,
+)
 from pipeline.distributed.parts import ActiveStream
 from pipeline.distributed.runner import StepRunner
 from pipeline.distributed.triggers import PlanAge, ReplanTriggers
@@ -52,14 +58,13 @@ from pipeline.local.microbatch import split_microbatches
 from pipeline.local.pipemare import PipeMareConfig, check_pipemare
 from pipeline.local.profiler import CostCache
 from pipeline.local.recipe import TrainingRecipe
-from pipeline.local.spec import LayerSpec
+from pipeline.local.spec import LayerSpec, check_specs
 from pipeline.local.stage import LossFn, OptimizerFactory, Stage
-from pipeline.pure.costs import HOST_LINK, LayerCost
-from pipeline.pure.planner import Plan, Planner, get_planner
+from pipeline.pure.costs import HOST_LINK, LayerCost, LinkCost
+from pipeline.pure.planner import Plan, get_planner
 from pipeline.pure.schedule import (
     ScheduleLike,
     ScheduleSpec,
-    get_schedule,
     placement_of,
     spec_of,
     validate,
@@ -77,58 +82,38 @@ class ElasticPipeline(ModelViews):
         optimizer: `factory(param_groups) -> Optimizer`, called once per stage with one
             parameter group per layer, e.g. `functools.partial(torch.optim.AdamW, lr=1e-3)`.
         loss_fn: `loss_fn(output, target) -> scalar tensor`, mean-reduced over the batch.
-        schedule: "auto" (with partition="auto": the first step plans 1f1b, zbh1,
-            interleaved_1f1b and zbv and keeps the fastest predicted; a "schedule" event
-            says why), "1f1b" (PipeDream-Flush), "gpipe", "zbh1" (zero bubble: 1F1B's memory,
-            split backwards whose weight gradients fill the drain), "interleaved_1f1b"
-            (Megatron's interleaved 1F1B: several stages per rank, placed in a loop),
-            "zbv" (zero bubble V: two stages per rank placed in a V, split backwards),
-            "2bw" (PipeDream-2BW:
-            no flush between the steps of `train`, two weight versions, step t computes
-            with W(t - 1); needs n_microbatches >= n_stages - 1), "pipemare" (asynchronous
-            1F1B without flushes, one weight copy updated every few micro-batches; see
-            `pipemare`), or a function
-            `(n_stages, n_microbatches, stage) -> list[Action]` (see `pipeline.pure.schedule`).
+        schedule: a registered name, a `ScheduleSpec` (`pipeline.get_schedule(name,
+            stages_per_rank=v)` for another chunk count) or a builder function
+            `(n_stages, n_microbatches, stage) -> list[Action]`. Built in: "1f1b"
+            (PipeDream-Flush), "gpipe", "zbh1" (zero bubble: 1F1B's memory, split backwards
+            whose weight gradients fill the drain), "interleaved_1f1b" (Megatron's: several
+            stages per rank, placed in a loop; 2 by default), "zbv" (zero bubble V: two
+            stages per rank placed in a V), "2bw" (PipeDream-2BW: no flush between the steps
+            of `train`, two weight versions, step t computes with W(t - 1); needs
+            n_microbatches >= n_stages - 1), "pipemare" (asynchronous 1F1B without flushes,
+            one weight copy updated every few micro-batches; see `pipemare`), or "auto"
+            (with partition="auto": the first step plans 1f1b, zbh1, interleaved_1f1b and zbv
+            and keeps the fastest predicted; a "schedule" event says why).
         n_microbatches: micro-batches per step; must divide the batch size.
         seed: with the layer keys, fixes the initial weights and the dropout masks.
-        partition: "auto" (planned on the first step), stage sizes, or a `Plan`.
-        memory_budget: bytes per rank the plan must fit (parameters, gradients, optimizer
-            state and in-flight activations of its stages); layers are recomputed where
-            needed.
-        planner: "time", "memory" or a `pipeline.pure.planner.Planner`.
-        profile: "sandbox" (time each distinct layer once) or "estimate" (FLOPs only).
-        cost_cache: measured costs by layer signature, shared across models.
-        rebalance_every: re-plan from measured costs every N steps (None: only on demand).
-        rebalance_on_drift: re-plan when the stages' measured / predicted compute times
-            spread by more than this fraction (e.g. 0.1); see `pipeline.distributed.triggers`.
-        rebalance_horizon: the steps a re-plan expects to remain: a new plan is taken only
-            when the time it saves over them exceeds the time its migration takes.
-        rebalance_settle: steps a plan runs before its measurements are compared with it
-            (drift checks).
-        measure_memory_every: measure saved activations every N steps (and on the first
-            step of every plan); measuring costs a hook per saved tensor.
+        planning: a `PlanOptions`: the partition ("auto", sizes or a `Plan`), planner,
+            memory budget, profile source, cost cache and Bi-Partition's handoff.
+        elastic: an `ElasticOptions`: when to re-plan on its own (every N steps, on drift),
+            the horizon a migration must pay back over, how often memory is measured.
+        device: this stage's device (default: cuda:<local device> under NCCL, else cpu).
         on_nonfinite: "raise" (a NaN or infinite loss raises `NonFiniteLossError` on every
             rank and the step is applied nowhere) or "ignore" (train on).
-        device: this stage's device (default: cuda:<local device> under NCCL, else cpu).
         pipemare: under schedule="pipemare", a `pipeline.local.pipemare.PipeMareConfig` (or
             a dict of its fields): T1 on/off and its warm-up updates, T2 on/off and its decay,
             update_every (must divide n_microbatches). Default: `PipeMareConfig()`.
-        stages_per_rank: under schedule="interleaved_1f1b", the stages (model chunks) each
-            rank holds (default 2); "zbv" holds 2. The model is cut into
-            n_stages = stages_per_rank * world size stages, placed as the schedule says
-            (`pipeline.pure.placement`): `partition` then gives that many sizes.
-        handoff: Bi-Partition with explicit stage sizes: per boundary s | s+1, how many of
-            stage s's last layers run their backward on stage s + 1 (they must be separable:
-            nn.Linear, or a type registered with `pipeline.separable`); flushed schedules
-            only. planner="bipartition" chooses it (and the sizes) with partition="auto".
-            The cut in force is `pipe.handoff`; see `pipeline.distributed.handoff`.
+
+    Keywords of earlier versions (`memory_budget=`, `rebalance_every=`, `stages_per_rank=`,
+    ...) raise a `TypeError` that names the group they moved to.
 
     Failures: an exception in any stage's layer, loss or optimizer step makes `train_step`
     (or `forward`) raise `pipeline.StageError` on every rank (see
     `pipeline.distributed.executor`); the step is not applied and the pipeline stays usable.
     """
-
-    model: ModelHolder  # the model in force: made by `build.setup`, per `reconfigure`
 
     def __init__(
         self,
@@ -139,61 +124,43 @@ class ElasticPipeline(ModelViews):
         schedule: ScheduleLike = "1f1b",
         n_microbatches: int = 4,
         seed: int = 0,
-        partition: str | Sequence[int] | Plan = "auto",
-        memory_budget: int | None = None,
-        planner: str | Planner = "time",
-        profile: str = "sandbox",
-        cost_cache: CostCache | None = None,
-        rebalance_every: int | None = None,
-        rebalance_on_drift: float | None = None,
-        rebalance_horizon: int = 100,
-        rebalance_settle: int = 3,
-        measure_memory_every: int = 10,
-        on_nonfinite: str = "raise",
+        planning: PlanOptions | None = None,
+        elastic: ElasticOptions | None = None,
         device: torch.device | str | None = None,
+        on_nonfinite: NonFinitePolicy = "raise",
         pipemare: PipeMareConfig | dict[str, Any] | None = None,
-        handoff: Sequence[int] | None = None,
-        stages_per_rank: int | None = None,
+        **moved: Any,
     ) -> None:
+        if moved:
+            raise moved_argument_error(list(moved))
+        planning = PlanOptions() if planning is None else planning
         self.comm = Comm()
         self.rank = self.comm.rank
         self.auto_schedule = isinstance(schedule, str) and schedule.lower() == "auto"
         if self.auto_schedule:
-            if not (isinstance(partition, str) and partition == "auto"):
+            if planning.partition != "auto":
                 raise ValueError(
                     "schedule='auto' chooses the stages with the partition: it "
-                    f"needs partition='auto', got {partition!r}"
+                    f"needs partition='auto', got {planning.partition!r}"
                 )
             schedule = "1f1b"  # until the first step chooses (`build.plan_first`)
         self.options = PipelineOptions(
             n_microbatches=n_microbatches,
-            memory_budget=memory_budget,
-            profile=profile,
-            rebalance_every=rebalance_every,
-            rebalance_on_drift=rebalance_on_drift,
-            rebalance_horizon=rebalance_horizon,
-            rebalance_settle=rebalance_settle,
-            measure_memory_every=measure_memory_every,
             on_nonfinite=on_nonfinite,
             pipemare=check_pipemare(
                 schedule.lower() if isinstance(schedule, str) else None, pipemare, n_microbatches
             ),
-            handoff=None if handoff is None else tuple(handoff),
+            planning=planning,
+            elastic=ElasticOptions() if elastic is None else elastic,
         )
         if not callable(loss_fn):
             raise TypeError(f"loss_fn must be callable, got {type(loss_fn).__name__}")
-        self._set_schedule(schedule, stages_per_rank)
-        if handoff is not None and isinstance(partition, str):
-            raise ValueError(
-                "handoff= needs explicit stage sizes (partition=[...]); with "
-                "partition='auto', planner='bipartition' chooses the cut"
-            )
-        self.active_stream: ActiveStream | None = None  # a `train` stream in flight
-        self.planner = get_planner(planner) if isinstance(planner, str) else planner
-        self.triggers = ReplanTriggers(
-            rebalance_every, memory_budget, rebalance_on_drift, rebalance_settle
+        self._set_schedule(schedule)
+        self._active_stream: ActiveStream | None = None  # a `train` stream in flight
+        self.planner = (
+            get_planner(planning.planner) if isinstance(planning.planner, str) else planning.planner
         )
-        self.cost_cache = cost_cache if cost_cache is not None else CostCache()
+        self.triggers = ReplanTriggers(self.options.elastic, planning.memory_budget)
         self.device = torch.device(device) if device is not None else self.comm.data_device
         self.recipe = TrainingRecipe.of(seed, optimizer, loss_fn)  # also checks the factory
         self.link = HOST_LINK  # as the last migration measured it (until then: a guess)
@@ -201,7 +168,8 @@ class ElasticPipeline(ModelViews):
         self.plan_age = PlanAge()  # when the plan in force began; memory measured then
         self.event_log = EventLog(lambda: (self.generation, self.model.step))  # builds...
         self._closed = False
-        build.setup(self, specs, partition, self.options.handoff)
+        self.model = ModelHolder(check_specs(specs), planning.handoff)
+        build.setup(self, planning.partition)
 
     # -- the options, each kept once (in `options`) --------------------------------------------
     @property
@@ -210,11 +178,16 @@ class ElasticPipeline(ModelViews):
 
     @property
     def memory_budget(self) -> int | None:
-        return self.options.memory_budget
+        return self.options.planning.memory_budget
 
     @property
     def profile(self) -> str:
-        return self.options.profile
+        return self.options.planning.profile
+
+    @property
+    def cost_cache(self) -> CostCache:
+        """Measured costs by layer signature (`PlanOptions.cost_cache`)."""
+        return self.options.planning.cost_cache
 
     @property
     def pipemare(self) -> PipeMareConfig | None:
@@ -229,13 +202,10 @@ class ElasticPipeline(ModelViews):
         if self.model.built:
             raise RuntimeError("adopt_schedule: the layers are built already; reconfigure first")
         self.runner.close()
-        self._set_schedule(schedule, None)
+        self._set_schedule(schedule)
 
-    def _set_schedule(self, schedule: ScheduleLike, stages_per_rank: int | None) -> None:
-        if isinstance(schedule, str):
-            spec = get_schedule(schedule, stages_per_rank)
-        else:
-            spec = spec_of(schedule).with_stages_per_rank(stages_per_rank)
+    def _set_schedule(self, schedule: ScheduleLike) -> None:
+        spec = spec_of(schedule)
         if spec.stream and self.pipemare is None:
             check_2bw(self.comm.world_size, self.n_microbatches)
         validate(spec, self.comm.world_size, self.n_microbatches)
@@ -264,14 +234,27 @@ class ElasticPipeline(ModelViews):
 
     def drain(self) -> None:
         """Finish the `train` stream in flight, if any (its cool-down); every rank calls it."""
-        segment, self.active_stream = self.active_stream, None
+        segment, self._active_stream = self._active_stream, None
         if segment is not None:
             segment.drain()
 
+    @property
+    def active_stream(self) -> ActiveStream | None:
+        """The `train` stream in flight (None between streams and under flushed schedules)."""
+        return self._active_stream
+
+    def hold_stream(self, segment: ActiveStream | None) -> None:
+        """`pipeline.distributed.stream`: `segment` is the stream in flight (None: none is)."""
+        self._active_stream = segment
+
     def plan_for(self, x: Any) -> None:
         """partition="auto": plan and build from the batch input x, unless done already."""
+        self.plan_from(split_microbatches(x, self.n_microbatches, "x")[0])
+
+    def plan_from(self, example: Any) -> None:
+        """partition="auto": plan and build from one micro-batch's input, unless built."""
         if not self.model.built:
-            build.plan_first(self, split_microbatches(x, self.n_microbatches, "x")[0])
+            build.plan_first(self, example)
 
     def train_step(self, x: Any, y: Any) -> float:
         """One optimizer step on the batch (x, y); returns the mean micro-batch loss."""
@@ -280,7 +263,9 @@ class ElasticPipeline(ModelViews):
         if self.schedule.stream:  # a stream of one step (after any stream in flight)
             self.drain()
             return next(iter(list(stream.train(self, [(x, y)]))))
-        return steps.train_step(self, x, y)
+        loss, measured = steps.train_step(self, x, y)
+        elasticity.maybe_rebalance(self, measured)
+        return loss
 
     def forward(self, x: Any) -> Any:
         """Inference on a batch (eval mode, no gradients): the model's output, on every rank.
@@ -307,7 +292,10 @@ class ElasticPipeline(ModelViews):
         `handoff` Bi-Partition's cut for the new sizes (default: none). On failure the old
         partition stays in force and `pipeline.MigrationError` is raised on every rank.
         """
-        return elasticity.repartition(self, sizes, actions, handoff)
+        record = elasticity.repartition(self, sizes, actions, handoff)
+        if record.bytes_moved and record.pause_s > 0:  # the link as this move measured it
+            self.link = LinkCost(record.bytes_moved / record.pause_s)
+        return record
 
     def rebalance(self, remaining_steps: int | None = None) -> MigrationRecord | None:
         """Re-plan from the costs measured while training; migrate if it pays back.
@@ -339,15 +327,17 @@ class ElasticPipeline(ModelViews):
         that model's weights instead. An "inherit" event records what was taken.
         `loss_fn` and `optimizer`, when given, replace the current ones.
         """
-        elasticity.reconfigure(
-            self,
-            specs,
-            partition=partition,
-            inherit_weights=inherit_weights,
-            inherit_from=inherit_from,
-            loss_fn=loss_fn,
-            optimizer=optimizer,
-        )
+        new_specs, source = elasticity.next_model(self, specs, inherit_weights, inherit_from)
+        self.recipe = self.recipe.changed(optimizer=optimizer, loss_fn=loss_fn)
+        self.generation += 1
+        self.model.close()  # free the old layers before building the new ones
+        self.model = ModelHolder(new_specs, None)  # a Plan may carry a handoff
+        build.setup(self, partition)
+        self.event_log.record("reconfigure", layers=[s.key for s in new_specs])
+        if source is not None:
+            self.model.expect_inheritance(source)
+            if self.model.built:
+                weights.take_inheritance(self.comm, self.model, self.event_log)
 
     def snapshot(self) -> WeightSnapshot:
         """This rank's layers' weights (CPU copies) with the model's keys and partition, to
@@ -356,7 +346,7 @@ class ElasticPipeline(ModelViews):
         if not self.model.built:
             raise RuntimeError("nothing to snapshot before the first step builds the layers")
         self.drain()
-        return weights.snapshot(self, copy=True)
+        return weights.snapshot(self.model, copy=True)
 
     # -- inspection --------------------------------------------------------------------------
     def stats(self, last_steps: int = 20) -> report.PipelineStats:
@@ -370,7 +360,7 @@ class ElasticPipeline(ModelViews):
 
     def save_partition_picture(self, path: str | Path) -> Path:
         """Write an SVG of which layers lived on which stage, step by step (this model)."""
-        return report.save_partition_picture(self, path)
+        return report.save_partition_picture(self.model, path)
 
     def save_timeline(self, path: str | Path) -> Path | None:
         """Write the last step of every stage as Chrome-trace JSON (open it in Perfetto).
@@ -389,7 +379,7 @@ class ElasticPipeline(ModelViews):
         if self._closed:
             raise RuntimeError("this ElasticPipeline is closed")
         self.drain()
-        return weights.full_state_dict(self)
+        return weights.full_state_dict(self.comm, self.model, self.recipe.seed)
 
     def layer_costs(self) -> tuple[list[LayerCost], list[str]]:
         """Every layer's measured costs and memory action, in layer order (a collective)."""

@@ -10,8 +10,9 @@ ranks call it, in the same order), and the three below first drain a `train` str
                  on rank 0) and repartitions when the new plan pays back its migration;
                  `maybe_rebalance` runs it after a step when a trigger fires
                  (`pipeline.distributed.triggers`)
-    reconfigure  swaps in the next model on the same processes (`pipeline.distributed.build`),
-                 optionally starting it from the old weights (`pipeline.distributed.weights`)
+    next_model   reconfigure's checks and the weights to inherit; the facade then swaps in
+                 the next model (`pipeline.distributed.build`) and loads them
+                 (`pipeline.distributed.weights`)
 """
 
 from __future__ import annotations
@@ -27,18 +28,16 @@ from pipeline.distributed.migration import (
     WeightSnapshot,
     migrate,
 )
-from pipeline.distributed.parts import PipelineParts
-from pipeline.local.objective import LossFn, OptimizerFactory
+from pipeline.distributed.parts import ElasticPipelineParts
 from pipeline.local.spec import LayerSpec, check_specs
-from pipeline.pure.costs import LinkCost
 from pipeline.pure.partition import bounds
-from pipeline.pure.planner import Plan, evaluate, replan
+from pipeline.pure.planner import evaluate, replan
 
-__all__ = ["maybe_rebalance", "rebalance", "reconfigure", "repartition"]
+__all__ = ["maybe_rebalance", "next_model", "rebalance", "repartition"]
 
 
 def repartition(
-    pipe: PipelineParts,
+    pipe: ElasticPipelineParts,
     sizes: Sequence[int],
     actions: Sequence[str] | None,
     handoff: Sequence[int] | None,
@@ -49,7 +48,8 @@ def repartition(
     stages = model.live_stages()
     new = build.checked_sizes(sizes, len(model.specs), pipe.n_stages)
     handoff_cut.check_handoff(handoff, new)
-    old_cut, model.handoff = model.handoff, ()
+    old_cut = model.handoff
+    model.set_handoff(())
     for stage in stages:
         stage.set_handoff(0, None)  # replicas go; the owners hold every handed layer's state
     try:
@@ -74,16 +74,14 @@ def repartition(
     model.moved(record, new)
     build.set_handoff(pipe, handoff)
     pipe.plan_age.restart(model.step)  # the next step measures memory
-    if record.bytes_moved and record.pause_s > 0:  # the link as measured by this move
-        pipe.link = LinkCost(record.bytes_moved / record.pause_s)
     pipe.event_log.record("migration", **dataclasses.asdict(record))
     return record
 
 
-def rebalance(pipe: PipelineParts, remaining_steps: int | None) -> MigrationRecord | None:
+def rebalance(pipe: ElasticPipelineParts, remaining_steps: int | None) -> MigrationRecord | None:
     """Re-plan from measured costs; migrate if it pays back (`ElasticPipeline.rebalance`)."""
     pipe.drain()
-    horizon = pipe.options.rebalance_horizon if remaining_steps is None else remaining_steps
+    horizon = pipe.options.elastic.rebalance_horizon if remaining_steps is None else remaining_steps
     costs, actions = pipe.layer_costs()
     schedule = build.planned_schedule(pipe)
     current = evaluate(
@@ -91,7 +89,7 @@ def rebalance(pipe: PipelineParts, remaining_steps: int | None) -> MigrationReco
         pipe.model.sizes,
         actions,
         schedule=schedule,
-        n_microbatches=pipe.n_microbatches,
+        n_microbatches=pipe.options.n_microbatches,
         handoff=pipe.model.handoff,
     )
     decision = pipe.comm.agree(
@@ -101,7 +99,7 @@ def rebalance(pipe: PipelineParts, remaining_steps: int | None) -> MigrationReco
             pipe.planner,
             remaining_steps=horizon,
             link=pipe.link,
-            memory_budget=pipe.memory_budget,
+            memory_budget=pipe.options.planning.memory_budget,
             schedule=schedule,
         )
     )
@@ -120,7 +118,7 @@ def rebalance(pipe: PipelineParts, remaining_steps: int | None) -> MigrationReco
     )
 
 
-def maybe_rebalance(pipe: PipelineParts, measured: bool) -> None:
+def maybe_rebalance(pipe: ElasticPipelineParts, measured: bool) -> None:
     """After a step: rebalance when a trigger fires (`pipeline.distributed.triggers`)."""
     model = pipe.model
     reason = pipe.triggers.reason(
@@ -136,17 +134,14 @@ def maybe_rebalance(pipe: PipelineParts, measured: bool) -> None:
         pipe.rebalance()
 
 
-def reconfigure(
-    pipe: PipelineParts,
+def next_model(
+    pipe: ElasticPipelineParts,
     specs: Sequence[LayerSpec],
-    *,
-    partition: str | Sequence[int] | Plan,
     inherit_weights: bool,
     inherit_from: WeightSnapshot | None,
-    loss_fn: LossFn | None,
-    optimizer: OptimizerFactory | None,
-) -> None:
-    """Take the next model on the same processes (`ElasticPipeline.reconfigure`)."""
+) -> tuple[list[LayerSpec], WeightSnapshot | None]:
+    """`ElasticPipeline.reconfigure`'s checks, before the old model goes: the new specs
+    (the same on every rank) and the weights the new model is to inherit, if any."""
     new_specs = check_specs(specs)
     pipe.drain()
     requests = pipe.comm.all_gather_object([s.key for s in new_specs])
@@ -157,15 +152,7 @@ def reconfigure(
             f"inherit_from must be a WeightSnapshot (from snapshot()), "
             f"got {type(inherit_from).__name__}"
         )
-    source = inherit_from
-    if source is None and inherit_weights and pipe.model.built:
-        source = weights.snapshot(pipe, copy=False)  # references: the old layers are freed next
-    pipe.recipe = pipe.recipe.changed(optimizer=optimizer, loss_fn=loss_fn)
-    pipe.generation += 1
-    pipe.model.close()  # free the old layers before building the new ones
-    build.setup(pipe, new_specs, partition, requested_handoff=None)  # a Plan may carry one
-    pipe.event_log.record("reconfigure", layers=[s.key for s in new_specs])
-    if source is not None:
-        pipe.model.expect_inheritance(source)
-        if pipe.model.built:
-            weights.take_inheritance(pipe)
+    if inherit_from is None and inherit_weights and pipe.model.built:
+        # references: the old layers are freed before the new ones load them
+        return new_specs, weights.snapshot(pipe.model, copy=False)
+    return new_specs, inherit_from

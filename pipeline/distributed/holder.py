@@ -37,10 +37,11 @@ __all__ = ["ModelHolder"]
 class ModelHolder:
     """One model's state on this rank (see the module docstring for how it changes)."""
 
-    def __init__(self, specs: Sequence[LayerSpec], requested_handoff: tuple[int, ...] | None):
+    def __init__(self, specs: Sequence[LayerSpec], requested_handoff: Sequence[int] | None):
         self.specs = list(specs)
-        self.requested_handoff = requested_handoff  # Bi-Partition's cut asked for (None: none)
-        self.handoff: tuple[int, ...] = ()  # the cut in force (() before a build)
+        # Bi-Partition's cut asked for (None: none)
+        self.requested_handoff = None if requested_handoff is None else tuple(requested_handoff)
+        self._handoff: tuple[int, ...] = ()  # the cut in force (() before a build)
         self._plan: Plan | None = None
         self._sizes: list[int] = []  # layers per stage; [] until planned
         self._step = 0
@@ -79,6 +80,15 @@ class ModelHolder:
     @property
     def history(self) -> StepHistory:
         return self._history
+
+    @property
+    def handoff(self) -> tuple[int, ...]:
+        """Bi-Partition's cut in force (() before a build, or without one)."""
+        return self._handoff
+
+    def set_handoff(self, cut: Sequence[int]) -> None:
+        """Record the cut `pipeline.distributed.build.set_handoff` put in force."""
+        self._handoff = tuple(cut)
 
     @property
     def built(self) -> bool:

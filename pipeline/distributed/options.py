@@ -1,66 +1,183 @@
-"""`PipelineOptions`: the knobs of an `ElasticPipeline`, typed and checked in one place.
+"""The knobs of an `ElasticPipeline` as typed groups, each checked once where it is made.
 
-`ElasticPipeline` takes them as keyword arguments (its documented API) and keeps them here,
-checked before any process talks to another, so a bad value fails the same way on every
-rank. A harness can build one from its own configuration and pass
-`**dataclasses.asdict(options)`.
+    ElasticPipeline(specs, optimizer=..., loss_fn=..., schedule=..., n_microbatches=...,
+                    planning=PlanOptions(...),     how the model is cut and what it keeps
+                    elastic=ElasticOptions(...),   when it re-plans and migrates on its own
+                    ...)
+
+Each group is a frozen dataclass that validates its values in `__post_init__`, before any
+process talks to another, so a bad value fails the same way on every rank. The facade keeps
+them, with the few top-level knobs, in one `PipelineOptions`: every value lives in one place.
+A harness builds the groups from its own configuration (`dataclasses.replace` to vary one).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Literal, get_args
 
 from pipeline.local.pipemare import PipeMareConfig
+from pipeline.local.profiler import CostCache
+from pipeline.pure.planner import Plan, Planner
 
-__all__ = ["NONFINITE_POLICIES", "PROFILE_SOURCES", "PipelineOptions"]
+__all__ = [
+    "NONFINITE_POLICIES",
+    "PROFILE_SOURCES",
+    "ElasticOptions",
+    "NonFinitePolicy",
+    "PipelineOptions",
+    "PlanOptions",
+    "ProfileSource",
+    "check_partition",
+    "moved_argument_error",
+]
 
-NONFINITE_POLICIES = ("raise", "ignore")
-PROFILE_SOURCES = ("sandbox", "estimate")
+ProfileSource = Literal["sandbox", "estimate"]
+NonFinitePolicy = Literal["raise", "ignore"]
+PROFILE_SOURCES: tuple[str, ...] = get_args(ProfileSource)
+NONFINITE_POLICIES: tuple[str, ...] = get_args(NonFinitePolicy)
+
+
+def _positive(name: str, value: object, optional: bool = False) -> None:
+    if optional and value is None:
+        return
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"{name} must be a positive int, got {value!r}")
+
+
+def check_partition(partition: str | Sequence[int] | Plan) -> str | Sequence[int] | Plan:
+    """`partition` if it is one: "auto", stage sizes or a `Plan` (sizes checked at build)."""
+    if isinstance(partition, str) and partition != "auto":
+        raise ValueError(f"partition must be 'auto', stage sizes or a Plan, got {partition!r}")
+    if not isinstance(partition, str | Plan | Sequence):
+        raise TypeError(f"partition must be 'auto', stage sizes or a Plan, got {partition!r}")
+    return partition
 
 
 @dataclass(frozen=True)
-class PipelineOptions:
-    """See `ElasticPipeline` for what each knob does; the defaults are documented there."""
+class PlanOptions:
+    """How the model is cut into stages and what each layer keeps for its backward.
 
-    n_microbatches: int = 4
+    Args:
+        partition: "auto" (planned on the first step, from a profile of its shapes), stage
+            sizes, or a `Plan`.
+        planner: "time", "memory", "bipartition" or a `pipeline.pure.planner.Planner`.
+        memory_budget: bytes per rank the plan must fit (parameters, gradients, optimizer
+            state and in-flight activations of its stages); layers are recomputed where
+            needed.
+        profile: "sandbox" (time each distinct layer once) or "estimate" (FLOPs only).
+        cost_cache: measured costs by layer signature, shared across models (and
+            pipelines: pass the same one to keep what was measured).
+        handoff: Bi-Partition with explicit stage sizes: per boundary s | s+1, how many of
+            stage s's last layers run their backward on stage s + 1 (they must be separable:
+            nn.Linear, or a type registered with `pipeline.separable`); flushed schedules
+            only. planner="bipartition" chooses it (and the sizes) with partition="auto".
+    """
+
+    partition: str | Sequence[int] | Plan = "auto"
+    planner: str | Planner = "time"
     memory_budget: int | None = None
-    profile: str = "sandbox"
+    profile: ProfileSource = "sandbox"
+    cost_cache: CostCache = field(default_factory=CostCache)
+    handoff: Sequence[int] | None = None  # kept as a tuple
+
+    def __post_init__(self) -> None:
+        partition = check_partition(self.partition)
+        if not isinstance(partition, str | Plan):
+            object.__setattr__(self, "partition", tuple(partition))
+        if not isinstance(self.planner, str | Planner):
+            raise TypeError(f"planner must be a name or a Planner, got {self.planner!r}")
+        _positive("memory_budget", self.memory_budget, optional=True)
+        if self.profile not in PROFILE_SOURCES:
+            raise ValueError(f"profile must be one of {PROFILE_SOURCES}, got {self.profile!r}")
+        if not isinstance(self.cost_cache, CostCache):
+            raise TypeError(f"cost_cache must be a CostCache, got {self.cost_cache!r}")
+        if self.handoff is None:
+            return
+        object.__setattr__(self, "handoff", tuple(self.handoff))
+        if any(isinstance(k, bool) or not isinstance(k, int) or k < 0 for k in self.handoff):
+            raise ValueError(f"handoff must be layer counts >= 0, got {self.handoff!r}")
+        if isinstance(self.partition, str):
+            raise ValueError(
+                "handoff= needs explicit stage sizes (partition=[...]); with "
+                "partition='auto', planner='bipartition' chooses the cut"
+            )
+
+
+@dataclass(frozen=True)
+class ElasticOptions:
+    """When the pipeline re-plans from measured costs and migrates on its own.
+
+    Args:
+        rebalance_every: re-plan every N steps (None: only on demand, `rebalance()`).
+        rebalance_on_drift: re-plan when the stages' measured / predicted compute times
+            spread by more than this fraction (e.g. 0.1); see `pipeline.distributed.triggers`.
+        rebalance_horizon: the steps a re-plan expects to remain: a new plan is taken only
+            when the time it saves over them exceeds the time its migration takes.
+        rebalance_settle: steps a plan runs before its measurements are compared with it.
+        measure_memory_every: measure saved activations every N steps (and on the first
+            step of every plan); measuring costs a hook per saved tensor.
+    """
+
     rebalance_every: int | None = None
     rebalance_on_drift: float | None = None
     rebalance_horizon: int = 100
     rebalance_settle: int = 3
     measure_memory_every: int = 10
-    on_nonfinite: str = "raise"
-    pipemare: PipeMareConfig | None = None  # checked by `check_pipemare` with the schedule
-    handoff: tuple[int, ...] | None = None  # Bi-Partition's cut, checked against the sizes
 
     def __post_init__(self) -> None:
-        positive = {
-            "n_microbatches": self.n_microbatches,
-            "rebalance_horizon": self.rebalance_horizon,
-            "measure_memory_every": self.measure_memory_every,
-            "memory_budget": self.memory_budget,
-            "rebalance_every": self.rebalance_every,
-        }
-        for name, value in positive.items():
-            if value is None and name in ("memory_budget", "rebalance_every"):
-                continue
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"{name} must be a positive int, got {value!r}")
-        if not isinstance(self.rebalance_settle, int) or self.rebalance_settle < 0:
-            raise ValueError(f"rebalance_settle must be an int >= 0, got {self.rebalance_settle!r}")
+        _positive("rebalance_every", self.rebalance_every, optional=True)
+        _positive("rebalance_horizon", self.rebalance_horizon)
+        _positive("measure_memory_every", self.measure_memory_every)
+        settle = self.rebalance_settle
+        if not isinstance(settle, int) or isinstance(settle, bool) or settle < 0:
+            raise ValueError(f"rebalance_settle must be an int >= 0, got {settle!r}")
         drift = self.rebalance_on_drift
         if drift is not None and not (isinstance(drift, int | float) and drift > 0):
             raise ValueError(f"rebalance_on_drift must be a fraction > 0, got {drift!r}")
-        if self.profile not in PROFILE_SOURCES:
-            raise ValueError(f"profile must be one of {PROFILE_SOURCES}, got {self.profile!r}")
-        if self.pipemare is not None and not isinstance(self.pipemare, PipeMareConfig):
-            raise TypeError(f"pipemare must be a PipeMareConfig, got {self.pipemare!r}")
-        if self.handoff is not None and any(
-            isinstance(k, bool) or not isinstance(k, int) or k < 0 for k in self.handoff
-        ):
-            raise ValueError(f"handoff must be layer counts >= 0, got {self.handoff!r}")
+
+
+@dataclass(frozen=True)
+class PipelineOptions:
+    """Everything an `ElasticPipeline` was configured with, besides its model and recipe."""
+
+    n_microbatches: int = 4
+    on_nonfinite: NonFinitePolicy = "raise"
+    pipemare: PipeMareConfig | None = None  # checked by `check_pipemare` with the schedule
+    planning: PlanOptions = field(default_factory=PlanOptions)
+    elastic: ElasticOptions = field(default_factory=ElasticOptions)
+
+    def __post_init__(self) -> None:
+        _positive("n_microbatches", self.n_microbatches)
         if self.on_nonfinite not in NONFINITE_POLICIES:
             raise ValueError(
                 f"on_nonfinite must be one of {NONFINITE_POLICIES}, got {self.on_nonfinite!r}"
             )
+        if self.pipemare is not None and not isinstance(self.pipemare, PipeMareConfig):
+            raise TypeError(f"pipemare must be a PipeMareConfig, got {self.pipemare!r}")
+        for name, group in (("planning", PlanOptions), ("elastic", ElasticOptions)):
+            if not isinstance(getattr(self, name), group):
+                raise TypeError(f"{name} must be a {group.__name__}, got {getattr(self, name)!r}")
+
+
+_GROUP_OF = {
+    **{name: "planning=PlanOptions" for name in PlanOptions.__dataclass_fields__},
+    **{name: "elastic=ElasticOptions" for name in ElasticOptions.__dataclass_fields__},
+}
+
+
+def moved_argument_error(arguments: Sequence[str]) -> TypeError:
+    """The error for `ElasticPipeline` keywords that are not (or no longer) its own."""
+    hints = []
+    for name in arguments:
+        if name in _GROUP_OF:
+            hints.append(f"{name}= is now {_GROUP_OF[name]}({name}=...)")
+        elif name == "stages_per_rank":
+            hints.append(
+                "stages_per_rank= is now part of the schedule: "
+                "schedule=pipeline.get_schedule('interleaved_1f1b', stages_per_rank=...)"
+            )
+        else:
+            hints.append(f"{name}= is not an argument")
+    return TypeError("ElasticPipeline(): " + "; ".join(hints))

@@ -1,10 +1,19 @@
-"""What the facade's helpers may use of it: `ElasticPipeline`'s parts, as one typed interface.
+"""What each of the facade's helper modules needs of it: one narrow interface per helper.
 
 `ElasticPipeline` composes parts that each own their state, and its longer methods run in
-helper modules (`build`, `steps`, `stream`, `elasticity`, `weights`, `report`). Those
-helpers are typed against `PipelineParts`, not against the facade's class, so no helper
-imports the facade (the module graph has no circle) and what they can touch is listed here,
-in one screen. The package docstring (`pipeline.distributed`) draws who owns what.
+helper modules. Each helper is typed against the interface below that lists only what it
+reads or calls, not against the facade's class, so no helper imports the facade (the module
+graph has no circle) and none may assign the facade's attributes: the facade alone replaces
+its model, recipe, link or stream in flight.
+
+    helper                 interface          reads
+    ─────────────────────  ─────────────────  ─────────────────────────────────────────────
+    steps (train_step)     SteppedPipeline    model, runner, options, plan_age, event_log
+    stream (2BW, PipeMare) StreamedPipeline   + comm; hands its segment to `hold_stream`
+    build (plan, build)    BuiltPipeline      model, comm, runner, schedule, recipe, planner
+    elasticity             ElasticPipelineParts  + placement, triggers, link
+    report (stats)         ReportedPipeline   model, comm, schedule, placement, generation
+    weights                (explicit arguments: comm, model, seed, event log)
 """
 
 from __future__ import annotations
@@ -20,15 +29,20 @@ from pipeline.distributed.migration import MigrationRecord
 from pipeline.distributed.options import PipelineOptions
 from pipeline.distributed.runner import StepRunner
 from pipeline.distributed.triggers import PlanAge, ReplanTriggers
-from pipeline.local.pipemare import PipeMareConfig
-from pipeline.local.profiler import CostCache
 from pipeline.local.recipe import TrainingRecipe
 from pipeline.pure.costs import LayerCost, LinkCost
 from pipeline.pure.placement import Placement
 from pipeline.pure.planner import Planner
 from pipeline.pure.schedule import ScheduleLike, ScheduleSpec
 
-__all__ = ["ActiveStream", "PipelineParts"]
+__all__ = [
+    "ActiveStream",
+    "BuiltPipeline",
+    "ElasticPipelineParts",
+    "ReportedPipeline",
+    "SteppedPipeline",
+    "StreamedPipeline",
+]
 
 
 class ActiveStream(Protocol):
@@ -39,51 +53,102 @@ class ActiveStream(Protocol):
     def held(self) -> dict[str, int]: ...
 
 
-class PipelineParts(Protocol):
-    """The facade as its helper modules see it (the attributes are `ElasticPipeline`'s)."""
-
-    comm: Comm
-    rank: int
-    n_stages: int  # stages in all: stages_per_rank * ranks (`placement`)
-    placement: Placement
-    schedule: ScheduleSpec
-    options: PipelineOptions
-    planner: Planner
-    cost_cache: CostCache
-    device: torch.device
-    runner: StepRunner
-    recipe: TrainingRecipe
-    model: ModelHolder
-    event_log: EventLog
-    plan_age: PlanAge
-    triggers: ReplanTriggers
-    generation: int
-    auto_schedule: bool  # schedule="auto": each model's first step chooses one
-    link: LinkCost  # the link as the last migration measured it
-    active_stream: ActiveStream | None
+class SteppedPipeline(Protocol):
+    """What a flushed `train_step` and `forward` use (`pipeline.distributed.steps`)."""
 
     @property
-    def n_microbatches(self) -> int: ...
-
+    def model(self) -> ModelHolder: ...
     @property
-    def memory_budget(self) -> int | None: ...
-
+    def runner(self) -> StepRunner: ...
     @property
-    def profile(self) -> str: ...
-
+    def options(self) -> PipelineOptions: ...
     @property
-    def pipemare(self) -> PipeMareConfig | None: ...
+    def plan_age(self) -> PlanAge: ...
+    @property
+    def event_log(self) -> EventLog: ...
 
     def drain(self) -> None: ...
 
+    def plan_from(self, example: Any) -> None:
+        """Plan and build from one micro-batch's input, unless built already."""
+
+
+class StreamedPipeline(SteppedPipeline, Protocol):
+    """What a stream schedule's `train` uses (`pipeline.distributed.stream`)."""
+
+    @property
+    def comm(self) -> Comm: ...
+    @property
+    def active_stream(self) -> ActiveStream | None: ...
+
+    def hold_stream(self, segment: ActiveStream | None) -> None:
+        """Make `segment` the stream in flight (None: none is)."""
+
+
+class BuiltPipeline(Protocol):
+    """What planning and building a model use (`pipeline.distributed.build`)."""
+
+    @property
+    def model(self) -> ModelHolder: ...
+    @property
+    def comm(self) -> Comm: ...
+    @property
+    def runner(self) -> StepRunner: ...
+    @property
+    def schedule(self) -> ScheduleSpec: ...
+    @property
+    def auto_schedule(self) -> bool: ...
+    @property
+    def n_stages(self) -> int: ...
+    @property
+    def device(self) -> torch.device: ...
+    @property
+    def recipe(self) -> TrainingRecipe: ...
+    @property
+    def planner(self) -> Planner: ...
+    @property
+    def options(self) -> PipelineOptions: ...
+    @property
+    def plan_age(self) -> PlanAge: ...
+    @property
+    def event_log(self) -> EventLog: ...
+
     def adopt_schedule(self, schedule: ScheduleLike) -> None: ...
 
-    def plan_for(self, x: Any) -> None: ...
+
+class ElasticPipelineParts(BuiltPipeline, Protocol):
+    """What repartition, rebalance and reconfigure use (`pipeline.distributed.elasticity`)."""
+
+    @property
+    def placement(self) -> Placement: ...
+    @property
+    def triggers(self) -> ReplanTriggers: ...
+    @property
+    def link(self) -> LinkCost: ...
+
+    def drain(self) -> None: ...
+
+    def layer_costs(self) -> tuple[list[LayerCost], list[str]]: ...
+
+    def rebalance(self, remaining_steps: int | None = None) -> MigrationRecord | None: ...
 
     def repartition(
         self, sizes: Any, actions: Any = None, handoff: Any = None
     ) -> MigrationRecord: ...
 
-    def rebalance(self, remaining_steps: int | None = None) -> MigrationRecord | None: ...
 
-    def layer_costs(self) -> tuple[list[LayerCost], list[str]]: ...
+class ReportedPipeline(Protocol):
+    """What `stats` reads (`pipeline.distributed.report`)."""
+
+    @property
+    def model(self) -> ModelHolder: ...
+    @property
+    def comm(self) -> Comm: ...
+    @property
+    def schedule(self) -> ScheduleSpec: ...
+    @property
+    def placement(self) -> Placement: ...
+    @property
+    def options(self) -> PipelineOptions: ...
+    @property
+    def generation(self) -> int: ...

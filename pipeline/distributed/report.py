@@ -39,8 +39,9 @@ import torch
 
 from pipeline.distributed.comm import Comm
 from pipeline.distributed.events import plain
+from pipeline.distributed.holder import ModelHolder
 from pipeline.distributed.migration import MigrationRecord
-from pipeline.distributed.parts import PipelineParts
+from pipeline.distributed.parts import ReportedPipeline
 from pipeline.local.history import StepHistory
 from pipeline.local.stage import Stage
 from pipeline.pure.placement import Placement
@@ -201,7 +202,7 @@ def _median(values: Sequence[float]) -> float:
 
 
 # -- the collective ----------------------------------------------------------------------------
-def stats(pipe: PipelineParts, stages: Sequence[Stage], last_steps: int) -> PipelineStats:
+def stats(pipe: ReportedPipeline, stages: Sequence[Stage], last_steps: int) -> PipelineStats:
     """`ElasticPipeline.stats`: gather every rank's numbers; predicted beside measured.
 
     One `StageStats` per rank: a rank that holds several stages (interleaved, V) reports
@@ -212,7 +213,7 @@ def stats(pipe: PipelineParts, stages: Sequence[Stage], last_steps: int) -> Pipe
     history = model.history
     recent = history.recent(last_steps)
     times = [r.times for r in recent]
-    plan, m, rank = model.plan, pipe.n_microbatches, pipe.rank
+    plan, m, rank = model.plan, pipe.options.n_microbatches, pipe.comm.rank
     activations = history.latest_activation_bytes
     state_bytes = sum(stage.state_bytes() for stage in stages)
     layers = [layer for stage in stages for layer in stage.layers]
@@ -257,9 +258,8 @@ def stats(pipe: PipelineParts, stages: Sequence[Stage], last_steps: int) -> Pipe
     )
 
 
-def save_partition_picture(pipe: PipelineParts, path: str | Path) -> Path:
+def save_partition_picture(model: ModelHolder, path: str | Path) -> Path:
     """An SVG of which layers lived on which stage, step by step."""
-    model = pipe.model
     svg = partition_svg(model.partition_history, [s.key for s in model.specs], model.step)
     path = Path(path)
     path.write_text(svg)

@@ -15,8 +15,8 @@ from typing import Any
 
 import torch
 
-from pipeline.distributed import build, elasticity, report
-from pipeline.distributed.parts import PipelineParts
+from pipeline.distributed import report
+from pipeline.distributed.parts import SteppedPipeline
 from pipeline.errors import PipelineError
 from pipeline.local.carry import as_carry, unwrap
 from pipeline.local.microbatch import batch_size, split_microbatches
@@ -24,16 +24,16 @@ from pipeline.local.microbatch import batch_size, split_microbatches
 __all__ = ["forward", "train_step"]
 
 
-def train_step(pipe: PipelineParts, x: Any, y: Any) -> float:
-    """One optimizer step on (x, y) under a flushed schedule; the mean micro-batch loss."""
-    chunks = split_microbatches(x, pipe.n_microbatches, "x")
-    targets = split_microbatches(y, pipe.n_microbatches, "y")
+def train_step(pipe: SteppedPipeline, x: Any, y: Any) -> tuple[float, bool]:
+    """One optimizer step on (x, y) under a flushed schedule: the mean micro-batch loss, and
+    whether the step measured memory (for the re-plan triggers)."""
+    chunks = split_microbatches(x, pipe.options.n_microbatches, "x")
+    targets = split_microbatches(y, pipe.options.n_microbatches, "y")
+    pipe.plan_from(chunks[0])
     model = pipe.model
-    if not model.built:
-        build.plan_first(pipe, chunks[0])
     stages = model.live_stages()
     inputs = [as_carry(c, "the batch input") for c in chunks]
-    measure = pipe.plan_age.measures(model.step, pipe.options.measure_memory_every)
+    measure = pipe.plan_age.measures(model.step, pipe.options.elastic.measure_memory_every)
     rng = torch.random.get_rng_state()
     try:
         loss, times = pipe.runner.train_step(
@@ -53,18 +53,16 @@ def train_step(pipe: PipelineParts, x: Any, y: Any) -> float:
         torch.random.set_rng_state(rng)
     pipe.plan_age.measured()
     model.stepped(batch_size(x), report.token_count(x), times)
-    elasticity.maybe_rebalance(pipe, measure)
-    return loss
+    return loss, measure
 
 
-def forward(pipe: PipelineParts, x: Any) -> Any:
+def forward(pipe: SteppedPipeline, x: Any) -> Any:
     """The model's output on the batch x (eval mode, no gradients), on every rank."""
     pipe.drain()
     size = batch_size(x)
-    m = max(k for k in range(1, pipe.n_microbatches + 1) if size % k == 0)
+    m = max(k for k in range(1, pipe.options.n_microbatches + 1) if size % k == 0)
     chunks = [as_carry(c, "the batch input") for c in split_microbatches(x, m, "x")]
-    if not pipe.model.built:
-        build.plan_first(pipe, chunks[0])
+    pipe.plan_from(chunks[0])
     outputs = pipe.runner.infer(pipe.model.live_stages(), pipe.model.step, chunks)
     assert outputs is not None
     return unwrap(tuple(torch.cat(parts) for parts in zip(*outputs, strict=True)))

@@ -73,7 +73,7 @@ import torch
 
 from pipeline.distributed import executor, report
 from pipeline.distributed.comm import PendingReduce
-from pipeline.distributed.parts import PipelineParts
+from pipeline.distributed.parts import StreamedPipeline
 from pipeline.errors import NonFiniteLossError, PipelineError, StageError
 from pipeline.local.carry import Carry, as_carry
 from pipeline.local.microbatch import batch_size, split_microbatches
@@ -90,7 +90,7 @@ __all__ = ["Segment", "train"]
 _MEASURED_STEPS = 2
 
 
-def train(pipe: PipelineParts, batches: Iterable[tuple[Any, Any]]) -> Iterator[float]:
+def train(pipe: StreamedPipeline, batches: Iterable[tuple[Any, Any]]) -> Iterator[float]:
     """Each step's loss, one segment after another (module doc)."""
     source = iter(batches)
     carried: tuple[Any, Any] | None = None  # a batch that ended the previous segment
@@ -100,13 +100,13 @@ def train(pipe: PipelineParts, batches: Iterable[tuple[Any, Any]]) -> Iterator[f
             carried = next(source, None)
             if carried is None:
                 return
-        pipe.plan_for(carried[0])
+        pipe.plan_from(split_microbatches(carried[0], pipe.options.n_microbatches, "x")[0])
         segment = Segment(pipe, source, carried)
-        pipe.active_stream = segment
+        pipe.hold_stream(segment)
         while (loss := segment.next_loss()) is not None:
             yield loss
-        if pipe.active_stream is segment:
-            pipe.active_stream = None
+        if pipe.active_stream is segment:  # finished, and no other stream took its place
+            pipe.hold_stream(None)
         carried = segment.leftover
         if carried is None and segment.exhausted:
             return
@@ -123,8 +123,8 @@ def _shapes(obj: Any) -> Any:
 class Segment:
     """One run of a stream schedule's list without a flush (module doc)."""
 
-    def __init__(self, pipe: PipelineParts, source: Iterator[Any], first: tuple[Any, Any]):
-        self.pipe, self.source, self.m = pipe, source, pipe.n_microbatches
+    def __init__(self, pipe: StreamedPipeline, source: Iterator[Any], first: tuple[Any, Any]):
+        self.pipe, self.source, self.m = pipe, source, pipe.options.n_microbatches
         self.stage, self.comm = pipe.model.live_stage("a stream (2bw, pipemare)"), pipe.comm
         self.start = pipe.model.step  # the global step of the segment's step 0
         # micro-batch g's input and target until its forward, step t's size until it is
@@ -226,7 +226,7 @@ class Segment:
 
     def _steps(self) -> Iterator[None]:
         stage, run, m = self.stage, self._run, self.m
-        config = self.pipe.pipemare
+        config = self.pipe.options.pipemare
         if config is None:
             stage.enable_versions(self.start)
         else:  # T1's counter: every stage has applied M / N updates per step
@@ -294,7 +294,7 @@ class Segment:
             self._fix_limit()
             return
         try:
-            if self.pipe.pipemare is None:  # PipeMare updated during the step (module doc)
+            if self.pipe.options.pipemare is None:  # PipeMare updated during the step (module doc)
                 self.stage.optimizer_step()
         except ComputeError as exc:  # agreed in A(t + 1) or at the end (protocol step 4)
             failure = self._run.stage_error("optimizer", exc.error, None, None)

@@ -25,9 +25,10 @@ The re-plan that follows is migration-aware: it moves layers only when that pays
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from pipeline.distributed.comm import Comm
+from pipeline.distributed.options import ElasticOptions
 from pipeline.local.stage import Stage
 from pipeline.pure.planner import Plan
 
@@ -36,12 +37,11 @@ __all__ = ["PlanAge", "ReplanTriggers"]
 
 @dataclass(frozen=True)
 class ReplanTriggers:
-    """The re-plan policy (values checked by `PipelineOptions`)."""
+    """The re-plan policy: `ElasticOptions`' triggers and the plan's memory budget (bytes
+    per rank). The default triggers nothing."""
 
-    every: int | None = None  # re-plan every N steps
-    memory_budget: int | None = None  # bytes per stage
-    drift: float | None = None  # tolerated spread of measured / predicted stage times
-    settle: int = 3  # steps on a plan before its measurements are compared with it
+    elastic: ElasticOptions = field(default_factory=ElasticOptions)
+    memory_budget: int | None = None
 
     def reason(
         self,
@@ -54,10 +54,11 @@ class ReplanTriggers:
     ) -> str | None:
         """Why this step ends with a re-plan (None: it does not); call on every rank with
         its `stages` (several under an interleaved or V placement: the budget is the rank's)."""
-        if self.every is not None and step % self.every == 0:
-            return f"every {self.every} steps"
+        every, drift = self.elastic.rebalance_every, self.elastic.rebalance_on_drift
+        if every is not None and step % every == 0:
+            return f"every {every} steps"
         check_memory = measured and self.memory_budget is not None
-        check_drift = self.drift is not None and steps_on_plan >= self.settle
+        check_drift = drift is not None and steps_on_plan >= self.elastic.rebalance_settle
         if not (check_memory or check_drift):
             return None
         over = 0.0
@@ -72,10 +73,10 @@ class ReplanTriggers:
         high, low = flags[1], -flags[2]
         if not check_drift:
             return None
-        assert self.drift is not None
+        assert drift is not None
         if high == float("inf"):
             return "no plan for the current partition"
-        if low > 0 and high / low - 1 > self.drift:
+        if low > 0 and high / low - 1 > drift:
             return f"stage times drifted from the plan: measured/predicted {low:.2f}..{high:.2f}"
         return None
 

@@ -19,33 +19,38 @@ from __future__ import annotations
 
 import torch
 
+from pipeline.distributed.comm import Comm
+from pipeline.distributed.events import EventLog
+from pipeline.distributed.holder import ModelHolder
 from pipeline.distributed.migration import WeightSnapshot, inherited_states
-from pipeline.distributed.parts import PipelineParts
 from pipeline.local.carry import nbytes
 from pipeline.local.spec import build_layer
 
 __all__ = ["full_state_dict", "snapshot", "take_inheritance"]
 
 
-def full_state_dict(pipe: PipelineParts) -> dict[str, dict[str, torch.Tensor]]:
-    """{layer key: its state dict on CPU}, in layer order, on rank 0; {} on other ranks."""
-    mine = pipe.comm.together(lambda: _own_states(pipe))
-    gathered = pipe.comm.gather_object(mine, dst=0)
+def full_state_dict(
+    comm: Comm, model: ModelHolder, seed: int
+) -> dict[str, dict[str, torch.Tensor]]:
+    """{layer key: its state dict on CPU}, in layer order, on rank 0; {} on other ranks.
+    Layers not built yet are built from `seed` (the recipe's), a share on every rank."""
+    mine = comm.together(lambda: _own_states(comm, model, seed))
+    gathered = comm.gather_object(mine, dst=0)
     if gathered is None:
         return {}
     merged = {k: v for part in gathered for k, v in part.items()}
-    return {spec.key: merged[spec.key] for spec in pipe.model.specs}
+    return {spec.key: merged[spec.key] for spec in model.specs}
 
 
-def _own_states(pipe: PipelineParts) -> dict[str, dict[str, torch.Tensor]]:
-    if pipe.model.built:
-        modules = {layer.key: layer.module for stage in pipe.model.stages for layer in stage.layers}
+def _own_states(comm: Comm, model: ModelHolder, seed: int) -> dict[str, dict[str, torch.Tensor]]:
+    if model.built:
+        modules = {layer.key: layer.module for stage in model.stages for layer in stage.layers}
     else:  # not built yet: every rank builds a share, in turns
         cpu = torch.device("cpu")
         modules = {
-            spec.key: build_layer(spec, pipe.recipe.seed, cpu)
-            for i, spec in enumerate(pipe.model.specs)
-            if i % pipe.comm.world_size == pipe.rank
+            spec.key: build_layer(spec, seed, cpu)
+            for i, spec in enumerate(model.specs)
+            if i % comm.world_size == comm.rank
         }
     return {
         key: {k: v.detach().cpu() for k, v in module.state_dict().items()}
@@ -53,9 +58,8 @@ def _own_states(pipe: PipelineParts) -> dict[str, dict[str, torch.Tensor]]:
     }
 
 
-def snapshot(pipe: PipelineParts, copy: bool) -> WeightSnapshot:
+def snapshot(model: ModelHolder, copy: bool) -> WeightSnapshot:
     """This rank's layers' states (CPU copies, or references with copy=False)."""
-    model = pipe.model
     states = {
         layer.key: {
             k: v.detach().cpu().clone() if copy else v for k, v in layer.module.state_dict().items()
@@ -66,20 +70,19 @@ def snapshot(pipe: PipelineParts, copy: bool) -> WeightSnapshot:
     return WeightSnapshot(tuple(s.key for s in model.specs), tuple(model.sizes), states)
 
 
-def take_inheritance(pipe: PipelineParts) -> None:
+def take_inheritance(comm: Comm, model: ModelHolder, event_log: EventLog) -> None:
     """Load the weights the model expects to inherit (if any) into the layers just built;
     log what was taken."""
-    model = pipe.model
     source = model.take_inheritance()
     if source is None:
         return
-    found = inherited_states(pipe.comm, source, model.specs, model.sizes)
+    found = inherited_states(comm, source, model.specs, model.sizes)
     states = {k: dict(v) for k, (_, v) in found.items()}
     loaded = [key for stage in model.live_stages() for key in stage.load_matching(states)]
-    rank = pipe.comm.rank
+    rank = comm.rank
     rows = [(sum(nbytes(t) for t in found[k][1].values()), found[k][0] != rank) for k in loaded]
-    everyone = [row for part in pipe.comm.all_gather_object(rows) for row in part]
-    pipe.event_log.record(
+    everyone = [row for part in comm.all_gather_object(rows) for row in part]
+    event_log.record(
         "inherit",
         layers=len(everyone),
         bytes=sum(b for b, _ in everyone),

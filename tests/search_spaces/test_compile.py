@@ -290,8 +290,8 @@ def pipelined(ctx: pipeline.StageContext, arch: Architecture) -> dict[str, Any]:
         loss_fn=loss,
         n_microbatches=2,
         optimizer=functools.partial(torch.optim.Adam, lr=1e-3),
-        partition=[5, 5],
         seed=3,
+        planning=pipeline.PlanOptions(partition=[5, 5]),
     )
     losses = [pipe.train_step(x, y) for x, y in train_batches()]
     state = pipe.full_state_dict()

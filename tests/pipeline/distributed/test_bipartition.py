@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import pipeline
-from pipeline import ElasticPipeline, LayerSpec, StageContext, StageError
+from pipeline import ElasticPipeline, LayerSpec, PlanOptions, StageContext, StageError
 from pipeline.local.models import MLPBlock
 from pipeline.local.reference import ReferenceTrainer
 from tests.pipeline.distributed.test_elastic import ADAM, STEPS, batches, max_state_diff
@@ -126,8 +126,7 @@ def train(
         schedule=schedule,
         n_microbatches=4,
         seed=3,
-        partition=partition,
-        handoff=handoff,
+        planning=PlanOptions(partition=partition, handoff=handoff),
     )
     losses, cuts = [], [pipe.handoff]
     for step, (x, y) in enumerate(batches("flat")):
@@ -156,8 +155,7 @@ def with_activations() -> dict[str, Any]:
         schedule="zbh1",
         n_microbatches=4,
         seed=3,
-        partition=[4, 1],
-        handoff=[2],
+        planning=PlanOptions(partition=[4, 1], handoff=[2]),
     )
     losses = [pipe.train_step(x, y) for x, y in batches("flat")]
     result = {"losses": losses, "state": pipe.full_state_dict(), "handoff": pipe.handoff}
@@ -174,8 +172,7 @@ def planned() -> dict[str, Any]:
         loss_fn=F.cross_entropy,
         n_microbatches=4,
         seed=3,
-        planner="bipartition",
-        profile="estimate",
+        planning=PlanOptions(planner="bipartition", profile="estimate"),
     )
     losses, first = [], None
     for step, (x, y) in enumerate(batches("flat")):
@@ -206,8 +203,7 @@ def failing() -> dict[str, Any]:
         loss_fn=F.cross_entropy,
         n_microbatches=4,
         seed=3,
-        partition=[4, 3],
-        handoff=[1],
+        planning=PlanOptions(partition=[4, 3], handoff=[1]),
     )
     losses, errors = [], []
     for step, (x, y) in enumerate(batches("flat")):
@@ -221,11 +217,11 @@ def failing() -> dict[str, Any]:
 
 
 def refusals() -> dict[str, str]:
-    bad: dict[str, dict[str, Any]] = {
-        "auto": dict(partition="auto", handoff=[1]),
-        "not separable": dict(partition=[4, 3], handoff=[3]),
-        "too many": dict(partition=[4, 3], handoff=[4]),
-        "stream": dict(partition=[4, 3], handoff=[1], schedule="2bw"),
+    bad: dict[str, tuple[str, dict[str, Any]]] = {  # name: (schedule, planning)
+        "auto": ("1f1b", dict(partition="auto", handoff=[1])),
+        "not separable": ("1f1b", dict(partition=[4, 3], handoff=[3])),
+        "too many": ("1f1b", dict(partition=[4, 3], handoff=[4])),
+        "stream": ("2bw", dict(partition=[4, 3], handoff=[1])),
     }
     out = {}
     pipeline.separable(Twice)(_brittle_backward)
@@ -234,8 +230,7 @@ def refusals() -> dict[str, str]:
         optimizer=ADAM,
         loss_fn=F.cross_entropy,
         n_microbatches=4,
-        partition=[4, 3],
-        handoff=[1],
+        planning=PlanOptions(partition=[4, 3], handoff=[1]),
     )
     try:
         pipe.train_step(*batches("flat")[0])
@@ -243,10 +238,15 @@ def refusals() -> dict[str, str]:
     except StageError as error:
         out["two outputs"] = f"{error.stage} {error.phase} {error.layer}: {error}"
     pipe.close()
-    for name, kwargs in bad.items():
-        try:
+    for name, (schedule, planning) in bad.items():
+        try:  # "auto" is refused by PlanOptions itself, before any process talks
             ElasticPipeline(
-                specs(), optimizer=ADAM, loss_fn=F.cross_entropy, n_microbatches=4, **kwargs
+                specs(),
+                optimizer=ADAM,
+                loss_fn=F.cross_entropy,
+                schedule=schedule,
+                n_microbatches=4,
+                planning=PlanOptions(**planning),
             ).close()
             out[name] = "accepted"
         except ValueError as error:

@@ -16,7 +16,15 @@ import torch.nn.functional as F
 from torch import nn
 
 import pipeline
-from pipeline import Action, ElasticPipeline, LayerSpec, Op, ScheduleSpec, StageContext
+from pipeline import (
+    Action,
+    ElasticPipeline,
+    LayerSpec,
+    Op,
+    PlanOptions,
+    ScheduleSpec,
+    StageContext,
+)
 from pipeline.local.models import mlp_stack, transformer_stack
 from pipeline.local.reference import ReferenceTrainer
 
@@ -99,7 +107,7 @@ def train(
         schedule=schedule,
         n_microbatches=MICROBATCHES,
         seed=3,
-        partition=partition,
+        planning=PlanOptions(partition=partition),
     )
     losses = [pipe.train_step(x, y) for x, y in batches(kind)]
     state = pipe.full_state_dict()

@@ -31,6 +31,7 @@ from pipeline import (
     LayerSpec,
     MigrationError,
     NonFiniteLossError,
+    PlanOptions,
     StageContext,
     StageError,
     StageFailedError,
@@ -154,7 +155,7 @@ def injected(ctx: StageContext, schedule: str, cases: list[tuple[int, str, int, 
         loss_fn=faulty_loss,
         schedule=schedule,
         n_microbatches=M,
-        partition=sizes,
+        planning=PlanOptions(partition=sizes),
     )
     fresh = clean_losses(pipe, 3)  # what a clean model trains like on these processes
     out: list[dict[str, Any]] = []
@@ -233,7 +234,11 @@ def test_an_injected_failure_raises_on_every_rank_and_the_processes_stay_usable(
 # -- a NaN loss is not applied anywhere ------------------------------------------------------
 def nan_step(ctx: StageContext) -> dict[str, Any]:
     pipe = ElasticPipeline(
-        faulty_stack(), optimizer=OPT, loss_fn=faulty_loss, n_microbatches=M, partition=[3, 2]
+        faulty_stack(),
+        optimizer=OPT,
+        loss_fn=faulty_loss,
+        n_microbatches=M,
+        planning=PlanOptions(partition=[3, 2]),
     )
     batches = data(3)
     pipe.train_step(*batches[0])
@@ -282,7 +287,11 @@ class Dies(nn.Linear):
 def dying(ctx: StageContext, how: str) -> None:
     specs = [*mlp_stack([6, 12, 12]), LayerSpec("dies", functools.partial(Dies, 12, 3, how))]
     pipe = ElasticPipeline(
-        specs, optimizer=OPT, loss_fn=F.cross_entropy, n_microbatches=M, partition=[2, 1]
+        specs,
+        optimizer=OPT,
+        loss_fn=F.cross_entropy,
+        n_microbatches=M,
+        planning=PlanOptions(partition=[2, 1]),
     )
     for x, y in data(5):
         pipe.train_step(x, y)
@@ -337,7 +346,11 @@ def migrations(ctx: StageContext) -> dict[str, Any]:
     for phase in ["pack", "serialise", "build", "commit"]:
         Fragile.fail = "serialise" if phase == "serialise" else ""  # a lambda in the state
         pipe = ElasticPipeline(
-            specs, optimizer=opt, loss_fn=F.cross_entropy, n_microbatches=M, partition=[3, 1]
+            specs,
+            optimizer=opt,
+            loss_fn=F.cross_entropy,
+            n_microbatches=M,
+            planning=PlanOptions(partition=[3, 1]),
         )
         batches = data(3)
         pipe.train_step(*batches[0])
@@ -387,7 +400,7 @@ def failing_stream(ctx: StageContext, schedule: str, cases: list[tuple[int, str,
         loss_fn=faulty_loss,
         schedule=schedule,
         n_microbatches=4,
-        partition=sizes,
+        planning=PlanOptions(partition=sizes),
     )
     out = []
     for rank, phase, step, microbatch in cases:

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import pipeline
-from pipeline import ElasticPipeline, LayerSpec, StageContext, StageFailedError
+from pipeline import ElasticPipeline, LayerSpec, PlanOptions, StageContext, StageFailedError
 from pipeline.local.models import mlp_stack
 
 pytestmark = pytest.mark.multiprocess
@@ -88,7 +88,7 @@ def bad_arguments(ctx: StageContext) -> dict[str, str]:
             specs, optimizer=SGD, loss_fn=F.cross_entropy, schedule="interleaved"
         ),
         "bad partition": lambda: ElasticPipeline(
-            specs, optimizer=SGD, loss_fn=F.cross_entropy, partition=[2, 1]
+            specs, optimizer=SGD, loss_fn=F.cross_entropy, planning=PlanOptions(partition=[2, 1])
         ),
         "not a module": lambda: ElasticPipeline(
             [LayerSpec("a", nn.ReLU), LayerSpec("b", lambda: "no module")],  # type: ignore[arg-type,return-value]
@@ -101,7 +101,11 @@ def bad_arguments(ctx: StageContext) -> dict[str, str]:
             loss_fn=F.cross_entropy,
         ),
         "infeasible budget": lambda: ElasticPipeline(
-            specs, optimizer=SGD, loss_fn=F.cross_entropy, n_microbatches=2, memory_budget=64
+            specs,
+            optimizer=SGD,
+            loss_fn=F.cross_entropy,
+            n_microbatches=2,
+            planning=PlanOptions(memory_budget=64),
         ).train_step(torch.randn(4, 4), torch.zeros(4, dtype=torch.long)),  # planned on rank 0
         "indivisible batch": lambda: ElasticPipeline(
             specs, optimizer=SGD, loss_fn=F.cross_entropy, n_microbatches=4
@@ -136,7 +140,9 @@ def mismatched_shapes(ctx: StageContext) -> None:
         LayerSpec("a", functools.partial(nn.Linear, 4, 8)),
         LayerSpec("b", functools.partial(nn.Linear, 5, 3)),
     ]
-    pipe = ElasticPipeline(specs, optimizer=SGD, loss_fn=F.cross_entropy, partition=[1, 1])
+    pipe = ElasticPipeline(
+        specs, optimizer=SGD, loss_fn=F.cross_entropy, planning=PlanOptions(partition=[1, 1])
+    )
     pipe.train_step(torch.randn(4, 4), torch.zeros(4, dtype=torch.long))
 
 

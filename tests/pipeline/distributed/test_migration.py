@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import pipeline
-from pipeline import ElasticPipeline, LayerSpec, MigrationError, StageContext
+from pipeline import ElasticPipeline, LayerSpec, MigrationError, PlanOptions, StageContext
 from pipeline.local.models import mlp_stack, transformer_stack
 
 pytestmark = pytest.mark.multiprocess
@@ -73,7 +73,12 @@ def train(
 ) -> dict[str, Any]:
     """Train; before step s in `plan`, repartition to plan[s]."""
     pipe = ElasticPipeline(
-        specs, optimizer=ADAM, loss_fn=loss_fn, n_microbatches=MICROBATCHES, seed=5, partition=start
+        specs,
+        optimizer=ADAM,
+        loss_fn=loss_fn,
+        n_microbatches=MICROBATCHES,
+        seed=5,
+        planning=PlanOptions(partition=start),
     )
     losses, records = [], []
     for step, (x, y) in enumerate(batches):
@@ -223,7 +228,11 @@ def interrupted(ctx: StageContext) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for attempt in (False, True):
         pipe = ElasticPipeline(
-            specs, optimizer=ADAM, loss_fn=F.mse_loss, n_microbatches=MICROBATCHES, partition=[3, 1]
+            specs,
+            optimizer=ADAM,
+            loss_fn=F.mse_loss,
+            n_microbatches=MICROBATCHES,
+            planning=PlanOptions(partition=[3, 1]),
         )
         losses = [pipe.train_step(*batches[0]), pipe.train_step(*batches[1])]
         if attempt:

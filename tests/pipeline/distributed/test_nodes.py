@@ -29,7 +29,7 @@ NODE_SCRIPT = """
 import functools, json, os, sys, time
 import torch, torch.nn.functional as F
 import pipeline
-from pipeline import ElasticPipeline, ReferenceTrainer
+from pipeline import ElasticPipeline, PlanOptions, ReferenceTrainer
 from pipeline.local.models import mlp_stack
 
 OUT, AGENT = sys.argv[1], sys.argv[2]
@@ -49,7 +49,7 @@ def write(name, obj):
 def main(ctx):
     specs = lambda: mlp_stack([4, 8, 8, 3], dropout=0.0)
     pipe = ElasticPipeline(specs(), loss_fn=F.cross_entropy, optimizer=SGD, seed=0,
-                           n_microbatches=2, partition=[2, 1])
+                           n_microbatches=2, planning=PlanOptions(partition=[2, 1]))
     losses = [pipe.train_step(x, y) for x, y in batches(3)]
     state = pipe.full_state_dict()
     ref = ReferenceTrainer(specs(), loss_fn=F.cross_entropy, optimizer=SGD, seed=0,

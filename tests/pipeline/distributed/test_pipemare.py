@@ -18,7 +18,7 @@ import pytest
 import torch
 
 import pipeline
-from pipeline import ElasticPipeline
+from pipeline import ElasticPipeline, PlanOptions
 from pipeline.local.pipemare import PipeMareConfig
 from pipeline.local.reference import ReferenceTrainer
 from tests.pipeline.distributed.common import launch_configs
@@ -43,7 +43,7 @@ def train(model: str, config: PipeMareConfig, sizes: list[int], split: Split) ->
         pipemare=config,
         n_microbatches=4,
         seed=3,
-        partition=sizes,
+        planning=PlanOptions(partition=sizes),
     )
     data = batches(kind)
     if split is None:

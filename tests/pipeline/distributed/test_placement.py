@@ -20,7 +20,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from pipeline import ElasticPipeline, LayerSpec, Plan
+from pipeline import ElasticPipeline, LayerSpec, Plan, PlanOptions
 from pipeline.local.models import transformer_stack
 from pipeline.local.reference import ReferenceTrainer
 from pipeline.local.spec import build_layer
@@ -116,7 +116,7 @@ def train(schedule: str, m: int, partition: Any, move: Move | None) -> dict[str,
         schedule=schedule,
         n_microbatches=m,
         seed=3,
-        partition=partition,
+        planning=PlanOptions(partition=partition),
     )
     if move == (0, "reconfigure"):
         for x, y in batches("tokens")[:2]:

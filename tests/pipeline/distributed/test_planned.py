@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 import pipeline
-from pipeline import ElasticPipeline, StageContext
+from pipeline import ElasticOptions, ElasticPipeline, PlanOptions, StageContext
 from pipeline.distributed.agreement import profile_costs
 from pipeline.distributed.comm import Comm
 from pipeline.local.models import transformer_stack
@@ -84,8 +84,7 @@ def under_budget(ctx: StageContext) -> dict[str, Any]:
             loss_fn=F.mse_loss,
             n_microbatches=M,
             schedule="gpipe",
-            partition=partition,
-            memory_budget=budget,
+            planning=PlanOptions(partition=partition, memory_budget=budget),
         )
         losses = []
         for step, (x, y) in enumerate(batches(12)):
@@ -148,8 +147,8 @@ def rebalancing(ctx: StageContext) -> dict[str, Any]:
         optimizer=ADAM,
         loss_fn=F.mse_loss,
         n_microbatches=M,
-        partition=[4, 4],
-        rebalance_every=3,
+        planning=PlanOptions(partition=[4, 4]),
+        elastic=ElasticOptions(rebalance_every=3),
     )
     losses = [pipe.train_step(x, y) for x, y in batches(8)]
     out = {
@@ -201,8 +200,8 @@ def drifting(ctx: StageContext, drift: float, slow: bool) -> dict[str, Any]:
         optimizer=ADAM,
         loss_fn=F.mse_loss,
         n_microbatches=M,
-        partition="auto",
-        rebalance_on_drift=drift,
+        planning=PlanOptions(partition="auto"),
+        elastic=ElasticOptions(rebalance_on_drift=drift),
     )
     x, y = torch.randn(16, 32), torch.randn(16, 32)
     for _ in range(10):

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 import pipeline
-from pipeline import ElasticPipeline, StageContext
+from pipeline import ElasticPipeline, PlanOptions, StageContext
 from pipeline.local.models import mlp_stack, transformer_stack
 from pipeline.local.reference import ReferenceTrainer
 
@@ -44,7 +44,7 @@ def candidates(ctx: StageContext) -> dict[str, Any]:
         loss_fn=F.mse_loss,
         n_microbatches=2,
         seed=SEED,
-        partition=[2, 2],
+        planning=PlanOptions(partition=[2, 2]),
     )
     for x, y in seq(3):
         pipe.train_step(x, y)
@@ -157,7 +157,7 @@ def planned_candidates(ctx: StageContext) -> dict[str, Any]:
         loss_fn=F.mse_loss,
         n_microbatches=2,
         seed=SEED,
-        partition="auto",
+        planning=PlanOptions(partition="auto"),
     )
     pipe.train_step(*seq(1)[0])
     (signature,) = pipe.cost_cache.entries()  # one distinct layer, timed once

@@ -16,7 +16,7 @@ import itertools
 import pytest
 
 import pipeline
-from pipeline import ElasticPipeline, StageContext
+from pipeline import ElasticPipeline, PlanOptions, StageContext
 from pipeline.local.history import StepHistory
 from pipeline.local.inflight import StepTimes
 from pipeline.local.pipemare import PipeMareConfig
@@ -39,7 +39,7 @@ def held_per_step(schedule: str) -> tuple[list[dict[str, int]], list[tuple[int, 
         pipemare=config,
         n_microbatches=4,
         seed=3,
-        partition=[3, 2],
+        planning=PlanOptions(partition=[3, 2]),
     )
     data = itertools.islice(itertools.cycle(batches(kind)), STREAM_STEPS)
     counts = []

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import pipeline
-from pipeline import ElasticPipeline, LayerSpec, StageContext, StageError
+from pipeline import ElasticPipeline, LayerSpec, PlanOptions, StageContext, StageError
 from pipeline.local.models import mlp_stack
 from pipeline.local.spec import build_layer
 from pipeline.pure.schedule import Action, gpipe
@@ -90,7 +90,7 @@ def surface(ctx: StageContext) -> dict[str, Any]:
         mlp_stack(WIDTHS),
         optimizer=SGD,
         n_microbatches=2,
-        partition=[2, 2],
+        planning=PlanOptions(partition=[2, 2]),
         loss_fn=lambda o, t: F.cross_entropy(o, t) * float("nan"),
         on_nonfinite="ignore",
     )

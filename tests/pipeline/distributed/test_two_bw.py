@@ -17,7 +17,7 @@ import pytest
 import torch
 
 import pipeline
-from pipeline import ElasticPipeline
+from pipeline import ElasticPipeline, PlanOptions
 from pipeline.local.reference import ReferenceTrainer
 from tests.pipeline.distributed.common import launch_configs
 from tests.pipeline.distributed.test_elastic import ADAM, MODELS, STEPS, batches, max_state_diff
@@ -39,7 +39,7 @@ def train(
         schedule=schedule,
         n_microbatches=m,
         seed=3,
-        partition=partition,
+        planning=PlanOptions(partition=partition),
     )
     data = batches(kind)
     if stepwise:

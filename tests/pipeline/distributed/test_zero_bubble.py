@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import torch
 
-from pipeline import ElasticPipeline, Plan
+from pipeline import ElasticPipeline, Plan, PlanOptions
 from pipeline.local.reference import ReferenceTrainer
 from tests.pipeline.distributed.common import launch_configs
 from tests.pipeline.distributed.test_elastic import ADAM, MODELS, STEPS, batches, max_state_diff
@@ -36,7 +36,7 @@ def train(model: str, m: int, partition: Any, moves: Moves) -> dict[str, Any]:
         schedule="zbh1",
         n_microbatches=m,
         seed=3,
-        partition=partition,
+        planning=PlanOptions(partition=partition),
     )
     losses = []
     for step, (x, y) in enumerate(batches(kind)):
