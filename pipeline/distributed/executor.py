@@ -89,11 +89,11 @@ Edges = tuple[Edge, Edge]  # (towards stage - 1, towards stage + 1)
 class Run:
     """The state of one step on one rank: posted receives, micro-batches in flight.
 
-    A rank runs one list for all its stages: `stages` maps each action's `stage` to the
-    Stage it runs on (-1: the rank's only stage, as one-stage schedules name it) and `edges`
-    to that stage's neighbours. Between two stages of this rank nothing goes on the wire:
-    the producer's outputs (forward) or inputs' gradients (backward) are handed to the
-    consumer in memory, as a message would have brought them (`pipeline.pure.placement`).
+    A rank runs one list for all its stages: `stages` maps each action's `stage` (global)
+    to the Stage it runs on and `edges` to that stage's neighbours. Between two stages of
+    this rank nothing goes on the wire: the producer's outputs (forward) or inputs'
+    gradients (backward) are handed to the consumer in memory, as a message would have
+    brought them (`pipeline.pure.placement`).
     """
 
     def __init__(
@@ -153,19 +153,19 @@ class Run:
                 self.peer_failed = True
             except ComputeError as error:
                 self.failure = self.stage_error(
-                    error.phase, error.error, error.layer, error.microbatch, action.stage
+                    error.phase, error.error, error.layer, error.microbatch, action.stage_index
                 )
             except (ValueError, TypeError, RuntimeError) as error:  # a send's checks
                 if action.op not in (Op.SEND_ACT, Op.SEND_GRAD):
                     raise
                 self.failure = self.stage_error(
-                    "send", error, None, action.microbatch, action.stage
+                    "send", error, None, action.microbatch_index, action.stage_index
                 )
         self._unblock(action)
 
     # -- healthy -----------------------------------------------------------------------------
     def _do(self, action: Action) -> None:
-        op, i, k = action.op, action.microbatch, action.stage
+        op, i, k = action.op, action.microbatch_index, action.stage_index
         stage, (prev, nxt) = self.stages[k], self.edges[k]
         if op is Op.RECV_ACT:
             assert isinstance(prev, PeerLink)
@@ -239,7 +239,7 @@ class Run:
 
     # -- failed: send failures, drain receives (protocol step 2) ------------------------------
     def _unblock(self, action: Action) -> None:
-        op, i, k = action.op, action.microbatch, action.stage
+        op, i, k = action.op, action.microbatch_index, action.stage_index
         prev, nxt = self.edges[k]
         if op in (Op.RECV_ACT, Op.RECV_GRAD):
             self._do(action)
@@ -262,11 +262,11 @@ class Run:
         error: BaseException,
         layer: str | None,
         microbatch: int | None,
-        stage: int = -1,
+        stage: int | None = None,
     ) -> StageError:
         text = "".join(traceback.format_exception(error))
         cause = f"{type(error).__name__}: {error}"
-        index = self.stages[stage].index if stage in self.stages else self.stage.index
+        index = self.stages[stage].index if stage is not None else self.stage.index
         failure = StageError(
             index, phase, self.step, cause, text, layer=layer, microbatch=microbatch
         )

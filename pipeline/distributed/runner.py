@@ -37,7 +37,7 @@ class StepRunner:
         self.comm = comm
         rank, n_ranks = comm.rank, comm.world_size
         self.placement = placement_of(schedule, n_ranks)
-        self._edges = {self._key(s): self._edge_pair(s) for s in self.placement.stages_of(rank)}
+        self._edges = {s: self._edge_pair(s) for s in self.placement.stages_of(rank)}
         self._actions = stage_actions(schedule, n_ranks, n_microbatches, rank)
 
     @property
@@ -100,10 +100,6 @@ class StepRunner:
             link.wait_sends()
 
     # -- placement -------------------------------------------------------------------------
-    def _key(self, stage: int) -> int:
-        """How this rank's list names `stage`: -1 when it holds one stage (module doc)."""
-        return stage if self.placement.stages_per_rank > 1 else -1
-
     def _edge_pair(self, stage: int) -> executor.Edges:
         return (self._edge(stage, stage - 1), self._edge(stage, stage + 1))
 
@@ -114,11 +110,11 @@ class StepRunner:
         return executor.LOCAL if peer == self.comm.rank else PeerLink(self.comm, peer)
 
     def _by_key(self, stages: Sequence[Stage]) -> dict[int, Stage]:
-        """This rank's stages (ascending) by the names its list uses."""
+        """This rank's stages (ascending) by their global index, as its list names them."""
         held = self.placement.stages_of(self.comm.rank)
         if len(stages) != len(held):
             raise RuntimeError(f"rank {self.comm.rank} holds stages {held}, got {len(stages)}")
-        return {self._key(s): stage for s, stage in zip(held, stages, strict=True)}
+        return dict(zip(held, stages, strict=True))
 
     def _forward_actions(self, n_microbatches: int) -> list[Action]:
         """Inference's list: every forward, stage by stage (one stage per rank: `forward_only`)."""

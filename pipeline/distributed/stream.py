@@ -237,7 +237,6 @@ class Segment:
         last_step = -1
         try:
             for action in lower_lazily(computes, self.comm.rank, self.comm.world_size):
-                step = action.microbatch // m
                 if action.op in (Op.OPTIMIZER_STEP, Op.FORWARD):
                     self.comm.post()  # nothing stays open while this rank waits to agree
                 if action.op is Op.OPTIMIZER_STEP:
@@ -246,6 +245,7 @@ class Segment:
                     self._post(action.step)
                     last_step = action.step
                     continue
+                step = action.microbatch_index // m
                 if action.op is Op.FORWARD:
                     yield from self._settle(step - 2)
                 if action.op in COMPUTE_OPS:
@@ -257,8 +257,8 @@ class Segment:
                 else:
                     run.act(action)
                 if action.op is Op.FORWARD:  # its input and target are needed no more
-                    self.inputs.pop(action.microbatch, None)
-                    self.targets.pop(action.microbatch, None)
+                    self.inputs.pop(action.microbatch_index, None)
+                    self.targets.pop(action.microbatch_index, None)
             self.comm.post()  # the last compute's sends: the peers need them to agree A(last)
             yield from self._settle(last_step)
             run.wait_sends()

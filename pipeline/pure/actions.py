@@ -36,30 +36,56 @@ GRAD_OPS = (Op.BACKWARD, Op.BACKWARD_INPUT)  # receive the outputs' gradient, se
 
 @dataclass(frozen=True)
 class Action:
-    """One step of a stage's (or a rank's) list: `op` on micro-batch `microbatch` of `stage`.
+    """One step of a rank's list: `op` on micro-batch `microbatch` of stage `stage`.
 
-    `stage` is -1 in the lists of schedules with one stage per rank: the action concerns the
-    rank's only stage, and its repr is the op and micro-batch ("F3"). A schedule with several
-    stages per rank (`pipeline.pure.placement`) names the global stage of every compute and
-    message action ("F3@2": micro-batch 3's forward on stage 2); its OPTIMIZER_STEP stays -1
-    (one per rank, for all its stages). `step` is the training step an OPTIMIZER_STEP
-    closes in a stream's list, which spans several ("STEP3"); a flushed list has one step,
-    and None there.
+    Every compute and message action names its micro-batch and its global stage ("F3@2":
+    micro-batch 3's forward on stage 2), as torch's `_Action` does; a rank that holds one
+    stage names it in every action. An OPTIMIZER_STEP concerns no micro-batch and steps
+    every stage the rank holds, so it names neither; in a stream's list, which spans several
+    training steps, `step` is the one it closes ("STEP3"; a flushed list has one step, and
+    None there).
     """
 
     op: Op
-    microbatch: int = -1  # -1 for actions that concern no micro-batch (OPTIMIZER_STEP)
-    stage: int = -1  # -1: the rank's only stage (module doc)
+    microbatch: int | None = None  # None only for OPTIMIZER_STEP
+    stage: int | None = None  # None only for OPTIMIZER_STEP (all the rank's stages)
     step: int | None = None  # OPTIMIZER_STEP in a stream: the step it closes
 
     def __post_init__(self) -> None:
-        if self.step is not None and self.op is not Op.OPTIMIZER_STEP:
+        if self.op is Op.OPTIMIZER_STEP:
+            if self.microbatch is not None or self.stage is not None:
+                raise ValueError(
+                    f"an OPTIMIZER_STEP names no micro-batch or stage, got microbatch="
+                    f"{self.microbatch!r}, stage={self.stage!r}"
+                )
+            return
+        if self.step is not None:
             raise ValueError(f"only an OPTIMIZER_STEP closes a step, not {self.op.name}")
+        for name, value in (("microbatch", self.microbatch), ("stage", self.stage)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"{self.op.name} needs a {name} >= 0, got {value!r}")
+
+    @property
+    def microbatch_index(self) -> int:
+        """The micro-batch of a compute or message action (an OPTIMIZER_STEP has none)."""
+        assert self.microbatch is not None, f"{self} concerns no micro-batch"
+        return self.microbatch
+
+    @property
+    def stage_index(self) -> int:
+        """The stage of a compute or message action (an OPTIMIZER_STEP has none)."""
+        assert self.stage is not None, f"{self} concerns no single stage"
+        return self.stage
+
+    @property
+    def label(self) -> str:
+        """The op and its micro-batch (or step), without the stage: "F3", "STEP", "STEP3"
+        (a timeline row is the stage already)."""
+        index = self.step if self.op is Op.OPTIMIZER_STEP else self.microbatch
+        return self.op.value if index is None else f"{self.op.value}{index}"
 
     def __repr__(self) -> str:
-        index = self.step if self.step is not None else self.microbatch
-        text = self.op.value if index < 0 else f"{self.op.value}{index}"
-        return text if self.stage < 0 else f"{text}@{self.stage}"
+        return self.label if self.stage is None else f"{self.label}@{self.stage}"
 
 
 ScheduleFn = Callable[[int, int, int], list[Action]]

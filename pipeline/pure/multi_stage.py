@@ -59,15 +59,17 @@ def peer(action: Action, placement: Placement) -> int:
     """The rank at the other end of a message action that names its stage s: RECV_ACT and
     SEND_GRAD talk to the rank of s - 1, SEND_ACT and RECV_GRAD to the rank of s + 1."""
     if action.op in (Op.RECV_ACT, Op.SEND_GRAD):
-        return placement.rank_of(action.stage - 1)
+        return placement.rank_of(action.stage_index - 1)
     if action.op in (Op.SEND_ACT, Op.RECV_GRAD):
-        return placement.rank_of(action.stage + 1)
+        return placement.rank_of(action.stage_index + 1)
     raise ValueError(f"{action} is no message")
 
 
 def _message(action: Action, rank: int, placement: Placement) -> tuple[int, Action, Action] | None:
     """(receiving rank, SEND, RECV) for the output of `action`, None if it stays on `rank`."""
-    s, i = action.stage, action.microbatch
+    if action.op not in COMPUTE_OPS:
+        return None
+    s, i = action.stage_index, action.microbatch_index
     if action.op is Op.FORWARD and s + 1 < placement.n_stages and placement.crosses(s):
         return (placement.rank_of(s + 1), Action(Op.SEND_ACT, i, s), Action(Op.RECV_ACT, i, s + 1))
     if action.op in GRAD_OPS and s > 0 and placement.crosses(s - 1):
@@ -82,7 +84,9 @@ def _message(action: Action, rank: int, placement: Placement) -> tuple[int, Acti
 def _inputs(action: Action, rank: int, placement: Placement) -> list[_Key]:
     """What `action` waits for: ("F", s, i) / ("G", s, i) computed on this rank (forward /
     input gradient of stage s), ("act", s, i) / ("grad", s, i) received for stage s."""
-    s, i, last = action.stage, action.microbatch, placement.n_stages - 1
+    if action.op is Op.OPTIMIZER_STEP:
+        return []
+    s, i, last = action.stage_index, action.microbatch_index, placement.n_stages - 1
     if action.op is Op.FORWARD:
         if s == 0:
             return []
@@ -113,7 +117,7 @@ def lower_ranks(computes: Sequence[Sequence[Action]], placement: Placement) -> l
             slots[r].append(action)
         for _, dst, _, recv in produced:
             kind = "act" if recv.op is Op.RECV_ACT else "grad"
-            have[dst].add((kind, recv.stage, recv.microbatch))
+            have[dst].add((kind, recv.stage_index, recv.microbatch_index))
         produced = []
         ran = False
         for r in range(n_ranks):
@@ -130,9 +134,9 @@ def lower_ranks(computes: Sequence[Sequence[Action]], placement: Placement) -> l
             pos[r] += 1
             ran = True
             if action.op is Op.FORWARD:
-                have[r].add(("F", action.stage, action.microbatch))
+                have[r].add(("F", action.stage_index, action.microbatch_index))
             elif action.op in GRAD_OPS:
-                have[r].add(("G", action.stage, action.microbatch))
+                have[r].add(("G", action.stage_index, action.microbatch_index))
             message = _message(action, r, placement)
             if message is not None:
                 produced.append((r, *message))
@@ -162,7 +166,7 @@ def check_ranks(
         counts: dict[tuple[str, int], int] = {}  # (what, stage) -> next micro-batch
         for position, action in enumerate(actions):
             if action.op is Op.OPTIMIZER_STEP:
-                if position != len(actions) - 1 or action.stage >= 0:
+                if position != len(actions) - 1:
                     raise ScheduleError(
                         f"rank {r}: one optimizer step (no stage) comes last, "
                         f"found {action} at {position}"
@@ -188,7 +192,7 @@ _NAMES = {"F": "forwards", "G": "input gradients", "W": "weight gradients"}
 def _check_action(
     action: Action, r: int, placement: Placement, counts: dict[tuple[str, int], int], m: int
 ) -> None:
-    s, i = action.stage, action.microbatch
+    s, i = action.stage_index, action.microbatch_index
     if not 0 <= s < placement.n_stages or placement.rank_of(s) != r:
         where = (
             f"placement {placement.kind!r} puts it on rank {placement.rank_of(s)}"

@@ -142,8 +142,8 @@ def _gpipe(n_stages: int, n_microbatches: int, stage: int) -> list[Action]:
     accumulate in the same order as in 1F1B and in single-process gradient accumulation.
     """
     _check_shape(n_stages, n_microbatches, stage)
-    forwards = [Action(Op.FORWARD, i) for i in range(n_microbatches)]
-    backwards = [Action(Op.BACKWARD, i) for i in range(n_microbatches)]
+    forwards = [Action(Op.FORWARD, i, stage) for i in range(n_microbatches)]
+    backwards = [Action(Op.BACKWARD, i, stage) for i in range(n_microbatches)]
     return [*forwards, *backwards, Action(Op.OPTIMIZER_STEP)]
 
 
@@ -151,13 +151,13 @@ def _one_f_one_b(n_stages: int, n_microbatches: int, stage: int) -> list[Action]
     """PipeDream-Flush: warm-up forwards, one-forward-one-backward, drain, optimizer step."""
     _check_shape(n_stages, n_microbatches, stage)
     warmup = min(n_stages - stage - 1, n_microbatches)
-    actions = [Action(Op.FORWARD, i) for i in range(warmup)]
+    actions = [Action(Op.FORWARD, i, stage) for i in range(warmup)]
     next_forward, next_backward = warmup, 0
     while next_backward < n_microbatches:
         if next_forward < n_microbatches:
-            actions.append(Action(Op.FORWARD, next_forward))
+            actions.append(Action(Op.FORWARD, next_forward, stage))
             next_forward += 1
-        actions.append(Action(Op.BACKWARD, next_backward))
+        actions.append(Action(Op.BACKWARD, next_backward, stage))
         next_backward += 1
     actions.append(Action(Op.OPTIMIZER_STEP))
     return actions
@@ -166,7 +166,7 @@ def _one_f_one_b(n_stages: int, n_microbatches: int, stage: int) -> list[Action]
 def forward_only(n_stages: int, n_microbatches: int, stage: int) -> list[Action]:
     """Inference: every micro-batch's forward, no backward, no optimizer step."""
     _check_shape(n_stages, n_microbatches, stage)
-    return [Action(Op.FORWARD, i) for i in range(n_microbatches)]
+    return [Action(Op.FORWARD, i, stage) for i in range(n_microbatches)]
 
 
 gpipe = ScheduleSpec("gpipe", _gpipe)
@@ -250,21 +250,24 @@ def lower_lazily(compute: Iterable[Action], stage: int, n_stages: int) -> Iterat
     """`lower`, one action at a time (a stream's list is pulled as batches arrive)."""
     first, last = stage == 0, stage == n_stages - 1
     for action in compute:
-        if action.stage >= 0:
-            raise ValueError(
-                f"{action} names a stage: lists of ranks that hold several "
-                "stages are lowered together (multi_stage.lower_ranks)"
+        if action.op is Op.OPTIMIZER_STEP:
+            yield action
+            continue
+        if action.stage != stage:
+            raise ScheduleError(
+                f"stage {stage}'s list holds {action}, of stage {action.stage}: lists of "
+                "ranks that hold several stages are lowered together (multi_stage.lower_ranks)"
             )
         i = action.microbatch
         if action.op is Op.FORWARD and not first:
-            yield Action(Op.RECV_ACT, i)
+            yield Action(Op.RECV_ACT, i, stage)
         elif action.op in GRAD_OPS and not last:
-            yield Action(Op.RECV_GRAD, i)
+            yield Action(Op.RECV_GRAD, i, stage)
         yield action
         if action.op is Op.FORWARD and not last:
-            yield Action(Op.SEND_ACT, i)
+            yield Action(Op.SEND_ACT, i, stage)
         elif action.op in GRAD_OPS and not first:
-            yield Action(Op.SEND_GRAD, i)
+            yield Action(Op.SEND_GRAD, i, stage)
 
 
 def stage_actions(
@@ -353,7 +356,11 @@ def _check_stage(actions: Sequence[Action], stage: int, n_microbatches: int) -> 
     weights: set[int] = set()  # weight gradient done (BACKWARD or BACKWARD_WEIGHT)
     split: set[int] = set()
     for position, action in enumerate(actions):
-        i = action.microbatch
+        if action.op is Op.OPTIMIZER_STEP:
+            if position != len(actions) - 1 and action.step is None:  # a stream's name theirs
+                raise ScheduleError(f"stage {stage}: optimizer step must be the last action")
+            continue
+        i = action.microbatch_index
         if action.op in COMPUTE_OPS and not 0 <= i < n_microbatches:
             raise ScheduleError(f"stage {stage}: {action} names no micro-batch of {n_microbatches}")
         if action.op is Op.FORWARD:
@@ -378,10 +385,6 @@ def _check_stage(actions: Sequence[Action], stage: int, n_microbatches: int) -> 
             if i in weights:
                 raise ScheduleError(f"stage {stage}: weight gradient of {i} computed twice")
             weights.add(i)
-        elif (
-            action.op is Op.OPTIMIZER_STEP and position != len(actions) - 1 and action.step is None
-        ):  # a stream's steps name themselves
-            raise ScheduleError(f"stage {stage}: optimizer step must be the last action")
     missing = set(range(n_microbatches)) - (backwarded & weights)
     if missing or forwarded != backwarded or weights != backwarded:
         raise ScheduleError(f"stage {stage}: micro-batches {sorted(missing)} never finish")
@@ -393,12 +396,13 @@ def _check_versions(actions: Sequence[Action], stage: int, m: int, n_steps: int)
     """A stream's OPTIMIZER_STEP(t): after step t's backwards, before step t + 2's forwards."""
     done = -1  # the last optimizer step taken
     for action in actions:
-        step = action.microbatch // m
         if action.op is Op.OPTIMIZER_STEP:
             if action.step != done + 1:
                 raise ScheduleError(f"stage {stage}: {action} after STEP{done}")
             done += 1
-        elif action.op in COMPUTE_OPS and step <= done:
+            continue
+        step = action.microbatch_index // m
+        if action.op in COMPUTE_OPS and step <= done:
             raise ScheduleError(f"stage {stage}: {action} of step {step} after its optimizer step")
         elif action.op is Op.FORWARD and step > done + 2:
             raise ScheduleError(

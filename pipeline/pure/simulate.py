@@ -176,7 +176,10 @@ def simulate(
     def run(r: int, s: int, action: Action, ready: float, seconds: float) -> None:
         start = max(free[r], ready)
         free[r] = start + seconds
-        index = action.step if action.step is not None else action.microbatch
+        if action.op is Op.OPTIMIZER_STEP:  # by the step it closes (a flushed list: 0)
+            index = action.step if action.step is not None else 0
+        else:
+            index = action.microbatch_index
         finished[(s, action.op, index)] = free[r]
         events.append(Event(s, action, start, free[r]))
 
@@ -188,8 +191,12 @@ def simulate(
 
     def step(r: int, a: Action) -> bool:
         """Execute `a` on rank r if its input is there; False if it must wait."""
-        s = a.stage if a.stage >= 0 else placement.stages_of(r)[0]
-        cost, i = stages[s], a.microbatch
+        if a.op is Op.OPTIMIZER_STEP:  # the rank steps all its stages (timed on its first)
+            seconds = sum(stages[x].optimizer_s for x in placement.stages_of(r))
+            run(r, placement.stages_of(r)[0], a, 0.0 if stream else last_arrival[r], seconds)
+            return True
+        s, i = a.stage_index, a.microbatch_index
+        cost = stages[s]
         if a.op is Op.FORWARD:
             if s == 0:
                 ready: float | None = 0.0
@@ -229,9 +236,6 @@ def simulate(
             )
             arrival[("grad", s - 1, i)] = t
             last_arrival[r] = max(last_arrival[r], t)
-        elif a.op is Op.OPTIMIZER_STEP:  # the rank steps all its stages (timed on its first)
-            seconds = sum(stages[x].optimizer_s for x in placement.stages_of(r))
-            run(r, s, a, 0.0 if stream else last_arrival[r], seconds)
         return True  # receives are posts: no stage time
 
     progressed = True
@@ -353,7 +357,7 @@ def to_chrome_trace(result: SimResult, title: str = "simulated") -> dict[str, An
     spans = [
         Span(
             e.stage,
-            repr(Action(e.action.op, e.action.microbatch, step=e.action.step)),
+            e.action.label,
             e.start_s,
             e.end_s,
             _CATEGORY.get(e.action.op, "other"),

@@ -70,15 +70,15 @@ def stream_actions(
         return t <= known
 
     while forwarded < warmup and more():
-        yield Action(Op.FORWARD, forwarded)
+        yield Action(Op.FORWARD, forwarded, stage)
         forwarded += 1
     while True:
         if more():
-            yield Action(Op.FORWARD, forwarded)
+            yield Action(Op.FORWARD, forwarded, stage)
             forwarded += 1
         if backwarded == forwarded:
             return
-        yield Action(Op.BACKWARD, backwarded)
+        yield Action(Op.BACKWARD, backwarded, stage)
         backwarded += 1
         if backwarded % m == 0:
             yield Action(Op.OPTIMIZER_STEP, step=backwarded // m - 1)

@@ -17,7 +17,7 @@ and honours tags) and checks each message against the receive it meets:
        posts what is open and waits until its stream has run dry.
     2. A host wait for a frame waits for its whole group (a NCCL group completes as one).
     3. In each direction the n-th send meets the n-th receive; the frame must be the one
-       the RECV action names (kind, micro-batch) and have the size the receiver posted:
+       the RECV action names (kind, stage, micro-batch) and have the size the receiver posted:
        the activations' tensors after an ok header, the gradients' after the receiver's
        own ok header, none after a failed one (links rule 2).
     4. The header (before the first activation frame of a list, on the control plane)
@@ -36,7 +36,7 @@ and honours tags) and checks each message against the receive it meets:
         stage 0 stream:  [send a0] [recv g0]     stage 1 stream: [recv a0] [send g0]  -> runs
 
 Several stages per rank (`pipeline.pure.placement`): the lists are per rank, every action
-names its global stage, and the rules hold per ordered pair of *ranks*: the activations and
+holds several stages, and the rules hold per ordered pair of *ranks*: the activations and
 gradients of all the stages two ranks share travel on one channel per direction, in one
 order (rule 3 compares kind, stage and micro-batch). Rule 1's compute waits only for frames
 from other ranks (a hand-over inside a rank is local), rule 4 holds per edge stage -> stage
@@ -68,11 +68,11 @@ class Frame:
     microbatch: int
     ok: bool
     tensors: int  # data tensors after the status (0 after a failed header)
-    stage: int = -1  # the stage that consumes it (-1: the receiver's only stage)
+    stage: int  # the stage that consumes it
 
     @property
     def name(self) -> str:
-        return f"{self.kind}{self.microbatch}" + (f"@{self.stage}" if self.stage >= 0 else "")
+        return f"{self.kind}{self.microbatch}@{self.stage}"
 
 
 @dataclass(eq=False)
@@ -125,27 +125,21 @@ class _Wire:
     ) -> None:
         self.ranks = [_Rank(r, actions) for r, actions in enumerate(lists)]
         self.failure = failure
-        self.single = all(a.stage < 0 for actions in lists for a in actions)
-        self.node = "stage" if self.single else "rank"  # what the messages call a list
         self.rank_of, self.last = _placement(lists, placement)
         self.several = self.last + 1 > len(lists)  # several stages per rank
+        self.node = "rank" if self.several else "stage"  # what the messages call a list
         # (src, dst) -> operations posted and not yet paired, oldest first (rule 3)
         self.unpaired: dict[tuple[tuple[int, int], bool], deque[_Op]] = {}
 
     def stage_of(self, rank: _Rank, action: Action) -> int:
-        """The global stage an action concerns (its rank's only one if it names none)."""
-        if action.stage < 0:
-            if self.several:
-                raise ScheduleError(
-                    f"rank {rank.index}: {action} names no stage, but the ranks hold several"
-                )
-            return rank.index
-        if self.rank_of(action.stage) != rank.index:
+        """The global stage a compute or message action names, checked to live on `rank`."""
+        stage = action.stage_index
+        if self.rank_of(stage) != rank.index:
             raise ScheduleError(
-                f"rank {rank.index} runs {action}, but stage {action.stage} "
-                f"lives on rank {self.rank_of(action.stage)}"
+                f"rank {rank.index} runs {action}, but stage {stage} "
+                f"lives on rank {self.rank_of(stage)}"
             )
-        return action.stage
+        return stage
 
     def remote(self, rank: _Rank, stage: int) -> bool:
         """True if `stage` lives on another rank than `rank` (its edge is a message)."""
@@ -208,7 +202,7 @@ class _Wire:
 
     # -- the host (rules 1, 4, 5) -----------------------------------------------------------
     def needs(self, rank: _Rank, action: Action) -> tuple[str, int, int] | None:
-        s, i = self.stage_of(rank, action), action.microbatch
+        s, i = self.stage_of(rank, action), action.microbatch_index
         if action.op is Op.FORWARD and s > 0 and self.remote(rank, s - 1):
             return ("act", s, i)
         if action.op in GRAD_OPS and s < self.last and self.remote(rank, s + 1):
@@ -221,33 +215,32 @@ class _Wire:
             self.post(rank)
             return False
         action = rank.actions[rank.pc]
-        i, named = action.microbatch, action.stage
+        if action.op is Op.OPTIMIZER_STEP:
+            self.post(rank)  # a stream waits for an agreement there (collectives wait too)
+            rank.pc += 1
+            return True
         if action.op in COMPUTE_OPS and not self._compute(rank, action):
             return False
-        s = -1 if action.op is Op.OPTIMIZER_STEP else self.stage_of(rank, action)
-        if action.op is Op.RECV_ACT and not self._recv_act(rank, s, i, named):
+        s, i = self.stage_of(rank, action), action.microbatch_index
+        if action.op is Op.RECV_ACT and not self._recv_act(rank, s, i):
             return False
         if action.op is Op.RECV_GRAD:
             if s not in rank.header_sent:
-                what = Frame("grad", i, True, 0, named).name
+                what = Frame("grad", i, True, 0, s).name
                 raise ScheduleError(
                     f"{self.node} {rank.index} receives {what} before it sent "
                     "any activations: the gradient's size is unknown"
                 )
             size = GRAD_TENSORS if rank.header_sent[s] else 0
-            self._recv(rank, Frame("grad", i, True, size, named), s, self.rank_of(s + 1))
+            self._recv(rank, Frame("grad", i, True, size, s), s, self.rank_of(s + 1))
         elif action.op is Op.SEND_ACT:
             ok = rank.header_sent.setdefault(s, not rank.failed)
-            frame = Frame(
-                "act", i, not rank.failed, ACT_TENSORS if ok else 0, s + 1 if named >= 0 else -1
-            )
+            frame = Frame("act", i, not rank.failed, ACT_TENSORS if ok else 0, s + 1)
             self._send(rank, frame, self.rank_of(s + 1))
         elif action.op is Op.SEND_GRAD:
             size = GRAD_TENSORS if rank.header_received.get(s) else 0
-            frame = Frame("grad", i, not rank.failed, size, s - 1 if named >= 0 else -1)
+            frame = Frame("grad", i, not rank.failed, size, s - 1)
             self._send(rank, frame, self.rank_of(s - 1))
-        elif action.op is Op.OPTIMIZER_STEP:
-            self.post(rank)  # a stream waits for an agreement there (collectives wait too)
         rank.pc += 1
         return True
 
@@ -257,7 +250,7 @@ class _Wire:
         if needed is not None:
             receive = rank.owed.get(needed)
             if receive is None:
-                what = needed[::2] if self.single else needed  # (kind, micro-batch)
+                what = needed if self.several else needed[::2]  # (kind, micro-batch)
                 raise ScheduleError(
                     f"{self.node} {rank.index}: {action} consumes {what}, "
                     "which no RECV action before it posted"
@@ -274,7 +267,7 @@ class _Wire:
         rank.computes += 1
         return True
 
-    def _recv_act(self, rank: _Rank, s: int, i: int, named: int) -> bool:
+    def _recv_act(self, rank: _Rank, s: int, i: int) -> bool:
         if s not in rank.header_received:  # rule 4: post, then wait for the header
             self.post(rank)
             sender = self.ranks[self.rank_of(s - 1)]
@@ -282,7 +275,7 @@ class _Wire:
                 return False
             rank.header_received[s] = sender.header_sent[s - 1]
         size = ACT_TENSORS if rank.header_received[s] else 0
-        self._recv(rank, Frame("act", i, True, size, named), s, self.rank_of(s - 1))
+        self._recv(rank, Frame("act", i, True, size, s), s, self.rank_of(s - 1))
         return True
 
     def _recv(self, rank: _Rank, frame: Frame, stage: int, peer: int) -> None:
@@ -297,8 +290,8 @@ class _Wire:
 def _placement(
     lists: Sequence[Sequence[Action]], placement: Placement | None
 ) -> tuple[Callable[[int], int], int]:
-    """(stage -> rank, last stage): the placement's; one stage per rank when the lists name
-    no stage; else read off the compute actions (each stage computed on one rank)."""
+    """(stage -> rank, last stage): the placement's, else read off the compute actions
+    (each stage computed on one rank; one stage per rank for lists without any)."""
     if placement is not None:
         if placement.n_ranks != len(lists):
             raise ScheduleError(
@@ -308,13 +301,10 @@ def _placement(
     owner: dict[int, int] = {}
     for rank, actions in enumerate(lists):
         for action in actions:
-            if (
-                action.op in COMPUTE_OPS
-                and action.stage >= 0
-                and owner.setdefault(action.stage, rank) != rank
-            ):
+            if action.op in COMPUTE_OPS and owner.setdefault(action.stage_index, rank) != rank:
                 raise ScheduleError(
-                    f"stage {action.stage} is computed on ranks {owner[action.stage]} and {rank}"
+                    f"stage {action.stage} is computed on ranks "
+                    f"{owner[action.stage_index]} and {rank}"
                 )
     if not owner:
         return (lambda stage: stage), len(lists) - 1
@@ -336,7 +326,7 @@ def check_order(
     names, of the size it expects, and every list runs to its end under NCCL's rules, with
     `failure=(rank, k)` failing that rank in its k-th compute action (module doc); one list
     per rank, rank 0 first. `placement` says where the stages the actions name live (read
-    off the lists if None: one stage per rank when they name none)."""
+    off the lists' compute actions if None)."""
     wire = _Wire(lists, failure, placement)
     progressed = True
     while progressed:

@@ -68,12 +68,12 @@ def _zbh1(n_stages: int, n_microbatches: int, stage: int) -> list[Action]:
     limits = tuple(min(n_stages - s, n_microbatches) for s in range(n_stages))
     actions = list(_split_lists(n_stages, n_microbatches, limits)[stage])
     if stage == 0:
-        actions = _fused_at_w(actions)
+        actions = _fused_at_w(actions, stage=0)
     return [*actions, Action(Op.OPTIMIZER_STEP)]
 
 
-def _fused_at_w(actions: list[Action], stage: int = -1) -> list[Action]:
-    """The first stage's list without splits: each BI_i dropped, its W_i a whole B_i.
+def _fused_at_w(actions: list[Action], stage: int) -> list[Action]:
+    """Stage `stage`'s actions without splits: each BI_i dropped, its W_i a whole B_i.
 
     Nothing waits for the first stage's input gradient (the batch needs none), so its BI
     only delays W's work; a fused backward where W stood does the same work in one pass,
@@ -114,7 +114,7 @@ def _split_lists(
         start, s, action = best
         free[s] = start + 1.0
         lists[s].append(action)
-        i = action.microbatch
+        i = action.microbatch_index
         if action.op is Op.FORWARD:
             nxt_f[s] += 1
             if s + 1 < S:
@@ -144,11 +144,11 @@ def _zbh1_next(
     """(start time, action) of what stage s does next in the replay, None if nothing is left."""
     candidates: list[tuple[float, int, Action]] = []  # (start, priority, action)
     if b < f:
-        candidates.append((max(free, grad[b]), 0, Action(Op.BACKWARD_INPUT, b)))
+        candidates.append((max(free, grad[b]), 0, Action(Op.BACKWARD_INPUT, b, s)))
     if f < m and f - w < limit:
-        candidates.append((max(free, act[f]), 1, Action(Op.FORWARD, f)))
+        candidates.append((max(free, act[f]), 1, Action(Op.FORWARD, f, s)))
     if w < b:
-        candidates.append((free, 2, Action(Op.BACKWARD_WEIGHT, w)))
+        candidates.append((free, 2, Action(Op.BACKWARD_WEIGHT, w, s)))
     if not candidates:
         return None
     start, _, action = min(candidates, key=lambda c: (c[0], c[1]))
@@ -176,7 +176,7 @@ def _zbv(n_ranks: int, n_microbatches: int, rank: int) -> list[Action]:
     """
     check_shape(n_ranks, n_microbatches, rank)
     n = max(n_microbatches, 2 * n_ranks - 1)
-    actions = [a for a in _zbv_pattern(n_ranks, n, rank) if a.microbatch < n_microbatches]
+    actions = [a for a in _zbv_pattern(n_ranks, n, rank) if a.microbatch_index < n_microbatches]
     if rank == 0:
         actions = _fused_at_w(actions, stage=0)
     return [*actions, Action(Op.OPTIMIZER_STEP)]

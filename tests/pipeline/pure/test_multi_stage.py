@@ -98,7 +98,7 @@ def test_interleaved_with_one_chunk_is_1f1b() -> None:
         for r in range(n_ranks):
             named = interleaved(1)(n_ranks, m, r)
             assert {a.stage for a in named if a.op is not STEP} == {r}
-            assert [Action(a.op, a.microbatch) for a in named] == one_f_one_b(n_ranks, m, r)
+            assert named == one_f_one_b(n_ranks, m, r)
 
 
 def test_interleaved_order() -> None:
@@ -338,7 +338,6 @@ GOOD_V1 = [Action(F, 0, 0), Action(F, 0, 1), Action(B, 0, 1), Action(B, 0, 0)]  
         ),
         (GOOD_V1[:3], "stage 0 runs 0 input gradients of 1"),
         ([*GOOD_V1[:2], Action(STEP), *GOOD_V1[2:]], "one optimizer step"),
-        ([Action(F, 0), *GOOD_V1[1:]], "names stage -1"),
     ],
 )
 def test_malformed_rank_lists_are_rejected(rank0: list[Action], match: str) -> None:

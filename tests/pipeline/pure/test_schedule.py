@@ -39,8 +39,8 @@ def test_in_flight_micro_batches(n_stages: int, n_microbatches: int) -> None:
 
 def test_one_f_one_b_shape() -> None:
     ops = [repr(a) for a in one_f_one_b(3, 4, 0)]
-    assert ops == ["F0", "F1", "F2", "B0", "F3", "B1", "B2", "B3", "STEP"]
-    assert [repr(a) for a in one_f_one_b(3, 4, 2)] == [
+    assert ops == ["F0@0", "F1@0", "F2@0", "B0@0", "F3@0", "B1@0", "B2@0", "B3@0", "STEP"]
+    assert [a.label for a in one_f_one_b(3, 4, 2)] == [
         "F0",
         "B0",
         "F1",
@@ -51,6 +51,7 @@ def test_one_f_one_b_shape() -> None:
         "B3",
         "STEP",
     ]
+    assert {a.stage for a in one_f_one_b(3, 4, 2)} == {2, None}  # the step: the rank's stages
 
 
 @pytest.mark.parametrize("name", sorted(SCHEDULES))
@@ -61,7 +62,9 @@ def test_receives_are_posted_before_their_consumer(name: str) -> None:
         actions = stage_actions(name, 4, 6, r)
         for pos, a in enumerate(actions):
             wanted = {F: Op.RECV_ACT, B: Op.RECV_GRAD}.get(a.op)
-            s = a.stage if a.stage >= 0 else r
+            if wanted is None:
+                continue
+            s = a.stage_index
             if (
                 wanted is None
                 or (a.op is F and (s == 0 or not placement.crosses(s - 1)))
@@ -85,11 +88,12 @@ def _custom(per_stage: dict[int, list[Action]]) -> ScheduleFn:
 @pytest.mark.parametrize(
     "stage0,match",
     [
-        ([Action(B, 0), Action(F, 0)], "before its forward"),
-        ([Action(F, 0)], "never finish"),
-        ([Action(F, 0), Action(F, 0), Action(B, 0)], "forwarded twice"),
-        ([Action(F, 0), Action(B, 0), Action(B, 0)], "back-propagated twice"),
-        ([Action(F, 5), Action(B, 5)], "names no micro-batch"),
+        ([Action(B, 0, 0), Action(F, 0, 0)], "before its forward"),
+        ([Action(F, 0, 0)], "never finish"),
+        ([Action(F, 0, 0), Action(F, 0, 0), Action(B, 0, 0)], "forwarded twice"),
+        ([Action(F, 0, 0), Action(B, 0, 0), Action(B, 0, 0)], "back-propagated twice"),
+        ([Action(F, 5, 0), Action(B, 5, 0)], "names no micro-batch"),
+        ([Action(F, 0, 1), Action(B, 0, 1)], "stage 0's list holds F0@1, of stage 1"),
     ],
 )
 def test_malformed_stage_lists_are_rejected(stage0: list[Action], match: str) -> None:
@@ -102,8 +106,8 @@ def test_deadlock_is_detected() -> None:
     # wants micro-batch 1's forward before it back-propagates micro-batch 0.
     schedule = _custom(
         {
-            0: [Action(F, 0), Action(B, 0), Action(F, 1), Action(B, 1)],
-            1: [Action(F, 0), Action(F, 1), Action(B, 0), Action(B, 1)],
+            0: [Action(F, 0, 0), Action(B, 0, 0), Action(F, 1, 0), Action(B, 1, 0)],
+            1: [Action(F, 0, 1), Action(F, 1, 1), Action(B, 0, 1), Action(B, 1, 1)],
         }
     )
     with pytest.raises(ScheduleError, match="deadlock"):

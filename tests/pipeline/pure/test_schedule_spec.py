@@ -25,8 +25,8 @@ from pipeline.pure.simulate import StageCost, simulate
 
 def _gpipe_backwards_reversed(n_stages: int, n_microbatches: int, stage: int) -> list[Action]:
     """A user's schedule: all forwards, then the backwards last micro-batch first."""
-    forwards = [Action(Op.FORWARD, i) for i in range(n_microbatches)]
-    backwards = [Action(Op.BACKWARD, i) for i in reversed(range(n_microbatches))]
+    forwards = [Action(Op.FORWARD, i, stage) for i in range(n_microbatches)]
+    backwards = [Action(Op.BACKWARD, i, stage) for i in reversed(range(n_microbatches))]
     return [*forwards, *backwards, Action(Op.OPTIMIZER_STEP)]
 
 
@@ -52,8 +52,8 @@ def test_a_registered_spec_validates_simulates_and_plans_like_a_built_in_one(
 
 
 def test_built_in_specs_say_what_their_lists_need() -> None:
-    assert SCHEDULES["1f1b"] is one_f_one_b and get_schedule("1f1b")(2, 2, 0)[0] == Action(
-        Op.FORWARD, 0
+    assert SCHEDULES["1f1b"] is one_f_one_b and get_schedule("1f1b")(2, 2, 1)[0] == Action(
+        Op.FORWARD, 0, 1
     )
     assert (SCHEDULES["2bw"].stream, SCHEDULES["2bw"].weight_copies) == (True, 2)
     assert SCHEDULES["pipemare"].asynchronous and is_stream("pipemare")

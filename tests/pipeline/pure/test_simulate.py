@@ -103,7 +103,7 @@ def test_a_deadlocking_schedule_is_reported() -> None:
         # stage 1 waits for micro-batch 1's forward before it back-propagates micro-batch 0
         order = ["F0", "B0", "F1", "B1"] if stage == 0 else ["F0", "F1", "B0", "B1"]
         ops = {"F": Op.FORWARD, "B": Op.BACKWARD}
-        return [*(Action(ops[a[0]], int(a[1])) for a in order), Action(Op.OPTIMIZER_STEP)]
+        return [*(Action(ops[a[0]], int(a[1]), stage) for a in order), Action(Op.OPTIMIZER_STEP)]
 
     with pytest.raises(ScheduleError, match="deadlock"):
         simulate(crossed, [StageCost(1, 1)] * 2, 2)

@@ -45,19 +45,19 @@ def test_no_flush_between_steps() -> None:
     """Stage 0 of 2 runs step 1's first forward before step 0's last backward."""
     actions = pipedream_2bw(2, 2, 0, 2)
     assert actions == [
-        Action(Op.FORWARD, 0),
-        Action(Op.FORWARD, 1),
-        Action(Op.BACKWARD, 0),
-        Action(Op.FORWARD, 2),
-        Action(Op.BACKWARD, 1),
+        Action(Op.FORWARD, 0, 0),
+        Action(Op.FORWARD, 1, 0),
+        Action(Op.BACKWARD, 0, 0),
+        Action(Op.FORWARD, 2, 0),
+        Action(Op.BACKWARD, 1, 0),
         Action(Op.OPTIMIZER_STEP, step=0),
-        Action(Op.FORWARD, 3),
-        Action(Op.BACKWARD, 2),
-        Action(Op.BACKWARD, 3),
+        Action(Op.FORWARD, 3, 0),
+        Action(Op.BACKWARD, 2, 0),
+        Action(Op.BACKWARD, 3, 0),
         Action(Op.OPTIMIZER_STEP, step=1),
     ]
     lowered = stage_actions("2bw", 2, 2, 1, n_steps=2)
-    assert Action(Op.SEND_GRAD, 3) in lowered
+    assert Action(Op.SEND_GRAD, 3, 1) in lowered
 
 
 def test_lazy_lists_ask_for_steps_in_order_and_only_when_needed() -> None:
@@ -118,5 +118,11 @@ def test_the_planner_counts_the_second_weight_copy() -> None:
 
 def test_only_an_optimizer_step_closes_a_step() -> None:
     assert repr(Action(Op.OPTIMIZER_STEP, step=3)) == "STEP3"
+    with pytest.raises(ValueError, match="an OPTIMIZER_STEP names no micro-batch or stage"):
+        Action(Op.OPTIMIZER_STEP, 0)
+    with pytest.raises(ValueError, match="FORWARD needs a stage >= 0, got None"):
+        Action(Op.FORWARD, 0)
+    with pytest.raises(ValueError, match="BACKWARD needs a microbatch >= 0, got -1"):
+        Action(Op.BACKWARD, -1, 0)
     with pytest.raises(ValueError, match="only an OPTIMIZER_STEP closes a step, not FORWARD"):
-        Action(Op.FORWARD, 0, step=0)
+        Action(Op.FORWARD, 0, 0, step=0)

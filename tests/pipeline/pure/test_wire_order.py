@@ -47,10 +47,11 @@ def test_every_pair_receives_in_the_order_its_peer_sends(name: str) -> None:
 def test_receives_posted_in_another_order_are_caught() -> None:
     """Stage 1 forwards micro-batch 1 before 0: under NCCL it would take 0's activations
     for 1's (silently wrong when the shapes agree), so the check refuses it."""
-    stage0 = [Action(F, 0), Action(F, 1), Action(B, 0), Action(B, 1), Action(Op.OPTIMIZER_STEP)]
-    stage1 = [Action(F, 1), Action(F, 0), Action(B, 0), Action(B, 1), Action(Op.OPTIMIZER_STEP)]
-    lists = [lower(stage0, 0, 2), lower(stage1, 1, 2)]
-    with pytest.raises(ScheduleError, match="posted act1 but stage 0 sent act0"):
+    stage0 = [Action(F, 0, 0), Action(F, 1, 0), Action(B, 0, 0), Action(B, 1, 0)]
+    stage1 = [Action(F, 1, 1), Action(F, 0, 1), Action(B, 0, 1), Action(B, 1, 1)]
+    step = Action(Op.OPTIMIZER_STEP)
+    lists = [lower([*stage0, step], 0, 2), lower([*stage1, step], 1, 2)]
+    with pytest.raises(ScheduleError, match="posted act1@1 but stage 0 sent act0@1"):
         check_order(lists)
 
 
@@ -62,8 +63,8 @@ def test_a_receive_posted_a_compute_early_deadlocks_as_under_nccl() -> None:
     stage0 = [(F, 0), (S, 0), (RG, 0), (F, 1), (S, 1), (RG, 1), (B, 0), (B, 1)]
     stage1 = [(R, 0), (R, 1), (F, 0), (F, 1), (B, 0), (SG, 0), (B, 1), (SG, 1)]
     early = [
-        [Action(op, i) for op, i in stage] + [Action(Op.OPTIMIZER_STEP)]
-        for stage in (stage0, stage1)
+        [Action(op, i, s) for op, i in stage] + [Action(Op.OPTIMIZER_STEP)]
+        for s, stage in enumerate((stage0, stage1))
     ]
     with pytest.raises(ScheduleError, match="deadlock"):
         check_order(early)
@@ -71,10 +72,10 @@ def test_a_receive_posted_a_compute_early_deadlocks_as_under_nccl() -> None:
 
 
 def test_a_send_nobody_receives_is_caught() -> None:
-    stage0 = lower([Action(F, 0), Action(B, 0), Action(Op.OPTIMIZER_STEP)], 0, 2)
+    stage0 = lower([Action(F, 0, 0), Action(B, 0, 0), Action(Op.OPTIMIZER_STEP)], 0, 2)
     stage1 = [
         a
-        for a in lower([Action(F, 0), Action(B, 0), Action(Op.OPTIMIZER_STEP)], 1, 2)
+        for a in lower([Action(F, 0, 1), Action(B, 0, 1), Action(Op.OPTIMIZER_STEP)], 1, 2)
         if a.op is not Op.SEND_GRAD
     ]
     with pytest.raises(ScheduleError, match="wait forever"):

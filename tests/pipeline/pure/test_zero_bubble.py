@@ -48,7 +48,7 @@ def test_valid_split_and_as_much_in_flight_as_1f1b(n_stages: int, n_microbatches
 
 
 def test_the_two_stage_shape() -> None:
-    assert [repr(a) for a in zbh1(2, 4, 0)] == [
+    assert [a.label for a in zbh1(2, 4, 0)] == [
         "F0",
         "F1",
         "B0",
@@ -59,7 +59,8 @@ def test_the_two_stage_shape() -> None:
         "B3",
         "STEP",
     ]
-    assert [repr(a) for a in zbh1(2, 4, 1)] == [
+    assert {a.stage for a in zbh1(2, 4, 1)} == {1, None}  # None: the optimizer step
+    assert [a.label for a in zbh1(2, 4, 1)] == [
         "F0",
         "BI0",
         "W0",
@@ -81,9 +82,9 @@ def test_messages_go_with_the_input_gradient_and_none_with_w() -> None:
         actions = stage_actions("zbh1", 3, 5, s)
         for pos, a in enumerate(actions):
             if a.op is BI and s < 2:
-                assert Action(Op.RECV_GRAD, a.microbatch) in actions[:pos]
+                assert Action(Op.RECV_GRAD, a.microbatch, s) in actions[:pos]
             if a.op is BI and s > 0:
-                assert actions[pos + 1] == Action(Op.SEND_GRAD, a.microbatch)
+                assert actions[pos + 1] == Action(Op.SEND_GRAD, a.microbatch, s)
             if a.op is W:
                 assert actions[pos + 1].op not in (Op.SEND_GRAD, Op.SEND_ACT)
 
@@ -98,12 +99,12 @@ def _custom(per_stage: list[Action]) -> ScheduleFn:
 @pytest.mark.parametrize(
     "actions,match",
     [
-        ([Action(F, 0), Action(W, 0), Action(BI, 0)], "without its BACKWARD_INPUT"),
-        ([Action(F, 0), Action(BI, 0)], "never finish"),
-        ([Action(F, 0), Action(BI, 0), Action(W, 0), Action(W, 0)], "computed twice"),
-        ([Action(F, 0), Action(B, 0), Action(W, 0)], "without its BACKWARD_INPUT"),
-        ([Action(F, 0), Action(BI, 0), Action(B, 0)], "back-propagated twice"),
-        ([Action(BI, 0), Action(F, 0), Action(W, 0)], "before its forward"),
+        ([Action(F, 0, 0), Action(W, 0, 0), Action(BI, 0, 0)], "without its BACKWARD_INPUT"),
+        ([Action(F, 0, 0), Action(BI, 0, 0)], "never finish"),
+        ([Action(F, 0, 0), Action(BI, 0, 0), Action(W, 0, 0), Action(W, 0, 0)], "computed twice"),
+        ([Action(F, 0, 0), Action(B, 0, 0), Action(W, 0, 0)], "without its BACKWARD_INPUT"),
+        ([Action(F, 0, 0), Action(BI, 0, 0), Action(B, 0, 0)], "back-propagated twice"),
+        ([Action(BI, 0, 0), Action(F, 0, 0), Action(W, 0, 0)], "before its forward"),
     ],
 )
 def test_malformed_split_lists_are_rejected(actions: list[Action], match: str) -> None:
@@ -112,7 +113,8 @@ def test_malformed_split_lists_are_rejected(actions: list[Action], match: str) -
 
 
 def test_a_split_list_may_mix_with_fused_backwards() -> None:
-    validate(_custom([Action(F, 0), Action(F, 1), Action(BI, 0), Action(B, 1), Action(W, 0)]), 1, 2)
+    mixed = [Action(F, 0, 0), Action(F, 1, 0), Action(BI, 0, 0), Action(B, 1, 0), Action(W, 0, 0)]
+    validate(_custom(mixed), 1, 2)
 
 
 @pytest.mark.parametrize("n_stages,n_microbatches", [s for s in SHAPES if s[0] > 1])
@@ -132,7 +134,7 @@ def test_simulated_bubble_is_two_thirds_of_1f1b_with_equal_costs(
 
 def test_w_takes_weight_s_and_bi_the_rest() -> None:
     r = simulate("zbh1", [StageCost(1.0, 3.0, weight_s=0.5)] * 2, 2)
-    spans = {(e.stage, repr(e.action)): e.end_s - e.start_s for e in r.events}
+    spans = {(e.stage, e.action.label): e.end_s - e.start_s for e in r.events}
     assert spans[1, "BI0"] == pytest.approx(2.5) and spans[1, "W0"] == pytest.approx(0.5)
     assert spans[0, "B0"] == pytest.approx(3.0)  # the first stage's backward is whole
     assert StageCost(1.0, 3.0).split_weight_s == 1.5  # unset: half of the backward
