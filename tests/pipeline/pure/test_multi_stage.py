@@ -201,19 +201,22 @@ def test_messages_cross_ranks_only_and_follow_their_producer(
     for actions in lists:
         assert actions[-1] == Action(STEP)
         for pos, a in enumerate(actions):
-            if a.op in (Op.SEND_ACT, Op.RECV_GRAD):  # the edge a.stage -> a.stage + 1
-                assert placement.crosses(a.stage)
-            if a.op in (Op.RECV_ACT, Op.SEND_GRAD):  # the edge a.stage - 1 -> a.stage
-                assert placement.crosses(a.stage - 1)
+            if a.op is STEP:
+                continue
+            s, i = a.stage_index, a.microbatch_index
+            if a.op in (Op.SEND_ACT, Op.RECV_GRAD):  # the edge s -> s + 1
+                assert placement.crosses(s)
+            if a.op in (Op.RECV_ACT, Op.SEND_GRAD):  # the edge s - 1 -> s
+                assert placement.crosses(s - 1)
             if a.op is Op.SEND_ACT:  # just after the forward that produced it
-                assert actions[pos - 1] == Action(F, a.microbatch, a.stage)
+                assert actions[pos - 1] == Action(F, i, s)
             if a.op is Op.SEND_GRAD:
                 assert actions[pos - 1].op in GRAD_OPS
-                assert actions[pos - 1].microbatch == a.microbatch
-            if a.op is F and a.stage > 0 and placement.crosses(a.stage - 1):
-                assert Action(Op.RECV_ACT, a.microbatch, a.stage) in actions[:pos]
-            if a.op in GRAD_OPS and a.stage < placement.n_stages - 1 and placement.crosses(a.stage):
-                assert Action(Op.RECV_GRAD, a.microbatch, a.stage) in actions[:pos]
+                assert actions[pos - 1].microbatch == i
+            if a.op is F and s > 0 and placement.crosses(s - 1):
+                assert Action(Op.RECV_ACT, i, s) in actions[:pos]
+            if a.op in GRAD_OPS and s < placement.n_stages - 1 and placement.crosses(s):
+                assert Action(Op.RECV_GRAD, i, s) in actions[:pos]
     sends = sum(a.op in (Op.SEND_ACT, Op.SEND_GRAD) for x in lists for a in x)
     crossing = sum(placement.crosses(s) for s in range(placement.n_stages - 1))
     assert sends == 2 * m * crossing  # one activation and one gradient per edge and micro-batch
@@ -259,7 +262,10 @@ def _next_to_consumer(actions: list[Action], placement: Placement) -> list[Actio
     just after its producer (`pipeline.pure.schedule.lower`), per edge that crosses ranks."""
     out, last = [], placement.n_stages - 1
     for a in actions:
-        s, i = a.stage, a.microbatch
+        if a.op is STEP:
+            out.append(a)
+            continue
+        s, i = a.stage_index, a.microbatch_index
         if a.op is F and s > 0 and placement.crosses(s - 1):
             out.append(Action(Op.RECV_ACT, i, s))
         if a.op in GRAD_OPS and s < last and placement.crosses(s):
