@@ -5,8 +5,10 @@ the micro-batches of one training step. It is a pure function
 
     (n_stages, n_microbatches, stage) -> list[Action]
 
-so it can be printed, validated, simulated and tested without any process. The runtime
-(`pipeline.local.stage`) executes the list; `lower()` adds the point-to-point messages.
+so it can be printed, validated, simulated and tested without any process. Every action
+names its stage (`Action(Op.FORWARD, i, stage)`, printed "F3@1"); the closing
+`Action(Op.OPTIMIZER_STEP)` names none. The runtime (`pipeline.local.stage`) executes the
+list; `lower()` adds the point-to-point messages.
 
 Compute actions (what `gpipe`, `one_f_one_b` and `zbh1` return)::
 
