@@ -85,11 +85,11 @@ def _eager_1f1b(n_stages: int, n_microbatches: int, stage: int) -> list[Action]:
     """A user's schedule, from a spec outside the package: 1F1B with one more warm-up forward
     on every stage (more in flight; backwards still in micro-batch order, so exact)."""
     warmup = min(n_stages - stage, n_microbatches)
-    actions = [Action(Op.FORWARD, i) for i in range(warmup)]
+    actions = [Action(Op.FORWARD, i, stage) for i in range(warmup)]
     for i in range(n_microbatches):
         if warmup + i < n_microbatches:
-            actions.append(Action(Op.FORWARD, warmup + i))
-        actions.append(Action(Op.BACKWARD, i))
+            actions.append(Action(Op.FORWARD, warmup + i, stage))
+        actions.append(Action(Op.BACKWARD, i, stage))
     return [*actions, Action(Op.OPTIMIZER_STEP)]
 
 
