@@ -167,11 +167,12 @@ class Comm:
         error of the lowest failing rank is raised (the original object on its own rank).
         """
         try:
-            result, error = work(), None
+            result = work()
         except Exception as exc:
-            result, error = None, exc
-        self.raise_together(error)
-        return result  # type: ignore[return-value]
+            self.raise_together(exc)  # raises, on every rank
+            raise
+        self.raise_together(None)  # raises what failed on another rank, if any
+        return result
 
     def raise_together(self, error: BaseException | None) -> None:
         """Collective: raise on every rank if any rank passes an error (else return)."""

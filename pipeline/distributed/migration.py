@@ -244,16 +244,23 @@ def migrate(
 def _vote(comm: Comm, what: str, phase: str, work: Callable[[], T]) -> T:
     """Run one phase's local work; if it failed anywhere, MigrationError on every rank."""
     try:
-        result, error = work(), ""
+        result = work()
     except Exception as exc:  # anything that stops this rank from taking part
-        result, error = None, f"stage {comm.rank}: {type(exc).__name__}: {exc}"
+        _agree(comm, what, phase, f"stage {comm.rank}: {type(exc).__name__}: {exc}")
+        raise  # not reached: `_agree` raised
+    _agree(comm, what, phase, "")
+    return result
+
+
+def _agree(comm: Comm, what: str, phase: str, error: str) -> None:
+    """Every rank's `error` ("" where the phase went well): MigrationError on every rank
+    if any is set."""
     if comm.all_reduce([float(bool(error))], op="max")[0]:
         errors = comm.all_gather_object(error)
         raise MigrationError(
             f"{what} rolled back in its {phase} phase, the old plan stays in force: "
             + "; ".join(e for e in errors if e)
         )
-    return result  # type: ignore[return-value]
 
 
 def _pack(

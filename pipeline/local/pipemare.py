@@ -52,6 +52,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -80,7 +81,7 @@ class PipeMareConfig:
 
 
 def check_pipemare(
-    schedule: str | None, config: PipeMareConfig | dict[str, object] | None, n_microbatches: int
+    schedule: str | None, config: PipeMareConfig | dict[str, Any] | None, n_microbatches: int
 ) -> PipeMareConfig | None:
     """The PipeMare configuration of a pipeline (None unless schedule="pipemare"), checked:
     a dict is taken as `PipeMareConfig`'s fields; `update_every` must divide the micro-batches
@@ -92,7 +93,7 @@ def check_pipemare(
     if config is None:
         config = PipeMareConfig()
     elif isinstance(config, dict):
-        config = PipeMareConfig(**config)  # type: ignore[arg-type]
+        config = PipeMareConfig(**config)
     elif not isinstance(config, PipeMareConfig):
         raise TypeError(f"pipemare must be a PipeMareConfig or a dict, got {type(config).__name__}")
     if n_microbatches % config.update_every:
