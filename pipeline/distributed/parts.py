@@ -6,13 +6,14 @@ reads or calls, not against the facade's class, so no helper imports the facade 
 graph has no circle) and none may assign the facade's attributes: the facade alone replaces
 its model, recipe, link or stream in flight.
 
-    helper                 interface          reads
-    ─────────────────────  ─────────────────  ─────────────────────────────────────────────
-    steps (train_step)     SteppedPipeline    model, runner, options, plan_age, event_log
-    stream (2BW, PipeMare) StreamedPipeline   + comm; hands its segment to `hold_stream`
-    build (plan, build)    BuiltPipeline      model, comm, runner, schedule, recipe, planner
-    elasticity             ElasticPipelineParts  + placement, triggers, link
-    report (stats)         ReportedPipeline   model, comm, schedule, placement, generation
+    helper                 interface             what it adds to the core
+    ─────────────────────  ────────────────────  ──────────────────────────────────────────
+    (shared)               PipelineCore          model, runner, options, plan_age, event_log
+    steps (train_step)     SteppedPipeline       drain, plan_from
+    stream (2BW, PipeMare) StreamedPipeline      + comm; hands its segment to `hold_stream`
+    build (plan, build)    BuiltPipeline         comm, schedule, recipe, planner, device
+    elasticity             ElasticPipelineParts  + placement, triggers, link, rebalance...
+    report (stats)         ReportedPipeline      (alone) model, comm, schedule, generation
     weights                (explicit arguments: comm, model, seed, event log)
 """
 
@@ -39,6 +40,7 @@ __all__ = [
     "ActiveStream",
     "BuiltPipeline",
     "ElasticPipelineParts",
+    "PipelineCore",
     "ReportedPipeline",
     "SteppedPipeline",
     "StreamedPipeline",
@@ -53,8 +55,8 @@ class ActiveStream(Protocol):
     def held(self) -> dict[str, int]: ...
 
 
-class SteppedPipeline(Protocol):
-    """What a flushed `train_step` and `forward` use (`pipeline.distributed.steps`)."""
+class PipelineCore(Protocol):
+    """What every step and every build touches: the model, its runner, options and log."""
 
     @property
     def model(self) -> ModelHolder: ...
@@ -66,6 +68,10 @@ class SteppedPipeline(Protocol):
     def plan_age(self) -> PlanAge: ...
     @property
     def event_log(self) -> EventLog: ...
+
+
+class SteppedPipeline(PipelineCore, Protocol):
+    """What a flushed `train_step` and `forward` use (`pipeline.distributed.steps`)."""
 
     def drain(self) -> None: ...
 
@@ -85,15 +91,11 @@ class StreamedPipeline(SteppedPipeline, Protocol):
         """Make `segment` the stream in flight (None: none is)."""
 
 
-class BuiltPipeline(Protocol):
+class BuiltPipeline(PipelineCore, Protocol):
     """What planning and building a model use (`pipeline.distributed.build`)."""
 
     @property
-    def model(self) -> ModelHolder: ...
-    @property
     def comm(self) -> Comm: ...
-    @property
-    def runner(self) -> StepRunner: ...
     @property
     def schedule(self) -> ScheduleSpec: ...
     @property
@@ -106,12 +108,6 @@ class BuiltPipeline(Protocol):
     def recipe(self) -> TrainingRecipe: ...
     @property
     def planner(self) -> Planner: ...
-    @property
-    def options(self) -> PipelineOptions: ...
-    @property
-    def plan_age(self) -> PlanAge: ...
-    @property
-    def event_log(self) -> EventLog: ...
 
     def adopt_schedule(self, schedule: ScheduleLike) -> None: ...
 
