@@ -88,7 +88,11 @@ class Leader:
         self.settings, self.owner = settings, owner
         self.deadline = deadline  # time.time() after which no trial starts
         self.study = open_study(settings)
-        fail_running(self.study, "left running by an earlier run that stopped")
+        fail_running(
+            self.study,
+            "left running by an earlier run that stopped",
+            max_retries=settings.study.max_retries,
+        )
         self.multi = len(settings.study.objectives) > 1
         self.seeds = {to_json(arch) for arch in seed_architectures(settings).values()}
         self.trained: dict[int, str] = {}  # finished trial number -> its architecture (JSON)

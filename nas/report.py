@@ -25,6 +25,7 @@ from rich.table import Table
 
 from nas.retrain_results import RetrainResult, model_table
 from nas.settings import NasSettings, task_metrics
+from nas.storage import dashboard_target, make_storage
 from nas.study import StudyResult
 from nas.tasks import task_class
 from nas.trials import DUPLICATE_OF, INVALID
@@ -42,7 +43,7 @@ def report_study(
     `result` is None when this run only retrained (`stages=[retrain]`)."""
     console = console or Console()
     storage_url = result.storage if result else settings.storage_url
-    study = optuna.load_study(study_name=settings.study.name, storage=storage_url)
+    study = optuna.load_study(study_name=settings.study.name, storage=make_storage(storage_url))
     console.print(_trials_table(settings, study, console.width))
     complete = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
     if complete:
@@ -73,7 +74,7 @@ def report_study(
         run_dirs += retrained.run_dirs
     # commands and paths unwrapped, so they can be copied whole
     console.print(f"plots: {', '.join(str(p) for p in plots)}", soft_wrap=True)
-    console.print(f"dashboard: optuna-dashboard {storage_url}", soft_wrap=True)
+    console.print(f"dashboard: optuna-dashboard {dashboard_target(storage_url)}", soft_wrap=True)
     if run_dirs:
         console.print(f"W&B (offline): wandb sync {' '.join(run_dirs)}", soft_wrap=True)
 

@@ -362,7 +362,10 @@ def _load_study(settings: NasSettings) -> optuna.Study:
             raise missing
     try:
         return optuna.load_study(
-            study_name=settings.study.name, storage=storage.make_storage(settings.storage_url)
+            study_name=settings.study.name,
+            storage=storage.make_storage(
+                settings.storage_url, max_retries=settings.study.max_retries
+            ),
         )
     except KeyError as error:
         raise missing from error

@@ -121,6 +121,9 @@ class StudySettings:
     enqueue_seeds: bool = True
     inherit_weights: bool = False
     max_restarts: int = 2  # stage processes restarted after a death, per study run
+    # a trial whose worker died (stage processes, or a heartbeat that stopped) is tried again
+    # at most this many times; then it stays failed with its cause and the study goes on
+    max_retries: int = 2
     # no trial starts once this run of the study has lasted `timeout_s` seconds (Optuna's
     # `timeout`: the running trial finishes); None: only `n_trials` ends it
     timeout_s: float | None = None
@@ -132,6 +135,10 @@ class StudySettings:
         if not self.name or not isinstance(self.name, str):
             raise ValueError(f"study.name={self.name!r} is not valid; use a non-empty string")
         _positive("study.n_trials", self.n_trials)
+        for key in ("max_restarts", "max_retries"):
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"study.{key}={value!r} is not valid; use an integer >= 0")
         for key in ("timeout_s", "time_budget_s"):
             value = getattr(self, key)
             if value is not None and not value > 0:

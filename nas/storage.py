@@ -15,10 +15,15 @@ would destroy the other workers' trials. Two signals tell them apart, numbered:
 Journal files (`study.storage=journal:///path/study.log`, for several machines on a shared
 file system) have no heartbeat in Optuna: there only the owner check runs, so a trial
 orphaned on another machine stays RUNNING (it does not count toward `study.n_trials`).
+
+A trial failed either way is asked again (`retry`), at most `study.max_retries` times per
+architecture: one that kills its worker every time ends failed, and the study goes on.
 """
 
 from __future__ import annotations
 
+import functools
+import logging
 import os
 import socket
 import sqlite3
@@ -40,9 +45,11 @@ __all__ = [
     "HEARTBEAT_S",
     "SQLITE_BUSY_S",
     "Heartbeat",
+    "dashboard_target",
     "fail_stale",
     "make_storage",
     "owner_alive",
+    "retry",
     "this_owner",
 ]
 
@@ -50,13 +57,22 @@ HEARTBEAT_S = 5
 GRACE_S = 30
 SQLITE_BUSY_S = 20.0  # how long a write waits for another process's lock (sqlite3: 5 s)
 JOURNAL = "journal://"
+MAX_RETRIES = 2  # `study.max_retries`'s default
+ATTEMPT = "attempt"  # a retried trial's user attr: which retry of its architecture it is
+
+logger = logging.getLogger(__name__)
 
 
 def make_storage(
-    url: str, *, heartbeat_s: int = HEARTBEAT_S, grace_s: int = GRACE_S
+    url: str,
+    *,
+    heartbeat_s: int = HEARTBEAT_S,
+    grace_s: int = GRACE_S,
+    max_retries: int = MAX_RETRIES,
 ) -> BaseStorage:
     """The storage at `url`: `journal:///path` (an Optuna journal file), else any SQLAlchemy
-    URL (`sqlite:///outputs/studies/x.db`, `postgresql://...`), with heartbeats on."""
+    URL (`sqlite:///outputs/studies/x.db`, `postgresql://...`), with heartbeats on: a trial
+    whose heartbeat stopped is asked again up to `max_retries` times (`retry`)."""
     if url.startswith(JOURNAL):
         path = url[len(JOURNAL) :]
         if not path:
@@ -77,12 +93,18 @@ def make_storage(
             engine_kwargs=engine,
             heartbeat_interval=heartbeat_s,
             grace_period=grace_s,
-            heartbeat_stale_trial_callback=_ask_again,
+            heartbeat_stale_trial_callback=functools.partial(_ask_again, max_retries=max_retries),
         )
     if url.startswith("sqlite"):
         sqlalchemy.event.listen(rdb.engine, "connect", _write_ahead)
         rdb.engine.dispose()  # the connections made so far reopen with it
     return rdb
+
+
+def dashboard_target(url: str) -> str:
+    """What `optuna-dashboard` takes for the storage at `url`: a journal file's path, else
+    the URL itself."""
+    return url[len(JOURNAL) :] if url.startswith(JOURNAL) else url
 
 
 def _write_ahead(connection: Any, _: Any) -> None:
@@ -115,10 +137,26 @@ def fail_stale(study: optuna.Study) -> None:
         optuna.storages.fail_stale_trials(study)
 
 
-def _ask_again(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
+def _ask_again(study: optuna.Study, trial: optuna.trial.FrozenTrial, max_retries: int) -> None:
     """A stale trial is failed by Optuna (no reason recorded: it does not count); its
-    architecture is enqueued again so that the study still evaluates it."""
-    study.enqueue_trial(trial.params, user_attrs={"retry_of": trial.number})
+    architecture is enqueued again so that the study still evaluates it, up to the cap."""
+    if not retry(study, trial, max_retries):
+        logger.warning(
+            "trial %d's worker stopped beating; not retried again (%d retries)",
+            trial.number,
+            max_retries,
+        )
+
+
+def retry(study: optuna.Study, trial: optuna.trial.FrozenTrial, max_retries: int) -> bool:
+    """Enqueue `trial`'s parameters again, unless it is its architecture's attempt number
+    `max_retries` + 1 already; True if enqueued. The retry carries `retry_of` (the trial it
+    repeats) and `attempt` (1 for the first retry)."""
+    attempt = int(trial.user_attrs.get(ATTEMPT, 0))
+    if attempt >= max_retries:
+        return False
+    study.enqueue_trial(trial.params, user_attrs={"retry_of": trial.number, ATTEMPT: attempt + 1})
+    return True
 
 
 def this_owner() -> str:

@@ -27,7 +27,9 @@ gone, a tracker or sampler error), the same `LeaderError`. Failures, by where th
 * in rank 0's decision at 1, 2 or 5: the study stops on every rank, the processes end
   cleanly, and `run_study` raises the `LeaderError`;
 * a stage process dies: `launch` raises; the trial left RUNNING is failed with the cause and
-  the processes are started again, up to `study.max_restarts` times.
+  asked again (at most `study.max_retries` times per architecture: then it stays failed and
+  the study goes on), and the processes are started again, up to `study.max_restarts` times
+  for deaths whose trial is retried.
 
 Re-running with the same study name resumes toward `study.n_trials` finished trials.
 """
@@ -93,7 +95,7 @@ def run_study(settings: NasSettings) -> StudyResult:
         end = _launch(settings, owner, deadline)
         return StudyResult(settings.study.name, settings.storage_url, end.finished, 0, end.run_dirs)
     study = trials.open_study(settings)
-    restarts = 0
+    restarts, retries = 0, settings.study.max_retries
     run_dirs: list[str] = []
     while (
         trials.remaining(study, settings.study.n_trials) > 0
@@ -104,10 +106,12 @@ def run_study(settings: NasSettings) -> StudyResult:
             run_dirs.extend(_launch(settings, owner, deadline).run_dirs)
         except LeaderError as error:  # the study stopped on every rank: its trial is retried
             with contextlib.suppress(Exception):  # the storage may be what failed
-                trials.fail_running(study, f"the study stopped: {error}", owner)
+                trials.fail_running(study, f"the study stopped: {error}", owner, retries)
             raise
         except pipeline.StageFailedError as error:
-            trials.fail_running(study, f"stage {error.stage} died: {error.detail[-2000:]}", owner)
+            cause = f"stage {error.stage} died: {error.detail[-2000:]}"
+            if not trials.fail_running(study, cause, owner, retries):
+                continue  # its trial ended failed (retried enough): the study goes on
             restarts += 1
             if restarts > settings.study.max_restarts:
                 raise

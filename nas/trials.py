@@ -84,7 +84,7 @@ def open_study(settings: NasSettings) -> optuna.Study:
     warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used")
     study = optuna.create_study(
         study_name=settings.study.name,
-        storage=storage.make_storage(settings.storage_url),
+        storage=storage.make_storage(settings.storage_url, max_retries=settings.study.max_retries),
         load_if_exists=True,
         directions=settings.study.directions,  # type: ignore[arg-type]
         sampler=_sampler(settings),
@@ -208,20 +208,31 @@ def remaining(study: optuna.Study, n_trials: int) -> int:
     return max(0, n_trials - finished(study))
 
 
-def fail_running(study: optuna.Study, cause: str, owner: str | None = None) -> None:
+def fail_running(
+    study: optuna.Study,
+    cause: str,
+    owner: str | None = None,
+    max_retries: int = storage.MAX_RETRIES,
+) -> int:
     """Fail the RUNNING trials asked by `owner` (its stage processes died), or with no
-    owner given, those whose owner is gone (`nas.storage`), and enqueue them again."""
+    owner given, those whose owner is gone (`nas.storage`), and enqueue each again unless
+    its architecture reached `max_retries` retries (`storage.retry`); returns how many were
+    enqueued again."""
     storage.fail_stale(study)
+    retried = 0
     for trial in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
         asked_by = trial.user_attrs.get(OWNER)
         orphaned = asked_by == owner if owner else not storage.owner_alive(asked_by)
         if not orphaned:
             continue
+        last = int(trial.user_attrs.get(storage.ATTEMPT, 0)) >= max_retries
+        reason = f"{cause} (retried {max_retries} times: not again)" if last else cause
         try:
-            StudyRecords(study).fail(trial, {"fail_reason": cause, INTERRUPTED: True})
+            StudyRecords(study).fail(trial, {"fail_reason": reason, INTERRUPTED: True})
         except optuna.exceptions.UpdateFinishedTrialError:  # its worker finished it meanwhile
             continue
-        study.enqueue_trial(trial.params, user_attrs={"retry_of": trial.number})
+        retried += storage.retry(study, trial, max_retries)
+    return retried
 
 
 def trials_table(study: optuna.Study) -> list[dict[str, Any]]:

@@ -1,4 +1,5 @@
-"""Parts that fail on purpose, for the fault tests: a tracker and a sampler with a bug.
+"""Parts that fail on purpose, for the fault tests: a tracker and a sampler with a bug, and
+a task that kills its stage process.
 
 They are named by import path in a study's settings (`tracker.name=tests.nas.harness.
 faulty:FailingTracker`), as a user names their own parts, so the stage processes import them
@@ -7,17 +8,22 @@ the same way. Each fails at one chosen point and works everywhere else.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import os
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import optuna
+import torch
 from optuna.distributions import BaseDistribution
 from optuna.samplers import RandomSampler
 
+from nas.tasks import CharLM
 from nas.tracking import JsonlTracker, Metrics
 
 TRACKER = "tests.nas.harness.faulty:FailingTracker"
 SAMPLER = "tests.nas.harness.faulty:FailingSampler"
+DYING_TASK = "tests.nas.harness.faulty:DyingCharLM"
 
 
 class TrackerBug(RuntimeError):
@@ -72,6 +78,27 @@ class FailingSampler(RandomSampler):
         if self.where == "sample" and trial.number == self.fail_trial:
             raise SamplerBug(f"sample_independent failed for {name} of trial {trial.number}")
         return super().sample_independent(study, trial, name, distribution)
+
+
+class DyingCharLM(CharLM):
+    """The character language model whose rank 0 process dies (`os._exit`) when a trial
+    starts training, the first `deaths` times of all (counted by files in `marker_dir`):
+    every trial until then kills its worker, as an architecture too big for the machine
+    would."""
+
+    def __init__(self, *, marker_dir: str, deaths: int = 3, seq_len: int = 64) -> None:
+        super().__init__(seq_len=seq_len)
+        self.marker_dir, self.deaths = Path(marker_dir), deaths
+
+    def batches(
+        self, split: str, batch_size: int, *, seed: int = 0, epoch: int = 0
+    ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        rank0 = torch.distributed.is_initialized() and torch.distributed.get_rank() == 0
+        died = len(list(self.marker_dir.glob("death-*")))
+        if split == "train" and epoch == 0 and rank0 and died < self.deaths:
+            (self.marker_dir / f"death-{died}").touch()
+            os._exit(3)
+        return super().batches(split, batch_size, seed=seed, epoch=epoch)
 
 
 def summaries(records: Sequence[Mapping[str, Any]]) -> dict[int, str]:

@@ -17,7 +17,7 @@ import pytest
 from nas import storage
 from nas.errors import HeartbeatError
 from nas.trials import INTERRUPTED, OWNER, counted, fail_running
-from tests.nas.harness.common import locked
+from tests.nas.harness.common import composed, locked
 
 pytestmark = pytest.mark.filterwarnings("ignore:Heartbeat of storage")
 
@@ -128,3 +128,28 @@ def test_a_write_waits_for_a_lock_shorter_than_the_busy_timeout(tmp_path: Path) 
     with locked(path, release_after_s=6.0):
         study.tell(trial, 0.5)  # waits for the lock instead of raising after 5 s
     assert study.get_trials()[0].state == optuna.trial.TrialState.COMPLETE
+
+
+def test_a_trial_is_asked_again_at_most_max_retries_times(tmp_path: Path) -> None:
+    study = _study(f"sqlite:///{tmp_path / 's.db'}", max_retries=2)
+    space: dict[str, optuna.distributions.BaseDistribution] = {
+        "x": optuna.distributions.FloatDistribution(0, 1)
+    }
+    first = study.ask(space)
+    first.set_user_attr(OWNER, "me:7")
+    attempts = []
+    for _ in range(4):  # the worker dies on this architecture every time
+        assert fail_running(study, "stage 1 died", owner="me:7", max_retries=2) in (0, 1)
+        again = [t for t in study.get_trials() if t.state == optuna.trial.TrialState.WAITING]
+        if not again:
+            break
+        trial = study.ask(space)  # the retry: same parameters, its attempt number
+        trial.set_user_attr(OWNER, "me:7")
+        attempts.append(trial.user_attrs[storage.ATTEMPT])
+        assert trial.params == first.params
+    assert attempts == [1, 2]  # then no third retry
+    last = study.get_trials()[-1]
+    assert last.state == optuna.trial.TrialState.FAIL
+    assert last.user_attrs["fail_reason"] == "stage 1 died (retried 2 times: not again)"
+    with pytest.raises(ValueError, match=r"study.max_retries=-1 is not valid"):
+        composed("study.max_retries=-1")
