@@ -90,6 +90,10 @@ def open_study(settings: NasSettings) -> optuna.Study:
         sampler=_sampler(settings),
         pruner=make_pruner(settings.pruner.name, **pruner_options(settings)),
     )
+    if study.metric_names is None:  # the dashboard and `trials_dataframe` show them
+        with warnings.catch_warnings():  # "experimental" in Optuna 5
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            study.set_metric_names(list(settings.study.objectives))
     if settings.study.enqueue_seeds and not study.trials:
         primitives = space_primitives(settings)
         for arch in seed_architectures(settings).values():

@@ -44,7 +44,9 @@ def test_an_architecture_that_kills_its_worker_ends_failed_after_two_retries(
     result = run_study(settings)  # three deaths, then a trial that trains
     assert result.finished == 1
     assert result.restarts == 2  # the third death retried nothing: it did not count
-    trials = optuna.load_study(study_name="dies", storage=make_storage(settings.storage_url)).trials
+    study = optuna.load_study(study_name="dies", storage=make_storage(settings.storage_url))
+    assert study.metric_names == ["validation_loss"]  # what optuna-dashboard shows
+    trials = study.trials
     dead = [t for t in trials if t.state == FAIL]
     assert [t.user_attrs.get(ATTEMPT, 0) for t in dead] == [0, 1, 2]
     assert all(t.params == dead[0].params for t in dead)  # the same architecture each time
