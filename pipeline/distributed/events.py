@@ -23,7 +23,10 @@ Kinds, and what `details` holds for each:
     error        something failed; logged by the runtime's error handling
 
 `EventLog` is the facade's part that keeps them: `record(kind, **details)` stamps an event
-with the model's generation and step (read from the facade when it happens).
+with the model's generation and step (read from the facade when it happens), and logs it on
+the `pipeline.distributed.events` logger: plans, schedules and migrations at INFO, faults
+(error, rollback) at WARNING, the rest at DEBUG (`logging.getLogger("pipeline")` turns them
+up or down).
 
 This module imports nothing from torch, so tests and loggers can use it on their own.
 """
@@ -31,6 +34,7 @@ This module imports nothing from torch, so tests and loggers can use it on their
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -52,6 +56,17 @@ EventKind = Literal[
     "error",
 ]
 EVENT_KINDS: tuple[EventKind, ...] = get_args(EventKind)
+
+logger = logging.getLogger(__name__)
+_LEVELS: dict[EventKind, int] = {
+    "schedule": logging.INFO,
+    "build": logging.INFO,
+    "migration": logging.INFO,
+    "replan": logging.INFO,
+    "reconfigure": logging.INFO,
+    "rollback": logging.WARNING,
+    "error": logging.WARNING,
+}
 
 
 def plain(value: Any) -> Any:
@@ -137,4 +152,7 @@ class EventLog:
         generation, step = self._now()
         event = PipelineEvent(generation, step, kind, details)
         self._events.append(event)
+        level = _LEVELS.get(kind, logging.DEBUG)
+        if logger.isEnabledFor(level):
+            logger.log(level, "model %d step %d: %s %s", generation, step, kind, plain(details))
         return event

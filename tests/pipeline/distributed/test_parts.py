@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import functools
+import logging
 
 import pytest
 import torch
@@ -43,6 +44,23 @@ def test_events_are_stamped_with_the_pipeline_generation_and_step() -> None:
         (1, 7, "trigger"),
     ]
     assert event.details == {"reason": "drift"}
+
+
+def test_events_go_to_the_logger_at_their_level(caplog: pytest.LogCaptureFixture) -> None:
+    log = EventLog(lambda: (2, 5))
+    with caplog.at_level(logging.DEBUG, logger="pipeline"):
+        log.record("migration", moved=[("l1", 0, 1)])
+        log.record("error", error="boom")
+        log.record("inherit", layers=3)
+    assert [(r.levelno, r.getMessage()) for r in caplog.records] == [
+        (logging.INFO, "model 2 step 5: migration {'moved': [['l1', 0, 1]]}"),
+        (logging.WARNING, "model 2 step 5: error {'error': 'boom'}"),
+        (logging.DEBUG, "model 2 step 5: inherit {'layers': 3}"),
+    ]
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="pipeline"):  # an operator turns it down
+        log.record("build", sizes=[2, 2])
+    assert not caplog.records
 
 
 def test_a_recipe_changes_as_one_value() -> None:
