@@ -70,6 +70,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import optuna
 from common import experiment_settings
+from scipy.stats import kendalltau
 
 from nas.paired import REFERENCE
 from nas.retrain import (
@@ -387,9 +388,30 @@ def _read(
         ),
         "best": best,
         "curve": curve,
+        "rank_by_step": _rank_by_step(done, settings.train.steps),
         "storage": settings.storage_url,
         "study_name": study.study_name,
     }
+
+
+def _rank_by_step(trials: Sequence[optuna.trial.FrozenTrial], top: int) -> dict[str, Any]:
+    """How the study's own full-budget trials rank at each evaluation step against the top:
+    Kendall tau of the fitness at step k with the fitness at `top` (k = 100 and 300 are the
+    PDH rungs), over the trials that reached the top."""
+    complete = [
+        t
+        for t in trials
+        if t.state == optuna.trial.TrialState.COMPLETE and top in t.intermediate_values
+    ]
+    if len(complete) < 3:
+        return {"trials": len(complete)}
+    final = [t.intermediate_values[top] for t in complete]
+    steps = sorted(set.intersection(*(set(t.intermediate_values) for t in complete)) - {top})
+    taus = {}
+    for k in steps:
+        tau, p = kendalltau([t.intermediate_values[k] for t in complete], final)
+        taus[str(k)] = {"tau": float(tau), "p": float(p)}
+    return {"trials": len(complete), "top": top, "kendall_tau": taus}
 
 
 def _summary(runs: dict[str, dict[str, Any]], variants: list[str], seeds: int) -> dict[str, Any]:
