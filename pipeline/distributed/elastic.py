@@ -133,7 +133,16 @@ class ElasticPipeline(ModelViews):
     ) -> None:
         if moved:
             raise moved_argument_error(list(moved))
-        planning = PlanOptions() if planning is None else planning
+        self.options = PipelineOptions(
+            n_microbatches=n_microbatches,
+            on_nonfinite=on_nonfinite,
+            pipemare=check_pipemare(
+                schedule.lower() if isinstance(schedule, str) else None, pipemare, n_microbatches
+            ),
+            planning=PlanOptions() if planning is None else planning,
+            elastic=ElasticOptions() if elastic is None else elastic,
+        )
+        planning = self.options.planning
         self.comm = Comm()
         self.rank = self.comm.rank
         self.auto_schedule = isinstance(schedule, str) and schedule.lower() == "auto"
@@ -144,15 +153,6 @@ class ElasticPipeline(ModelViews):
                     f"needs partition='auto', got {planning.partition!r}"
                 )
             schedule = "1f1b"  # until the first step chooses (`build.plan_first`)
-        self.options = PipelineOptions(
-            n_microbatches=n_microbatches,
-            on_nonfinite=on_nonfinite,
-            pipemare=check_pipemare(
-                schedule.lower() if isinstance(schedule, str) else None, pipemare, n_microbatches
-            ),
-            planning=planning,
-            elastic=ElasticOptions() if elastic is None else elastic,
-        )
         if not callable(loss_fn):
             raise TypeError(f"loss_fn must be callable, got {type(loss_fn).__name__}")
         self._set_schedule(schedule)

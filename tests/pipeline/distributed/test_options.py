@@ -103,3 +103,13 @@ def test_an_old_keyword_names_its_new_place(old: dict[str, Any], new: str) -> No
             loss_fn=F.mse_loss,
             **old,
         )
+
+
+def test_a_group_given_as_a_dict_is_refused_before_any_process_talks() -> None:
+    with pytest.raises(TypeError, match="planning must be a PlanOptions, got"):
+        ElasticPipeline(
+            [],
+            optimizer=functools.partial(torch.optim.SGD, lr=0.1),
+            loss_fn=F.mse_loss,
+            planning={"partition": [2, 2]},  # type: ignore[arg-type]
+        )
