@@ -49,6 +49,7 @@ __all__ = [
     "fail_stale",
     "make_storage",
     "owner_alive",
+    "retried_enough",
     "retry",
     "this_owner",
 ]
@@ -152,11 +153,16 @@ def retry(study: optuna.Study, trial: optuna.trial.FrozenTrial, max_retries: int
     """Enqueue `trial`'s parameters again, unless it is its architecture's attempt number
     `max_retries` + 1 already; True if enqueued. The retry carries `retry_of` (the trial it
     repeats) and `attempt` (1 for the first retry)."""
-    attempt = int(trial.user_attrs.get(ATTEMPT, 0))
-    if attempt >= max_retries:
+    if retried_enough(trial, max_retries):
         return False
-    study.enqueue_trial(trial.params, user_attrs={"retry_of": trial.number, ATTEMPT: attempt + 1})
+    attempt = int(trial.user_attrs.get(ATTEMPT, 0)) + 1
+    study.enqueue_trial(trial.params, user_attrs={"retry_of": trial.number, ATTEMPT: attempt})
     return True
+
+
+def retried_enough(trial: optuna.trial.FrozenTrial, max_retries: int) -> bool:
+    """Whether `trial` is its architecture's last allowed attempt (`retry` asks no more)."""
+    return int(trial.user_attrs.get(ATTEMPT, 0)) >= max_retries
 
 
 def this_owner() -> str:

@@ -229,7 +229,7 @@ def fail_running(
         orphaned = asked_by == owner if owner else not storage.owner_alive(asked_by)
         if not orphaned:
             continue
-        last = int(trial.user_attrs.get(storage.ATTEMPT, 0)) >= max_retries
+        last = storage.retried_enough(trial, max_retries)
         reason = f"{cause} (retried {max_retries} times: not again)" if last else cause
         try:
             StudyRecords(study).fail(trial, {"fail_reason": reason, INTERRUPTED: True})

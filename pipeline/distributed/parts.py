@@ -10,7 +10,7 @@ its model, recipe, link or stream in flight.
     ─────────────────────  ────────────────────  ──────────────────────────────────────────
     (shared)               PipelineCore          model, runner, options, plan_age, event_log
     steps (train_step)     SteppedPipeline       drain, plan_from
-    stream (2BW, PipeMare) StreamedPipeline      + comm; hands its segment to `hold_stream`
+    stream (2BW, PipeMare) StreamedPipeline      + comm, plan_for, hold_stream (its segment)
     build (plan, build)    BuiltPipeline         comm, schedule, recipe, planner, device
     elasticity             ElasticPipelineParts  + placement, triggers, link, rebalance...
     report (stats)         ReportedPipeline      (alone) model, comm, schedule, generation
@@ -86,6 +86,9 @@ class StreamedPipeline(SteppedPipeline, Protocol):
     def comm(self) -> Comm: ...
     @property
     def active_stream(self) -> ActiveStream | None: ...
+
+    def plan_for(self, x: Any) -> None:
+        """Plan and build from a batch input, unless built already."""
 
     def hold_stream(self, segment: ActiveStream | None) -> None:
         """Make `segment` the stream in flight (None: none is)."""

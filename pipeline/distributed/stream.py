@@ -100,7 +100,7 @@ def train(pipe: StreamedPipeline, batches: Iterable[tuple[Any, Any]]) -> Iterato
             carried = next(source, None)
             if carried is None:
                 return
-        pipe.plan_from(split_microbatches(carried[0], pipe.options.n_microbatches, "x")[0])
+        pipe.plan_for(carried[0])
         segment = Segment(pipe, source, carried)
         pipe.hold_stream(segment)
         while (loss := segment.next_loss()) is not None:
