@@ -3,7 +3,7 @@
 1. Planning time (median of --repeats runs) of the time planner and the memory planner
    (CAPSlog) for 1,000 and 10,000 layers on 8 and 64 stages, 1F1B, 8 micro-batches, with a
    per-stage memory budget that binds (the time planner must recompute to meet it).
-   Target (DESIGN.md section 6): 10,000 layers x 64 stages in < 1 s.
+   Target (docs/design.md, section 6): 10,000 layers x 64 stages in < 1 s.
 2. Heterogeneous Transformer variants (attention with 4-16 heads, FFNs 1-8x wide, GLUs,
    separable convolutions; encoder and decoder cells, as an Evolved-Transformer-style search
    produces them), generated deterministically: the time planner's predicted bottleneck and

@@ -203,7 +203,7 @@ def _specs(
     ]
 
 
-def compile(  # the name DESIGN.md uses; unrelated to torch.compile
+def compile(  # the name docs/design.md uses; unrelated to torch.compile
     arch: Architecture,
     vocab_size: int,
     *,

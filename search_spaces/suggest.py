@@ -1,7 +1,7 @@
 """Where an architecture's choices come from: an Optuna trial, a fixed dict, or a seeded RNG.
 
 Search spaces are written define-by-run against `Suggest`, the two methods of
-`optuna.Trial` they use, so this package never imports optuna (DESIGN.md section 2). The
+`optuna.Trial` they use, so this package never imports optuna (docs/design.md, section 2). The
 same `sample` function then serves three callers:
 
 * the NAS harness passes an `optuna.Trial` (it satisfies `Suggest` structurally);

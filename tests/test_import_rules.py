@@ -1,4 +1,4 @@
-"""The direction of imports (DESIGN.md section 2), with the rules read from pyproject.toml.
+"""The direction of imports (docs/design.md, section 2), with the rules read from pyproject.toml.
 
 `pipeline` imports only torch and numpy; `search_spaces` never imports optuna or hydra;
 Hydra/omegaconf live only in the CLI and config modules of `nas`, wandb only in its tracker.

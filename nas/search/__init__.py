@@ -3,7 +3,7 @@ when a candidate's training stops early (pruners), behind two name-based factori
 
 Optuna brings the study loop, the storages and most strategies (TPE, NSGA-II, random, GP,
 the median and successive-halving pruners). What the Evolved Transformer's search adds and
-Optuna lacks lives here (DESIGN.md section 5): regularized evolution as a sampler
+Optuna lacks lives here (docs/design.md, section 5): regularized evolution as a sampler
 (`RegularizedEvolutionSampler`) and Progressive Dynamic Hurdles as a pruner
 (`ProgressiveDynamicHurdles`). The config names a strategy (`sampler=evolution`,
 `pruner=pdh`); `make_sampler` and `make_pruner` turn the name and its options into the

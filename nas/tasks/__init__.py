@@ -1,4 +1,4 @@
-"""Tasks with real data that ships offline (DESIGN.md section 5), behind one `get_task`.
+"""Tasks with real data that ships offline (docs/design.md, section 5), behind one `get_task`.
 
 Each task gives the harness a `Vocab`, batches identical on every pipeline rank, a loss
 function for the pipeline, metrics, and a unigram baseline a model must beat.

@@ -1,6 +1,6 @@
 """A character language model on Python's own documentation (`pydoc_data.topics`).
 
-DESIGN.md section 5 wants a decoder-only task with real data that ships offline; the
+docs/design.md, section 5, wants a decoder-only task with real data that ships offline; the
 standard library's help topics (79 of them, 465k characters) are the text `task=charlm`
 trains on. `CharLanguageModel` is the task for any text split three ways;
 `textfile.py` reuses it for the user's own file.

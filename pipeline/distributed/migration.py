@@ -32,7 +32,7 @@ migrates whole layers as above, then sets the new cut (its own argument, or the 
 and the next step starts by giving the new replicas their owners' weights, so it computes
 exactly what it would have computed with that cut from the start.
 
-The protocol (numbered as in DESIGN.md, section 3). Each phase that runs local work ends
+The protocol (numbered as in docs/design.md, section 3). Each phase that runs local work ends
 with a vote (an all_reduce of "failed here?"); a failed vote raises `MigrationError` on
 every rank, naming the phase and each failing stage's cause, and leaves the old plan:
 

@@ -28,7 +28,7 @@ T2, discrepancy correction: the backward uses weights extrapolated back toward t
 What was checked against what. The paper's section 3 could not be read from here: its arXiv
 and MLSys pages, mirrors and summaries give the abstract and the two techniques' names
 (learning-rate rescheduling, discrepancy correction) but not the formulas, and no public
-implementation was found. So the formulas are `REFERENCE.md`'s restatement of section 3,
+implementation was found. So the formulas are docs/algorithms.md's restatement of section 3,
 which this module implements exactly (`tests/pipeline/local/test_pipemare.py` pins each).
 Checked by measurement instead, on the character LM of `benchmarks/pipemare.py` (8 stages):
 the lags are those 1F1B produces (the reference on one stage equals synchronous training

@@ -1,6 +1,6 @@
 """Layers whose backward another stage can run, exactly: what Bi-Partition's cut needs.
 
-Bi-Partition (REFERENCE.md) cuts the forward and the backward at different places: the
+Bi-Partition (docs/algorithms.md) cuts the forward and the backward at different places: the
 last k layers of stage s run their forward on s and their backward on s + 1, which moves
 about two thirds of their cost (B ~ 2F) across the boundary instead of all of it, so the
 stages even out where whole layers cannot. An autograd graph cannot cross processes, and
