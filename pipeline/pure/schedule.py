@@ -99,7 +99,7 @@ from pipeline.pure.interleaved import interleaved_1f1b
 from pipeline.pure.multi_stage import check_ranks, lower_ranks
 from pipeline.pure.pipemare import pipemare
 from pipeline.pure.placement import Placement
-from pipeline.pure.schedule_spec import ScheduleSpec
+from pipeline.pure.schedule_spec import ScheduleSpec, resolve_schedule_name
 from pipeline.pure.two_bw import pipedream_2bw
 from pipeline.pure.wire_order import check_order
 from pipeline.pure.zero_bubble import zbh1, zbv
@@ -194,14 +194,10 @@ def register_schedule(spec: ScheduleSpec, *, replace: bool = False) -> ScheduleS
 
 
 def get_schedule(name: str, stages_per_rank: int | None = None) -> ScheduleSpec:
-    """The schedule registered as `name`; with `stages_per_rank`, its variant with that many
+    """The schedule registered as `name` (or a torch.distributed.pipelining name it is an
+    alias of, `resolve_schedule_name`); with `stages_per_rank`, its variant with that many
     stages per rank (`interleaved_1f1b` takes any v >= 1, `zbv` 2, the others 1)."""
-    try:
-        spec = SCHEDULES[name.lower()]
-    except (KeyError, AttributeError):
-        raise ValueError(
-            f"unknown schedule {name!r}; valid schedules: {sorted(SCHEDULES)}"
-        ) from None
+    spec = SCHEDULES[resolve_schedule_name(name, SCHEDULES)]
     return spec.with_stages_per_rank(stages_per_rank)
 
 

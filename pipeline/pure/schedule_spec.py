@@ -15,17 +15,33 @@ returns the compute list. `pipeline.pure.schedule` keeps the registry (`SCHEDULE
 runtime read; `spec_of` turns a name, a spec or a plain function (a flushed schedule with one
 stage per rank) into a spec. A user's schedule registered with a spec validates, simulates,
 plans and runs like a built-in one.
+
+`torch.distributed.pipelining`'s schedule names are aliases of ours (`TORCH_SCHEDULE_ALIASES`:
+"Schedule1F1B" or torch's short "1F1B" is "1f1b", "ScheduleInterleaved1F1B" is
+"interleaved_1f1b", ...), resolved by `resolve_schedule_name` when a name is looked up
+(`get_schedule`, `spec_of`, `ElasticPipeline(schedule=...)`). They live in their own table,
+not in the registry, so whatever lists the schedules (`schedule="auto"`'s candidates, the
+harness's valid values) lists each once; the torch schedules we have no equivalent of
+(`TORCH_SCHEDULES_WITHOUT_EQUIVALENT`) raise an error naming our closest. Names only: this
+package does not import `torch.distributed`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any, Literal
 
 from pipeline.pure.actions import Action
 
-__all__ = ["PlacementKind", "ScheduleSpec"]
+__all__ = [
+    "TORCH_SCHEDULES_WITHOUT_EQUIVALENT",
+    "TORCH_SCHEDULE_ALIASES",
+    "PlacementKind",
+    "ScheduleSpec",
+    "resolve_schedule_name",
+]
 
 PlacementKind = Literal["loop", "v"]  # `pipeline.pure.placement`
 
@@ -90,3 +106,64 @@ class ScheduleSpec:
 
     def __repr__(self) -> str:
         return f"ScheduleSpec({self.name!r})"
+
+
+# torch.distributed.pipelining's schedule classes -> our registered name. torch's short names
+# (`get_schedule_class`: "1F1B", "Interleaved1F1B", ...) are the class names less "Schedule".
+TORCH_SCHEDULE_ALIASES: Mapping[str, str] = MappingProxyType(
+    {
+        "Schedule1F1B": "1f1b",
+        "ScheduleGPipe": "gpipe",
+        "ScheduleInterleaved1F1B": "interleaved_1f1b",
+        "ScheduleZBVZeroBubble": "zbv",
+    }
+)
+# torch schedules without an equivalent here -> our closest schedules
+TORCH_SCHEDULES_WITHOUT_EQUIVALENT: Mapping[str, tuple[str, ...]] = MappingProxyType(
+    {
+        "ScheduleInterleavedZeroBubble": ("zbv", "zbh1", "interleaved_1f1b"),
+        "ScheduleLoopedBFS": ("interleaved_1f1b", "gpipe"),
+        "ScheduleDualPipeV": ("zbv",),
+    }
+)
+
+
+def _spellings(torch_name: str) -> tuple[str, str]:
+    """A torch schedule's class name and short name, in lower case (lookups ignore case)."""
+    return torch_name.lower(), torch_name.removeprefix("Schedule").lower()
+
+
+_ALIASES: dict[str, str] = {
+    spelling: ours
+    for torch_name, ours in TORCH_SCHEDULE_ALIASES.items()
+    for spelling in _spellings(torch_name)
+}
+_NO_EQUIVALENT: dict[str, str] = {
+    spelling: torch_name
+    for torch_name in TORCH_SCHEDULES_WITHOUT_EQUIVALENT
+    for spelling in _spellings(torch_name)
+}
+
+
+def resolve_schedule_name(name: object, registered: Collection[str]) -> str:
+    """The registered name that `name` stands for: itself in lower case, or what a
+    `torch.distributed.pipelining` schedule name is an alias of (any case; a registered name
+    wins). Raises ValueError naming the valid names, and for a torch schedule without an
+    equivalent, our closest."""
+    lowered = name.lower() if isinstance(name, str) else ""
+    if lowered in registered:
+        return lowered
+    if lowered in _ALIASES:
+        return _ALIASES[lowered]
+    valid = (
+        f"valid schedules: {sorted(registered)}, or the torch.distributed.pipelining names "
+        + ", ".join(f"{torch} ({ours})" for torch, ours in TORCH_SCHEDULE_ALIASES.items())
+    )
+    if lowered in _NO_EQUIVALENT:
+        torch_name = _NO_EQUIVALENT[lowered]
+        closest = ", ".join(TORCH_SCHEDULES_WITHOUT_EQUIVALENT[torch_name])
+        raise ValueError(
+            f"schedule {name!r}: torch.distributed.pipelining's {torch_name} has no "
+            f"equivalent here; closest: {closest}; {valid}"
+        )
+    raise ValueError(f"unknown schedule {name!r}; {valid}")

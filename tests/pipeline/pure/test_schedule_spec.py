@@ -1,4 +1,5 @@
-"""A schedule's spec: checked where it is made, registered by name, read by every part."""
+"""A schedule's spec: checked where it is made, registered by name, read by every part;
+torch.distributed.pipelining's schedule names resolve to ours without being listed."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from pipeline.pure.schedule import (
     spec_of,
     validate,
 )
+from pipeline.pure.schedule_spec import TORCH_SCHEDULE_ALIASES, TORCH_SCHEDULES_WITHOUT_EQUIVALENT
 from pipeline.pure.simulate import StageCost, simulate
 
 
@@ -85,3 +87,77 @@ def test_registering_takes_only_specs() -> None:
         register_schedule(_gpipe_backwards_reversed)  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="a schedule is a registered name, a ScheduleSpec"):
         spec_of(3)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    "torch_name,ours",
+    [
+        ("Schedule1F1B", "1f1b"),
+        ("ScheduleGPipe", "gpipe"),
+        ("ScheduleInterleaved1F1B", "interleaved_1f1b"),
+        ("ScheduleZBVZeroBubble", "zbv"),
+        ("Interleaved1F1B", "interleaved_1f1b"),  # torch's short names (get_schedule_class)
+        ("zbvzerobubble", "zbv"),  # any case
+        ("GPipe", "gpipe"),
+    ],
+)
+def test_torch_schedule_names_are_aliases_of_ours(torch_name: str, ours: str) -> None:
+    assert get_schedule(torch_name) is SCHEDULES[ours] is spec_of(torch_name)
+    assert TORCH_SCHEDULE_ALIASES.get(torch_name, ours) == ours
+
+
+def test_an_alias_takes_stages_per_rank_and_runs_like_its_schedule() -> None:
+    three = get_schedule("ScheduleInterleaved1F1B", stages_per_rank=3)
+    assert three.name == "interleaved_1f1b" and three.stages_per_rank == 3
+    assert placement_of("ScheduleZBVZeroBubble", 2) == placement_of("zbv", 2)
+    validate("Schedule1F1B", 3, 4)
+    assert simulate("ScheduleGPipe", [StageCost(1.0, 2.0)] * 2, 3).schedule == "gpipe"
+
+
+def test_aliases_are_not_listed_as_schedules() -> None:
+    assert sorted(SCHEDULES) == [
+        "1f1b",
+        "2bw",
+        "gpipe",
+        "interleaved_1f1b",
+        "pipemare",
+        "zbh1",
+        "zbv",
+    ]
+    assert not set(SCHEDULES) & {name.lower() for name in TORCH_SCHEDULE_ALIASES}
+
+
+def test_a_registered_name_wins_over_an_alias() -> None:
+    mine = register_schedule(ScheduleSpec("schedulegpipe", _gpipe_backwards_reversed))
+    try:
+        assert get_schedule("ScheduleGPipe") is mine
+    finally:
+        SCHEDULES.pop("schedulegpipe")
+    assert get_schedule("ScheduleGPipe") is SCHEDULES["gpipe"]
+
+
+@pytest.mark.parametrize(
+    "torch_name,closest",
+    [
+        ("ScheduleInterleavedZeroBubble", "zbv, zbh1, interleaved_1f1b"),
+        ("LoopedBFS", "interleaved_1f1b, gpipe"),
+        ("ScheduleDualPipeV", "zbv"),
+    ],
+)
+def test_a_torch_schedule_without_an_equivalent_names_our_closest(
+    torch_name: str, closest: str
+) -> None:
+    assert torch_name.removeprefix("Schedule") in str(TORCH_SCHEDULES_WITHOUT_EQUIVALENT)
+    with pytest.raises(ValueError, match=rf"pipelining's \w*{torch_name}.*closest: {closest};"):
+        get_schedule(torch_name)
+
+
+def test_an_unknown_name_lists_ours_and_the_aliases() -> None:
+    with pytest.raises(
+        ValueError,
+        match=r"unknown schedule 'Schedule2BW'; valid schedules: \['1f1b', .*'zbv'\], or the "
+        r"torch.distributed.pipelining names Schedule1F1B \(1f1b\), ScheduleGPipe \(gpipe\)",
+    ):
+        spec_of("Schedule2BW")
+    with pytest.raises(ValueError, match="unknown schedule None"):
+        get_schedule(None)  # type: ignore[arg-type]
