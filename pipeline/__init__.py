@@ -27,7 +27,12 @@ from pipeline.distributed.elastic import ElasticPipeline
 from pipeline.distributed.events import PipelineEvent
 from pipeline.distributed.launch import StageContext, launch, lead_process, under_torchrun
 from pipeline.distributed.migration import MigrationRecord, WeightSnapshot
-from pipeline.distributed.options import ElasticOptions, PipelineOptions, PlanOptions
+from pipeline.distributed.options import (
+    CheckpointOptions,
+    ElasticOptions,
+    PipelineOptions,
+    PlanOptions,
+)
 from pipeline.distributed.report import PipelineStats, StageStats
 from pipeline.errors import (
     MigrationError,
@@ -39,7 +44,9 @@ from pipeline.errors import (
 from pipeline.local.profiler import CostCache
 from pipeline.local.reference import ReferenceTrainer
 from pipeline.local.separable import separable
+from pipeline.local.sequential import partition_from_split_points, specs_from_sequential
 from pipeline.local.spec import LayerSpec
+from pipeline.pure.checkpoint_format import CheckpointError
 from pipeline.pure.costs import LayerCost
 from pipeline.pure.planner import InfeasibleBudgetError, Plan, Planner
 from pipeline.pure.schedule import (
@@ -55,6 +62,8 @@ from pipeline.pure.schedule import (
 __all__ = [
     "SCHEDULES",
     "Action",
+    "CheckpointError",
+    "CheckpointOptions",
     "CostCache",
     "ElasticOptions",
     "ElasticPipeline",
@@ -83,7 +92,9 @@ __all__ = [
     "get_schedule",
     "launch",
     "lead_process",
+    "partition_from_split_points",
     "register_schedule",
     "separable",
+    "specs_from_sequential",
     "under_torchrun",
 ]

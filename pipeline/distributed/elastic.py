@@ -19,14 +19,16 @@ budget) re-plans from measured costs and migrates live (`pipeline.distributed.mi
 flush (`pipeline.distributed.stream`); any other call first drains a stream in flight.
 
 Methods that gather (`train`, `train_step`, `repartition`, `rebalance`, `reconfigure`, `stats`,
-`full_state_dict`, `save_timeline`) are collectives: call them on every rank in order.
+`full_state_dict`, `save_timeline`, `save_checkpoint`) are collectives: call them on every
+rank in order.
 
 This module is the facade: it composes the parts and documents the methods. The work is
 done by the parts and by helper modules typed against `pipeline.distributed.parts`: `build`
 (planning and building a model), `steps` (a flushed `train_step`, `forward`), `stream`
 (2BW's `train`), `elasticity` (repartition, rebalance, reconfigure), `weights` (full state
-dict, snapshots, inheritance) and `report` (stats, pictures). The package docstring draws
-which part owns what.
+dict, snapshots, inheritance) and `report` (stats, pictures); the `checkpoints` part
+(`pipeline.distributed.checkpoint`) saves, resumes and keeps the per-layer lr schedules in
+step with the layers. The package docstring draws which part owns what.
 """
 
 from __future__ import annotations
@@ -39,13 +41,16 @@ import torch
 
 from pipeline.distributed import build, elasticity, report, steps, stream, weights
 from pipeline.distributed.agreement import measured_costs
+from pipeline.distributed.checkpoint import Checkpointer
 from pipeline.distributed.comm import Comm
 from pipeline.distributed.events import EventLog, PipelineEvent
 from pipeline.distributed.holder import ModelHolder
 from pipeline.distributed.migration import MigrationRecord, WeightSnapshot
 from pipeline.distributed.options import (
+    CheckpointOptions,
     ElasticOptions,
     NonFinitePolicy,
+    OptionViews,
     PipelineOptions,
     PlanOptions,
     moved_argument_error,
@@ -54,9 +59,9 @@ from pipeline.distributed.parts import ActiveStream
 from pipeline.distributed.runner import StepRunner
 from pipeline.distributed.triggers import PlanAge, ReplanTriggers
 from pipeline.distributed.views import ModelViews
+from pipeline.local.lr_schedules import LrSchedulerFactory
 from pipeline.local.microbatch import split_microbatches
 from pipeline.local.pipemare import PipeMareConfig, check_pipemare
-from pipeline.local.profiler import CostCache
 from pipeline.local.recipe import TrainingRecipe
 from pipeline.local.spec import LayerSpec, check_specs
 from pipeline.local.stage import LossFn, OptimizerFactory, Stage
@@ -74,7 +79,7 @@ from pipeline.pure.two_bw import check_2bw
 __all__ = ["ElasticPipeline"]
 
 
-class ElasticPipeline(ModelViews):
+class ElasticPipeline(ModelViews, OptionViews):
     """A model given as a list of `LayerSpec`s, trained pipeline-parallel over all ranks.
 
     Args:
@@ -106,6 +111,11 @@ class ElasticPipeline(ModelViews):
         pipemare: under schedule="pipemare", a `pipeline.local.pipemare.PipeMareConfig` (or
             a dict of its fields): T1 on/off and its warm-up updates, T2 on/off and its decay,
             update_every (must divide n_microbatches). Default: `PipeMareConfig()`.
+        lr_scheduler: `factory(optimizer) -> LRScheduler`, e.g. `lambda opt: StepLR(opt, 10)`:
+            every layer's lr follows it, stepped once per training step, across migrations
+            and checkpoints (`pipeline.local.lr_schedules`; not under "pipemare").
+        checkpoint: a `CheckpointOptions`: save every N steps into a directory (keeping the
+            last few), resume from a checkpoint of any partition, schedule or rank count.
 
     Keywords of earlier versions (`memory_budget=`, `rebalance_every=`, `stages_per_rank=`,
     ...) raise a `TypeError` that names the group they moved to.
@@ -129,6 +139,8 @@ class ElasticPipeline(ModelViews):
         device: torch.device | str | None = None,
         on_nonfinite: NonFinitePolicy = "raise",
         pipemare: PipeMareConfig | dict[str, Any] | None = None,
+        lr_scheduler: LrSchedulerFactory | None = None,
+        checkpoint: CheckpointOptions | None = None,
         **moved: Any,
     ) -> None:
         if moved:
@@ -141,6 +153,7 @@ class ElasticPipeline(ModelViews):
             ),
             planning=PlanOptions() if planning is None else planning,
             elastic=ElasticOptions() if elastic is None else elastic,
+            checkpoint=CheckpointOptions() if checkpoint is None else checkpoint,
         )
         planning = self.options.planning
         self.comm = Comm()
@@ -163,36 +176,15 @@ class ElasticPipeline(ModelViews):
         self.triggers = ReplanTriggers(self.options.elastic, planning.memory_budget)
         self.device = torch.device(device) if device is not None else self.comm.data_device
         self.recipe = TrainingRecipe.of(seed, optimizer, loss_fn)  # also checks the factory
+        self.checkpoints = Checkpointer.of(lr_scheduler, optimizer, self.pipemare)
         self.link = HOST_LINK  # as the last migration measured it (until then: a guess)
         self.generation = 0  # +1 per reconfigure: which model this is
         self.plan_age = PlanAge()  # when the plan in force began; memory measured then
         self.event_log = EventLog(lambda: (self.generation, self.model.step))  # builds...
         self._closed = False
         self.model = ModelHolder(check_specs(specs), planning.handoff)
-        build.setup(self, planning.partition)
-
-    # -- the options, each kept once (in `options`) --------------------------------------------
-    @property
-    def n_microbatches(self) -> int:
-        return self.options.n_microbatches
-
-    @property
-    def memory_budget(self) -> int | None:
-        return self.options.planning.memory_budget
-
-    @property
-    def profile(self) -> str:
-        return self.options.planning.profile
-
-    @property
-    def cost_cache(self) -> CostCache:
-        """Measured costs by layer signature (`PlanOptions.cost_cache`)."""
-        return self.options.planning.cost_cache
-
-    @property
-    def pipemare(self) -> PipeMareConfig | None:
-        """PipeMare's T1/T2 (None: another schedule)."""
-        return self.options.pipemare
+        build.setup(self, self.checkpoints.start(self, planning.partition))  # resume_from?
+        self.checkpoints.built(self)
 
     def adopt_schedule(self, schedule: ScheduleLike) -> None:
         """Run `schedule` from the next build: its placement, stage count, links and list.
@@ -230,7 +222,9 @@ class ElasticPipeline(ModelViews):
             for x, y in batches:
                 yield self.train_step(x, y)
             return
-        yield from stream.train(self, batches)
+        for loss in stream.train(self, batches):
+            self.checkpoints.stepped(self)  # CheckpointOptions.every
+            yield loss
 
     def drain(self) -> None:
         """Finish the `train` stream in flight, if any (its cool-down); every rank calls it."""
@@ -255,6 +249,7 @@ class ElasticPipeline(ModelViews):
         """partition="auto": plan and build from one micro-batch's input, unless built."""
         if not self.model.built:
             build.plan_first(self, example)
+            self.checkpoints.built(self)
 
     def train_step(self, x: Any, y: Any) -> float:
         """One optimizer step on the batch (x, y); returns the mean micro-batch loss."""
@@ -262,9 +257,11 @@ class ElasticPipeline(ModelViews):
             raise RuntimeError("this ElasticPipeline is closed")
         if self.schedule.stream:  # a stream of one step (after any stream in flight)
             self.drain()
-            return next(iter(list(stream.train(self, [(x, y)]))))
-        loss, measured = steps.train_step(self, x, y)
-        elasticity.maybe_rebalance(self, measured)
+            loss = next(iter(list(stream.train(self, [(x, y)]))))
+        else:
+            loss, measured = steps.train_step(self, x, y)
+            elasticity.maybe_rebalance(self, measured)
+        self.checkpoints.stepped(self)  # CheckpointOptions.every
         return loss
 
     def forward(self, x: Any) -> Any:
@@ -292,7 +289,12 @@ class ElasticPipeline(ModelViews):
         `handoff` Bi-Partition's cut for the new sizes (default: none). On failure the old
         partition stays in force and `pipeline.MigrationError` is raised on every rank.
         """
-        record = elasticity.repartition(self, sizes, actions, handoff)
+        self.drain()
+        self.checkpoints.moving(self)  # the layers' lr schedules travel with them
+        try:
+            record = elasticity.repartition(self, sizes, actions, handoff)
+        finally:
+            self.checkpoints.moved(self)
         if record.bytes_moved and record.pause_s > 0:  # the link as this move measured it
             self.link = LinkCost(record.bytes_moved / record.pause_s)
         return record
@@ -332,7 +334,9 @@ class ElasticPipeline(ModelViews):
         self.generation += 1
         self.model.close()  # free the old layers before building the new ones
         self.model = ModelHolder(new_specs, None)  # a Plan may carry a handoff
+        self.checkpoints.reset()
         build.setup(self, partition)
+        self.checkpoints.built(self)
         self.event_log.record("reconfigure", layers=[s.key for s in new_specs])
         if source is not None:
             self.model.expect_inheritance(source)
@@ -347,6 +351,17 @@ class ElasticPipeline(ModelViews):
             raise RuntimeError("nothing to snapshot before the first step builds the layers")
         self.drain()
         return weights.snapshot(self.model, copy=True)
+
+    def save_checkpoint(self, path: str | Path) -> Path:
+        """Write every layer's weights, optimizer and lr scheduler state (keyed by layer key),
+        the step, plan and cost cache to the folder `path` (a collective); returns it.
+
+        Atomic: a failure (`pipeline.CheckpointError` on every rank) leaves a checkpoint there
+        intact. `CheckpointOptions(resume_from=path)` resumes it under any partition, schedule
+        or number of ranks (`pipeline.distributed.checkpoint`)."""
+        if self._closed:
+            raise RuntimeError("this ElasticPipeline is closed")
+        return self.checkpoints.save(self, path)
 
     # -- inspection --------------------------------------------------------------------------
     def stats(self, last_steps: int = 20) -> report.PipelineStats:

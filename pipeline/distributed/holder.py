@@ -10,6 +10,7 @@ each named after the event that changes it:
     moved(record, sizes)          a committed migration: new sizes, plan version + 1
     replanned(plan)               a re-plan kept (or replaced) the plan in force
     stepped(samples, tokens, times)  a training step was applied on every rank
+    resume_at(step)               a checkpoint taken after `step` steps goes on (before a build)
     expect_inheritance(snapshot)  weights the next build takes (`take_inheritance` pops it)
     close()                       free the layers
 
@@ -140,6 +141,13 @@ class ModelHolder:
         """A training step was applied on every rank: count it and keep its times."""
         self._history.record(samples, tokens, times)
         self._step += 1
+
+    def resume_at(self, step: int) -> None:
+        """Count on from a checkpoint's `step` (`pipeline.distributed.checkpoint`), before
+        the layers are built and load its state."""
+        if self.built or self._step:
+            raise RuntimeError("a model resumes from a checkpoint before its first build and step")
+        self._step = step
 
     def expect_inheritance(self, snapshot: WeightSnapshot) -> None:
         self._inheritance = snapshot

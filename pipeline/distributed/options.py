@@ -3,6 +3,7 @@
     ElasticPipeline(specs, optimizer=..., loss_fn=..., schedule=..., n_microbatches=...,
                     planning=PlanOptions(...),     how the model is cut and what it keeps
                     elastic=ElasticOptions(...),   when it re-plans and migrates on its own
+                    checkpoint=CheckpointOptions(...),  when it saves, what it resumes from
                     ...)
 
 Each group is a frozen dataclass that validates its values in `__post_init__`, before any
@@ -13,8 +14,10 @@ A harness builds the groups from its own configuration (`dataclasses.replace` to
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Literal, get_args
 
 from pipeline.local.pipemare import PipeMareConfig
@@ -22,10 +25,13 @@ from pipeline.local.profiler import CostCache
 from pipeline.pure.planner import Plan, Planner
 
 __all__ = [
+    "LATEST",
     "NONFINITE_POLICIES",
     "PROFILE_SOURCES",
+    "CheckpointOptions",
     "ElasticOptions",
     "NonFinitePolicy",
+    "OptionViews",
     "PipelineOptions",
     "PlanOptions",
     "ProfileSource",
@@ -37,6 +43,7 @@ ProfileSource = Literal["sandbox", "estimate"]
 NonFinitePolicy = Literal["raise", "ignore"]
 PROFILE_SOURCES: tuple[str, ...] = get_args(ProfileSource)
 NONFINITE_POLICIES: tuple[str, ...] = get_args(NonFinitePolicy)
+LATEST = "latest"  # CheckpointOptions.resume_from: the newest checkpoint in `directory`
 
 
 def _positive(name: str, value: object, optional: bool = False) -> None:
@@ -139,6 +146,48 @@ class ElasticOptions:
 
 
 @dataclass(frozen=True)
+class CheckpointOptions:
+    """When the pipeline saves a checkpoint on its own, and which one it resumes from.
+
+    Args:
+        directory: where automatic saves go, one folder per save, `<directory>/step-<8
+            digits>` (`pipeline.pure.checkpoint_format`).
+        every: save after every N-th training step (None: only `save_checkpoint`); needs
+            `directory`.
+        keep_last: how many of the newest automatic checkpoints to keep (None: all).
+        resume_from: a checkpoint folder (what `save_checkpoint` wrote), a directory of
+            automatic checkpoints (its newest is taken), or "latest": the newest in
+            `directory`, or a fresh start while it holds none, so a job relaunched with the
+            same arguments goes on from its last save. The checkpoint may come from another
+            partition, schedule or number of ranks.
+    """
+
+    directory: str | os.PathLike[str] | None = None  # kept as a Path
+    every: int | None = None
+    keep_last: int | None = 3
+    resume_from: str | os.PathLike[str] | None = None  # kept as a Path, or LATEST
+
+    def __post_init__(self) -> None:
+        for name in ("directory", "resume_from"):
+            value = getattr(self, name)
+            if value is None:
+                continue
+            if not isinstance(value, str | os.PathLike) or str(value) == "":
+                raise TypeError(f"{name} must be a path (str or os.PathLike), got {value!r}")
+            if not (name == "resume_from" and value == LATEST):
+                object.__setattr__(self, name, Path(value))
+        _positive("every", self.every, optional=True)
+        _positive("keep_last", self.keep_last, optional=True)
+        if self.every is not None and self.directory is None:
+            raise ValueError(f"every={self.every} saves into a directory: pass directory=...")
+        if self.resume_from == LATEST and self.directory is None:
+            raise ValueError(
+                "resume_from='latest' resumes from the newest checkpoint in directory: "
+                "pass directory=..."
+            )
+
+
+@dataclass(frozen=True)
 class PipelineOptions:
     """Everything an `ElasticPipeline` was configured with, besides its model and recipe."""
 
@@ -147,6 +196,7 @@ class PipelineOptions:
     pipemare: PipeMareConfig | None = None  # checked by `check_pipemare` with the schedule
     planning: PlanOptions = field(default_factory=PlanOptions)
     elastic: ElasticOptions = field(default_factory=ElasticOptions)
+    checkpoint: CheckpointOptions = field(default_factory=CheckpointOptions)
 
     def __post_init__(self) -> None:
         _positive("n_microbatches", self.n_microbatches)
@@ -156,15 +206,51 @@ class PipelineOptions:
             )
         if self.pipemare is not None and not isinstance(self.pipemare, PipeMareConfig):
             raise TypeError(f"pipemare must be a PipeMareConfig, got {self.pipemare!r}")
-        for name, group in (("planning", PlanOptions), ("elastic", ElasticOptions)):
+        groups = (
+            ("planning", PlanOptions),
+            ("elastic", ElasticOptions),
+            ("checkpoint", CheckpointOptions),
+        )
+        for name, group in groups:
             if not isinstance(getattr(self, name), group):
                 raise TypeError(f"{name} must be a {group.__name__}, got {getattr(self, name)!r}")
+
+
+class OptionViews:
+    """The options a pipeline's user reads most, as properties over its `options` (mixed
+    into `ElasticPipeline`): each value is kept once, in `PipelineOptions`."""
+
+    options: PipelineOptions
+
+    @property
+    def n_microbatches(self) -> int:
+        return self.options.n_microbatches
+
+    @property
+    def memory_budget(self) -> int | None:
+        return self.options.planning.memory_budget
+
+    @property
+    def profile(self) -> str:
+        return self.options.planning.profile
+
+    @property
+    def cost_cache(self) -> CostCache:
+        """Measured costs by layer signature (`PlanOptions.cost_cache`)."""
+        return self.options.planning.cost_cache
+
+    @property
+    def pipemare(self) -> PipeMareConfig | None:
+        """PipeMare's T1/T2 (None: another schedule)."""
+        return self.options.pipemare
 
 
 _GROUP_OF = {
     **{name: "planning=PlanOptions" for name in PlanOptions.__dataclass_fields__},
     **{name: "elastic=ElasticOptions" for name in ElasticOptions.__dataclass_fields__},
+    **{name: "checkpoint=CheckpointOptions" for name in CheckpointOptions.__dataclass_fields__},
 }
+_RENAMED = {"checkpoint_every": "every", "checkpoint_dir": "directory", "resume": "resume_from"}
 
 
 def moved_argument_error(arguments: Sequence[str]) -> TypeError:
@@ -173,6 +259,8 @@ def moved_argument_error(arguments: Sequence[str]) -> TypeError:
     for name in arguments:
         if name in _GROUP_OF:
             hints.append(f"{name}= is now {_GROUP_OF[name]}({name}=...)")
+        elif name in _RENAMED:
+            hints.append(f"{name}= is checkpoint=CheckpointOptions({_RENAMED[name]}=...)")
         elif name == "stages_per_rank":
             hints.append(
                 "stages_per_rank= is now part of the schedule: "

@@ -21,6 +21,10 @@ of its last N micro-batches (T1: lr scaled by the stage's delay). It keeps the f
 versions each stage's forwards still need. A drained stream (a segment boundary: a
 repartition, another call) lets every in-flight micro-batch finish first, so the next
 forwards see every update: `drain()` marks it, and f counts from the segment's start.
+
+With `lr_scheduler=factory` one scheduler is built on its optimizer (one group per layer)
+and stepped after every optimizer step, as a user would; the pipeline's per-layer schedules
+(`pipeline.local.lr_schedules`) must equal it.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ import torch
 
 from pipeline.local.carry import as_carry, unwrap
 from pipeline.local.determinism import dropout_seed, seed_rng
+from pipeline.local.lr_schedules import LrSchedulerFactory
 from pipeline.local.microbatch import split_microbatches
 from pipeline.local.pipemare import DiscrepancyCorrection, PipeMareConfig, delay, rescaled_lr
 from pipeline.local.spec import LayerSpec, build_layer, check_specs
@@ -54,6 +59,7 @@ class ReferenceTrainer:
         pipedream_2bw: bool = False,
         pipemare: PipeMareConfig | None = None,
         stage_sizes: Sequence[int] | None = None,
+        lr_scheduler: LrSchedulerFactory | None = None,
     ) -> None:
         self.specs = check_specs(specs)
         self.device = torch.device(device)
@@ -68,6 +74,9 @@ class ReferenceTrainer:
         # 2BW: W(t - 1), the version step t computes with (None: synchronous training)
         self._previous = self._weights() if pipedream_2bw else None
         self._mare = None if pipemare is None else _PipeMare(self, pipemare, stage_sizes)
+        if lr_scheduler is not None and pipemare is not None:
+            raise ValueError("lr_scheduler= cannot run with pipemare= (T1 sets the lr)")
+        self.lr_scheduler = None if lr_scheduler is None else lr_scheduler(self.optimizer)
 
     def _weights(self) -> list[torch.Tensor]:
         return [p.detach().clone() for layer in self.layers for p in layer.parameters()]
@@ -103,6 +112,8 @@ class ReferenceTrainer:
             self._previous = current
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
+        if self.lr_scheduler is not None:
+            self.lr_scheduler.step()
         self.step += 1
         return total / self.n_microbatches
 
