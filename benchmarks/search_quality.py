@@ -7,8 +7,9 @@ top rung, a window topped at the ET's size), run for a wall-clock budget with
 
 * `samplers`  evolution, random and TPE at equal wall-clock (`--compare-minutes`), each with
               `--study-seeds` seeds: best-so-far against minutes, final best mean and sd;
-* `pruning`   evolution with PDH, with successive halving (`pruner=sha`, rungs at 100, 300
-              and 900 steps, the top third going on) and without pruning, same seeds and
+* `pruning`   evolution with PDH (the experiment's hurdles, then the same rungs with the
+              median as hurdle), with successive halving (`pruner=sha`, rungs at PDH's first
+              budget times 3^k, the top third going on) and without pruning, same seeds and
               time: the steps each saved against training every trial to the top rung,
               trials per hour, and the best each reached (PDH's within 1 sd of none's?);
 * `warm`      evolution with inherited weights (live `reconfigure`, warm weights) against
@@ -98,6 +99,7 @@ VARIANTS: dict[str, Callable[[NasSettings], NasSettings]] = {
     "tpe": lambda s: replace(s, sampler=SamplerSettings("tpe")),
     "evolution-no-pdh": lambda s: replace(s, pruner=PrunerSettings("none")),
     "evolution-sha": lambda s: replace(s, pruner=PrunerSettings("sha", _sha_options(s))),
+    "evolution-pdh-median": lambda s: replace(s, pruner=_median_hurdles(s.pruner)),
     "evolution-inherit": lambda s: replace(s, study=replace(s.study, inherit_weights=True)),
     "evolution-cold": lambda s: s,  # one run_study (fresh stage processes) per trial
 }
@@ -274,10 +276,17 @@ def _sha_options(settings: NasSettings) -> dict[str, Any]:
     return {"min_resource": int(budgets[0]), "reduction_factor": 3}
 
 
+def _median_hurdles(pruner: PrunerSettings) -> PrunerSettings:
+    """The experiment's PDH rungs with the median of each rung's population as its hurdle
+    (a stricter hurdle than the mean when a few bad models pull the mean up)."""
+    options = {k: v for k, v in pruner.options.items() if k not in ("hurdle", "quantile")}
+    return PrunerSettings("pdh", {**options, "hurdle": "quantile", "quantile": 0.5})
+
+
 def _variants(parts: list[str]) -> list[str]:
     chosen = {
         "samplers": ["evolution", "random", "tpe"],
-        "pruning": ["evolution", "evolution-sha", "evolution-no-pdh"],
+        "pruning": ["evolution", "evolution-pdh-median", "evolution-sha", "evolution-no-pdh"],
         "warm": ["evolution-inherit", "evolution-cold"],
     }
     return list(dict.fromkeys(v for part in parts for v in chosen.get(part, [])))
@@ -428,7 +437,12 @@ def _summary(runs: dict[str, dict[str, Any]], variants: list[str], seeds: int) -
             "pruned": sum(r["pruned"] for r in mine),
             "trials": sum(r["trials"] for r in mine),
         }
-    pruners = {"pdh": "evolution", "sha": "evolution-sha", "none": "evolution-no-pdh"}
+    pruners = {
+        "pdh": "evolution",
+        "pdh-median": "evolution-pdh-median",
+        "sha": "evolution-sha",
+        "none": "evolution-no-pdh",
+    }
     if {"evolution", "evolution-no-pdh"} & set(out):
         out["pruners_at_equal_wall_clock"] = {
             name: {
@@ -442,15 +456,19 @@ def _summary(runs: dict[str, dict[str, Any]], variants: list[str], seeds: int) -
             for name, v in pruners.items()
             if v in out
         }
-    if {"evolution", "evolution-no-pdh"} <= set(out):
-        pdh, full = out["evolution"], out["evolution-no-pdh"]
-        sd = max(pdh["best_sd"], full["best_sd"])
-        out["pdh_vs_no_pruning"] = {
-            "steps_saved_per_trial": 1 - pdh["steps_per_trial"] / full["steps_per_trial"],
-            "same_best_within_1sd": None
-            if pdh["best_mean"] is None or full["best_mean"] is None
-            else abs(pdh["best_mean"] - full["best_mean"]) <= sd,
-        }
+    for pdh_name, key in (
+        ("evolution", "pdh_vs_no_pruning"),
+        ("evolution-pdh-median", "pdh_median_vs_no_pruning"),
+    ):
+        if {pdh_name, "evolution-no-pdh"} <= set(out):
+            pdh, full = out[pdh_name], out["evolution-no-pdh"]
+            sd = max(pdh["best_sd"], full["best_sd"])
+            out[key] = {
+                "steps_saved_per_trial": 1 - pdh["steps_per_trial"] / full["steps_per_trial"],
+                "same_best_within_1sd": None
+                if pdh["best_mean"] is None or full["best_mean"] is None
+                else abs(pdh["best_mean"] - full["best_mean"]) <= sd,
+            }
     if {"evolution-inherit", "evolution-cold"} <= set(out):
         out["warm_vs_cold_trials_per_hour"] = (
             out["evolution-inherit"]["trials_per_hour"] / out["evolution-cold"]["trials_per_hour"]
