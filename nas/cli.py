@@ -1,21 +1,24 @@
-"""`python -m nas` / `elastic-nas`: one Hydra run is one NAS study (`--multirun` sweeps).
+"""`elastic-nas` / `python -m nas`: one Hydra run is one NAS study (`--multirun` sweeps).
 
-Hydra composes `conf/` (see `nas.config`), changes nothing else: the run folder is Hydra's
-output directory, the study storage sits at a stable path under `outputs/studies/` so a
-re-run with the same `study.name` resumes, and the stages are plain functions: the search
-`nas.study.run_study(settings)`, then the retrain of its best `nas.retrain.retrain(settings)`
-(`stages=[retrain]` alone retrains a stored study). At the end the results are summarised
-(`nas.report`).
+Hydra composes `conf/` (shipped as `nas.conf`, see `nas.config`), changes nothing else: the
+run folder is Hydra's output directory and holds the job log `elastic-nas.log` (the stage
+processes write to it too: `nas.job_log`), the study storage sits at a stable path under
+`outputs/studies/` so a re-run with the same `study.name` resumes, and the stages are plain
+functions: the search `nas.study.run_study(settings)`, then the retrain of its best
+`nas.retrain.retrain(settings)` (`stages=[retrain]` alone retrains a stored study). At the
+end the results are summarised (`nas.report`).
 Under `--multirun` each job is its own study, named `<study.name>-<the job's overrides>`
 unless the sweep sets `study.name` itself.
 
-    python -m nas study.name=demo study.n_trials=4 train.steps=40 sampler=evolution
-    python -m nas study.name=demo stages=[retrain] retrain.top_k=2 retrain.seeds=[0,1,2]
-    python -m nas --multirun pipeline.schedule=1f1b,gpipe seed=0,1
+    elastic-nas experiment=small_cpu
+    elastic-nas study.name=demo study.n_trials=4 train.steps=40 sampler=evolution
+    elastic-nas study.name=demo stages=[retrain] retrain.top_k=2 retrain.seeds=[0,1,2]
+    elastic-nas --multirun pipeline.schedule=1f1b,gpipe seed=0,1
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import sys
@@ -25,12 +28,14 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from nas.config import CONFIG_DIR, register, to_settings
+from nas import job_log
+from nas.config import CONFIG_PATH, register, to_settings
 
 register()
+logger = logging.getLogger(__name__)
 
 
-@hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="config")
+@hydra.main(version_base="1.3", config_path=CONFIG_PATH, config_name="config")
 def main(cfg: DictConfig) -> None:
     os.environ.setdefault("WANDB_MODE", "offline")
     hydra_cfg = HydraConfig.get()
@@ -40,15 +45,41 @@ def main(cfg: DictConfig) -> None:
             cfg.study.name, list(hydra_cfg.overrides.task), hydra_cfg.job.num
         )
     settings = to_settings(cfg)
+    job_log.publish()  # the stage processes log to this job's log file too
     from nas.report import report_study  # after composing: --help and --cfg stay fast
     from nas.retrain import retrain
+    from nas.storage import StorageError
     from nas.study import run_study
     from pipeline import lead_process
 
-    result = run_study(settings) if "search" in settings.stages else None
-    retrained = retrain(settings) if "retrain" in settings.stages else None
-    if lead_process():  # under torchrun: rank 0 reports
-        report_study(settings, result, retrained)
+    logger.info(
+        "study %s: stages %s, run folder %s",
+        settings.study.name,
+        ",".join(settings.stages),
+        settings.output_dir,
+    )
+    try:
+        result = run_study(settings) if "search" in settings.stages else None
+        if result is not None:
+            logger.info(
+                "study %s: search done, %d finished trials, %d restarts",
+                result.study_name,
+                result.finished,
+                result.restarts,
+            )
+        retrained = retrain(settings) if "retrain" in settings.stages else None
+        if retrained is not None:
+            logger.info(
+                "study %s: retrain done, %d runs, selected %s",
+                settings.study.name,
+                len(retrained.runs),
+                retrained.selected,
+            )
+        if lead_process():  # under torchrun: rank 0 reports
+            report_study(settings, result, retrained)
+    except StorageError as error:  # unreachable, refused, misnamed: one line, no traceback
+        logger.error("%s", error)
+        sys.exit(1)
 
 
 def _job_study_name(name: str, overrides: list[str], number: int) -> str:

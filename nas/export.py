@@ -1,114 +1,71 @@
-"""A retrained model on disk, and back as a plain `torch.nn.Module`: what a search hands over.
+"""A retrained model on disk: what a search hands over, as a Hugging Face-style folder.
 
 `export_model` writes one folder per model (`outputs/models/<study>/<name>/`):
 
-    architecture.json   what rebuilds the model: the search-space parameters (`params`), the
-                        architecture they give (`architecture`, `search_spaces` JSON), the
-                        task and its options, the vocabulary, the positions (`max_len`)
-    model.safetensors   the weights, `<layer key>.<parameter name>` -> tensor
+    config.json         what rebuilds the model: format, architecture, search-space
+                        parameters, vocabulary, task, positions, training budget
+    model.safetensors   the weights, named as the model's `state_dict()` names them
+    README.md           the model card: picture, size, training budget, validation and test
+                        figures of every training seed, how to load it (`nas.model_card`)
     metrics.json        what the model scored (validation and test, whole splits), its
-                        parameter count, training steps and seed
+                        parameter count, training steps and seed, every seed's figures
     config.yaml         the resolved configuration of the run that trained it
     architecture.png    the encoder and decoder cells, drawn (`nas.pictures`)
 
-`load_model(path)` rebuilds it in one process: no pipeline, no Optuna, no W&B. The layers
-are the ones the pipeline trained (`search_spaces.compile`), run in order; a model with an
-encoder (a source and a target, as for translation) also translates
-(`TranslationModel.translate`, greedy, decoded exactly as the evaluation decodes).
+It loads with the core install alone (`nas.models`, where the model classes live):
+`TranslationModel.from_pretrained(folder)` or `nas.load_model(folder)`. The names this
+module held before (`load_model`, `ExportedModel`, `TranslationModel`, `ModelFolderError`)
+are re-exported here.
+
+A folder written before this layout (`architecture.json`, format "elastic-nas-model/1")
+still loads; `python -m nas.export convert <folder> ...` rewrites it in this one.
 """
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
+import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
-from torch import nn
 
-from nas.settings import NasSettings
-from nas.tasks import Task, Vocab
-from nas.tasks.translation import translate_ids
-from pipeline.local.carry import as_carry, unwrap
-from search_spaces.architecture import Architecture, from_json, to_json
-from search_spaces.compile import compile as compile_arch
+from nas.model_folder import load_weights
+from nas.models import (
+    CONFIG,
+    FORMAT,
+    LEGACY_FORMAT,
+    WEIGHTS,
+    ExportedModel,
+    ModelConfig,
+    ModelFolderError,
+    TranslationModel,
+    load_model,
+)
+from search_spaces.architecture import Architecture, to_json
+
+if TYPE_CHECKING:
+    from nas.settings import NasSettings
+    from nas.tasks import Task
 
 __all__ = [
     "FILES",
+    "FORMAT",
+    "LEGACY_FORMAT",
     "ExportedModel",
     "ModelFolderError",
     "TranslationModel",
+    "convert",
     "export_model",
     "load_model",
+    "main",
+    "write_model_card",
 ]
 
-FILES = ("architecture.json", "model.safetensors", "metrics.json", "config.yaml")
-FORMAT = "elastic-nas-model/1"
-
-
-class ModelFolderError(FileNotFoundError):
-    """A folder that is not a complete exported model; the message names what is wrong."""
-
-
-class ExportedModel(nn.Module):
-    """The layers of an exported model in order: `forward(x)` is the pipeline's forward.
-
-    `architecture`, `params`, `metrics` and `vocab` are what the folder says of it.
-    """
-
-    def __init__(
-        self, layers: Mapping[str, nn.Module], info: Mapping[str, Any], metrics: Mapping[str, Any]
-    ) -> None:
-        super().__init__()
-        self.layers = nn.ModuleDict(dict(layers))  # in order: the keys are the layer keys
-        self.architecture: Architecture = from_json(json.dumps(info["architecture"]))
-        self.params: dict[str, Any] = dict(info.get("params", {}))
-        self.vocab = Vocab.from_json(json.dumps(info["vocab"]))
-        self.task: dict[str, Any] = dict(info["task"])
-        self.metrics: dict[str, Any] = dict(metrics)
-
-    def forward(self, x: Any) -> Any:
-        carry = as_carry(x, "the model input")
-        for key, layer in self.layers.items():
-            carry = as_carry(layer(unwrap(carry)), key)
-        return unwrap(carry)
-
-
-class TranslationModel(ExportedModel):
-    """An exported encoder-decoder: `translate(sources)` greedily, as the evaluation does."""
-
-    def __init__(
-        self, layers: Mapping[str, nn.Module], info: Mapping[str, Any], metrics: Mapping[str, Any]
-    ) -> None:
-        super().__init__(layers, info, metrics)
-        options = self.task.get("options", {})
-        self.max_chars = int(options.get("max_chars", int(info["max_len"]) - 2))
-        self.fixed_length = bool(options.get("fixed_length", False))
-
-    @torch.no_grad()
-    def translate(self, sources: Sequence[str], *, batch_size: int = 128) -> list[str]:
-        """Greedy translations of `sources` (characters the model never saw become UNK)."""
-        if isinstance(sources, str):
-            raise TypeError("translate() takes a list of sources, not one string")
-        too_long = [s for s in sources if len(s) > self.max_chars]
-        if too_long:
-            raise ValueError(
-                f"source {too_long[0]!r} has {len(too_long[0])} characters; "
-                f"this model reads at most {self.max_chars}"
-            )
-        if not sources:
-            return []
-        encoded = [self.vocab.encode(s) for s in sources]
-        return translate_ids(
-            lambda src, tgt: self((src, tgt)),
-            self.vocab,
-            encoded,
-            batch_size=batch_size,
-            max_len=self.max_chars + 1,
-            width=self.max_chars if self.fixed_length else None,
-        )
+FILES = (CONFIG, WEIGHTS, "README.md", "metrics.json", "config.yaml", "architecture.png")
 
 
 def export_model(
@@ -122,88 +79,85 @@ def export_model(
     metrics: Mapping[str, Any],
     max_len: int,
 ) -> Path:
-    """Write a model folder (module docstring) from the pipeline's `full_state_dict()`."""
-    from safetensors.torch import save_file
-
+    """Write a model folder (module docstring) from the pipeline's `full_state_dict()`
+    (layer key -> parameter name -> tensor); a state that does not fit `arch` exactly is a
+    `ModelFolderError` naming the tensor."""
     from nas.pictures import save_architecture
 
-    folder = Path(directory)
-    folder.mkdir(parents=True, exist_ok=True)
-    info = {
-        "format": FORMAT,
-        "task": dataclasses.asdict(settings.task),
-        "params": dict(params),
-        "architecture": json.loads(to_json(arch)),
-        "vocab": json.loads(task.vocab.to_json()),
-        "max_len": max_len,
-    }
-    _write_json(folder / "architecture.json", info)
+    config = ModelConfig(
+        architecture=json.loads(to_json(arch)),
+        params=dict(params),
+        vocab=json.loads(task.vocab.to_json()),
+        task=dataclasses.asdict(settings.task),
+        max_len=max_len,
+        training=_training(settings, metrics),
+    )
+    model = ExportedModel.class_for(config)(config, metrics)
     tensors = {
-        f"{key}.{name}": value.detach().cpu().contiguous()
+        f"layers.{key}.{name}": value
         for key, layer in state.items()
         for name, value in layer.items()
     }
-    save_file(tensors, str(folder / "model.safetensors"), metadata={"format": FORMAT})
-    _write_json(folder / "metrics.json", dict(metrics))
+    load_weights(
+        model, tensors, source="the pipeline's state", architecture="the exported architecture"
+    )
+    folder = Path(directory)
+    folder.mkdir(parents=True, exist_ok=True)
     _write_config(folder / "config.yaml", settings)
     save_architecture(arch, folder / "architecture.png")
-    return folder
+    return model.eval().save_pretrained(folder)  # the card sees the picture
 
 
-def load_model(path: str | Path) -> ExportedModel:
-    """The model exported to folder `path`, in eval mode (a `TranslationModel` when it has an
-    encoder). Raises `ModelFolderError` naming the path and what is missing."""
-    from safetensors.torch import load_file
+def convert(folder: str | Path) -> bool:
+    """Rewrite a folder of the old layout (`architecture.json`) in this one; False when it
+    has this layout already. Raises `ModelFolderError` for a folder that does not load."""
+    model = load_model(folder)
+    if (Path(folder) / CONFIG).is_file():
+        return False
+    model.save_pretrained(folder)
+    return True
 
-    folder = Path(path)
-    if not folder.is_dir():
-        raise ModelFolderError(
-            f"{folder} is not a folder; an exported model is a folder holding {', '.join(FILES)}"
-        )
-    missing = [name for name in FILES if not (folder / name).is_file()]
-    if missing:
-        raise ModelFolderError(
-            f"{folder} is not a complete exported model: missing {', '.join(missing)}"
-        )
-    info = _read_json(folder / "architecture.json")
-    if info.get("format") != FORMAT:
-        raise ModelFolderError(
-            f"{folder / 'architecture.json'} has format {info.get('format')!r}; valid: {FORMAT!r}"
-        )
-    arch = from_json(json.dumps(info["architecture"]))
-    vocab = Vocab.from_json(json.dumps(info["vocab"]))
-    specs = compile_arch(arch, len(vocab), max_len=int(info["max_len"]), dropout=0.0)
-    tensors = load_file(str(folder / "model.safetensors"))
-    layers: dict[str, nn.Module] = {}
-    for spec in specs:
-        layer = spec.factory()
-        prefix = f"{spec.key}."
-        layer_state = {k[len(prefix) :]: v for k, v in tensors.items() if k.startswith(prefix)}
+
+def write_model_card(folder: str | Path) -> Path:
+    """Write the folder's README.md again from its config.json and metrics.json (after
+    metrics.json changed, e.g. a later training seed's figures were added)."""
+    model = load_model(folder)
+    path = Path(folder) / "README.md"
+    path.write_text(model.model_card(folder))
+    return path
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`python -m nas.export convert FOLDER...`: rewrite old-layout folders (module doc)."""
+    parser = argparse.ArgumentParser(prog="python -m nas.export", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+    converting = commands.add_parser("convert", help="rewrite old-layout folders in place")
+    converting.add_argument("folders", nargs="+", type=Path)
+    args = parser.parse_args(argv)
+    failed = 0
+    for folder in args.folders:
         try:
-            layer.load_state_dict(layer_state)
-        except RuntimeError as error:
-            raise ModelFolderError(
-                f"{folder / 'model.safetensors'} does not fit the "
-                f"architecture in architecture.json at layer {spec.key!r}: "
-                f"{error}"
-            ) from error
-        layers[spec.key] = layer
-    cls = ExportedModel if arch.decoder_only else TranslationModel  # a source: translate()
-    return cls(layers, info, _read_json(folder / "metrics.json")).eval()
+            done = convert(folder)
+        except ModelFolderError as error:
+            print(f"{folder}: {error}", file=sys.stderr)
+            failed += 1
+            continue
+        print(f"{folder}: {'converted' if done else f'already in the {FORMAT} layout'}")
+    return 1 if failed else 0
 
 
-def _write_json(path: Path, data: Mapping[str, Any]) -> None:
-    path.write_text(json.dumps(data, indent=2, ensure_ascii=False, default=_plain) + "\n")
-
-
-def _read_json(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError) as error:
-        raise ModelFolderError(f"cannot read {path}: {error}") from error
-    if not isinstance(data, dict):
-        raise ModelFolderError(f"{path} does not hold a JSON object")
-    return data
+def _training(settings: NasSettings, metrics: Mapping[str, Any]) -> dict[str, Any]:
+    """The training budget of the exported weights, as the model card shows it."""
+    train = settings.train
+    steps = metrics.get("steps") or settings.retrain.steps or train.steps
+    return {
+        "steps": int(steps),
+        "batch_size": train.batch_size,
+        "lr": train.lr,
+        "lr_schedule": train.lr_schedule,
+        "warmup_steps": train.warmup_steps,
+        "dropout": train.dropout,
+    }
 
 
 def _plain(value: Any) -> Any:
@@ -217,3 +171,7 @@ def _write_config(path: Path, settings: NasSettings) -> None:
 
     plain = json.loads(json.dumps(dataclasses.asdict(settings), default=_plain))
     path.write_text(yaml.safe_dump(plain, sort_keys=False, allow_unicode=True))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

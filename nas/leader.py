@@ -13,6 +13,10 @@ storage, a tracker that fails, a sampler bug) and no rank is left waiting:
     └──────────────────────────────┘         │ same error   │
                                              └──────────────┘
 
+A database server's outage never reaches a decision unless it outlasts
+`study.storage_wait_s`: the study's storage waits it out below every call
+(`nas.storage_retry`), and the study bar says so while it waits.
+
 Training steps between two evaluations make no decision: their metrics are logged at once,
 and a logging error is kept and raised by the next decision (`evaluated` or `finish`), so
 it reaches every rank at the next evaluation. A heartbeat thread that dies is raised there
@@ -23,6 +27,7 @@ returns what went wrong, so the first error of a study is never replaced by a la
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 import time
 from dataclasses import dataclass
@@ -36,7 +41,7 @@ from nas.progress import progress_bars
 from nas.search import ProgressiveDynamicHurdles
 from nas.search.evolution import KEY_PARENT
 from nas.settings import NasSettings
-from nas.tracking.base import TrialEnd
+from nas.tracking.base import TRACKER_RUN_ID, TrialEnd
 from nas.tracking.configured import run_directories, study_tracker
 from nas.trials import (
     DUPLICATE_OF,
@@ -58,6 +63,8 @@ from search_spaces.architecture import InvalidArchitecture, functional_key, summ
 from search_spaces.evolved_transformer import validate
 
 __all__ = ["MAX_INVALID_IN_A_ROW", "Leader", "LeaderError", "TrialOrder"]
+
+logger = logging.getLogger(__name__)
 
 MAX_INVALID_IN_A_ROW = 1000  # every proposal is outside the window or trained: stop
 
@@ -108,6 +115,7 @@ class Leader:
             completed=finished(self.study),
         )
         self.bar_trial = self.progress.add_task("trial", total=settings.train.steps)
+        storage.on_wait(self.study, self._storage_waits)  # an outage shows on the study bar
         try:
             self.tracker.start_study(settings.study.name, dataclasses.asdict(settings))
         except Exception:
@@ -270,6 +278,9 @@ class Leader:
         self.tracker.start_trial(
             trial.number, dict(trial.params), {"architecture": arch_json, "summary": text}
         )
+        run_id = self.tracker.run_id  # the trial's W&B run (or mirror line key), for lookups
+        if run_id is not None:
+            trial.set_user_attr(TRACKER_RUN_ID, run_id)
         stored = self.study.get_trials(deepcopy=False)[trial.number]  # numbers are indices
         parent = stored.system_attrs.get(KEY_PARENT)
         return TrialOrder(trial.number, arch_json, parent)
@@ -288,10 +299,20 @@ class Leader:
         }[outcome.state]
         complete = outcome.state == TrialEnd.COMPLETE
         self.study.tell(trial, outcome.values if complete else None, state=state)
+        if outcome.state == TrialEnd.FAILED:
+            logger.warning("trial %d failed: %s", trial.number, outcome.attrs.get("fail_reason"))
+        else:
+            logger.info("trial %d %s: %s", trial.number, outcome.state, outcome.values)
 
     def _fail_now(self, trial: optuna.Trial, cause: str) -> None:
         trial.set_user_attr("fail_reason", cause)
         self.study.tell(trial, state=optuna.trial.TrialState.FAIL)
+
+    def _storage_waits(self, message: str | None) -> None:
+        """The storage is unreachable (`message`: its calls wait and retry, logged by
+        `nas.storage_retry`) or answers again (None): the study bar says which."""
+        name = f"study {self.settings.study.name}"
+        self.progress.update(self.bar_study, description=f"{name}: {message}" if message else name)
 
     def _raise_deferred(self) -> None:
         if self.heartbeat is not None:

@@ -150,10 +150,13 @@ def _report_retrained(settings: NasSettings, retrained: RetrainResult, console: 
         console.print(f"exported {name}: {folder}", soft_wrap=True)
     if retrained.selected and retrained.selected in retrained.exported:
         folder = retrained.exported[retrained.selected]
-        call = task_class(settings.task.name).example_call
+        task = task_class(settings.task.name)
+        model = "ExportedModel" if task.decoder_only else "TranslationModel"
+        call = task.example_call
         console.print(
-            f'load the chosen model ({retrained.selected}): python -c "import nas; '
-            f"m = nas.load_model('{folder}'); print({call})\"",
+            f'load the chosen model ({retrained.selected}): python -c "from nas.models import '
+            f"{model}; m = {model}.from_pretrained('{folder}'); print({call})\"\n"
+            f"  or: python -c \"import nas; m = nas.load_model('{folder}'); print({call})\"",
             soft_wrap=True,
         )
 

@@ -42,6 +42,7 @@ else none (no seed model retrained: no comparison).
 from __future__ import annotations
 
 import functools
+import itertools
 import json
 import math
 import time
@@ -54,8 +55,8 @@ import optuna
 from rich.progress import Progress
 
 import pipeline
-from nas import retrain_runs, storage, training, trials
-from nas.export import export_model
+from nas import job_log, retrain_runs, storage, training, trials
+from nas.export import export_model, write_model_card
 from nas.progress import progress_bars
 from nas.retrain_results import (
     Model,
@@ -70,6 +71,12 @@ from nas.settings import NasSettings, TrainSettings, lower_is_better
 from nas.tasks import Task, get_task
 from nas.tracking.base import TrialEnd
 from nas.tracking.configured import run_directories, study_tracker
+from nas.tracking.exports import (
+    export_metadata,
+    exported_seed,
+    model_artifact_name,
+    record_exports,
+)
 from pipeline import ElasticPipeline, StageContext
 from pipeline.distributed.comm import Comm
 from search_spaces.architecture import from_json, functional_key, to_json
@@ -116,7 +123,7 @@ def retrain_models(settings: NasSettings, models: Sequence[Model]) -> RetrainRes
     # Under torchrun every rank gets here with rank 0's runs; one of them tracks.
     fresh = [run for run in runs if (run.model, run.seed) not in tracked]
     fresh = fresh if pipeline.lead_process() else []
-    run_dirs = _track(settings, runs, fresh, selected, comparison) if fresh else ()
+    run_dirs = _track(settings, runs, fresh, selected, comparison, exported) if fresh else ()
     by_name = {model.name: model for model in models}
     for run in fresh:
         if run.error is None:
@@ -174,6 +181,7 @@ def _stage_main(
 ) -> tuple[list[RetrainRun], dict[str, str]] | None:
     """Steps 2-4 on one rank, skipping the runs `done` holds (recorded by an earlier,
     stopped retraining); rank 0 returns every run and the exported folders."""
+    job_log.attach()  # this process logs to the CLI's job log too
     comm = Comm()
     task = comm.together(lambda: get_task(settings.task.name, **settings.task.options))
     steps = settings.retrain.steps or settings.train.steps
@@ -219,6 +227,7 @@ def _keep(
         metrics = json.loads((folder / "metrics.json").read_text())
         metrics["per_seed"] = [{"seed": r.seed, **r.metrics} for r in mine if r.error is None]
         (folder / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
+        write_model_card(folder)  # the card's per-seed table too
     if run.error is None:  # a failed run is tried again by the next retraining
         retrain_runs.save(folder, run.seed, _digest(settings, model), asdict(run))
 
@@ -263,23 +272,37 @@ def _train(
     steps: int,
     progress: tuple[Progress, Any] | None,
 ) -> tuple[RetrainRun, dict[str, Any]]:
-    """Steps 2 and 3 for one (model, seed): the run, and rank 0's weights ({} elsewhere)."""
+    """Steps 2 and 3 for one (model, seed): the run, and rank 0's weights ({} elsewhere).
+
+    With `retrain.checkpoint_every` the run saves a checkpoint every N steps and resumes from
+    its latest one (a killed retraining's) with its history, skipping the batches trained
+    already (`nas.retrain_runs.RunCheckpoints`)."""
     arch = from_json(model.architecture)
     specs, parameters = training.compile_model(arch, task, settings.train.dropout)
     run = RetrainRun(model.name, seed, model.trial, model.params, parameters)
     if progress is not None:
         progress[0].update(progress[1], description=f"retrain {model.name} seed {seed}")
-    optimizer = training.rates(settings.train, steps)
+    schedule = training.rates(settings.train, steps)
+    saves = retrain_runs.RunCheckpoints(
+        _folder(settings, model), seed, _digest(settings, model), settings.retrain.checkpoint_every
+    )
     pipe: ElasticPipeline | None = None
     started = time.perf_counter()
     try:
-        pipe = training.build(settings, task, specs, optimizer, seed=seed)
-        source = training.batches(task, settings.train.batch_size, seed)
-        for step, loss in training.steps(pipe, source, optimizer, start=0, count=steps):
-            entry = {"step": step, "loss": loss, "lr": optimizer.rate(step - 1)}
+        pipe = training.build(
+            settings, task, specs, schedule, seed=seed, checkpoint=saves.options()
+        )
+        start, run.history = saves.resumed(pipe)
+        if progress is not None:
+            progress[0].advance(progress[1], start)
+        source = training.batches(task, settings.train.batch_size, seed)  # the seed's order
+        source = itertools.islice(source, start, None)  # from the first batch not trained
+        for step, loss in training.steps(pipe, source, start=start, count=steps - start):
+            entry = {"step": step, "loss": loss, "lr": schedule.rate(step - 1)}
             if step % settings.train.eval_every == 0 and step != steps:
                 entry |= training.evaluate(settings.train, task, pipe, final=False)
             run.history.append(entry)
+            saves.stepped(pipe, entry)
             if progress is not None:
                 progress[0].advance(progress[1])
         stats = pipe.stats()
@@ -289,7 +312,8 @@ def _train(
         final = _final_train(settings)
         run.metrics = training.evaluate(final, task, pipe, final=True)
         run.metrics |= training.evaluate(final, task, pipe, "test", final=True)
-        run.history[-1] |= {k: v for k, v in run.metrics.items() if k.startswith("validation_")}
+        if run.history:
+            run.history[-1] |= {k: v for k, v in run.metrics.items() if k.startswith("validation_")}
         return run, pipe.full_state_dict()
     except training.RUN_ERRORS as error:  # raised on every rank by the runtime
         reason, detail = training.failure(error)
@@ -377,11 +401,15 @@ def _track(
     fresh: Sequence[RetrainRun],
     selected: str | None,
     comparison: dict[str, Any],
+    exported: dict[str, str],
 ) -> list[str]:
     """Step 6: a tracker run per (model, seed) not tracked yet (`fresh`: a resumed
     retraining's runs tracked before are not again), in the study's group; the summary holds
-    every run's table and `comparison` (the reference and the paired differences)."""
+    every run's table and `comparison` (the reference and the paired differences). The run
+    of the seed a model's export holds logs that folder as a model artifact, and the stored
+    study records every export with that run's id (`nas.tracking.exports`)."""
     tracker = study_tracker(settings, study_run=False)
+    run_ids: dict[tuple[str, int], str] = {}
     try:
         tracker.start_study(settings.study.name, asdict(settings))
         for index, run in enumerate(fresh):
@@ -393,10 +421,17 @@ def _track(
                 "trial": run.trial,
             }
             tracker.start_trial(index, run.params, config)
+            if tracker.run_id is not None:
+                run_ids[run.model, run.seed] = tracker.run_id
             for entry in run.history:
                 tracker.log_step(
                     int(entry["step"]), {k: v for k, v in entry.items() if k != "step"}
                 )
+            folder = exported.get(run.model)
+            if folder is not None and run.error is None and exported_seed(folder) == run.seed:
+                name = model_artifact_name(settings.study.name, run.model)
+                metadata = export_metadata(folder, model=run.model, params=dict(run.params))
+                tracker.log_model(name, folder, metadata)
             summary_ = {
                 **run.metrics,
                 "parameters": run.parameters,
@@ -415,4 +450,10 @@ def _track(
         )
     finally:
         tracker.close()
+    try:
+        study = _load_study(settings)
+    except ValueError:  # models retrained without a stored study (a benchmark's)
+        study = None
+    if study is not None:
+        record_exports(study, exported, run_ids)
     return run_directories(tracker)

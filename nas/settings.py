@@ -13,6 +13,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from nas import storage_url
 from nas.learning_rate import SCHEDULES as LR_SCHEDULES
 from nas.plugins import is_import_path
 from nas.search import PRUNERS, SAMPLERS
@@ -116,7 +117,10 @@ def _positive(key: str, value: Any, *, allow_none: bool = False) -> None:
 class StudySettings:
     name: str = "nas"
     n_trials: int = 4
-    storage: str | None = None  # None: SQLite at outputs/studies/<name>.db
+    storage: str | None = None  # None: SQLite at outputs/studies/<name>.db (nas.storage_url)
+    # how long a database server's (or the gRPC proxy's) outage is waited out, retrying,
+    # before the workers stop with an error naming the storage (nas.storage_retry)
+    storage_wait_s: float = 60.0
     objectives: tuple[str, ...] = ("validation_loss",)
     enqueue_seeds: bool = True
     inherit_weights: bool = False
@@ -135,6 +139,14 @@ class StudySettings:
         if not self.name or not isinstance(self.name, str):
             raise ValueError(f"study.name={self.name!r} is not valid; use a non-empty string")
         _positive("study.n_trials", self.n_trials)
+        if self.storage is not None:
+            storage_url.kind(self.storage)  # a URL of a storage it knows (ValueError)
+        wait = self.storage_wait_s
+        if isinstance(wait, bool) or not isinstance(wait, int | float) or not 0 < wait < math.inf:
+            raise ValueError(
+                f"study.storage_wait_s={wait!r} is not valid; use seconds > 0 (how long a "
+                "storage server's outage is waited out)"
+            )
         for key in ("max_restarts", "max_retries"):
             value = getattr(self, key)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
@@ -325,7 +337,8 @@ class RetrainSettings:
     """The retrain stage (`nas.retrain`): the `top_k` best architectures of the study (and,
     with `seed_models`, both seed architectures) trained from scratch for `steps` steps
     (None: `train.steps`) once per training seed in `seeds`, scored on whole splits with
-    `decode_pairs` pairs decoded (None: all), then exported to `<models_dir>/<study>/<model>/`."""
+    `decode_pairs` pairs decoded (None: all), then exported to `<models_dir>/<study>/<model>/`;
+    each run checkpoints every `checkpoint_every` steps so that a killed retraining resumes."""
 
     top_k: int = 1
     seeds: tuple[int, ...] = (0,)
@@ -333,9 +346,21 @@ class RetrainSettings:
     seed_models: bool = False
     models_dir: str = "outputs/models"
     decode_pairs: int | None = None  # pairs decoded in the final scoring; None: every pair
+    # each (model, seed) run saves a checkpoint every N steps into
+    # <models_dir>/<study>/<model>/checkpoints/seed-<seed>/, so a killed retraining resumes
+    # there (`nas.retrain_runs`); 0 or None: no checkpoints
+    checkpoint_every: int | None = 100
 
     def __post_init__(self) -> None:
         _positive("retrain.top_k", self.top_k)
+        every = self.checkpoint_every
+        if every is not None and (
+            isinstance(every, bool) or not isinstance(every, int) or every < 0
+        ):
+            raise ValueError(
+                f"retrain.checkpoint_every={every!r} is not valid; use a step count > 0, "
+                "or 0 or null for no checkpoints"
+            )
         _positive("retrain.steps", self.steps, allow_none=True)
         _positive("retrain.decode_pairs", self.decode_pairs, allow_none=True)
         if not self.seeds or any(isinstance(s, bool) or not isinstance(s, int) for s in self.seeds):
@@ -392,6 +417,14 @@ class NasSettings:
                     f"measure; valid: {', '.join(measured)} and " + ", ".join(RUNTIME_OBJECTIVES)
                 )
         self._check_pruner()
+        if self.pipeline.schedule == "pipemare" and (
+            self.train.lr_schedule != "constant" or self.train.warmup_steps
+        ):  # PipeMare's T1 sets the rates itself: the runtime takes no lr_scheduler there
+            raise ValueError(
+                f"train.lr_schedule={self.train.lr_schedule!r} with train.warmup_steps="
+                f"{self.train.warmup_steps} cannot run under pipeline.schedule=pipemare; "
+                "valid: train.lr_schedule=constant and train.warmup_steps=0"
+            )
         if self.train.batch_size % self.pipeline.n_microbatches:
             raise ValueError(
                 f"train.batch_size={self.train.batch_size} is not a multiple of "

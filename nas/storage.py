@@ -13,8 +13,13 @@ would destroy the other workers' trials. Two signals tell them apart, numbered:
        failed by `optuna.storages.fail_stale_trials` (a worker on another machine that died).
 
 Journal files (`study.storage=journal:///path/study.log`, for several machines on a shared
-file system) have no heartbeat in Optuna: there only the owner check runs, so a trial
-orphaned on another machine stays RUNNING (it does not count toward `study.n_trials`).
+file system) and Optuna's gRPC storage proxy (`grpc://host:port`, whose protocol carries no
+heartbeat) have none: there only the owner check runs, so a trial orphaned on another
+machine stays RUNNING (it does not count toward `study.n_trials`).
+
+The storage of a database server or of the gRPC proxy is wrapped so that its calls wait
+out an outage of up to `study.storage_wait_s` seconds (`nas.storage_retry`); one that
+cannot be reached at all when a worker starts is a one-line `StorageError`.
 
 A trial failed either way is asked again (`retry`), at most `study.max_retries` times per
 architecture: one that kills its worker every time ends failed, and the study goes on.
@@ -23,6 +28,7 @@ architecture: one that kills its worker every time ends failed, and the study go
 from __future__ import annotations
 
 import functools
+import importlib.util
 import logging
 import os
 import socket
@@ -30,24 +36,39 @@ import sqlite3
 import threading
 import time
 import warnings
+from collections.abc import Callable
 from typing import Any
 
 import optuna
 import sqlalchemy
-from optuna.storages import BaseStorage, JournalStorage, RDBStorage
+import sqlalchemy.exc
+from optuna.storages import (
+    BaseStorage,
+    GrpcStorageProxy,
+    JournalStorage,
+    RDBStorage,
+    get_storage,
+)
 from optuna.storages.journal import JournalFileBackend
 
+from nas import storage_url
 from nas.errors import HeartbeatError, describe
 from nas.search.records import StudyRecords, trial_id
+from nas.storage_retry import RetryingStorage, StorageError, root_cause
+from nas.storage_url import JOURNAL, StorageKind
 
 __all__ = [
+    "CONNECT_S",
     "GRACE_S",
     "HEARTBEAT_S",
     "SQLITE_BUSY_S",
+    "STORAGE_WAIT_S",
     "Heartbeat",
+    "StorageError",
     "dashboard_target",
     "fail_stale",
     "make_storage",
+    "on_wait",
     "owner_alive",
     "retried_enough",
     "retry",
@@ -57,7 +78,9 @@ __all__ = [
 HEARTBEAT_S = 5
 GRACE_S = 30
 SQLITE_BUSY_S = 20.0  # how long a write waits for another process's lock (sqlite3: 5 s)
-JOURNAL = "journal://"
+STORAGE_WAIT_S = 60.0  # `study.storage_wait_s`'s default: a server's outage waited out
+CONNECT_S = 10  # a database server or gRPC proxy that does not answer by then is unreachable
+KEEPALIVE_S = 30  # a PostgreSQL server that vanished mid-query is noticed within about this
 MAX_RETRIES = 2  # `study.max_retries`'s default
 ATTEMPT = "attempt"  # a retried trial's user attr: which retry of its architecture it is
 
@@ -70,42 +93,128 @@ def make_storage(
     heartbeat_s: int = HEARTBEAT_S,
     grace_s: int = GRACE_S,
     max_retries: int = MAX_RETRIES,
+    wait_s: float = STORAGE_WAIT_S,
 ) -> BaseStorage:
-    """The storage at `url`: `journal:///path` (an Optuna journal file), else any SQLAlchemy
-    URL (`sqlite:///outputs/studies/x.db`, `postgresql://...`), with heartbeats on: a trial
-    whose heartbeat stopped is asked again up to `max_retries` times (`retry`)."""
-    if url.startswith(JOURNAL):
-        path = url[len(JOURNAL) :]
-        if not path:
-            raise ValueError(f"study.storage={url!r} names no file; e.g. journal:///tmp/s.log")
-        return JournalStorage(JournalFileBackend(path))
-    if "://" not in url:
-        raise ValueError(
-            f"study.storage={url!r} is not valid; use an SQLAlchemy URL "
-            "(sqlite:///path.db, postgresql://...) or journal:///path/to/file.log"
-        )
-    # a SQLite writer waits SQLITE_BUSY_S for a lock (a `?timeout=` in the URL wins)
-    busy = {"connect_args": {"timeout": SQLITE_BUSY_S}}
-    engine = busy if url.startswith("sqlite") and "timeout=" not in url else None
-    with warnings.catch_warnings():  # heartbeats are "experimental" in Optuna 5
-        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        rdb = RDBStorage(
-            url,
-            engine_kwargs=engine,
-            heartbeat_interval=heartbeat_s,
-            grace_period=grace_s,
-            heartbeat_stale_trial_callback=functools.partial(_ask_again, max_retries=max_retries),
-        )
-    if url.startswith("sqlite"):
+    """The storage at `url` (`nas.storage_url`: an SQLite file, a journal file, a database
+    server's SQLAlchemy URL, or `grpc://host:port`), with heartbeats on where the storage
+    has them: a trial whose heartbeat stopped is asked again up to `max_retries` times
+    (`retry`).
+
+    A server's storage (or the gRPC proxy's) is reached at once: unreachable, refusing the
+    credentials or without its driver, `StorageError` says so in one line naming it
+    (password masked) within `CONNECT_S`. Its calls then wait out an outage of up to
+    `wait_s` seconds (`nas.storage_retry`).
+    """
+    kind = storage_url.kind(url)
+    if kind == StorageKind.JOURNAL:
+        return JournalStorage(JournalFileBackend(url[len(JOURNAL) :]))
+    if kind == StorageKind.GRPC:
+        return RetryingStorage(_grpc_proxy(url), storage_url.masked(url), wait_s)
+    rdb = _connect(_with_driver(url), storage_url.masked(url), heartbeat_s, grace_s, max_retries)
+    if kind == StorageKind.SQLITE:
         sqlalchemy.event.listen(rdb.engine, "connect", _write_ahead)
         rdb.engine.dispose()  # the connections made so far reopen with it
-    return rdb
+        return rdb
+    # Optuna's in-process cache of finished trials (what a URL given to Optuna gets)
+    return RetryingStorage(get_storage(rdb), storage_url.masked(url), wait_s)
+
+
+def _connect(url: str, name: str, heartbeat_s: int, grace_s: int, max_retries: int) -> RDBStorage:
+    """Optuna's RDB storage at `url`, its tables created; StorageError naming it `name`
+    when it cannot be reached, refuses us, or its driver is missing."""
+    with warnings.catch_warnings():  # heartbeats are "experimental" in Optuna 5
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        try:
+            return RDBStorage(
+                url,
+                engine_kwargs=_engine_options(url),
+                heartbeat_interval=heartbeat_s,
+                grace_period=grace_s,
+                heartbeat_stale_trial_callback=functools.partial(
+                    _ask_again, max_retries=max_retries
+                ),
+            )
+        except ImportError as error:
+            raise StorageError(
+                f"storage {name}: its database driver is not installed "
+                f"({root_cause(error)}); for PostgreSQL: pip install 'elastic-nas[postgres]'"
+            ) from None
+        except (sqlalchemy.exc.SQLAlchemyError, optuna.exceptions.StorageInternalError) as error:
+            raise StorageError(f"storage {name} could not be opened: {root_cause(error)}") from None
+
+
+def _with_driver(url: str) -> str:
+    """`url`, a PostgreSQL URL without a driver naming psycopg2 when that is the one
+    installed (SQLAlchemy 2.1 takes psycopg 3 for `postgresql://`, 2.0 psycopg2)."""
+    if url.startswith("postgresql://"):
+        missing = importlib.util.find_spec("psycopg") is None
+        if missing and importlib.util.find_spec("psycopg2") is not None:
+            return "postgresql+psycopg2://" + url[len("postgresql://") :]
+    return url
+
+
+def _engine_options(url: str) -> dict[str, Any] | None:
+    """SQLAlchemy engine options: a SQLite writer waits SQLITE_BUSY_S for a lock (a
+    `?timeout=` in the URL wins); a server's connections are checked before use (the
+    server may have restarted since), connect within CONNECT_S and, on PostgreSQL, find
+    out within about KEEPALIVE_S that a server vanished mid-query (TCP keepalives)."""
+    if url.startswith("sqlite"):
+        return None if "timeout=" in url else {"connect_args": {"timeout": SQLITE_BUSY_S}}
+    options: dict[str, Any] = {"pool_pre_ping": True}
+    if url.startswith(("postgresql://", "postgresql+psycopg2://", "postgresql+psycopg://")):
+        options["connect_args"] = {
+            "connect_timeout": CONNECT_S,
+            "keepalives": 1,
+            "keepalives_idle": KEEPALIVE_S // 2,
+            "keepalives_interval": KEEPALIVE_S // 6,
+            "keepalives_count": 3,
+        }
+    return options
+
+
+def _grpc_proxy(url: str) -> BaseStorage:
+    """The client of the gRPC storage proxy at `url`, once it answers (StorageError when it
+    does not within CONNECT_S). It has no heartbeats: Optuna's proxy does not carry them."""
+    host, port = storage_url.grpc_address(url)
+    try:
+        with warnings.catch_warnings():  # "experimental" in Optuna 5
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            proxy = GrpcStorageProxy(host=host, port=port)
+    except ImportError as error:
+        raise StorageError(
+            f"storage {url}: grpcio is not installed ({root_cause(error)}); "
+            "pip install 'elastic-nas[postgres]'"
+        ) from None
+    try:
+        proxy.wait_server_ready(timeout=CONNECT_S)
+    except ConnectionError:
+        proxy.close()
+        raise StorageError(
+            f"storage {url}: no gRPC storage proxy answers there within {CONNECT_S} s "
+            "(start one: python -m nas.storage_server serve --storage <url> --port <port>)"
+        ) from None
+    return proxy
+
+
+def on_wait(study: optuna.Study, listener: Callable[[str | None], None]) -> None:
+    """Have `listener` hear when the study's storage is unreachable (a message) and when it
+    answers again (None); nothing for storages that do not wait (`nas.storage_retry`)."""
+    store = StudyRecords(study).storage
+    if isinstance(store, RetryingStorage):
+        store.on_wait = listener
 
 
 def dashboard_target(url: str) -> str:
-    """What `optuna-dashboard` takes for the storage at `url`: a journal file's path, else
-    the URL itself."""
-    return url[len(JOURNAL) :] if url.startswith(JOURNAL) else url
+    """What `optuna-dashboard` takes for the storage at `url`: a journal file's path, a
+    server's URL without its password (the client reads it from `PGPASSWORD` or
+    `~/.pgpass`), or for the gRPC proxy, the database it serves (the dashboard speaks SQL,
+    not gRPC)."""
+    kind = storage_url.kind(url)
+    if kind == StorageKind.JOURNAL:
+        return url[len(JOURNAL) :]
+    if kind == StorageKind.GRPC:
+        return f"<the --storage URL of the proxy at {url}>"
+    return storage_url.without_password(_with_driver(url))
 
 
 def _write_ahead(connection: Any, _: Any) -> None:

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import logging
 import math
 import sys
 import time
@@ -47,11 +48,11 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pipeline
-from nas import storage, training, trials
+from nas import job_log, storage, training, trials
 from nas.errors import LeaderError
 from nas.inheritance import WeightBank
 from nas.leader import Leader, StudyEnd, TrialOrder
-from nas.learning_rate import ScheduledOptimizer
+from nas.learning_rate import LrSchedule
 from nas.settings import NasSettings, direction
 from nas.tasks import Task, get_task
 from nas.tracking import TrialEnd, pipeline_metrics
@@ -66,6 +67,7 @@ __all__ = ["StudyResult", "run_study"]
 
 T = TypeVar("T")
 _KEEP = 32  # trained trials whose weights a later candidate may start from (at least)
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -110,6 +112,7 @@ def run_study(settings: NasSettings) -> StudyResult:
             raise
         except pipeline.StageFailedError as error:
             cause = f"stage {error.stage} died: {error.detail[-2000:]}"
+            logger.warning("study %s: %s", settings.study.name, cause.strip().splitlines()[-1])
             if not trials.fail_running(study, cause, owner, retries):
                 continue  # its trial ended failed (retried enough): the study goes on
             restarts += 1
@@ -167,6 +170,7 @@ def _stage_main(
     ctx: StageContext, settings: NasSettings, owner: str, deadline: float
 ) -> tuple[StudyEnd | None, BaseException | None]:
     """The study loop on one rank; rank 0 returns (its account, the error that stopped it)."""
+    job_log.attach()  # this process logs to the CLI's job log too
     comm = Comm()
     try:  # bad task options (a missing text file) fail the same way on every rank
         task = comm.together(lambda: get_task(settings.task.name, **settings.task.options))
@@ -180,10 +184,10 @@ def _stage_main(
         leader = _open(comm, settings, owner, deadline)  # 1.
         decide = Decisions(comm, leader)
         bank = WeightBank(keep=max(_KEEP, int(settings.sampler.options.get("population_size", 0))))
-        optimizer = training.rates(settings.train)  # one factory: the pipeline keeps it
+        schedule = training.rates(settings.train)  # one schedule: the pipeline keeps it
         while (order := decide("ask for a trial", Leader.next_trial)) is not None:  # 2.
             pipe, outcome = _run_trial(
-                settings, task, pipe, order, decide, bank, optimizer
+                settings, task, pipe, order, decide, bank, schedule
             )  # 3., 4.
             decide(f"record trial {order.number}", Leader.finish, order.number, outcome)  # 5.
     except LeaderError as error:  # agreed on every rank: the study stops here, cleanly
@@ -217,7 +221,7 @@ def _run_trial(
     order: TrialOrder,
     decide: Decisions,
     bank: WeightBank,
-    optimizer: ScheduledOptimizer,
+    schedule: LrSchedule,
 ) -> tuple[ElasticPipeline | None, trials.Outcome]:
     """Build and train one candidate on every rank (3. and 4.); how it ended."""
     arch = from_json(order.architecture)
@@ -232,17 +236,16 @@ def _run_trial(
         attrs["inherited_from"] = source
     started = time.perf_counter()
     try:
-        optimizer.set_step(0)
         pipe = training.build(
             settings,
             task,
             specs,
-            optimizer,
+            schedule,
             seed=settings.seed,
             pipe=pipe,
             snapshot=bank.get(source),
         )
-        evaluation, steps, pruned = _train(settings, task, pipe, decide, optimizer)
+        evaluation, steps, pruned = _train(settings, task, pipe, decide, schedule)
     except (LeaderError, *training.RUN_ERRORS) as error:  # raised on every rank
         reason, detail = training.failure(error)
         return pipe, trials.Outcome(
@@ -273,7 +276,7 @@ def _train(
     task: Task,
     pipe: ElasticPipeline,
     decide: Decisions,
-    optimizer: ScheduledOptimizer,
+    schedule: LrSchedule,
 ) -> tuple[dict[str, float], int, bool]:
     """(the last evaluation's metrics, steps trained, pruned?).
 
@@ -286,7 +289,7 @@ def _train(
     while True:
         segment = min(train.eval_every - step % train.eval_every, train.steps - step)
         last_loss = None
-        for done, loss in training.steps(pipe, source, optimizer, start=step, count=segment):
+        for done, loss in training.steps(pipe, source, start=step, count=segment):
             if last_loss is not None:  # all but the segment's last: no decision
                 decide.log_step(done - 1, {"loss": last_loss})
             step, last_loss = done, loss
@@ -296,7 +299,7 @@ def _train(
         evaluation = training.evaluate(train, task, pipe, final=final)
         metrics = {
             "loss": last_loss,
-            "lr": optimizer.rate(step - 1),
+            "lr": schedule.rate(step - 1),
             **pipeline_metrics(pipe.stats().to_dict()),
             **evaluation,
         }

@@ -2,9 +2,10 @@
 
 A trial (`nas.study`) and a retrain run (`nas.retrain`) both compile an architecture to
 layers, build (or reconfigure) an `ElasticPipeline`, stream the task's training batches
-through it with the learning-rate schedule (`nas.learning_rate`), and evaluate it with the
-task's metrics. Every function here is called on every rank with the same arguments (the
-runtime's collectives), so every rank sees the same losses and metrics.
+through it with the learning-rate schedule (`nas.learning_rate`, which the runtime steps as
+its `lr_scheduler=`), and evaluate it with the task's metrics. Every function here is
+called on every rank with the same arguments (the runtime's collectives), so every rank sees
+the same losses and metrics.
 """
 
 from __future__ import annotations
@@ -16,10 +17,11 @@ from collections.abc import Iterator
 from typing import Any
 
 from nas.errors import describe
-from nas.learning_rate import ScheduledOptimizer
+from nas.learning_rate import LrSchedule
 from nas.settings import NasSettings, TrainSettings
 from nas.tasks import Task
 from pipeline import (
+    CheckpointOptions,
     ElasticOptions,
     ElasticPipeline,
     InfeasibleBudgetError,
@@ -68,9 +70,10 @@ def compile_model(arch: Architecture, task: Task, dropout: float) -> tuple[list[
     return specs, parameter_count(arch, vocab, max_len=length)
 
 
-def rates(train: TrainSettings, total: int | None = None) -> ScheduledOptimizer:
-    """The optimizer factory of a run of `total` steps (default `train.steps`)."""
-    return ScheduledOptimizer(
+def rates(train: TrainSettings, total: int | None = None) -> LrSchedule:
+    """The learning-rate schedule of a run of `total` steps (default `train.steps`); its
+    `optimizer()` is the optimizer factory it scales."""
+    return LrSchedule(
         train.lr,
         total or train.steps,
         warmup=train.warmup_steps,
@@ -83,21 +86,24 @@ def build(
     settings: NasSettings,
     task: Task,
     specs: list[LayerSpec],
-    optimizer: ScheduledOptimizer,
+    schedule: LrSchedule,
     *,
     seed: int,
     pipe: ElasticPipeline | None = None,
     snapshot: WeightSnapshot | None = None,
+    checkpoint: CheckpointOptions | None = None,
 ) -> ElasticPipeline:
-    """A new pipeline for `specs`, or `pipe` reconfigured to them (weights from `snapshot`
-    where keys and shapes match)."""
+    """A new pipeline for `specs` trained at `schedule` (saving and resuming as `checkpoint`
+    says), or `pipe` reconfigured to them (weights from `snapshot` where keys and shapes
+    match; the schedule starts again at step 0: it is the one `pipe` was built with)."""
     if pipe is not None:
         pipe.reconfigure(specs, inherit_from=snapshot)
         return pipe
     p = settings.pipeline
     return ElasticPipeline(
         specs,
-        optimizer=optimizer,
+        optimizer=schedule.optimizer(),
+        lr_scheduler=_scheduler(schedule, p.schedule),
         loss_fn=task.loss_fn,
         schedule=p.schedule,
         n_microbatches=p.n_microbatches,
@@ -105,7 +111,22 @@ def build(
         planning=PlanOptions(planner=p.planner, memory_budget=p.memory_budget),
         elastic=ElasticOptions(rebalance_every=p.rebalance_every),
         pipemare=dict(p.pipemare) if p.schedule == "pipemare" else None,
+        checkpoint=checkpoint,
     )
+
+
+def _scheduler(schedule: LrSchedule, pipeline_schedule: str) -> LrSchedule | None:
+    """The `lr_scheduler=` of a pipeline: none under PipeMare, whose T1 sets the lr itself
+    (the runtime refuses a scheduler there), so only a constant rate runs under it."""
+    if pipeline_schedule != "pipemare":
+        return schedule
+    if schedule.schedule != "constant" or schedule.warmup:
+        raise ValueError(
+            f"train.lr_schedule={schedule.schedule!r} with train.warmup_steps="
+            f"{schedule.warmup} cannot run under pipeline.schedule='pipemare' (its T1 "
+            "rescales the lr itself); use train.lr_schedule=constant and train.warmup_steps=0"
+        )
+    return None
 
 
 def batches(task: Task, batch_size: int, seed: int) -> Iterator[tuple[Any, Any]]:
@@ -119,22 +140,19 @@ def batches(task: Task, batch_size: int, seed: int) -> Iterator[tuple[Any, Any]]
 def steps(
     pipe: ElasticPipeline,
     source: Iterator[tuple[Any, Any]],
-    optimizer: ScheduledOptimizer,
     *,
     start: int,
     count: int,
 ) -> Iterator[tuple[int, float]]:
     """Train `count` steps from step `start` as one `pipe.train` stream; (step, loss) each.
 
-    The rate is set before every step. Under the stream schedules ("2bw", "pipemare") an
-    update may run a step or two after the rate it was meant for; the schedule is smooth,
-    so that shift does not matter.
+    The pipeline's lr scheduler moves every layer's rate once per step, right after the
+    step's update (step 0 runs at the schedule's rate of step 0); under the stream schedules
+    ("2bw") too.
     """
-    optimizer.set_step(start, pipe.optimizers)
     step = start
     for loss in pipe.train(itertools.islice(source, count)):
         step += 1
-        optimizer.set_step(step, pipe.optimizers)
         yield step, loss
 
 

@@ -84,7 +84,11 @@ def open_study(settings: NasSettings) -> optuna.Study:
     warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used")
     study = optuna.create_study(
         study_name=settings.study.name,
-        storage=storage.make_storage(settings.storage_url, max_retries=settings.study.max_retries),
+        storage=storage.make_storage(
+            settings.storage_url,
+            max_retries=settings.study.max_retries,
+            wait_s=settings.study.storage_wait_s,
+        ),
         load_if_exists=True,
         directions=settings.study.directions,  # type: ignore[arg-type]
         sampler=_sampler(settings),

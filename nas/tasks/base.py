@@ -15,20 +15,23 @@ nothing to predict.
 from __future__ import annotations
 
 import hashlib
-import json
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
 import torch
 import torch.nn.functional as F
 
+from nas.decoding import check_batch_size
+from nas.vocab import BOS, EOS, PAD, SPECIALS, UNK, Vocab
+
 __all__ = [
     "BOS",
     "EOS",
     "PAD",
+    "SPECIALS",
     "SPLITS",
     "UNK",
     "Batch",
@@ -44,8 +47,6 @@ __all__ = [
     "unigram_cross_entropy",
 ]
 
-PAD, BOS, EOS, UNK = 0, 1, 2, 3
-SPECIALS = ("<pad>", "<bos>", "<eos>", "<unk>")
 SPLITS = ("train", "validation", "test")
 
 # x is a tensor (decoder-only) or a tuple of tensors (encoder-decoder); y is (batch, seq).
@@ -59,11 +60,6 @@ def check_split(split: str) -> None:
         raise ValueError(f"unknown split {split!r}; valid splits: {', '.join(SPLITS)}")
 
 
-def check_batch_size(batch_size: int) -> None:
-    if not isinstance(batch_size, int) or batch_size < 1:
-        raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
-
-
 def derive_seed(*parts: object) -> int:
     """A 63-bit seed from the parts' reprs: the same in every process, run and machine."""
     digest = hashlib.blake2b(repr(parts).encode(), digest_size=8).digest()
@@ -72,71 +68,6 @@ def derive_seed(*parts: object) -> int:
 
 def generator(*parts: object) -> torch.Generator:
     return torch.Generator().manual_seed(derive_seed(*parts))
-
-
-class Vocab:
-    """Characters to ids: PAD=0, BOS=1, EOS=2, UNK=3, then the characters by code point."""
-
-    def __init__(self, chars: Iterable[str]) -> None:
-        chars = sorted(set(chars))
-        bad = [c for c in chars if len(c) != 1]
-        if bad:
-            raise ValueError(f"a Vocab holds single characters, got {bad[:5]!r}")
-        self.chars: list[str] = chars
-        self.index = {c: i + len(SPECIALS) for i, c in enumerate(chars)}
-
-    @classmethod
-    def from_texts(cls, texts: Iterable[str]) -> Vocab:
-        chars: set[str] = set()
-        for text in texts:
-            chars.update(text)
-        return cls(chars)
-
-    def __len__(self) -> int:
-        return len(SPECIALS) + len(self.chars)
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, Vocab) and self.chars == other.chars
-
-    def __hash__(self) -> int:
-        return hash(tuple(self.chars))
-
-    def __repr__(self) -> str:
-        return f"Vocab({len(self)} tokens: {len(SPECIALS)} special, {len(self.chars)} chars)"
-
-    def encode(self, text: str, *, bos: bool = False, eos: bool = False) -> list[int]:
-        """Ids of `text`; characters outside the vocabulary become UNK."""
-        ids = [self.index.get(c, UNK) for c in text]
-        return [BOS] * bos + ids + [EOS] * eos
-
-    def decode(self, ids: Iterable[int] | torch.Tensor) -> str:
-        """The text of `ids`: stops at the first EOS, skips PAD and BOS, UNK becomes U+FFFD."""
-        values = ids.tolist() if isinstance(ids, torch.Tensor) else ids
-        out = []
-        for i in values:
-            if i == EOS:
-                break
-            if i in (PAD, BOS):
-                continue
-            if i == UNK:
-                out.append("\ufffd")
-            elif len(SPECIALS) <= i < len(self):
-                out.append(self.chars[i - len(SPECIALS)])
-            else:
-                raise ValueError(f"id {i} is outside the vocabulary of {len(self)} tokens")
-        return "".join(out)
-
-    def to_json(self) -> str:
-        return json.dumps(
-            {"specials": list(SPECIALS), "chars": "".join(self.chars)}, ensure_ascii=False
-        )
-
-    @classmethod
-    def from_json(cls, text: str) -> Vocab:
-        data = json.loads(text)
-        if not isinstance(data, dict) or data.get("specials") != list(SPECIALS):
-            raise ValueError(f"not a serialised Vocab with specials {list(SPECIALS)}")
-        return cls(data["chars"])
 
 
 def masked_cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

@@ -1,6 +1,6 @@
 """English->German translation of names, from the gettext catalogs that ship with pycountry.
 
-DESIGN.md section 5 wants an encoder-decoder task with real data that needs no download,
+docs/design.md, section 5, wants an encoder-decoder task with real data that needs no download,
 like the Evolved Transformer's WMT'14 En-De. pycountry's German catalogs for countries
 (ISO 3166-1), subdivisions (3166-2), languages (639-3), currencies (4217) and scripts (15924)
 map English names (msgid) to German ones (msgstr): "Germany" -> "Deutschland".
@@ -29,12 +29,13 @@ import gettext
 import random
 import time
 import unicodedata
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
 
+from nas.decoding import StepFn, greedy_decode, translate_ids
 from nas.tasks.base import (
     BOS,
     EOS,
@@ -66,7 +67,6 @@ FRACTIONS = (0.8, 0.1, 0.1)  # train, validation, test
 Pair = tuple[str, str]
 # x = (src (B, S), tgt_in (B, T)), y = tgt_out (B, T)
 TranslationBatch = tuple[tuple[torch.Tensor, torch.Tensor], torch.Tensor]
-StepFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 def locales_dir() -> Path:
@@ -144,63 +144,6 @@ def split_pairs(
     out: dict[str, list[Pair]] = {split: [] for split in SPLITS}
     for pair in sorted(pairs):
         out[split_of[pair[0]]].append(pair)
-    return out
-
-
-@torch.no_grad()
-def greedy_decode(step_fn: StepFn, src_ids: torch.Tensor, max_len: int) -> list[list[int]]:
-    """Greedy generation: ids per row, without BOS and EOS, at most `max_len` tokens.
-
-    `step_fn(src_ids, tgt_in_ids)` returns logits (B, V, T) for tgt_in (B, T); the next token
-    is the argmax at the last position. Rows that have emitted EOS are fed PAD afterwards.
-    """
-    if src_ids.dim() != 2:
-        raise ValueError(f"src_ids must be (batch, seq), got shape {tuple(src_ids.shape)}")
-    rows = src_ids.shape[0]
-    tgt = torch.full((rows, 1), BOS, dtype=torch.long, device=src_ids.device)
-    done = torch.zeros(rows, dtype=torch.bool, device=src_ids.device)
-    for _ in range(max_len):
-        logits = step_fn(src_ids, tgt)
-        if logits.dim() != 3 or logits.shape[0] != rows or logits.shape[2] != tgt.shape[1]:
-            raise ValueError(
-                f"step_fn must return logits (B, V, T) = ({rows}, V, "
-                f"{tgt.shape[1]}), got {tuple(logits.shape)}"
-            )
-        token = logits[:, :, -1].argmax(1).masked_fill(done, PAD)
-        tgt = torch.cat([tgt, token[:, None]], dim=1)
-        done |= token == EOS
-        if bool(done.all()):
-            break
-    out = []
-    for row in tgt[:, 1:].tolist():
-        ids = row[: row.index(EOS)] if EOS in row else row
-        out.append([i for i in ids if i != PAD])
-    return out
-
-
-def translate_ids(
-    step_fn: StepFn,
-    vocab: Vocab,
-    sources: Sequence[Sequence[int]],
-    *,
-    batch_size: int,
-    max_len: int,
-    width: int | None = None,
-) -> list[str]:
-    """Greedy translations of encoded `sources`, decoded to text, in batches as evaluation
-    makes them: each padded to its longest source (or to `width`) and filled up to
-    `batch_size` rows with copies of its first source, so a model translates a source the
-    same way here as in `Translation.evaluate`."""
-    check_batch_size(batch_size)
-    out: list[str] = []
-    for start in range(0, len(sources), batch_size):
-        rows = list(sources[start : start + batch_size])
-        src = torch.full((batch_size, width or max(len(r) for r in rows)), PAD, dtype=torch.long)
-        for i in range(batch_size):
-            row = rows[i] if i < len(rows) else rows[0]
-            src[i, : len(row)] = torch.tensor(row, dtype=torch.long)
-        ids = greedy_decode(step_fn, src, max_len)[: len(rows)]
-        out += [vocab.decode(row) for row in ids]
     return out
 
 

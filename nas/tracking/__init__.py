@@ -2,7 +2,9 @@
 
 The study loop talks to one `Tracker` (lifecycle in `nas.tracking.base.Tracker`):
 `start_study`, then per trial `start_trial`, `log_step`..., `log_event`..., `end_trial`,
-then `end_study` and `close`. Trackers:
+then `end_study` and `close`; the retrain stage also logs each exported model in the run
+of the seed it exported (`log_model`), and a trial's `run_id` is kept on its Optuna trial
+(`TRACKER_RUN_ID`). Trackers:
 
 * "wandb": `nas.tracking.wandb.WandbTracker`, a W&B run per trial grouped by study plus a
   study run with the trials table and the Pareto front; offline by default (`wandb sync`
@@ -22,20 +24,23 @@ from typing import Any
 
 from nas.plugins import is_import_path, load_class
 from nas.tracking.base import (
+    TRACKER_RUN_ID,
     TRIAL_STATES,
     CompositeTracker,
     Metrics,
     NoneTracker,
     Tracker,
     TrialEnd,
+    artifact_name,
     clean_metrics,
     json_safe,
-    pipeline_metrics,
 )
 from nas.tracking.jsonl import JsonlTracker, read_jsonl
+from nas.tracking.pipeline_stats import pipeline_metrics
 
 __all__ = [
     "TRACKERS",
+    "TRACKER_RUN_ID",
     "TRIAL_STATES",
     "CompositeTracker",
     "JsonlTracker",
@@ -43,6 +48,7 @@ __all__ = [
     "NoneTracker",
     "Tracker",
     "TrialEnd",
+    "artifact_name",
     "clean_metrics",
     "json_safe",
     "make_tracker",

@@ -8,30 +8,34 @@ fans every call out to several trackers.
 
 Also here, because every tracker needs them: `json_safe` (plain JSON values: tuples as
 lists, NaN and infinities as None), `clean_metrics` (the checked form of one step's
-metrics) and `pipeline_metrics` (a `PipelineStats.to_dict()` flattened into step metrics).
+metrics) and `artifact_name` (a model's name as every backend takes it).
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from enum import StrEnum
+from pathlib import Path
 from types import TracebackType
 from typing import Any
 
 from pipeline.distributed.events import plain as json_safe  # one converter for both
 
 __all__ = [
+    "ARTIFACT_NAME_MAX",
+    "TRACKER_RUN_ID",
     "TRIAL_STATES",
     "CompositeTracker",
     "LifecycleTracker",
     "Metrics",
     "NoneTracker",
     "Tracker",
+    "artifact_name",
     "check_state",
     "check_step",
     "clean_metrics",
     "json_safe",
-    "pipeline_metrics",
 ]
 
 
@@ -49,6 +53,10 @@ TRIAL_STATES: tuple[TrialEnd, ...] = tuple(TrialEnd)
 # One step's metrics as the study loop hands them over; None = not measured at this step.
 Metrics = Mapping[str, float | int | None]
 
+# The Optuna user attribute that holds a trial's tracker run id (`Tracker.run_id`).
+TRACKER_RUN_ID = "tracker_run_id"
+ARTIFACT_NAME_MAX = 128  # W&B's limit on an artifact name
+
 
 class Tracker:
     """Receives a study's progress. Every method does nothing here; subclasses override.
@@ -59,6 +67,7 @@ class Tracker:
             start_trial(trial_number, params, config)      # once per trial, then:
                 log_step(step, metrics)                    # any number, steps increasing
                 log_event(step, event)                     # any number (pipeline events)
+                log_model(name, folder, metadata)          # any number (exported models)
             end_trial(state, summary, error)               # exactly once per started trial
             ...                                            # the next trial
         end_study(trials_table, pareto_front, summary)
@@ -77,6 +86,12 @@ class Tracker:
       cannot (JSON). One call per step; steps must increase within a trial.
     * `event` of `log_event`: a `PipelineEvent.to_dict()` (builds, migrations, rollbacks,
       errors), kept apart from the step metrics.
+    * `log_model`: an exported model's folder (`nas.export`) as an output of the open run
+      (a W&B artifact of type "model"), named `name` (`artifact_name` makes one), with
+      `metadata` (plain values: parameters, validation figures, the trial number).
+    * `run_id`: the id of the open trial's run in the backend (W&B's run id; the JSONL
+      mirror's `<study>/<run name>`), None outside a trial or where the backend has none;
+      the search stores it on the Optuna trial (`TRACKER_RUN_ID`).
     * `state` of `end_trial`: one of `TRIAL_STATES` ("complete", "pruned", "failed"; Optuna's
       names "COMPLETE", "PRUNED", "FAIL" are accepted, see `check_state`);
       `summary`: the trial's final figures (objective values, throughput, peak memory,
@@ -102,6 +117,14 @@ class Tracker:
 
     def log_event(self, step: int, event: Mapping[str, Any]) -> None:
         """One pipeline event (a `PipelineEvent.to_dict()`) at `step` of the current trial."""
+
+    def log_model(self, name: str, folder: str | Path, metadata: Mapping[str, Any]) -> None:
+        """An exported model's folder as an output of the current trial's run."""
+
+    @property
+    def run_id(self) -> str | None:
+        """The id of the open trial's run in the backend; None outside a trial or here."""
+        return None
 
     def end_trial(
         self, state: TrialEnd | str, summary: Mapping[str, Any], error: str | None = None
@@ -136,9 +159,10 @@ class LifecycleTracker(Tracker):
 
     The public methods refuse a call out of order (a trial before its study, a step outside
     a trial, a second study while one runs, anything after `close`) and a malformed value (a
-    trial number that is not an int, a bad step or state), naming the tracker; then they call
-    the subclass's hook, which only writes: `_on_start_study`, `_on_start_trial`,
-    `_on_step`, `_on_event`, `_on_end_trial`, `_on_end_study`, `_on_close`. `_study` and
+    trial number that is not an int, a bad step or state, a model name a backend refuses, a
+    model folder that is not there), naming the tracker; then they call the subclass's hook,
+    which only writes: `_on_start_study`, `_on_start_trial`, `_on_step`, `_on_event`,
+    `_on_model`, `_on_end_trial`, `_on_end_study`, `_on_close`. `_study` and
     `_trial` hold the open study's name and trial number (set before the start hooks run,
     cleared after the end hooks, even when a hook raises).
     """
@@ -156,6 +180,8 @@ class LifecycleTracker(Tracker):
     def _on_step(self, step: int, metrics: Metrics) -> None: ...
 
     def _on_event(self, step: int, event: Mapping[str, Any]) -> None: ...
+
+    def _on_model(self, name: str, folder: Path, metadata: Mapping[str, Any]) -> None: ...
 
     def _on_end_trial(
         self, state: TrialEnd, summary: Mapping[str, Any], error: str | None
@@ -218,6 +244,20 @@ class LifecycleTracker(Tracker):
         check_step(step)
         self._on_event(step, event)
 
+    def log_model(self, name: str, folder: str | Path, metadata: Mapping[str, Any]) -> None:
+        self._require_trial("log_model")
+        if not isinstance(name, str) or not name or artifact_name(name) != name:
+            raise ValueError(
+                f"a model name must be 1 to {ARTIFACT_NAME_MAX} letters, digits, '.', '_' or "
+                f"'-', got {name!r} (artifact_name makes one)"
+            )
+        path = Path(folder)
+        if not path.is_dir():
+            raise NotADirectoryError(f"a model is logged from its folder; {path} is not one")
+        if not isinstance(metadata, Mapping):
+            raise TypeError(f"a model's metadata must be a mapping, got {metadata!r}")
+        self._on_model(name, path, metadata)
+
     def end_trial(
         self, state: TrialEnd | str, summary: Mapping[str, Any], error: str | None = None
     ) -> None:
@@ -264,14 +304,23 @@ class CompositeTracker(Tracker):
     """Fans every call out to several trackers, in order.
 
     A tracker that raises does not stop the others: every tracker gets the call, then the
-    first exception is raised again (the later ones attached to it as notes).
+    first exception is raised again (the later ones attached to it as notes). `run_id` is
+    the one of `trackers[primary]` (the service a run id names: W&B, not its JSONL mirror).
     """
 
-    def __init__(self, trackers: Sequence[Tracker]) -> None:
+    def __init__(self, trackers: Sequence[Tracker], *, primary: int = 0) -> None:
         self.trackers: tuple[Tracker, ...] = tuple(trackers)
         for tracker in self.trackers:
             if not isinstance(tracker, Tracker):
                 raise TypeError(f"CompositeTracker takes Tracker objects, got {tracker!r}")
+        count = len(self.trackers)
+        if (
+            isinstance(primary, bool)
+            or not isinstance(primary, int)
+            or not -count <= primary < max(count, 1)
+        ):
+            raise ValueError(f"primary={primary!r} is not an index of the {count} trackers")
+        self.primary = primary
 
     def _each(self, method: str, *args: Any) -> None:
         errors: list[BaseException] = []
@@ -299,6 +348,17 @@ class CompositeTracker(Tracker):
 
     def log_event(self, step: int, event: Mapping[str, Any]) -> None:
         self._each("log_event", step, event)
+
+    def log_model(self, name: str, folder: str | Path, metadata: Mapping[str, Any]) -> None:
+        self._each("log_model", name, folder, metadata)
+
+    @property
+    def run_id(self) -> str | None:
+        """The primary tracker's run id, else the first other tracker's that has one."""
+        if not self.trackers:
+            return None
+        ordered = (self.trackers[self.primary], *self.trackers)
+        return next((i for t in ordered if (i := t.run_id) is not None), None)
 
     def end_trial(
         self, state: TrialEnd | str, summary: Mapping[str, Any], error: str | None = None
@@ -357,6 +417,16 @@ def clean_metrics(metrics: Metrics) -> dict[str, float | int]:
     return out
 
 
+def artifact_name(text: str) -> str:
+    """`text` as a model's (artifact's) name every backend takes: each run of characters
+    other than letters, digits, '.', '_' and '-' becomes one '-', at most
+    `ARTIFACT_NAME_MAX` characters (W&B's rule), e.g. "study 1/trial-3" -> "study-1-trial-3"."""
+    name = re.sub(r"[^A-Za-z0-9._-]+", "-", str(text)).strip("-")[:ARTIFACT_NAME_MAX].strip("-")
+    if not name:
+        raise ValueError(f"no artifact name can be made from {text!r}: it has no letter or digit")
+    return name
+
+
 _STATE_ALIASES = {"fail": "failed"}  # Optuna's TrialState.FAIL
 
 
@@ -374,62 +444,3 @@ def check_step(step: int) -> None:
     """A step is a non-negative int."""
     if isinstance(step, bool) or not isinstance(step, int) or step < 0:
         raise ValueError(f"step must be a non-negative int, got {step!r}")
-
-
-# -- the runtime's statistics as step metrics ----------------------------------------------------
-_TOP = (
-    "samples_per_s",
-    "tokens_per_s",
-    "iteration_s",
-    "predicted_iteration_s",
-    "bubble_fraction",
-    "predicted_bubble_fraction",
-    "plan_version",
-    "generation",
-)
-_STAGE = (
-    "forward_s",
-    "backward_s",
-    "wait_s",
-    "optimizer_s",
-    "total_s",
-    "param_bytes",
-    "state_bytes",
-    "activation_peak_bytes",
-    "measured_peak_bytes",
-    "predicted_peak_bytes",
-    "predicted_compute_s",
-    "allocator_peak_bytes",
-    "process_peak_bytes",
-)
-
-
-def pipeline_metrics(stats: Mapping[str, Any]) -> dict[str, float | int | None]:
-    """A `PipelineStats.to_dict()` flattened into step metrics.
-
-    Keys: the pipeline's figures by their own names (`tokens_per_s`, `samples_per_s`,
-    `iteration_s`, `bubble_fraction`, their `predicted_*` twins, `plan_version`,
-    `generation`), `peak_bytes` (the largest stage's measured peak), per stage
-    `stage{i}/<field>` (times, bytes, `stage{i}/layers` = its number of layers), and
-    `migrations/count`, `migrations/bytes_moved`, `migrations/pause_s` (totals so far).
-    Values the runtime reports as None (no plan, no token ids) stay None.
-    """
-    out: dict[str, float | int | None] = {key: stats.get(key) for key in _TOP if key in stats}
-    stages = stats.get("stages") or []
-    peaks: list[int] = []
-    for stage in stages:
-        index = stage.get("stage", len(peaks))
-        for key in _STAGE:
-            if key in stage:
-                out[f"stage{index}/{key}"] = stage[key]
-        out[f"stage{index}/layers"] = len(stage.get("layers") or ())
-        if isinstance(stage.get("measured_peak_bytes"), int):
-            peaks.append(stage["measured_peak_bytes"])
-    if stages:
-        out["peak_bytes"] = max(peaks) if peaks else None
-    migrations = stats.get("migrations")
-    if migrations is not None:
-        out["migrations/count"] = len(migrations)
-        out["migrations/bytes_moved"] = sum(int(m.get("bytes_moved") or 0) for m in migrations)
-        out["migrations/pause_s"] = sum(float(m.get("pause_s") or 0.0) for m in migrations)
-    return out

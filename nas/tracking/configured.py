@@ -1,15 +1,16 @@
 """The tracker a study's settings ask for, writing under the run folder.
 
 Both the search (`nas.leader`) and the retrain stage (`nas.retrain`) log through it: W&B
-comes with its JSON-lines mirror beside it; a user's own class (by import path) gets its
-options as they are.
+comes with its JSON-lines mirror beside it (W&B's run id is the one a trial keeps); it is
+told the task's metric directions, which decide how its metrics summarise. A user's own
+class (by import path) gets its options as they are.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from nas.settings import NasSettings
+from nas.settings import NasSettings, direction, task_metrics
 from nas.tracking import CompositeTracker, Tracker, make_tracker
 
 __all__ = ["run_directories", "study_tracker"]
@@ -21,9 +22,14 @@ def study_tracker(settings: NasSettings, *, study_run: bool = True) -> Tracker:
     name, options = settings.tracker.name, dict(settings.tracker.options)
     directory = str(Path(settings.output_dir) / "tracking")
     if name == "wandb":
-        wandb_options = {"directory": directory, "study_run": study_run} | options
+        directions = {metric: direction(metric) for metric in task_metrics(settings.task.name)}
+        defaults = {"directory": directory, "study_run": study_run, "directions": directions}
         return CompositeTracker(
-            [make_tracker("jsonl", directory=directory), make_tracker("wandb", **wandb_options)]
+            [
+                make_tracker("jsonl", directory=directory),
+                make_tracker("wandb", **defaults | options),
+            ],
+            primary=1,
         )
     if name == "jsonl":
         options.setdefault("directory", directory)

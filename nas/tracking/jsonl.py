@@ -14,15 +14,18 @@ Records (keys in this order; "time" is the Unix time of writing)::
     {"kind": "trial_start", "study", "trial", "time", "params", "config"}
     {"kind": "step",        "study", "trial", "step", "time", "metrics"}
     {"kind": "event",       "study", "trial", "step", "time", "event"}
+    {"kind": "model",       "study", "trial", "time", "name", "folder", "files", "metadata"}
     {"kind": "trial_end",   "study", "trial", "time", "state", "error", "summary"}
     {"kind": "study_end",   "study", "time", "trials", "pareto_front", "summary"}
 
 The records of a run that is not a search trial (a retrain run: its `trial_start` config has
 `job_type`) carry that as `"job"` after `"trial"`, so a reader tells them apart from the
-trials with the same index. Values are strict JSON (`json_safe`): tuples become lists, NaN
-and infinities null. Step
-metrics leave out None values (not measured), so a null among a step's metrics is a
-non-finite number.
+trials with the same index. A `model` record is an exported model logged in the run
+(`log_model`): its folder (absolute) and its files as {relative path: bytes}. A run's id
+(`run_id`) is `<study>/<run name>`: the run name is the `run_name` of its `trial_start`
+config, else `trial-<number>`, so it is stable and names one run of the file. Values are
+strict JSON (`json_safe`): tuples become lists, NaN and infinities null. Step metrics leave
+out None values (not measured), so a null among a step's metrics is a non-finite number.
 """
 
 from __future__ import annotations
@@ -39,7 +42,7 @@ from nas.tracking.base import LifecycleTracker, Metrics, TrialEnd, clean_metrics
 
 __all__ = ["RECORD_KINDS", "JsonlTracker", "read_jsonl", "study_file_name"]
 
-RECORD_KINDS = ("study_start", "trial_start", "step", "event", "trial_end", "study_end")
+RECORD_KINDS = ("study_start", "trial_start", "step", "event", "model", "trial_end", "study_end")
 
 
 def study_file_name(study_name: str) -> str:
@@ -81,6 +84,7 @@ class JsonlTracker(LifecycleTracker):
         self.path: Path | None = None  # the study's file, once the study started
         self._fd: int | None = None
         self._job: str | None = None  # "retrain" while such a run is open
+        self._run_id: str | None = None  # the open run's `<study>/<run name>`
 
     # -- writing ------------------------------------------------------------------------------
     def _write(self, kind: str, **fields: Any) -> None:
@@ -113,6 +117,7 @@ class JsonlTracker(LifecycleTracker):
     ) -> None:
         job = config.get("job_type")
         self._job = None if job in (None, "trial") else str(job)
+        self._run_id = f"{self._study}/{config.get('run_name', f'trial-{number}')}"
         self._write("trial_start", trial=number, time=time.time(), params=params, config=config)
 
     def _on_step(self, step: int, metrics: Metrics) -> None:
@@ -122,6 +127,27 @@ class JsonlTracker(LifecycleTracker):
 
     def _on_event(self, step: int, event: Mapping[str, Any]) -> None:
         self._write("event", trial=self._trial, step=step, time=time.time(), event=event)
+
+    def _on_model(self, name: str, folder: Path, metadata: Mapping[str, Any]) -> None:
+        files = {
+            path.relative_to(folder).as_posix(): path.stat().st_size
+            for path in sorted(folder.rglob("*"))
+            if path.is_file()
+        }
+        self._write(
+            "model",
+            trial=self._trial,
+            time=time.time(),
+            name=name,
+            folder=str(folder.resolve()),
+            files=files,
+            metadata=metadata,
+        )
+
+    @property
+    def run_id(self) -> str | None:
+        """`<study>/<run name>` of the open run (module doc); None outside a run."""
+        return self._run_id if self._trial is not None else None
 
     def _on_end_trial(self, state: TrialEnd, summary: Mapping[str, Any], error: str | None) -> None:
         try:
@@ -134,7 +160,7 @@ class JsonlTracker(LifecycleTracker):
                 summary=summary,
             )
         finally:
-            self._job = None
+            self._job = self._run_id = None
 
     def _on_end_study(
         self,

@@ -1,24 +1,49 @@
-"""An exported model comes back as the same function: weights, decoding, errors (no processes)."""
+"""An exported model comes back as the same function: weights, decoding, the folder's files,
+the model card, the old layout, and loading with the core install alone."""
 
 from __future__ import annotations
 
+import fnmatch
 import json
+import os
+import subprocess
+import sys
+import sysconfig
 from pathlib import Path
 
 import pytest
 import torch
 import yaml
+from huggingface_hub import ModelCard
+from safetensors.torch import load_file, save_file
 
 import nas
 from nas import training
-from nas.export import ModelFolderError, TranslationModel, export_model
+from nas.export import ExportedModel, ModelFolderError, TranslationModel, export_model, main
+from nas.models import ModelConfig
 from nas.settings import NasSettings, SearchSpaceSettings
-from nas.tasks import get_task
+from nas.tasks import Vocab, get_task
 from nas.tasks.translation import Translation
 from pipeline.local.carry import as_carry, unwrap
 from pipeline.local.spec import build_layer
+from search_spaces.architecture import to_json
 from search_spaces.evolved_transformer import PRIMITIVES, evolved_transformer, seed_params
 from search_spaces.primer import with_primitives
+
+ROOT = Path(__file__).resolve().parents[2]
+METRICS = {
+    "validation_loss": 1.5,
+    "validation_chrf": 12.25,
+    "validation_decode_s": 3.0,
+    "test_loss": 1.625,
+    "test_chrf": 11.5,
+    "steps": 40,
+    "seed": 2,
+    "per_seed": [
+        {"seed": 1, "validation_loss": 1.75, "test_loss": 1.875},
+        {"seed": 2, "validation_loss": 1.5, "test_loss": 1.625},
+    ],
+}
 
 
 @pytest.fixture(scope="module")
@@ -41,10 +66,25 @@ def exported(tmp_path_factory: pytest.TempPathFactory, task: Translation) -> tup
         params=seed_params(arch),
         task=task,
         settings=NasSettings(),
-        metrics={"validation_loss": 1.5, "params": parameters},
+        metrics={**METRICS, "params": parameters},
         max_len=training.max_len(task),
     )
     return folder, layers
+
+
+def layers_forward(layers: dict, x: object) -> torch.Tensor:
+    carry = as_carry(x, "x")
+    with torch.no_grad():
+        for layer in layers.values():
+            carry = as_carry(layer.eval()(unwrap(carry)), "layer")
+    return unwrap(carry)
+
+
+def copy_folder(source: Path, target: Path) -> Path:
+    target.mkdir()
+    for path in source.iterdir():
+        (target / path.name).write_bytes(path.read_bytes())
+    return target
 
 
 def test_the_loaded_model_computes_what_the_layers_computed(
@@ -56,23 +96,23 @@ def test_the_loaded_model_computes_what_the_layers_computed(
     assert model.metrics["validation_loss"] == 1.5
     assert model.params == seed_params(model.architecture)
     x, _ = next(task.batches("validation", 16))
-    carry = as_carry(x, "x")
     with torch.no_grad():
-        for layer in layers.values():
-            carry = as_carry(layer.eval()(unwrap(carry)), "layer")
-        assert torch.equal(model(x), unwrap(carry))
+        assert torch.equal(model(x), layers_forward(layers, x))
+    again = ExportedModel.from_pretrained(str(folder))  # the base class: what the folder holds
+    assert isinstance(again, TranslationModel) and not again.training
+    with torch.no_grad():
+        assert torch.equal(again(x), model(x))
 
 
 def test_translate_decodes_exactly_as_the_evaluation_does(
     exported: tuple[Path, dict], task: Translation
 ) -> None:
-    model = nas.load_model(exported[0])
-    assert isinstance(model, TranslationModel)
-    sources = [english for english, _ in task.pairs("validation")][:150]
+    model = TranslationModel.from_pretrained(exported[0])
+    sources = [english for english, _ in task.pairs("validation")][:70]  # two batches
     evaluation = task.generate(
-        lambda src, tgt: model((src, tgt)), "validation", batch_size=128, indices=range(150)
+        lambda src, tgt: model((src, tgt)), "validation", batch_size=64, indices=range(70)
     )
-    assert model.translate(sources) == evaluation
+    assert model.translate(sources, batch_size=64) == evaluation
     assert model.translate([]) == []
     with pytest.raises(ValueError, match="reads at most 48"):
         model.translate(["x" * 49])
@@ -82,11 +122,80 @@ def test_translate_decodes_exactly_as_the_evaluation_does(
 
 def test_the_folder_holds_what_a_user_reads(exported: tuple[Path, dict]) -> None:
     folder = exported[0]
-    info = json.loads((folder / "architecture.json").read_text())
-    assert info["task"]["name"] == "translation" and info["params"]["dec.cells"] == 1
-    config = yaml.safe_load((folder / "config.yaml").read_text())
-    assert config["study"]["name"] == "nas" and config["train"]["steps"] == 60
+    assert sorted(p.name for p in folder.iterdir()) == [
+        "README.md",
+        "architecture.png",
+        "config.json",
+        "config.yaml",
+        "metrics.json",
+        "model.safetensors",
+    ]
+    config = json.loads((folder / "config.json").read_text())
+    assert config["format"] == "elastic-nas-model/2" and config["max_len"] == 50
+    assert config["task"] == {"name": "translation", "options": {}}
+    assert config["params"]["dec.cells"] == 1
+    assert config["training"]["steps"] == 40 and config["training"]["batch_size"] == 32
+    assert Vocab.from_json(json.dumps(config["vocab"])) == get_task("translation").vocab
+    run = yaml.safe_load((folder / "config.yaml").read_text())
+    assert run["study"]["name"] == "nas" and run["train"]["steps"] == 60
     assert (folder / "architecture.png").stat().st_size > 10_000
+    assert json.loads((folder / "metrics.json").read_text())["per_seed"][0]["seed"] == 1
+    names = load_file(str(folder / "model.safetensors"))
+    assert set(names) == set(nas.load_model(folder).state_dict())
+    assert "layers.embed_src.embed.tokens.weight" in names
+
+
+def test_the_model_card_says_what_the_model_is_and_how_to_load_it(
+    exported: tuple[Path, dict],
+) -> None:
+    folder = exported[0]
+    text = (folder / "README.md").read_text()
+    card = ModelCard.load(folder / "README.md")  # the Hub's own reader of the front matter
+    assert card.data.library_name == "elastic-nas" and card.data.license == "apache-2.0"
+    assert card.data.pipeline_tag == "translation"
+    assert {"elastic-nas", "neural-architecture-search", "translation"} <= set(card.data.tags)
+    parameters = sum(p.numel() for p in nas.load_model(folder).parameters())
+    assert f"parameters: {parameters:,}" in text
+    assert "![The encoder and decoder cells](architecture.png)" in text
+    assert "- steps: 40 per training seed" in text and "- batch size: 32" in text
+    assert "| loss | 1.5 | 1.625 |" in text and "| chrf | 12.25 | 11.5 |" in text
+    assert "decode s" not in text  # timings are not figures of the model
+    assert "Whole splits, training seed 2:" in text
+    assert "| 1 | 1.75 | 1.875 |" in text and "| 2 (these weights) | 1.5 | 1.625 |" in text
+    assert f'TranslationModel.from_pretrained("{folder}")' in text
+    assert f'nas.load_model("{folder}")' in text and "from nas.models import" in text
+
+
+def test_save_pretrained_writes_a_folder_that_loads_as_the_same_model(
+    exported: tuple[Path, dict], tmp_path: Path, task: Translation
+) -> None:
+    model = nas.load_model(exported[0])
+    saved = model.save_pretrained(tmp_path / "copy")
+    assert sorted(p.name for p in saved.iterdir()) == sorted(p.name for p in exported[0].iterdir())
+    assert (saved / "config.json").read_text() == (exported[0] / "config.json").read_text()
+    assert f'from_pretrained("{saved}")' in (saved / "README.md").read_text()
+    again = TranslationModel.from_pretrained(saved)
+    x, _ = next(task.batches("validation", 8))
+    with torch.no_grad():
+        assert torch.equal(again(x), model(x))
+    assert again.metrics == model.metrics
+
+
+def test_a_missing_or_an_extra_tensor_is_named_with_the_file(
+    exported: tuple[Path, dict], tmp_path: Path
+) -> None:
+    folder = copy_folder(exported[0], tmp_path / "strict")
+    weights = folder / "model.safetensors"
+    tensors = load_file(str(weights))
+    save_file({**tensors, "layers.head.stray": torch.zeros(2)}, str(weights))
+    with pytest.raises(ModelFolderError, match=f"{weights} holds tensor 'layers.head.stray'"):
+        nas.load_model(folder)
+    del tensors["layers.embed_tgt.embed.tokens.weight"]
+    save_file(tensors, str(weights))
+    with pytest.raises(
+        ModelFolderError, match=f"{weights} has no tensor 'layers.embed_tgt.embed.tokens.weight'"
+    ):
+        nas.load_model(folder)
 
 
 def test_a_wrong_or_incomplete_folder_is_named_with_what_is_missing(
@@ -94,19 +203,86 @@ def test_a_wrong_or_incomplete_folder_is_named_with_what_is_missing(
 ) -> None:
     with pytest.raises(ModelFolderError, match=f"{tmp_path / 'none'} is not a folder"):
         nas.load_model(tmp_path / "none")
+    with pytest.raises(ModelFolderError, match=f"{tmp_path / 'none'} is not a folder"):
+        TranslationModel.from_pretrained(tmp_path / "none")  # a Path is never a Hub id
     broken = tmp_path / "broken"
     broken.mkdir()
-    for name in ("architecture.json", "metrics.json"):
-        (broken / name).write_text((exported[0] / name).read_text())
-    with pytest.raises(ModelFolderError, match="missing model.safetensors, config.yaml"):
+    with pytest.raises(ModelFolderError, match="is not an exported model: missing config.json"):
         nas.load_model(broken)
-    for name in ("model.safetensors", "config.yaml"):
-        (broken / name).write_bytes((exported[0] / name).read_bytes())
-    info = json.loads((broken / "architecture.json").read_text())
-    info["architecture"]["d_model"] = 64  # not the weights' width
-    (broken / "architecture.json").write_text(json.dumps(info))
-    with pytest.raises(ModelFolderError, match="does not fit the architecture .* 'embed_src'"):
+    (broken / "config.json").write_text((exported[0] / "config.json").read_text())
+    with pytest.raises(ModelFolderError, match="missing model.safetensors"):
         nas.load_model(broken)
+    (broken / "model.safetensors").write_bytes((exported[0] / "model.safetensors").read_bytes())
+    config = json.loads((broken / "config.json").read_text())
+    config["architecture"]["d_model"] = 64  # not the weights' width
+    (broken / "config.json").write_text(json.dumps(config))
+    with pytest.raises(
+        ModelFolderError, match=r"tensor 'layers.embed_src.embed.\w+.weight' has shape"
+    ):
+        nas.load_model(broken)
+    (broken / "config.json").write_text(json.dumps({**config, "format": "other/1"}))
+    with pytest.raises(ModelFolderError, match="has format 'other/1'; valid"):
+        nas.load_model(broken)
+
+
+def test_a_hub_id_is_fetched_only_when_no_local_folder_has_that_name(tmp_path: Path) -> None:
+    """Offline (`local_files_only`), an `owner/name` that is not in the cache is refused."""
+    with pytest.raises(ModelFolderError, match="the Hugging Face Hub did not give it"):
+        TranslationModel.from_pretrained(
+            "nobody/no-such-model", local_files_only=True, cache_dir=tmp_path
+        )
+
+
+def test_a_folder_of_the_old_layout_loads_and_converts(
+    exported: tuple[Path, dict], tmp_path: Path, task: Translation
+) -> None:
+    """architecture.json of format "elastic-nas-model/1", weights named `<layer>.<name>`."""
+    folder = copy_folder(exported[0], tmp_path / "old")
+    config = json.loads((folder / "config.json").read_text())
+    old = {k: config[k] for k in ("task", "params", "architecture", "vocab", "max_len")}
+    (folder / "architecture.json").write_text(json.dumps({"format": "elastic-nas-model/1", **old}))
+    tensors = load_file(str(folder / "model.safetensors"))
+    renamed = {k.removeprefix("layers."): v for k, v in tensors.items()}
+    save_file(
+        renamed, str(folder / "model.safetensors"), metadata={"format": "elastic-nas-model/1"}
+    )
+    for name in ("config.json", "README.md"):
+        (folder / name).unlink()
+    model = nas.load_model(folder)
+    x, _ = next(task.batches("validation", 8))
+    with torch.no_grad():
+        assert torch.equal(model(x), layers_forward(exported[1], x))
+    assert main(["convert", str(folder)]) == 0
+    assert not (folder / "architecture.json").exists()
+    assert set(load_file(str(folder / "model.safetensors"))) == set(tensors)
+    assert "- steps: 40 per training seed" in (folder / "README.md").read_text()
+    with torch.no_grad():
+        assert torch.equal(TranslationModel.from_pretrained(folder)(x), model(x))
+    assert main(["convert", str(folder)]) == 0  # already converted: nothing to do
+
+
+def test_a_decoder_only_model_saves_and_loads_as_an_exported_model(tmp_path: Path) -> None:
+    vocab = Vocab.from_texts(["the cat sat"])
+    arch = evolved_transformer(32, n_heads=4, n_enc=0, n_dec=1)
+    config = ModelConfig(
+        architecture=json.loads(to_json(arch)),
+        params={},
+        vocab=json.loads(vocab.to_json()),
+        task={"name": "charlm", "options": {"seq_len": 16}},
+        max_len=16,
+    )
+    model = ExportedModel(config).eval()
+    folder = model.save_pretrained(tmp_path / "lm")
+    loaded = nas.load_model(folder)
+    assert type(loaded) is ExportedModel and loaded.architecture == arch
+    x = torch.tensor([vocab.encode("the cat", bos=True)])
+    with torch.no_grad():
+        assert torch.equal(loaded(x), model(x))
+    assert 'pipeline_tag: "text-generation"' in (folder / "README.md").read_text()
+    with pytest.raises(
+        ModelFolderError, match="a decoder-only model, which a TranslationModel cannot hold"
+    ):
+        TranslationModel.from_pretrained(folder)
 
 
 def test_a_model_with_primers_primitives_exports_and_loads(
@@ -132,8 +308,118 @@ def test_a_model_with_primers_primitives_exports_and_loads(
     assert model.architecture == arch
     assert (folder / "architecture.png").stat().st_size > 10_000
     x, _ = next(task.batches("validation", 8))
-    carry = as_carry(x, "x")
     with torch.no_grad():
-        for layer in layers.values():
-            carry = as_carry(layer(unwrap(carry)), "layer")
-        assert torch.equal(model(x), unwrap(carry))
+        assert torch.equal(model(x), layers_forward(layers, x))
+
+
+# -- loading with the core install alone ----------------------------------------------------
+# What the core install (torch, numpy, safetensors, huggingface_hub) lacks, and the
+# checkout's own editable-install hooks (the checkout is put on the path instead).
+NOT_CORE = (
+    "optuna*",
+    "hydra*",
+    "omegaconf*",
+    "wandb*",
+    "matplotlib*",
+    "sacrebleu*",
+    "rich*",
+    "scipy*",
+    "pycountry*",
+    "sqlalchemy*",
+    "alembic*",
+    "yaml*",
+    "_yaml*",
+    "pyyaml*",
+    "__editable__*",
+    "*elastic_nas*",
+)
+HARNESS_ONLY = (
+    "optuna",
+    "hydra",
+    "omegaconf",
+    "wandb",
+    "matplotlib",
+    "sacrebleu",
+    "rich",
+    "scipy",
+    "pycountry",
+    "sqlalchemy",
+    "yaml",
+)
+
+# Loads the folder, translates and runs a forward on fixed ids; prints what it got, which
+# of the harness's packages it imported, and whether Optuna could be imported at all.
+LOAD = """
+import importlib.util, json, sys
+import torch
+torch.set_num_threads(1)
+import nas
+from nas.models import TranslationModel
+model = TranslationModel.from_pretrained(sys.argv[1])
+assert type(nas.load_model(sys.argv[1])) is TranslationModel
+ids = torch.tensor([model.vocab.encode("Germany", bos=True)])
+with torch.no_grad():
+    logits = model((ids, ids))
+print(json.dumps({
+    "translations": model.translate(["Germany", "France", "Österreich"]),
+    "logits": logits[0, :, -1].tolist(),
+    "imported": sorted({m.split(".")[0] for m in sys.modules} & set(sys.argv[2:])),
+    "hub_imported": "huggingface_hub" in sys.modules,
+    "optuna": importlib.util.find_spec("optuna") is not None,
+}))
+"""
+
+
+def core_venv(tmp_path: Path) -> Path:
+    """The python of a new virtual environment that sees this one's packages but those of
+    `NOT_CORE`, and the checkout."""
+    venv = tmp_path / "core-venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    links = tmp_path / "core-packages"
+    links.mkdir()
+    for entry in Path(sysconfig.get_paths()["purelib"]).iterdir():
+        if not any(fnmatch.fnmatch(entry.name.lower(), p) for p in NOT_CORE):
+            (links / entry.name).symlink_to(entry)
+    [site] = venv.glob("lib/python*/site-packages")
+    (site / "core.pth").write_text(f"{links}\n{ROOT}\n")
+    return venv / "bin" / "python"
+
+
+def load_in(python: Path | str, folder: Path, cwd: Path) -> dict:
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
+    done = subprocess.run(
+        [str(python), "-c", LOAD, str(folder), *HARNESS_ONLY],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        cwd=cwd,
+        env=env,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.splitlines()[-1])
+
+
+@pytest.mark.timeout(600)
+def test_a_model_loads_with_the_core_install_alone(
+    exported: tuple[Path, dict], tmp_path: Path
+) -> None:
+    """In a virtual environment without Optuna, Hydra, W&B, matplotlib, sacrebleu, rich,
+    SciPy, pycountry, SQLAlchemy or PyYAML the model loads and computes what it computes
+    here; in this one, loading imports none of them (nor huggingface_hub, for a folder)."""
+    folder = exported[0]
+    here = load_in(sys.executable, folder, tmp_path)
+    assert here["imported"] == [] and not here["hub_imported"] and here["optuna"]
+    core = load_in(core_venv(tmp_path), folder, tmp_path)
+    assert not core["optuna"] and core["imported"] == [] and not core["hub_imported"]
+    model = TranslationModel.from_pretrained(folder)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        ids = torch.tensor([model.vocab.encode("Germany", bos=True)])
+        with torch.no_grad():
+            logits = model((ids, ids))[0, :, -1]
+        translations = model.translate(["Germany", "France", "Österreich"])
+    finally:
+        torch.set_num_threads(threads)
+    assert core["translations"] == here["translations"] == translations
+    assert torch.allclose(torch.tensor(core["logits"]), logits, atol=1e-5)

@@ -1,14 +1,15 @@
-"""The learning-rate schedule: warm-up, constant or cosine, and the factory that follows it."""
+"""The learning-rate schedule: warm-up, constant or cosine, and the torch scheduler that runs it."""
 
 from __future__ import annotations
 
 import itertools
 import math
+import pickle
 
 import pytest
 import torch
 
-from nas.learning_rate import ScheduledOptimizer, learning_rate
+from nas.learning_rate import LrSchedule, learning_rate
 
 
 def test_warmup_rises_linearly_then_the_cosine_ends_at_the_floor() -> None:
@@ -32,12 +33,35 @@ def test_constant_after_warmup_and_a_bad_name_is_refused() -> None:
         learning_rate(0, base=1.0, total=10, schedule="linear")
 
 
-def test_the_factory_builds_at_the_current_rate_and_moves_a_live_optimizer() -> None:
-    factory = ScheduledOptimizer(1e-2, 100, warmup=4, schedule="cosine")
+def test_the_scheduler_runs_each_update_at_its_steps_rate_and_resumes_from_its_state() -> None:
+    schedule = LrSchedule(1e-2, 12, warmup=4, schedule="cosine", min_ratio=0.1)
     layer = torch.nn.Linear(2, 2)
-    optimizer = factory([{"params": list(layer.parameters())}])
-    assert optimizer.param_groups[0]["lr"] == pytest.approx(2.5e-3)  # step 0 of the warm-up
-    factory.set_step(50, [optimizer])
-    assert optimizer.param_groups[0]["lr"] == pytest.approx(factory.rate(50)) and factory(
-        [{"params": list(layer.parameters())}]
-    ).param_groups[0]["lr"] == pytest.approx(factory.rate(50))
+    optimizer = schedule.optimizer()([{"params": list(layer.parameters())}])
+    scheduler = pickle.loads(pickle.dumps(schedule))(optimizer)  # crosses processes
+    seen = []
+    for step in range(12):
+        seen.append(optimizer.param_groups[0]["lr"])
+        layer(torch.ones(1, 2)).sum().backward()
+        optimizer.step()
+        scheduler.step()
+        if step == 5:  # a checkpoint: a new scheduler, its state loaded, goes on alike
+            state, lr = scheduler.state_dict(), optimizer.param_groups[0]["lr"]
+    expected = [
+        learning_rate(s, base=1e-2, total=12, warmup=4, schedule="cosine", min_ratio=0.1)
+        for s in range(12)
+    ]
+    assert seen == expected == [schedule.rate(s) for s in range(12)]  # to the last bit
+    assert seen[0] == pytest.approx(2.5e-3) and seen[-1] == pytest.approx(1e-3)
+    again = torch.optim.AdamW(layer.parameters(), lr=1e-2)
+    resumed = schedule(again)
+    again.param_groups[0]["lr"] = lr
+    resumed.load_state_dict(state)
+    resumed.step()
+    assert again.param_groups[0]["lr"] == expected[7]
+
+
+def test_a_bad_schedule_is_refused_when_built() -> None:
+    with pytest.raises(ValueError, match="total=0 is not valid"):
+        LrSchedule(1e-3, 0)
+    with pytest.raises(ValueError, match="schedule='step' is not valid"):
+        LrSchedule(1e-3, 10, schedule="step")

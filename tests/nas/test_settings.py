@@ -33,6 +33,16 @@ def test_pipemare_options_are_the_runtimes() -> None:
         settings.PipelineSettings(schedule="1f1b", pipemare={"update_every": 2})
 
 
+def test_pipemare_takes_only_a_constant_rate() -> None:
+    """PipeMare's T1 sets the rates itself: the runtime takes no lr_scheduler under it."""
+    pipemare = settings.PipelineSettings(schedule="pipemare")
+    assert settings.NasSettings(pipeline=pipemare).train.lr_schedule == "constant"
+    with pytest.raises(ValueError, match="train.lr_schedule='cosine' with train.warmup_steps=0"):
+        settings.NasSettings(pipeline=pipemare, train=settings.TrainSettings(lr_schedule="cosine"))
+    with pytest.raises(ValueError, match="valid: train.lr_schedule=constant"):
+        settings.NasSettings(pipeline=pipemare, train=settings.TrainSettings(warmup_steps=5))
+
+
 def test_pdh_budgets_must_be_evaluation_steps() -> None:
     with pytest.raises(ValueError, match=r"budgets=\[15\] has \[15\], not an evaluation step"):
         settings.NasSettings(

@@ -2,31 +2,47 @@
 
 `tracker`: `WandbTracker`, a run per trial and a run per study, offline by default, and
 `sync_command` for uploading offline runs later. `history`: `read_run`, which decodes an
-offline run's `.wandb` file back into its config, history rows and summary. Neither
-imports wandb at module level, so importing this package does not need wandb.
+offline run's `.wandb` file back into its config, history rows, summary, metric
+definitions and artifacts. Neither imports wandb at module level, so importing this
+package does not need wandb.
 """
 
 from __future__ import annotations
 
 from nas.tracking.wandb.history import (
+    MetricDefinition,
+    WandbArtifact,
     WandbLogError,
     WandbRunData,
+    file_digest,
     find_run_files,
     iter_chunks,
     iter_records,
     read_run,
 )
-from nas.tracking.wandb.tracker import MODES, QUIET_SETTINGS, WandbTracker, sync_command
+from nas.tracking.wandb.tracker import (
+    MODES,
+    QUIET_SETTINGS,
+    STEP_METRIC,
+    WandbTracker,
+    metric_summary,
+    sync_command,
+)
 
 __all__ = [
     "MODES",
     "QUIET_SETTINGS",
+    "STEP_METRIC",
+    "MetricDefinition",
+    "WandbArtifact",
     "WandbLogError",
     "WandbRunData",
     "WandbTracker",
+    "file_digest",
     "find_run_files",
     "iter_chunks",
     "iter_records",
+    "metric_summary",
     "read_run",
     "sync_command",
 ]

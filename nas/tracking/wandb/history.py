@@ -1,4 +1,4 @@
-"""Read an offline W&B run back from its `.wandb` file: config, history rows, summary, exit.
+"""Read an offline W&B run back from its `.wandb` file: config, history, summary, artifacts.
 
 Offline runs are only a binary transaction log until `wandb sync` uploads them, and wandb
 0.31 ships no Python reader for it (the old `wandb.sdk.internal.datastore` is gone; the
@@ -20,7 +20,9 @@ The format (wandb-core's `pkg/leveldb`, the LevelDB log format with a W&B header
 From the records: `run` (id, name, project, group, job type, tags, the initial config),
 `config` updates, `history` (one row per logged step: items keyed by `key` or
 `nested_key`, valued by `value_json` or the typed `none`/`boolean`/`integer`/`number`/
-`text`/`json` fields), `summary` updates and removals, and `exit` (the exit code). A file
+`text`/`json` fields), `summary` updates and removals, `metric` (a `define_metric`: step
+metric, summaries, hidden), `artifact` (a logged artifact: name, type, metadata, its
+manifest's files) and `exit` (the exit code). A file
 whose tail is cut off (a run that crashed or is still running) reads up to its last whole
 record and says so (`truncated`).
 
@@ -30,6 +32,8 @@ module needs no wandb.
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import json
 import struct
 import zlib
@@ -39,8 +43,11 @@ from pathlib import Path
 from typing import Any
 
 __all__ = [
+    "MetricDefinition",
+    "WandbArtifact",
     "WandbLogError",
     "WandbRunData",
+    "file_digest",
     "find_run_files",
     "iter_chunks",
     "iter_records",
@@ -158,6 +165,54 @@ def iter_records(data: bytes, *, name: str = "<bytes>") -> Iterator[bytes]:
     return _Scanner(data, name).records()
 
 
+@dataclass(frozen=True)
+class MetricDefinition:
+    """One `define_metric` as the run stored it: `name` is the metric or the glob
+    ("*", "trials/*"); `summary` the aggregations ("min", "last", ...) in W&B's order."""
+
+    name: str
+    glob: bool = False
+    step_metric: str = ""
+    summary: tuple[str, ...] = ()
+    hidden: bool = False
+    step_sync: bool = False
+
+
+def file_digest(path: str | Path) -> str:
+    """W&B's digest of a file in an artifact's manifest: its MD5, base64-encoded."""
+    md5 = hashlib.md5(usedforsecurity=False)
+    with open(path, "rb") as stream:
+        for block in iter(lambda: stream.read(1 << 20), b""):
+            md5.update(block)
+    return base64.b64encode(md5.digest()).decode("ascii")
+
+
+@dataclass(frozen=True)
+class WandbArtifact:
+    """One logged artifact: `files` maps each path in it to (size in bytes, W&B's digest:
+    `file_digest`)."""
+
+    name: str
+    type: str
+    digest: str = ""
+    metadata: dict[str, Any] = field(default_factory=dict)
+    aliases: tuple[str, ...] = ()
+    files: dict[str, tuple[int, str]] = field(default_factory=dict)
+
+    def differences(self, folder: str | Path) -> list[str]:
+        """The paths where `folder` and the artifact differ (a file in only one of them, or
+        with another size or digest), sorted; [] when the artifact holds the folder as is."""
+        root = Path(folder)
+        here = {p.relative_to(root).as_posix(): p for p in root.rglob("*") if p.is_file()}
+        return sorted(
+            path
+            for path in here.keys() | self.files.keys()
+            if path not in here
+            or path not in self.files
+            or self.files[path] != (here[path].stat().st_size, file_digest(here[path]))
+        )
+
+
 @dataclass
 class WandbRunData:
     """One run as its `.wandb` file holds it.
@@ -166,7 +221,8 @@ class WandbRunData:
     `_runtime`, `_timestamp`) beside the logged ones; `metrics()` leaves out all but
     `_step`. `summary` and `config`: the final values after every update. `exit_code`: None
     when the file has no exit record (the run crashed or is still running). `truncated`:
-    the file ends inside a record.
+    the file ends inside a record. `metric_definitions`: the run's `define_metric`s by name
+    (a later one for the same name replaces it); `artifacts`: what the run logged, in order.
     """
 
     path: Path  # the .wandb file
@@ -182,6 +238,8 @@ class WandbRunData:
     summary: dict[str, Any] = field(default_factory=dict)
     exit_code: int | None = None
     truncated: bool = False
+    metric_definitions: dict[str, MetricDefinition] = field(default_factory=dict)
+    artifacts: list[WandbArtifact] = field(default_factory=list)
 
     @property
     def directory(self) -> Path:
@@ -189,9 +247,15 @@ class WandbRunData:
         return self.path.parent
 
     def metrics(self) -> list[dict[str, Any]]:
-        """The history rows with W&B's bookkeeping keys left out (`_step` kept)."""
+        """The history rows with W&B's bookkeeping keys left out (`_step` kept), and the
+        tracker's step metric `step` where it only repeats `_step`."""
         return [
-            {k: v for k, v in row.items() if k == "_step" or not k.startswith("_")}
+            {
+                k: v
+                for k, v in row.items()
+                if (k == "_step" or not k.startswith("_"))
+                and not (k == "step" and v == row.get("_step"))
+            }
             for row in self.history
         ]
 
@@ -291,10 +355,43 @@ def read_run(path: str | Path) -> WandbRunData:
                 _set(run.summary, _item_path(item), _item_value(item))
             for item in record.summary.remove:
                 _remove(run.summary, _item_path(item))
+        elif kind == "metric":
+            definition = _metric(record.metric)
+            run.metric_definitions[definition.name] = definition
+        elif kind == "artifact":
+            run.artifacts.append(_artifact(record.artifact))
         elif kind == "exit":
             run.exit_code = record.exit.exit_code
     run.truncated = scanner.truncated
     return run
+
+
+_SUMMARIES = ("min", "max", "mean", "first", "last", "best", "none", "copy")
+
+
+def _metric(record: Any) -> MetricDefinition:
+    """A `MetricRecord` (a `define_metric`)."""
+    summary = tuple(s for s in _SUMMARIES if getattr(record.summary, s, False))
+    return MetricDefinition(
+        name=record.name or record.glob_name,
+        glob=not record.name,
+        step_metric=record.step_metric,
+        summary=summary,
+        hidden=record.options.hidden,
+        step_sync=record.options.step_sync,
+    )
+
+
+def _artifact(record: Any) -> WandbArtifact:
+    """An `ArtifactRecord` (a `log_artifact`), its manifest's files included."""
+    return WandbArtifact(
+        name=record.name,
+        type=record.type,
+        digest=record.digest,
+        metadata=json.loads(record.metadata) if record.metadata else {},
+        aliases=tuple(record.aliases),
+        files={e.path: (e.size, e.digest) for e in record.manifest.contents},
+    )
 
 
 def find_run_files(directory: str | Path) -> list[Path]:

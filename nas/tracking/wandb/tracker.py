@@ -6,7 +6,15 @@ study-level view (every trial, the Pareto front). This tracker makes one W&B run
 (`reinit="create_new"`, grouped by study, `job_type="trial"`) and one run per study
 (`job_type="study"`) that ends with a table of the trials, a table of the Pareto front and,
 when the study names two objectives, a picture of the front. The retrain stage's runs join
-the group as `job_type="retrain"` (their `start_trial` config says so).
+the group as `job_type="retrain"` (their `start_trial` config says so); a retrain run that
+exported its model logs the model's folder as an artifact of type "model" (`log_model`).
+
+Each run says how its metrics summarise (`define_metric`): a trial's history rows carry
+`step`, the step metric of every metric (the study run's `trials/*` step by
+`trials/ended`); a metric with a direction (`metric_summary`: the task's declared
+directions when the tracker is told them, else the name: losses go down; accuracy, chrF
+and exact match go up) summarises as its best and its last value, {"min"|"max", "last"};
+the end-of-trial figure of such a metric is written as its "last".
 
 Offline by default: W&B writes each run to `<directory>/wandb/offline-run-*/` and nothing
 leaves the machine (W&B's own error reporting is turned off too, unless
@@ -26,14 +34,25 @@ import os
 import shlex
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, get_args
 
 from nas.tracking.base import LifecycleTracker, Metrics, TrialEnd, clean_metrics, json_safe
 from nas.tracking.plots import save_pareto_plot
 
-__all__ = ["MODES", "QUIET_SETTINGS", "WandbTracker", "sync_command"]
+__all__ = [
+    "MODES",
+    "QUIET_SETTINGS",
+    "STEP_METRIC",
+    "WandbTracker",
+    "metric_summary",
+    "sync_command",
+]
 
 MODES = ("offline", "online", "disabled")
+Direction = Literal["minimize", "maximize"]
+STEP_METRIC = "step"  # logged in every trial row: the x axis of the trial's metrics
+_SPLITS = ("validation_", "test_", "train_")
+_RISING = ("accuracy", "chrf", "exact_match")  # by name, when no direction is declared
 
 # W&B settings the tracker applies unless `settings=` overrides them: no console capture,
 # no informational output (warnings and errors still print), no system-metrics sampler
@@ -56,6 +75,25 @@ def sync_command(directories: Iterable[str | Path]) -> str:
     return shlex.join(["wandb", "sync", *paths])
 
 
+def metric_summary(name: str, directions: Mapping[str, Direction] | None = None) -> str | None:
+    """How W&B summarises metric `name`: "min,last" when lower is better, "max,last" when
+    higher is, None when neither is known (W&B's default: the last value).
+
+    The direction is `directions[name]`, else that of its validation twin
+    (`directions["validation_<metric>"]` for "loss", "test_loss", "stage0/train_loss"...), else
+    the name's: a loss ("loss", "*_loss") is minimised; accuracy, chrF and exact match
+    are maximised."""
+    base = name.rsplit("/", 1)[-1]
+    for split in _SPLITS:
+        base = base.removeprefix(split)
+    way = (directions or {}).get(name) or (directions or {}).get(f"validation_{base}")
+    if way is None and (base == "loss" or base.endswith("_loss")):
+        way = "minimize"
+    if way is None and base in _RISING:
+        way = "maximize"
+    return None if way is None else ("min,last" if way == "minimize" else "max,last")
+
+
 def _cell(value: Any) -> Any:
     """A table cell: scalars as they are, lists and dicts as JSON text."""
     value = json_safe(value)
@@ -71,6 +109,15 @@ def _columns(rows: Sequence[Mapping[str, Any]]) -> list[str]:
     return list(columns)
 
 
+def _set_last(run: Any, key: str, value: Any) -> None:
+    """`value` as the "last" of `key`'s summary {"min"|"max", "last"}, keeping its best;
+    written plainly when W&B holds no such summary for `key`."""
+    try:
+        run.summary[key]["last"] = value
+    except (KeyError, TypeError):
+        run.summary[key] = value
+
+
 class WandbTracker(LifecycleTracker):
     """Logs a study to W&B: a run per trial and a run for the study (module doc).
 
@@ -83,9 +130,12 @@ class WandbTracker(LifecycleTracker):
         study_run: whether to make the study-level run.
         settings: W&B settings overriding `QUIET_SETTINGS` (e.g. {"x_disable_stats": False}).
         teardown: whether `close` also shuts down W&B's service process.
+        directions: metric name -> "minimize" / "maximize" (the task's declared directions,
+            as `validation_<metric>`), which decide the metrics' summaries (`metric_summary`).
 
     After a run starts, its folder is in `trial_directories[trial]` / `study_directory`
-    and in `run_directories` (all, in order); `sync_command()` uploads them.
+    and in `run_directories` (all, in order); `sync_command()` uploads them. `run_id` is
+    the open trial's W&B run id.
     """
 
     def __init__(
@@ -99,6 +149,7 @@ class WandbTracker(LifecycleTracker):
         study_run: bool = True,
         settings: Mapping[str, Any] | None = None,
         teardown: bool = True,
+        directions: Mapping[str, Direction] | None = None,
     ) -> None:
         if mode not in MODES:
             raise ValueError(f"unknown W&B mode {mode!r}; valid modes: {', '.join(MODES)}")
@@ -106,6 +157,12 @@ class WandbTracker(LifecycleTracker):
             raise TypeError("tags must be a sequence of strings, not one string")
         if settings and "mode" in settings:
             raise ValueError("pass the W&B mode as mode=..., not in settings")
+        for metric, way in (directions or {}).items():
+            if way not in get_args(Direction):
+                raise ValueError(
+                    f"metric {metric!r} has direction {way!r}; valid: "
+                    f"{', '.join(get_args(Direction))}"
+                )
         try:
             import wandb
         except ImportError as error:
@@ -122,12 +179,15 @@ class WandbTracker(LifecycleTracker):
         self.make_study_run = study_run
         self.settings: dict[str, Any] = {**QUIET_SETTINGS, **(settings or {})}
         self.teardown = teardown
+        self.directions: dict[str, Direction] = dict(directions or {})
         self.run_directories: list[Path] = []
         self.trial_directories: dict[int, Path] = {}
         self.study_directory: Path | None = None
         self._study_run: Any = None
         self._trial_run: Any = None
         self._events: list[dict[str, Any]] = []
+        self._summarised: set[str] = set()  # the open trial's metrics with a defined summary
+        self._seen: set[str] = set()  # the open trial's metrics logged so far
         self._ended: dict[str, int] = {"complete": 0, "pruned": 0, "failed": 0}
         self._set_up = False
         self._service = False
@@ -185,6 +245,8 @@ class WandbTracker(LifecycleTracker):
             self._study_run, self.study_directory = self._init(
                 name=f"{study_name}-study", group=study_name, job_type="study", config=config
             )
+            self._study_run.define_metric("trials/ended", hidden=True)
+            self._study_run.define_metric("trials/*", step_metric="trials/ended")
         else:
             self._setup()
         self._ended = dict.fromkeys(self._ended, 0)
@@ -201,13 +263,36 @@ class WandbTracker(LifecycleTracker):
             job_type=job_type,
             config=run_config,
         )
+        run.define_metric(STEP_METRIC, hidden=True)
+        run.define_metric("*", step_metric=STEP_METRIC)
         self._trial_run = run
-        self._events = []
+        self._events, self._summarised, self._seen = [], set(), set()
         if directory is not None:
             self.trial_directories[number] = directory
 
+    @property
+    def run_id(self) -> str | None:
+        """The open trial's W&B run id; None outside a trial."""
+        return None if self._trial_run is None else str(self._trial_run.id)
+
     def _on_step(self, step: int, metrics: Metrics) -> None:
-        self._trial_run.log(clean_metrics(metrics), step=step)
+        """One history row with `step` in it, flushed at once (so the end-of-trial summary
+        comes after every row); a metric seen first gets its summary defined."""
+        row = clean_metrics(metrics)
+        for key in row.keys() - self._seen:
+            self._seen.add(key)
+            summary = metric_summary(key, self.directions)
+            if summary is not None and key != STEP_METRIC:
+                self._trial_run.define_metric(key, step_metric=STEP_METRIC, summary=summary)
+                self._summarised.add(key)
+        self._trial_run.log({**row, STEP_METRIC: step}, step=step, commit=True)
+
+    def _on_model(self, name: str, folder: Path, metadata: Mapping[str, Any]) -> None:
+        """The folder as an artifact of type "model" of the open run (offline: staged
+        beside W&B's data and uploaded by `wandb sync`)."""
+        artifact = self._wandb.Artifact(name, type="model", metadata=json_safe(dict(metadata)))
+        artifact.add_dir(str(folder))
+        self._trial_run.log_artifact(artifact)
 
     def _on_event(self, step: int, event: Mapping[str, Any]) -> None:
         """Kept and written at the end of the trial as the table `events` (in the summary,
@@ -222,10 +307,13 @@ class WandbTracker(LifecycleTracker):
             if self._events:
                 final["events"] = self._table(self._events)
                 final["event_count"] = len(self._events)
+            summarised = {k: final.pop(k) for k in self._summarised & final.keys()}
             run.summary.update(final)
+            for key, value in summarised.items():
+                _set_last(run, key, value)
             run.tags = (*tuple(run.tags or ()), text)
         finally:
-            self._trial_run, self._events = None, []
+            self._trial_run, self._events, self._summarised, self._seen = None, [], set(), set()
             run.finish(exit_code=1 if state == TrialEnd.FAILED else 0)
         self._ended[state.value] += 1
         if self._study_run is not None:

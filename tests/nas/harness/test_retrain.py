@@ -1,5 +1,7 @@
 """The retrain stage end to end: a stored study's best and both seeds retrained from scratch
-with two training seeds on stage processes, exported, loaded alone, tracked in W&B."""
+with two training seeds on stage processes, exported, loaded alone, tracked in W&B: each
+export a model artifact of its seed's run, read back from the offline run files, the
+metrics' summaries defined, the run ids and export paths kept in the Optuna study."""
 
 from __future__ import annotations
 
@@ -12,10 +14,13 @@ import pytest
 
 import nas
 from nas.export import TranslationModel
-from nas.retrain import retrain, retrain_models, select_models
+from nas.retrain import RetrainResult, retrain, retrain_models, select_models
+from nas.settings import NasSettings
 from nas.study import run_study
 from nas.tasks import get_task
-from nas.tracking.wandb.history import find_run_files, read_run
+from nas.tracking import TRACKER_RUN_ID
+from nas.tracking.exports import EXPORTED_MODELS
+from nas.tracking.wandb.history import WandbArtifact, WandbRunData, find_run_files, read_run
 from nas.trials import counted, seed_architectures
 from search_spaces.compile import parameter_count
 from search_spaces.evolved_transformer import ParamWindow, sample, validate
@@ -98,6 +103,19 @@ def test_the_best_and_both_seeds_are_retrained_exported_and_load_alone(
     )
     assert all(run.group == "r" and run.exit_code == 0 for run in retrained)
     assert all("validation_chrf" in run.summary and "test_loss" in run.summary for run in retrained)
+    assert_metric_summaries_are_defined(retrained)
+    logged = assert_each_export_is_an_artifact_of_its_seeds_run(
+        settings, result.exported, retrained
+    )
+    for name, artifact in logged.items():  # the files as exported; only the run records
+        differences = artifact.differences(result.exported[name])  # were written after
+        assert all(path.startswith("runs/seed-") for path in differences), differences
+    assert models_logged(retrained) == len(result.exported)  # by the exported seeds' runs only
+    # every trial that trained keeps its W&B run's id, set while it ran
+    by_name = {run.name: run for run in runs}
+    assert {t.number: t.user_attrs[TRACKER_RUN_ID] for t in trials} == {
+        t.number: by_name[f"r-trial-{t.number}"].run_id for t in trials
+    }
 
     # the best again with a third seed, as a stopped retraining resumes: only what is missing
     # trains
@@ -113,6 +131,64 @@ def test_the_best_and_both_seeds_are_retrained_exported_and_load_alone(
     tracked = [read_run(path) for path in find_run_files(tmp_path / "run" / "tracking")]
     names = [run.name for run in tracked if run.job_type == "retrain"]
     assert len(names) == len(set(names)) == 7  # the first six were not tracked twice
+    # the best's export is its best seed of three now: the study's record follows it
+    retrained = [run for run in tracked if run.job_type == "retrain"]
+    assert_each_export_is_an_artifact_of_its_seeds_run(more, again.exported, retrained)
+    assert models_logged(retrained) == len(result.exported) + (seed_exported(again, best) == 2)
+
+
+def models_logged(runs: list[WandbRunData]) -> int:
+    return sum(artifact.type == "model" for run in runs for artifact in run.artifacts)
+
+
+def seed_exported(result: RetrainResult, model: str) -> int:
+    """The seed whose weights `model`'s export holds."""
+    return int(json.loads((Path(result.exported[model]) / "metrics.json").read_text())["seed"])
+
+
+def assert_metric_summaries_are_defined(runs: list[WandbRunData]) -> None:
+    """Losses summarise as their minimum and last value, chrF and accuracy as their
+    maximum and last, every metric against the logged `step`."""
+    for run in runs:
+        definitions = run.metric_definitions
+        assert definitions["*"].glob and definitions["*"].step_metric == "step", run.name
+        for key in ("loss", "validation_loss"):
+            assert definitions[key].summary == ("min", "last"), (run.name, key)
+        for key in ("validation_chrf", "validation_accuracy", "validation_exact_match"):
+            assert definitions[key].summary == ("max", "last"), (run.name, key)
+        assert set(run.summary["validation_loss"]) == {"min", "last"}
+        assert run.summary["validation_chrf"]["max"] >= run.summary["validation_chrf"]["last"]
+
+
+def assert_each_export_is_an_artifact_of_its_seeds_run(
+    settings: NasSettings, exported: dict[str, str], runs: list[WandbRunData]
+) -> dict[str, WandbArtifact]:
+    """The run of the seed an export holds logged the folder as a model artifact with its
+    figures; the study records the folder and that run's id. Returns the artifacts."""
+    by_name = {run.name: run for run in runs}
+    artifacts: dict[str, WandbArtifact] = {}
+    study = optuna.load_study(study_name="r", storage=settings.storage_url)
+    recorded = study.user_attrs[EXPORTED_MODELS]
+    assert set(exported) <= set(recorded)
+    for name, folder in exported.items():
+        metrics = json.loads((Path(folder) / "metrics.json").read_text())
+        seed = metrics["seed"]
+        run = by_name[f"r-retrain-{name}-seed-{seed}"]
+        [artifact] = [a for a in run.artifacts if a.type == "model"]
+        assert artifact.name == f"r-{name}"
+        assert {"model.safetensors", "metrics.json"} <= set(artifact.files)
+        assert artifact.metadata["seed"] == seed and artifact.metadata["model"] == name
+        assert artifact.metadata["trial"] == metrics["trial"]
+        assert artifact.metadata["parameters"] == metrics["params"]
+        assert artifact.metadata["validation_loss"] == metrics["validation_loss"]
+        assert recorded[name] == {
+            "folder": str(Path(folder).resolve()),
+            "seed": seed,
+            "trial": metrics["trial"],
+            "tracker_run_id": run.run_id,
+        }
+        artifacts[name] = artifact
+    return artifacts
 
 
 def test_retraining_a_study_that_does_not_exist_names_it(tmp_path: Path) -> None:

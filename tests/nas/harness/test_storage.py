@@ -1,21 +1,31 @@
-"""Storages and orphaned trials: which RUNNING trials a (re)started harness may fail.
+"""Storages and orphaned trials: which RUNNING trials a (re)started harness may fail; URLs;
+how a server storage's calls wait out an outage.
 
 Real Optuna storages (SQLite and a journal file) and real processes; no stage processes.
+The outage is Optuna's in-memory storage failing as a stopped server does (the real server
+is stopped in test_server_storage.py).
 """
 
 from __future__ import annotations
 
+import logging
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import optuna
 import pytest
+import sqlalchemy.exc
+from optuna.storages import InMemoryStorage
 
 from nas import storage
 from nas.errors import HeartbeatError
+from nas.storage_retry import RetryingStorage, StorageUnavailableError
+from nas.storage_url import StorageKind, kind, masked, without_password
 from nas.trials import INTERRUPTED, OWNER, counted, fail_running
 from tests.nas.harness.common import composed, locked
 
@@ -92,13 +102,123 @@ def test_a_trial_whose_heartbeat_stops_is_failed_uncounted_and_asked_again(
 @pytest.mark.parametrize(
     "url,message",
     [
-        ("outputs/x.db", "use an SQLAlchemy URL"),
+        ("outputs/x.db", "not a storage URL; valid: sqlite:///path.db"),
         ("journal://", "names no file"),
+        ("grpc://proxy-host", "use grpc://host:port"),
+        ("postgres ql://u:secret@h/db", r"study.storage='postgres ql://u:\*\*\*@h/db'"),
     ],
 )
 def test_a_bad_storage_url_says_what_is_valid(url: str, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         storage.make_storage(url)
+    with pytest.raises(ValueError, match=message):  # refused when the settings are read
+        composed(f"study.storage={url}")
+
+
+def test_storage_wait_s_is_checked() -> None:
+    assert composed("study.storage_wait_s=5").study.storage_wait_s == 5
+    for bad in ("0", "-1", "inf"):
+        with pytest.raises(ValueError, match=rf"study.storage_wait_s={bad}.* is not valid"):
+            composed(f"study.storage_wait_s={bad}")
+
+
+def test_what_is_shown_of_a_url_hides_its_password() -> None:
+    url = "postgresql+psycopg2://nas:s3:cr@t@db.example:5432/postgres"
+    assert masked(url) == "postgresql+psycopg2://nas:***@db.example:5432/postgres"
+    assert without_password(url) == "postgresql+psycopg2://nas@db.example:5432/postgres"
+    assert storage.dashboard_target(url) == without_password(url)  # PGPASSWORD gives it
+    assert masked("sqlite:///a.db") == "sqlite:///a.db"
+    assert "the --storage URL of the proxy" in storage.dashboard_target("grpc://h:13000")
+    assert kind("grpc://h:13000") == StorageKind.GRPC and kind(url) == StorageKind.SERVER
+
+
+class FlakyStorage(InMemoryStorage):
+    """Optuna's in-memory storage whose calls fail as a database server's do while it is
+    down: each call raises `error` while `down` is set; `lose_reply` makes the next trial
+    finish commit, then fail as a dropped connection does."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.down = False
+        self.lose_reply = False
+        self.error: Exception = sqlalchemy.exc.OperationalError(
+            "SELECT 1", {}, Exception("connection refused")
+        )
+
+    def get_all_trials(self, *args: Any, **kwargs: Any) -> list[optuna.trial.FrozenTrial]:
+        if self.down:
+            raise self.error
+        return super().get_all_trials(*args, **kwargs)
+
+    def set_trial_state_values(self, *args: Any, **kwargs: Any) -> bool:
+        done = super().set_trial_state_values(*args, **kwargs)
+        if self.lose_reply:
+            self.lose_reply = False
+            raise self.error
+        return done
+
+
+def _flaky(wait_s: float) -> tuple[FlakyStorage, RetryingStorage]:
+    inner = FlakyStorage()
+    return inner, RetryingStorage(inner, "postgresql://nas:***@db/postgres", wait_s)
+
+
+def test_an_outage_shorter_than_the_wait_is_waited_out_and_logged(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    inner, wrapped = _flaky(wait_s=30)
+    study = optuna.create_study(storage=wrapped)
+    heard: list[str | None] = []
+    wrapped.on_wait = heard.append
+    inner.down = True
+    threading.Timer(1.2, lambda: setattr(inner, "down", False)).start()  # back after 1.2 s
+    started = time.monotonic()
+    with caplog.at_level(logging.WARNING, logger="nas.storage"):
+        assert study.trials == []
+    assert 1.0 < time.monotonic() - started < 5
+    said = [r.getMessage() for r in caplog.records if r.name == "nas.storage"]
+    assert said[0].startswith("storage postgresql://nas:***@db/postgres unreachable")
+    assert "connection refused" in said[0] and "study.storage_wait_s" in said[0]
+    assert said[-1].startswith("storage postgresql://nas:***@db/postgres reachable again")
+    assert heard[0] is not None and heard[-1] is None  # rank 0's progress bar hears it too
+
+
+def test_an_outage_longer_than_the_wait_ends_in_an_error_naming_the_storage() -> None:
+    inner, wrapped = _flaky(wait_s=1)
+    study = optuna.create_study(storage=wrapped)
+    inner.down = True
+    started = time.monotonic()
+    with pytest.raises(StorageUnavailableError, match=r"postgresql://nas:\*\*\*@db/postgres "):
+        study.get_trials()
+    assert 0.9 < time.monotonic() - started < 3
+    started = time.monotonic()
+    with pytest.raises(StorageUnavailableError):  # given up: the next call tries once
+        study.get_trials()
+    assert time.monotonic() - started < 0.5
+    inner.down = False
+    assert study.trials == []  # back: calls work (and would wait) again
+
+
+def test_an_error_no_wait_mends_is_raised_at_once() -> None:
+    inner, wrapped = _flaky(wait_s=30)
+    study = optuna.create_study(storage=wrapped)
+    inner.error = sqlalchemy.exc.OperationalError(
+        "SELECT 1", {}, Exception('password authentication failed for user "nas"')
+    )
+    inner.down = True
+    started = time.monotonic()
+    with pytest.raises(sqlalchemy.exc.OperationalError, match="authentication failed"):
+        study.get_trials()
+    assert time.monotonic() - started < 0.5
+
+
+def test_a_finished_trial_whose_reply_was_lost_is_told_once() -> None:
+    inner, wrapped = _flaky(wait_s=30)
+    study = optuna.create_study(storage=wrapped)
+    trial = study.ask()
+    inner.lose_reply = True  # committed, then the connection dropped: told again
+    study.tell(trial, 1.0)
+    assert [(t.state, t.value) for t in study.trials] == [(optuna.trial.TrialState.COMPLETE, 1.0)]
 
 
 def test_owner_alive() -> None:

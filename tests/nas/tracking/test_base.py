@@ -22,7 +22,7 @@ from nas.tracking import (
     json_safe,
     pipeline_metrics,
 )
-from nas.tracking.base import check_state, check_step
+from nas.tracking.base import ARTIFACT_NAME_MAX, artifact_name, check_state, check_step
 from pipeline.distributed.events import PipelineEvent
 from pipeline.distributed.migration import MigrationRecord
 from pipeline.distributed.report import PipelineStats, StageStats
@@ -31,9 +31,14 @@ from pipeline.distributed.report import PipelineStats, StageStats
 class Recorder(Tracker):
     """Remembers every call, to see what a composite passes on."""
 
-    def __init__(self, fail_on: str | None = None) -> None:
+    def __init__(self, fail_on: str | None = None, run_id: str | None = None) -> None:
         self.calls: list[tuple[Any, ...]] = []
         self.fail_on = fail_on
+        self.id = run_id
+
+    @property
+    def run_id(self) -> str | None:
+        return self.id
 
     def _note(self, *call: Any) -> None:
         self.calls.append(call)
@@ -53,6 +58,9 @@ class Recorder(Tracker):
 
     def log_event(self, step: int, event: Mapping[str, Any]) -> None:
         self._note("log_event", step, event)
+
+    def log_model(self, name: str, folder: str | Path, metadata: Mapping[str, Any]) -> None:
+        self._note("log_model", name, folder, metadata)
 
     def end_trial(self, state: str, summary: Mapping[str, Any], error: str | None = None) -> None:
         self._note("end_trial", state, summary, error)
@@ -74,6 +82,7 @@ def run_lifecycle(tracker: Tracker) -> None:
     tracker.start_trial(0, {"d_model": 64}, {"summary": "2 layers"})
     tracker.log_step(1, {"loss": 2.0, "validation": None})
     tracker.log_event(1, {"kind": "build"})
+    tracker.log_model("s-trial-0", "models/trial-0", {"seed": 1})
     tracker.end_trial("failed", {"loss": 2.0}, "StageError: boom")
     tracker.end_study([{"number": 0}], [], {"best": None})
     tracker.close()
@@ -84,6 +93,7 @@ EXPECTED_CALLS = [
     ("start_trial", 0, {"d_model": 64}, {"summary": "2 layers"}),
     ("log_step", 1, {"loss": 2.0, "validation": None}),
     ("log_event", 1, {"kind": "build"}),
+    ("log_model", "s-trial-0", "models/trial-0", {"seed": 1}),
     ("end_trial", "failed", {"loss": 2.0}, "StageError: boom"),
     ("end_study", [{"number": 0}], [], {"best": None}),
     ("close",),
@@ -93,6 +103,7 @@ EXPECTED_CALLS = [
 def test_the_base_tracker_and_none_tracker_do_nothing() -> None:
     for tracker in (Tracker(), NoneTracker()):
         run_lifecycle(tracker)  # no error, no output
+        assert tracker.run_id is None
         with tracker as entered:
             assert entered is tracker
 
@@ -122,6 +133,35 @@ def test_composite_closes_on_exit_and_rejects_non_trackers() -> None:
     assert recorder.calls == [("close",)]
     with pytest.raises(TypeError, match="Tracker objects"):
         CompositeTracker([object()])  # type: ignore[list-item]
+
+
+def test_composite_run_id_is_the_primary_trackers_else_the_first_known() -> None:
+    mirror, service = Recorder(run_id="s/trial-0"), Recorder(run_id="abc123")
+    assert CompositeTracker([mirror, service]).run_id == "s/trial-0"
+    assert CompositeTracker([mirror, service], primary=1).run_id == "abc123"
+    assert CompositeTracker([mirror, Recorder()], primary=1).run_id == "s/trial-0"
+    assert CompositeTracker([Recorder(), NoneTracker()]).run_id is None
+    with pytest.raises(ValueError, match="primary=2 is not an index of the 2 trackers"):
+        CompositeTracker([mirror, service], primary=2)
+
+
+@pytest.mark.parametrize(
+    "text,name",
+    [
+        ("study-trial-3", "study-trial-3"),
+        ("my study/trial 3", "my-study-trial-3"),
+        ("été:v1.0_best", "t-v1.0_best"),
+        ("x" * 200, "x" * ARTIFACT_NAME_MAX),
+    ],
+)
+def test_artifact_name_keeps_what_every_backend_takes(text: str, name: str) -> None:
+    assert artifact_name(text) == name
+    assert artifact_name(name) == name  # already a name: unchanged
+
+
+def test_artifact_name_of_nothing_usable_is_an_error() -> None:
+    with pytest.raises(ValueError, match="no artifact name can be made from '// '"):
+        artifact_name("// ")
 
 
 # -- values -------------------------------------------------------------------------------------

@@ -10,7 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from nas.tracking import JsonlTracker, NoneTracker, make_tracker
+from nas.tracking import CompositeTracker, JsonlTracker, NoneTracker, make_tracker
+from nas.tracking.configured import study_tracker
+from tests.nas.harness.common import tiny_settings
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -36,6 +38,31 @@ def test_the_wandb_tracker_validates_its_arguments(tmp_path: Path) -> None:
         make_tracker("wandb", tags="nas", directory=tmp_path)
     with pytest.raises(ValueError, match="mode="):
         make_tracker("wandb", settings={"mode": "online"}, directory=tmp_path)
+    with pytest.raises(
+        ValueError, match="metric 'validation_bleu' has direction 'up'; valid: minimize, maximize"
+    ):
+        make_tracker("wandb", directions={"validation_bleu": "up"}, directory=tmp_path)
+
+
+def test_the_configured_wandb_tracker_knows_the_tasks_directions_and_whose_run_id(
+    tmp_path: Path,
+) -> None:
+    pytest.importorskip("wandb")
+    from nas.tracking.wandb import WandbTracker
+
+    settings = tiny_settings(tmp_path, "tracker=wandb", "task=translation")
+    tracker = study_tracker(settings)
+    assert isinstance(tracker, CompositeTracker)
+    mirror, wandb = tracker.trackers
+    assert isinstance(mirror, JsonlTracker) and isinstance(wandb, WandbTracker)
+    assert tracker.trackers[tracker.primary] is wandb  # a trial keeps W&B's run id
+    assert wandb.directions == {
+        "validation_loss": "minimize",
+        "validation_accuracy": "maximize",
+        "validation_chrf": "maximize",
+        "validation_exact_match": "maximize",
+    }
+    tracker.close()  # nothing started: nothing to finish
 
 
 def test_nas_tracking_imports_and_works_without_wandb(tmp_path: Path) -> None:

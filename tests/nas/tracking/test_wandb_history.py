@@ -1,6 +1,7 @@
 """The `.wandb` reader on files built here, byte by byte: the block format (records split
 across 32 KiB blocks, padding, checksums, a cut-off tail) and the decoding of records
-(config, history with JSON and typed values, summary updates and removals, exit code).
+(config, history with JSON and typed values, summary updates and removals, metric
+definitions, artifacts, exit code).
 The real files W&B writes are read in test_wandb_tracker.py."""
 
 from __future__ import annotations
@@ -13,7 +14,15 @@ from typing import Any
 
 import pytest
 
-from nas.tracking.wandb import WandbLogError, find_run_files, iter_chunks, iter_records, read_run
+from nas.tracking.wandb import (
+    MetricDefinition,
+    WandbArtifact,
+    WandbLogError,
+    find_run_files,
+    iter_chunks,
+    iter_records,
+    read_run,
+)
 
 pb = pytest.importorskip("wandb.proto.wandb_internal_pb2")
 
@@ -137,6 +146,27 @@ def run_file(tmp_path: Path, *, exit_code: int | None, cut: int = 0) -> Path:
             )
         ),
         pb.Record(summary=pb.SummaryRecord(remove=[pb.SummaryItem(key="tmp")])),
+        pb.Record(metric=pb.MetricRecord(glob_name="*", step_metric="step")),
+        pb.Record(
+            metric=pb.MetricRecord(
+                name="loss",
+                step_metric="step",
+                summary=pb.MetricSummary(min=True, last=True),
+                options=pb.MetricOptions(step_sync=True),
+            )
+        ),
+        pb.Record(
+            artifact=pb.ArtifactRecord(
+                name="s-trial-0",
+                type="model",
+                digest="d1",
+                metadata='{"seed": 1}',
+                aliases=["latest"],
+                manifest=pb.ArtifactManifest(
+                    contents=[pb.ArtifactManifestEntry(path="w/a.bin", digest="x==", size=3)]
+                ),
+            )
+        ),
     ]
     if exit_code is not None:
         records.append(pb.Record(exit=pb.RunExitRecord(exit_code=exit_code)))
@@ -177,6 +207,15 @@ def test_read_run_decodes_every_record_kind(tmp_path: Path) -> None:
     }
     assert run.metrics()[0] == {"_step": 0, "loss": 2.0, "nan": "NaN"}
     assert run.summary == {"loss": 1.5, "_wandb": {"runtime": 1}}
+    assert run.metric_definitions == {
+        "*": MetricDefinition("*", glob=True, step_metric="step"),
+        "loss": MetricDefinition(
+            "loss", step_metric="step", summary=("min", "last"), step_sync=True
+        ),
+    }
+    assert run.artifacts == [
+        WandbArtifact("s-trial-0", "model", "d1", {"seed": 1}, ("latest",), {"w/a.bin": (3, "x==")})
+    ]
     assert run.exit_code == 1 and not run.truncated
 
 

@@ -2,13 +2,17 @@
 
 Two trials and a study go through `CompositeTracker(JsonlTracker, WandbTracker)`; the runs'
 `.wandb` files are decoded with `nas.tracking.wandb.read_run` and compared with the JSONL
-mirror. The environment is sealed: W&B's home folders point into tmp_path, its server URL at
-a closed local port, error reporting off; the test also checks that the Python side opens no
-network connection and that W&B's service process is gone after `close`.
+mirror, with the metric definitions (summaries, step metrics), the run ids and a model
+folder logged as an artifact. The environment is sealed: W&B's home folders point into
+tmp_path, its server URL at a closed local port, error reporting off; the test also checks
+that the Python side opens no network connection and that W&B's service process is gone
+after `close`.
 """
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import math
 import os
 import socket
@@ -20,7 +24,7 @@ from typing import Any
 import pytest
 
 from nas.tracking import CompositeTracker, JsonlTracker, json_safe, read_jsonl
-from nas.tracking.wandb import WandbTracker, read_run, sync_command
+from nas.tracking.wandb import WandbTracker, metric_summary, read_run, sync_command
 
 pytest.importorskip("wandb")
 
@@ -79,6 +83,27 @@ def sealed_wandb(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[li
     assert not child_wandb_processes()
 
 
+def model_folder(path: Path) -> Path:
+    """A small exported-model-like folder, with a subfolder."""
+    (path / "runs").mkdir(parents=True)
+    (path / "model.safetensors").write_bytes(bytes(range(256)) * 8)
+    (path / "metrics.json").write_text('{"seed": 0, "validation_loss": 0.6}\n')
+    (path / "runs" / "seed-0.json").write_text("{}\n")
+    return path
+
+
+def manifest_of(folder: Path) -> dict[str, tuple[int, str]]:
+    """{relative path: (bytes, base64 MD5)}: what W&B's manifest says of each file."""
+    return {
+        p.relative_to(folder).as_posix(): (
+            p.stat().st_size,
+            base64.b64encode(hashlib.md5(p.read_bytes()).digest()).decode(),
+        )
+        for p in folder.rglob("*")
+        if p.is_file()
+    }
+
+
 def steps_of(trial: int) -> list[tuple[int, dict[str, float | int | None]]]:
     """A fake-but-real step sequence: loss falling, validation every other step, a NaN."""
     out: list[tuple[int, dict[str, float | int | None]]] = []
@@ -102,22 +127,56 @@ def steps_of(trial: int) -> list[tuple[int, dict[str, float | int | None]]]:
     return out
 
 
+@pytest.mark.parametrize(
+    "name,directions,summary",
+    [
+        ("loss", None, "min,last"),
+        ("validation_loss", None, "min,last"),
+        ("stage0/train_loss", None, "min,last"),
+        ("validation_accuracy", None, "max,last"),
+        ("test_chrf", None, "max,last"),
+        ("validation_exact_match", None, "max,last"),
+        ("tokens_per_s", None, None),
+        ("lr", None, None),
+        ("validation_bleu", {"validation_bleu": "maximize"}, "max,last"),
+        ("test_bleu", {"validation_bleu": "maximize"}, "max,last"),  # its validation twin's
+        ("validation_loss", {"validation_loss": "maximize"}, "max,last"),  # declared wins
+    ],
+)
+def test_metric_summary_follows_the_declared_direction_else_the_name(
+    name: str, directions: dict[str, Any] | None, summary: str | None
+) -> None:
+    assert metric_summary(name, directions) == summary
+
+
 @pytest.mark.timeout(120)
 def test_trials_and_study_round_trip_through_wandb_files(
     tmp_path: Path, sealed_wandb: list[Any]
 ) -> None:
     started = time.perf_counter()
     jsonl = JsonlTracker(tmp_path / "run")
-    wandb = WandbTracker("elastic-nas-test", directory=tmp_path / "run", tags=("test",))
-    tracker = CompositeTracker([jsonl, wandb])
+    wandb = WandbTracker(
+        "elastic-nas-test",
+        directory=tmp_path / "run",
+        tags=("test",),
+        directions={"bubble_fraction": "minimize"},  # a declared direction; others by name
+    )
+    tracker = CompositeTracker([jsonl, wandb], primary=1)
+    folder = model_folder(tmp_path / "model")
+    metadata = {"seed": 0, "validation_loss": 0.6, "trial": 0, "shape": (2, 3)}
+    run_ids: dict[int, str | None] = {}
     tracker.start_study(STUDY, {"n_trials": 2, "task": "charlm", "notes": BIG})
     for trial in (0, 1):
         params = {"d_model": 64, "n_layers": 2 + trial}
         tracker.start_trial(
             trial, params, {"architecture": ARCH, "architecture_summary": f"{2 + trial} layers"}
         )
+        run_ids[trial] = tracker.run_id
+        assert jsonl.run_id == f"{STUDY}/trial-{trial}"
         for step, metrics in steps_of(trial):
             tracker.log_step(step, metrics)
+        if trial == 0:
+            tracker.log_model(f"{STUDY}-trial-0", folder, metadata)
         tracker.log_event(
             3,
             {
@@ -164,6 +223,7 @@ def test_trials_and_study_round_trip_through_wandb_files(
         trials[:1],
         {"objectives": ["validation_loss", "tokens_per_s"], "best_validation_loss": 0.6},
     )
+    assert tracker.run_id is None and jsonl.run_id is None  # no trial open
     tracker.close()
     logged_s = time.perf_counter() - started
 
@@ -187,6 +247,15 @@ def test_trials_and_study_round_trip_through_wandb_files(
         run = read_run(wandb.trial_directories[trial])
         assert not run.truncated
         assert (run.name, run.group, run.job_type) == (f"{STUDY}-trial-{trial}", STUDY, "trial")
+        assert run.run_id == run_ids[trial]  # the composite gives the primary's: W&B's
+        assert all(row["step"] == row["_step"] for row in run.history)  # the step metric
+        definitions = run.metric_definitions
+        assert definitions["step"].hidden
+        assert definitions["*"].glob and definitions["*"].step_metric == "step"
+        for key in ("loss", "validation_loss", "bubble_fraction"):
+            assert definitions[key].summary == ("min", "last"), key
+            assert definitions[key].step_metric == "step"
+        assert "tokens_per_s" not in definitions and "grad_norm" not in definitions
         # The W&B history equals the JSONL mirror's step records: same steps, keys, values
         # (NaN is NaN in W&B and null in JSON: compared through json_safe).
         mirror = [
@@ -208,7 +277,34 @@ def test_trials_and_study_round_trip_through_wandb_files(
     assert complete.exit_code == 0 and failed.exit_code == 1
     assert complete.summary["state"] == "complete" and complete.summary["error"] is None
     assert complete.summary["parameters"] == 12345 and complete.summary["peak_bytes"] == 1 << 20
-    assert complete.summary["loss"] == steps_of(0)[-1][1]["loss"]  # last logged value
+    assert complete.summary["loss"] == {"min": 0.6, "last": 0.6}  # 3 / step at step 5
+    # the best logged (step 4) and, as "last", the end-of-trial figure
+    assert complete.summary["validation_loss"] == {"min": 0.625, "last": 0.6}
+    assert complete.summary["bubble_fraction"] == {"min": 0.25, "last": 0.25}
+    assert complete.summary["tokens_per_s"] == 1050.0  # no direction: the end figure
+    assert failed.summary["loss"] == {"min": 1.6, "last": 1.6}
+    [artifact] = [a for a in complete.artifacts if a.type == "model"]  # tables are artifacts too
+    assert (artifact.name, artifact.type, artifact.aliases) == (
+        f"{STUDY}-trial-0",
+        "model",
+        ("latest",),
+    )
+    assert artifact.metadata == json_safe(metadata)
+    assert artifact.files == manifest_of(folder)  # computed here, not by the reader
+    assert artifact.differences(folder) == []
+    assert sorted(artifact.files) == ["metrics.json", "model.safetensors", "runs/seed-0.json"]
+    assert [a.type for a in failed.artifacts] == ["run_table"]  # its events table only
+    [model] = [r for r in records if r["kind"] == "model"]
+    assert (model["trial"], model["name"], model["folder"]) == (
+        0,
+        f"{STUDY}-trial-0",
+        str(folder.resolve()),
+    )
+    assert model["files"] == {path: size for path, (size, _) in manifest_of(folder).items()}
+    assert model["metadata"] == json_safe(metadata)
+    (folder / "runs" / "seed-0.json").write_text("{}\n\n")
+    (folder / "extra.txt").write_text("x")
+    assert artifact.differences(folder) == ["extra.txt", "runs/seed-0.json"]
     assert failed.summary["state"] == "failed"
     assert failed.summary["error"].startswith("StageError: stage 1 failed")
     assert complete.tags == ("test", "complete") and failed.tags == ("test", "failed")
@@ -226,6 +322,8 @@ def test_trials_and_study_round_trip_through_wandb_files(
         0,
     )
     assert study.config["notes"] == BIG and study.config["n_trials"] == 2  # spans blocks
+    assert study.metric_definitions["trials/*"].step_metric == "trials/ended"
+    assert study.metric_definitions["trials/ended"].hidden
     assert study.metrics()[-1] == {
         "_step": 2,
         "trials/ended": 2,
@@ -298,7 +396,8 @@ def test_disabled_mode_writes_nothing(tmp_path: Path, sealed_wandb: list[Any]) -
     tracker.start_trial(0, {}, {})
     tracker.log_step(0, {"loss": 1.0})
     tracker.log_event(0, {"kind": "build"})
-    tracker.end_trial("complete", {})
+    tracker.log_model("m", model_folder(tmp_path / "model"), {"seed": 0})
+    tracker.end_trial("complete", {"loss": 1.0})
     tracker.end_study([{"a": 1}], [], {"objectives": ["a", "b"]})
     tracker.close()
     assert tracker.run_directories == [] and not (tmp_path / "d" / "wandb").exists()
