@@ -51,7 +51,7 @@ import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 import torch.distributed.checkpoint as dcp
@@ -60,15 +60,13 @@ from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner, DefaultSavePlanner
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
-from pipeline.distributed.comm import Comm
-from pipeline.distributed.holder import ModelHolder
-from pipeline.distributed.options import LATEST, PipelineOptions
+from pipeline.distributed.options import LATEST
+from pipeline.distributed.parts import CheckpointedPipeline
 from pipeline.local import checkpoint_files as files
 from pipeline.local import layer_state
 from pipeline.local.lr_schedules import LayerSchedules, LrSchedulerFactory, check_lr_scheduler
 from pipeline.local.objective import OptimizerFactory
 from pipeline.local.pipemare import PipeMareConfig
-from pipeline.local.recipe import TrainingRecipe
 from pipeline.local.stage import Stage
 from pipeline.pure.checkpoint_format import (
     CheckpointError,
@@ -80,36 +78,10 @@ from pipeline.pure.checkpoint_format import (
 )
 from pipeline.pure.partition import bounds
 from pipeline.pure.planner import Plan
-from pipeline.pure.schedule import ScheduleSpec
 
 __all__ = ["CheckpointError", "CheckpointedPipeline", "Checkpointer", "Resume"]
 
 _METADATA = ".metadata"  # DCP's index, written by the coordinator (rank 0)
-
-
-class CheckpointedPipeline(Protocol):
-    """What saving and resuming read of the facade."""
-
-    @property
-    def comm(self) -> Comm: ...
-    @property
-    def model(self) -> ModelHolder: ...
-    @property
-    def schedule(self) -> ScheduleSpec: ...
-    @property
-    def auto_schedule(self) -> bool: ...
-    @property
-    def n_stages(self) -> int: ...
-    @property
-    def options(self) -> PipelineOptions: ...
-    @property
-    def recipe(self) -> TrainingRecipe: ...
-    @property
-    def pipemare(self) -> PipeMareConfig | None: ...
-    @property
-    def optimizers(self) -> tuple[torch.optim.Optimizer, ...]: ...
-
-    def drain(self) -> None: ...
 
 
 @dataclass(frozen=True)

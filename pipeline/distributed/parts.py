@@ -30,6 +30,7 @@ from pipeline.distributed.migration import MigrationRecord
 from pipeline.distributed.options import PipelineOptions
 from pipeline.distributed.runner import StepRunner
 from pipeline.distributed.triggers import PlanAge, ReplanTriggers
+from pipeline.local.pipemare import PipeMareConfig
 from pipeline.local.recipe import TrainingRecipe
 from pipeline.pure.costs import LayerCost, LinkCost
 from pipeline.pure.placement import Placement
@@ -39,6 +40,7 @@ from pipeline.pure.schedule import ScheduleLike, ScheduleSpec
 __all__ = [
     "ActiveStream",
     "BuiltPipeline",
+    "CheckpointedPipeline",
     "ElasticPipelineParts",
     "PipelineCore",
     "ReportedPipeline",
@@ -151,3 +153,28 @@ class ReportedPipeline(Protocol):
     def options(self) -> PipelineOptions: ...
     @property
     def generation(self) -> int: ...
+
+
+class CheckpointedPipeline(Protocol):
+    """What saving and resuming read of the facade."""
+
+    @property
+    def comm(self) -> Comm: ...
+    @property
+    def model(self) -> ModelHolder: ...
+    @property
+    def schedule(self) -> ScheduleSpec: ...
+    @property
+    def auto_schedule(self) -> bool: ...
+    @property
+    def n_stages(self) -> int: ...
+    @property
+    def options(self) -> PipelineOptions: ...
+    @property
+    def recipe(self) -> TrainingRecipe: ...
+    @property
+    def pipemare(self) -> PipeMareConfig | None: ...
+    @property
+    def optimizers(self) -> tuple[torch.optim.Optimizer, ...]: ...
+
+    def drain(self) -> None: ...
