@@ -5,21 +5,21 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from hydra import compose, initialize_config_dir
 from torch import nn
 from torch.distributed.pipelining import PipelineStage
 
-from nas.config import CONFIG_DIR, register, to_settings
-from nas.settings import NasSettings
 from pipeline import LayerSpec, StageContext
 from pipeline.local.models import transformer_stack
 from pipeline.local.spec import build_layer
 from pipeline.pure.partition import bounds
+
+if TYPE_CHECKING:
+    from nas.settings import NasSettings
 
 D_MODEL, HEADS, SEQ, BATCH = 256, 4, 64, 32
 
@@ -105,6 +105,11 @@ def torch_pipelining_step(
 
 
 def experiment_settings(experiment: str, overrides: list[str]) -> NasSettings:
+    # the harness only here: the runtime's benchmarks run where only torch is installed
+    from hydra import compose, initialize_config_dir
+
+    from nas.config import CONFIG_DIR, register, to_settings
+
     register()
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
         cfg = compose("config", overrides=[f"experiment={experiment}", "tracker=none", *overrides])

@@ -7,7 +7,9 @@ about seven per layer where a fused one makes one), layer kernels, waits on mess
 runtime's own Python. It trains `--steps` steps of one schedule of ours on the stack of
 `benchmarks/throughput.py` (2 stages, CPU gloo, 1 thread each), as one `pipe.train`
 stream, after a warm-up, with cProfile on in every stage process, and writes the top
-functions by own time per stage to benchmarks/results/profile_<schedule>_M<m>.json.
+functions by own time per stage, and the runtime's own Python (own time in the lines of the
+`pipeline` package: dispatch, bookkeeping, messages' Python side) per step and as a share of
+the time, to benchmarks/results/profile_<schedule>_M<m>.json.
 
     python benchmarks/profile_schedule.py zbh1 --microbatches 8 --steps 6
 """
@@ -52,11 +54,18 @@ def profile(ctx: StageContext, schedule: str, m: int, steps: int, top: int) -> d
         {"function": f"{path}:{line}({name})", "calls": nc, "own_s": tt, "cumulative_s": ct}
         for (path, line, name), (_, nc, tt, ct, _) in rows
     ]
+    # the runtime's own Python: time spent in the lines of the `pipeline` package itself
+    package = str(Path(pipeline.__file__).parent)
+    runtime_s = sum(
+        tt for (path, _, _), (_, _, tt, _, _) in table.items() if path.startswith(package)
+    )
     pipe.close()
     return {
         "stage": ctx.rank,
         "seconds": seconds,
         "samples_per_s": BATCH * steps / seconds,
+        "runtime_python_s_per_step": runtime_s / steps,
+        "runtime_python_share": runtime_s / seconds,
         "top_by_own_time": functions,
     }
 
@@ -75,7 +84,10 @@ def main() -> None:
     out = Path(__file__).parent / "results" / f"profile_{args.schedule}_M{args.microbatches}.json"
     out.write_text(json.dumps({"config": vars(args), "stages": stages}, indent=1))
     for stage in stages:
-        print(f"stage {stage['stage']}: {stage['samples_per_s']:.1f} samples/s")
+        print(
+            f"stage {stage['stage']}: {stage['samples_per_s']:.1f} samples/s, the runtime's "
+            f"own Python {stage['runtime_python_share']:.1%} of the time"
+        )
         for row in stage["top_by_own_time"][:8]:
             print(f"  {row['own_s']:7.3f} s own  {row['calls']:6d} calls  {row['function']}")
 

@@ -53,7 +53,7 @@ from __future__ import annotations
 import contextlib
 import math
 import traceback
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 import torch
@@ -165,44 +165,60 @@ class Run:
 
     # -- healthy -----------------------------------------------------------------------------
     def _do(self, action: Action) -> None:
-        op, i, k = action.op, action.microbatch_index, action.stage_index
-        stage, (prev, nxt) = self.stages[k], self.edges[k]
-        if op is Op.RECV_ACT:
-            assert isinstance(prev, PeerLink)
-            self.pending[(op, k, i)] = prev.recv_activations(i)
-        elif op is Op.RECV_GRAD:
-            assert isinstance(nxt, PeerLink)
-            self.pending[(op, k, i)] = nxt.recv_gradients(i)
-        elif op is Op.FORWARD:
-            carry = self._wait(Op.RECV_ACT, k, i, "F") or self._first_input(k, i)
-            carry = stage.input_carry(carry, i)
-            if self.inference:
-                self._pass_on(Op.FORWARD, k, i, stage.infer(i, carry), nxt)
-                return
-            target = self.targets[i] if self.targets is not None else None
-            state = self.live[(k, i)] = stage.forward(i, carry, target)
-            if nxt is not None:  # the last stage keeps only the loss
-                wire = state.wire if state.wire is not None else state.outputs[-1]
-                self._pass_on(Op.FORWARD, k, i, wire, nxt)
-            if state.loss is not None:
-                self.losses[i] = state.loss.detach()
-        elif op is Op.SEND_ACT:
-            assert isinstance(nxt, PeerLink)
-            flags = None if self.inference else stage.wire_grads
-            nxt.send_activations(self.outputs.pop((k, i)), i, flags)
-        elif op in (Op.BACKWARD, Op.BACKWARD_INPUT):
-            grads = self._wait(Op.RECV_GRAD, k, i, op.value) or self._handed(Op.RECV_GRAD, k, i)
-            grads = tuple(g.to(stage.device) for g in grads)
-            split = op is Op.BACKWARD_INPUT
-            state = self.live[(k, i)] if split else self.live.pop((k, i))
-            input_grads = stage.backward(state, i, grads, split=split)
-            if prev is not None:  # stage 0 has no one to send to
-                self._pass_on(Op.BACKWARD, k, i, tuple(input_grads), prev)
-        elif op is Op.BACKWARD_WEIGHT:
-            stage.backward_weight(self.live.pop((k, i)), i)
-        elif op is Op.SEND_GRAD:
-            assert isinstance(prev, PeerLink)
-            prev.send_gradients(list(self.input_grads.pop((k, i))), i)
+        """Run `action` by its kind: one table lookup, no chain of tests."""
+        _HANDLERS[action.op](self, action.stage_index, action.microbatch_index)
+
+    def _recv_act(self, k: int, i: int) -> None:
+        prev = self.edges[k][0]
+        assert isinstance(prev, PeerLink)
+        self.pending[(Op.RECV_ACT, k, i)] = prev.recv_activations(i)
+
+    def _recv_grad(self, k: int, i: int) -> None:
+        nxt = self.edges[k][1]
+        assert isinstance(nxt, PeerLink)
+        self.pending[(Op.RECV_GRAD, k, i)] = nxt.recv_gradients(i)
+
+    def _forward(self, k: int, i: int) -> None:
+        stage, nxt = self.stages[k], self.edges[k][1]
+        carry = self._wait(Op.RECV_ACT, k, i, "F") or self._first_input(k, i)
+        carry = stage.input_carry(carry, i)
+        if self.inference:
+            self._pass_on(Op.FORWARD, k, i, stage.infer(i, carry), nxt)
+            return
+        target = self.targets[i] if self.targets is not None else None
+        state = self.live[(k, i)] = stage.forward(i, carry, target)
+        if nxt is not None:  # the last stage keeps only the loss
+            wire = state.wire if state.wire is not None else state.outputs[-1]
+            self._pass_on(Op.FORWARD, k, i, wire, nxt)
+        if state.loss is not None:
+            self.losses[i] = state.loss.detach()
+
+    def _send_act(self, k: int, i: int) -> None:
+        stage, nxt = self.stages[k], self.edges[k][1]
+        assert isinstance(nxt, PeerLink)
+        flags = None if self.inference else stage.wire_grads
+        nxt.send_activations(self.outputs.pop((k, i)), i, flags)
+
+    def _backward(self, k: int, i: int, split: bool = False) -> None:
+        stage, prev = self.stages[k], self.edges[k][0]
+        name = "BI" if split else "B"
+        grads = self._wait(Op.RECV_GRAD, k, i, name) or self._handed(Op.RECV_GRAD, k, i)
+        grads = tuple(g.to(stage.device) for g in grads)
+        state = self.live[(k, i)] if split else self.live.pop((k, i))
+        input_grads = stage.backward(state, i, grads, split=split)
+        if prev is not None:  # stage 0 has no one to send to
+            self._pass_on(Op.BACKWARD, k, i, tuple(input_grads), prev)
+
+    def _backward_input(self, k: int, i: int) -> None:
+        self._backward(k, i, split=True)
+
+    def _backward_weight(self, k: int, i: int) -> None:
+        self.stages[k].backward_weight(self.live.pop((k, i)), i)
+
+    def _send_grad(self, k: int, i: int) -> None:
+        prev = self.edges[k][0]
+        assert isinstance(prev, PeerLink)
+        prev.send_gradients(list(self.input_grads.pop((k, i))), i)
 
     def _pass_on(self, op: Op, k: int, i: int, carry: Carry, edge: Edge) -> None:
         """A compute's result: to its SEND action, to a stage on this rank, or kept (the
@@ -283,6 +299,19 @@ class Run:
     def raise_agreed(self, comm: Comm) -> None:
         """Every rank knows a stage failed: gather the errors, raise the origin's."""
         raise_first(comm.all_gather_object(self.failure), comm.rank, self.failure)
+
+
+# what `Run._do` calls for each kind of action (OPTIMIZER_STEP is the caller's: protocol step 3)
+_HANDLERS: dict[Op, Callable[[Run, int, int], None]] = {
+    Op.RECV_ACT: Run._recv_act,
+    Op.RECV_GRAD: Run._recv_grad,
+    Op.FORWARD: Run._forward,
+    Op.SEND_ACT: Run._send_act,
+    Op.BACKWARD: Run._backward,
+    Op.BACKWARD_INPUT: Run._backward_input,
+    Op.BACKWARD_WEIGHT: Run._backward_weight,
+    Op.SEND_GRAD: Run._send_grad,
+}
 
 
 def train_step(
@@ -368,6 +397,8 @@ def merged_times(times: Sequence[StepTimes]) -> StepTimes:
         total_s=max(t.total_s for t in times),
         peak_activation_bytes=sum(t.peak_activation_bytes for t in times),
         allocator_peak_bytes=max(t.allocator_peak_bytes for t in times),
+        forwards=sum(t.forwards for t in times),
+        fused_forwards=sum(t.fused_forwards for t in times),
     )
 
 

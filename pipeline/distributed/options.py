@@ -119,12 +119,15 @@ class ElasticOptions:
     Args:
         rebalance_every: re-plan every N steps (None: only on demand, `rebalance()`).
         rebalance_on_drift: re-plan when the stages' measured / predicted compute times
-            spread by more than this fraction (e.g. 0.1); see `pipeline.distributed.triggers`.
+            spread by more than this fraction (e.g. 0.1), judged on the steps that measure
+            (`measure_memory_every`); see `pipeline.distributed.triggers`.
         rebalance_horizon: the steps a re-plan expects to remain: a new plan is taken only
             when the time it saves over them exceeds the time its migration takes.
         rebalance_settle: steps a plan runs before its measurements are compared with it.
-        measure_memory_every: measure saved activations every N steps (and on the first
-            step of every plan); measuring costs a hook per saved tensor.
+        measure_memory_every: measure saved activations and each layer's times every N
+            steps (and on the first step of every plan); measuring costs a hook per saved
+            tensor and an autograd call per layer, so the other steps run each stage's
+            layers as one graph (`pipeline.local.fused`). 1: measure every step.
     """
 
     rebalance_every: int | None = None

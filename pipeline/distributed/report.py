@@ -86,6 +86,9 @@ class StageStats:
     # this process over the whole run: CPU, the resident set's high-water mark; GPU, the
     # allocator's largest peak over the measured steps (`process_peak_bytes`)
     process_peak_bytes: int
+    # of the micro-batch forwards in the last steps, the share that ran the stage as one
+    # graph (`pipeline.local.fused`); the rest measured per layer
+    fused_share: float = 0.0
 
     @property
     def busy_s(self) -> float:
@@ -227,6 +230,7 @@ def stats(pipe: ReportedPipeline, stages: Sequence[Stage], last_steps: int) -> P
         wait_s=_median([t.wait_s for t in times]),
         optimizer_s=_median([t.optimizer_s for t in times]),
         total_s=_median([t.total_s for t in times]),
+        fused_share=sum(t.fused_forwards for t in times) / max(1, sum(t.forwards for t in times)),
         param_bytes=sum(stage.param_bytes() for stage in stages),
         state_bytes=state_bytes,
         activation_peak_bytes=activations,

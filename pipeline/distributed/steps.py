@@ -33,7 +33,10 @@ def train_step(pipe: SteppedPipeline, x: Any, y: Any) -> tuple[float, bool]:
     model = pipe.model
     stages = model.live_stages()
     inputs = [as_carry(c, "the batch input") for c in chunks]
-    measure = pipe.plan_age.measures(model.step, pipe.options.elastic.measure_memory_every)
+    elastic = pipe.options.elastic
+    measure = pipe.plan_age.measures(
+        model.step, elastic.measure_memory_every, elastic.rebalance_every
+    )
     rng = torch.random.get_rng_state()
     try:
         loss, times = pipe.runner.train_step(

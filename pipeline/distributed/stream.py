@@ -86,7 +86,9 @@ __all__ = ["Segment", "train"]
 
 # A segment counts saved activations over its first steps' micro-batches: the warm-up and
 # one steady-state step, where each stage reaches its in-flight peak (a hook per saved
-# tensor is not free, so the rest of the segment runs without).
+# tensor is not free, so the rest of the segment runs without). Those steps, and every
+# `measure_memory_every`-th, run layer by layer and time each layer; the others run each
+# stage as one graph (`pipeline.local.fused`).
 _MEASURED_STEPS = 2
 
 
@@ -300,9 +302,9 @@ class Segment:
             failure = self._run.stage_error("optimizer", exc.error, None, None)
             self._run.failure = self._globally(failure, self.start + step)
         times = self.stage.end_step()
-        self.stage.begin_step(
-            self.start + step + 1, self.m, step + 1 < _MEASURED_STEPS, keep_spans=True, stream=True
-        )
+        every = self.pipe.options.elastic.measure_memory_every
+        measures = step + 1 < _MEASURED_STEPS or (self.start + step + 1) % every == 0
+        self.stage.begin_step(self.start + step + 1, self.m, measures, keep_spans=True, stream=True)
         samples, tokens = self.sizes.pop(step)
         self.pipe.model.stepped(samples, tokens, times)
         self.buffer.append(loss)

@@ -7,8 +7,9 @@ one all_reduce, on steps every rank agrees on:
     every N   step % N == 0; no message (every rank counts the same steps)
     memory    on a step that measured memory: some stage's parameters, gradients,
               optimizer state and in-flight activation peak exceed the budget
-    drift     on every step at least `settle` steps after the plan was made (stage times
-              are measured on every step):
+    drift     on a step that measures (the per-layer meters are fresh: the others run
+              each stage as one graph, `pipeline.local.fused`) at least `settle` steps
+              after the plan was made:
               the stages' measured / predicted compute-time ratios r_s differ by more than
               the tolerance, max(r) / min(r) - 1 > drift. Costs have moved relative to each
               other since the plan was made (a layer got slower, a neighbour's process
@@ -58,7 +59,8 @@ class ReplanTriggers:
         if every is not None and step % every == 0:
             return f"every {every} steps"
         check_memory = measured and self.memory_budget is not None
-        check_drift = drift is not None and steps_on_plan >= self.elastic.rebalance_settle
+        settled = steps_on_plan >= self.elastic.rebalance_settle
+        check_drift = drift is not None and measured and settled
         if not (check_memory or check_drift):
             return None
         over = 0.0
@@ -95,9 +97,11 @@ class PlanAge:
     def steps_on_plan(self, step: int) -> int:
         return step - self._since
 
-    def measures(self, step: int, every: int) -> bool:
-        """Whether step `step` measures memory: the first of a plan, and every `every`."""
-        return self._measure_next or step % every == 0
+    def measures(self, step: int, every: int, rebalance_every: int | None = None) -> bool:
+        """Whether step `step` measures memory and per-layer times: the first of a plan,
+        every `every`, and the step after which an every-N re-plan reads the meters."""
+        before_replan = rebalance_every is not None and (step + 1) % rebalance_every == 0
+        return self._measure_next or step % every == 0 or before_replan
 
     def measured(self) -> None:
         """A step ran (and measured, if `measures` said so)."""

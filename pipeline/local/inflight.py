@@ -29,6 +29,8 @@ class StepTimes:
     total_s: float = 0.0
     peak_activation_bytes: int = 0  # measured in-flight peak (steps that measure memory)
     allocator_peak_bytes: int = 0  # GPU only: torch.cuda.max_memory_allocated in the step
+    forwards: int = 0  # micro-batch forwards in the step ...
+    fused_forwards: int = 0  # ... of which ran the stage as one graph (`pipeline.local.fused`)
 
 
 @dataclass
@@ -37,6 +39,7 @@ class InFlight:
 
     inputs: list[Carry] = field(default_factory=list)  # per layer, detached leaves
     outputs: list[Carry] = field(default_factory=list)  # per layer; () when recomputed
+    fused: bool = False  # one graph for the stage (`pipeline.local.fused`): one of each
     loss: torch.Tensor | None = None
     weight: dict[int, WeightGrad] = field(default_factory=dict)  # split: W's work, by layer
     # Bi-Partition (`pipeline.local.separable`): what goes to the next stage, when it is

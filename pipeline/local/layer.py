@@ -21,8 +21,11 @@ class StageLayer:
     module: nn.Module
     action: str = "keep"  # the memory action: "keep", "recompute" or "swap"
     meter: LayerMeter = field(default_factory=LayerMeter)  # smoothed costs across steps
-    # this step's sums over micro-batches
+    # this step's sums over the micro-batches it ran one layer at a time (a fused step,
+    # `pipeline.local.fused`, times the stage as a whole and adds nothing here)
     forward_s: float = 0.0
     backward_s: float = 0.0
+    forward_n: int = 0  # micro-batches in forward_s
+    backward_n: int = 0  # micro-batches in backward_s
     activation_bytes: int = 0
     output_bytes: int = 0

@@ -25,12 +25,15 @@ processes: `pipeline.distributed.executor` runs a schedule's action list and cal
 An exception in a layer, the loss or the optimizer comes out as `ComputeError`, which says
 where (phase, layer key, micro-batch) and keeps the original exception as its cause.
 
-Layers run one at a time in both directions: each layer's input is a detached leaf, and
+On a step that measures (the first of every plan, and every `measure_memory_every`-th),
+layers run one at a time in both directions: each layer's input is a detached leaf, and
 backward walks the layers in reverse, handing each one the gradient of its outputs. That
 costs one autograd call per layer and buys per-layer time measurements
-(`pipeline.local.stage_costs`) and per-layer memory actions, chosen by the planner: keep,
-recompute or swap (`pipeline.local.stage_memory`; its `MemoryPolicy`, the stage's `memory`,
-counts the saved bytes).
+(`pipeline.local.stage_costs`) and saved-bytes counts. Every other step runs the stage's
+layers as one graph, one backward call (`pipeline.local.fused`), with the same results.
+Either way each layer has its memory action, chosen by the planner: keep, recompute or swap
+(`pipeline.local.stage_memory`; its `MemoryPolicy`, the stage's `memory`, counts the saved
+bytes).
 """
 
 from __future__ import annotations
@@ -41,7 +44,7 @@ from typing import Any
 
 import torch
 
-from pipeline.local import stage_backward, stage_costs, stage_memory
+from pipeline.local import fused, stage_backward, stage_costs, stage_memory
 from pipeline.local.asynchronous import AsyncWeights
 from pipeline.local.carry import Carry, as_carry, leaf, nbytes, unwrap
 from pipeline.local.clock import clock
@@ -120,6 +123,12 @@ class Stage:
     def saved(self) -> SavedBytes:
         """The saved activations counted so far (read-only; `MemoryPolicy` owns them)."""
         return self.memory.saved
+
+    @property
+    def fuses(self) -> bool:
+        """Whether micro-batches starting now run as one graph (`pipeline.local.fused`):
+        on steps that measure nothing per layer, unless Bi-Partition hands layers over."""
+        return not (self.memory.measuring or self.handoff_out or self.handed_in is not None)
 
     @property
     def n_microbatches(self) -> int:
@@ -216,7 +225,7 @@ class Stage:
         self._start = self.now()
         for layer in self.layers:
             layer.forward_s = layer.backward_s = 0.0
-            layer.activation_bytes = layer.output_bytes = 0
+            layer.forward_n = layer.backward_n = layer.activation_bytes = layer.output_bytes = 0
         self.memory.begin_step(measure_memory, stream, self._weight_tensors())
 
     def measure_stream(self, window: int) -> None:
@@ -288,9 +297,26 @@ class Stage:
 
     def forward(self, i: int, carry: Carry, target: Any) -> InFlight:
         """Micro-batch i through this stage's layers (and the loss on the last stage)."""
-        state, start, times = InFlight(), self.now(), self.times
+        start = self.now()
         if isinstance(self.versions, AsyncWeights):
             self.versions.note_forward(i)
+        state = fused.forward(self, i, carry) if self.fuses else self._layer_by_layer(i, carry)
+        self.times.forwards += 1
+        self.times.fused_forwards += state.fused
+        if self.index == self.n_stages - 1:
+            t0 = self.now()
+            try:
+                state.loss = scalar_loss(self.loss_fn, unwrap(state.outputs[-1]), target)
+            except Exception as error:
+                raise ComputeError("loss", None, i, error) from error
+            if not state.fused:  # the loss runs wherever the last layer does: its cost
+                self.layers[-1].forward_s += self.now() - t0
+        self.times.forward_s += self.span(f"F{i}", start, "forward")
+        return state
+
+    def _layer_by_layer(self, i: int, carry: Carry) -> InFlight:
+        """The forward of a step that measures: each layer on a detached leaf, timed."""
+        state = InFlight()
         if self.handed_in is not None:  # the handed layers' inputs ride ahead of the carry
             k = len(self.handed_in)
             state.handed, carry = tuple(t.detach() for t in carry[:k]), leaf(carry[k:])
@@ -316,22 +342,13 @@ class Stage:
             carry = out
         if self.handoff_out:
             state.wire = (*wire, *carry)
-        if self.index == self.n_stages - 1:
-            t0 = self.now()
-            try:
-                state.loss = scalar_loss(self.loss_fn, unwrap(carry), target)
-            except Exception as error:
-                raise ComputeError("loss", None, i, error) from error
-            times.forward_s += self.now() - t0
-        self.span(f"F{i}", start, "forward")
         return state
 
     def _timed_call(self, layer: StageLayer, i: int, carry: Carry, added: list[int]) -> Carry:
         t0 = self.now()
         out = self.call_layer(layer, i, carry)
-        elapsed = self.now() - t0
-        layer.forward_s += elapsed
-        self.times.forward_s += elapsed
+        layer.forward_s += self.now() - t0
+        layer.forward_n += 1
         layer.activation_bytes += added[0]
         layer.output_bytes += sum(nbytes(t) for t in out)
         return out

@@ -10,7 +10,9 @@ Kept apart from `pipeline.local.stage` so the stage stays short; `Stage.backward
                       later, each node run once (`pipeline.local.backward`); a recomputed
                       or swapped layer runs its whole backward in the first part
 
-Each layer's graph is its own (the stage runs layers on detached leaf inputs), so the walk
+A micro-batch whose forward ran fused (one graph for the stage) runs its backward in one
+call (`pipeline.local.fused`). Otherwise each layer's graph is its own (a step that
+measures runs layers on detached leaf inputs), so the walk
 hands each layer the gradient of its outputs and takes the gradient of its inputs. A
 recomputed layer first re-runs its forward with grad, with the same RNG seed; its backward
 time excludes that re-run. With Bi-Partition (`pipeline.distributed.handoff`) the stage's
@@ -33,6 +35,7 @@ from typing import Protocol
 
 import torch
 
+from pipeline.local import fused
 from pipeline.local.asynchronous import AsyncWeights
 from pipeline.local.backward import backward_input, fused_backward
 from pipeline.local.carry import Carry, floating
@@ -74,10 +77,15 @@ def backward(
     start = stage.now()
     asynchronous = stage.versions if isinstance(stage.versions, AsyncWeights) else None
     with asynchronous.backward_weights(i) if asynchronous else contextlib.nullcontext():
-        grads = _backward_layers(stage, state, i, grads, split)
+        if state.fused:
+            grads = fused.backward(stage, state, i, grads, split)
+        else:
+            grads = _backward_layers(stage, state, i, grads, split)
     if stage.handed_in is not None:
         grads = [_handed_backward(stage, state, i, grads, split)]
-    stage.span(f"BI{i}" if split else f"B{i}", start, "backward")
+    elapsed = stage.span(f"BI{i}" if split else f"B{i}", start, "backward")
+    if state.fused:  # the walk times each layer; a fused backward is timed whole
+        stage.times.backward_s += elapsed
     state.loss, state.inputs, state.outputs, state.handed = None, [], [], ()
     if not split:
         stage.memory.release(i)
@@ -94,6 +102,11 @@ def backward(
 def backward_weight(stage: BackwardStage, state: InFlight, i: int) -> None:
     """The weight gradients `backward(split=True)` left for micro-batch i; frees its graph."""
     start = stage.now()
+    if state.fused:
+        fused.backward_weight(stage, state, i)
+        stage.times.backward_s += stage.span(f"W{i}", start, "weight")
+        stage.memory.release(i)
+        return
     for position in sorted(state.weight, reverse=True):
         layer, t0 = stage.layers[position], stage.now()
         try:
@@ -127,6 +140,7 @@ def _backward_layers(
             raise ComputeError("backward", layer.key, i, error) from error
         elapsed = stage.now() - (t0 if recomputed_at is None else recomputed_at)
         layer.backward_s += elapsed
+        layer.backward_n += 1
         stage.times.backward_s += elapsed
     return grads
 

@@ -3,9 +3,11 @@
 Kept apart from `pipeline.local.stage` so the stage stays short; its `seed_meters`,
 `measured_cost`, `state_bytes` and `end_step` delegate here. Each layer has a
 `pipeline.local.meter.LayerMeter`, started from the profiled costs when the stage is built
-from a plan; every step that succeeds adds its per-micro-batch times and bytes
-(`update_meters`), and a re-plan reads them back as `pipeline.pure.costs.LayerCost`s
-(`pipeline.distributed.agreement.measured_costs` gathers them from every stage).
+from a plan; every step that succeeds adds the per-micro-batch times and bytes of what it
+ran one layer at a time (`update_meters`; a fused step, `pipeline.local.fused`, adds
+nothing), and a re-plan reads them back as `pipeline.pure.costs.LayerCost`s
+(`pipeline.distributed.agreement.measured_costs` gathers them from every stage). The last
+layer's forward time includes the loss, which always runs where that layer does.
 
 What a meter keeps when a step cannot measure a number:
 
@@ -51,13 +53,18 @@ def update_meters(
     first_handed = len(layers) - handoff_out
     for position, layer in enumerate(layers):
         meter = layer.meter
+        if not (layer.forward_n or layer.backward_n):
+            continue  # a fused step: nothing measured per layer
         # A recomputed or swapped layer saves less than it would keep (module doc).
         kept = sums and layer.action == "keep"
         activation = layer.activation_bytes / m if kept else meter.activation_bytes
         output = layer.output_bytes / m if sums else meter.output_bytes
+        forward = layer.forward_s / layer.forward_n if layer.forward_n else meter.forward_s
+        backward = layer.backward_s / layer.backward_n if layer.backward_n else meter.backward_s
         # a handed layer's backward runs on the next stage: its meter keeps its estimate
-        backward = meter.backward_s if position >= first_handed else layer.backward_s / m
-        meter.update(layer.forward_s / m, backward, activation, output)
+        if position >= first_handed:
+            backward = meter.backward_s
+        meter.update(forward, backward, activation, output)
 
 
 def measured_cost(layer: StageLayer, optimizer: torch.optim.Optimizer | None) -> LayerCost:
