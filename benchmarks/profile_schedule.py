@@ -8,8 +8,9 @@ runtime's own Python. It trains `--steps` steps of one schedule of ours on the s
 `benchmarks/throughput.py` (2 stages, CPU gloo, 1 thread each), as one `pipe.train`
 stream, after a warm-up, with cProfile on in every stage process, and writes the top
 functions by own time per stage, and the runtime's own Python (own time in the lines of the
-`pipeline` package: dispatch, bookkeeping, messages' Python side) per step and as a share of
-the time, to benchmarks/results/profile_<schedule>_M<m>.json.
+`pipeline` package, less its blocking waits: dispatch, bookkeeping, messages' Python side)
+per step and as a share of the time, with its top functions, to
+benchmarks/results/profile_<schedule>_M<m>.json.
 
     python benchmarks/profile_schedule.py zbh1 --microbatches 8 --steps 6
 """
@@ -54,11 +55,13 @@ def profile(ctx: StageContext, schedule: str, m: int, steps: int, top: int) -> d
         {"function": f"{path}:{line}({name})", "calls": nc, "own_s": tt, "cumulative_s": ct}
         for (path, line, name), (_, nc, tt, ct, _) in rows
     ]
-    # the runtime's own Python: time spent in the lines of the `pipeline` package itself
+    # the runtime's own Python: time spent in the lines of the `pipeline` package itself,
+    # less its `wait` functions, whose own time is a peer's message or reduce (cProfile books
+    # the C call `Work.wait` to its Python caller)
     package = str(Path(pipeline.__file__).parent)
-    runtime_s = sum(
-        tt for (path, _, _), (_, _, tt, _, _) in table.items() if path.startswith(package)
-    )
+    ours = {key: row for key, row in table.items() if key[0].startswith(package)}
+    runtime_s = sum(tt for (_, _, name), (_, _, tt, _, _) in ours.items() if name != "wait")
+    runtime_top = sorted(ours.items(), key=lambda kv: kv[1][2], reverse=True)[:top]
     pipe.close()
     return {
         "stage": ctx.rank,
@@ -66,6 +69,10 @@ def profile(ctx: StageContext, schedule: str, m: int, steps: int, top: int) -> d
         "samples_per_s": BATCH * steps / seconds,
         "runtime_python_s_per_step": runtime_s / steps,
         "runtime_python_share": runtime_s / seconds,
+        "runtime_top_by_own_time": [
+            {"function": f"{Path(path).name}:{line}({name})", "calls": nc, "own_s": tt}
+            for (path, line, name), (_, nc, tt, _, _) in runtime_top
+        ],
         "top_by_own_time": functions,
     }
 

@@ -14,14 +14,31 @@ from typing import Any
 import torch
 from torch import nn
 
-__all__ = ["LossFn", "OptimizerFactory", "build_optimizer", "scalar_loss"]
+__all__ = ["LossFn", "OptimizerFactory", "build_optimizer", "on_device", "scalar_loss"]
 
 OptimizerFactory = Callable[[list[dict[str, Any]]], torch.optim.Optimizer]
 LossFn = Callable[[Any, Any], torch.Tensor]
 
 
+def on_device(value: Any, device: torch.device) -> Any:
+    """`value` with every tensor in it (in tuples, lists and dicts too) on `device`."""
+    if isinstance(value, torch.Tensor):
+        return value.to(device, non_blocking=True)
+    if isinstance(value, tuple) and hasattr(value, "_fields"):  # a named tuple
+        return type(value)(*(on_device(v, device) for v in value))
+    if isinstance(value, tuple | list):
+        return type(value)(on_device(v, device) for v in value)
+    if isinstance(value, dict):
+        return {k: on_device(v, device) for k, v in value.items()}
+    return value
+
+
 def scalar_loss(loss_fn: LossFn, output: Any, target: Any) -> torch.Tensor:
-    """loss_fn(output, target) as a 0-d tensor, or a ValueError saying what it returned."""
+    """loss_fn(output, target) as a 0-d tensor, or a ValueError saying what it returned.
+    The target is moved to the output's device first (a user's targets stay on the host)."""
+    first = output[0] if isinstance(output, tuple) else output
+    if isinstance(first, torch.Tensor):
+        target = on_device(target, first.device)
     loss = loss_fn(output, target)
     if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
         shape = tuple(loss.shape) if isinstance(loss, torch.Tensor) else type(loss).__name__

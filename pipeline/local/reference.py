@@ -39,6 +39,7 @@ from pipeline.local.carry import as_carry, unwrap
 from pipeline.local.determinism import dropout_seed, seed_rng
 from pipeline.local.lr_schedules import LrSchedulerFactory
 from pipeline.local.microbatch import split_microbatches
+from pipeline.local.objective import scalar_loss
 from pipeline.local.pipemare import DiscrepancyCorrection, PipeMareConfig, delay, rescaled_lr
 from pipeline.local.spec import LayerSpec, build_layer, check_specs
 from pipeline.local.stage import LossFn, OptimizerFactory
@@ -103,7 +104,7 @@ class ReferenceTrainer:
             for spec, layer in zip(self.specs, self.layers, strict=True):
                 seed_rng(dropout_seed(self.seed, self.step, i, spec.key), self.device)
                 carry = as_carry(layer(unwrap(carry)), spec.key)
-            loss = self.loss_fn(unwrap(carry), yi)
+            loss = scalar_loss(self.loss_fn, unwrap(carry), yi)
             (loss / self.n_microbatches).backward()
             total += float(loss.item())
         torch.random.set_rng_state(rng)
@@ -132,7 +133,7 @@ class ReferenceTrainer:
         for spec, layer in zip(self.specs, self.layers, strict=True):
             seed_rng(dropout_seed(self.seed, self.step, i, spec.key), self.device)
             carry = as_carry(layer(unwrap(carry)), spec.key)
-        loss = self.loss_fn(unwrap(carry), y)
+        loss = scalar_loss(self.loss_fn, unwrap(carry), y)
         if between is not None:
             between()
         (loss / self.n_microbatches).backward()
