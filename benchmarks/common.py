@@ -75,6 +75,25 @@ def timed_rounds(
     return seconds
 
 
+def agreed_check(
+    loss: float | None, worst_grad: float, ref_loss: float, tolerances: tuple[float, float]
+) -> dict[str, Any]:
+    """A torch schedule's first step against one process, agreed by every rank: `loss` is
+    the step's (None where this rank has no last chunk), `worst_grad` this rank's largest
+    max |g - ref| / max |ref|; `tolerances` (loss abs, grad rel)."""
+    gathered: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, (loss, worst_grad))
+    step_loss = next(v[0] for v in gathered if v[0] is not None)
+    grad_error = max(v[1] for v in gathered)
+    return {
+        "first_step_loss": step_loss,
+        "single_process_loss": ref_loss,
+        "loss_abs_diff": abs(step_loss - ref_loss),
+        "max_rel_grad_diff": grad_error,
+        "correct": abs(step_loss - ref_loss) <= tolerances[0] and grad_error <= tolerances[1],
+    }
+
+
 def torch_pipelining_step(
     ctx: StageContext,
     specs: list[LayerSpec],

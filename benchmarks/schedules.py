@@ -53,7 +53,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from common import timed_rounds
+from common import agreed_check, timed_rounds
 from throughput import BATCH, D_MODEL, HEADS, LAYERS, OPTIMIZER, SEQ, STAGES, batch, specs
 from torch import nn
 from torch.distributed.pipelining import (
@@ -304,16 +304,7 @@ def torch_run(
     optimizer.zero_grad(set_to_none=True)
     for mod in modules:
         mod.train()
-    gathered: list[Any] = [None] * ctx.world_size
-    dist.all_gather_object(gathered, (loss, worst))
-    step_loss = next(v[0] for v in gathered if v[0] is not None)
-    grad_error = max(v[1] for v in gathered)
-    check = {
-        "first_step_loss": step_loss,
-        "single_process_loss": ref_loss,
-        "loss_abs_diff": abs(step_loss - ref_loss),
-        "max_rel_grad_diff": grad_error,
-        "correct": abs(step_loss - ref_loss) <= LOSS_TOLERANCE and grad_error <= GRAD_TOLERANCE,
+    check = agreed_check(loss, worst, ref_loss, (LOSS_TOLERANCE, GRAD_TOLERANCE)) | {
         "mode": "dropout off (eval) for the check; timed in train mode like one process",
         "chunks_per_rank": [chunks_of(layout, r)[1] for r in range(ctx.world_size)],
     }
