@@ -46,8 +46,7 @@ def main(cfg: DictConfig) -> None:
         )
     settings = to_settings(cfg)
     job_log.publish()  # the stage processes log to this job's log file too
-    from nas.report import report_study  # after composing: --help and --cfg stay fast
-    from nas.retrain import retrain
+    from nas.retrain import retrain  # after composing: --help and --cfg stay fast
     from nas.storage import StorageError
     from nas.study import run_study
     from pipeline import lead_process
@@ -75,7 +74,9 @@ def main(cfg: DictConfig) -> None:
                 len(retrained.runs),
                 retrained.selected,
             )
-        if lead_process():  # under torchrun: rank 0 reports
+        if lead_process():  # under torchrun: rank 0 reports (and imports matplotlib)
+            from nas.report import report_study
+
             report_study(settings, result, retrained)
     except StorageError as error:  # unreachable, refused, misnamed: one line, no traceback
         logger.error("%s", error)

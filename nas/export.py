@@ -104,7 +104,8 @@ def export_model(
     folder = Path(directory)
     folder.mkdir(parents=True, exist_ok=True)
     _write_config(folder / "config.yaml", settings)
-    save_architecture(arch, folder / "architecture.png")
+    if not _drawn(folder, config):  # a later, better seed of the model: the same picture
+        save_architecture(arch, folder / "architecture.png")
     return model.eval().save_pretrained(folder)  # the card sees the picture
 
 
@@ -158,6 +159,18 @@ def _training(settings: NasSettings, metrics: Mapping[str, Any]) -> dict[str, An
         "warmup_steps": train.warmup_steps,
         "dropout": train.dropout,
     }
+
+
+def _drawn(folder: Path, config: ModelConfig) -> bool:
+    """Whether `folder` holds the picture of `config`'s architecture already: an export of
+    it whose config.json (written after the picture) names the same architecture."""
+    if not (folder / "architecture.png").is_file() or not (folder / CONFIG).is_file():
+        return False
+    try:
+        written = json.loads((folder / CONFIG).read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(written, dict) and written.get("architecture") == config.architecture
 
 
 def _plain(value: Any) -> Any:

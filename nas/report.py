@@ -11,12 +11,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt
 import optuna
 from rich import box
 from rich.console import Console
@@ -208,6 +205,17 @@ def _cell(value: object, column: str = "") -> str:
     return "-" if value is None else str(value)
 
 
+def _pyplot() -> ModuleType:
+    """matplotlib's pyplot on the Agg canvas, imported when a plot is drawn (~0.8 s): a
+    process that imports this module and draws nothing does not pay for it."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
 def plot_history(study: optuna.Study, path: Path, fitness: str = "validation_loss") -> Path:
     """The fitness (first objective) of every trained trial against the wall-clock time it
     finished at, pruned trials marked (their last evaluation), and the best so far."""
@@ -219,6 +227,7 @@ def plot_history(study: optuna.Study, path: Path, fitness: str = "validation_los
     trained.sort(key=lambda t: t.datetime_complete)  # type: ignore[arg-type, return-value]
     starts = [t.datetime_start for t in study.trials if t.datetime_start]
     zero = min(starts) if starts else None
+    plt = _pyplot()
     fig, ax = plt.subplots(figsize=(6, 4))
     better = max if study.directions[0] == optuna.study.StudyDirection.MAXIMIZE else min
     xs: list[float] = []
@@ -253,6 +262,7 @@ def plot_pareto(study: optuna.Study, objectives: list[str] | tuple[str, ...], pa
     """The first two objectives of every complete trial; the Pareto front highlighted."""
     complete = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
     front = {t.number for t in study.best_trials}
+    plt = _pyplot()
     fig, ax = plt.subplots(figsize=(6, 4))
     for on_front, colour in ((False, "lightgray"), (True, "tab:red")):
         points = [t.values[:2] for t in complete if (t.number in front) == on_front]
@@ -274,6 +284,7 @@ def plot_partition(trial: optuna.trial.FrozenTrial, path: Path) -> Path:
     """Which layers each stage held, step by step, in `trial` (its `partition_history`)."""
     history = trial.user_attrs.get("partition_history") or [[0, trial.user_attrs["partition"]]]
     last = max(int(trial.user_attrs.get("steps", 0)), int(history[-1][0]) + 1)
+    plt = _pyplot()
     fig, ax = plt.subplots(figsize=(6, 4))
     colours = plt.get_cmap("tab10")
     for i, (start, sizes) in enumerate(history):

@@ -283,8 +283,9 @@ def _train(
     if progress is not None:
         progress[0].update(progress[1], description=f"retrain {model.name} seed {seed}")
     schedule = training.rates(settings.train, steps)
+    every = settings.retrain.checkpoint_every
     saves = retrain_runs.RunCheckpoints(
-        _folder(settings, model), seed, _digest(settings, model), settings.retrain.checkpoint_every
+        _folder(settings, model), seed, _digest(settings, model), every, steps
     )
     pipe: ElasticPipeline | None = None
     started = time.perf_counter()

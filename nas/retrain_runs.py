@@ -19,7 +19,8 @@ step; `ElasticPipeline.save_checkpoint`) into
 
     <retrain.models_dir>/<study>/<model>/checkpoints/seed-<seed>/step-<8 digits>/
 
-and the checkpoint before removed, beside `run.json` (the fingerprint the run trains under:
+(but not at the run's last step: the finished run is recorded instead) and the
+checkpoint before removed, beside `run.json` (the fingerprint the run trains under:
 checkpoints of another fingerprint are removed, never resumed) and `history.jsonl` (one line
 per step, appended as the step ends, before its checkpoint is saved). Run again, the run
 resumes from its newest checkpoint (the runtime's `resume_from="latest"`) with its history up
@@ -110,12 +111,17 @@ def checkpoint_folder(model_folder: Path, seed: int) -> Path:
 
 
 class RunCheckpoints:
-    """One (model, seed) run's checkpoints and step history, on every rank (module doc);
-    `every` None or 0: none (the run starts from scratch, as without this)."""
+    """One (model, seed) run of `steps` steps: its checkpoints and step history, on every
+    rank (module doc); `every` None or 0: none (the run starts from scratch, as without
+    this). None is saved at the last step: the run is recorded then, and its checkpoints
+    deleted."""
 
-    def __init__(self, model_folder: Path, seed: int, digest: str, every: int | None) -> None:
+    def __init__(
+        self, model_folder: Path, seed: int, digest: str, every: int | None, steps: int
+    ) -> None:
         self.folder = checkpoint_folder(model_folder, seed)
         self.model, self.seed, self.digest, self.every = model_folder.name, seed, digest, every
+        self.steps = steps
         self._history: list[dict[str, Any]] = []
 
     def options(self) -> CheckpointOptions | None:
@@ -146,14 +152,14 @@ class RunCheckpoints:
 
     def stepped(self, pipe: ElasticPipeline, entry: Mapping[str, Any]) -> None:
         """After each step, its history `entry` complete: rank 0 logs it; every `every` steps
-        every rank saves the pipeline (not the runtime's own `every`, which would save before
-        the entry is logged), then rank 0 removes the checkpoint before."""
+        but the last every rank saves the pipeline (not the runtime's own `every`, which would
+        save before the entry is logged), then rank 0 removes the checkpoint before."""
         if not self.every:
             return
         if pipe.rank == 0:
             with (self.folder / _HISTORY).open("a", encoding="utf-8") as file:
                 file.write(_line(entry))
-        if pipe.step % self.every == 0:
+        if pipe.step % self.every == 0 and pipe.step < self.steps:
             saved = pipe.save_checkpoint(self.folder / checkpoint_name(pipe.step))
             if pipe.rank == 0:
                 for path in self.folder.glob("step-*"):

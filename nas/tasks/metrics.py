@@ -20,8 +20,10 @@ TypeError (sacreBLEU would take each character for a sentence).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
-from sacrebleu.metrics import CHRF
+if TYPE_CHECKING:
+    from sacrebleu.metrics import CHRF
 
 __all__ = ["chrf", "decode_metrics", "exact_match", "sentence_chrf"]
 
@@ -37,6 +39,9 @@ def _check_lengths(hypotheses: Sequence[str], references: Sequence[str]) -> None
 
 
 def _metric(order: int, beta: float) -> CHRF:
+    # imported here: only a process that scores generated text pays for sacreBLEU
+    from sacrebleu.metrics import CHRF
+
     # CHRF takes an int beta in its annotation but computes with any number (beta ** 2)
     return CHRF(char_order=order, word_order=0, beta=beta)  # type: ignore[arg-type]
 

@@ -54,11 +54,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
-from torch.distributed.checkpoint.api import CheckpointException
-from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner, DefaultSavePlanner
-from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
 from pipeline.distributed.options import LATEST
 from pipeline.distributed.parts import CheckpointedPipeline
@@ -221,6 +216,13 @@ def _versions_kind(pipe: CheckpointedPipeline) -> str | None:
 
 def _load(pipe: CheckpointedPipeline, resume: Resume, schedules: LayerSchedules) -> None:
     """Load the layers this rank holds from `resume` (module doc, resume step 3)."""
+    # torch's DCP costs a process ~1 s to import (DTensor, sympy): only where a checkpoint is used
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.api import CheckpointException
+    from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
     comm, folder, manifest = pipe.comm, resume.folder, resume.manifest
     stages = pipe.model.live_stages()
 
@@ -273,6 +275,11 @@ def _save(
 ) -> Path:
     """Phases 2-5 of a save (module doc), the pipeline drained; `prune`: keep_last of an
     automatic save's directory."""
+    import torch.distributed.checkpoint as dcp  # lazily, as in `_load`
+    from torch.distributed.checkpoint import FileSystemWriter
+    from torch.distributed.checkpoint.api import CheckpointException
+    from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
+
     comm, model = pipe.comm, pipe.model
     if not model.built:
         raise RuntimeError("nothing to save before the first step builds the layers")

@@ -26,7 +26,7 @@ from nas.tasks import Vocab, get_task
 from nas.tasks.translation import Translation
 from pipeline.local.carry import as_carry, unwrap
 from pipeline.local.spec import build_layer
-from search_spaces.architecture import to_json
+from search_spaces.architecture import Architecture, to_json
 from search_spaces.evolved_transformer import PRIMITIVES, evolved_transformer, seed_params
 from search_spaces.primer import with_primitives
 
@@ -143,6 +143,37 @@ def test_the_folder_holds_what_a_user_reads(exported: tuple[Path, dict]) -> None
     names = load_file(str(folder / "model.safetensors"))
     assert set(names) == set(nas.load_model(folder).state_dict())
     assert "layers.embed_src.embed.tokens.weight" in names
+
+
+def test_a_later_export_of_the_same_architecture_keeps_its_picture(
+    exported: tuple[Path, dict], tmp_path: Path, task: Translation
+) -> None:
+    """A better seed re-exported into the model's folder: new weights, the picture kept; a
+    folder of another architecture gets its own picture."""
+    folder = copy_folder(exported[0], tmp_path / "again")
+    (folder / "architecture.png").write_bytes(b"kept")
+    arch = nas.load_model(folder).architecture
+
+    def export(architecture: Architecture, seed: int) -> None:
+        specs, _ = training.compile_model(architecture, task, dropout=0.1)
+        layers = {spec.key: build_layer(spec, seed, torch.device("cpu")) for spec in specs}
+        export_model(
+            folder,
+            state={key: layer.state_dict() for key, layer in layers.items()},
+            arch=architecture,
+            params=seed_params(architecture),
+            task=task,
+            settings=NasSettings(),
+            metrics={**METRICS, "seed": seed},
+            max_len=training.max_len(task),
+        )
+
+    weights = (folder / "model.safetensors").read_bytes()
+    export(arch, seed=4)
+    assert (folder / "architecture.png").read_bytes() == b"kept"
+    assert (folder / "model.safetensors").read_bytes() != weights
+    export(evolved_transformer(32, n_heads=4, n_enc=2, n_dec=1), seed=4)
+    assert (folder / "architecture.png").read_bytes()[:4] == b"\x89PNG"
 
 
 def test_the_model_card_says_what_the_model_is_and_how_to_load_it(

@@ -46,6 +46,7 @@ def test_the_best_and_both_seeds_are_retrained_exported_and_load_alone(
         tmp_path,
         "study.name=r",
         "study.n_trials=3",
+        "train.steps=2",  # the trials: what is retrained runs retrain.steps=6
         "tracker=wandb",
         "search_space.param_window=[0.3,0.9]",
         f"retrain.models_dir={tmp_path / 'models'}",
