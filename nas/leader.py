@@ -67,6 +67,7 @@ __all__ = ["MAX_INVALID_IN_A_ROW", "Leader", "LeaderError", "TrialOrder"]
 logger = logging.getLogger(__name__)
 
 MAX_INVALID_IN_A_ROW = 1000  # every proposal is outside the window or trained: stop
+ORPHANED = "left running by a worker that stopped"  # fail_reason of a dead worker's trial
 
 
 @dataclass(frozen=True)
@@ -95,11 +96,7 @@ class Leader:
         self.settings, self.owner = settings, owner
         self.deadline = deadline  # time.time() after which no trial starts
         self.study = open_study(settings)
-        fail_running(
-            self.study,
-            "left running by an earlier run that stopped",
-            max_retries=settings.study.max_retries,
-        )
+        self._fail_orphans()
         self.multi = len(settings.study.objectives) > 1
         self.seeds = {to_json(arch) for arch in seed_architectures(settings).values()}
         self.trained: dict[int, str] = {}  # finished trial number -> its architecture (JSON)
@@ -135,6 +132,10 @@ class Leader:
         training seed: it would only repeat that trial), recorded with `duplicate_of`. A
         sampler that raises while the architecture is sampled fails that trial with its
         cause.
+
+        Before each ask the trials of workers that died or hung are failed and enqueued
+        again (`_fail_orphans`): a retry is asked before any new proposal, so a live worker
+        takes over a dead peer's trial while the study runs.
         """
         invalid = 0
         while (
@@ -148,6 +149,7 @@ class Leader:
                     f"window {self.settings.search_space.param_window} or "
                     "repeated a trained architecture"
                 )
+            self._fail_orphans()  # a peer that died since: its trial is enqueued again
             trial = self.study.ask()
             trial.set_user_attr(OWNER, self.owner)  # first: a crash from here on is found
             try:
@@ -303,6 +305,13 @@ class Leader:
             logger.warning("trial %d failed: %s", trial.number, outcome.attrs.get("fail_reason"))
         else:
             logger.info("trial %d %s: %s", trial.number, outcome.state, outcome.values)
+
+    def _fail_orphans(self) -> None:
+        """Fail the trials of workers that died or hung (this worker's earlier run, or a
+        peer: owner gone, heartbeat silent) and enqueue them again (`fail_running`: a read
+        of the running trials and their heartbeats; a peer checking at once fails none
+        twice)."""
+        fail_running(self.study, ORPHANED, max_retries=self.settings.study.max_retries)
 
     def _fail_now(self, trial: optuna.Trial, cause: str) -> None:
         trial.set_user_attr("fail_reason", cause)

@@ -32,6 +32,9 @@ after the search (`stages: [search, retrain]`) or alone against a stored study
 A run that fails (a layer error, a memory plan that cannot fit) is recorded with its cause
 and the next one goes on. A stopped retraining resumes: every finished run is recorded beside
 its model's export (`nas.retrain_runs`), and running it again trains only what is missing.
+Several workers retraining one study at once (each at the end of its search) share its
+runs: each run is claimed and trained by one of them, and the others wait for its record and
+read it (`nas.retrain_claims`), so that all end with the same result.
 `RetrainResult.selected` is the model with the best mean
 validation fitness over its seeds: the study's answer. `RetrainResult.paired` holds each
 other model's paired difference against `RetrainResult.reference`: the Evolved Transformer
@@ -55,9 +58,10 @@ import optuna
 from rich.progress import Progress
 
 import pipeline
-from nas import job_log, retrain_runs, storage, training, trials
+from nas import job_log, retrain_runs, storage, storage_url, training, trials
 from nas.export import export_model, write_model_card
 from nas.progress import progress_bars
+from nas.retrain_claims import Run, RunClaims, Step, exclusive, export_lock
 from nas.retrain_results import (
     Model,
     RetrainResult,
@@ -114,14 +118,17 @@ def retrain_models(settings: NasSettings, models: Sequence[Model]) -> RetrainRes
         threads_per_stage=settings.pipeline.threads_per_stage,
         timeout_s=settings.pipeline.timeout_s,
     )
-    runs, exported = results[0] if results[0] is not None else ((), {})
+    runs, exported, trained = results[0] if results[0] is not None else ((), {}, ())
     fitness = settings.study.fitness
     table = model_table(runs, fitness)
     selected = table[0]["model"] if table and math.isfinite(table[0][f"{fitness}_mean"]) else None
     reference, paired = compare(runs, fitness)
     comparison = {"reference": reference, "vs_reference": paired}
+    # A run is tracked by the worker that trained it (not by one that read its record), or,
+    # recorded but not tracked by an earlier retraining, by the one that finds it so.
     # Under torchrun every rank gets here with rank 0's runs; one of them tracks.
-    fresh = [run for run in runs if (run.model, run.seed) not in tracked]
+    mine = set(trained) | (done.keys() - tracked)
+    fresh = [run for run in runs if (run.model, run.seed) in mine]
     fresh = fresh if pipeline.lead_process() else []
     run_dirs = _track(settings, runs, fresh, selected, comparison, exported) if fresh else ()
     by_name = {model.name: model for model in models}
@@ -178,58 +185,91 @@ def _stage_main(
     settings: NasSettings,
     models: tuple[Model, ...],
     done: dict[tuple[str, int], RetrainRun],
-) -> tuple[list[RetrainRun], dict[str, str]] | None:
+) -> tuple[list[RetrainRun], dict[str, str], list[tuple[str, int]]] | None:
     """Steps 2-4 on one rank, skipping the runs `done` holds (recorded by an earlier,
-    stopped retraining); rank 0 returns every run and the exported folders."""
+    stopped retraining) and the runs other workers claimed (`nas.retrain_claims`: their
+    records are read once written); rank 0 returns every run, in model and seed order, the
+    exported folders and the runs trained here."""
     job_log.attach()  # this process logs to the CLI's job log too
     comm = Comm()
     task = comm.together(lambda: get_task(settings.task.name, **settings.task.options))
     steps = settings.retrain.steps or settings.train.steps
     seeds = settings.retrain.seeds
-    todo = sum((model.name, seed) not in done for model in models for seed in seeds)
-    progress = _progress(todo * steps) if ctx.rank == 0 else None
-    runs: list[RetrainRun] = []
-    exported: dict[str, str] = {}
+    left = [(m, seed) for m in models for seed in seeds if (m.name, seed) not in done]
+    claims = RunClaims(settings.retrain.claim_wait_s) if ctx.rank == 0 else None
+    progress = _progress(len(left) * steps) if ctx.rank == 0 else None
+    runs = dict(done)
+    trained: list[tuple[str, int]] = []
     try:
-        for model in models:
-            runs += [done[model.name, seed] for seed in seeds if (model.name, seed) in done]
-            for seed in seeds:
-                if (model.name, seed) not in done:
-                    run, state = _train(settings, task, model, seed, steps, progress)
-                    runs.append(run)
-                    if ctx.rank == 0:
-                        _keep(settings, task, model, run, state, runs)
-            folder = _folder(settings, model)
-            if ctx.rank == 0 and (folder / "metrics.json").exists():
-                exported[model.name] = str(folder)
+        while left:
+            step = comm.agree(functools.partial(_next, settings, claims, left))
+            if step.action == "wait":
+                continue
+            model, seed = left.pop(step.index)
+            if step.record is not None:  # trained by another worker
+                runs[model.name, seed] = RetrainRun(**step.record)
+                if progress is not None:
+                    progress[0].advance(progress[1], steps)
+                continue
+            run, state = _train(settings, task, model, seed, steps, progress)
+            runs[model.name, seed] = run
+            trained.append((model.name, seed))
+            if claims is not None:
+                _keep(settings, task, model, run, state)
+                claims.release(_claimed(settings, model, seed))
     finally:
+        if claims is not None:
+            claims.release_all()
         if progress is not None:
             progress[0].stop()
-    return (runs, exported) if ctx.rank == 0 else None
+    if ctx.rank != 0:
+        return None
+    exported = {
+        m.name: str(_folder(settings, m))
+        for m in models
+        if (_folder(settings, m) / "metrics.json").exists()
+    }
+    return [runs[m.name, seed] for m in models for seed in seeds], exported, trained
+
+
+def _next(
+    settings: NasSettings, claims: RunClaims | None, left: Sequence[tuple[Model, int]]
+) -> Step:
+    """(Rank 0) Train, read or wait for which of the runs `left` (`RunClaims.next`)."""
+    if claims is None:
+        raise RuntimeError("only rank 0 holds the claims")
+    return claims.next([_claimed(settings, model, seed) for model, seed in left])
+
+
+def _claimed(settings: NasSettings, model: Model, seed: int) -> Run:
+    return Run(_folder(settings, model), seed, _digest(settings, model))
 
 
 def _keep(
-    settings: NasSettings,
-    task: Task,
-    model: Model,
-    run: RetrainRun,
-    state: dict[str, Any],
-    runs: Sequence[RetrainRun],
+    settings: NasSettings, task: Task, model: Model, run: RetrainRun, state: dict[str, Any]
 ) -> None:
-    """Rank 0, after each run (`nas.retrain_runs`): export the model if this run is its best
-    seed so far, else refresh the export's per-seed figures; then record the run."""
-    mine = [r for r in runs if r.model == model.name]
-    best = min(mine, key=lambda r: score(r, settings.study.fitness))
+    """Rank 0, after each run, holding the model's export lock (other workers may keep runs
+    of it at once: `nas.retrain_claims`): export the model if this run is its best seed of
+    those recorded so far (`nas.retrain_runs`), else refresh the export's per-seed figures;
+    then record the run."""
     folder = _folder(settings, model)
-    if state and best is run:
-        _export(settings, task, model, run, state, runs)
-    elif (folder / "metrics.json").exists():
-        metrics = json.loads((folder / "metrics.json").read_text())
-        metrics["per_seed"] = [{"seed": r.seed, **r.metrics} for r in mine if r.error is None]
-        (folder / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
-        write_model_card(folder)  # the card's per-seed table too
-    if run.error is None:  # a failed run is tried again by the next retraining
-        retrain_runs.save(folder, run.seed, _digest(settings, model), asdict(run))
+    with exclusive(export_lock(folder), settings.retrain.claim_wait_s):
+        recorded = _records(settings, model)
+        mine = [
+            run if seed == run.seed else recorded[seed][0]
+            for seed in settings.retrain.seeds
+            if seed == run.seed or seed in recorded
+        ]
+        best = min(mine, key=lambda r: score(r, settings.study.fitness))
+        if state and best is run:
+            _export(settings, task, model, run, state, mine)
+        elif (folder / "metrics.json").exists():
+            metrics = json.loads((folder / "metrics.json").read_text())
+            metrics["per_seed"] = [{"seed": r.seed, **r.metrics} for r in mine if r.error is None]
+            (folder / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
+            write_model_card(folder)  # the card's per-seed table too
+        if run.error is None:  # a failed run is tried again by the next retraining
+            retrain_runs.save(folder, run.seed, _digest(settings, model), asdict(run))
 
 
 def _folder(settings: NasSettings, model: Model) -> Path:
@@ -255,13 +295,18 @@ def _recorded(
     them were tracked."""
     done, tracked = {}, set()
     for model in models:
-        for seed in settings.retrain.seeds:
-            found = retrain_runs.load(_folder(settings, model), seed, _digest(settings, model))
-            if found is not None:
-                done[model.name, seed] = RetrainRun(**found[0])
-                if found[1]:
-                    tracked.add((model.name, seed))
+        for seed, (run, was_tracked) in _records(settings, model).items():
+            done[model.name, seed] = run
+            if was_tracked:
+                tracked.add((model.name, seed))
     return done, tracked
+
+
+def _records(settings: NasSettings, model: Model) -> dict[int, tuple[RetrainRun, bool]]:
+    """`model`'s recorded runs trained as now, by seed, and whether each was tracked."""
+    digest, folder = _digest(settings, model), _folder(settings, model)
+    found = {seed: retrain_runs.load(folder, seed, digest) for seed in settings.retrain.seeds}
+    return {seed: (RetrainRun(**f[0]), f[1]) for seed, f in found.items() if f is not None}
 
 
 def _train(
@@ -378,7 +423,7 @@ def _progress(total: int) -> tuple[Progress, Any]:
 def _load_study(settings: NasSettings) -> optuna.Study:
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     missing = ValueError(
-        f"no study {settings.study.name!r} in {settings.storage_url}; run "
+        f"no study {settings.study.name!r} in {storage_url.masked(settings.storage_url)}; run "
         "the search first (stages=[search])"
     )
     url = settings.storage_url

@@ -25,10 +25,14 @@ checkpoints of another fingerprint are removed, never resumed) and `history.json
 per step, appended as the step ends, before its checkpoint is saved). Run again, the run
 resumes from its newest checkpoint (the runtime's `resume_from="latest"`) with its history up
 to that step; the folder is deleted once the finished run is recorded (`save`).
+
+Several workers retraining one study at once train each run once: a run is claimed beside
+its record (`runs/seed-<seed>.claim`) before it trains (`nas.retrain_claims`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -206,7 +210,9 @@ def _remove_checkpoints(model_folder: Path, seed: int) -> None:
     folder = checkpoint_folder(model_folder, seed)
     shutil.rmtree(folder, ignore_errors=True)
     if folder.parent.is_dir() and not any(folder.parent.iterdir()):
-        folder.parent.rmdir()  # the model's last unfinished run
+        # the model's last unfinished run (unless another worker starts one: it stays)
+        with contextlib.suppress(OSError):
+            folder.parent.rmdir()
 
 
 def _write_whole(path: Path, text: str) -> None:

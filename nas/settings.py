@@ -128,6 +128,11 @@ class StudySettings:
     # a trial whose worker died (stage processes, or a heartbeat that stopped) is tried again
     # at most this many times; then it stays failed with its cause and the study goes on
     max_retries: int = 2
+    # a trial whose rank 0 recorded no heartbeat for this many seconds (a worker that died or
+    # hung, on any machine) is failed by the next worker that asks for a trial and retried;
+    # RDB storages only (SQLite, PostgreSQL, MySQL: nas.storage); alike on every worker (each
+    # beats every sixth of its grace, 5 s at most)
+    heartbeat_grace_s: int = 30
     # no trial starts once this run of the study has lasted `timeout_s` seconds (Optuna's
     # `timeout`: the running trial finishes); None: only `n_trials` ends it
     timeout_s: float | None = None
@@ -151,6 +156,12 @@ class StudySettings:
             value = getattr(self, key)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ValueError(f"study.{key}={value!r} is not valid; use an integer >= 0")
+        grace = self.heartbeat_grace_s
+        if isinstance(grace, bool) or not isinstance(grace, int) or grace < 2:
+            raise ValueError(
+                f"study.heartbeat_grace_s={grace!r} is not valid; use whole seconds >= 2 (a "
+                "trial whose heartbeat is silent this long is failed and asked again)"
+            )
         for key in ("timeout_s", "time_budget_s"):
             value = getattr(self, key)
             if value is not None and not value > 0:
@@ -338,7 +349,8 @@ class RetrainSettings:
     with `seed_models`, both seed architectures) trained from scratch for `steps` steps
     (None: `train.steps`) once per training seed in `seeds`, scored on whole splits with
     `decode_pairs` pairs decoded (None: all), then exported to `<models_dir>/<study>/<model>/`;
-    each run checkpoints every `checkpoint_every` steps so that a killed retraining resumes."""
+    each run checkpoints every `checkpoint_every` steps so that a killed retraining resumes;
+    a worker waits up to `claim_wait_s` for a run another worker retraining it trains."""
 
     top_k: int = 1
     seeds: tuple[int, ...] = (0,)
@@ -350,9 +362,19 @@ class RetrainSettings:
     # <models_dir>/<study>/<model>/checkpoints/seed-<seed>/, so a killed retraining resumes
     # there (`nas.retrain_runs`); 0 or None: no checkpoints
     checkpoint_every: int | None = 100
+    # several workers retraining one study share its runs (`nas.retrain_claims`): one with
+    # only runs left that others train waits for their records, at most this many seconds
+    # without any of them recorded, then stops with an error naming the claim it waited for
+    claim_wait_s: float = 7200.0
 
     def __post_init__(self) -> None:
         _positive("retrain.top_k", self.top_k)
+        wait = self.claim_wait_s
+        if isinstance(wait, bool) or not isinstance(wait, int | float) or not 0 < wait < math.inf:
+            raise ValueError(
+                f"retrain.claim_wait_s={wait!r} is not valid; use seconds > 0 (how long a "
+                "worker waits for a run another worker trains)"
+            )
         every = self.checkpoint_every
         if every is not None and (
             isinstance(every, bool) or not isinstance(every, int) or every < 0

@@ -9,8 +9,17 @@ would destroy the other workers' trials. Two signals tell them apart, numbered:
        it>"; a RUNNING trial whose owner is on this host and no longer alive is orphaned
        (a killed harness is found at once, on any storage);
     2. the heartbeat (RDB storages: SQLite, PostgreSQL, MySQL): rank 0 records one every
-       `HEARTBEAT_S` seconds while a trial trains; a trial silent for `GRACE_S` seconds is
-       failed by `optuna.storages.fail_stale_trials` (a worker on another machine that died).
+       `heartbeat_every(grace)` seconds (`HEARTBEAT_S`) while a trial trains; a trial
+       silent for `study.heartbeat_grace_s` seconds (`GRACE_S`) is failed by
+       `optuna.storages.fail_stale_trials` (a worker on another machine that died or hung).
+
+Every worker looks for such trials when it opens the study and again before each trial it
+asks (`nas.trials.fail_running`), so a live worker takes over a dead peer's trial while the
+study runs. Two workers looking at once fail a trial once: a database server's row lock (and
+a journal file's order) lets the first failure through and refuses the second
+(`UpdateFinishedTrialError`: that worker skips the trial); SQLite, which has no row lock,
+takes turns through a lock file beside the database (`one_check_at_a_time`). Only the worker
+whose failure went through asks the trial again.
 
 Journal files (`study.storage=journal:///path/study.log`, for several machines on a shared
 file system) and Optuna's gRPC storage proxy (`grpc://host:port`, whose protocol carries no
@@ -27,6 +36,8 @@ architecture: one that kills its worker every time ends failed, and the study go
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import functools
 import importlib.util
 import logging
@@ -36,7 +47,7 @@ import sqlite3
 import threading
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import optuna
@@ -67,16 +78,18 @@ __all__ = [
     "StorageError",
     "dashboard_target",
     "fail_stale",
+    "heartbeat_every",
     "make_storage",
     "on_wait",
+    "one_check_at_a_time",
     "owner_alive",
     "retried_enough",
     "retry",
     "this_owner",
 ]
 
-HEARTBEAT_S = 5
-GRACE_S = 30
+HEARTBEAT_S = 5  # seconds between a trial's heartbeats (fewer for a short grace)
+GRACE_S = 30  # `study.heartbeat_grace_s`'s default: a trial silent this long is failed
 SQLITE_BUSY_S = 20.0  # how long a write waits for another process's lock (sqlite3: 5 s)
 STORAGE_WAIT_S = 60.0  # `study.storage_wait_s`'s default: a server's outage waited out
 CONNECT_S = 10  # a database server or gRPC proxy that does not answer by then is unreachable
@@ -90,15 +103,16 @@ logger = logging.getLogger(__name__)
 def make_storage(
     url: str,
     *,
-    heartbeat_s: int = HEARTBEAT_S,
+    heartbeat_s: int | None = None,
     grace_s: int = GRACE_S,
     max_retries: int = MAX_RETRIES,
     wait_s: float = STORAGE_WAIT_S,
 ) -> BaseStorage:
     """The storage at `url` (`nas.storage_url`: an SQLite file, a journal file, a database
     server's SQLAlchemy URL, or `grpc://host:port`), with heartbeats on where the storage
-    has them: a trial whose heartbeat stopped is asked again up to `max_retries` times
-    (`retry`).
+    has them: a trial whose heartbeat was silent for `grace_s` seconds is failed and asked
+    again up to `max_retries` times (`retry`); it beats every `heartbeat_s` seconds (None:
+    `heartbeat_every(grace_s)`).
 
     A server's storage (or the gRPC proxy's) is reached at once: unreachable, refusing the
     credentials or without its driver, `StorageError` says so in one line naming it
@@ -110,13 +124,20 @@ def make_storage(
         return JournalStorage(JournalFileBackend(url[len(JOURNAL) :]))
     if kind == StorageKind.GRPC:
         return RetryingStorage(_grpc_proxy(url), storage_url.masked(url), wait_s)
-    rdb = _connect(_with_driver(url), storage_url.masked(url), heartbeat_s, grace_s, max_retries)
+    every = heartbeat_every(grace_s) if heartbeat_s is None else heartbeat_s
+    rdb = _connect(_with_driver(url), storage_url.masked(url), every, grace_s, max_retries)
     if kind == StorageKind.SQLITE:
         sqlalchemy.event.listen(rdb.engine, "connect", _write_ahead)
         rdb.engine.dispose()  # the connections made so far reopen with it
         return rdb
     # Optuna's in-process cache of finished trials (what a URL given to Optuna gets)
     return RetryingStorage(get_storage(rdb), storage_url.masked(url), wait_s)
+
+
+def heartbeat_every(grace_s: int) -> int:
+    """Seconds between a trial's heartbeats for a grace of `grace_s`: `HEARTBEAT_S`, or a
+    sixth of a shorter grace, at least 1 s, so a live worker beats several times in it."""
+    return max(1, min(HEARTBEAT_S, grace_s // 6))
 
 
 def _connect(url: str, name: str, heartbeat_s: int, grace_s: int, max_retries: int) -> RDBStorage:
@@ -245,6 +266,21 @@ def fail_stale(study: optuna.Study) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         optuna.storages.fail_stale_trials(study)
+
+
+@contextlib.contextmanager
+def one_check_at_a_time(study: optuna.Study) -> Iterator[None]:
+    """On SQLite, hold a lock file beside the database (`<file>-orphans.lock`) while the
+    caller fails orphaned trials and asks them again: SQLite has no row lock, so two
+    workers failing one trial at once could both succeed and ask it again twice. A
+    database server or a journal file refuses the second failure itself: no lock there."""
+    database = StudyRecords(study).sqlite_file()
+    if database is None:
+        yield
+        return
+    with open(f"{database}-orphans.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        yield
 
 
 def _ask_again(study: optuna.Study, trial: optuna.trial.FrozenTrial, max_retries: int) -> None:

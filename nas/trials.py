@@ -86,6 +86,7 @@ def open_study(settings: NasSettings) -> optuna.Study:
         study_name=settings.study.name,
         storage=storage.make_storage(
             settings.storage_url,
+            grace_s=settings.study.heartbeat_grace_s,
             max_retries=settings.study.max_retries,
             wait_s=settings.study.storage_wait_s,
         ),
@@ -223,24 +224,37 @@ def fail_running(
     max_retries: int = storage.MAX_RETRIES,
 ) -> int:
     """Fail the RUNNING trials asked by `owner` (its stage processes died), or with no
-    owner given, those whose owner is gone (`nas.storage`), and enqueue each again unless
-    its architecture reached `max_retries` retries (`storage.retry`); returns how many were
-    enqueued again."""
-    storage.fail_stale(study)
-    retried = 0
-    for trial in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
-        asked_by = trial.user_attrs.get(OWNER)
-        orphaned = asked_by == owner if owner else not storage.owner_alive(asked_by)
-        if not orphaned:
-            continue
-        last = storage.retried_enough(trial, max_retries)
-        reason = f"{cause} (retried {max_retries} times: not again)" if last else cause
-        try:
-            StudyRecords(study).fail(trial, {"fail_reason": reason, INTERRUPTED: True})
-        except optuna.exceptions.UpdateFinishedTrialError:  # its worker finished it meanwhile
-            continue
-        retried += storage.retry(study, trial, max_retries)
-    return retried
+    owner given, those whose owner is gone or whose heartbeat stopped (`nas.storage`), and
+    enqueue each again unless its architecture reached `max_retries` retries
+    (`storage.retry`); returns how many it failed by owner were enqueued again (Optuna's
+    callback enqueues the heartbeat's). Workers may call it at once: each trial is failed,
+    and enqueued again, by one of them (`storage.one_check_at_a_time`; a trial failed
+    meanwhile is skipped)."""
+    with storage.one_check_at_a_time(study):
+        storage.fail_stale(study)
+        running = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))
+        return sum(_fail_orphan(study, t, cause, owner, max_retries) for t in running)
+
+
+def _fail_orphan(
+    study: optuna.Study,
+    trial: optuna.trial.FrozenTrial,
+    cause: str,
+    owner: str | None,
+    max_retries: int,
+) -> bool:
+    """Fail `trial` and enqueue it again if `owner` asked it (or, with no owner given, its
+    owner is gone); True if enqueued again."""
+    asked_by = trial.user_attrs.get(OWNER)
+    if not (asked_by == owner if owner else not storage.owner_alive(asked_by)):
+        return False
+    last = storage.retried_enough(trial, max_retries)
+    reason = f"{cause} (retried {max_retries} times: not again)" if last else cause
+    try:
+        StudyRecords(study).fail(trial, {"fail_reason": reason, INTERRUPTED: True})
+    except optuna.exceptions.UpdateFinishedTrialError:  # finished, or failed by a peer, meanwhile
+        return False
+    return storage.retry(study, trial, max_retries)
 
 
 def trials_table(study: optuna.Study) -> list[dict[str, Any]]:

@@ -68,3 +68,13 @@ class StudyRecords:
         for key, value in user_attrs.items():
             self.storage.set_trial_user_attr(trial_id(trial), key, value)
         self.storage.set_trial_state_values(trial_id(trial), TrialState.FAIL)
+
+    def sqlite_file(self) -> str | None:
+        """The database file of a study on SQLite (whose RDB storage Optuna wraps in its
+        cache of finished trials), else None."""
+        rdb = getattr(self.storage, "_backend", self.storage)
+        engine = getattr(rdb, "engine", None)
+        if engine is None or engine.dialect.name != "sqlite":
+            return None
+        database = engine.url.database
+        return str(database) if database and database != ":memory:" else None

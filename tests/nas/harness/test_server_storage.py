@@ -1,24 +1,36 @@
 """One study on a real PostgreSQL server, and the faults a cluster's storage has.
 
-One throw-away server for the whole module (`nas.postgres`, started and stopped by its
-command line, as the README starts it), real CLI workers with their own stage processes,
-the gRPC proxy as a user runs it, and the server stopped for real mid-study. Studies are
-tiny (a character LM, 2 steps a trial); while the server is down for the short outage, the
-checks that need it down run.
+One throw-away server for the whole module, real CLI workers with their own stage
+processes, the gRPC proxy, the dashboard and `wandb sync`, each run as README.md's "## Many
+machines" block runs it: the block is read from README.md (`Readme`) and its command lines
+run with this machine's values in place of its placeholders. The server is stopped for real
+mid-study, and a worker hangs (SIGSTOP) mid-trial, then is killed, while another goes on.
+Studies are tiny (a character LM, 2 steps a trial); while the server is down for the short
+outage, the checks that need it down run.
 """
 
 from __future__ import annotations
 
+import contextlib
+import glob
 import io
+import json
 import os
 import re
+import shlex
 import shutil
+import signal
+import socket
+import string
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 import optuna
@@ -29,15 +41,16 @@ from rich.console import Console
 from nas.postgres import Postgres, PostgresError, free_port
 from nas.report import report_study
 from nas.retrain import retrain
-from nas.storage import StorageError, make_storage
+from nas.storage import ATTEMPT, StorageError, make_storage
 from nas.storage_url import masked, without_password
 from nas.study import run_study
-from nas.trials import INTERRUPTED, OWNER, counted
-from tests.nas.harness.common import tiny_settings
+from nas.trials import INTERRUPTED, OWNER, counted, open_study
+from tests.nas.harness.common import offline_wandb, tiny_settings
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.filterwarnings("ignore:Heartbeat of storage")]
 
 COMPLETE, RUNNING = optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.RUNNING
+FAIL = optuna.trial.TrialState.FAIL
 SERVER = [sys.executable, "-m", "nas.storage_server"]
 # a study as cheap as it gets: a character LM, 2 steps a trial, no tracker
 CHEAP = (
@@ -53,16 +66,112 @@ CHEAP = (
     "retrain.steps=2",
 )
 OUTAGE_S = 12.0  # the short outage: a server restarted, as an administrator does
+GRACE_S = 3  # the hung worker's test: `study.heartbeat_grace_s` (a beat every second)
+README = Path(__file__).resolve().parents[3] / "README.md"
+
+
+@dataclass(frozen=True)
+class Readme:
+    """README.md's "## Many machines" block as this machine runs it: `fills` (text ->
+    what stands for it here) put in place of its placeholders, its variables expanded,
+    its `export`s in `env`, its programs this interpreter's (`python`, scripts beside it)."""
+
+    fills: Mapping[str, str]
+
+    @classmethod
+    def filled(
+        cls,
+        folder: Path,
+        port: int,
+        *,
+        password: str = "",
+        proxy_port: int = 0,
+        runs: Path | None = None,
+    ) -> Readme:
+        """The server in `folder` on `port`, every host this one (loopback), the proxy on
+        `proxy_port`, the workers' run folders under `runs`."""
+        fills = {
+            "/srv/nas-db": str(folder),
+            "0.0.0.0": "127.0.0.1",
+            "<server host>": "127.0.0.1",
+            "<proxy host>": "127.0.0.1",
+            "5433": str(port),
+            "13000": str(proxy_port),
+            "<the password in that URL>": password,
+        }
+        return cls(fills | ({"outputs/runs/shared": str(runs)} if runs else {}))
+
+    def _parsed(self) -> tuple[list[list[str]], dict[str, str]]:
+        """The block's command lines, split as the shell splits them, and its exports."""
+        section = README.read_text().split("\n## Many machines\n", 1)[1].split("\n## ", 1)[0]
+        block = section.split("```bash\n", 1)[1].split("\n```", 1)[0]
+        pattern = "|".join(map(re.escape, self.fills))
+        block = re.sub(pattern, lambda found: self.fills[found.group()], block)  # one pass
+        lines: list[list[str]] = []
+        variables: dict[str, str] = {}
+        exported: dict[str, str] = {}
+        for line in block.splitlines():
+            words = shlex.split(string.Template(line).safe_substitute(variables), comments=True)
+            if words[:1] == ["export"]:
+                name, _, value = words[1].partition("=")
+                exported[name] = value
+            elif len(words) == 1 and re.fullmatch(r"[A-Za-z_]\w*=.*", words[0]):
+                name, _, value = words[0].partition("=")
+                variables[name] = value
+            elif words:
+                lines.append(words[:-1] if words[-1] == "&" else words)
+        return lines, exported
+
+    @property
+    def env(self) -> dict[str, str]:
+        return self._parsed()[1]
+
+    def command(self, *start: str, having: str = "") -> list[str]:
+        """The block's one command line that starts with the words `start` and holds
+        `having`, its globs expanded."""
+        found = [
+            words
+            for words in self._parsed()[0]
+            if tuple(words[: len(start)]) == start and having in " ".join(words)
+        ]
+        assert len(found) == 1, f"README.md's Many machines block: {start} {having!r}: {found}"
+        program, *args = found[0]
+        return [_program(program), *(word for arg in args for word in _expanded(arg))]
+
+
+def _program(name: str) -> str:
+    """`name` as this interpreter runs it: `python` is this interpreter, a script installed
+    beside it (optuna-dashboard, wandb) that one, else whatever PATH finds."""
+    if name == "python":
+        return sys.executable
+    beside = Path(sys.executable).with_name(name)
+    return str(beside) if beside.exists() else name
+
+
+def _expanded(word: str) -> list[str]:
+    """A shell word's glob matches, sorted (the word itself when none, as the shell does)."""
+    return (sorted(glob.glob(word)) or [word]) if "*" in word else [word]
+
+
+def _readme(server: Postgres, runs: Path, proxy_port: int = 0) -> Readme:
+    """The README's block for `server`, its workers' run folders under `runs`."""
+    record = server.record
+    return Readme.filled(
+        server.folder, record.port, password=record.password, proxy_port=proxy_port, runs=runs
+    )
 
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[Postgres]:
-    """The throw-away PostgreSQL, started by its command; the tests stop and start it
-    through the same folder. Fails, never skips, where it cannot run."""
+    """The throw-away PostgreSQL, started and stopped by the README's commands (with
+    --no-fsync: a test's data need not survive a crash); the tests stop and start it through
+    the same folder. Fails, never skips, where it cannot run."""
     folder = Path(tempfile.mkdtemp(prefix="nas-pg-"))
+    readme = Readme.filled(folder, free_port())
+    postgres = ("python", "-m", "nas.storage_server", "postgres")
     try:
         started = subprocess.run(
-            [*SERVER, "postgres", "--dir", str(folder), "--no-fsync", "--detach"],
+            [*readme.command(*postgres, having="--detach"), "--no-fsync"],
             capture_output=True,
             text=True,
             timeout=120,
@@ -76,16 +185,17 @@ def server() -> Iterator[Postgres]:
         assert handle.url == started.stdout.strip() and handle.running
         yield handle
     finally:
-        subprocess.run([*SERVER, "postgres", "--dir", str(folder), "--stop"], timeout=120)
+        subprocess.run(readme.command(*postgres, having="--stop"), timeout=120)
         shutil.rmtree(folder, ignore_errors=True)
 
 
 def _worker(
-    run_dir: Path, storage: str, *overrides: str, password: str | None = None
+    run_dir: Path, *overrides: str, env: Mapping[str, str] | None = None
 ) -> subprocess.Popen[str]:
-    """`python -m nas` as a user starts a worker, on `storage` (`password`: given in
-    PGPASSWORD, as the README advises, not in the URL)."""
-    env = dict(os.environ) | ({"PGPASSWORD": password} if password else {})
+    """`python -m nas` as a user starts a worker, with `overrides` (its storage among them,
+    e.g. a README line's; later ones win) on a cheap study, in `run_dir`, in a session of
+    its own (its stage processes are its process group); `env` joins the environment
+    (PGPASSWORD, as the README advises, not in the URL)."""
     return subprocess.Popen(
         [
             sys.executable,
@@ -93,16 +203,16 @@ def _worker(
             "nas",
             *CHEAP,
             "stages=[search]",
-            f"study.storage={storage}",
             *overrides,
             f"hydra.run.dir={run_dir}",
             f"studies_dir={run_dir / 'studies'}",
         ],
         cwd=run_dir.parent,
-        env=env,
+        env=os.environ | dict(env or {}),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        start_new_session=True,
     )
 
 
@@ -119,14 +229,38 @@ OWNERS = (
     "JOIN trials USING (trial_id) JOIN studies USING (study_id) "
     "WHERE study_name = :study AND key = 'owner'"
 )
+TRAINERS = (  # the workers training a trial (running, beating) now
+    "SELECT COUNT(DISTINCT value_json) FROM trial_user_attributes "
+    "JOIN trials USING (trial_id) JOIN studies USING (study_id) "
+    "JOIN trial_heartbeats USING (trial_id) "
+    "WHERE study_name = :study AND key = 'owner' AND state = 'RUNNING'"
+)
+TRAINS = (  # the number of the trial a worker (:owner) trains now, -1 if none
+    "SELECT COALESCE(MAX(number), -1) FROM trial_user_attributes "
+    "JOIN trials USING (trial_id) JOIN studies USING (study_id) "
+    "JOIN trial_heartbeats USING (trial_id) "
+    "WHERE study_name = :study AND key = 'owner' AND state = 'RUNNING' AND value_json = :owner"
+)
+RETRIED = (  # 1 once trial :number failed and a trial was enqueued to retry it
+    "SELECT COUNT(*) FROM trials JOIN studies USING (study_id) "
+    "WHERE study_name = :study AND number = :number AND state = 'FAIL' AND EXISTS ("
+    "SELECT 1 FROM trial_user_attributes JOIN trials AS retry USING (trial_id) "
+    "WHERE retry.study_id = studies.study_id AND key = 'retry_of' AND value_json = :number)"
+)
+IN_TRANSACTION = (  # the server's other connections inside a transaction (holding locks)
+    "SELECT COUNT(*) FROM pg_stat_activity WHERE datname = current_database() "
+    "AND pid <> pg_backend_pid() AND state IN ('active', 'idle in transaction')"
+)
 
 
-def _count(server: Postgres, sql: str, study: str) -> int:
-    """A count read straight from the server (0 before Optuna made its tables)."""
+def _count(server: Postgres, sql: str, study: str, **params: str) -> int:
+    """A number read straight from the server, `sql` with :study and `params` (0 before
+    Optuna made its tables)."""
     engine = sqlalchemy.create_engine(server.url)
     try:
         with engine.connect() as connection:
-            return int(connection.execute(sqlalchemy.text(sql), {"study": study}).scalar_one())
+            found = connection.execute(sqlalchemy.text(sql), {"study": study, **params})
+            return int(found.scalar_one())
     except sqlalchemy.exc.SQLAlchemyError:
         return 0
     finally:
@@ -183,7 +317,7 @@ def test_a_worker_stops_when_the_server_is_gone_too_long_and_a_rerun_resumes(
 ) -> None:
     """Then the study is retrained and reported from the server, as a user does."""
     overrides = ("study.name=gone", "study.n_trials=3", "study.storage_wait_s=2")
-    worker = _worker(tmp_path / "w", server.url, *overrides)
+    worker = _worker(tmp_path / "w", f"study.storage={server.url}", *overrides)
 
     def training() -> bool:
         return _count(server, COMPLETED, "gone") > 0 and _count(server, TRAINING, "gone") > 0
@@ -226,17 +360,23 @@ def test_a_worker_stops_when_the_server_is_gone_too_long_and_a_rerun_resumes(
 
 
 def test_two_workers_one_through_the_proxy_wait_out_a_server_restart(
-    server: Postgres, tmp_path: Path
+    server: Postgres, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Each worker is `python -m nas` with its own stage processes; one reaches the study
-    through the gRPC proxy. The server is stopped for OUTAGE_S mid-study: nothing is
-    restarted, nothing lost or told twice, and the study reaches study.n_trials."""
-    overrides = ("study.name=shared", "study.n_trials=3")
-    url = without_password(server.url)  # the password in PGPASSWORD
-    direct = _worker(tmp_path / "direct", url, *overrides, password=server.record.password)
+    """Each worker is the README's `python -m nas` line, with its own stage processes; one
+    reaches the study through the gRPC proxy, started by the README's line. The server is
+    stopped for OUTAGE_S mid-study: nothing is restarted, nothing lost or told twice, and
+    the study reaches study.n_trials. The direct worker logs to W&B offline, and the
+    README's `wandb sync` line finds its runs (--dry-run: uploading needs an account)."""
     port = free_port()
+    readme = _readme(server, tmp_path, proxy_port=port)
+    overrides = ("study.name=shared", "study.n_trials=3")
+    url = without_password(server.url)  # the README's $DB: the password in PGPASSWORD
+    offline_wandb(monkeypatch, tmp_path)
+    line = readme.command("python", "-m", "nas", having=f"study.storage={url}")
+    direct = _worker(tmp_path / "worker-1", *line[3:], *overrides, "tracker=wandb", env=readme.env)
     proxy = subprocess.Popen(
-        [*SERVER, "serve", "--storage", server.url, "--host", "127.0.0.1", "--port", str(port)],
+        readme.command("python", "-m", "nas.storage_server", "serve"),
+        env=os.environ | readme.env,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -245,7 +385,8 @@ def test_two_workers_one_through_the_proxy_wait_out_a_server_restart(
         assert proxy.stdout is not None and proxy.stdout.readline().strip() == (
             f"grpc://127.0.0.1:{port}"
         )
-        proxied = _worker(tmp_path / "proxied", f"grpc://127.0.0.1:{port}", *overrides)
+        line = readme.command("python", "-m", "nas", having="study.storage=grpc://")
+        proxied = _worker(tmp_path / "worker-2", *line[3:], *overrides)
 
         def mid_study() -> bool:
             return _count(server, OWNERS, "shared") == 2 and _count(server, COMPLETED, "shared") > 0
@@ -270,7 +411,7 @@ def test_two_workers_one_through_the_proxy_wait_out_a_server_restart(
     direct_said = results[0][0] + results[0][1]
     assert f"storage {url} unreachable" in direct_said, direct_said[-3000:]
     assert "reachable again after" in direct_said
-    assert f"storage {masked(server.url)} unreachable" in proxy_err  # the proxy waited too
+    assert f"storage {url} unreachable" in proxy_err  # the proxy waited too
     assert server.record.password not in direct_said + proxy_err
 
     trials = _trials(server, "shared")
@@ -278,9 +419,129 @@ def test_two_workers_one_through_the_proxy_wait_out_a_server_restart(
     assert len({t.number for t in trials}) == len(trials)
     assert not any(t.state == RUNNING or t.user_attrs.get(INTERRUPTED) for t in trials)
     assert len({t.user_attrs[OWNER] for t in trials if counted(t)}) == 2
-    told = [_told(tmp_path / "direct"), _told(tmp_path / "proxied")]
+    told = [_told(tmp_path / "worker-1"), _told(tmp_path / "worker-2")]
     done = {t.number for t in trials if t.state.is_finished() and counted(t)}
     assert sorted(told[0] + told[1]) == sorted(done)  # each told once, none lost
+    _sync_dry_run(readme)
+
+
+def _sync_dry_run(readme: Readme) -> None:
+    """The README's `wandb sync` line, with --dry-run: it finds every offline run the
+    worker wrote (a study run and one per trial) and lists them, uploading nothing."""
+    sync = readme.command("wandb", "sync")
+    runs = sync[2:]
+    assert len(runs) >= 2 and all(Path(run).is_dir() for run in runs), sync
+    synced = subprocess.run([*sync, "--dry-run"], capture_output=True, text=True, timeout=120)
+    said = synced.stdout + synced.stderr
+    assert synced.returncode == 0 and f"Would sync {len(runs)} run(s)" in said, said[-3000:]
+
+
+def test_a_hung_then_killed_workers_trial_is_failed_by_its_heartbeat_and_retried(
+    server: Postgres, tmp_path: Path
+) -> None:
+    """Two workers, the README's direct line, `study.heartbeat_grace_s` short. One hangs
+    mid-trial (its process group stopped: a hung machine, its pid alive, so only the
+    heartbeat can tell) and is then killed; the other, before its next ask, fails that trial
+    (uncounted, no cause: the heartbeat's doing) and trains it again, and the study ends
+    with study.n_trials (the survivor is paused alongside until the victim's heartbeat is
+    stale, which orders the events: `_hang_mid_trial`). The README's `optuna-dashboard`
+    line serves the study meanwhile."""
+    readme, study = _readme(server, tmp_path), "hung"
+    line = readme.command("python", "-m", "nas", having="study.storage=postgresql")[3:]
+    overrides = (
+        f"study.name={study}",
+        "study.n_trials=3",
+        f"study.heartbeat_grace_s={GRACE_S}",
+    )
+    # made first, its two seed architectures enqueued once (two workers making it at the same
+    # moment may both enqueue them): each worker's first trial is a seed of its own
+    open_study(tiny_settings(tmp_path, *CHEAP, *overrides, f"study.storage={server.url}"))
+    victim = _worker(tmp_path / "victim", *line, *overrides, env=readme.env)
+    survivor = _worker(tmp_path / "worker-1", *line, *overrides, env=readme.env)
+    try:
+        hung = _hang_mid_trial(server, study, victim, survivor)
+        with _dashboard(readme, tmp_path / "dashboard.log") as address:
+            time.sleep(GRACE_S + 0.5)  # the hung trial's last heartbeat is older than the grace
+            os.killpg(survivor.pid, signal.SIGCONT)  # its check before its next ask finds it
+            _wait_until(
+                lambda: _count(server, RETRIED, study, number=str(hung)) == 1,
+                f"trial {hung} failed and enqueued again",
+            )
+            os.killpg(victim.pid, signal.SIGKILL)  # the hung machine is powered off
+            _, err = survivor.communicate(timeout=300)
+            assert survivor.returncode == 0, err[-3000:]
+            serving = f"optuna-dashboard serves the study (output: {tmp_path / 'dashboard.log'})"
+            _wait_until(lambda: _serves(address, study), serving, 60)
+    finally:
+        for worker in (victim, survivor):
+            _end(worker)
+    trials = _trials(server, study)
+    lost, again = trials[hung], [t for t in trials if t.user_attrs.get("retry_of") == hung]
+    assert lost.state == FAIL and not counted(lost) and "fail_reason" not in lost.user_attrs
+    said = [(t.number, t.state.name, t.user_attrs) for t in trials]
+    assert [(t.state, t.user_attrs[ATTEMPT], t.params) for t in again] == [
+        (COMPLETE, 1, lost.params)
+    ], said
+    assert again[0].user_attrs[OWNER] == f"{socket.gethostname()}:{survivor.pid}"
+    assert again[0].number in _told(tmp_path / "worker-1")
+    assert len({t.number for t in trials}) == len(trials)
+    assert sum(map(counted, trials)) == 3 and not any(t.state == RUNNING for t in trials)
+
+
+def _hang_mid_trial(
+    server: Postgres, study: str, victim: subprocess.Popen[str], survivor: subprocess.Popen[str]
+) -> int:
+    """Stop both workers' process groups (SIGSTOP) at a moment the victim trains a trial
+    (its heartbeat recorded), neither is inside a database transaction, and the survivor
+    still has a trial to ask after its current one; returns the victim's trial. Stopping
+    the survivor too orders what follows: it goes on only once the victim's heartbeat is
+    stale, so the check before its next ask finds the trial (not the one at its start),
+    and its study cannot end before."""
+    owner = json.dumps(f"{socket.gethostname()}:{victim.pid}")
+    while True:
+        _wait_until(lambda: _count(server, TRAINERS, study) == 2, "both workers train a trial")
+        for worker in (victim, survivor):
+            os.killpg(worker.pid, signal.SIGSTOP)
+        hung, done = _count(server, TRAINS, study, owner=owner), _count(server, COMPLETED, study)
+        assert done <= 1, f"{done} trials completed before both workers trained one"
+        if hung >= 0 and _count(server, IN_TRANSACTION, study) == 0:
+            return hung
+        for worker in (victim, survivor):
+            os.killpg(worker.pid, signal.SIGCONT)
+
+
+@contextlib.contextmanager
+def _dashboard(readme: Readme, log: Path) -> Iterator[str]:
+    """The README's `optuna-dashboard` line on a free port of loopback, its output in `log`,
+    until the block ends; yields its address."""
+    port = free_port()
+    command = [*readme.command("optuna-dashboard"), "--host", "127.0.0.1", "--port", str(port)]
+    with log.open("w") as out:
+        dashboard = subprocess.Popen(
+            command, env=os.environ | readme.env, stdout=out, stderr=subprocess.STDOUT
+        )
+        try:
+            yield f"http://127.0.0.1:{port}"
+        finally:
+            dashboard.terminate()
+            dashboard.wait(timeout=60)
+
+
+def _serves(address: str, study: str) -> bool:
+    """Whether the dashboard at `address` answers its study list (200), naming `study`."""
+    try:
+        with urllib.request.urlopen(f"{address}/api/studies", timeout=5) as reply:
+            return bool(reply.status == 200 and study in reply.read().decode())
+    except OSError:  # not listening yet (URLError), or an error page (HTTPError)
+        return False
+
+
+def _end(worker: subprocess.Popen[str]) -> None:
+    """Kill what is left of `worker`'s process group (a failed test's), and reap it."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(worker.pid, signal.SIGKILL)
+    if worker.returncode is None:
+        worker.communicate(timeout=60)
 
 
 def _start_error(url: str) -> str:
@@ -295,7 +556,7 @@ def _start_error(url: str) -> str:
 def _cli_start_error(run_dir: Path, server: Postgres) -> str:
     """What `python -m nas` says when its storage cannot be reached at start: one line
     naming it (password masked), no traceback, no stage process started."""
-    worker = _worker(run_dir, server.url, "study.name=refused")
+    worker = _worker(run_dir, f"study.storage={server.url}", "study.name=refused")
     out, err = worker.communicate(timeout=300)
     assert worker.returncode == 1
     said = out + err

@@ -1,7 +1,9 @@
-"""Storages and orphaned trials: which RUNNING trials a (re)started harness may fail; URLs;
-how a server storage's calls wait out an outage.
+"""Storages and orphaned trials: which RUNNING trials a (re)started harness, or a worker
+before each trial it asks, may fail (each once, however many check at once); URLs; how a
+server storage's calls wait out an outage.
 
-Real Optuna storages (SQLite and a journal file) and real processes; no stage processes.
+Real Optuna storages (SQLite and a journal file), real processes and rank 0's `Leader`; no
+stage processes.
 The outage is Optuna's in-memory storage failing as a stopped server does (the real server
 is stopped in test_server_storage.py).
 """
@@ -14,20 +16,24 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import optuna
 import pytest
 import sqlalchemy.exc
-from optuna.storages import InMemoryStorage
+from optuna.storages import InMemoryStorage, RDBStorage
 
 from nas import storage
 from nas.errors import HeartbeatError
+from nas.leader import Leader, TrialOrder
+from nas.search.records import StudyRecords, trial_id
 from nas.storage_retry import RetryingStorage, StorageUnavailableError
 from nas.storage_url import StorageKind, kind, masked, without_password
 from nas.trials import INTERRUPTED, OWNER, counted, fail_running
-from tests.nas.harness.common import composed, locked
+from tests.nas.harness.common import composed, locked, tiny_settings
 
 pytestmark = pytest.mark.filterwarnings("ignore:Heartbeat of storage")
 
@@ -36,6 +42,13 @@ def _study(url: str, **kwargs: int) -> optuna.Study:
     return optuna.create_study(
         study_name="s", storage=storage.make_storage(url, **kwargs), load_if_exists=True
     )
+
+
+def _url(tmp_path: Path, scheme: str) -> str:
+    """A new study file under `tmp_path`: SQLite or a journal file."""
+    if scheme == "sqlite":
+        return f"sqlite:///{tmp_path / 's.db'}"
+    return f"journal://{tmp_path / 's.log'}"
 
 
 def _dead_owner() -> str:
@@ -50,12 +63,7 @@ def _dead_owner() -> str:
 
 @pytest.mark.parametrize("scheme", ["sqlite", "journal"])
 def test_only_orphaned_trials_are_failed_and_asked_again(tmp_path: Path, scheme: str) -> None:
-    url = (
-        f"sqlite:///{tmp_path / 's.db'}"
-        if scheme == "sqlite"
-        else f"journal://{tmp_path / 's.log'}"
-    )
-    study = _study(url)
+    study = _study(_url(tmp_path, scheme))
     orphan, live, remote, mine = (
         study.ask({"x": optuna.distributions.FloatDistribution(0, 1)}) for _ in range(4)
     )
@@ -120,6 +128,16 @@ def test_storage_wait_s_is_checked() -> None:
     for bad in ("0", "-1", "inf"):
         with pytest.raises(ValueError, match=rf"study.storage_wait_s={bad}.* is not valid"):
             composed(f"study.storage_wait_s={bad}")
+
+
+def test_heartbeat_grace_s_is_checked_and_sets_the_beat(tmp_path: Path) -> None:
+    assert composed("study.heartbeat_grace_s=3").study.heartbeat_grace_s == 3
+    for bad in ("1", "0", "-30"):
+        with pytest.raises(ValueError, match=rf"study.heartbeat_grace_s={bad} is not valid"):
+            composed(f"study.heartbeat_grace_s={bad}")
+    assert [storage.heartbeat_every(g) for g in (30, 300, 12, 3)] == [5, 5, 2, 1]
+    rdb = storage.make_storage(f"sqlite:///{tmp_path / 's.db'}", grace_s=3)
+    assert isinstance(rdb, RDBStorage) and rdb.get_heartbeat_interval() == 1
 
 
 def test_what_is_shown_of_a_url_hides_its_password() -> None:
@@ -273,3 +291,90 @@ def test_a_trial_is_asked_again_at_most_max_retries_times(tmp_path: Path) -> Non
     assert last.user_attrs["fail_reason"] == "stage 1 died (retried 2 times: not again)"
     with pytest.raises(ValueError, match=r"study.max_retries=-1 is not valid"):
         composed("study.max_retries=-1")
+
+
+def _silence(url: str, trials: Sequence[optuna.trial.FrozenTrial | optuna.Trial]) -> None:
+    """The last heartbeats of `trials` (on SQLite at `url`) dated a minute back: their
+    worker went silent, on another machine or hung (longer ago than the default grace)."""
+    backdate = sqlalchemy.text(
+        "UPDATE trial_heartbeats SET heartbeat = datetime('now', '-60 seconds') "
+        "WHERE trial_id IN :ids"
+    ).bindparams(sqlalchemy.bindparam("ids", expanding=True))
+    engine = sqlalchemy.create_engine(url)
+    try:
+        with engine.begin() as connection:
+            done = connection.execute(backdate, {"ids": [trial_id(t) for t in trials]})
+            assert done.rowcount == len(trials)  # each has beaten
+    finally:
+        engine.dispose()
+
+
+def _left_running(leader: Leader) -> TrialOrder:
+    """A trial `leader` asks and leaves running, silent (its worker stopped beating)."""
+    order = leader.next_trial()
+    assert order is not None and leader.heartbeat is not None
+    leader.heartbeat.stop()
+    return order
+
+
+def test_each_ask_first_takes_over_the_trials_of_dead_peers(tmp_path: Path) -> None:
+    """A worker, before each trial it asks, fails the trials of a peer that died (its pid
+    gone) or went silent (its heartbeat a minute old), uncounted, and enqueues them again:
+    its ask is one of them, with its architecture, not a new proposal."""
+    settings = tiny_settings(tmp_path, "tracker=none", "study.enqueue_seeds=false")
+    Path(settings.studies_dir).mkdir(parents=True)
+    peer, live = Leader(settings, owner="peer:1"), Leader(settings, owner=storage.this_owner())
+    try:
+        left = [_left_running(peer), _left_running(peer)]
+        records = StudyRecords(live.study)
+        dead, silent = (records.trial_by_number(order.number) for order in left)
+        records.set_trial_user_attr(dead, OWNER, _dead_owner())
+        _silence(settings.storage_url, [silent])
+        taken = _left_running(live)
+    finally:
+        for leader in (peer, live):
+            leader.close()
+    trials = live.study.get_trials()
+    assert {trials[o.number].state for o in left} == {optuna.trial.TrialState.FAIL}
+    assert not any(counted(trials[o.number]) for o in left)
+    retries = {t.user_attrs["retry_of"]: t for t in trials if "retry_of" in t.user_attrs}
+    assert sorted(retries) == [o.number for o in left]
+    assert {t.state.name for t in retries.values()} == {"RUNNING", "WAITING"}
+    retry_of = trials[taken.number].user_attrs["retry_of"]
+    assert taken.architecture == next(o.architecture for o in left if o.number == retry_of)
+
+
+@pytest.mark.parametrize("scheme", ["sqlite", "journal"])
+def test_workers_checking_at_once_fail_and_ask_again_each_orphan_once(
+    tmp_path: Path, scheme: str
+) -> None:
+    """Two workers (two storages on one file) run the check before an ask at the same
+    moment, over trials whose owner died and, on SQLite, trials whose heartbeat went
+    silent: each is failed once and enqueued again once."""
+    url = _url(tmp_path, scheme)
+    studies = [_study(url), _study(url)]
+    space: dict[str, optuna.distributions.BaseDistribution] = {
+        "x": optuna.distributions.FloatDistribution(0, 1)
+    }
+    orphans = [studies[0].ask(space) for _ in range(8)]
+    dead, silent = _dead_owner(), scheme == "sqlite"  # half of them silent on SQLite
+    for i, trial in enumerate(orphans):
+        trial.set_user_attr(OWNER, "another-machine:1" if silent and i % 2 else dead)
+    for trial in orphans[1::2] if silent else []:
+        beat = storage.Heartbeat(studies[0], trial)
+        beat.start()
+        beat.stop()  # it beat once
+    if silent:
+        _silence(url, orphans[1::2])
+    together = threading.Barrier(2)
+
+    def check(study: optuna.Study) -> int:
+        together.wait()
+        return fail_running(study, "left running")
+
+    with ThreadPoolExecutor(2) as pool:
+        list(pool.map(check, studies))
+    trials = studies[1].get_trials()
+    waiting = [t for t in trials if t.state == optuna.trial.TrialState.WAITING]
+    assert sorted(t.user_attrs["retry_of"] for t in waiting) == [t.number for t in orphans]
+    assert {trials[t.number].state for t in orphans} == {optuna.trial.TrialState.FAIL}
