@@ -79,7 +79,7 @@ HEARTBEAT = "heartbeat"  # the thread name of rank 0's heartbeats (nas.storage.H
 # processes) it wraps `nas.storage_retry.RetryingStorage._call` once that module is imported:
 # the one door through which every call to a database server's storage passes (rank 0's
 # decisions, the samplers, the pruner, the heartbeat thread, the harness between launches).
-# Each call appends a line to <CALLS_ENV>/<parent pid>-<pid>.tsv: its start (time.time()),
+# Each call appends a line to <CALLS_ENV>/<worker pid>-<pid>.tsv: its start (time.time()),
 # seconds, the storage method and the calling thread's name. A machine's own
 # sitecustomize, if one exists further on the path, still runs after it.
 PROBE = '''"""study_scaling.py's probe: times every call through RetryingStorage._call."""
@@ -97,10 +97,24 @@ _OUT = []
 _DEPTH = threading.local()
 
 
+def _starter():
+    """The process that started this one: a stage forked by its worker's forkserver
+    names the worker (the forkserver's parent), as a spawned stage names its parent."""
+    parent = os.getppid()
+    try:
+        with open(f"/proc/{parent}/cmdline", "rb") as cmdline:
+            if b"multiprocessing.forkserver" not in cmdline.read():
+                return parent
+        with open(f"/proc/{parent}/stat") as stat:
+            return int(stat.read().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return parent
+
+
 def _log(method, began, seconds):
     with _LOCK:
         if not _OUT:
-            name = f"{os.getppid()}-{os.getpid()}.tsv"
+            name = f"{_starter()}-{os.getpid()}.tsv"
             _OUT.append(open(os.path.join(_FOLDER, name), "a", buffering=1))
         thread = threading.current_thread().name.replace("\\t", " ")
         _OUT[0].write(f"{began:.6f}\\t{seconds:.6f}\\t{method}\\t{thread}\\n")

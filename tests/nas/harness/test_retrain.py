@@ -33,7 +33,7 @@ RETRAIN = (
     "retrain.seeds=[0,1]",
     "retrain.seed_models=true",
     "retrain.steps=6",
-    "retrain.decode_pairs=8",
+    "retrain.decode_pairs=4",
 )
 
 
@@ -90,7 +90,7 @@ def test_the_best_and_both_seeds_are_retrained_exported_and_load_alone(
         assert metrics["validation_loss"] == chosen.metrics["validation_loss"]
         model = nas.load_model(folder)  # one process: no pipeline, Optuna or W&B
         assert isinstance(model, TranslationModel) and not model.training
-        alone = task.evaluate(model, "validation", batch_size=settings.train.batch_size, decode=8)
+        alone = task.evaluate(model, "validation", batch_size=settings.train.batch_size, decode=4)
         assert alone["loss"] == pytest.approx(metrics["validation_loss"], abs=1e-5)
         assert alone["accuracy"] == pytest.approx(metrics["validation_accuracy"], abs=1e-6)
         assert alone["chrf"] == metrics["chrf"] and alone["exact_match"] == metrics["exact_match"]
