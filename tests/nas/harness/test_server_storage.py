@@ -285,7 +285,8 @@ def _stage_processes(pid: int) -> set[int]:
                 children.setdefault(parent, set()).add(int(stat.parent.name))
         except (OSError, IndexError, ValueError):
             continue
-    found, parents = set(), [pid]
+    found: set[int] = set()
+    parents = [pid]
     while parents:
         below = children.get(parents.pop(), set()) - found
         found |= below
