@@ -56,20 +56,28 @@ def task() -> Translation:
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory: pytest.TempPathFactory, task: Translation) -> tuple[Path, dict]:
     arch = evolved_transformer(32, n_heads=4, n_enc=1, n_dec=1)
-    specs, parameters = training.compile_model(arch, task, dropout=0.1)
-    layers = {spec.key: build_layer(spec, 3, torch.device("cpu")) for spec in specs}
-    state = {key: layer.state_dict() for key, layer in layers.items()}
-    folder = export_model(
-        tmp_path_factory.mktemp("models") / "et",
-        state=state,
+    _, parameters = training.compile_model(arch, task, dropout=0.1)
+    folder = tmp_path_factory.mktemp("models") / "et"
+    return folder, _export(folder, arch, task, seed=3, metrics={**METRICS, "params": parameters})
+
+
+def _export(
+    folder: Path, arch: Architecture, task: Translation, seed: int, metrics: dict
+) -> dict[str, torch.nn.Module]:
+    """Export `arch`'s layers built with `seed` into `folder`; the layers."""
+    specs, _ = training.compile_model(arch, task, dropout=0.1)
+    layers = {spec.key: build_layer(spec, seed, torch.device("cpu")) for spec in specs}
+    export_model(
+        folder,
+        state={key: layer.state_dict() for key, layer in layers.items()},
         arch=arch,
         params=seed_params(arch),
         task=task,
         settings=NasSettings(),
-        metrics={**METRICS, "params": parameters},
+        metrics=metrics,
         max_len=training.max_len(task),
     )
-    return folder, layers
+    return layers
 
 
 def layers_forward(layers: dict, x: object) -> torch.Tensor:
@@ -154,25 +162,12 @@ def test_a_later_export_of_the_same_architecture_keeps_its_picture(
     (folder / "architecture.png").write_bytes(b"kept")
     arch = nas.load_model(folder).architecture
 
-    def export(architecture: Architecture, seed: int) -> None:
-        specs, _ = training.compile_model(architecture, task, dropout=0.1)
-        layers = {spec.key: build_layer(spec, seed, torch.device("cpu")) for spec in specs}
-        export_model(
-            folder,
-            state={key: layer.state_dict() for key, layer in layers.items()},
-            arch=architecture,
-            params=seed_params(architecture),
-            task=task,
-            settings=NasSettings(),
-            metrics={**METRICS, "seed": seed},
-            max_len=training.max_len(task),
-        )
-
     weights = (folder / "model.safetensors").read_bytes()
-    export(arch, seed=4)
+    _export(folder, arch, task, seed=4, metrics={**METRICS, "seed": 4})
     assert (folder / "architecture.png").read_bytes() == b"kept"
     assert (folder / "model.safetensors").read_bytes() != weights
-    export(evolved_transformer(32, n_heads=4, n_enc=2, n_dec=1), seed=4)
+    other = evolved_transformer(32, n_heads=4, n_enc=2, n_dec=1)
+    _export(folder, other, task, seed=4, metrics={**METRICS, "seed": 4})
     assert (folder / "architecture.png").read_bytes()[:4] == b"\x89PNG"
 
 
