@@ -55,6 +55,7 @@ from nas.tasks.metrics import decode_metrics
 __all__ = [
     "DOMAINS",
     "Translation",
+    "decode_rows",
     "greedy_decode",
     "load_pairs",
     "read_catalog",
@@ -64,6 +65,19 @@ __all__ = [
 
 DOMAINS = ("iso3166-1", "iso3166-2", "iso639-3", "iso4217", "iso15924")
 FRACTIONS = (0.8, 0.1, 0.1)  # train, validation, test
+DECODE_ROWS = 128  # the most rows of a greedy batch that evaluation sizes itself
+
+
+def decode_rows(pairs: int, batch_size: int) -> int:
+    """Rows per greedy batch when decoding `pairs` pairs: the fewest multiples of
+    `batch_size` (a batch the model takes: a pipeline's micro-batches divide it) that hold
+    them, at most `DECODE_ROWS` (or `batch_size` where that is larger). Rows past the
+    pairs are copies of the batch's first source, so a few decoded pairs cost a few rows."""
+    check_batch_size(batch_size)
+    most = max(batch_size, DECODE_ROWS // batch_size * batch_size)
+    return min(most, max(1, -(-pairs // batch_size)) * batch_size)
+
+
 Pair = tuple[str, str]
 # x = (src (B, S), tgt_in (B, T)), y = tgt_out (B, T)
 TranslationBatch = tuple[tuple[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -295,18 +309,21 @@ class Translation(Task):
         batch_size: int,
         max_batches: int | None = None,
         decode: int | None = None,
-        decode_batch_size: int = 128,
+        decode_batch_size: int | None = None,
     ) -> dict[str, float]:
         """Loss and token accuracy (teacher forcing), then, unless `decode=0`, greedy
-        decoding of `decode` pairs (None: all) in batches of `decode_batch_size` (one
-        forward per generated token, so few large batches cost least): `chrf`,
-        `exact_match`, `decoded` (pairs) and `decode_s` (what decoding cost, in seconds)."""
+        decoding of `decode` pairs (None: all) in batches of `decode_batch_size` rows (one
+        forward per generated token, so few large batches cost least; default
+        `decode_rows`): `chrf`, `exact_match`, `decoded` (pairs) and `decode_s` (what
+        decoding cost, in seconds)."""
         metrics = super().evaluate(forward, split, batch_size=batch_size, max_batches=max_batches)
         if decode == 0:
             return metrics
         started = time.perf_counter()
+        indices = self.decode_subset(split, decode)
+        rows = decode_batch_size or decode_rows(len(indices), batch_size)
         decoded = self.generation_metrics(
-            lambda src, tgt: forward((src, tgt)), split, batch_size=decode_batch_size, pairs=decode
+            lambda src, tgt: forward((src, tgt)), split, batch_size=rows, pairs=decode
         )
         return metrics | {
             "chrf": decoded["chrf"],

@@ -188,7 +188,9 @@ def _launch_local(
         del store
 
 
-_PRELOAD = ["__main__", __name__]  # the forkserver imports these (and torch) once
+# The forkserver imports these (and torch) once. torch._dynamo too: the first optimizer a
+# stage builds imports it (2-3 s of CPU), so each stage would pay that again.
+_PRELOAD = ["__main__", __name__, "torch._dynamo"]
 
 
 def _start_context() -> Any:

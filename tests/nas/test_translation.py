@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from nas.tasks import BOS, EOS, PAD, SPLITS, Translation, get_task, greedy_decode
-from nas.tasks.translation import StepFn, load_pairs, split_pairs
+from nas.tasks.translation import DECODE_ROWS, StepFn, decode_rows, load_pairs, split_pairs
 
 
 @pytest.fixture(scope="module")
@@ -190,3 +190,27 @@ def test_evaluate_scores_teacher_forcing_and_greedy_decoding(task: Translation) 
     assert task.decode_subset("validation", None) == list(range(task.size("validation")))
     with pytest.raises(ValueError, match="pairs=-1 is not valid"):
         task.decode_subset("validation", -1)
+
+
+def test_decoding_sizes_its_batches_to_the_pairs_in_multiples_of_the_batch(
+    task: Translation,
+) -> None:
+    assert [decode_rows(pairs, 16) for pairs in (0, 1, 16, 17, 100, 128, 500)] == [
+        16, 16, 16, 32, 112, 128, 128,
+    ]  # fmt: skip
+    assert decode_rows(500, 48) == 96 and decode_rows(3, 200) == 200  # a batch at least
+    assert DECODE_ROWS == 128
+    with pytest.raises(ValueError, match="batch_size must be a positive integer, got 0"):
+        decode_rows(4, 0)
+    _, step_fn = oracle(task)
+    rows: list[int] = []
+
+    def forward(x: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        rows.append(x[0].shape[0])
+        return step_fn(*x)
+
+    few = task.evaluate(forward, batch_size=8, max_batches=1, decode=4)
+    assert few["decoded"] == 4 and set(rows) == {8}  # not 128 rows for 4 pairs
+    rows.clear()
+    assert task.evaluate(forward, batch_size=8, max_batches=1, decode=4, decode_batch_size=24)
+    assert set(rows) == {8, 24}
