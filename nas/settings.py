@@ -438,6 +438,7 @@ class NasSettings:
                     f"study.objectives has {objective}, which task={self.task.name} does not "
                     f"measure; valid: {', '.join(measured)} and " + ", ".join(RUNTIME_OBJECTIVES)
                 )
+        self._check_decoding()
         self._check_pruner()
         if self.pipeline.schedule == "pipemare" and (
             self.train.lr_schedule != "constant" or self.train.warmup_steps
@@ -452,6 +453,19 @@ class NasSettings:
                 f"train.batch_size={self.train.batch_size} is not a multiple of "
                 f"pipeline.n_microbatches={self.pipeline.n_microbatches}"
             )
+
+    def _check_decoding(self) -> None:
+        """An objective only decoding measures (`Task.decoded_metrics`) needs pairs decoded:
+        at every evaluation for the first (the fitness, reported as the trial trains), at
+        the final one for the others."""
+        decoded = {f"validation_{m}" for m in task_class(self.task.name).decoded_metrics}
+        for key, ranked in (("decode_pairs", 1), ("final_decode_pairs", None)):
+            needing = [o for o in self.study.objectives[:ranked] if o in decoded]
+            if getattr(self.train, key) == 0 and needing:
+                raise ValueError(
+                    f"train.{key}=0 decodes no pair, but study.objectives has {needing[0]}, "
+                    "which only decoding measures; valid: a count > 0 or null (all pairs)"
+                )
 
     def _check_pruner(self) -> None:
         """Pruners decide at evaluations; several objectives allow only the hurdles, whose top

@@ -146,6 +146,8 @@ class Task(ABC):
     * `metric_directions`: every metric `evaluate` returns that a study may rank by, and
       whether it is minimised or maximised; the study's objectives are
       `validation_<metric>`, and the report shows them;
+    * `decoded_metrics`: those of them `evaluate` measures only when it decodes (`decode`
+      not 0), so a study ranking by one must decode at its evaluations;
     * `decoder_only`: whether its model reads one sequence (a language model) rather than
       a source and a target (which the exported model can `translate`);
     * `example_call`: how a user calls the exported model `m`, as the report shows it.
@@ -157,6 +159,7 @@ class Task(ABC):
         "loss": "minimize",
         "accuracy": "maximize",
     }
+    decoded_metrics: ClassVar[tuple[str, ...]] = ()
     decoder_only: ClassVar[bool] = True
     example_call: ClassVar[str] = "m"
     vocab: Vocab

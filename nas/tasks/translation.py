@@ -172,6 +172,7 @@ class Translation(Task):
         "chrf": "maximize",
         "exact_match": "maximize",
     }
+    decoded_metrics = ("chrf", "exact_match")
     decoder_only = False
     example_call = "m.translate(['Germany', 'France'])"
 

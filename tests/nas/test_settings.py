@@ -134,3 +134,18 @@ def test_lower_is_better_signs_a_metric_by_its_direction() -> None:
     assert (
         settings.lower_is_better("validation_chrf", math.nan) == math.inf
     )  # a failed run ranks last
+
+
+def test_an_objective_only_decoding_measures_needs_pairs_decoded() -> None:
+    def configured(objectives: tuple[str, ...], **train: int) -> settings.NasSettings:
+        return settings.NasSettings(
+            study=settings.StudySettings(objectives=objectives),
+            train=settings.TrainSettings(**train),
+        )
+
+    with pytest.raises(ValueError, match="train.decode_pairs=0 decodes no pair, but study"):
+        configured(("validation_chrf",), decode_pairs=0)  # the fitness, at every evaluation
+    with pytest.raises(ValueError, match="objectives has validation_exact_match, which only"):
+        configured(("validation_loss", "validation_exact_match"), final_decode_pairs=0)
+    configured(("validation_loss", "validation_chrf"), decode_pairs=0)  # scored at the end
+    configured(("validation_loss",), decode_pairs=0, final_decode_pairs=0)

@@ -35,7 +35,9 @@ def test_a_study_runs_resumes_and_records_failures(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     offline_wandb(monkeypatch, tmp_path)
-    first = settings(tmp_path, "study.name=t", "study.n_trials=4", "tracker=wandb")
+    first = settings(  # the evaluation at step 3 decodes 4 pairs, the final one 8
+        tmp_path, "study.name=t", "study.n_trials=4", "tracker=wandb", "train.decode_pairs=4"
+    )
     result = run_study(first)
     study = optuna.load_study(study_name="t", storage=first.storage_url)
     assert result.finished == 4 and len(study.trials) == 4  # every proposal is valid
@@ -136,6 +138,7 @@ def test_a_multi_objective_study_with_hurdles_a_budget_and_inherited_weights(
         "study.name=multi",
         "study.n_trials=5",
         "objective=chrf_params",
+        "train.decode_pairs=4",  # the fitness, chrF, at every evaluation
         "pruner=pdh",
         "pruner.options.budgets=[3]",
         "sampler=evolution",
