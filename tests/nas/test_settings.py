@@ -137,10 +137,14 @@ def test_lower_is_better_signs_a_metric_by_its_direction() -> None:
 
 
 def test_an_objective_only_decoding_measures_needs_pairs_decoded() -> None:
-    def configured(objectives: tuple[str, ...], **train: int) -> settings.NasSettings:
+    def configured(
+        objectives: tuple[str, ...], decode_pairs: int = 4, final_decode_pairs: int = 8
+    ) -> settings.NasSettings:
         return settings.NasSettings(
             study=settings.StudySettings(objectives=objectives),
-            train=settings.TrainSettings(**train),
+            train=settings.TrainSettings(
+                decode_pairs=decode_pairs, final_decode_pairs=final_decode_pairs
+            ),
         )
 
     with pytest.raises(ValueError, match="train.decode_pairs=0 decodes no pair, but study"):
