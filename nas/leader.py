@@ -135,7 +135,8 @@ class Leader:
 
         Before each ask the trials of workers that died or hung are failed and enqueued
         again (`_fail_orphans`): a retry is asked before any new proposal, so a live worker
-        takes over a dead peer's trial while the study runs.
+        takes over a dead peer's trial while the study runs. While a live peer trains, the
+        sampler is reseeded (`_out_of_step_with_peers`).
         """
         invalid = 0
         while (
@@ -150,6 +151,7 @@ class Leader:
                     "repeated a trained architecture"
                 )
             self._fail_orphans()  # a peer that died since: its trial is enqueued again
+            self._out_of_step_with_peers()
             trial = self.study.ask()
             trial.set_user_attr(OWNER, self.owner)  # first: a crash from here on is found
             try:
@@ -312,6 +314,15 @@ class Leader:
         of the running trials and their heartbeats; a peer checking at once fails none
         twice)."""
         fail_running(self.study, ORPHANED, max_retries=self.settings.study.max_retries)
+
+    def _out_of_step_with_peers(self) -> None:
+        """While another worker trains a trial of this study, reseed the sampler (at random,
+        as Optuna does for `n_jobs` > 1) before asking: workers started with one `seed`
+        would otherwise propose the same architecture at once. A worker alone stays
+        reproducible from `seed`."""
+        running = self.study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))
+        if any(t.user_attrs.get(OWNER) != self.owner for t in running):
+            self.study.sampler.reseed_rng()
 
     def _fail_now(self, trial: optuna.Trial, cause: str) -> None:
         trial.set_user_attr("fail_reason", cause)

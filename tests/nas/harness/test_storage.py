@@ -378,3 +378,23 @@ def test_workers_checking_at_once_fail_and_ask_again_each_orphan_once(
     waiting = [t for t in trials if t.state == optuna.trial.TrialState.WAITING]
     assert sorted(t.user_attrs["retry_of"] for t in waiting) == [t.number for t in orphans]
     assert {trials[t.number].state for t in orphans} == {optuna.trial.TrialState.FAIL}
+
+
+def test_workers_started_with_one_seed_do_not_propose_the_same_architecture(
+    tmp_path: Path,
+) -> None:
+    """Two workers on one study with one `seed`: the second asks while the first trains,
+    so its sampler is reseeded first and proposes another architecture; a worker alone
+    proposes what its seed says, as the first did."""
+    settings = tiny_settings(tmp_path, "tracker=none", "study.enqueue_seeds=false")
+    alone = tiny_settings(tmp_path, "tracker=none", "study.enqueue_seeds=false", "study.name=a")
+    Path(settings.studies_dir).mkdir(parents=True)
+    orders = []
+    for config, owner in ((settings, "peer:1"), (settings, storage.this_owner()), (alone, None)):
+        leader = Leader(config, owner=owner or storage.this_owner())
+        try:
+            orders.append(_left_running(leader))
+        finally:
+            leader.close()
+    first, second, by_itself = (order.architecture for order in orders)
+    assert second != first and by_itself == first
