@@ -321,8 +321,8 @@ class Translation(Task):
         if decode == 0:
             return metrics
         started = time.perf_counter()
-        indices = self.decode_subset(split, decode)
-        rows = decode_batch_size or decode_rows(len(indices), batch_size)
+        pairs = len(self.decode_subset(split, decode))
+        rows = decode_rows(pairs, batch_size) if decode_batch_size is None else decode_batch_size
         decoded = self.generation_metrics(
             lambda src, tgt: forward((src, tgt)), split, batch_size=rows, pairs=decode
         )
