@@ -46,10 +46,12 @@ from nas.tracking.configured import run_directories, study_tracker
 from nas.trials import (
     DUPLICATE_OF,
     INVALID,
+    MODEL_DIGEST,
     OWNER,
     Outcome,
     fail_running,
     finished,
+    model_digest,
     model_key,
     open_study,
     param_window,
@@ -129,9 +131,9 @@ class Leader:
         break) is failed as invalid, does not count, and the next is asked; so is one whose
         model a complete or pruned trial already trained (the same architecture, or one whose
         blocks differ only in the order of their branches: `functional_key`; same settings, same
-        training seed: it would only repeat that trial), recorded with `duplicate_of`. A
-        sampler that raises while the architecture is sampled fails that trial with its
-        cause.
+        training seed: it would only repeat that trial) or a peer's running trial trains,
+        recorded with `duplicate_of`. A sampler that raises while the architecture is
+        sampled fails that trial with its cause.
 
         Before each ask the trials of workers that died or hung are failed and enqueued
         again (`_fail_orphans`): a retry is asked before any new proposal, so a live worker
@@ -164,13 +166,17 @@ class Leader:
             except Exception as error:  # the sampler (or a bug) raised while suggesting
                 self._fail_now(trial, f"sampling raised {describe(error)}")
                 continue
-            twin = self._trained_before(functional_key(arch))
+            key = functional_key(arch)
+            twin, verb = self._trained_before(key), "trained"
+            if twin is None:
+                twin, verb = self._trained_now(key, trial.number), "trains"  # a peer, now
             if twin is not None:
                 trial.set_user_attr(INVALID, True)
                 trial.set_user_attr(DUPLICATE_OF, twin)
-                self._fail_now(trial, f"Duplicate: trial {twin} trained this architecture")
+                self._fail_now(trial, f"Duplicate: trial {twin} {verb} this architecture")
                 invalid += 1
                 continue
+            trial.set_user_attr(MODEL_DIGEST, model_digest(key))  # peers see it trains
             return self._begin(trial, to_json(arch), summary(arch))
         return None
 
@@ -269,6 +275,15 @@ class Leader:
             if stored.number not in self.trained:
                 self.trained[stored.number] = model_key(stored, self.settings)
         return min((n for n, a in self.trained.items() if a == key), default=None)
+
+    def _trained_now(self, key: str, asking: int) -> int | None:
+        """The first running trial (other than `asking`) that trains the model of `key`:
+        a peer's, or None. Two workers that created the study at once may both have
+        enqueued the seeds; the second copy is failed here, not trained beside the first."""
+        running = self.study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))
+        digest = model_digest(key)
+        twins = (t.number for t in running if t.user_attrs.get(MODEL_DIGEST) == digest)
+        return min((n for n in twins if n != asking), default=None)
 
     def _begin(self, trial: optuna.Trial, arch_json: str, text: str) -> TrialOrder:
         self.trial = trial

@@ -10,6 +10,7 @@ architecture), `interrupted` (its stage processes died; it is asked again).
 
 from __future__ import annotations
 
+import hashlib
 import warnings
 from dataclasses import dataclass, field
 from typing import Any
@@ -38,12 +39,14 @@ __all__ = [
     "DUPLICATE_OF",
     "INTERRUPTED",
     "INVALID",
+    "MODEL_DIGEST",
     "OWNER",
     "Outcome",
     "architecture_of",
     "counted",
     "fail_running",
     "finished",
+    "model_digest",
     "model_key",
     "open_study",
     "param_window",
@@ -64,8 +67,9 @@ _DONE = (
 )
 INTERRUPTED = "interrupted"  # user attr of a trial failed because its processes died
 INVALID = "invalid"  # user attr of a proposal not trained (window, or a duplicate)
-DUPLICATE_OF = "duplicate_of"  # user attr: the finished trial that trained the same architecture
+DUPLICATE_OF = "duplicate_of"  # user attr: the trial that trained (or trains) the same model
 OWNER = "owner"  # user attr: "<host>:<pid>" of the harness that asked the trial
+MODEL_DIGEST = "model_digest"  # user attr of a trial that trains: `model_digest`, for peers
 
 
 @dataclass(frozen=True)
@@ -167,6 +171,12 @@ def model_key(trial: optuna.trial.FrozenTrial, settings: NasSettings) -> str:
     """What a stored trial trained, as `functional_key`: equal for two trials whose
     architectures differ only in the order of a block's branches (the same model)."""
     return functional_key(sample_architecture(FixedSuggest(trial.params), settings))
+
+
+def model_digest(key: str) -> str:
+    """A `model_key` in 16 hex digits: what a running trial records of its model, so that
+    peers see it trains (`nas.leader`) without the whole key in every trial's table."""
+    return hashlib.sha256(key.encode()).hexdigest()[:16]
 
 
 def param_window(settings: NasSettings) -> ParamWindow | None:

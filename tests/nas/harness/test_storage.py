@@ -32,7 +32,7 @@ from nas.leader import Leader, TrialOrder
 from nas.search.records import StudyRecords, trial_id
 from nas.storage_retry import RetryingStorage, StorageUnavailableError
 from nas.storage_url import StorageKind, kind, masked, without_password
-from nas.trials import INTERRUPTED, OWNER, counted, fail_running
+from nas.trials import DUPLICATE_OF, INTERRUPTED, OWNER, counted, fail_running
 from tests.nas.harness.common import composed, locked, tiny_settings
 
 pytestmark = pytest.mark.filterwarnings("ignore:Heartbeat of storage")
@@ -398,3 +398,28 @@ def test_workers_started_with_one_seed_do_not_propose_the_same_architecture(
             leader.close()
     first, second, by_itself = (order.architecture for order in orders)
     assert second != first and by_itself == first
+
+
+def test_an_architecture_a_peer_trains_now_is_a_duplicate_not_trained_twice(
+    tmp_path: Path,
+) -> None:
+    """As when two workers that created the study at once both enqueued the seeds: a copy
+    of the architecture a peer trains, asked while it trains, is failed as its duplicate,
+    uncounted, and the worker asks another."""
+    settings = tiny_settings(tmp_path, "tracker=none", "study.enqueue_seeds=false")
+    Path(settings.studies_dir).mkdir(parents=True)
+    peer, live = Leader(settings, owner="peer:1"), Leader(settings, owner=storage.this_owner())
+    try:
+        training = _left_running(peer)
+        live.study.enqueue_trial(live.study.trials[training.number].params)  # the second copy
+        taken = _left_running(live)
+    finally:
+        for leader in (peer, live):
+            leader.close()
+    trials = live.study.get_trials()
+    copies = [t for t in trials if t.user_attrs.get(DUPLICATE_OF) == training.number]
+    assert len(copies) == 1 and not counted(copies[0])
+    assert copies[0].user_attrs["fail_reason"] == (
+        f"Duplicate: trial {training.number} trains this architecture"
+    )
+    assert taken.architecture != training.architecture and taken.number > copies[0].number
