@@ -280,9 +280,8 @@ class Leader:
         """The first running trial (other than `asking`) that trains the model of `key`:
         a peer's, or None. Two workers that created the study at once may both have
         enqueued the seeds; the second copy is failed here, not trained beside the first."""
-        running = self.study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))
         digest = model_digest(key)
-        twins = (t.number for t in running if t.user_attrs.get(MODEL_DIGEST) == digest)
+        twins = (t.number for t in self._running() if t.user_attrs.get(MODEL_DIGEST) == digest)
         return min((n for n in twins if n != asking), default=None)
 
     def _begin(self, trial: optuna.Trial, arch_json: str, text: str) -> TrialOrder:
@@ -335,9 +334,11 @@ class Leader:
         as Optuna does for `n_jobs` > 1) before asking: workers started with one `seed`
         would otherwise propose the same architecture at once. A worker alone stays
         reproducible from `seed`."""
-        running = self.study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))
-        if any(t.user_attrs.get(OWNER) != self.owner for t in running):
+        if any(t.user_attrs.get(OWNER) != self.owner for t in self._running()):
             self.study.sampler.reseed_rng()
+
+    def _running(self) -> list[optuna.trial.FrozenTrial]:
+        return self.study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))
 
     def _fail_now(self, trial: optuna.Trial, cause: str) -> None:
         trial.set_user_attr("fail_reason", cause)

@@ -195,9 +195,8 @@ def test_evaluate_scores_teacher_forcing_and_greedy_decoding(task: Translation) 
 def test_decoding_sizes_its_batches_to_the_pairs_in_multiples_of_the_batch(
     task: Translation,
 ) -> None:
-    assert [decode_rows(pairs, 16) for pairs in (0, 1, 16, 17, 100, 128, 500)] == [
-        16, 16, 16, 32, 112, 128, 128,
-    ]  # fmt: skip
+    pairs = (0, 1, 16, 17, 100, 128, 500)
+    assert [decode_rows(n, 16) for n in pairs] == [16, 16, 16, 32, 112, 128, 128]
     assert decode_rows(500, 48) == 96 and decode_rows(3, 200) == 200  # a batch at least
     assert DECODE_ROWS == 128
     with pytest.raises(ValueError, match="batch_size must be a positive integer, got 0"):
