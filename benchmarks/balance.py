@@ -90,9 +90,10 @@ def planned_costs(pipe: ElasticPipeline) -> Any:
     from pipeline.distributed.agreement import profile_costs
 
     example = batch(size=UNEVEN_BATCH)[0].chunk(MICROBATCHES)[0]
-    return profile_costs(
+    costs, _ = profile_costs(
         pipe.comm, pipe.specs, example, device=pipe.device, opt_ratio=2.0, cache=pipe.cost_cache
     )
+    return costs
 
 
 def main() -> None:

@@ -94,7 +94,14 @@ class StudyEnd:
 class Leader:
     """Rank 0: asks, reports, prunes, tells and tracks (module docstring)."""
 
-    def __init__(self, settings: NasSettings, owner: str, deadline: float = math.inf) -> None:
+    def __init__(
+        self,
+        settings: NasSettings,
+        owner: str,
+        deadline: float = math.inf,
+        *,
+        progress: bool = True,
+    ) -> None:
         self.settings, self.owner = settings, owner
         self.deadline = deadline  # time.time() after which no trial starts
         self.study = open_study(settings)
@@ -107,7 +114,7 @@ class Leader:
         self.deferred: BaseException | None = None  # a logging error between decisions
         self.end: StudyEnd | None = None  # set by close()
         self.tracker = study_tracker(settings)
-        self.progress = progress_bars()
+        self.progress = progress_bars(show=progress)
         self.bar_study = self.progress.add_task(
             f"study {settings.study.name}",
             total=settings.study.n_trials,
@@ -154,7 +161,10 @@ class Leader:
                 )
             self._fail_orphans()  # a peer that died since: its trial is enqueued again
             self._out_of_step_with_peers()
-            trial = self.study.ask()
+            # SQLite has no row lock: two workers popping the same enqueued trial at once
+            # would both get it, so they take turns (a database server needs no lock)
+            with storage.one_check_at_a_time(self.study):
+                trial = self.study.ask()
             trial.set_user_attr(OWNER, self.owner)  # first: a crash from here on is found
             try:
                 arch = self._sample(trial)

@@ -11,9 +11,14 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 __all__ = ["progress_bars"]
 
 
-def progress_bars(unit: str = "") -> Progress:
-    """A `Progress` (not started) whose counts read "done/total unit"."""
+def progress_bars(unit: str = "", *, show: bool = True) -> Progress:
+    """A `Progress` (not started) whose counts read "done/total unit"; `show=False`: one
+    that draws nothing (a worker whose caller shows the study's bar, `nas.workers`)."""
     count = "{task.completed}/{task.total}" + (f" {unit}" if unit else "")
     return Progress(
-        TextColumn("{task.description}"), BarColumn(), TextColumn(count), TimeElapsedColumn()
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TextColumn(count),
+        TimeElapsedColumn(),
+        disable=not show,
     )

@@ -58,7 +58,7 @@ import optuna
 from rich.progress import Progress
 
 import pipeline
-from nas import job_log, retrain_runs, storage, storage_url, training, trials
+from nas import job_log, retrain_runs, shape, storage, storage_url, training, trials
 from nas.export import export_model, write_model_card
 from nas.progress import progress_bars
 from nas.retrain_claims import Run, RunClaims, Step, exclusive, export_lock
@@ -111,11 +111,12 @@ def retrain(settings: NasSettings) -> RetrainResult:
 
 def retrain_models(settings: NasSettings, models: Sequence[Model]) -> RetrainResult:
     """Steps 2-5 for any `models` (e.g. architectures a benchmark picked)."""
+    settings, _ = shape.resolve_one(settings)  # one worker; "auto" stages, threads chosen
     done, tracked = _recorded(settings, models)
     results = pipeline.launch(
         functools.partial(_stage_main, settings=settings, models=tuple(models), done=done),
-        settings.pipeline.n_stages,
-        threads_per_stage=settings.pipeline.threads_per_stage,
+        settings.pipeline.stage_count,
+        threads_per_stage=settings.pipeline.thread_count,
         timeout_s=settings.pipeline.timeout_s,
     )
     runs, exported, trained = results[0] if results[0] is not None else ((), {}, ())
@@ -336,7 +337,13 @@ def _train(
     started = time.perf_counter()
     try:
         pipe = training.build(
-            settings, task, specs, schedule, seed=seed, checkpoint=saves.options()
+            settings,
+            task,
+            specs,
+            schedule,
+            seed=seed,
+            checkpoint=saves.options(),
+            cost_cache=shape.load_cache(),
         )
         start, run.history = saves.resumed(pipe)
         if progress is not None:

@@ -25,6 +25,7 @@ from pipeline.pure.schedule import SCHEDULES
 from search_spaces.evolved_transformer import PRIMITIVES
 
 __all__ = [
+    "AUTO",
     "DIRECTIONS",
     "RUNTIME_OBJECTIVES",
     "NasSettings",
@@ -113,6 +114,21 @@ def _positive(key: str, value: Any, *, allow_none: bool = False) -> None:
         raise ValueError(f"{key}={value!r} is not valid; it must be a positive integer")
 
 
+AUTO = "auto"  # a shape value chosen from the profile (`nas.shape`)
+
+
+def _positive_or_auto(key: str, value: Any, *, allow_none: bool = False) -> None:
+    if value == AUTO:
+        return
+    try:
+        _positive(key, value, allow_none=allow_none)
+    except ValueError:
+        raise ValueError(
+            f"{key}={value!r} is not valid; use a positive integer or 'auto' (chosen from "
+            "the profile of the study's candidates)"
+        ) from None
+
+
 @dataclass
 class StudySettings:
     name: str = "nas"
@@ -121,6 +137,10 @@ class StudySettings:
     # how long a database server's (or the gRPC proxy's) outage is waited out, retrying,
     # before the workers stop with an error naming the storage (nas.storage_retry)
     storage_wait_s: float = 60.0
+    # local workers training this study's trials side by side, each with its own stage
+    # processes on its own cores (`nas.workers`); "auto": as many as the chosen shape fits
+    # on this machine's cores (`nas.shape`)
+    workers: int | str = AUTO
     objectives: tuple[str, ...] = ("validation_loss",)
     enqueue_seeds: bool = True
     inherit_weights: bool = False
@@ -144,6 +164,7 @@ class StudySettings:
         if not self.name or not isinstance(self.name, str):
             raise ValueError(f"study.name={self.name!r} is not valid; use a non-empty string")
         _positive("study.n_trials", self.n_trials)
+        _positive_or_auto("study.workers", self.workers)
         if self.storage is not None:
             storage_url.kind(self.storage)  # a URL of a storage it knows (ValueError)
         wait = self.storage_wait_s
@@ -246,24 +267,28 @@ class TrainSettings:
 
 @dataclass
 class PipelineSettings:
-    n_stages: int = 2
+    """One worker's pipeline. `n_stages`, `n_microbatches` and `threads_per_stage` may be
+    "auto": chosen with `study.workers` from the candidates' profile (`nas.shape`), the
+    shape predicted to train the most samples per second of the machine."""
+
+    n_stages: int | str = AUTO
     schedule: str = "1f1b"
-    n_microbatches: int = 4
-    memory_budget: int | None = None
+    n_microbatches: int | str = AUTO
+    memory_budget: int | None = None  # bytes per stage process
     planner: str = "time"
     rebalance_every: int | None = None
-    threads_per_stage: int | None = 1
+    threads_per_stage: int | str | None = AUTO  # None: the cores / stages
     timeout_s: float = 300.0
     # schedule=pipemare: PipeMareConfig's fields (lr_reschedule, warmup_updates, correction,
     # correction_decay, update_every); checked by the runtime when the pipeline is built
     pipemare: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        _positive("pipeline.n_stages", self.n_stages)
-        _positive("pipeline.n_microbatches", self.n_microbatches)
+        _positive_or_auto("pipeline.n_stages", self.n_stages)
+        _positive_or_auto("pipeline.n_microbatches", self.n_microbatches)
         _positive("pipeline.memory_budget", self.memory_budget, allow_none=True)
         _positive("pipeline.rebalance_every", self.rebalance_every, allow_none=True)
-        _positive("pipeline.threads_per_stage", self.threads_per_stage, allow_none=True)
+        _positive_or_auto("pipeline.threads_per_stage", self.threads_per_stage, allow_none=True)
         _one_of("pipeline.schedule", self.schedule, SCHEDULES)
         _one_of("pipeline.planner", self.planner, PLANNERS)
         if self.pipemare and self.schedule != "pipemare":
@@ -277,6 +302,35 @@ class PipelineSettings:
                 f"pipeline.pipemare has unknown options {unknown}; valid: "
                 + ", ".join(PIPEMARE_OPTIONS)
             )
+
+    @property
+    def auto_keys(self) -> tuple[str, ...]:
+        """The shape's keys left to the profile ("auto")."""
+        keys = ("n_stages", "n_microbatches", "threads_per_stage")
+        return tuple(key for key in keys if getattr(self, key) == AUTO)
+
+    @property
+    def stage_count(self) -> int:
+        """`n_stages` once chosen (`nas.shape.resolve`)."""
+        return _chosen("n_stages", self.n_stages)
+
+    @property
+    def microbatch_count(self) -> int:
+        """`n_microbatches` once chosen (`nas.shape.resolve`)."""
+        return _chosen("n_microbatches", self.n_microbatches)
+
+    @property
+    def thread_count(self) -> int | None:
+        """`threads_per_stage` once chosen (`nas.shape.resolve`); None: cores / stages."""
+        if self.threads_per_stage is None:
+            return None
+        return _chosen("threads_per_stage", self.threads_per_stage)
+
+
+def _chosen(key: str, value: int | str) -> int:
+    if isinstance(value, str):
+        raise RuntimeError(f"pipeline.{key} is {value!r}: choose the shape first (nas.shape)")
+    return value
 
 
 @dataclass
@@ -448,7 +502,8 @@ class NasSettings:
                 f"{self.train.warmup_steps} cannot run under pipeline.schedule=pipemare; "
                 "valid: train.lr_schedule=constant and train.warmup_steps=0"
             )
-        if self.train.batch_size % self.pipeline.n_microbatches:
+        microbatches = self.pipeline.n_microbatches
+        if isinstance(microbatches, int) and self.train.batch_size % microbatches:
             raise ValueError(
                 f"train.batch_size={self.train.batch_size} is not a multiple of "
                 f"pipeline.n_microbatches={self.pipeline.n_microbatches}"

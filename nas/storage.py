@@ -271,9 +271,10 @@ def fail_stale(study: optuna.Study) -> None:
 @contextlib.contextmanager
 def one_check_at_a_time(study: optuna.Study) -> Iterator[None]:
     """On SQLite, hold a lock file beside the database (`<file>-orphans.lock`) while the
-    caller fails orphaned trials and asks them again: SQLite has no row lock, so two
-    workers failing one trial at once could both succeed and ask it again twice. A
-    database server or a journal file refuses the second failure itself: no lock there."""
+    caller fails orphaned trials and asks them again, or asks for a trial: SQLite has no row
+    lock, so two workers failing one trial at once could both succeed and ask it again
+    twice, and two popping one enqueued trial would both train it. A database server or a
+    journal file refuses the second claim itself: no lock there."""
     database = StudyRecords(study).sqlite_file()
     if database is None:
         yield

@@ -48,7 +48,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pipeline
-from nas import job_log, storage, training, trials
+from nas import job_log, shape, storage, training, trials
 from nas.errors import LeaderError
 from nas.inheritance import WeightBank
 from nas.leader import Leader, StudyEnd, TrialOrder
@@ -56,11 +56,10 @@ from nas.learning_rate import LrSchedule
 from nas.settings import NasSettings, direction
 from nas.tasks import Task, get_task
 from nas.tracking import TrialEnd, pipeline_metrics
-from pipeline import (
-    ElasticPipeline,
-    StageContext,
-)
+from pipeline import CostCache, ElasticPipeline, StageContext
 from pipeline.distributed.comm import Comm
+from pipeline.pure.planner import Plan
+from pipeline.pure.shape import RuntimeOverheads, Shape, predicted_step_s
 from search_spaces.architecture import from_json, short_name, summary
 
 __all__ = ["StudyResult", "run_study"]
@@ -81,8 +80,12 @@ class StudyResult:
     run_dirs: tuple[str, ...]  # tracker run folders (W&B offline runs to sync)
 
 
-def run_study(settings: NasSettings) -> StudyResult:
+def run_study(settings: NasSettings, *, progress: bool = True) -> StudyResult:
     """Run (or resume) the study described by `settings`; returns when it has enough trials.
+
+    Shape values left "auto" are chosen first (`nas.shape`); several workers run as local
+    processes (`nas.workers`), each running this function with one worker. `progress`:
+    show the study's and trials' bars (a worker leaves them to its caller).
 
     Raises `LeaderError` (on every process) when rank 0 could not open the study, ask for a
     trial or record one. Under torchrun every process calls this: each is one stage, rank 0
@@ -94,9 +97,21 @@ def run_study(settings: NasSettings) -> StudyResult:
     timeout = settings.study.timeout_s
     deadline = math.inf if timeout is None else time.time() + timeout  # no trial starts after
     if pipeline.under_torchrun():
-        end = _launch(settings, owner, deadline)
+        settings, choice = shape.resolve_one(settings)
+        overheads = choice.overheads if choice is not None else None
+        end = _launch(settings, owner, deadline, overheads, progress)
         return StudyResult(settings.study.name, settings.storage_url, end.finished, 0, end.run_dirs)
     study = trials.open_study(settings)
+    settings, choice = shape.resolve(
+        settings, max_workers=max(1, trials.remaining(study, settings.study.n_trials))
+    )
+    overheads = choice.overheads if choice is not None else shape.load_cache().overheads
+    workers = int(settings.study.workers)
+    if workers > 1:
+        from nas.workers import run_workers  # it runs this function in each worker
+
+        cores_each = settings.pipeline.stage_count * (settings.pipeline.thread_count or 1)
+        return run_workers(settings, workers, cores_each)
     restarts, retries = 0, settings.study.max_retries
     run_dirs: list[str] = []
     while (
@@ -105,7 +120,7 @@ def run_study(settings: NasSettings) -> StudyResult:
         and trials.time_left(study, settings)
     ):
         try:
-            run_dirs.extend(_launch(settings, owner, deadline).run_dirs)
+            run_dirs.extend(_launch(settings, owner, deadline, overheads, progress).run_dirs)
         except LeaderError as error:  # the study stopped on every rank: its trial is retried
             with contextlib.suppress(Exception):  # the storage may be what failed
                 trials.fail_running(study, f"the study stopped: {error}", owner, retries)
@@ -123,13 +138,27 @@ def run_study(settings: NasSettings) -> StudyResult:
     )
 
 
-def _launch(settings: NasSettings, owner: str, deadline: float) -> StudyEnd:
+def _launch(
+    settings: NasSettings,
+    owner: str,
+    deadline: float,
+    overheads: RuntimeOverheads | None,
+    progress: bool,
+) -> StudyEnd:
     """Start the stage processes (or join torchrun's) and run trials until none are left;
     rank 0's account of the run. A study stopped by an error raises it here."""
+    main = functools.partial(
+        _stage_main,
+        settings=settings,
+        owner=owner,
+        deadline=deadline,
+        overheads=overheads,
+        progress=progress,
+    )
     results = pipeline.launch(
-        functools.partial(_stage_main, settings=settings, owner=owner, deadline=deadline),
-        settings.pipeline.n_stages,
-        threads_per_stage=settings.pipeline.threads_per_stage,
+        main,
+        settings.pipeline.stage_count,
+        threads_per_stage=settings.pipeline.thread_count,
         timeout_s=settings.pipeline.timeout_s,
     )
     end, error = results[0]
@@ -167,7 +196,12 @@ class Decisions:
 
 
 def _stage_main(
-    ctx: StageContext, settings: NasSettings, owner: str, deadline: float
+    ctx: StageContext,
+    settings: NasSettings,
+    owner: str,
+    deadline: float,
+    overheads: RuntimeOverheads | None,
+    progress: bool,
 ) -> tuple[StudyEnd | None, BaseException | None]:
     """The study loop on one rank; rank 0 returns (its account, the error that stopped it)."""
     job_log.attach()  # this process logs to the CLI's job log too
@@ -181,13 +215,14 @@ def _stage_main(
     stopped: BaseException | None = None
     end: StudyEnd | None = None
     try:
-        leader = _open(comm, settings, owner, deadline)  # 1.
+        leader = _open(comm, settings, owner, deadline, progress)  # 1.
         decide = Decisions(comm, leader)
         bank = WeightBank(keep=max(_KEEP, int(settings.sampler.options.get("population_size", 0))))
         schedule = training.rates(settings.train)  # one schedule: the pipeline keeps it
+        machine = _Machine(shape.load_cache(), overheads)
         while (order := decide("ask for a trial", Leader.next_trial)) is not None:  # 2.
             pipe, outcome = _run_trial(
-                settings, task, pipe, order, decide, bank, schedule
+                settings, task, pipe, order, decide, bank, schedule, machine
             )  # 3., 4.
             decide(f"record trial {order.number}", Leader.finish, order.number, outcome)  # 5.
     except LeaderError as error:  # agreed on every rank: the study stops here, cleanly
@@ -195,23 +230,42 @@ def _stage_main(
     finally:
         if pipe is not None:
             pipe.close()
+            if ctx.rank == 0:  # what the trials measured, for the next study's plans
+                shape.learn_costs(pipe.cost_cache)
         if leader is not None:  # 6. (also when this rank crashes: the runs still finish)
             end = leader.close(stopped or sys.exc_info()[1])
     return end, stopped
 
 
-def _open(comm: Comm, settings: NasSettings, owner: str, deadline: float) -> Leader | None:
+def _open(
+    comm: Comm, settings: NasSettings, owner: str, deadline: float, progress: bool
+) -> Leader | None:
     """Rank 0 opens the study (1.); every rank learns whether it could (else LeaderError)."""
     opened: list[Leader] = []
 
     def make() -> None:
         try:
-            opened.append(Leader(settings, owner, deadline))
+            opened.append(Leader(settings, owner, deadline, progress=progress))
         except Exception as error:
             raise LeaderError.of("open the study", error) from error
 
     comm.agree(make)
     return opened[0] if opened else None
+
+
+@dataclass(frozen=True)
+class _Machine:
+    """What the trials of one worker share about the machine: its cost cache (layers
+    profiled before, by the shape's choice or earlier studies) and the runtime's overheads."""
+
+    costs: CostCache
+    overheads: RuntimeOverheads | None
+
+    def predicted_samples_per_s(self, plan: Plan | None, batch_size: int) -> float | None:
+        """One worker's samples/s under `plan` with the overheads (`pipeline.pure.shape`)."""
+        if plan is None or self.overheads is None:
+            return None
+        return batch_size / predicted_step_s(plan, self.overheads)
 
 
 def _run_trial(
@@ -222,6 +276,7 @@ def _run_trial(
     decide: Decisions,
     bank: WeightBank,
     schedule: LrSchedule,
+    machine: _Machine,
 ) -> tuple[ElasticPipeline | None, trials.Outcome]:
     """Build and train one candidate on every rank (3. and 4.); how it ended."""
     arch = from_json(order.architecture)
@@ -244,6 +299,7 @@ def _run_trial(
             seed=settings.seed,
             pipe=pipe,
             snapshot=bank.get(source),
+            cost_cache=machine.costs,
         )
         evaluation, steps, pruned = _train(settings, task, pipe, decide, schedule)
     except (LeaderError, *training.RUN_ERRORS) as error:  # raised on every rank
@@ -260,6 +316,10 @@ def _run_trial(
         "partition_history": [[step, list(sizes)] for step, sizes in pipe.partition_history],
         "tokens_per_s": stats.tokens_per_s or 0.0,
         "samples_per_s": stats.samples_per_s or 0.0,
+        "shape": _shape_name(settings),
+        "predicted_samples_per_s": machine.predicted_samples_per_s(
+            stats.plan, settings.train.batch_size
+        ),
         "peak_memory_bytes": max(s.measured_peak_bytes for s in stats.stages),
     }
     if settings.study.inherit_weights:
@@ -307,6 +367,14 @@ def _train(
             return evaluation, step, True
         if final:
             return evaluation, step, False
+
+
+def _shape_name(settings: NasSettings) -> str:
+    """This worker's shape as the trial records it (`pipeline.pure.shape.Shape`)."""
+    p = settings.pipeline
+    return str(
+        Shape(int(settings.study.workers), p.stage_count, p.thread_count or 0, p.microbatch_count)
+    )
 
 
 def _objective(attrs: dict[str, Any], name: str) -> float:

@@ -22,6 +22,7 @@ from nas.settings import NasSettings, TrainSettings
 from nas.tasks import Task
 from pipeline import (
     CheckpointOptions,
+    CostCache,
     ElasticOptions,
     ElasticPipeline,
     InfeasibleBudgetError,
@@ -92,10 +93,12 @@ def build(
     pipe: ElasticPipeline | None = None,
     snapshot: WeightSnapshot | None = None,
     checkpoint: CheckpointOptions | None = None,
+    cost_cache: CostCache | None = None,
 ) -> ElasticPipeline:
     """A new pipeline for `specs` trained at `schedule` (saving and resuming as `checkpoint`
     says), or `pipe` reconfigured to them (weights from `snapshot` where keys and shapes
-    match; the schedule starts again at step 0: it is the one `pipe` was built with)."""
+    match; the schedule starts again at step 0: it is the one `pipe` was built with).
+    `cost_cache`: layer costs already measured on this machine (`nas.shape`)."""
     if pipe is not None:
         pipe.reconfigure(specs, inherit_from=snapshot)
         return pipe
@@ -106,9 +109,13 @@ def build(
         lr_scheduler=_scheduler(schedule, p.schedule),
         loss_fn=task.loss_fn,
         schedule=p.schedule,
-        n_microbatches=p.n_microbatches,
+        n_microbatches=p.microbatch_count,
         seed=seed,
-        planning=PlanOptions(planner=p.planner, memory_budget=p.memory_budget),
+        planning=PlanOptions(
+            planner=p.planner,
+            memory_budget=p.memory_budget,
+            cost_cache=cost_cache if cost_cache is not None else CostCache(),
+        ),
         elastic=ElasticOptions(rebalance_every=p.rebalance_every),
         pipemare=dict(p.pipemare) if p.schedule == "pipemare" else None,
         checkpoint=checkpoint,

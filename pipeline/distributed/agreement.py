@@ -40,8 +40,9 @@ def profile_costs(
     opt_ratio: float,
     cache: CostCache,
     source: str = "sandbox",
-) -> list[LayerCost]:
-    """Costs of every layer for one micro-batch shaped like `example`, the same on all ranks.
+) -> tuple[list[LayerCost], list[str]]:
+    """Costs of every layer for one micro-batch shaped like `example`, the same on all ranks,
+    and the layers' signatures (the keys their costs have in `cache`).
 
     source: "estimate" (FLOPs and shapes only) or "sandbox" (one timed run per distinct
     layer signature not yet in `cache`, shared out over the ranks). A layer that fails to
@@ -50,16 +51,18 @@ def profile_costs(
     if source not in ("estimate", "sandbox"):
         raise ValueError(f"profile source must be 'estimate' or 'sandbox', got {source!r}")
     shapes = comm.together(lambda: trace_shapes(specs, example))
+    signatures = [shape.signature for shape in shapes]
     ratio = opt_ratio  # optimizer-state bytes per parameter byte
     if source == "estimate":
-        return comm.agree(lambda: estimate(shapes, device, ratio))
+        return comm.agree(lambda: estimate(shapes, device, ratio)), signatures
     rank, world = comm.rank, comm.world_size
     comm.together(
         lambda: sandbox(specs, shapes, device, ratio, cache, mine=lambda i: i % world == rank)
     )
     for part in comm.all_gather_object(cache.entries()):
         cache.update(part)
-    return comm.agree(lambda: sandbox(specs, shapes, device, ratio, cache, mine=lambda i: False))
+    costs = comm.agree(lambda: sandbox(specs, shapes, device, ratio, cache, mine=lambda i: False))
+    return costs, signatures
 
 
 def measured_costs(

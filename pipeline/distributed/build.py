@@ -102,8 +102,9 @@ def set_handoff(pipe: BuiltPipeline, handoff: Sequence[int] | None) -> None:
 
 
 def plan_first(pipe: BuiltPipeline, example: Any) -> None:
-    """partition="auto": profile one micro-batch's shapes, plan on rank 0, build."""
-    costs = profile_costs(
+    """partition="auto": profile one micro-batch's shapes, plan on rank 0, build; a plan on
+    several stages is corrected from measured costs later (`ElasticOptions.correct_after`)."""
+    costs, signatures = profile_costs(
         pipe.comm,
         pipe.model.specs,
         example,
@@ -126,6 +127,9 @@ def plan_first(pipe: BuiltPipeline, example: Any) -> None:
             )
         )
     build(pipe, list(plan.sizes), plan, costs)
+    pipe.model.set_signatures(signatures)
+    if pipe.n_stages > 1:
+        pipe.plan_age.await_correction(pipe.model.step, pipe.options.elastic.correct_after)
     weights.take_inheritance(pipe.comm, pipe.model, pipe.event_log)
 
 

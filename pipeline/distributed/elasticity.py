@@ -83,6 +83,8 @@ def rebalance(pipe: ElasticPipelineParts, remaining_steps: int | None) -> Migrat
     pipe.drain()
     horizon = pipe.options.elastic.rebalance_horizon if remaining_steps is None else remaining_steps
     costs, actions = pipe.layer_costs()
+    if pipe.model.signatures:  # the next model with these layers plans from what they cost here
+        pipe.options.planning.cost_cache.learn(pipe.model.signatures, costs)
     schedule = build.planned_schedule(pipe)
     current = evaluate(
         costs,
@@ -128,9 +130,11 @@ def maybe_rebalance(pipe: ElasticPipelineParts, measured: bool) -> None:
         model.plan,
         measured,
         steps_on_plan=pipe.plan_age.steps_on_plan(model.step),
+        correction_due=pipe.plan_age.correction_due(model.step),
     )
     if reason is not None:
         pipe.event_log.record("trigger", reason=reason)
+        pipe.plan_age.corrected()  # any re-plan from measured costs is the correction
         pipe.rebalance()
 
 

@@ -52,11 +52,23 @@ class ModelHolder:
         self._history = StepHistory()  # what the steps measured, in bounded memory
         self._stages: list[Stage] = []
         self._inheritance: WeightSnapshot | None = None
+        self._signatures: tuple[str, ...] = ()  # per layer, its key in the cost cache
 
     # -- read-only views ---------------------------------------------------------------------
     @property
     def plan(self) -> Plan | None:
         return self._plan
+
+    @property
+    def signatures(self) -> tuple[str, ...]:
+        """Each layer's signature in the cost cache, once profiled (() before, or with
+        explicit sizes): where its measured costs are taught (`CostCache.learn`)."""
+        return self._signatures
+
+    def set_signatures(self, signatures: Sequence[str]) -> None:
+        if len(signatures) != len(self.specs):
+            raise ValueError(f"{len(signatures)} signatures for {len(self.specs)} layers")
+        self._signatures = tuple(signatures)
 
     @property
     def sizes(self) -> list[int]:

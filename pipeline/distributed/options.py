@@ -124,6 +124,10 @@ class ElasticOptions:
         rebalance_horizon: the steps a re-plan expects to remain: a new plan is taken only
             when the time it saves over them exceeds the time its migration takes.
         rebalance_settle: steps a plan runs before its measurements are compared with it.
+        correct_after: a model planned with partition="auto" on several stages re-plans once
+            from the costs its stages measured, on the first measuring step at least this
+            many steps after it was built, and migrates when that pays back over
+            `rebalance_horizon` (None: never). The cost cache learns the measured costs.
         measure_memory_every: measure saved activations and each layer's times every N
             steps (and on the first step of every plan); measuring costs a hook per saved
             tensor and an autograd call per layer, so the other steps run each stage's
@@ -135,9 +139,11 @@ class ElasticOptions:
     rebalance_horizon: int = 100
     rebalance_settle: int = 3
     measure_memory_every: int = 10
+    correct_after: int | None = 10
 
     def __post_init__(self) -> None:
         _positive("rebalance_every", self.rebalance_every, optional=True)
+        _positive("correct_after", self.correct_after, optional=True)
         _positive("rebalance_horizon", self.rebalance_horizon)
         _positive("measure_memory_every", self.measure_memory_every)
         settle = self.rebalance_settle

@@ -5,6 +5,12 @@ re-plan's collectives alone. So the decision is made from numbers every rank hol
 one all_reduce, on steps every rank agrees on:
 
     every N   step % N == 0; no message (every rank counts the same steps)
+    correct   once per model planned with partition="auto" on several stages: on the first
+              step that measures at least `correct_after` steps after it was built. The plan
+              was made from costs measured alone (`pipeline.local.profiler.sandbox`); the
+              stages now measure what each layer costs in the pipeline, beside its
+              neighbours. The re-plan takes those costs (and teaches them to the cost cache);
+              it migrates only when that pays back. No message: every rank counts the same.
     memory    on a step that measured memory: some stage's parameters, gradients,
               optimizer state and in-flight activation peak exceed the budget
     drift     on a step that measures (the per-layer meters are fresh: the others run
@@ -52,12 +58,15 @@ class ReplanTriggers:
         plan: Plan | None,
         measured: bool,
         steps_on_plan: int,
+        correction_due: bool = False,
     ) -> str | None:
         """Why this step ends with a re-plan (None: it does not); call on every rank with
         its `stages` (several under an interleaved or V placement: the budget is the rank's)."""
         every, drift = self.elastic.rebalance_every, self.elastic.rebalance_on_drift
         if every is not None and step % every == 0:
             return f"every {every} steps"
+        if correction_due and measured:
+            return f"a correction from the costs measured over the first {step} steps"
         check_memory = measured and self.memory_budget is not None
         settled = steps_on_plan >= self.elastic.rebalance_settle
         check_drift = drift is not None and measured and settled
@@ -84,10 +93,23 @@ class ReplanTriggers:
 
 
 class PlanAge:
-    """The step the plan in force began at, and whether the next step measures memory."""
+    """The step the plan in force began at, whether the next step measures memory, and
+    whether the model still awaits its measured correction (`ElasticOptions.correct_after`)."""
 
     def __init__(self) -> None:
         self._since, self._measure_next = 0, False
+        self._correct_at: int | None = None  # the step from which the correction is due
+
+    def await_correction(self, step: int, after: int | None) -> None:
+        """A model was planned from profiled costs at `step`: correct it `after` steps on
+        (None: never)."""
+        self._correct_at = None if after is None else step + after
+
+    def correction_due(self, step: int) -> bool:
+        return self._correct_at is not None and step >= self._correct_at
+
+    def corrected(self) -> None:
+        self._correct_at = None
 
     def restart(self, step: int, *, measure: bool = True) -> None:
         """A plan (or partition) takes effect at `step`; its first step measures memory."""

@@ -12,9 +12,12 @@ parameter, gradient and optimizer-state bytes (`pipeline.pure.costs.LayerCost`).
    (a model of 24 identical blocks is timed once), on inputs of the right shapes.
 3. measured: while training, `pipeline.local.meter.LayerMeter` (see `pipeline.local.stage_costs`).
 
-`CostCache` maps a layer signature (module type, its repr, which holds its dimensions, and
-the shapes it sees, which hold sequence length and micro-batch size) to its costs, so the
-next NAS candidate starts from what earlier ones measured. It saves to and loads from JSON.
+`CostCache` maps a layer signature (module type, its repr, which holds its dimensions, the
+shapes it sees, which hold sequence length and micro-batch size, and the threads it runs on)
+to its costs, so the next NAS candidate starts from what earlier ones measured; a pipeline
+that re-plans from measured costs writes them back (`learn`). It also keeps the runtime's own
+overheads (`pipeline.pure.shape.RuntimeOverheads`, measured once per machine) and saves to
+and loads from JSON.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ from pipeline.local.carry import Carry, as_carry, floating, leaf, nbytes, unwrap
 from pipeline.local.separable import is_separable
 from pipeline.local.spec import LayerSpec, build_layer
 from pipeline.pure.costs import LayerCost
+from pipeline.pure.shape import RuntimeOverheads
 
 __all__ = [
     "CostCache",
@@ -65,8 +69,11 @@ class LayerShape:
 
 
 def _signature(module: nn.Module, carry: Carry) -> str:
+    """The layer's type, repr and input shapes, and the intra-op threads it runs on: a layer
+    timed on one thread costs differently on two (`pipeline.pure.shape` compares both)."""
     shapes = [(tuple(t.shape), str(t.dtype)) for t in carry]
-    text = f"{type(module).__module__}.{type(module).__qualname__}|{module!r}|{shapes}"
+    threads = torch.get_num_threads()
+    text = f"{type(module).__module__}.{type(module).__qualname__}|{module!r}|{shapes}|{threads}"
     return hashlib.sha1(text.encode()).hexdigest()[:16]
 
 
@@ -278,12 +285,36 @@ def _sync(device: torch.device) -> None:
 
 
 class CostCache:
-    """Measured costs by layer signature; reused across models and saved as JSON."""
+    """Measured costs by layer signature (and the runtime's overheads); reused across models
+    and saved as JSON."""
 
-    def __init__(self, entries: Mapping[str, Mapping[str, float]] | None = None) -> None:
+    def __init__(
+        self,
+        entries: Mapping[str, Mapping[str, float]] | None = None,
+        overheads: RuntimeOverheads | None = None,
+    ) -> None:
         self._entries: dict[str, dict[str, float]] = {
             signature: dict(entry) for signature, entry in (entries or {}).items()
         }
+        self._overheads = overheads
+
+    @property
+    def overheads(self) -> RuntimeOverheads | None:
+        """The runtime's per-micro-batch, per-message and per-step costs on this machine
+        (None until measured: `pipeline.distributed.overheads.measure_overheads`)."""
+        return self._overheads
+
+    def set_overheads(self, overheads: RuntimeOverheads) -> None:
+        self._overheads = overheads
+
+    def learn(self, signatures: Sequence[str], costs: Sequence[LayerCost]) -> None:
+        """Replace the entries of `signatures` by what a running pipeline measured (`costs`,
+        in the same order): the next plan of a layer with one of them starts from it."""
+        if len(signatures) != len(costs):
+            raise ValueError(f"{len(signatures)} signatures for {len(costs)} measured costs")
+        for signature, cost in zip(signatures, costs, strict=True):
+            if cost.forward_s > 0 and cost.backward_s > 0:  # measured (not a placeholder)
+                self.put(signature, cost.forward_s, cost.backward_s, cost.activation_bytes)
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -312,14 +343,18 @@ class CostCache:
             self.put(signature, entry["forward_s"], entry["backward_s"], entry["activation_bytes"])
 
     def save(self, path: str | Path) -> None:
-        Path(path).write_text(json.dumps({"version": 1, "entries": self._entries}, indent=1))
+        data: dict[str, Any] = {"version": 1, "entries": self._entries}
+        if self._overheads is not None:
+            data["overheads"] = self._overheads.to_dict()
+        Path(path).write_text(json.dumps(data, indent=1))
 
     @classmethod
     def load(cls, path: str | Path) -> CostCache:
         data = json.loads(Path(path).read_text())
         if data.get("version") != 1:
             raise ValueError(f"{path}: unknown cost cache version {data.get('version')!r}")
-        return cls(data["entries"])
+        overheads = data.get("overheads")
+        return cls(data["entries"], RuntimeOverheads.from_dict(overheads) if overheads else None)
 
 
 def sandbox(

@@ -71,7 +71,7 @@ def under_budget(ctx: StageContext) -> dict[str, Any]:
     x, _ = batches(1)[0]
     # The budget: 75% of what equal layer counts would need (rank 0 decides, all agree).
     comm = Comm()
-    costs = profile_costs(
+    costs, _ = profile_costs(
         comm, specs(), x.chunk(M)[0], device=ctx.device, opt_ratio=2.0, cache=CostCache()
     )
     equal = evaluate(costs, [3, 3], schedule="gpipe", n_microbatches=M)

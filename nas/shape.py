@@ -1,0 +1,263 @@
+"""The study's shape when it is left "auto": workers, stages, threads and micro-batches.
+
+`study.workers`, `pipeline.n_stages`, `pipeline.n_microbatches` and
+`pipeline.threads_per_stage` may each be "auto". Before any process starts, `resolve`
+profiles the study's seed architectures (the models every study trains first, and the
+centre of the space evolution explores) in this process, layer by layer, at every
+micro-batch size and thread count a shape could give them, and predicts each shape's
+samples per second of the whole machine (`pipeline.pure.shape.choose_shape`): one
+single-stage worker per core for a small model, a pipeline for a model whose single stage
+exceeds `pipeline.memory_budget` or that is predicted faster pipelined. Values the user set
+stay as set; the others are filled in, and the shape with its prediction is logged.
+
+What it measures is kept in the machine's cost cache (`cache_path`): the layers' costs by
+signature (threads included) and the runtime's own overheads (measured once per machine,
+`pipeline.distributed.overheads`). The stage processes start from the same cache, so a
+trial's layers already profiled here are not timed again, and each trial logs the shape and
+its predicted samples per second beside the measured (`predicted_samples_per_s`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import platform
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from nas import training, trials
+from nas.settings import AUTO, NasSettings
+from nas.tasks import get_task
+from pipeline import CostCache, under_torchrun
+from pipeline.distributed.overheads import measure_overheads
+from pipeline.local.microbatch import split_microbatches
+from pipeline.local.profiler import optimizer_state_ratio, sandbox, trace_shapes
+from pipeline.pure.costs import LayerCost
+from pipeline.pure.planner import get_planner
+from pipeline.pure.shape import RuntimeOverheads, Shape, ShapeLimits, ShapeOption, choose_shape
+
+__all__ = [
+    "ShapeChoice",
+    "cache_path",
+    "cores",
+    "learn_costs",
+    "load_cache",
+    "resolve",
+    "resolve_one",
+]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ShapeChoice:
+    """The shape a study runs with, what it predicted, and every shape it weighed."""
+
+    shape: Shape
+    predicted_samples_per_s: float  # the machine's, over the seed architectures
+    overheads: RuntimeOverheads
+    tried: tuple[dict[str, Any], ...]  # per shape: `ShapeOption.to_dict` and the prediction
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            **self.shape.to_dict(),
+            "shape": str(self.shape),
+            "predicted_samples_per_s": self.predicted_samples_per_s,
+            "overheads": self.overheads.to_dict(),
+            "tried": list(self.tried),
+        }
+
+
+def cores() -> int:
+    """The cores this process may run on (its affinity where the platform has one)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+def cache_path() -> Path:
+    """This machine's cost cache: `$XDG_CACHE_HOME/elastic-nas/costs-<host>-torch<v>.json`
+    (`~/.cache` by default): layer costs and overheads depend on the machine and torch."""
+    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    host = platform.node() or "host"
+    return base / "elastic-nas" / f"costs-{host}-torch{torch.__version__}.json"
+
+
+def load_cache() -> CostCache:
+    """This machine's cost cache (empty if none was saved, or unreadable: then re-measured)."""
+    path = cache_path()
+    try:
+        return CostCache.load(path)
+    except (OSError, ValueError, KeyError) as error:
+        if path.exists():
+            logger.warning("cost cache %s unreadable (%s): measuring again", path, error)
+        return CostCache()
+
+
+def save_cache(costs: CostCache) -> None:
+    path = cache_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    costs.save(tmp)
+    tmp.replace(path)  # atomic: another worker may read it meanwhile
+
+
+def learn_costs(learned: CostCache) -> None:
+    """Merge what a pipeline measured into this machine's cost cache (workers may save it
+    side by side: each merges into what is on disk then)."""
+    merged = load_cache()
+    merged.update(learned.entries())
+    if merged.overheads is None and learned.overheads is not None:
+        merged.set_overheads(learned.overheads)
+    try:
+        save_cache(merged)
+    except OSError as error:  # a read-only home: the next study measures again
+        logger.warning("cost cache %s not saved: %s", cache_path(), error)
+
+
+def resolve(
+    settings: NasSettings, *, max_workers: int | None = None
+) -> tuple[NasSettings, ShapeChoice | None]:
+    """`settings` with every "auto" shape value chosen (module doc), and the choice; the
+    same settings and None when nothing is "auto". `max_workers`: at most this many workers
+    (no more than there is work for)."""
+    p, workers = settings.pipeline, settings.study.workers
+    if not p.auto_keys and workers != AUTO:
+        return settings, None
+    costs = load_cache()
+    if costs.overheads is None:
+        logger.info("measuring the runtime's overheads on this machine (once)")
+        costs.set_overheads(measure_overheads())
+    assert costs.overheads is not None
+    limits = ShapeLimits(
+        cores=cores(),
+        batch_size=settings.train.batch_size,
+        workers=None if workers == AUTO else int(workers),
+        n_stages=None if p.n_stages == AUTO else int(p.n_stages),
+        threads_per_stage=_fixed_threads(p.threads_per_stage, p.n_stages),
+        n_microbatches=None if p.n_microbatches == AUTO else int(p.n_microbatches),
+        max_workers=max_workers,
+    )
+    profiles = _profiles(settings, costs)
+    options = [
+        choose_shape(
+            get_planner(p.planner),
+            profile.costs_at,
+            limits,
+            costs.overheads,
+            schedule=p.schedule,
+            memory_budget=p.memory_budget,
+        )[1]
+        for profile in profiles
+    ]
+    save_cache(costs)
+    choice = _best(options, costs.overheads)
+    shape = choice.shape
+    chosen = dataclasses.replace(
+        settings,
+        study=dataclasses.replace(settings.study, workers=shape.workers),
+        pipeline=dataclasses.replace(
+            p,
+            n_stages=shape.n_stages,
+            n_microbatches=shape.n_microbatches,
+            threads_per_stage=shape.threads_per_stage,
+        ),
+    )
+    logger.info(
+        "shape: %s, predicted %.0f samples/s on %d cores",
+        shape,
+        choice.predicted_samples_per_s,
+        limits.cores,
+    )
+    return chosen, choice
+
+
+def resolve_one(settings: NasSettings) -> tuple[NasSettings, ShapeChoice | None]:
+    """`resolve` for one worker (a retraining, a study's stages under torchrun): under
+    torchrun the stages are its WORLD_SIZE processes."""
+    fixed = dataclasses.replace(settings.pipeline)
+    if under_torchrun():
+        fixed.n_stages = int(os.environ["WORLD_SIZE"])
+    one = dataclasses.replace(
+        settings, study=dataclasses.replace(settings.study, workers=1), pipeline=fixed
+    )
+    return resolve(one, max_workers=1)
+
+
+def _fixed_threads(threads: int | str | None, n_stages: int | str) -> int | None:
+    """A fixed thread count; None (cores / stages) is fixed once the stages are."""
+    if threads == AUTO:
+        return None
+    if threads is None:
+        return max(1, cores() // int(n_stages)) if n_stages != AUTO else None
+    return int(threads)
+
+
+def _best(options: Sequence[Sequence[ShapeOption]], overheads: RuntimeOverheads) -> ShapeChoice:
+    """The shape with the most samples/s over the seeds (their harmonic mean: the rate at
+    which the machine trains one step of each), among those every seed could be planned on."""
+    rows = []
+    for per_seed in zip(*options, strict=True):
+        shape = per_seed[0].shape
+        rates = [o.predicted_samples_per_s for o in per_seed]
+        planned = all(o.plan is not None for o in per_seed)
+        rate = statistics.harmonic_mean(rates) if planned else 0.0
+        reason = "; ".join(o.reason for o in per_seed if o.reason)
+        rows.append(
+            (rate, shape, {**shape.to_dict(), "predicted_samples_per_s": rate, "reason": reason})
+        )
+    feasible = [row for row in rows if row[0] > 0]
+    if not feasible:
+        raise ValueError(
+            "no shape can train the study's seed architectures: " + rows[0][2]["reason"]
+        )
+    rate, shape, _ = max(
+        feasible,
+        key=lambda r: (round(r[0], 6), -r[1].workers * r[1].n_stages, -r[1].n_microbatches),
+    )
+    return ShapeChoice(shape, rate, overheads, tuple(row[2] for row in rows))
+
+
+@dataclass
+class _Profile:
+    """One model's layer costs at (threads, micro-batch size), profiled on demand, once."""
+
+    specs: list[Any]
+    batch: Any
+    opt_ratio: float
+    costs: CostCache
+    known: dict[tuple[int, int], list[LayerCost]] = dataclasses.field(default_factory=dict)
+
+    def costs_at(self, threads: int, microbatch: int) -> list[LayerCost]:
+        if (threads, microbatch) not in self.known:
+            self.known[threads, microbatch] = self._profile(threads, microbatch)
+        return self.known[threads, microbatch]
+
+    def _profile(self, threads: int, microbatch: int) -> list[LayerCost]:
+        """Time each distinct layer not in the cache on `threads` threads (`sandbox`)."""
+        before = torch.get_num_threads()
+        torch.set_num_threads(threads)
+        try:
+            first = self.batch[0] if isinstance(self.batch, tuple | list) else self.batch
+            n = int(first.shape[0]) // microbatch
+            example = split_microbatches(self.batch, n, "the example batch")[0]
+            shapes = trace_shapes(self.specs, example)
+            return sandbox(self.specs, shapes, torch.device("cpu"), self.opt_ratio, self.costs)
+        finally:
+            torch.set_num_threads(before)
+
+
+def _profiles(settings: NasSettings, costs: CostCache) -> list[_Profile]:
+    task = get_task(settings.task.name, **settings.task.options)
+    x, _ = next(iter(task.batches("train", settings.train.batch_size, seed=settings.seed)))
+    ratio = optimizer_state_ratio(training.rates(settings.train).optimizer())
+    return [
+        _Profile(training.compile_model(arch, task, settings.train.dropout)[0], x, ratio, costs)
+        for arch in trials.seed_architectures(settings).values()
+    ]
