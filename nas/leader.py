@@ -148,18 +148,20 @@ class Leader:
         sampler is reseeded (`_out_of_step_with_peers`).
         """
         invalid = 0
-        while (
-            remaining(self.study, self.settings.study.n_trials) > 0
-            and time.time() < self.deadline
-            and time_left(self.study, self.settings)
-        ):
+        while True:
+            self._fail_orphans()  # a peer that died since: its trial is enqueued again
+            if not (
+                self._left() > 0
+                and time.time() < self.deadline
+                and time_left(self.study, self.settings)
+            ):
+                break
             if invalid == MAX_INVALID_IN_A_ROW:
                 raise RuntimeError(
                     f"{invalid} proposals in a row fell outside the parameter "
                     f"window {self.settings.search_space.param_window} or "
                     "repeated a trained architecture"
                 )
-            self._fail_orphans()  # a peer that died since: its trial is enqueued again
             self._out_of_step_with_peers()
             # SQLite has no row lock: two workers popping the same enqueued trial at once
             # would both get it, so they take turns (a database server needs no lock)
@@ -346,6 +348,12 @@ class Leader:
         reproducible from `seed`."""
         if any(t.user_attrs.get(OWNER) != self.owner for t in self._running()):
             self.study.sampler.reseed_rng()
+
+    def _left(self) -> int:
+        """Trials still to start: `study.n_trials` less the finished ones and those live
+        peers train now, so that workers on one study stop together at `n_trials` (a peer's
+        trial that then fails is asked again by that peer, which goes on asking)."""
+        return remaining(self.study, self.settings.study.n_trials) - len(self._running())
 
     def _running(self) -> list[optuna.trial.FrozenTrial]:
         return self.study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))

@@ -61,6 +61,7 @@ class ShapeChoice:
 
     shape: Shape
     predicted_samples_per_s: float  # the machine's, over the seed architectures
+    predicted_peak_bytes: int  # the largest stage's, over the seed architectures
     overheads: RuntimeOverheads
     tried: tuple[dict[str, Any], ...]  # per shape: `ShapeOption.to_dict` and the prediction
 
@@ -69,6 +70,7 @@ class ShapeChoice:
             **self.shape.to_dict(),
             "shape": str(self.shape),
             "predicted_samples_per_s": self.predicted_samples_per_s,
+            "predicted_peak_bytes": self.predicted_peak_bytes,
             "overheads": self.overheads.to_dict(),
             "tried": list(self.tried),
         }
@@ -202,26 +204,46 @@ def _fixed_threads(threads: int | str | None, n_stages: int | str) -> int | None
 def _best(options: Sequence[Sequence[ShapeOption]], overheads: RuntimeOverheads) -> ShapeChoice:
     """The shape with the most samples/s over the seeds (their harmonic mean: the rate at
     which the machine trains one step of each), among those every seed could be planned on."""
-    rows = []
-    for per_seed in zip(*options, strict=True):
-        shape = per_seed[0].shape
-        rates = [o.predicted_samples_per_s for o in per_seed]
-        planned = all(o.plan is not None for o in per_seed)
-        rate = statistics.harmonic_mean(rates) if planned else 0.0
-        reason = "; ".join(o.reason for o in per_seed if o.reason)
-        rows.append(
-            (rate, shape, {**shape.to_dict(), "predicted_samples_per_s": rate, "reason": reason})
-        )
-    feasible = [row for row in rows if row[0] > 0]
+    rows = [_row(per_seed) for per_seed in zip(*options, strict=True)]
+    feasible = [row for row in rows if row["predicted_samples_per_s"] > 0]
     if not feasible:
-        raise ValueError(
-            "no shape can train the study's seed architectures: " + rows[0][2]["reason"]
-        )
-    rate, shape, _ = max(
+        raise ValueError("no shape can train the study's seed architectures: " + rows[0]["reason"])
+    best = max(
         feasible,
-        key=lambda r: (round(r[0], 6), -r[1].workers * r[1].n_stages, -r[1].n_microbatches),
+        key=lambda row: (
+            round(row["predicted_samples_per_s"], 6),
+            -row["workers"] * row["n_stages"],
+            -row["n_microbatches"],
+        ),
     )
-    return ShapeChoice(shape, rate, overheads, tuple(row[2] for row in rows))
+    chosen = Shape(
+        best["workers"], best["n_stages"], best["threads_per_stage"], best["n_microbatches"]
+    )
+    return ShapeChoice(
+        chosen,
+        best["predicted_samples_per_s"],
+        best["predicted_peak_bytes"],
+        overheads,
+        tuple(rows),
+    )
+
+
+def _row(per_seed: Sequence[ShapeOption]) -> dict[str, Any]:
+    """One shape over the seeds: its rate (0 unless every seed was planned), its peak, why not."""
+    planned = [o.plan for o in per_seed if o.plan is not None]
+    rate = (
+        statistics.harmonic_mean([o.predicted_samples_per_s for o in per_seed])
+        if len(planned) == len(per_seed)
+        else 0.0
+    )
+    return {
+        **per_seed[0].shape.to_dict(),
+        "predicted_samples_per_s": rate,
+        "predicted_peak_bytes": max(
+            (max(plan.predicted_stage_bytes) for plan in planned), default=0
+        ),
+        "reason": "; ".join(o.reason for o in per_seed if o.reason),
+    }
 
 
 @dataclass

@@ -80,12 +80,15 @@ class StudyResult:
     run_dirs: tuple[str, ...]  # tracker run folders (W&B offline runs to sync)
 
 
-def run_study(settings: NasSettings, *, progress: bool = True) -> StudyResult:
+def run_study(
+    settings: NasSettings, *, progress: bool = True, worker: int | None = None
+) -> StudyResult:
     """Run (or resume) the study described by `settings`; returns when it has enough trials.
 
     Shape values left "auto" are chosen first (`nas.shape`); several workers run as local
-    processes (`nas.workers`), each running this function with one worker. `progress`:
-    show the study's and trials' bars (a worker leaves them to its caller).
+    processes (`nas.workers`), each running this function as `worker` k (its shape chosen:
+    it starts its stage processes and trains). `progress`: show the study's and trials'
+    bars (a worker leaves them to its caller).
 
     Raises `LeaderError` (on every process) when rank 0 could not open the study, ask for a
     trial or record one. Under torchrun every process calls this: each is one stage, rank 0
@@ -107,7 +110,7 @@ def run_study(settings: NasSettings, *, progress: bool = True) -> StudyResult:
     )
     overheads = choice.overheads if choice is not None else shape.load_cache().overheads
     workers = int(settings.study.workers)
-    if workers > 1:
+    if workers > 1 and worker is None:
         from nas.workers import run_workers  # it runs this function in each worker
 
         cores_each = settings.pipeline.stage_count * (settings.pipeline.thread_count or 1)

@@ -7,7 +7,7 @@ machines" workers do, here started for the user):
 
     caller (the CLI: one progress bar, one report)
       │ 1. opens the study once (seeds enqueued), so workers do not race to create it
-      │ 2. writes the settings (shape chosen, workers=1) to <run>/workers/settings.pkl
+      │ 2. writes the settings (shape chosen) to <run>/workers/settings.pkl
       ├─ python -m nas.workers <settings.pkl> 0   cores 0..k-1   run folder <run>/worker-0
       ├─ python -m nas.workers <settings.pkl> 1   cores k..2k-1  run folder <run>/worker-1
       │ 3. while they run: the study bar counts finished trials from the storage
@@ -45,8 +45,7 @@ def run_workers(settings: NasSettings, n_workers: int, cores_each: int) -> Study
     folder = Path(settings.output_dir) / "workers"
     folder.mkdir(parents=True, exist_ok=True)
     study = trials.open_study(settings)  # 1.
-    one = dataclasses.replace(settings, study=dataclasses.replace(settings.study, workers=1))
-    (folder / "settings.pkl").write_bytes(pickle.dumps(one))  # 2.
+    (folder / "settings.pkl").write_bytes(pickle.dumps(settings))  # 2.
     available = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
     procs = []
     for k in range(n_workers):
@@ -100,7 +99,7 @@ def _worker(settings_path: Path, number: int, cpus: list[int]) -> None:
     job_log.attach()
     outcome: StudyResult | BaseException
     try:
-        outcome = run_study(settings, progress=False)
+        outcome = run_study(settings, progress=False, worker=number)
     except Exception as error:  # handed to the caller, which raises it
         outcome = error
     try:

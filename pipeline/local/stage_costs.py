@@ -37,10 +37,12 @@ __all__ = ["measured_cost", "seed_meters", "state_bytes", "update_meters"]
 
 
 def seed_meters(layers: Sequence[StageLayer], costs: Sequence[LayerCost]) -> None:
-    """Start each layer's meter from profiled costs (the first steps refine them)."""
+    """Start each layer's meter from profiled costs: what it reports until the first step
+    that measures, whose numbers then replace them (a profile taken alone, or a stale
+    cache, is not averaged into what the stage measures); later steps are smoothed."""
     for layer, cost in zip(layers, costs, strict=True):
         layer.meter = LayerMeter(
-            cost.forward_s, cost.backward_s, cost.activation_bytes, cost.output_bytes, steps=1
+            cost.forward_s, cost.backward_s, cost.activation_bytes, cost.output_bytes, steps=0
         )
 
 

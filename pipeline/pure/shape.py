@@ -176,7 +176,8 @@ def predicted_step_s(plan: Plan, overheads: RuntimeOverheads) -> float:
 
 def shapes(limits: ShapeLimits, n_layers: int) -> list[Shape]:
     """Every shape that fits: S x T x W cores at most (W as many as fit, at least 1, within
-    `max_workers`), S <= layers, M a power of two up to 8 dividing the batch (or the fixed one)."""
+    `max_workers`; a fixed W gives each worker cores / W, at least one), S <= layers, M a
+    power of two up to 8 dividing the batch (or the fixed one)."""
     microbatches = (
         [limits.n_microbatches]
         if limits.n_microbatches is not None
@@ -190,7 +191,8 @@ def shapes(limits: ShapeLimits, n_layers: int) -> list[Shape]:
             workers = limits.workers or limits.cores // (s * t)
             if limits.max_workers is not None:
                 workers = min(workers, limits.max_workers)
-            if workers < 1 or (limits.workers is None and workers * s * t > limits.cores):
+            # a fixed worker count leaves each worker its share of the cores (at least one)
+            if workers < 1 or s * t > max(1, limits.cores // workers):
                 continue
             found.extend(Shape(workers, s, t, m) for m in microbatches)
     if not found:

@@ -153,3 +153,34 @@ def test_an_objective_only_decoding_measures_needs_pairs_decoded() -> None:
         configured(("validation_loss", "validation_exact_match"), final_decode_pairs=0)
     configured(("validation_loss", "validation_chrf"), decode_pairs=0)  # scored at the end
     configured(("validation_loss",), decode_pairs=0, final_decode_pairs=0)
+
+
+def test_the_shape_is_auto_by_default_and_a_number_when_set() -> None:
+    pipe = settings.PipelineSettings()
+    assert pipe.auto_keys == ("n_stages", "n_microbatches", "threads_per_stage")
+    assert settings.StudySettings().workers == settings.AUTO
+    fixed = settings.PipelineSettings(n_stages=2, n_microbatches=4, threads_per_stage=1)
+    assert (fixed.auto_keys, fixed.stage_count, fixed.microbatch_count) == ((), 2, 4)
+    with pytest.raises(RuntimeError, match="pipeline.n_stages is 'auto'"):
+        _ = pipe.stage_count
+
+
+@pytest.mark.parametrize(
+    "make,words",
+    [
+        (lambda: settings.StudySettings(workers=0), "study.workers=0"),
+        (lambda: settings.StudySettings(workers="many"), "study.workers='many'"),
+        (lambda: settings.PipelineSettings(n_stages="x"), "pipeline.n_stages='x'"),
+        (lambda: settings.PipelineSettings(threads_per_stage=-1), "threads_per_stage=-1"),
+    ],
+)
+def test_a_bad_shape_value_names_the_key_and_auto(make, words: str) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(ValueError, match=f"{words}.*or 'auto'"):
+        make()
+
+
+def test_a_fixed_microbatch_count_must_divide_the_batch() -> None:
+    with pytest.raises(ValueError, match="not a multiple of pipeline.n_microbatches=3"):
+        settings.NasSettings(pipeline=settings.PipelineSettings(n_microbatches=3))
+    auto = settings.NasSettings(train=settings.TrainSettings(batch_size=30))
+    assert auto.pipeline.n_microbatches == settings.AUTO  # chosen later among the divisors

@@ -295,3 +295,41 @@ def _in_top_rung(db: Path, *, after_complete: int, rung: int) -> bool:
             return bool(running.fetchone()[0])
     except sqlite3.Error:  # tables not created yet
         return False
+
+
+def test_workers_started_by_the_cli_finish_one_study_together(tmp_path: Path) -> None:
+    """`study.workers=2`: two local workers, each its own single-stage process, train one
+    study: exactly `n_trials` trials, each recorded once, one bar and one report."""
+    done = run(
+        tmp_path,
+        "study.name=pair",
+        "study.n_trials=4",
+        "study.workers=2",
+        "pipeline.n_stages=1",
+        "pipeline.threads_per_stage=1",
+        "stages=[search]",
+        "tracker=jsonl",
+        "train.steps=4",
+        *SMALL,
+        "train.eval_every=2",
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.count("study pair: 4 trials") == 1  # one report
+    study = optuna.load_study(
+        study_name="pair", storage=f"sqlite:///{tmp_path / 'studies' / 'pair.db'}"
+    )
+    recorded = [t for t in study.trials if counted(t)]
+    assert len(recorded) == 4 and all(t.state.is_finished() for t in study.trials)
+    owners = {t.user_attrs["owner"] for t in recorded}
+    assert len(owners) == 2, owners  # both workers trained
+    for trial in recorded:  # the shape and its prediction beside the measured throughput
+        assert trial.user_attrs["shape"].startswith("2 workers x 1 stage x 1 thread")
+        assert trial.user_attrs["predicted_samples_per_s"] > 0
+        assert trial.user_attrs["samples_per_s"] > 0
+    logged = [
+        json.loads(line)
+        for path in sorted((tmp_path / "run").glob("worker-*/tracking/*.jsonl"))
+        for line in path.read_text().splitlines()
+    ]
+    ends = [r["trial"] for r in logged if r["kind"] == "trial_end"]
+    assert sorted(ends) == sorted(t.number for t in recorded)  # each trial tracked once

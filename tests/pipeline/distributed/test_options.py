@@ -68,6 +68,7 @@ def test_defaults_are_documented_values_and_frozen() -> None:
         "rebalance_horizon": 100,
         "rebalance_settle": 3,
         "measure_memory_every": 10,
+        "correct_after": 10,
     }
     plan = options.planning
     assert (plan.partition, plan.planner, plan.memory_budget, plan.profile, plan.handoff) == (

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from pathlib import Path
 
@@ -19,6 +20,7 @@ from pipeline.local.profiler import (
     trace_shapes,
 )
 from pipeline.local.spec import LayerSpec
+from pipeline.pure.shape import RuntimeOverheads
 from search_spaces.compile import compile as compile_arch
 from search_spaces.evolved_transformer import transformer
 
@@ -109,3 +111,44 @@ def test_cost_cache_round_trip(tmp_path: Path) -> None:
     (tmp_path / "bad.json").write_text('{"version": 7, "entries": {}}')
     with pytest.raises(ValueError, match="unknown cost cache version 7"):
         CostCache.load(tmp_path / "bad.json")
+
+
+def test_a_layer_on_more_threads_is_another_signature() -> None:
+    specs = [LayerSpec("a", functools.partial(nn.Linear, 8, 8))]
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = trace_shapes(specs, torch.zeros(4, 8))[0].signature
+        torch.set_num_threads(2)
+        two = trace_shapes(specs, torch.zeros(4, 8))[0].signature
+    finally:
+        torch.set_num_threads(before)
+    assert one != two
+
+
+def test_the_cache_keeps_the_runtime_overheads(tmp_path: Path) -> None:
+    measured = RuntimeOverheads(microbatch_s=4e-4, message_s=8e-4, step_s=1e-3)
+    cache = CostCache({"sig": {"forward_s": 1.0, "backward_s": 2.0, "activation_bytes": 3.0}})
+    assert cache.overheads is None
+    cache.set_overheads(measured)
+    cache.save(tmp_path / "costs.json")
+    loaded = CostCache.load(tmp_path / "costs.json")
+    assert loaded.overheads == measured and loaded.entries() == cache.entries()
+
+
+def test_learn_replaces_profiled_costs_with_measured_ones() -> None:
+    specs = [LayerSpec(k, functools.partial(nn.Linear, 8, 8)) for k in ("a", "b")]
+    shapes = trace_shapes(specs, torch.zeros(4, 8))
+    cache = CostCache()
+    profiled = sandbox(specs, shapes, CPU, 2.0, cache)
+    signature = shapes[0].signature
+    measured = [
+        dataclasses.replace(profiled[0], forward_s=0.5, backward_s=1.5, activation_bytes=64),
+        dataclasses.replace(profiled[1], forward_s=0.0, backward_s=0.0),  # never measured
+    ]
+    cache.learn([s.signature for s in shapes], measured)
+    # both layers share a signature: the measured one is learned, the unmeasured ignored
+    assert cache.get(signature) == {"forward_s": 0.5, "backward_s": 1.5, "activation_bytes": 64}
+    assert sandbox(specs, shapes, CPU, 2.0, cache)[1].forward_s == 0.5
+    with pytest.raises(ValueError, match="1 signatures for 2"):
+        cache.learn([signature], measured)

@@ -1,0 +1,99 @@
+"""The study's shape chosen from the profile of its seed architectures (`nas.shape`).
+
+In-process: the seeds are profiled here for real (the sandbox), the runtime's overheads are
+given (their measurement starts processes: the CLI test measures them).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from nas import shape
+from nas.settings import NasSettings
+from pipeline.pure.shape import RuntimeOverheads
+from tests.nas.harness.common import composed
+
+OVERHEADS = RuntimeOverheads(microbatch_s=4e-4, message_s=8e-4, step_s=1e-3)
+
+
+@pytest.fixture(scope="module")
+def profiled(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The module's cost cache folder (the seeds are profiled once, by the first test)."""
+    return tmp_path_factory.mktemp("cache")
+
+
+@pytest.fixture
+def machine(profiled: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A cost cache of the module's own, holding the runtime's overheads."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(profiled))
+    cache = shape.load_cache()
+    cache.set_overheads(OVERHEADS)
+    shape.save_cache(cache)
+    return shape.cache_path()
+
+
+def small(*overrides: str) -> NasSettings:
+    return composed(
+        "search_space.d_model=[32]", "search_space.max_cells=1", "train.batch_size=16", *overrides
+    )
+
+
+def test_a_small_model_trains_on_one_single_stage_worker_per_core(machine: Path) -> None:
+    chosen, choice = shape.resolve(small())
+    assert choice is not None
+    assert (choice.shape.n_stages, choice.shape.threads_per_stage) == (1, 1)
+    assert choice.shape.workers == shape.cores()
+    assert chosen.study.workers == shape.cores() and chosen.pipeline.auto_keys == ()
+    assert chosen.pipeline.stage_count == 1 and chosen.pipeline.thread_count == 1
+    rates = [row["predicted_samples_per_s"] for row in choice.tried]
+    assert choice.predicted_samples_per_s == max(rates) > 0
+    # what was profiled is kept for the stage processes and the next study
+    assert len(shape.load_cache()) > 0 and shape.load_cache().overheads == OVERHEADS
+
+
+def test_a_model_over_the_memory_budget_stays_pipelined(machine: Path) -> None:
+    one = small("pipeline.n_stages=1", "study.workers=1", "pipeline.n_microbatches=1")
+    _, alone = shape.resolve(one)
+    assert alone is not None
+    peak = alone.tried[0]["predicted_peak_bytes"]
+    # lower budgets until one stage cannot hold a seed even recomputing its activations
+    for fraction in (0.75 * 0.8**k for k in range(12)):
+        budget = int(fraction * peak)
+        chosen, choice = shape.resolve(small(f"pipeline.memory_budget={budget}"))
+        assert choice is not None
+        if all(row["reason"] for row in choice.tried if row["n_stages"] == 1):
+            break
+    else:
+        pytest.fail(f"one stage fits every budget down to 6% of its {peak:,} bytes")
+    assert choice.shape.n_stages >= 2
+    assert 0 < choice.predicted_peak_bytes <= budget
+    assert chosen.pipeline.memory_budget == budget
+
+
+def test_values_set_by_hand_are_kept(machine: Path) -> None:
+    chosen, choice = shape.resolve(small("pipeline.n_stages=2", "study.workers=1"))
+    assert choice is not None
+    assert (chosen.pipeline.stage_count, chosen.study.workers) == (2, 1)
+    assert all(row["n_stages"] == 2 and row["workers"] == 1 for row in choice.tried)
+
+
+def test_nothing_auto_is_left_alone(machine: Path) -> None:
+    fixed = small("pipeline=cpu_2_stages", "study.workers=1")
+    assert shape.resolve(fixed) == (fixed, None)
+
+
+def test_one_worker_for_a_retraining(machine: Path) -> None:
+    chosen, _ = shape.resolve_one(small())
+    assert chosen.study.workers == 1
+    assert chosen.pipeline.stage_count * (chosen.pipeline.thread_count or 1) <= shape.cores()
+
+
+def test_an_unreadable_cache_is_measured_again(machine: Path) -> None:
+    kept = machine.read_text()
+    machine.write_text("{not json")
+    try:
+        assert shape.load_cache().overheads is None and len(shape.load_cache()) == 0
+    finally:
+        machine.write_text(kept)
