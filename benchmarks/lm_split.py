@@ -438,9 +438,11 @@ def torch_run(
 
 
 def ours_run(
-    cfg: LMConfig, name: str, m: int, cache: CostCache, steps: int
+    cfg: LMConfig, name: str, m: int, cache: CostCache, steps: int, correction_steps: int
 ) -> tuple[Callable[[], None], ElasticPipeline, float]:
-    """(step, pipeline, first loss); the first step plans. 2bw trains a stream per round."""
+    """(step, pipeline, first loss); the first step plans, the next `correction_steps` let
+    the plan be corrected from measured costs (`ElasticOptions.correct_after`, on by
+    default) before anything is timed. 2bw trains a stream per round."""
     pipe = ElasticPipeline(
         cfg.specs(),
         optimizer=OPTIMIZER,
@@ -451,6 +453,9 @@ def ours_run(
     )
     x, y = cfg.data()
     first_loss = pipe.train_step(x, y)
+    if name == "auto" or not is_stream(name):
+        for _ in range(correction_steps):
+            pipe.train_step(x, y)
     calls = itertools.count()
 
     def step() -> None:
@@ -469,6 +474,8 @@ def ours_record(pipe: ElasticPipeline, first_loss: float, ref_loss: float) -> di
     return {
         "chosen_schedule": stats.schedule,
         "partition": list(stats.partition),
+        "partition_history": pipe.partition_history,
+        "replans": [e.details for e in pipe.events if e.kind in ("trigger", "replan")],
         "plan": stats.plan.to_dict() if stats.plan is not None else None,
         "first_step_loss": first_loss,
         "reference_first_step_loss": ref_loss,
@@ -484,7 +491,14 @@ def _key(name: str, sizes: Sequence[int], m: int) -> str:
 
 
 def build_m(
-    ctx: StageContext, cfg: LMConfig, m: int, top: int, steps: int, cache: CostCache, full: bool
+    ctx: StageContext,
+    cfg: LMConfig,
+    m: int,
+    top: int,
+    steps: int,
+    cache: CostCache,
+    full: bool,
+    correction_steps: int,
 ) -> tuple[dict[str, Callable[[], None]], dict[str, Any], dict[str, Any]]:
     """Every run at M = m (not `full`: only torch's brute-force splits, ours (auto) and one
     process): (steps by key, records by key, the per-layer times and the reference loss)."""
@@ -497,7 +511,10 @@ def build_m(
     for name, (cls, layout) in TORCH_SCHEDULES.items():
         equal = user_split(cfg, chunks_of(layout, 0)[0])
         searched = best_splits(per_layer, layout, top)
-        for sizes in [*([equal] if full else []), *(s for s in searched if s != equal or not full)]:
+        # 1F1B by hand: every cut between the blocks and the head (the model's own runs)
+        swept = list(all_splits(cfg.layers, 2)) if full and layout == "single" else []
+        chosen = [*([equal] if full else []), *searched, *swept]
+        for sizes in [s for i, s in enumerate(chosen) if s not in chosen[:i]]:
             key = _key(name, sizes, m)
             records[key] = {
                 "kind": "torch",
@@ -506,6 +523,7 @@ def build_m(
                 "chunk_sizes": sizes,
                 "user_split": sizes == equal,
                 "brute_force_rank": searched.index(sizes) if sizes in searched else None,
+                "hand_swept": sizes in swept,
                 "scored_rank_times_s": rank_times(sizes, layout, per_layer),
             }
             try:
@@ -521,7 +539,7 @@ def build_m(
         key = f"ours_{name}_M{m}"
         records[key] = {"kind": "ours", "schedule": name, "exact": name in EXACT}
         try:
-            runs[key], pipe, first = ours_run(cfg, name, m, cache, steps)
+            runs[key], pipe, first = ours_run(cfg, name, m, cache, steps, correction_steps)
             records[key]["_pipe"] = (pipe, first, ref_loss)
         except Exception as error:
             records[key]["error"] = f"{type(error).__name__}: {error}"[:2000]
@@ -538,6 +556,7 @@ def run_all(
     rounds: int,
     steps: int,
     top: int,
+    correction_steps: int,
 ) -> dict[str, Any]:
     """In both processes: build every run of every (model, full?) at every M, warm up, time
     them all in the same rounds. Keys: "<model label>/<run>_M<m>"."""
@@ -548,7 +567,9 @@ def run_all(
     for cfg, full in models:
         layers[cfg.label] = {}
         for m in ms:
-            r, rec, layers[cfg.label][f"M{m}"] = build_m(ctx, cfg, m, top, steps, cache, full)
+            r, rec, layers[cfg.label][f"M{m}"] = build_m(
+                ctx, cfg, m, top, steps, cache, full, correction_steps
+            )
             runs.update({f"{cfg.label}/{k}": v for k, v in r.items()})
             records.update({f"{cfg.label}/{k}": v for k, v in rec.items()})
     for key, step in list(runs.items()):  # a second warm-up step (the first: plan / check)
@@ -654,6 +675,10 @@ def summarize(
             "torch_brute_force": _best(
                 mine, lambda v: _correct(v) and v["brute_force_rank"] is not None
             ),
+            "torch_1f1b_hand_swept": _best(mine, lambda v: _correct(v) and v["hand_swept"]),
+            "torch_1f1b_equal_split": _best(
+                mine, lambda v: _correct(v) and v["user_split"] and v["layout"] == "single"
+            ),
             "ours_auto": "ours_auto" if "samples_per_s" in mine.get("ours_auto", {}) else None,
             "ours_best_exact": _best(mine, lambda v: v["kind"] == "ours" and v["exact"]),
         }
@@ -672,6 +697,12 @@ def summarize(
             "ours_auto_chose": {k: auto.get(k) for k in ("chosen_schedule", "partition")},
             "ours_auto_vs_torch_best_user_split": sps["ours_auto"] / sps["torch_user_split"],
             "ours_auto_vs_torch_best_brute_force": sps["ours_auto"] / sps["torch_brute_force"],
+            "ours_auto_vs_torch_1f1b_best_hand_swept": sps["ours_auto"]
+            / sps["torch_1f1b_hand_swept"],
+            "ours_auto_vs_torch_1f1b_equal_split": sps["ours_auto"] / sps["torch_1f1b_equal_split"],
+            "torch_1f1b_best_hand_swept_cut": mine.get(best["torch_1f1b_hand_swept"] or "", {}).get(
+                "chunk_sizes"
+            ),
             "ours_auto_vs_best_cut_bound": sps["ours_auto"]
             / bounds_sps["best_cut_at_layer_boundaries"],
             "ours_auto_vs_half_of_one_process": sps["ours_auto"]
@@ -699,6 +730,10 @@ def _model_row(res: dict[str, Any]) -> dict[str, Any]:
         "one_process_samples_per_s": res["one_process_samples_per_s"],
         "ours_auto_samples_per_s": sps["ours_auto"],
         "torch_brute_force_samples_per_s": sps["torch_brute_force"],
+        "torch_1f1b_hand_swept_samples_per_s": sps["torch_1f1b_hand_swept"],
+        "torch_1f1b_equal_split_samples_per_s": sps["torch_1f1b_equal_split"],
+        "torch_1f1b_best_hand_swept_cut": res["torch_1f1b_best_hand_swept_cut"],
+        "ours_auto_partition": res["ours_auto_chose"]["partition"],
     }
 
 
@@ -722,7 +757,21 @@ def _sentence(m: int, label: str, row: dict[str, Any]) -> str:
         f"(bound {b['best_cut_at_layer_boundaries_4_chunks']:.1f}); measured: ours (auto) "
         f"{row['ours_auto_samples_per_s']:.1f}, torch brute force "
         f"{row['torch_brute_force_samples_per_s']:.1f}, one process "
-        f"{row['one_process_samples_per_s']:.1f} samples/s."
+        f"{row['one_process_samples_per_s']:.1f} samples/s." + _swept_sentence(row)
+    )
+
+
+def _swept_sentence(row: dict[str, Any]) -> str:
+    """Ours against torch 1F1B's hand sweep (only the model every run ran has one)."""
+    swept, equal = (row[f"torch_1f1b_{k}_samples_per_s"] for k in ("hand_swept", "equal_split"))
+    if not math.isfinite(swept):
+        return ""
+    ours = row["ours_auto_samples_per_s"]
+    return (
+        f" Against torch 1F1B: the best hand-swept cut {row['torch_1f1b_best_hand_swept_cut']} "
+        f"{swept:.2f} samples/s, the equal split {equal:.2f}; ours (auto, cut "
+        f"{row['ours_auto_partition']} after its measured correction) x{ours / swept:.3f} and "
+        f"x{ours / equal:.3f}."
     )
 
 
@@ -847,6 +896,13 @@ def main() -> None:
         default="key",
         help="runs of the split-head model: key = ours (auto), torch brute force, one process",
     )
+    parser.add_argument(
+        "--correction-steps",
+        type=int,
+        default=12,
+        help="steps ours trains before it is timed: its plan is corrected from measured costs "
+        "after 10 (ElasticOptions.correct_after)",
+    )
     parser.add_argument("--quick", action="store_true", help="smoke run: tiny model, 1 round")
     parser.add_argument(
         "--out", type=Path, default=Path(__file__).parent / "results" / "lm_split.json"
@@ -868,7 +924,13 @@ def main() -> None:
     load_before, started = os.getloadavg(), time.perf_counter()
     result = pipeline.launch(
         functools.partial(
-            run_all, models=models, ms=args.ms, rounds=args.rounds, steps=args.steps, top=args.top
+            run_all,
+            models=models,
+            ms=args.ms,
+            rounds=args.rounds,
+            steps=args.steps,
+            top=args.top,
+            correction_steps=args.correction_steps,
         ),
         STAGES,
         threads_per_stage=1,
@@ -889,6 +951,9 @@ def main() -> None:
             "threads_per_stage": 1,
             "rounds": args.rounds,
             "steps_per_round": args.steps,
+            "ours_correction_steps_before_timing": args.correction_steps,
+            "hand_sweep": "torch Schedule1F1B at every 2-way cut of the head-as-1-layer model "
+            "(between the embedding, the blocks and the head), timed in the same rounds",
             "quick": args.quick,
             "optimizer": "SGD lr 1e-3",
             "data": "random token ids from a seeded generator; targets = inputs shifted by one",

@@ -350,10 +350,13 @@ class Leader:
             self.study.sampler.reseed_rng()
 
     def _left(self) -> int:
-        """Trials still to start: `study.n_trials` less the finished ones and those live
-        peers train now, so that workers on one study stop together at `n_trials` (a peer's
-        trial that then fails is asked again by that peer, which goes on asking)."""
-        return remaining(self.study, self.settings.study.n_trials) - len(self._running())
+        """Trials still to start: `study.n_trials` less the finished ones and those peers
+        train now, so that workers on one study stop together at `n_trials` (a peer's trial
+        that then fails is asked again by that peer, which goes on asking). A running trial
+        of this worker's own (it trains none while it asks) was left by an earlier run of it
+        that stopped: the heartbeat fails it, so it does not count here."""
+        peers = [t for t in self._running() if t.user_attrs.get(OWNER) != self.owner]
+        return remaining(self.study, self.settings.study.n_trials) - len(peers)
 
     def _running(self) -> list[optuna.trial.FrozenTrial]:
         return self.study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))

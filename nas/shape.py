@@ -41,6 +41,7 @@ from pipeline.local.profiler import optimizer_state_ratio, sandbox, trace_shapes
 from pipeline.pure.costs import LayerCost
 from pipeline.pure.planner import get_planner
 from pipeline.pure.shape import RuntimeOverheads, Shape, ShapeLimits, ShapeOption, choose_shape
+from search_spaces.architecture import Architecture
 
 __all__ = [
     "ShapeChoice",
@@ -124,11 +125,15 @@ def learn_costs(learned: CostCache) -> None:
 
 
 def resolve(
-    settings: NasSettings, *, max_workers: int | None = None
+    settings: NasSettings,
+    *,
+    max_workers: int | None = None,
+    architectures: Sequence[Architecture] | None = None,
 ) -> tuple[NasSettings, ShapeChoice | None]:
     """`settings` with every "auto" shape value chosen (module doc), and the choice; the
     same settings and None when nothing is "auto". `max_workers`: at most this many workers
-    (no more than there is work for)."""
+    (no more than there is work for); `architectures`: the models to shape the machine for
+    (default: the study's seed architectures)."""
     p, workers = settings.pipeline, settings.study.workers
     if not p.auto_keys and workers != AUTO:
         return settings, None
@@ -146,7 +151,9 @@ def resolve(
         n_microbatches=None if p.n_microbatches == AUTO else int(p.n_microbatches),
         max_workers=max_workers,
     )
-    profiles = _profiles(settings, costs)
+    if architectures is None:
+        architectures = list(trials.seed_architectures(settings).values())
+    profiles = _profiles(settings, architectures, costs)
     options = [
         choose_shape(
             get_planner(p.planner),
@@ -275,11 +282,13 @@ class _Profile:
             torch.set_num_threads(before)
 
 
-def _profiles(settings: NasSettings, costs: CostCache) -> list[_Profile]:
+def _profiles(
+    settings: NasSettings, architectures: Sequence[Architecture], costs: CostCache
+) -> list[_Profile]:
     task = get_task(settings.task.name, **settings.task.options)
     x, _ = next(iter(task.batches("train", settings.train.batch_size, seed=settings.seed)))
     ratio = optimizer_state_ratio(training.rates(settings.train).optimizer())
     return [
         _Profile(training.compile_model(arch, task, settings.train.dropout)[0], x, ratio, costs)
-        for arch in trials.seed_architectures(settings).values()
+        for arch in architectures
     ]

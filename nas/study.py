@@ -136,6 +136,8 @@ def run_study(
             restarts += 1
             if restarts > settings.study.max_restarts:
                 raise
+        else:  # rank 0 asked for no more trials: none left (or a peer trains the last)
+            break
     return StudyResult(
         settings.study.name, settings.storage_url, trials.finished(study), restarts, tuple(run_dirs)
     )

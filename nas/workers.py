@@ -29,6 +29,9 @@ import sys
 import time
 from pathlib import Path
 
+import optuna
+from rich.progress import Progress, TaskID
+
 from nas import job_log, trials
 from nas.progress import progress_bars
 from nas.settings import NasSettings
@@ -57,10 +60,19 @@ def run_workers(settings: NasSettings, n_workers: int, cores_each: int) -> Study
     with progress_bars() as progress:  # 3.
         bar = progress.add_task(f"study {settings.study.name}", total=settings.study.n_trials)
         while any(p.poll() is None for p in procs):
-            progress.update(bar, completed=trials.finished(study))
+            _show(progress, bar, study)
             time.sleep(_POLL_S)
-        progress.update(bar, completed=trials.finished(study))
+        _show(progress, bar, study)
     return _merge(settings, folder, procs)  # 4.
+
+
+def _show(progress: Progress, bar: TaskID, study: optuna.Study) -> None:
+    """The finished trials on the bar; a storage that does not answer (the workers wait it
+    out or stop, naming it) leaves the bar as it was."""
+    try:
+        progress.update(bar, completed=trials.finished(study))
+    except Exception as error:
+        logger.debug("study bar not updated: %s", error)
 
 
 def _merge(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import pytest
 
@@ -174,7 +175,7 @@ def test_the_shape_is_auto_by_default_and_a_number_when_set() -> None:
         (lambda: settings.PipelineSettings(threads_per_stage=-1), "threads_per_stage=-1"),
     ],
 )
-def test_a_bad_shape_value_names_the_key_and_auto(make, words: str) -> None:  # type: ignore[no-untyped-def]
+def test_a_bad_shape_value_names_the_key_and_auto(make: Callable[[], object], words: str) -> None:
     with pytest.raises(ValueError, match=f"{words}.*or 'auto'"):
         make()
 

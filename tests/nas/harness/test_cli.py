@@ -192,6 +192,7 @@ def test_a_study_killed_in_a_top_rung_trial_resumes_with_every_completed_rung(
     overrides = [
         "study.name=rungs",
         "study.n_trials=3",
+        "study.workers=1",  # one trial in flight when it is killed
         "stages=[search]",
         "tracker=none",
         "pruner=pdh",
@@ -246,6 +247,7 @@ def test_two_workers_share_one_study(tmp_path: Path) -> None:
     overrides = [
         "study.name=shared",
         "study.n_trials=3",
+        "study.workers=1",  # each harness one worker (study.workers=N: the next test)
         "stages=[search]",
         "tracker=none",
         "train.steps=2",
@@ -270,7 +272,7 @@ def test_two_workers_share_one_study(tmp_path: Path) -> None:
         _, err = worker.communicate(timeout=600)
         assert worker.returncode == 0, err[-3000:]
     trials = optuna.load_study(study_name="shared", storage=url).trials
-    assert 3 <= sum(map(counted, trials)) <= 4  # each stops once 3 are done: one may overshoot
+    assert sum(map(counted, trials)) == 3  # each stops once 3 are done or in a peer's hands
     assert not any(t.user_attrs.get(INTERRUPTED) for t in trials)
     assert not any(t.state == optuna.trial.TrialState.RUNNING for t in trials)
     assert len({t.user_attrs[OWNER] for t in trials if counted(t)}) == 2

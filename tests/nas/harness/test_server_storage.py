@@ -54,6 +54,8 @@ FAIL = optuna.trial.TrialState.FAIL
 SERVER = [sys.executable, "-m", "nas.storage_server"]
 # a study as cheap as it gets: a character LM, 2 steps a trial, no tracker
 CHEAP = (
+    "study.workers=1",  # each command one worker of the old default's shape: these tests
+    "pipeline=cpu_2_stages",  # are about the storage (study.workers=N: test_cli)
     "task=charlm",
     "task.options.seq_len=16",
     "train.steps=2",

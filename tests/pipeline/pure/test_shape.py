@@ -9,6 +9,7 @@ import pytest
 from pipeline.pure.costs import LayerCost
 from pipeline.pure.planner import TimePlanner, evaluate
 from pipeline.pure.shape import (
+    CostsAt,
     RuntimeOverheads,
     Shape,
     ShapeLimits,
@@ -38,7 +39,7 @@ def model(n_layers: int, forward_s: float, param_bytes: int) -> list[LayerCost]:
     ]
 
 
-def costs_at_for(layers: list[LayerCost], thread_speedup: float = 1.0):  # type: ignore[no-untyped-def]
+def costs_at_for(layers: list[LayerCost], thread_speedup: float = 1.0) -> CostsAt:
     """Costs proportional to the micro-batch; T threads divide compute by speedup**(T-1)."""
 
     def costs_at(threads: int, microbatch: int) -> list[LayerCost]:
