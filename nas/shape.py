@@ -40,7 +40,14 @@ from pipeline.local.microbatch import split_microbatches
 from pipeline.local.profiler import optimizer_state_ratio, sandbox, trace_shapes
 from pipeline.pure.costs import LayerCost
 from pipeline.pure.planner import get_planner
-from pipeline.pure.shape import RuntimeOverheads, Shape, ShapeLimits, ShapeOption, choose_shape
+from pipeline.pure.shape import (
+    RuntimeOverheads,
+    Shape,
+    ShapeLimits,
+    ShapeOption,
+    choose_shape,
+    preference,
+)
 from search_spaces.architecture import Architecture
 
 __all__ = [
@@ -215,17 +222,8 @@ def _best(options: Sequence[Sequence[ShapeOption]], overheads: RuntimeOverheads)
     feasible = [row for row in rows if row["predicted_samples_per_s"] > 0]
     if not feasible:
         raise ValueError("no shape can train the study's seed architectures: " + rows[0]["reason"])
-    best = max(
-        feasible,
-        key=lambda row: (
-            round(row["predicted_samples_per_s"], 6),
-            -row["workers"] * row["n_stages"],
-            -row["n_microbatches"],
-        ),
-    )
-    chosen = Shape(
-        best["workers"], best["n_stages"], best["threads_per_stage"], best["n_microbatches"]
-    )
+    best = max(feasible, key=lambda row: preference(_shape(row), row["predicted_samples_per_s"]))
+    chosen = _shape(best)
     return ShapeChoice(
         chosen,
         best["predicted_samples_per_s"],
@@ -233,6 +231,10 @@ def _best(options: Sequence[Sequence[ShapeOption]], overheads: RuntimeOverheads)
         overheads,
         tuple(rows),
     )
+
+
+def _shape(row: dict[str, Any]) -> Shape:
+    return Shape(row["workers"], row["n_stages"], row["threads_per_stage"], row["n_microbatches"])
 
 
 def _row(per_seed: Sequence[ShapeOption]) -> dict[str, Any]:

@@ -41,6 +41,7 @@ __all__ = [
     "ShapeOption",
     "choose_shape",
     "predicted_step_s",
+    "preference",
     "shapes",
 ]
 
@@ -228,16 +229,14 @@ def choose_shape(
     if not planned:
         reasons = "; ".join(f"{o.shape}: {o.reason}" for o in tried[:6])
         raise ValueError(f"no shape can be planned for this model: {reasons}")
-    # the most samples/s; on a tie the fewest processes, then the fewest micro-batches
-    best = max(
-        planned,
-        key=lambda o: (
-            round(o.predicted_samples_per_s, 6),
-            -o.shape.workers * o.shape.n_stages,
-            -o.shape.n_microbatches,
-        ),
-    )
+    best = max(planned, key=lambda o: preference(o.shape, o.predicted_samples_per_s))
     return best, tried
+
+
+def preference(shape: Shape, samples_per_s: float) -> tuple[float, int, int]:
+    """How shapes rank (the larger, the better): the most samples/s; on a tie the fewest
+    processes, then the fewest micro-batches."""
+    return (round(samples_per_s, 6), -shape.workers * shape.n_stages, -shape.n_microbatches)
 
 
 def _option(
