@@ -36,10 +36,14 @@ processes, in interleaved rounds (`timed_rounds`), medians over rounds with thei
   one process on rank 0 (median of a few runs at the micro-batch size); the best
   `--top` are timed and the fastest measured is kept. Each is checked first: one step
   with dropout off must give the single process's loss and gradients;
+* torch by hand (issue 41): Schedule1F1B at every 2-way cut of the model that runs every
+  run (between the embedding, the blocks and the head), as a user sweeping cuts would;
 * ours: `ElasticPipeline(partition="auto", schedule="auto")`, and with partition "auto"
   each of gpipe, 1f1b, zbh1, interleaved_1f1b, zbv and 2bw (which changes the update
-  rule); the first step's loss is compared with `ReferenceTrainer`'s (ours is exact by
-  construction, the repository's tests check gradients);
+  rule), each trained `--correction-steps` steps (12) before it is timed, so that its plan
+  is corrected from the stage times it measured (`ElasticOptions.correct_after`, 10); the
+  first step's loss is compared with `ReferenceTrainer`'s (ours is exact by construction,
+  the repository's tests check gradients);
 * one process: the whole model on rank 0 with gradient accumulation (rank 1 idles);
 * bounds (computed, not run): one process / 2 (both ranks half the compute, no messages),
   and the best cut at layer boundaries: one process x the slower rank's share of the
@@ -59,7 +63,7 @@ between their first losses; `summary_in_words` says it in sentences.
 Writes benchmarks/results/lm_split.json and prints a table.
 
     python benchmarks/lm_split.py [--rounds 6] [--ms 4 8] [--batch 8] [--head-parts 2]
-        [--split-head-runs key|all] [--quick] [--out F]
+        [--split-head-runs key|all] [--correction-steps 12] [--quick] [--out F]
 """
 
 from __future__ import annotations

@@ -58,6 +58,7 @@ __all__ = [
     "load_cache",
     "resolve",
     "resolve_one",
+    "save_cache",
 ]
 
 logger = logging.getLogger(__name__)
@@ -111,11 +112,16 @@ def load_cache() -> CostCache:
 
 
 def save_cache(costs: CostCache) -> None:
+    """Keep `costs` as this machine's cache; where it cannot be written (a read-only home),
+    say so: the next study measures again."""
     path = cache_path()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".{os.getpid()}.tmp")
-    costs.save(tmp)
-    tmp.replace(path)  # atomic: another worker may read it meanwhile
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        costs.save(tmp)
+        tmp.replace(path)  # atomic: another worker may read it meanwhile
+    except OSError as error:
+        logger.warning("cost cache %s not saved: %s", path, error)
 
 
 def learn_costs(learned: CostCache) -> None:
@@ -125,10 +131,7 @@ def learn_costs(learned: CostCache) -> None:
     merged.update(learned.entries())
     if merged.overheads is None and learned.overheads is not None:
         merged.set_overheads(learned.overheads)
-    try:
-        save_cache(merged)
-    except OSError as error:  # a read-only home: the next study measures again
-        logger.warning("cost cache %s not saved: %s", cache_path(), error)
+    save_cache(merged)
 
 
 def resolve(
