@@ -47,7 +47,7 @@ from common import experiment_settings
 
 OUT = Path(__file__).parent / "results" / "search_throughput.json"
 OLD_DEFAULT = (1, 2, 1, 4)  # workers, stages, threads per stage, micro-batches
-TABLE_SHAPES = [(1, 2, 1, 4), (1, 2, 1, 2), (1, 1, 2, 4), (1, 1, 1, 1)]
+TABLE_SHAPES = [OLD_DEFAULT, (1, 2, 1, 2), (1, 1, 2, 4), (1, 1, 1, 1)]
 MODELS = ("evolved_transformer", "transformer", "large_evolved_transformer")
 
 
@@ -198,9 +198,18 @@ def measure_model(model: str, args: argparse.Namespace, n_cores: int) -> dict[st
             harness_rows[name]["is_auto"] = True
             continue
         command = me(
-            "--one", "harness", "--model", model, "--stages", str(s), "--threads", str(t),
-            "--microbatches", str(m), args=args,
-        )  # fmt: skip
+            "--one",
+            "harness",
+            "--model",
+            model,
+            "--stages",
+            str(s),
+            "--threads",
+            str(t),
+            "--microbatches",
+            str(m),
+            args=args,
+        )
         rates = concurrently([command] * w, s * t)
         predicted = next(
             (
@@ -232,7 +241,7 @@ def measure_model(model: str, args: argparse.Namespace, n_cores: int) -> dict[st
     out["auto"].pop("tried")
     w, s, t, m = auto_key
     auto_rate = float(harness_rows[f"{w}x{s}x{t}@{m}"]["samples_per_s"])
-    old = float(harness_rows["1x2x1@4"]["samples_per_s"])
+    old = float(harness_rows["{}x{}x{}@{}".format(*OLD_DEFAULT)]["samples_per_s"])
     plain_1 = float(out["plain_1_thread"])
     out["ratios"] = {
         "auto_over_plain_per_core_sum": auto_rate / sum(per_core),
@@ -278,10 +287,19 @@ def search_slice(mode: str, minutes: float, folder: Path) -> dict[str, Any]:
     name = f"slice-{mode}"
     shape_args = ["pipeline=cpu_2_stages", "study.workers=1"] if mode == "old_default" else []
     command = [
-        sys.executable, "-m", "nas", "experiment=search_2h", "stages=[search]", "tracker=none",
-        f"study.name={name}", f"study.timeout_s={minutes * 60}", "study.time_budget_s=null",
-        f"studies_dir={folder / 'studies'}", f"hydra.run.dir={folder / name}", *shape_args,
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "nas",
+        "experiment=search_2h",
+        "stages=[search]",
+        "tracker=none",
+        f"study.name={name}",
+        f"study.timeout_s={minutes * 60}",
+        "study.time_budget_s=null",
+        f"studies_dir={folder / 'studies'}",
+        f"hydra.run.dir={folder / name}",
+        *shape_args,
+    ]
     started = time.perf_counter()
     subprocess.run(command, check=True, cwd=folder, stdout=subprocess.DEVNULL)
     wall_s = time.perf_counter() - started
