@@ -79,12 +79,12 @@ def report_study(
 def _trials_table(settings: NasSettings, study: optuna.Study, width: int = 100) -> Table:
     """One line per trial: state, objectives, the task's metrics, size, speed, memory; the
     architecture's short name (or the failure's cause) takes what width is left."""
-    finished = sum(t.state.is_finished() for t in study.trials)
     objectives = list(settings.study.objectives)
     measured = [m for m in task_metrics(settings.task.name) if m not in objectives]
     extra = [m for m in ("parameters", "samples_per_s", "peak_memory_bytes") if m not in objectives]
     best = {t.number for t in study.best_trials} if study.best_trials else set()
     shown = [t for t in study.get_trials(deepcopy=False) if not t.user_attrs.get("invalid")]
+    finished = sum(t.state.is_finished() for t in shown)  # the skipped are counted below
     rows = []
     for t in sorted(shown, key=lambda t: t.number):
         values = [f"{v:.4g}" for v in t.values] if t.values else ["-"] * len(study.directions)
