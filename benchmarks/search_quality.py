@@ -85,7 +85,7 @@ from nas.retrain import (
 )
 from nas.settings import NasSettings, PrunerSettings, SamplerSettings, lower_is_better
 from nas.study import run_study
-from nas.trials import counted, finished, open_study, seconds_trained, seed_architectures
+from nas.trials import counted, finished, open_study, seconds_searched, seed_architectures
 from search_spaces.architecture import summary
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -119,7 +119,7 @@ def main() -> None:
     )
     if args.search_minutes is None:
         args.search_minutes = (base.study.time_budget_s or base.study.timeout_s or 3600) / 60
-    started = time.perf_counter()
+    started, load_before = time.perf_counter(), os.getloadavg()
     runs: dict[str, dict[str, Any]] = {}
     wanted = _variants(args.parts)
     for seed in range(args.study_seeds):  # seeds outermost: a slow stretch hits every variant
@@ -159,6 +159,10 @@ def main() -> None:
         "retrain_steps": base.retrain.steps,
         "fitness": base.study.fitness,
         "seconds": time.perf_counter() - started,
+        "load_average_1_5_15_before": load_before,
+        "load_average_1_5_15_after": os.getloadavg(),
+        # a `--headline-study` ran outside this script: the load before it, as measured then
+        "headline_study_load_average_1_5_15_before": args.headline_load_before,
     }
     summary = _summary(runs, wanted, args.study_seeds)
     result = _merge(args.out, run, runs, summary, retrained, args.experiment)
@@ -240,6 +244,13 @@ def _arguments() -> argparse.Namespace:
         help="take this study in studies_dir as the headline instead of running one "
         "(e.g. one `python -m nas experiment=search_2h` ran and resumed)",
     )
+    parser.add_argument(
+        "--headline-load-before",
+        type=float,
+        nargs=3,
+        default=None,
+        help="the load average (1, 5, 15 min) before the --headline-study ran, for the JSON",
+    )
     parser.add_argument("--study-seeds", type=int, default=2)
     parser.add_argument(
         "--retrain-seeds",
@@ -294,15 +305,15 @@ def _variants(parts: list[str]) -> list[str]:
 
 def _stored(settings: NasSettings, variant: str, seed: int) -> dict[str, Any]:
     """A study already in `studies_dir` (`settings.study.name`), read back; its time is the
-    sum of its trials' (`nas.trials.seconds_trained`), which a study resumed across runs
-    also counts right."""
+    time it searched (`nas.trials.seconds_searched`), which a study resumed across runs or
+    run by several workers also counts right."""
     name = settings.study.name
     if name not in optuna.get_all_study_names(settings.storage_url):
         raise SystemExit(f"no study {name!r} in {settings.storage_url}")
     study = optuna.load_study(study_name=name, storage=settings.storage_url)
     first = min(t.datetime_start for t in study.trials if t.datetime_start)
     print(f"study {name}: read from {settings.storage_url}", flush=True)
-    return _read(study, settings, variant, seed, first, seconds_trained(study))
+    return _read(study, settings, variant, seed, first, seconds_searched(study))
 
 
 def _study(

@@ -23,10 +23,17 @@ fresh SQLite study each) with the old default (2 stages x 1 thread, 4 micro-batc
 worker) and with `auto`, one after the other: candidates finished per hour (complete and
 pruned), full-budget candidates per hour and training steps per hour.
 
+Auto's slice may instead be read from the first `--slice-min` minutes of a stored `search_2h`
+study that ran on the default shape from scratch (`--auto-slice-study`: the headline study of
+`search_quality.py`), the trials finished by then per hour of those minutes.
+
 Run it alone on an idle machine: the JSON records the load average before and after.
 
     python benchmarks/search_throughput.py [--steps 300] [--large-steps 40] [--slice-min 30]
         [--skip-slices] [--models evolved_transformer transformer large_evolved_transformer]
+    # the slices alone, auto's from a stored study, the rest of the JSON kept
+    python benchmarks/search_throughput.py --keep --models --slice-modes old_default \
+        --auto-slice-study sqlite:///out/studies/search_2h.db search_2h 2026-11-27T10:37:39
 """
 
 from __future__ import annotations
@@ -39,6 +46,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -278,8 +286,11 @@ def large_under_budget(model: str) -> dict[str, Any]:
     return {"single_stage_peak_bytes": peak, "chosen": None, "note": "one stage fit every budget"}
 
 
-def search_slice(mode: str, minutes: float, folder: Path) -> dict[str, Any]:
-    """`search_2h` for `minutes` of wall time (search only, a fresh study), old or auto."""
+def search_slice(
+    mode: str, minutes: float, folder: Path, overrides: list[str] | None = None
+) -> dict[str, Any]:
+    """`search_2h` for `minutes` of wall time (search only, a fresh study), old or auto,
+    with Hydra `overrides` after the experiment's."""
     import optuna
 
     from nas.trials import counted
@@ -299,6 +310,7 @@ def search_slice(mode: str, minutes: float, folder: Path) -> dict[str, Any]:
         f"studies_dir={folder / 'studies'}",
         f"hydra.run.dir={folder / name}",
         *shape_args,
+        *(overrides or []),
     ]
     started = time.perf_counter()
     subprocess.run(command, check=True, cwd=folder, stdout=subprocess.DEVNULL)
@@ -306,7 +318,30 @@ def search_slice(mode: str, minutes: float, folder: Path) -> dict[str, Any]:
     study = optuna.load_study(
         study_name=name, storage=f"sqlite:///{folder / 'studies' / f'{name}.db'}"
     )
-    done = [t for t in study.trials if counted(t)]
+    return _slice_figures([t for t in study.trials if counted(t)], wall_s)
+
+
+def stored_slice(storage: str, name: str, started: str, minutes: float) -> dict[str, Any]:
+    """The first `minutes` of a stored `search_2h` study started (its command) at `started`
+    (ISO time): the trials finished by then, per hour of those minutes."""
+    import optuna
+
+    from nas.trials import counted
+
+    end = datetime.fromisoformat(started).timestamp() + 60 * minutes
+    study = optuna.load_study(study_name=name, storage=storage)
+    done = [
+        t
+        for t in study.trials
+        if counted(t) and t.datetime_complete and t.datetime_complete.timestamp() <= end
+    ]
+    return {**_slice_figures(done, 60 * minutes), "from_study": f"{storage} {name}"}
+
+
+def _slice_figures(done: list[Any], wall_s: float) -> dict[str, Any]:
+    """Candidates, full-budget candidates and steps per hour of `done` (counted trials)."""
+    import optuna
+
     complete = [t for t in done if t.state == optuna.trial.TrialState.COMPLETE]
     steps = sum(int(t.user_attrs.get("steps", 0)) for t in done)
     hours = wall_s / 3600
@@ -324,6 +359,24 @@ def search_slice(mode: str, minutes: float, folder: Path) -> dict[str, Any]:
     }
 
 
+def _slices(args: argparse.Namespace) -> dict[str, Any]:
+    """The `search_2h` slices, old default and auto, and auto's ratios over the old."""
+    slices: dict[str, Any] = {}
+    if args.auto_slice_study:
+        storage, name, started = args.auto_slice_study
+        slices["auto"] = stored_slice(storage, name, started, args.slice_min)
+    with tempfile.TemporaryDirectory() as tmp:
+        for mode in args.slice_modes:
+            if mode not in slices:
+                slices[mode] = search_slice(mode, args.slice_min, Path(tmp), args.slice_overrides)
+    if {"auto", "old_default"} <= slices.keys():
+        slices["auto_over_old_default"] = {
+            key: slices["auto"][key] / max(slices["old_default"][key], 1e-9)
+            for key in ("candidates_per_h", "full_budget_candidates_per_h", "steps_per_h")
+        }
+    return slices
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--steps", type=int, default=300)
@@ -331,6 +384,20 @@ def main() -> None:
     parser.add_argument("--large-steps", type=int, default=40, help="the large candidate's")
     parser.add_argument("--slice-min", type=float, default=30.0)
     parser.add_argument("--skip-slices", action="store_true")
+    parser.add_argument("--slice-modes", nargs="*", default=["old_default", "auto"])
+    parser.add_argument(
+        "--slice-overrides", nargs="*", default=[], help="Hydra overrides of every slice"
+    )
+    parser.add_argument(
+        "--auto-slice-study",
+        nargs=3,
+        metavar=("STORAGE", "NAME", "STARTED"),
+        help="take auto's slice from the first --slice-min minutes of a stored search_2h study "
+        "started (its command) at STARTED, ISO time, instead of running one",
+    )
+    parser.add_argument(
+        "--keep", action="store_true", help="update --out: keep what this run does not measure"
+    )
     parser.add_argument("--models", nargs="*", default=list(MODELS))
     parser.add_argument("--out", type=Path, default=OUT)
     parser.add_argument("--one", choices=["plain", "harness"])
@@ -346,24 +413,16 @@ def main() -> None:
 
     load_before, started = os.getloadavg(), time.perf_counter()
     n_cores = shape.cores()
-    results: dict[str, Any] = {"by_model": {}}
+    kept = json.loads(args.out.read_text()) if args.keep and args.out.exists() else {}
+    results: dict[str, Any] = {**kept, "by_model": kept.get("by_model", {})}
     for model in args.models:
         print(f"{model}:", flush=True)
         results["by_model"][model] = measure_model(model, args, n_cores)
     if "large_evolved_transformer" in args.models:
         results["large_under_memory_budget"] = large_under_budget("large_evolved_transformer")
     if not args.skip_slices:
-        with tempfile.TemporaryDirectory() as tmp:
-            results["search_2h_slices"] = {
-                mode: search_slice(mode, args.slice_min, Path(tmp))
-                for mode in ("old_default", "auto")
-            }
-        slices = results["search_2h_slices"]
-        results["search_2h_slices"]["auto_over_old_default"] = {
-            key: slices["auto"][key] / max(slices["old_default"][key], 1e-9)
-            for key in ("candidates_per_h", "full_budget_candidates_per_h", "steps_per_h")
-        }
-    results["config"] = {
+        results["search_2h_slices"] = _slices(args)
+    results["config" if not kept else "config_of_the_update"] = {
         "command": "python " + " ".join(sys.argv),
         "cores": n_cores,
         "steps": args.steps,
@@ -371,6 +430,7 @@ def main() -> None:
         "large_candidate_steps": args.large_steps,
         "large_candidate": "the ET at d_model 128 with 3 cells per side (paper_like's widest)",
         "slice_min": args.slice_min,
+        "slice_overrides": args.slice_overrides,
         "batch": 32,
         "task": "translation (English->German names), search_2h's settings",
         "torch": torch.__version__,

@@ -159,7 +159,8 @@ class Leader:
             if invalid == MAX_INVALID_IN_A_ROW:
                 raise RuntimeError(
                     f"{invalid} proposals in a row fell outside the parameter "
-                    f"window {self.settings.search_space.param_window} or "
+                    f"window {self.settings.search_space.param_window} (x the "
+                    f"{self.settings.search_space.window_reference}'s size) or "
                     "repeated a trained architecture"
                 )
             self._out_of_step_with_peers()

@@ -136,7 +136,7 @@ def _report_retrained(settings: NasSettings, retrained: RetrainResult, console: 
         cells = [_paired_cell(retrained, r["model"], metric) for r in rows]
         table.add_row(f"Δ {_short(metric)} vs {retrained.reference}", *cells)
     _metric_rows(table, rows, ("test_loss", "samples_per_s"))
-    table.add_row("parameters", *[str(r["parameters"]) for r in rows])
+    table.add_row("parameters", *_parameter_cells(rows, retrained.reference))
     console.print(table)
     for run in retrained.runs:
         if run.error:
@@ -156,6 +156,19 @@ def _report_retrained(settings: NasSettings, retrained: RetrainResult, console: 
             f"  or: python -c \"import nas; m = nas.load_model('{folder}'); print({call})\"",
             soft_wrap=True,
         )
+
+
+def _parameter_cells(rows: list[dict[str, Any]], reference: str | None) -> list[str]:
+    """Each model's parameters, and their ratio to the reference seed model's when it was
+    retrained: `252,081 (1.012x)`."""
+    sizes = {r["model"]: r["parameters"] for r in rows}
+    base = sizes.get(reference) if reference else None
+    if not isinstance(base, int) or base <= 0:
+        return [str(size) for size in sizes.values()]
+    return [
+        f"{size:,} ({size / base:.3f}x)" if isinstance(size, int) else str(size)
+        for size in sizes.values()
+    ]
 
 
 def _metric_rows(table: Table, rows: list[dict[str, Any]], metrics: Iterable[str]) -> None:

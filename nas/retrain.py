@@ -109,12 +109,33 @@ def retrain(settings: NasSettings) -> RetrainResult:
     return retrain_models(settings, models)
 
 
-def retrain_models(settings: NasSettings, models: Sequence[Model]) -> RetrainResult:
-    """Steps 2-5 for any `models` (e.g. architectures a benchmark picked)."""
-    settings, _ = shape.resolve_one(settings)  # one worker; "auto" stages, threads chosen
+def retrain_models(
+    settings: NasSettings,
+    models: Sequence[Model],
+    *,
+    progress: bool = True,
+    worker: int | None = None,
+) -> RetrainResult:
+    """Steps 2-5 for any `models` (e.g. architectures a benchmark picked).
+
+    Shape values left "auto" are chosen for these models first (`nas.shape`); with more
+    than one worker, local workers (`nas.workers`) share the runs, each running this
+    function as `worker` k. `progress`: show the steps' bar (a worker leaves it to its
+    caller)."""
+    if worker is None:
+        settings = _shaped(settings, models)
+        workers = int(settings.study.workers)
+        if workers > 1:
+            from nas.workers import retrain_on_workers  # it runs this function in each worker
+
+            cores_each = settings.pipeline.stage_count * (settings.pipeline.thread_count or 1)
+            return retrain_on_workers(settings, models, workers, cores_each)
     done, tracked = _recorded(settings, models)
+    stage_main = functools.partial(
+        _stage_main, settings=settings, models=tuple(models), done=done, show=progress
+    )
     results = pipeline.launch(
-        functools.partial(_stage_main, settings=settings, models=tuple(models), done=done),
+        stage_main,
         settings.pipeline.stage_count,
         threads_per_stage=settings.pipeline.thread_count,
         timeout_s=settings.pipeline.timeout_s,
@@ -147,6 +168,22 @@ def retrain_models(settings: NasSettings, models: Sequence[Model]) -> RetrainRes
         reference,
         paired,
     )
+
+
+def recorded_runs(settings: NasSettings, models: Sequence[Model]) -> int:
+    """How many of the runs of `models` are recorded (trained, or read from an earlier
+    retraining): a retraining's progress as another process sees it."""
+    return len(_recorded(settings, models)[0])
+
+
+def _shaped(settings: NasSettings, models: Sequence[Model]) -> NasSettings:
+    """`settings` with its "auto" shape values chosen for `models`: at most one worker per
+    run left; under torchrun, its processes are the stages of one worker."""
+    if pipeline.under_torchrun():
+        return shape.resolve_one(settings)[0]
+    left = len(models) * len(settings.retrain.seeds) - recorded_runs(settings, models)
+    architectures = [from_json(model.architecture) for model in models]
+    return shape.resolve(settings, max_workers=max(1, left), architectures=architectures)[0]
 
 
 def select_models(study: optuna.Study, settings: NasSettings) -> list[Model]:
@@ -186,6 +223,7 @@ def _stage_main(
     settings: NasSettings,
     models: tuple[Model, ...],
     done: dict[tuple[str, int], RetrainRun],
+    show: bool = True,
 ) -> tuple[list[RetrainRun], dict[str, str], list[tuple[str, int]]] | None:
     """Steps 2-4 on one rank, skipping the runs `done` holds (recorded by an earlier,
     stopped retraining) and the runs other workers claimed (`nas.retrain_claims`: their
@@ -198,7 +236,7 @@ def _stage_main(
     seeds = settings.retrain.seeds
     left = [(m, seed) for m in models for seed in seeds if (m.name, seed) not in done]
     claims = RunClaims(settings.retrain.claim_wait_s) if ctx.rank == 0 else None
-    progress = _progress(len(left) * steps) if ctx.rank == 0 else None
+    progress = _progress(len(left) * steps, show) if ctx.rank == 0 else None
     runs = dict(done)
     trained: list[tuple[str, int]] = []
     try:
@@ -419,8 +457,8 @@ def _export(
     )
 
 
-def _progress(total: int) -> tuple[Progress, Any]:
-    progress = progress_bars("steps")
+def _progress(total: int, show: bool) -> tuple[Progress, Any]:
+    progress = progress_bars("steps", show=show)
     bar = progress.add_task("retrain", total=total)
     progress.start()
     return progress, bar

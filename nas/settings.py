@@ -22,7 +22,7 @@ from nas.tracking import TRACKERS
 from pipeline.local.pipemare import PipeMareConfig
 from pipeline.pure.planner import PLANNERS
 from pipeline.pure.schedule import SCHEDULES
-from search_spaces.evolved_transformer import PRIMITIVES
+from search_spaces.evolved_transformer import PRIMITIVES, WINDOW_SEEDS
 
 __all__ = [
     "AUTO",
@@ -156,8 +156,9 @@ class StudySettings:
     # no trial starts once this run of the study has lasted `timeout_s` seconds (Optuna's
     # `timeout`: the running trial finishes); None: only `n_trials` ends it
     timeout_s: float | None = None
-    # no trial starts once the study's trials have trained `time_budget_s` seconds in all, over
-    # every run and worker (a stopped study resumes with what is left); None: no such budget
+    # no trial starts once the study has searched `time_budget_s` seconds: wall-clock time
+    # with at least one trial training, over every run (a stopped study resumes with what is
+    # left; workers side by side count once); None: no such budget
     time_budget_s: float | None = None
 
     def __post_init__(self) -> None:
@@ -350,14 +351,18 @@ class SearchSpaceSettings:
     n_heads: int = 4
     min_cells: int = 1
     max_cells: int = 2
-    # (low, high) x the body parameters of the seed Transformer (2 layers per min_cells)
+    # (low, high) x the body parameters of the seed `window_reference` ("transformer": 2
+    # layers per min_cells; "evolved_transformer": min_cells cells); e.g. [0.3, 1.02] of the
+    # ET: up to 2% larger than it
     param_window: tuple[float, float] | None = None
+    window_reference: str = "transformer"
     # Primer's primitives added to the choices (search_spaces.evolved_transformer.PRIMITIVES)
     primitives: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         for primitive in self.primitives:
             _one_of("search_space.primitives", primitive, PRIMITIVES)
+        _one_of("search_space.window_reference", self.window_reference, WINDOW_SEEDS)
         if not self.d_model or any(d < 32 or d % 32 for d in self.d_model):
             raise ValueError(
                 f"search_space.d_model={list(self.d_model)!r} is not valid; "

@@ -10,17 +10,21 @@ architecture), `interrupted` (its stage processes died; it is asked again).
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import math
 import warnings
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import optuna
 
 from nas import storage
 from nas.plugins import is_import_path, load_class
-from nas.search import make_pruner, make_sampler
-from nas.search.records import StudyRecords
+from nas.search import SAMPLERS, RegularizedEvolutionSampler, make_pruner, make_sampler
+from nas.search.edits import complete, inside
+from nas.search.records import StudyRecords, trial_id
 from nas.settings import NasSettings
 from nas.tracking.base import TrialEnd
 from search_spaces.architecture import Architecture, functional_key, to_json
@@ -28,6 +32,7 @@ from search_spaces.evolved_transformer import (
     PRIMITIVES,
     ParamWindow,
     Primitive,
+    WindowSeed,
     evolved_transformer,
     sample,
     seed_params,
@@ -41,6 +46,7 @@ __all__ = [
     "INVALID",
     "MODEL_DIGEST",
     "OWNER",
+    "InWindowProposals",
     "Outcome",
     "architecture_of",
     "counted",
@@ -53,7 +59,7 @@ __all__ = [
     "pruner_options",
     "remaining",
     "sample_architecture",
-    "seconds_trained",
+    "seconds_searched",
     "seed_architectures",
     "space_primitives",
     "time_left",
@@ -122,12 +128,47 @@ def pruner_options(settings: NasSettings) -> dict[str, Any]:
 
 def _sampler(settings: NasSettings) -> optuna.samplers.BaseSampler:
     """The configured sampler: a built-in by name, or a user's `BaseSampler` subclass by
-    import path (`nas.plugins`), built with `seed=` and the sampler's options."""
+    import path (`nas.plugins`), built with `seed=` and the sampler's options. Evolution
+    proposes only children the study would train (`InWindowProposals`)."""
     name, options = settings.sampler.name, settings.sampler.options
     if is_import_path(name):
         cls = load_class("sampler", name, optuna.samplers.BaseSampler)  # type: ignore[type-abstract]
         return cls(seed=settings.seed, **options)  # type: ignore[call-arg]
+    if SAMPLERS.get(name) is RegularizedEvolutionSampler:
+        options = {"proposal_check": InWindowProposals(settings), **options}
     return make_sampler(name, seed=settings.seed, **options)
+
+
+class InWindowProposals:
+    """Evolution's `ProposalCheck` in the harness: a child is proposed only if it is inside
+    the parameter window and no trial of the study trained or trains its model (its
+    `MODEL_DIGEST`); the sampler draws another edit instead of the harness recording a
+    refused trial. The digests are read once per trial proposed (for all its draws)."""
+
+    def __init__(self, settings: NasSettings) -> None:
+        self._space = functools.partial(sample_architecture, settings=settings)
+        self._window = param_window(settings)
+        self._taken: tuple[int | None, set[str]] = (None, set())  # (for trial id, digests)
+
+    def __call__(
+        self,
+        study: optuna.Study,
+        trial: optuna.trial.FrozenTrial,
+        answers: Mapping[str, Any],
+        seed: int,
+    ) -> dict[str, Any] | None:
+        params, child = complete(answers, self._space, seed)
+        if not inside(child, self._window):
+            return None
+        digest = model_digest(functional_key(child))
+        return None if digest in self._digests(study, trial) else params
+
+    def _digests(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> set[str]:
+        if self._taken[0] != trial_id(trial):
+            trials = study.get_trials(deepcopy=False)
+            digests = {t.user_attrs[MODEL_DIGEST] for t in trials if MODEL_DIGEST in t.user_attrs}
+            self._taken = (trial_id(trial), digests)
+        return self._taken[1]
 
 
 def seed_architectures(settings: NasSettings) -> dict[str, Architecture]:
@@ -180,28 +221,42 @@ def model_digest(key: str) -> str:
 
 
 def param_window(settings: NasSettings) -> ParamWindow | None:
-    """The configured parameter window, relative to the space's seed Transformer (2 layers
-    per cell of `min_cells`); None when the space has none."""
+    """The configured parameter window, relative to the seed `search_space.window_reference`
+    (the Transformer with 2 layers per cell of `min_cells`, or the Evolved Transformer with
+    `min_cells` cells); None when the space has none."""
     space = settings.search_space
     return (
-        ParamWindow(*space.param_window, layers=2 * space.min_cells) if space.param_window else None
+        ParamWindow(
+            *space.param_window,
+            layers=2 * space.min_cells,
+            seed=cast(WindowSeed, space.window_reference),  # one of them: the settings check
+        )
+        if space.param_window
+        else None
     )
 
 
-def seconds_trained(study: optuna.Study) -> float:
-    """The time the study's finished trials took, summed over every run and worker: what
-    `study.time_budget_s` counts."""
-    return sum(
-        (t.datetime_complete - t.datetime_start).total_seconds()
+def seconds_searched(study: optuna.Study) -> float:
+    """The wall-clock seconds in which at least one of the study's finished trials was
+    training, over every run: what `study.time_budget_s` counts. Trials side by side
+    (several workers) count once, so a budget is the search's time whatever its width; the
+    pauses between stopped runs do not count."""
+    spans = sorted(
+        (t.datetime_start.timestamp(), t.datetime_complete.timestamp())
         for t in study.get_trials(deepcopy=False)
         if t.datetime_start is not None and t.datetime_complete is not None
     )
+    total, covered = 0.0, -math.inf  # covered: the end of the union so far
+    for start, end in spans:
+        total += max(0.0, end - max(start, covered))
+        covered = max(covered, end)
+    return total
 
 
 def time_left(study: optuna.Study, settings: NasSettings) -> bool:
-    """Whether the study's trials have trained less than `study.time_budget_s` in all."""
+    """Whether the study has searched less than `study.time_budget_s` (`seconds_searched`)."""
     budget = settings.study.time_budget_s
-    return budget is None or seconds_trained(study) < budget
+    return budget is None or seconds_searched(study) < budget
 
 
 def counted(trial: optuna.trial.FrozenTrial) -> bool:

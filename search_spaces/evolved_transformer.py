@@ -133,23 +133,43 @@ class _Choices:
         return tuple(n for n in self.layers if n in CROSS_LAYERS)
 
 
+WindowSeed = Literal["transformer", "evolved_transformer"]
+WINDOW_SEEDS: tuple[WindowSeed, ...] = ("transformer", "evolved_transformer")
+
+
 @dataclass(frozen=True)
 class ParamWindow:
-    """Valid parameter counts: [low, high] x the body (no embeddings, no vocabulary) of the
-    seed Transformer with `layers` layers per side at the same d_model."""
+    """Valid parameter counts: [low, high] x the body (no embeddings, no vocabulary) of a
+    seed at the same d_model: the Transformer with `layers` layers per side, or (`seed`)
+    the Evolved Transformer with `layers / 2` cells per side, its size (a window of
+    [0.3, 1.02] around the ET: up to 2% larger than it)."""
 
     low: float = 0.5
     high: float = 2.0
     layers: int = 6
+    seed: WindowSeed = "transformer"
 
     def __post_init__(self) -> None:
         if not 0 <= self.low <= self.high:
             raise ValueError(f"parameter window needs 0 <= low <= high, got {self}")
         if self.layers < 2 or self.layers % 2:
             raise ValueError(f"the reference Transformer needs an even number of layers: {self}")
+        if self.seed not in WINDOW_SEEDS:
+            raise ValueError(f"window seed {self.seed!r} is not valid; valid: {WINDOW_SEEDS}")
+
+    def describe(self) -> str:
+        """The seed, in words: "6-layer Transformer", "1-cell Evolved Transformer"."""
+        if self.seed == "evolved_transformer":
+            return f"{self.layers // 2}-cell Evolved Transformer"
+        return f"{self.layers}-layer Transformer"
 
     def reference(self, d_model: int, decoder_only: bool) -> int:
-        seed = transformer(d_model, HEADS[0], 0 if decoder_only else self.layers, self.layers)
+        """The body parameters of the window's seed at `d_model`."""
+        if self.seed == "evolved_transformer":
+            cells = self.layers // 2
+            seed = evolved_transformer(d_model, HEADS[0], 0 if decoder_only else cells, cells)
+        else:
+            seed = transformer(d_model, HEADS[0], 0 if decoder_only else self.layers, self.layers)
         return parameter_count(seed)
 
 
@@ -211,7 +231,7 @@ def validate(arch: Architecture, *, window: ParamWindow | None = DEFAULT_WINDOW)
         if not window.low * reference <= count <= window.high * reference:
             raise InvalidArchitecture(
                 f"{count:,} parameters is outside [{window.low}x, {window.high}x] of the "
-                f"{window.layers}-layer Transformer's {reference:,} at d_model {arch.d_model}"
+                f"{window.describe()}'s {reference:,} at d_model {arch.d_model}"
             )
 
 

@@ -17,7 +17,12 @@ sharing one storage):
   are mostly wasted);
 * then each trial is a child: `sample_size` distinct members drawn at random form a
   tournament, the best of them is the parent, and the child copies the parent's parameters
-  except exactly one, the mutated one, which gets a different value from its distribution.
+  except exactly one, the mutated one, which gets a different value from its distribution;
+* with a `proposal_check` (the harness's: inside the parameter window, no architecture
+  trained or training already), the edit is drawn again until the check accepts the child,
+  at most `max_proposals` times; the check completes the child's answers (what its parent
+  never asked, drawn at random), and the child answers exactly those. Without one, or when
+  no draw passed, the child is proposed unchecked (the harness then records a refusal).
 
 Trials enqueued with `study.enqueue_trial` (seed architectures) are left alone: Optuna
 answers their fixed parameters itself, before it would ask the sampler, and any parameter
@@ -27,9 +32,9 @@ they do not fix comes from the warm-up sampler.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 from optuna.distributions import (
@@ -48,8 +53,10 @@ __all__ = [
     "KEY_MUTATED",
     "KEY_MUTATION_APPLIED",
     "KEY_PARENT",
+    "KEY_PROPOSAL",
     "KEY_ROLE",
     "KEY_TOURNAMENT",
+    "ProposalCheck",
     "RegularizedEvolutionSampler",
 ]
 
@@ -59,18 +66,31 @@ KEY_PARENT = "evolution:parent"  # the parent's trial number (children only)
 KEY_MUTATED = "evolution:mutated"  # the name of the mutated parameter (None: nothing mutable)
 KEY_TOURNAMENT = "evolution:tournament"  # trial numbers of the tournament, in draw order
 KEY_MUTATION_APPLIED = "evolution:mutation_applied"  # whether the child asked the mutated name
+KEY_PROPOSAL = "evolution:proposal"  # a checked child's every answer (`ProposalCheck`)
 
 _WARMUPS = ("sample", "mutate")  # how the first population is filled (module docstring)
 _MAX_REDRAWS = 100  # random draws tried for a different numeric value before a grid step
 
 
+class ProposalCheck(Protocol):
+    """Whether a child may be proposed: given the study, the trial it would be, the child's
+    answers so far (its parent's, the mutated one changed) and a seed, its complete answers
+    (what the parent never asked drawn from `seed`), or None to refuse it."""
+
+    def __call__(
+        self, study: Study, trial: FrozenTrial, answers: Mapping[str, Any], seed: int
+    ) -> dict[str, Any] | None: ...
+
+
 @dataclass(frozen=True)
 class _Plan:
-    """What a child copies: its parent's parameters, and the one name it mutates."""
+    """What a child copies: its parent's parameters, and the one name it mutates; a checked
+    child's every answer (`proposal`), which it gives as they are."""
 
     parent: int
     params: dict[str, Any]
     mutated: str | None
+    proposal: dict[str, Any] | None = None
 
 
 def _positive_int(name: str, value: object) -> int:
@@ -102,14 +122,16 @@ class RegularizedEvolutionSampler(BaseSampler):
        tournament is drawn, the parent chosen, and the name to
        mutate picked uniformly among the parent's parameters that have more than one legal
        value. The decision is written to the trial's system attributes (`evolution:role`,
-       `evolution:parent`, `evolution:mutated`, `evolution:tournament`).
+       `evolution:parent`, `evolution:mutated`, `evolution:tournament`). With a
+       `proposal_check` the name and its new value are drawn until the check accepts the
+       child, whose every answer is written too (`evolution:proposal`).
     2. `infer_relative_search_space` / `sample_relative`: a child has no relative space
        (everything goes through `sample_independent`); seeds and warm-up trials delegate to
        the warm-up sampler, so a multivariate warm-up sampler keeps working.
-    3. `sample_independent`, once per parameter the objective asks: a child answers its
-       parent's value, a different value for the mutated name, and a random value for a
-       name its parent never asked (its branch changed); others delegate to the warm-up
-       sampler.
+    3. `sample_independent`, once per parameter the objective asks: a checked child answers
+       its proposal; a child answers its parent's value, a different value for the mutated
+       name, and a random value for a name its parent never asked (its branch changed);
+       others delegate to the warm-up sampler.
     4. `after_trial`: records `evolution:mutation_applied` (False when the objective never
        asked the mutated name) and forgets the plan. A trial that never gets there (its
        worker died, or the harness failed it through the storage) has its plan forgotten
@@ -136,6 +158,8 @@ class RegularizedEvolutionSampler(BaseSampler):
         seed: int | None = None,
         warmup_sampler: BaseSampler | None = None,
         warmup: str = "sample",
+        proposal_check: ProposalCheck | None = None,
+        max_proposals: int = 50,
     ) -> None:
         if warmup not in _WARMUPS:
             raise ValueError(f"warmup={warmup!r} is not valid; valid: {', '.join(_WARMUPS)}")
@@ -153,6 +177,8 @@ class RegularizedEvolutionSampler(BaseSampler):
             raise TypeError(
                 f"warmup_sampler must be an optuna sampler, got {type(warmup_sampler).__name__}"
             )
+        self.proposal_check = proposal_check
+        self.max_proposals = _positive_int("max_proposals", max_proposals)
         self._rng = np.random.RandomState(seed)
         self._random = RandomSampler(seed=seed)  # parameters a child's parent never had
         self._warmup = warmup_sampler if warmup_sampler is not None else self._random
@@ -210,13 +236,14 @@ class RegularizedEvolutionSampler(BaseSampler):
         drawn = self._rng.choice(len(population), size=size, replace=False)
         tournament = [population[int(i)] for i in drawn]
         parent = self.select_parent(study, tournament)
-        mutable = sorted(n for n, d in parent.distributions.items() if not d.single())
-        mutated = mutable[self._rng.randint(len(mutable))] if mutable else None
-        self._plans[trial_id(trial)] = _Plan(parent.number, dict(parent.params), mutated)
+        plan = self._propose(study, trial, parent)
+        self._plans[trial_id(trial)] = plan
         self._set(study, trial, KEY_ROLE, "child")
         self._set(study, trial, KEY_PARENT, parent.number)
-        self._set(study, trial, KEY_MUTATED, mutated)
+        self._set(study, trial, KEY_MUTATED, plan.mutated)
         self._set(study, trial, KEY_TOURNAMENT, [t.number for t in tournament])
+        if plan.proposal is not None:
+            self._set(study, trial, KEY_PROPOSAL, plan.proposal)
 
     def infer_relative_search_space(
         self, study: Study, trial: FrozenTrial
@@ -242,6 +269,9 @@ class RegularizedEvolutionSampler(BaseSampler):
         plan = self._plan(study, trial)
         if plan is None:
             return self._warmup.sample_independent(study, trial, param_name, param_distribution)
+        checked = plan.proposal or {}
+        if param_name in checked and contains(param_distribution, checked[param_name]):
+            return checked[param_name]
         known = param_name in plan.params and contains(param_distribution, plan.params[param_name])
         if not known:  # a branch the parent never took (or a changed distribution)
             return self._random.sample_independent(study, trial, param_name, param_distribution)
@@ -294,8 +324,29 @@ class RegularizedEvolutionSampler(BaseSampler):
         plan = None
         if attrs.get(KEY_ROLE) == "child":
             parent = records.trial_by_number(attrs[KEY_PARENT])
-            plan = _Plan(parent.number, dict(parent.params), attrs.get(KEY_MUTATED))
+            proposal = attrs.get(KEY_PROPOSAL)
+            plan = _Plan(parent.number, dict(parent.params), attrs.get(KEY_MUTATED), proposal)
         self._plans[key] = plan
+        return plan
+
+    def _propose(self, study: Study, trial: FrozenTrial, parent: FrozenTrial) -> _Plan:
+        """The child's plan: a mutated name drawn among the parent's parameters with more
+        than one legal value; with a `proposal_check`, drawn with its new value until the
+        check accepts the child (module doc)."""
+        mutable = sorted(n for n, d in parent.distributions.items() if not d.single())
+        plan = _Plan(parent.number, dict(parent.params), None)
+        for _ in range(self.max_proposals if self.proposal_check is not None else 1):
+            mutated = mutable[self._rng.randint(len(mutable))] if mutable else None
+            plan = _Plan(parent.number, dict(parent.params), mutated)
+            if self.proposal_check is None or mutated is None:
+                return plan
+            distribution = parent.distributions[mutated]
+            value = self._mutate(study, trial, mutated, distribution, plan.params)
+            answers = {**plan.params, mutated: value}
+            seed = int(self._rng.randint(2**31))
+            proposal = self.proposal_check(study, trial, answers, seed)
+            if proposal is not None:
+                return _Plan(parent.number, dict(parent.params), mutated, proposal)
         return plan
 
     def _mutate(

@@ -323,10 +323,12 @@ class ElasticPipeline(ModelViews, OptionViews):
         The old layers are freed and the new ones built on the stages that own them (with
         partition="auto": planned on the next step, from the cost cache where it can); the
         step count restarts at 0, so the new model trains exactly as a fresh pipeline would.
-        With `inherit_weights`, a new layer whose key existed before and whose state has
-        the same shapes starts from the old layer's weights (fetched from its old stage);
-        with `inherit_from` (a `snapshot()` of an earlier model, taken on every rank), from
-        that model's weights instead. An "inherit" event records what was taken.
+        With `inherit_weights`, a new layer whose key existed before starts from the old
+        layer's weights (fetched from its old stage), tensor by tensor where a tensor's name
+        and shape match (the others stay fresh); with `inherit_from` (a `snapshot()` of an
+        earlier model, taken on every rank; `snapshot.without(prefixes)` leaves tensors
+        fresh on purpose), from that model's weights instead. An "inherit" event records
+        what was taken.
         `loss_fn` and `optimizer`, when given, replace the current ones.
         """
         new_specs, source = elasticity.next_model(self, specs, inherit_weights, inherit_from)

@@ -27,9 +27,10 @@ instead of seconds (a study, its retraining, a test suite). As with spawn, each 
 gets the caller's environment and working directory as they are at the launch (the
 server's were fixed when it started), and `fn` must be importable.
 
-No child outlives the caller: each watches its parent and exits if it disappears, and the
-caller terminates them on any error, interrupt, or exit. Every collective and point-to-point
-message in the group times out after `timeout_s`, so a dead peer raises instead of hanging.
+No child outlives the caller: each watches the caller's pid and exits if it disappears (not
+its parent's, which is the forkserver), and the caller terminates them on any error,
+interrupt, or exit. Every collective and point-to-point message in the group times out
+after `timeout_s`, so a dead peer raises instead of hanging.
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -170,7 +172,7 @@ def _launch_local(
         wait_for_workers=False,
     )
     reports: Any = context.Queue()
-    caller = _Caller(dict(os.environ), os.getcwd())
+    caller = _Caller(dict(os.environ), os.getcwd(), os.getpid())
     procs = [
         context.Process(
             target=_stage_main,
@@ -208,6 +210,7 @@ class _Caller:
 
     environ: dict[str, str]
     cwd: str
+    pid: int  # the caller's: the process each stage watches (`_watch_caller`)
 
     def adopt(self) -> None:
         os.environ.clear()
@@ -312,7 +315,7 @@ def _stage_main(
     caller: _Caller,
 ) -> None:
     """Entry point of a local stage process."""
-    _watch_parent()
+    _watch_caller(caller.pid)
     caller.adopt()
     try:
         timeout = datetime.timedelta(seconds=timeout_s)
@@ -355,13 +358,37 @@ def _leave_now() -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
 
-def _watch_parent() -> None:
-    """Exit at once if the caller dies, so no stage process is ever orphaned."""
+def _watch_caller(pid: int) -> None:
+    """Exit at once if the caller dies, so no stage process is ever orphaned.
+
+    The caller's pid is watched, not the parent's: under the forkserver the parent is the
+    server, and the server lives as long as any of its children does (each holds its
+    liveness pipe), so a child waiting for its parent to go would wait forever."""
     parent = os.getppid()
 
+    def gone() -> bool:
+        if os.getppid() != parent:
+            return True
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        except PermissionError:  # alive (only a reused pid of another user: rare)
+            return False
+        return _zombie(pid)
+
     def watch() -> None:
-        while os.getppid() == parent:
+        while not gone():
             time.sleep(0.5)
         _leave_now()
 
-    threading.Thread(target=watch, daemon=True, name="parent-watch").start()
+    threading.Thread(target=watch, daemon=True, name="caller-watch").start()
+
+
+def _zombie(pid: int) -> bool:
+    """Whether `pid` has exited and waits to be reaped (Linux's /proc; elsewhere False)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[-1].split()[0] == "Z"

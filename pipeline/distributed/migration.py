@@ -60,7 +60,7 @@ and a rolled-back commit restores the objects themselves, so no state is copied 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -355,7 +355,8 @@ class WeightSnapshot:
 
     `ElasticPipeline.snapshot()` takes it on every rank (each keeps its own layers' states);
     `reconfigure(specs, inherit_from=snapshot)` gives them to the layers of the new model
-    with the same key and shapes, wherever the new plan puts them.
+    with the same key, tensor by tensor where names and shapes match, wherever the new plan
+    puts them.
     """
 
     keys: tuple[str, ...]  # the model's layer keys, in order
@@ -365,6 +366,21 @@ class WeightSnapshot:
     def __post_init__(self) -> None:
         if sum(self.sizes) != len(self.keys):
             raise ValueError(f"a snapshot of {len(self.keys)} layers has sizes {self.sizes}")
+
+    def without(self, prefixes: Iterable[str]) -> WeightSnapshot:
+        """This snapshot less every tensor whose qualified name, `<layer key>.<tensor
+        name>`, starts with one of `prefixes`: a model inheriting from it starts those
+        afresh (an edited branch), and everything else where names and shapes match."""
+        drop = tuple(prefixes)
+        states = {
+            key: {
+                name: tensor
+                for name, tensor in state.items()
+                if not f"{key}.{name}".startswith(drop)
+            }
+            for key, state in self.states.items()
+        }
+        return WeightSnapshot(self.keys, self.sizes, states)
 
 
 def inherited_states(

@@ -9,10 +9,11 @@ collective or a per-rank part of one:
                       turns (their initial weights depend only on the seed and the key)
     snapshot          this rank's layers' states with the model's keys and partition, a
                       `WeightSnapshot` to start a later model from
-    take_inheritance  a new model's layers load the states of the snapshot's layers with
-                      the same key and shapes, fetched from the stage that held them
+    take_inheritance  a new model's layers load, tensor by tensor, the states of the
+                      snapshot's layers with the same key where a tensor's name and shape
+                      match, fetched from the stage that held them
                       (`pipeline.distributed.migration.inherited_states`); an "inherit"
-                      event records what was taken
+                      event records what was taken and how many tensors stayed fresh
 """
 
 from __future__ import annotations
@@ -78,14 +79,22 @@ def take_inheritance(comm: Comm, model: ModelHolder, event_log: EventLog) -> Non
         return
     found = inherited_states(comm, source, model.specs, model.sizes)
     states = {k: dict(v) for k, (_, v) in found.items()}
-    loaded = [key for stage in model.live_stages() for key in stage.load_matching(states)]
-    rank = comm.rank
-    rows = [(sum(nbytes(t) for t in found[k][1].values()), found[k][0] != rank) for k in loaded]
+    rows = []  # per layer that took a tensor: bytes taken, moved, tensors taken and left fresh
+    for stage in model.live_stages():
+        loaded = stage.load_matching(states)
+        for layer in stage.layers:
+            if layer.key in loaded:
+                taken = loaded[layer.key]
+                size = sum(nbytes(found[layer.key][1][name]) for name in taken)
+                fresh = len(layer.module.state_dict()) - len(taken)
+                rows.append((size, found[layer.key][0] != comm.rank, len(taken), fresh))
     everyone = [row for part in comm.all_gather_object(rows) for row in part]
     event_log.record(
         "inherit",
         layers=len(everyone),
-        bytes=sum(b for b, _ in everyone),
-        moved=sum(m for _, m in everyone),
-        moved_bytes=sum(b for b, m in everyone if m),
+        bytes=sum(row[0] for row in everyone),
+        moved=sum(row[1] for row in everyone),
+        moved_bytes=sum(row[0] for row in everyone if row[1]),
+        tensors=sum(row[2] for row in everyone),
+        fresh_tensors=sum(row[3] for row in everyone),
     )

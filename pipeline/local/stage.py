@@ -151,16 +151,19 @@ class Stage:
             self.layers, actions, self.device, holds_loss=self.index == self.n_stages - 1
         )
 
-    def load_matching(self, states: dict[str, dict[str, torch.Tensor]]) -> list[str]:
-        """Load each layer's state from `states[key]` where every shape matches."""
-        loaded = []
+    def load_matching(self, states: dict[str, dict[str, torch.Tensor]]) -> dict[str, list[str]]:
+        """Load, tensor by tensor, each layer's state from `states[key]` where a tensor's
+        name and shape match; the layer's other tensors keep their fresh values. Returns
+        {key: the names loaded} of the layers that took at least one tensor."""
+        loaded: dict[str, list[str]] = {}
         for layer in self.layers:
             state, own = states.get(layer.key), layer.module.state_dict()
-            if state is None or state.keys() != own.keys():
+            if state is None:
                 continue
-            if all(state[k].shape == own[k].shape for k in own):
-                layer.module.load_state_dict(state)
-                loaded.append(layer.key)
+            taken = [k for k, v in own.items() if k in state and state[k].shape == v.shape]
+            if taken:
+                layer.module.load_state_dict({**own, **{k: state[k] for k in taken}})
+                loaded[layer.key] = taken
         return loaded
 
     def seed_meters(self, costs: Sequence[LayerCost]) -> None:

@@ -72,6 +72,17 @@ def test_the_space_primitives_are_the_search_spaces() -> None:
         settings.SearchSpaceSettings(primitives=("gelu",))
 
 
+def test_the_window_is_relative_to_a_seed_the_space_has() -> None:
+    space = settings.SearchSpaceSettings(window_reference="evolved_transformer")
+    assert space.window_reference == "evolved_transformer"
+    with pytest.raises(
+        ValueError,
+        match="search_space.window_reference='vit' is not valid; valid values: transformer, "
+        "evolved_transformer",
+    ):
+        settings.SearchSpaceSettings(window_reference="vit")
+
+
 def test_the_median_pruner_needs_a_single_objective() -> None:
     with pytest.raises(ValueError, match="pruner=median is not valid with several"):
         settings.NasSettings(

@@ -222,6 +222,18 @@ def test_the_parameter_window_is_the_only_rejection(window: ParamWindow) -> None
     assert set(reasons) == {"valid", "window"}
 
 
+def test_a_window_around_the_evolved_transformer_holds_it_and_its_tolerance() -> None:
+    et = evolved_transformer(D, 4, n_enc=1, n_dec=1)
+    window = ParamWindow(0.3, 1.02, layers=2, seed="evolved_transformer")
+    assert window.reference(D, decoder_only=False) == parameter_count(et)
+    assert window.describe() == "1-cell Evolved Transformer"
+    validate(et, window=window)  # the seed is inside its own window...
+    with pytest.raises(InvalidArchitecture, match=r"outside \[0.3x, 0.99x\] of the 1-cell Evol"):
+        validate(et, window=ParamWindow(0.3, 0.99, layers=2, seed="evolved_transformer"))
+    with pytest.raises(ValueError, match="window seed 'vit' is not valid"):
+        ParamWindow(seed="vit")  # type: ignore[arg-type]
+
+
 def test_sampling_is_define_by_run_with_stable_names() -> None:
     params = seed_params(evolved_transformer(D, 4))
     assert params["enc.block3.left.layer"] == "attention"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import sqlite3
 import subprocess
@@ -301,7 +302,8 @@ def _in_top_rung(db: Path, *, after_complete: int, rung: int) -> bool:
 
 def test_workers_started_by_the_cli_finish_one_study_together(tmp_path: Path) -> None:
     """`study.workers=2`: two local workers, each its own single-stage process, train one
-    study: exactly `n_trials` trials, each recorded once, one bar and one report."""
+    study: exactly `n_trials` trials, each recorded once, one bar and one report; then they
+    share the retraining, each run trained once."""
     done = run(
         tmp_path,
         "study.name=pair",
@@ -309,11 +311,15 @@ def test_workers_started_by_the_cli_finish_one_study_together(tmp_path: Path) ->
         "study.workers=2",
         "pipeline.n_stages=1",
         "pipeline.threads_per_stage=1",
-        "stages=[search]",
+        "stages=[search,retrain]",
         "tracker=jsonl",
         "train.steps=4",
         *SMALL,
         "train.eval_every=2",
+        "retrain.top_k=1",
+        "retrain.seeds=[0,1,2]",
+        "retrain.steps=4",
+        f"retrain.models_dir={tmp_path / 'models'}",
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.count("study pair: 4 trials") == 1  # one report
@@ -333,5 +339,17 @@ def test_workers_started_by_the_cli_finish_one_study_together(tmp_path: Path) ->
         for path in sorted((tmp_path / "run").glob("worker-*/tracking/*.jsonl"))
         for line in path.read_text().splitlines()
     ]
-    ends = [r["trial"] for r in logged if r["kind"] == "trial_end"]
+    ends = [r["trial"] for r in logged if r["kind"] == "trial_end" and r.get("job") != "retrain"]
     assert sorted(ends) == sorted(t.number for t in recorded)  # each trial tracked once
+    log = (tmp_path / "run" / "elastic-nas.log").read_text()
+    assert "retrain: 2 workers started" in log
+    trained = re.findall(r"retrain (\S+) seed (\d): claimed by \S+, trained here", log)
+    assert sorted(seed for _, seed in trained) == ["0", "1", "2"], log[-3000:]  # each once
+    best = min(recorded, key=lambda t: t.values[0]).number
+    assert {name for name, _ in trained} == {f"trial-{best}"}
+    metrics = json.loads(
+        (tmp_path / "models" / "pair" / f"trial-{best}" / "metrics.json").read_text()
+    )
+    assert [entry["seed"] for entry in metrics["per_seed"]] == [0, 1, 2]
+    retrained = [r for r in logged if r["kind"] == "trial_end" and r.get("job") == "retrain"]
+    assert len(retrained) == 3  # each run tracked once, by the worker that trained it

@@ -22,6 +22,7 @@ from nas.search.evolution import (
     KEY_MUTATED,
     KEY_MUTATION_APPLIED,
     KEY_PARENT,
+    KEY_PROPOSAL,
     KEY_ROLE,
     KEY_TOURNAMENT,
 )
@@ -327,10 +328,53 @@ def test_same_seed_same_study_and_the_sampler_pickles_mid_trial() -> None:
     assert all(t.state == TrialState.COMPLETE for t in study.trials)
 
 
+def test_a_checked_child_is_drawn_again_until_accepted_and_answers_its_proposal() -> None:
+    """The check refuses every child whose `a` is odd and completes `c`, which only a child
+    with `a` >= 5 asks, to 7: every child is even and answers exactly its proposal."""
+    seen: list[dict[str, Any]] = []
+
+    def check(study: optuna.Study, trial: Any, answers: Any, seed: int) -> dict[str, Any] | None:
+        seen.append(dict(answers))
+        if answers["a"] % 2:
+            return None
+        return {**{k: answers[k] for k in ("a", "b")}, **({"c": 7} if answers["a"] >= 5 else {})}
+
+    def objective(trial: optuna.Trial) -> float:
+        a, b = trial.suggest_int("a", 0, 9), trial.suggest_int("b", 0, 9)
+        c = trial.suggest_int("c", 0, 9) if a >= 5 else 0
+        return float(a + b + c)
+
+    sampler = RegularizedEvolutionSampler(3, 2, seed=4, warmup="mutate", proposal_check=check)
+    study = optuna.create_study(sampler=sampler)
+    study.enqueue_trial({"a": 4, "b": 4})
+    study.optimize(objective, n_trials=25)
+    kids = children(study)
+    assert len(kids) == 24 and any(answers["a"] % 2 for answers in seen)  # some refused
+    for kid in kids:
+        assert kid.params == kid.system_attrs[KEY_PROPOSAL] and kid.params["a"] % 2 == 0
+        assert kid.params.get("c", 7) == 7
+
+
+def test_a_child_no_draw_passes_is_proposed_unchecked() -> None:
+    calls = []
+
+    def refuse(study: optuna.Study, trial: Any, answers: Any, seed: int) -> None:
+        calls.append(seed)
+
+    sampler = RegularizedEvolutionSampler(1, 1, seed=0, proposal_check=refuse, max_proposals=3)
+    study = optuna.create_study(sampler=sampler)
+    study.optimize(lambda t: float(t.suggest_int("a", 0, 9)), n_trials=4)
+    kids = children(study)
+    assert len(kids) == 3 and len(calls) == 9  # 3 draws each, then as without a check
+    assert all(KEY_PROPOSAL not in kid.system_attrs for kid in kids)
+    assert all(kid.params["a"] != parent_of(study, kid).params["a"] for kid in kids)
+
+
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
         ({"population_size": 0}, "population_size must be a positive integer, got 0"),
+        ({"max_proposals": 0}, "max_proposals must be a positive integer, got 0"),
         ({"population_size": 2.5}, "population_size must be a positive integer, got 2.5"),
         ({"sample_size": True}, "sample_size must be a positive integer, got True"),
         ({"population_size": 3, "sample_size": 4}, r"sample_size \(4\) must not exceed"),

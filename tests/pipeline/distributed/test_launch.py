@@ -52,6 +52,52 @@ def test_a_failing_stage_raises_in_the_caller_within_seconds() -> None:
     assert multiprocessing.active_children() == []  # no stage process outlives launch
 
 
+KILLED_CALLER = """
+import os, sys, time
+import pipeline
+
+def sleep_here(ctx):
+    with open(f"{sys.argv[1]}.{ctx.rank}.tmp", "w") as f:
+        f.write(str(os.getpid()))
+    os.replace(f"{sys.argv[1]}.{ctx.rank}.tmp", f"{sys.argv[1]}.{ctx.rank}")
+    time.sleep(600)
+
+if __name__ == "__main__":
+    pipeline.launch(sleep_here, 2, threads_per_stage=1, timeout_s=60)
+"""
+
+
+def alive(pid: int) -> bool:
+    """Running, not a zombie waiting to be reaped."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[-1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="reads process states from /proc")
+def test_stages_leave_when_their_caller_is_killed(tmp_path: Path) -> None:
+    """Under the forkserver a stage's parent is the server, which outlives the caller while
+    any stage lives: the stages watch the caller itself."""
+    script = tmp_path / "caller.py"
+    script.write_text(KILLED_CALLER)
+    caller = subprocess.Popen([sys.executable, str(script), str(tmp_path / "stage")])
+    try:
+        files = [tmp_path / f"stage.{rank}" for rank in range(2)]
+        deadline = time.monotonic() + 60
+        while not all(f.exists() for f in files) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        pids = [int(f.read_text()) for f in files]
+        assert all(alive(pid) for pid in pids)
+    finally:
+        caller.kill()  # no cleanup of its own: only the stages' watch can end them
+        caller.wait()
+    deadline = time.monotonic() + 15
+    while any(alive(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(alive(pid) for pid in pids)
+
+
 def die_on_stage_zero(ctx: StageContext) -> None:
     if ctx.rank == 0:
         os._exit(3)

@@ -71,6 +71,13 @@ def candidates(ctx: StageContext) -> dict[str, Any]:
         transformer_stack(4, 16, 2), partition=[1, 3], inherit_from=snapshot, loss_fn=F.mse_loss
     )
     out["from_snapshot"] = pipe.full_state_dict()
+    # the same, block1's first linear layer edited (left fresh), on yet another partition
+    pipe.reconfigure(
+        transformer_stack(4, 16, 2),
+        partition=[3, 1],
+        inherit_from=snapshot.without(["block1.linear1."]),
+    )
+    out["edited"] = pipe.full_state_dict()
     out["took"] = [e.details for e in pipe.events if e.kind == "inherit"]
     pipe.close()
     return out
@@ -201,8 +208,25 @@ def test_a_snapshot_of_an_earlier_model_starts_a_later_one() -> None:
             assert torch.equal(value, r["six"][key][name])
 
 
+def test_an_edited_part_starts_afresh_and_the_rest_carries_the_trained_values_exactly() -> None:
+    r = results()
+    fresh = ReferenceTrainer(
+        transformer_stack(4, 16, 2), optimizer=ADAM, loss_fn=F.mse_loss, n_microbatches=2, seed=SEED
+    ).full_state_dict()
+    edited = 0
+    for key, state in r["edited"].items():
+        for name, value in state.items():
+            is_edited = f"{key}.{name}".startswith("block1.linear1.")
+            edited += is_edited
+            source = fresh if is_edited else r["six"]  # the snapshot was of the trained six
+            assert torch.equal(value, source[key][name]), (key, name)
+    assert edited == 2  # its weight and bias
+    assert r["took"][-1]["fresh_tensors"] == 2
+    assert r["took"][-1]["tensors"] == sum(len(s) for s in r["edited"].values()) - 2
+
+
 def test_the_inheritance_is_recorded_in_the_events() -> None:
-    took, back = results()["took"]  # block0-3 inherited; block2 moved from stage 1 to stage 0
+    took, back, _ = results()["took"]  # block0-3 inherited; block2 moved from stage 1 to 0
     per_layer = sum(v.numel() * v.element_size() for v in results()["trained"]["block2"].values())
     assert (took["layers"], took["moved"]) == (4, 1)
     assert (took["bytes"], took["moved_bytes"]) == (4 * per_layer, per_layer)

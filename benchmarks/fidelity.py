@@ -1,0 +1,333 @@
+"""Which cheap estimate ranks the Evolved Transformer's one-edit mutants as full training does?
+
+Why it exists (issue 42): a search judges many candidates cheaply and trusts that the cheap
+figure orders them as the full budget would. Near the ET, the PDH rungs of `search_2h` did
+not (Kendall tau 0.10 at 100 steps). Before a search is built on an estimate, it is measured:
+
+* **the truth**: the ET and `--mutants` one-edit mutants of it inside the experiment's
+  parameter window (`nas.search.edits`; half of them edits of an activation, an input or a
+  combiner, half of a layer, a width, a norm or a skip), each trained from scratch to the
+  full budget with training seeds `--seeds` shared by every model (a seed fixes the
+  initialisation and the data order), through the harness's retraining
+  (`nas.retrain.retrain_models`, on the machine's shape: one run per core); each mutant's
+  paired difference from the ET in whole-split validation loss (`nas.paired`);
+* **from-scratch rungs** (`--rungs`, steps): the validation loss (`train.eval_batches`) of the
+  same runs at that step (on the full schedule, as PDH's rungs are), minus the ET's;
+* **inherited** (`--inherit-steps` k): the child starts from the ET trained to the full
+  budget on that seed, tensor by tensor where names and shapes match, its edited branch
+  afresh (`search_spaces.edited`, `WeightSnapshot.without`), trains k steps (a k-step
+  schedule) on batches no run trained on, and is scored on `train.eval_batches`, minus the
+  ET continued the same k steps from the same weights on the same batches (the control,
+  once per parent); **inherited-all**: the same with nothing left afresh.
+
+Each estimate is read against the truth by `nas.search.fidelity.agreement`: Kendall tau with
+a bootstrap interval, sign accuracy on the mutants whose truth is beyond 2 paired standard
+errors, top-1 and top-3 agreement, and its cost as a share of a full trial. The noise
+ceiling is the tau between the truth measured on one seed and on another. The inherited
+runs of each seed are one worker process pinned to a core, side by side.
+
+Run it alone on an idle machine: the JSON records the load average before and after.
+
+    python benchmarks/fidelity.py [--mutants 12] [--seeds 1 2] [--inherit-steps 50 200]
+        [--rungs 100 300 500] [--experiment search_2h] [overrides ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import itertools
+import json
+import os
+import pickle
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, replace
+from pathlib import Path
+from typing import Any
+
+from common import experiment_settings
+
+from nas.paired import REFERENCE, PairedDifference, paired_difference
+from nas.retrain import Model, RetrainRun, retrain_models
+from nas.search.edits import Mutant, mutants
+from nas.search.fidelity import agreement, noise_ceiling
+from nas.settings import NasSettings
+from nas.trials import param_window, sample_architecture, seed_architectures, space_primitives
+from search_spaces.architecture import from_json, to_json
+from search_spaces.edited import edited_tensors
+from search_spaces.evolved_transformer import seed_params
+
+ROOT = Path(__file__).resolve().parent.parent
+OUT = ROOT / "benchmarks" / "results" / "fidelity.json"
+KEEPS_SHAPES = ("activation", "input", "combiner")  # the edits drawn as "keeping shapes"
+CONTINUATION_SEED = 1000  # the inherited runs' batches: seed + this, an order no run saw
+
+
+def draw(settings: NasSettings, count: int, seed: int) -> tuple[Model, list[tuple[Model, Mutant]]]:
+    """The ET and `count` distinct one-edit mutants of it, half of each kind (module doc)."""
+    et = seed_architectures(settings)["evolved_transformer"]
+    params = seed_params(et, primitives=space_primitives(settings))
+    space = functools.partial(sample_architecture, settings=settings)
+    window = param_window(settings)
+
+    def kind(keeps: bool) -> Any:
+        return lambda name: (name.rsplit(".", 1)[-1] in KEEPS_SHAPES) == keeps
+
+    half = count // 2
+    drawn = mutants(params, space, half, window=window, names=kind(True), seed=seed)
+    drawn += mutants(params, space, 2 * (count - half), window=window, names=kind(False), seed=seed)
+    unique = {to_json(m.architecture): m for m in drawn}  # the two draws may meet
+    chosen = list(unique.values())[:count]
+    reference = Model(REFERENCE, None, dict(params), to_json(et))
+    named = [
+        (Model(f"m{i:02d} {m.edit}", None, dict(m.params), to_json(m.architecture)), m)
+        for i, m in enumerate(chosen)
+    ]
+    return reference, named
+
+
+def truth_and_rungs(
+    settings: NasSettings, reference: Model, named: list[tuple[Model, Mutant]], rungs: list[int]
+) -> tuple[list[RetrainRun], dict[str, PairedDifference], dict[str, dict[str, float]]]:
+    """Every model trained to the full budget per seed; each mutant's paired difference from
+    the ET; and each rung's estimate (the mean over seeds of mutant - ET at that step)."""
+    models = [reference, *(model for model, _ in named)]
+    runs = list(retrain_models(settings, models).runs)
+    by = {(r.model, r.seed): r for r in runs if r.error is None}
+    seeds = settings.retrain.seeds
+
+    def final(name: str) -> dict[int, float]:
+        return {s: by[name, s].metrics["validation_loss"] for s in seeds if (name, s) in by}
+
+    def at(name: str, seed: int, step: int) -> float | None:
+        run = by.get((name, seed))
+        rows = [h for h in run.history if h["step"] == step] if run else []
+        return rows[0].get("validation_loss") if rows else None
+
+    truth: dict[str, PairedDifference] = {}
+    estimates: dict[str, dict[str, float]] = {f"rung@{r}": {} for r in rungs}
+    for model, _ in named:
+        truth[model.name] = paired_difference(final(model.name), final(REFERENCE))
+        for r in rungs:
+            diffs = [
+                mine - theirs
+                for s in seeds
+                if (mine := at(model.name, s, r)) is not None
+                and (theirs := at(REFERENCE, s, r)) is not None
+            ]
+            if diffs:
+                estimates[f"rung@{r}"][model.name] = statistics.fmean(diffs)
+    return runs, truth, estimates
+
+
+def inherited(
+    settings: NasSettings, reference: Model, named: list[tuple[Model, Mutant]], ks: list[int]
+) -> dict[str, dict[str, float]]:
+    """The inherited estimates, one worker process per training seed, side by side."""
+    folder = Path(tempfile.mkdtemp(prefix="fidelity_"))
+    one = replace(settings.pipeline, n_stages=1, threads_per_stage=1, n_microbatches=1)
+    job = {
+        "settings": replace(settings, pipeline=one),  # one stage process on one core
+        "reference": reference,
+        "children": [(model, m.edit.name, m.edit.old, m.edit.new) for model, m in named],
+        "ks": ks,
+    }
+    (folder / "job.pkl").write_bytes(pickle.dumps(job))
+    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    procs = []
+    for i, seed in enumerate(settings.retrain.seeds):
+        command = [sys.executable, __file__, "--inherited-worker", str(folder), str(seed)]
+        env = dict(os.environ, FIDELITY_CORE=str(cores[i % len(cores)]) if cores else "")
+        procs.append(subprocess.Popen(command, env=env))
+    if any(p.wait() != 0 for p in procs):
+        raise SystemExit("an inherited worker failed (its traceback is above)")
+    per_seed = [
+        json.loads((folder / f"seed-{seed}.json").read_text()) for seed in settings.retrain.seeds
+    ]
+    estimates: dict[str, dict[str, float]] = {}
+    for variant in ("inherited", "inherited-all"):
+        for k in ks:
+            label, rows = f"{variant}@{k}", {}
+            for model, _ in named:
+                diffs = [s[variant][str(k)][model.name] - s["control"][str(k)] for s in per_seed]
+                rows[model.name] = statistics.fmean(diffs)
+            estimates[label] = rows
+    return estimates
+
+
+def _inherited_worker(folder: Path, seed: int) -> None:
+    """One seed's inherited runs in one stage process (`--inherited-worker`)."""
+    import pipeline
+
+    core = os.environ.get("FIDELITY_CORE")
+    if core and hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, [int(core)])
+    job = pickle.loads((folder / "job.pkl").read_bytes())
+    result = pipeline.launch(
+        functools.partial(_continue, job=job, seed=seed), 1, threads_per_stage=1, timeout_s=600
+    )[0]
+    (folder / f"seed-{seed}.json").write_text(json.dumps(result))
+
+
+def _continue(ctx: Any, job: dict[str, Any], seed: int) -> dict[str, Any]:
+    """(In the stage process) train the ET to the full budget with `seed`, then the control
+    and every child k steps from its weights (module doc); their validation losses."""
+    from nas import training
+    from nas.tasks import get_task
+
+    settings: NasSettings = job["settings"]
+    task = get_task(settings.task.name, **settings.task.options)
+    reference: Model = job["reference"]
+    parent = _build(settings, task, reference, seed, settings.train.steps)
+    source = training.batches(task, settings.train.batch_size, seed)
+    for _ in training.steps(parent, source, start=0, count=settings.train.steps):
+        pass
+    snapshot = parent.snapshot()
+    parent.close()
+    out: dict[str, Any] = {"control": {}, "inherited": {}, "inherited-all": {}}
+    for k in job["ks"]:
+        pipe = _build(settings, task, reference, seed, k)
+        out["control"][str(k)] = _score(pipe, settings, task, reference, snapshot, seed, k)
+        out["inherited"][str(k)], out["inherited-all"][str(k)] = {}, {}
+        for model, name, old, new in job["children"]:
+            fresh = edited_tensors(name, old, new, from_json(model.architecture))
+            kept = snapshot.without(fresh)
+            out["inherited"][str(k)][model.name] = _score(
+                pipe, settings, task, model, kept, seed, k
+            )
+            out["inherited-all"][str(k)][model.name] = _score(
+                pipe, settings, task, model, snapshot, seed, k
+            )
+        pipe.close()
+    return out
+
+
+def _build(settings: NasSettings, task: Any, model: Model, seed: int, steps: int) -> Any:
+    """A pipeline of `model` trained at a `steps`-step schedule (`nas.training.build`)."""
+    from nas import training
+
+    arch = from_json(model.architecture)
+    specs = training.compile_model(arch, task, settings.train.dropout)[0]
+    return training.build(settings, task, specs, training.rates(settings.train, steps), seed=seed)
+
+
+def _score(
+    pipe: Any, settings: NasSettings, task: Any, model: Model, source: Any, seed: int, k: int
+) -> float:
+    """`model` on `pipe` from the weights `source`, k steps on the continuation batches; its
+    validation loss on `train.eval_batches`."""
+    from nas import training
+
+    train = settings.train
+    specs = training.compile_model(from_json(model.architecture), task, train.dropout)[0]
+    pipe.reconfigure(specs, inherit_from=source)
+    batches = training.batches(task, train.batch_size, seed + CONTINUATION_SEED)
+    for _ in training.steps(pipe, itertools.islice(batches, k), start=0, count=k):
+        pass
+    return float(training.evaluate(train, task, pipe, final=False)["validation_loss"])
+
+
+def report(
+    truth: dict[str, PairedDifference],
+    estimates: dict[str, dict[str, float]],
+    costs: dict[str, float],
+) -> dict[str, Any]:
+    """Every estimate's agreement with the truth, best tau first."""
+    rows = {
+        label: agreement(truth, values, cost_share=costs[label]).to_dict()
+        for label, values in estimates.items()
+    }
+    return dict(sorted(rows.items(), key=lambda item: -(item[1]["kendall_tau"] or -2)))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--experiment", default="search_2h")
+    parser.add_argument("--mutants", type=int, default=12)
+    parser.add_argument("--mutant-seed", type=int, default=0)
+    parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--rungs", type=int, nargs="+", default=[100, 300, 500])
+    parser.add_argument("--inherit-steps", type=int, nargs="+", default=[50, 200])
+    parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument("--inherited-worker", nargs=2, help=argparse.SUPPRESS)
+    parser.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. train.steps=600")
+    args = parser.parse_args()
+    if args.inherited_worker:
+        _inherited_worker(Path(args.inherited_worker[0]), int(args.inherited_worker[1]))
+        return
+    if len(args.seeds) < 2:
+        parser.error(f"--seeds {args.seeds}: the truth is paired over at least 2 seeds")
+    os.environ.setdefault("WANDB_MODE", "offline")
+    load_before, started = os.getloadavg(), time.perf_counter()
+    root = Path(tempfile.mkdtemp(prefix="fidelity_"))
+    settings = experiment_settings(
+        args.experiment,
+        [f"studies_dir={root / 'studies'}", f"output_dir={root / 'run'}", *args.overrides],
+    )
+    retrain = replace(
+        settings.retrain, seeds=tuple(args.seeds), models_dir=str(root / "models"), decode_pairs=0
+    )
+    settings = replace(settings, retrain=retrain)
+    reference, named = draw(settings, args.mutants, args.mutant_seed)
+    print(f"{len(named)} mutants: " + "; ".join(model.name for model, _ in named), flush=True)
+    truth_started = time.perf_counter()
+    runs, truth, estimates = truth_and_rungs(settings, reference, named, args.rungs)
+    truth_s = time.perf_counter() - truth_started
+    estimates |= inherited(settings, reference, named, args.inherit_steps)
+    full = settings.retrain.steps or settings.train.steps
+    costs = {f"rung@{r}": r / full for r in args.rungs} | {
+        f"{v}@{k}": k / full * (1 + 1 / len(named))  # the control, once per parent, shared
+        for v in ("inherited", "inherited-all")
+        for k in args.inherit_steps
+    }
+    final = {(r.model, r.seed): r.metrics["validation_loss"] for r in runs if r.error is None}
+    per_seed = [
+        {m.name: final[m.name, s] - final[REFERENCE, s] for m, _ in named if (m.name, s) in final}
+        for s in args.seeds[:2]
+        if (REFERENCE, s) in final
+    ]
+    document = {
+        "experiment": args.experiment,
+        "overrides": args.overrides,
+        "seeds": args.seeds,
+        "full_budget_steps": full,
+        "truth_seconds": truth_s,
+        "noise_ceiling_tau": noise_ceiling(*per_seed) if len(per_seed) == 2 else None,
+        "agreement": report(truth, estimates, costs),
+        "mutants": [
+            {
+                "name": model.name,
+                "edit": str(m.edit),
+                "kind": "keeps shapes"
+                if m.edit.name.rsplit(".", 1)[-1] in KEEPS_SHAPES
+                else "changes shapes",
+                "params": next((r.parameters for r in runs if r.model == model.name), None),
+                "truth": truth[model.name].to_dict(),
+                "estimates": {label: values.get(model.name) for label, values in estimates.items()},
+            }
+            for model, m in named
+        ],
+        "reference_validation_loss": [
+            r.metrics.get("validation_loss") for r in runs if r.model == REFERENCE
+        ],
+        "train": asdict(settings.train),
+        "wall_s": time.perf_counter() - started,
+        "load_average_1_5_15_before": load_before,
+        "load_average_1_5_15_after": os.getloadavg(),
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(document, indent=1, default=str) + "\n")
+    print(
+        json.dumps(
+            {"noise_ceiling_tau": document["noise_ceiling_tau"], **document["agreement"]}, indent=1
+        )
+    )
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
