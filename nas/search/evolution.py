@@ -18,6 +18,11 @@ sharing one storage):
 * then each trial is a child: `sample_size` distinct members drawn at random form a
   tournament, the best of them is the parent, and the child copies the parent's parameters
   except exactly one, the mutated one, which gets a different value from its distribution;
+* with `graft_rate` r, a child is, with probability r, its parent with an edit another
+  lineage measured as an improvement grafted on (`nas.search.lineage.improving_edits`:
+  a complete child that beat its complete parent; one of the `graft_top` best that
+  applies to this parent, drawn uniformly), so edits found apart meet in one model; the
+  edit's source is recorded (`evolution:graft`);
 * with a `proposal_check` (the harness's: inside the parameter window, no architecture
   trained or training already), the edit is drawn again until the check accepts the child,
   at most `max_proposals` times; the check completes the child's answers (what its parent
@@ -47,9 +52,20 @@ from optuna.samplers import BaseSampler, RandomSampler
 from optuna.study import Study, StudyDirection
 from optuna.trial import FrozenTrial, TrialState
 
+from nas.search.lineage import (
+    KEY_GRAFT,
+    KEY_MUTATED,
+    KEY_MUTATION_APPLIED,
+    KEY_PARENT,
+    KEY_PROPOSAL,
+    KEY_ROLE,
+    KEY_TOURNAMENT,
+    improving_edits,
+)
 from nas.search.records import StudyRecords, contains, trial_id
 
 __all__ = [
+    "KEY_GRAFT",
     "KEY_MUTATED",
     "KEY_MUTATION_APPLIED",
     "KEY_PARENT",
@@ -59,14 +75,6 @@ __all__ = [
     "ProposalCheck",
     "RegularizedEvolutionSampler",
 ]
-
-# Trial system attributes this sampler writes (visible in storage, dashboards, trackers).
-KEY_ROLE = "evolution:role"  # "seed" (enqueued), "warmup" or "child"
-KEY_PARENT = "evolution:parent"  # the parent's trial number (children only)
-KEY_MUTATED = "evolution:mutated"  # the name of the mutated parameter (None: nothing mutable)
-KEY_TOURNAMENT = "evolution:tournament"  # trial numbers of the tournament, in draw order
-KEY_MUTATION_APPLIED = "evolution:mutation_applied"  # whether the child asked the mutated name
-KEY_PROPOSAL = "evolution:proposal"  # a checked child's every answer (`ProposalCheck`)
 
 _WARMUPS = ("sample", "mutate")  # how the first population is filled (module docstring)
 _MAX_REDRAWS = 100  # random draws tried for a different numeric value before a grid step
@@ -91,6 +99,7 @@ class _Plan:
     params: dict[str, Any]
     mutated: str | None
     proposal: dict[str, Any] | None = None
+    graft: dict[str, Any] | None = None  # a grafted edit: {"source": trial, "value": value}
 
 
 def _positive_int(name: str, value: object) -> int:
@@ -160,6 +169,8 @@ class RegularizedEvolutionSampler(BaseSampler):
         warmup: str = "sample",
         proposal_check: ProposalCheck | None = None,
         max_proposals: int = 50,
+        graft_rate: float = 0.0,
+        graft_top: int = 5,
     ) -> None:
         if warmup not in _WARMUPS:
             raise ValueError(f"warmup={warmup!r} is not valid; valid: {', '.join(_WARMUPS)}")
@@ -179,6 +190,12 @@ class RegularizedEvolutionSampler(BaseSampler):
             )
         self.proposal_check = proposal_check
         self.max_proposals = _positive_int("max_proposals", max_proposals)
+        if isinstance(graft_rate, bool) or not isinstance(graft_rate, int | float):
+            raise ValueError(f"graft_rate must be a number in [0, 1], got {graft_rate!r}")
+        if not 0.0 <= graft_rate <= 1.0:
+            raise ValueError(f"graft_rate must be a number in [0, 1], got {graft_rate!r}")
+        self.graft_rate = float(graft_rate)
+        self.graft_top = _positive_int("graft_top", graft_top)
         self._rng = np.random.RandomState(seed)
         self._random = RandomSampler(seed=seed)  # parameters a child's parent never had
         self._warmup = warmup_sampler if warmup_sampler is not None else self._random
@@ -244,6 +261,8 @@ class RegularizedEvolutionSampler(BaseSampler):
         self._set(study, trial, KEY_TOURNAMENT, [t.number for t in tournament])
         if plan.proposal is not None:
             self._set(study, trial, KEY_PROPOSAL, plan.proposal)
+        if plan.graft is not None:
+            self._set(study, trial, KEY_GRAFT, plan.graft)
 
     def infer_relative_search_space(
         self, study: Study, trial: FrozenTrial
@@ -272,6 +291,9 @@ class RegularizedEvolutionSampler(BaseSampler):
         checked = plan.proposal or {}
         if param_name in checked and contains(param_distribution, checked[param_name]):
             return checked[param_name]
+        graft = plan.graft
+        if graft and param_name == plan.mutated and contains(param_distribution, graft["value"]):
+            return graft["value"]
         known = param_name in plan.params and contains(param_distribution, plan.params[param_name])
         if not known:  # a branch the parent never took (or a changed distribution)
             return self._random.sample_independent(study, trial, param_name, param_distribution)
@@ -324,8 +346,13 @@ class RegularizedEvolutionSampler(BaseSampler):
         plan = None
         if attrs.get(KEY_ROLE) == "child":
             parent = records.trial_by_number(attrs[KEY_PARENT])
-            proposal = attrs.get(KEY_PROPOSAL)
-            plan = _Plan(parent.number, dict(parent.params), attrs.get(KEY_MUTATED), proposal)
+            plan = _Plan(
+                parent.number,
+                dict(parent.params),
+                attrs.get(KEY_MUTATED),
+                attrs.get(KEY_PROPOSAL),
+                attrs.get(KEY_GRAFT),
+            )
         self._plans[key] = plan
         return plan
 
@@ -333,6 +360,10 @@ class RegularizedEvolutionSampler(BaseSampler):
         """The child's plan: a mutated name drawn among the parent's parameters with more
         than one legal value; with a `proposal_check`, drawn with its new value until the
         check accepts the child (module doc)."""
+        if self.graft_rate and self._rng.random_sample() < self.graft_rate:
+            grafted = self._graft(study, trial, parent)
+            if grafted is not None:
+                return grafted
         mutable = sorted(n for n, d in parent.distributions.items() if not d.single())
         plan = _Plan(parent.number, dict(parent.params), None)
         for _ in range(self.max_proposals if self.proposal_check is not None else 1):
@@ -348,6 +379,29 @@ class RegularizedEvolutionSampler(BaseSampler):
             if proposal is not None:
                 return _Plan(parent.number, dict(parent.params), mutated, proposal)
         return plan
+
+    def _graft(self, study: Study, trial: FrozenTrial, parent: FrozenTrial) -> _Plan | None:
+        """`parent` with one of the `graft_top` best improving edits that apply to it (its
+        parameter asked with another value), if any passes the `proposal_check`."""
+        trials = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+        applicable = [
+            edit
+            for edit in improving_edits(trials, study.directions[0])
+            if edit.name in parent.distributions
+            and contains(parent.distributions[edit.name], edit.value)
+            and parent.params[edit.name] != edit.value
+        ][: self.graft_top]
+        if not applicable:
+            return None
+        edit = applicable[self._rng.randint(len(applicable))]
+        graft = {"source": edit.source, "value": edit.value}
+        if self.proposal_check is None:
+            return _Plan(parent.number, dict(parent.params), edit.name, graft=graft)
+        answers = {**parent.params, edit.name: edit.value}
+        proposal = self.proposal_check(study, trial, answers, int(self._rng.randint(2**31)))
+        if proposal is None:
+            return None
+        return _Plan(parent.number, dict(parent.params), edit.name, proposal, graft)
 
     def _mutate(
         self,
