@@ -9,6 +9,7 @@ stage held over the best trial's steps (its partition, and the migrations that c
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from pathlib import Path
 from types import ModuleType
@@ -120,6 +121,16 @@ def _report_retrained(settings: NasSettings, retrained: RetrainResult, console: 
     """The retrained models side by side (mean ± sd over their seeds, the chosen one first
     and starred; then each against the reference seed model, paired by training seed; then
     the test figures), where each was exported, and how to load the chosen one."""
+    if retrained.selection is not None:
+        chosen = model_table(retrained.selection.runs, retrained.fitness)
+        seeds = sorted({run.seed for run in retrained.selection.runs})
+        figures = ", ".join(
+            f"{r['model']} {r.get(f'{retrained.fitness}_mean', math.nan):.4g}" for r in chosen
+        )
+        console.print(
+            f"chosen on training seeds {seeds} (mean {retrained.fitness}): {figures}; "
+            f"{retrained.selection.selected} judged below on seeds no choice saw"
+        )
     rows = model_table(retrained.runs, retrained.fitness)
     table = Table(
         title=f"retrained from scratch: {len(retrained.runs)} runs, chosen on "

@@ -101,12 +101,26 @@ __all__ = [
 
 
 def retrain(settings: NasSettings) -> RetrainResult:
-    """Retrain and export the best of the stored study `settings.study.name` (module doc)."""
+    """Retrain and export the best of the stored study `settings.study.name` (module doc).
+
+    With `retrain.selection_seeds` and more than one searched model, the searched models are
+    first retrained on those seeds and only the best of them (mean validation fitness) goes
+    on, with the seed models, to `retrain.seeds`: the seeds that judge it played no part in
+    any choice (`RetrainResult.selection` holds the choosing retraining)."""
     study = _load_study(settings)
     models = select_models(study, settings)
     if not models:
         raise ValueError(f"study {settings.study.name!r} has no complete trial to retrain")
-    return retrain_models(settings, models)
+    searched = [m for m in models if m.trial is not None]
+    choosing = settings.retrain.selection_seeds
+    if not choosing or len(searched) < 2:
+        return retrain_models(settings, models)
+    selection = retrain_models(
+        replace(settings, retrain=replace(settings.retrain, seeds=choosing)), searched
+    )
+    winner = [m for m in searched if m.name == selection.selected] or searched[:1]
+    judged = retrain_models(settings, winner + [m for m in models if m.trial is None])
+    return replace(judged, selection=selection)
 
 
 def retrain_models(

@@ -71,6 +71,9 @@ class RetrainResult:
     run_dirs: tuple[str, ...] = ()
     reference: str | None = None
     paired: dict[str, dict[str, PairedDifference]] = field(default_factory=dict)
+    # with `retrain.selection_seeds`: the retraining that chose among the top-k on those
+    # seeds (its `selected` went on to be judged here, on `retrain.seeds`)
+    selection: RetrainResult | None = None
 
 
 def model_table(runs: Sequence[RetrainRun], fitness: str) -> list[dict[str, Any]]:

@@ -406,13 +406,16 @@ class TrackerSettings:
 class RetrainSettings:
     """The retrain stage (`nas.retrain`): the `top_k` best architectures of the study (and,
     with `seed_models`, both seed architectures) trained from scratch for `steps` steps
-    (None: `train.steps`) once per training seed in `seeds`, scored on whole splits with
+    (None: `train.steps`) once per training seed in `seeds`; with `selection_seeds`, the
+    `top_k` are first trained on those and only the best goes on to `seeds` (which then
+    judge a model no choice saw them for); scored on whole splits with
     `decode_pairs` pairs decoded (None: all), then exported to `<models_dir>/<study>/<model>/`;
     each run checkpoints every `checkpoint_every` steps so that a killed retraining resumes;
     a worker waits up to `claim_wait_s` for a run another worker retraining it trains."""
 
     top_k: int = 1
     seeds: tuple[int, ...] = (0,)
+    selection_seeds: tuple[int, ...] = ()
     steps: int | None = None
     seed_models: bool = False
     models_dir: str = "outputs/models"
@@ -450,6 +453,19 @@ class RetrainSettings:
             )
         if len(set(self.seeds)) != len(self.seeds):
             raise ValueError(f"retrain.seeds={list(self.seeds)!r} names a seed twice")
+        chosen = self.selection_seeds
+        if any(isinstance(s, bool) or not isinstance(s, int) for s in chosen) or len(
+            set(chosen)
+        ) != len(chosen):
+            raise ValueError(
+                f"retrain.selection_seeds={list(chosen)!r} is not valid; use distinct integers"
+            )
+        if set(chosen) & set(self.seeds):
+            raise ValueError(
+                f"retrain.selection_seeds={list(chosen)!r} share "
+                f"{sorted(set(chosen) & set(self.seeds))} with retrain.seeds="
+                f"{list(self.seeds)!r}: the seeds that judge must play no part in the choice"
+            )
 
 
 @dataclass

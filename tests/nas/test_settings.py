@@ -120,6 +120,12 @@ def test_stages_run_in_order_each_once(stages: tuple[str, ...], valid: bool) -> 
         ({"seeds": ()}, r"retrain.seeds=\[\] is not valid; use a non-empty list of integers"),
         ({"seeds": (1, 1)}, r"retrain.seeds=\[1, 1\] names a seed twice"),
         ({"seeds": (0.5,)}, r"retrain.seeds=\[0.5\] is not valid"),
+        ({"selection_seeds": (4, 4)}, r"retrain.selection_seeds=\[4, 4\] is not valid"),
+        (
+            {"seeds": (1, 2, 3), "selection_seeds": (3, 4)},
+            r"selection_seeds=\[3, 4\] share \[3\] with retrain.seeds=\[1, 2, 3\]: the seeds "
+            "that judge must play no part in the choice",
+        ),
     ],
 )
 def test_retrain_settings_name_the_bad_value(retrain: dict, message: str) -> None:

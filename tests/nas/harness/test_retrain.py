@@ -192,6 +192,37 @@ def assert_each_export_is_an_artifact_of_its_seeds_run(
     return artifacts
 
 
+@pytest.mark.timeout(600)
+def test_selection_seeds_choose_among_the_top_k_and_other_seeds_judge_the_winner(
+    tmp_path: Path,
+) -> None:
+    settings = tiny_settings(
+        tmp_path,
+        "study.name=chosen",
+        "study.n_trials=4",
+        "train.steps=2",
+        f"retrain.models_dir={tmp_path / 'models'}",
+        "retrain.top_k=2",
+        "retrain.selection_seeds=[5]",
+        "retrain.seeds=[0,1]",
+        "retrain.seed_models=true",
+        "retrain.steps=4",
+        "retrain.decode_pairs=2",
+    )
+    run_study(settings)
+    result = retrain(settings)
+    selection = result.selection
+    assert selection is not None and {r.seed for r in selection.runs} == {5}
+    searched = [r.model for r in selection.runs]
+    assert len(searched) == 2 and all(name.startswith("trial-") for name in searched)
+    winner = min(selection.runs, key=lambda r: r.metrics["validation_loss"]).model
+    assert selection.selected == winner
+    assert [(r.model, r.seed) for r in result.runs] == [  # judged on seeds no choice saw
+        (m, s) for m in (winner, "transformer", "evolved_transformer") for s in (0, 1)
+    ]
+    assert sorted(result.paired) == sorted([winner, "transformer"])
+
+
 def test_retraining_a_study_that_does_not_exist_names_it(tmp_path: Path) -> None:
     settings = tiny_settings(tmp_path, "study.name=missing", "stages=[retrain]")
     with pytest.raises(ValueError, match="no study 'missing' in sqlite:.*run the search first"):
