@@ -236,12 +236,20 @@ def report(
     estimates: dict[str, dict[str, float]],
     costs: dict[str, float],
 ) -> dict[str, Any]:
-    """Every estimate's agreement with the truth, best tau first."""
-    rows = {
-        label: agreement(truth, values, cost_share=costs[label]).to_dict()
-        for label, values in estimates.items()
-    }
-    return dict(sorted(rows.items(), key=lambda item: -(item[1]["kendall_tau"] or -2)))
+    """Every estimate's agreement with the truth, best tau first (an estimate with too few
+    mutants to compare: its reason)."""
+    rows: dict[str, Any] = {}
+    for label, values in estimates.items():
+        try:
+            rows[label] = agreement(truth, values, cost_share=costs[label]).to_dict()
+        except ValueError as error:
+            rows[label] = {"kendall_tau": None, "error": str(error)}
+
+    def tau(item: tuple[str, Any]) -> float:
+        value = item[1]["kendall_tau"]
+        return -2.0 if value is None else float(value)
+
+    return dict(sorted(rows.items(), key=tau, reverse=True))
 
 
 def main() -> None:

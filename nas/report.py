@@ -21,12 +21,14 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from nas import trials
+from nas.paired import REFERENCE
 from nas.retrain_results import RetrainResult, model_table
 from nas.settings import NasSettings, task_metrics
 from nas.storage import dashboard_target, make_storage
 from nas.study import StudyResult
 from nas.tasks import task_class
-from nas.trials import DUPLICATE_OF, INVALID
+from search_spaces.architecture import functional_key
 
 __all__ = ["plot_history", "plot_pareto", "plot_partition", "report_study"]
 
@@ -52,8 +54,8 @@ def report_study(
             f"{escape(top.user_attrs.get('architecture', '?'))}",
             soft_wrap=True,
         )
-    skipped = [t.user_attrs for t in study.trials if t.user_attrs.get(INVALID)]
-    repeats = sum(DUPLICATE_OF in attrs for attrs in skipped)
+    skipped = [t.user_attrs for t in study.trials if t.user_attrs.get(trials.INVALID)]
+    repeats = sum(trials.DUPLICATE_OF in attrs for attrs in skipped)
     if skipped:
         console.print(
             f"{len(skipped) - repeats} proposed architectures fell outside the parameter "
@@ -86,10 +88,11 @@ def _trials_table(settings: NasSettings, study: optuna.Study, width: int = 100) 
     best = {t.number for t in study.best_trials} if study.best_trials else set()
     shown = [t for t in study.get_trials(deepcopy=False) if not t.user_attrs.get("invalid")]
     finished = sum(t.state.is_finished() for t in shown)  # the skipped are counted below
+    base = _reference_parameters(settings, shown)
     rows = []
     for t in sorted(shown, key=lambda t: t.number):
         values = [f"{v:.4g}" for v in t.values] if t.values else ["-"] * len(study.directions)
-        others = [_cell(t.user_attrs.get(m), m) for m in (*measured, *extra)]
+        others = [_cell(t.user_attrs.get(m), m, base) for m in (*measured, *extra)]
         state = t.state.name.lower() + (" *" if t.number in best else "")
         text = (
             t.user_attrs.get("fail_reason")
@@ -213,7 +216,7 @@ def _short(metric: str) -> str:
 _HEADERS = {
     "samples_per_s": "smp/s",
     "peak_memory_bytes": "MB",
-    "parameters": "params",
+    "parameters": "params (x ET)",
     "validation_exact_match": "exact",
     "validation_accuracy": "acc",
     "validation_bits_per_char": "bpc",
@@ -221,9 +224,30 @@ _HEADERS = {
 }
 
 
-def _cell(value: object, column: str = "") -> str:
+def _reference_parameters(
+    settings: NasSettings, shown: list[optuna.trial.FrozenTrial]
+) -> int | None:
+    """The Evolved Transformer seed's parameters as its trial recorded them (None when the
+    study has no such trial): every model's size is shown against it."""
+    seed = trials.seed_architectures(settings).get(REFERENCE)
+    if seed is None:
+        return None
+    digest = trials.model_digest(functional_key(seed))
+    sizes = [t.user_attrs.get("parameters") for t in shown]
+    found = [
+        size
+        for t, size in zip(shown, sizes, strict=True)
+        if t.user_attrs.get(trials.MODEL_DIGEST) == digest and isinstance(size, int) and size > 0
+    ]
+    return found[0] if found else None
+
+
+def _cell(value: object, column: str = "", base: int | None = None) -> str:
+    """A table cell: MB for memory, parameters with their ratio to `base` (the ET's)."""
     if column == "peak_memory_bytes" and isinstance(value, int | float):
         return f"{value / 2**20:.0f}"
+    if column == "parameters" and isinstance(value, int) and base:
+        return f"{value:,} ({value / base:.3f}x)"
     if isinstance(value, float):
         return f"{value:.4g}"
     return "-" if value is None else str(value)
