@@ -1,8 +1,10 @@
 """Incremental candidates (vPipe's NAS scenario): which trained weights a candidate starts from.
 
-With `study.inherit_weights=true`, a candidate's layers that share a key (and shapes) with
-the trial it came from keep that trial's trained weights, migrated to wherever the new plan
-puts them, instead of starting from scratch. The trial it came from is the evolution parent
+With `study.inherit_weights=true`, a candidate's layers that share a key with the trial it
+came from keep that trial's trained weights, tensor by tensor where names and shapes match,
+migrated to wherever the new plan puts them, instead of starting from scratch; when that
+trial is its evolution parent, the tensors its one edit touches start afresh
+(`search_spaces.edited`). The trial it came from is the evolution parent
 when the sampler names one (regularized evolution mutates one choice of it), else the
 previous trial this worker trained.
 
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
+from nas.leader import TrialOrder
 from pipeline import ElasticPipeline, WeightSnapshot
 
 __all__ = ["WeightBank"]
@@ -43,6 +46,15 @@ class WeightBank:
 
     def get(self, number: int | None) -> WeightSnapshot | None:
         return None if number is None else self._kept.get(number)
+
+    def inherited(self, number: int | None, order: TrialOrder) -> WeightSnapshot | None:
+        """What trial `order` starts from when it inherits from trial `number`: its weights,
+        tensor by tensor where names and shapes match, less the tensors the child's edit
+        touches when `number` is its parent (they start afresh, as from scratch)."""
+        kept = self.get(number)
+        if kept is None or number != order.parent or not order.edited:
+            return kept
+        return kept.without(order.edited)
 
     def add(self, number: int, pipe: ElasticPipeline) -> None:
         """Keep the weights `pipe` holds now as trial `number`'s (on every rank)."""

@@ -39,7 +39,7 @@ from nas import storage
 from nas.errors import HeartbeatError, LeaderError, describe
 from nas.progress import progress_bars
 from nas.search import ProgressiveDynamicHurdles
-from nas.search.evolution import KEY_PARENT
+from nas.search.evolution import KEY_MUTATED, KEY_PARENT
 from nas.settings import NasSettings
 from nas.tracking.base import TRACKER_RUN_ID, TrialEnd
 from nas.tracking.configured import run_directories, study_tracker
@@ -61,7 +61,15 @@ from nas.trials import (
     time_left,
     trials_table,
 )
-from search_spaces.architecture import InvalidArchitecture, functional_key, summary, to_json
+from search_spaces.architecture import (
+    Architecture,
+    InvalidArchitecture,
+    from_json,
+    functional_key,
+    summary,
+    to_json,
+)
+from search_spaces.edited import edited_tensors
 from search_spaces.evolved_transformer import validate
 
 __all__ = ["MAX_INVALID_IN_A_ROW", "Leader", "LeaderError", "TrialOrder"]
@@ -79,6 +87,9 @@ class TrialOrder:
     number: int
     architecture: str  # JSON (search_spaces.architecture.to_json)
     parent: int | None
+    # the tensors the child's edit of its parent touches (`search_spaces.edited`): inheriting
+    # from the parent, they start afresh
+    edited: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -312,9 +323,14 @@ class Leader:
         run_id = self.tracker.run_id  # the trial's W&B run (or mirror line key), for lookups
         if run_id is not None:
             trial.set_user_attr(TRACKER_RUN_ID, run_id)
-        stored = self.study.get_trials(deepcopy=False)[trial.number]  # numbers are indices
-        parent = stored.system_attrs.get(KEY_PARENT)
-        return TrialOrder(trial.number, arch_json, parent)
+        stored = self.study.get_trials(deepcopy=False)  # numbers are indices
+        attrs = stored[trial.number].system_attrs
+        parent = attrs.get(KEY_PARENT)
+        edited: tuple[str, ...] = ()
+        if parent is not None:
+            edit = attrs.get(KEY_MUTATED), stored[parent].params, trial.params
+            edited = _edited(*edit, from_json(arch_json))
+        return TrialOrder(trial.number, arch_json, parent, edited)
 
     def _tell(self, trial: optuna.Trial, outcome: Outcome) -> None:
         for key, value in outcome.attrs.items():
@@ -388,3 +404,17 @@ class Leader:
             front,
             {"finished": finished(self.study), "objectives": list(self.settings.study.objectives)},
         )
+
+
+def _edited(
+    name: str | None, parent: dict[str, Any], child: dict[str, Any], architecture: Architecture
+) -> tuple[str, ...]:
+    """The tensors of the child `architecture` its edit of parameter `name` touches (none
+    when it did not edit a parameter both asked, or one the space does not name): they
+    start afresh when it inherits its parent's weights."""
+    if name is None or name not in parent or name not in child:
+        return ()
+    try:
+        return tuple(edited_tensors(name, parent[name], child[name], architecture))
+    except ValueError:
+        return ()

@@ -303,7 +303,7 @@ def _run_trial(
             schedule,
             seed=settings.seed,
             pipe=pipe,
-            snapshot=bank.get(source),
+            snapshot=bank.inherited(source, order),
             cost_cache=machine.costs,
         )
         evaluation, steps, pruned = _train(settings, task, pipe, decide, schedule)

@@ -173,7 +173,9 @@ def test_a_multi_objective_study_with_hurdles_a_budget_and_inherited_weights(
     assert children  # a child starts from its evolution parent's weights
     assert all(
         t.user_attrs["inherited_from"] == t.system_attrs["evolution:parent"] for t in children
-    )
+    )  # tensor by tensor: the embeddings and the head at least (the edited branch afresh)
+    assert all(t.user_attrs["inherited_tensors"] > 0 for t in children)
+    assert all(t.user_attrs["inherited_fresh_tensors"] >= 0 for t in children)
     report_study(config, result)
     for name in ("optimization_history", "pareto_front", "partition_best_trial"):
         assert (tmp_path / "run" / f"{name}.png").stat().st_size > 1000
