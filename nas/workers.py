@@ -118,6 +118,7 @@ def _run(
     available = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
     procs = []
     for k in range(n_workers):
+        (folder / f"{job.stage.value}-{k}.pkl").unlink(missing_ok=True)  # an earlier round's
         mine = available[k * cores_each : (k + 1) * cores_each]
         command = [sys.executable, "-m", "nas.workers", str(job_path), str(k)]
         command += [",".join(map(str, mine))] if len(mine) == cores_each else []
