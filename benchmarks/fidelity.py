@@ -13,6 +13,8 @@ not (Kendall tau 0.10 at 100 steps). Before a search is built on an estimate, it
   paired difference from the ET in whole-split validation loss (`nas.paired`);
 * **from-scratch rungs** (`--rungs`, steps): the validation loss (`train.eval_batches`) of the
   same runs at that step (on the full schedule, as PDH's rungs are), minus the ET's;
+  **extrapolated**: a learning curve `a + b t^-c` fitted to the evaluations up to the last
+  rung, read at the full budget, minus the ET's;
 * **inherited** (`--inherit-steps` k): the child starts from the ET trained to the full
   budget on that seed, tensor by tensor where names and shapes match, its edited branch
   afresh (`search_spaces.edited`, `WeightSnapshot.without`), trains k steps (a k-step
@@ -108,20 +110,57 @@ def truth_and_rungs(
         rows = [h for h in run.history if h["step"] == step] if run else []
         return rows[0].get("validation_loss") if rows else None
 
+    def curve(name: str, seed: int, upto: int) -> float | None:
+        """The loss at the full budget, extrapolated from the evaluations up to `upto`."""
+        run = by.get((name, seed))
+        if run is None:
+            return None
+        points = [
+            (int(h["step"]), float(h["validation_loss"]))
+            for h in run.history
+            if "validation_loss" in h and h["step"] <= upto
+        ]
+        return extrapolate(points, full)
+
+    full = settings.retrain.steps or settings.train.steps
     truth: dict[str, PairedDifference] = {}
     estimates: dict[str, dict[str, float]] = {f"rung@{r}": {} for r in rungs}
+    estimates[f"extrapolated@{max(rungs)}"] = {}
     for model, _ in named:
         truth[model.name] = paired_difference(final(model.name), final(REFERENCE))
-        for r in rungs:
+        looks = [(f"rung@{r}", functools.partial(at, step=r)) for r in rungs]
+        looks.append((f"extrapolated@{max(rungs)}", functools.partial(curve, upto=max(rungs))))
+        for label, look in looks:
             diffs = [
                 mine - theirs
                 for s in seeds
-                if (mine := at(model.name, s, r)) is not None
-                and (theirs := at(REFERENCE, s, r)) is not None
+                if (mine := look(model.name, s)) is not None
+                and (theirs := look(REFERENCE, s)) is not None
             ]
             if diffs:
-                estimates[f"rung@{r}"][model.name] = statistics.fmean(diffs)
+                estimates[label][model.name] = statistics.fmean(diffs)
     return runs, truth, estimates
+
+
+def extrapolate(points: list[tuple[int, float]], step: int) -> float | None:
+    """A learning curve `loss = a + b * step^-c` fitted to `points` (step, loss), read at
+    `step`; None when fewer than 3 points or the fit fails."""
+    import numpy as np
+    from scipy.optimize import curve_fit
+
+    if len(points) < 3:
+        return None
+    x, y = np.array([p[0] for p in points], float), np.array([p[1] for p in points], float)
+
+    def law(t: Any, a: float, b: float, c: float) -> Any:
+        return a + b * np.power(t, -c)
+
+    try:
+        (a, b, c), _ = curve_fit(law, x, y, p0=(y[-1], y[0] - y[-1], 0.5), maxfev=20000)
+    except (RuntimeError, ValueError):
+        return None
+    value = float(law(step, a, b, c))
+    return value if np.isfinite(value) else None
 
 
 def inherited(
@@ -287,11 +326,15 @@ def main() -> None:
     truth_s = time.perf_counter() - truth_started
     estimates |= inherited(settings, reference, named, args.inherit_steps)
     full = settings.retrain.steps or settings.train.steps
-    costs = {f"rung@{r}": r / full for r in args.rungs} | {
-        f"{v}@{k}": k / full * (1 + 1 / len(named))  # the control, once per parent, shared
-        for v in ("inherited", "inherited-all")
-        for k in args.inherit_steps
-    }
+    costs = (
+        {f"rung@{r}": r / full for r in args.rungs}
+        | {f"extrapolated@{max(args.rungs)}": max(args.rungs) / full}
+        | {
+            f"{v}@{k}": k / full * (1 + 1 / len(named))  # the control, once per parent, shared
+            for v in ("inherited", "inherited-all")
+            for k in args.inherit_steps
+        }
+    )
     final = {(r.model, r.seed): r.metrics["validation_loss"] for r in runs if r.error is None}
     per_seed = [
         {m.name: final[m.name, s] - final[REFERENCE, s] for m, _ in named if (m.name, s) in final}
