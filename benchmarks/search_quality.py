@@ -85,7 +85,14 @@ from nas.retrain import (
 )
 from nas.settings import NasSettings, PrunerSettings, SamplerSettings, lower_is_better
 from nas.study import run_study
-from nas.trials import counted, finished, open_study, seconds_searched, seed_architectures
+from nas.trials import (
+    INVALID,
+    counted,
+    finished,
+    open_study,
+    seconds_searched,
+    seed_architectures,
+)
 from search_spaces.architecture import summary
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -165,6 +172,9 @@ def main() -> None:
         "headline_study_load_average_1_5_15_before": args.headline_load_before,
     }
     summary = _summary(runs, wanted, args.study_seeds)
+    if "headline" in runs:  # what the headline study judged per hour, and on which shape
+        keys = ("trials", "trials_per_hour", "complete", "pruned", "refused", "shapes")
+        summary["headline"] = {key: runs["headline"].get(key) for key in keys}
     result = _merge(args.out, run, runs, summary, retrained, args.experiment)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2, default=str) + "\n")
@@ -409,6 +419,8 @@ def _read(
         "best": best,
         "curve": curve,
         "rank_by_step": _rank_by_step(done, settings.train.steps),
+        "shapes": dict(collections.Counter(str(t.user_attrs.get("shape")) for t in done)),
+        "refused": sum(bool(t.user_attrs.get(INVALID)) for t in study.trials),
         "storage": settings.storage_url,
         "study_name": study.study_name,
     }
