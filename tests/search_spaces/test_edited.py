@@ -83,6 +83,7 @@ def test_a_width_edit_names_its_branch_and_what_it_ripples_into_has_new_names_or
 
 def test_cross_block_edits_touch_both_blocks_and_whole_model_edits_touch_none() -> None:
     cross = PARAMS["dec.cross_block"]
+    assert isinstance(cross, int)
     other = 0 if cross != 0 else 1
     kid = child("dec.cross_block", other)
     assert edited_tensors("dec.cross_block", cross, other, kid) == [

@@ -6,16 +6,18 @@ import functools
 
 import pytest
 
-from nas.search.edits import mutants, questions
+from nas.search.edits import Space, mutants, questions
 from nas.trials import param_window, sample_architecture, seed_architectures, space_primitives
 from search_spaces.architecture import functional_key
-from search_spaces.evolved_transformer import seed_params, validate
-from search_spaces.suggest import FixedSuggest
+from search_spaces.evolved_transformer import ParamWindow, seed_params, validate
+from search_spaces.suggest import CategoricalChoice, FixedSuggest
 from tests.nas.harness.common import composed
+
+Space2h = tuple[Space, dict[str, CategoricalChoice], ParamWindow | None]
 
 
 @pytest.fixture(scope="module")
-def search_2h():  # type: ignore[no-untyped-def]
+def search_2h() -> Space2h:
     settings = composed("experiment=search_2h")
     space = functools.partial(sample_architecture, settings=settings)
     et = seed_architectures(settings)["evolved_transformer"]
@@ -23,7 +25,7 @@ def search_2h():  # type: ignore[no-untyped-def]
 
 
 def test_each_mutant_is_its_parent_with_one_answer_changed_and_replays_as_a_trial(
-    search_2h,  # type: ignore[no-untyped-def]
+    search_2h: Space2h,
 ) -> None:
     space, parent, window = search_2h
     asked = questions(parent, space)
@@ -44,7 +46,7 @@ def test_each_mutant_is_its_parent_with_one_answer_changed_and_replays_as_a_tria
 
 
 def test_mutants_are_drawn_the_same_for_a_seed_and_a_bad_count_is_refused(
-    search_2h,  # type: ignore[no-untyped-def]
+    search_2h: Space2h,
 ) -> None:
     space, parent, window = search_2h
     first = mutants(parent, space, 4, window=window, seed=5)

@@ -8,7 +8,7 @@ from typing import Any
 import optuna
 from optuna.distributions import IntDistribution
 from optuna.study import StudyDirection
-from optuna.trial import TrialState, create_trial
+from optuna.trial import FrozenTrial, TrialState, create_trial
 
 from nas.search import RegularizedEvolutionSampler
 from nas.search.lineage import (
@@ -22,6 +22,11 @@ from nas.search.lineage import (
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 DIGITS = IntDistribution(0, 9)
+
+
+def value(made: FrozenTrial) -> float:
+    assert made.value is not None
+    return made.value
 
 
 def trial(number: int, value: float, params: dict[str, int], **attrs: Any) -> Any:
@@ -83,9 +88,9 @@ def test_grafted_children_carry_an_improving_edit_from_another_lineage() -> None
         source = study.trials[graft["source"]]
         source_parent = study.trials[source.system_attrs[KEY_PARENT]]
         assert source.system_attrs[KEY_MUTATED] == name and source.params[name] == graft["value"]
-        assert source.value < source_parent.value  # an improvement where it was measured
+        assert value(source) < value(source_parent)  # an improvement where it was measured
         parent = study.trials[kid.system_attrs[KEY_PARENT]]
         assert kid.params[name] == graft["value"] != parent.params[name]
         assert {n for n in kid.params if kid.params[n] != parent.params[n]} == {name}
-    best = min(t.value for t in study.trials if t.state == TrialState.COMPLETE)
+    best = min(value(t) for t in study.trials if t.state == TrialState.COMPLETE)
     assert best <= 9.0  # edits stacked: far below the seed's 27
