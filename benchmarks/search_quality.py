@@ -509,7 +509,9 @@ def _retrain(
     """Each pick (a role: "best", "warm-<seed>", "cold-<seed>", and the study in `runs` it
     picks from) retrained from scratch with the same training seeds, and both seeds when
     `seed_models`; "best" retrains the experiment's `retrain.top_k` best complete trials and
-    its pick is the best of them retrained (validation only). A network two studies picked
+    its pick is the best of them retrained (validation only): on `retrain.selection_seeds`
+    when the experiment has them (`_select`; then only the pick is judged on the training
+    seeds), else on the training seeds themselves. A network two studies picked
     (`nas.retrain.identity`) is trained once."""
     settings = replace(
         base,
@@ -547,6 +549,9 @@ def _retrain(
                 candidates.setdefault(role, []).append(same or name)
             if same is None:
                 models[name] = replace(model, name=name)
+    selection = _select(base, models, candidates.get("best", []))
+    if selection is not None:  # the best's other candidates played their part: not judged
+        models = {n: m for n, m in models.items() if n not in selection["not_chosen"]}
     result = retrain_models(settings, list(models.values()))
     table = model_table(result.runs, settings.study.fitness)
     rows = {row["model"]: row for row in table}
@@ -554,12 +559,17 @@ def _retrain(
     chosen = {
         role: min(names, key=lambda n: order.index(n) if n in order else len(order))
         for role, names in candidates.items()
+        if role != "best" or selection is None
     }
+    if selection is not None:
+        chosen["best"] = selection["chosen"]
     out: dict[str, Any] = {
         "models": [_entry(n, m, result.runs) for n, m in models.items()],
         "picks": chosen,
         "table": table,
         "selected": result.selected,
+        "selection": selection,  # None: the pick was chosen on the judging seeds themselves
+        "judging_seeds": list(settings.retrain.seeds),
         "warm_vs_cold": _warm_vs_cold(rows, chosen),
     }
     if "best" in chosen:
@@ -574,6 +584,26 @@ def _retrain(
         }
         out["goal"] = _goal(rows, chosen["best"])
     return out
+
+
+def _select(base: NasSettings, models: dict[str, Model], names: list[str]) -> dict[str, Any] | None:
+    """With `retrain.selection_seeds` and more than one candidate: the candidates retrained
+    on those seeds, the best (mean validation fitness) chosen; the judging seeds then see
+    only it (no winner's curse). None otherwise."""
+    seeds = base.retrain.selection_seeds
+    if not seeds or len(names) < 2:
+        return None
+    choosing = replace(base, retrain=replace(base.retrain, seeds=seeds, seed_models=False))
+    result = retrain_models(choosing, [models[n] for n in names])
+    table = model_table(result.runs, base.study.fitness)
+    best = table[0]["model"] if table else names[0]
+    return {
+        "seeds": list(seeds),
+        "candidates": [_entry(n, models[n], result.runs) for n in names],
+        "table": table,
+        "chosen": best,
+        "not_chosen": [n for n in names if n != best],
+    }
 
 
 def _entry(name: str, model: Model, runs: Sequence[RetrainRun]) -> dict[str, Any]:
