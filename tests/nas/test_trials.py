@@ -7,7 +7,7 @@ from pathlib import Path
 
 import optuna
 
-from nas.search.evolution import KEY_PROPOSAL, KEY_ROLE
+from nas.search.evolution import KEY_GRAFT, KEY_PROPOSAL, KEY_ROLE
 from nas.settings import NasSettings, StudySettings
 from nas.trials import (
     MODEL_DIGEST,
@@ -63,8 +63,8 @@ def test_evolution_proposes_only_models_inside_the_window_that_no_trial_trained(
     tmp_path: Path,
 ) -> None:
     """`search_2h`'s evolution on a real SQLite study, its objective the model's size: every
-    child is inside the window (the seeds are trained whatever their size) and no two trials
-    train one model, so no proposal is refused."""
+    child, mutated or grafted, is inside the window (the seeds are trained whatever their
+    size) and no two trials train one model, so no proposal is refused."""
     settings = composed("experiment=search_2h", f"studies_dir={tmp_path}")
     study = open_study(settings)
     window = param_window(settings)
@@ -77,6 +77,7 @@ def test_evolution_proposes_only_models_inside_the_window_that_no_trial_trained(
     study.optimize(objective, n_trials=20)
     kids = [t for t in study.trials if t.system_attrs.get(KEY_ROLE) == "child"]
     assert len(kids) == 18 and all(KEY_PROPOSAL in t.system_attrs for t in kids)
+    assert any(KEY_GRAFT in t.system_attrs for t in kids)  # recombined: valid all the same
     for kid in kids:
         validate(sample_architecture(FixedSuggest(kid.params), settings), window=window)
     digests = [t.user_attrs[MODEL_DIGEST] for t in study.trials]
