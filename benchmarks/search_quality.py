@@ -93,9 +93,12 @@ from nas.trials import (
     seconds_searched,
     seed_architectures,
 )
-from search_spaces.architecture import summary
+from search_spaces.architecture import summary, to_json
+from search_spaces.evolved_transformer import PRIMITIVES, seed_params
+from search_spaces.primer import with_primitives
 
 ROOT = Path(__file__).resolve().parent.parent
+PRIMER_BOTH = f"{REFERENCE}+both"  # the ET with both Primer edits (`--primer-reference`)
 RESULTS = ROOT / "benchmarks" / "results"
 PARTS = ("samplers", "pruning", "warm", "best")
 # a study's variant: what it changes in the experiment's settings (typed: an override like
@@ -260,6 +263,11 @@ def _arguments() -> argparse.Namespace:
         nargs=3,
         default=None,
         help="the load average (1, 5, 15 min) before the --headline-study ran, for the JSON",
+    )
+    parser.add_argument(
+        "--primer-reference",
+        action="store_true",
+        help="retrain the ET with both Primer edits beside the seeds (`evolved_transformer+both`)",
     )
     parser.add_argument("--study-seeds", type=int, default=2)
     parser.add_argument(
@@ -549,6 +557,10 @@ def _retrain(
                 candidates.setdefault(role, []).append(same or name)
             if same is None:
                 models[name] = replace(model, name=name)
+    if args.primer_reference and seed_models:  # the ET with both of Primer's edits
+        primer = _primer_reference(settings)
+        if all(identity(m.architecture) != identity(primer.architecture) for m in models.values()):
+            models[primer.name] = primer
     selection = _select(base, models, candidates.get("best", []))
     if selection is not None:  # the best's other candidates played their part: not judged
         models = {n: m for n, m in models.items() if n not in selection["not_chosen"]}
@@ -584,6 +596,13 @@ def _retrain(
         }
         out["goal"] = _goal(rows, chosen["best"])
     return out
+
+
+def _primer_reference(settings: NasSettings) -> Model:
+    """The Evolved Transformer with squared ReLU and multi-DConv-head attention everywhere,
+    as `space_room.py` builds it: what applying Primer's two edits by hand gives."""
+    arch = with_primitives(seed_architectures(settings)[REFERENCE], PRIMITIVES)
+    return Model(PRIMER_BOTH, None, seed_params(arch, primitives=PRIMITIVES), to_json(arch))
 
 
 def _select(base: NasSettings, models: dict[str, Model], names: list[str]) -> dict[str, Any] | None:
@@ -632,18 +651,20 @@ def _entry(name: str, model: Model, runs: Sequence[RetrainRun]) -> dict[str, Any
         "validation_loss": values("validation_loss"),
         "chrf": values("validation_chrf"),
         "test_loss": values("test_loss"),
-        "vs_evolved_transformer": _vs_evolved_transformer(name, runs),
+        "vs_evolved_transformer": _versus(name, runs, REFERENCE),
+        "vs_evolved_transformer_both": _versus(name, runs, PRIMER_BOTH),
     }
 
 
-def _vs_evolved_transformer(name: str, runs: Sequence[RetrainRun]) -> dict[str, Any] | None:
-    """`name - evolved_transformer` paired by training seed on validation loss and chrF (the
-    metrics the runs have): mean, stderr, n, wins (`nas.paired.PairedDifference.to_dict`)."""
-    if name == REFERENCE or not any(run.model == REFERENCE for run in runs):
+def _versus(name: str, runs: Sequence[RetrainRun], reference: str) -> dict[str, Any] | None:
+    """`name - reference` paired by training seed on validation loss and chrF (the metrics
+    the runs have): mean, stderr, n, wins (`nas.paired.PairedDifference.to_dict`); None for
+    the reference itself, or when it was not retrained."""
+    if name == reference or not any(run.model == reference for run in runs):
         return None
     keys = {"validation_loss": "validation_loss", "validation_chrf": "chrf"}
     metrics = [m for m in keys if any(m in run.metrics for run in runs)]
-    paired = paired_metrics(runs, name, REFERENCE, metrics)
+    paired = paired_metrics(runs, name, reference, metrics)
     return {keys[metric]: pair.to_dict() for metric, pair in paired.items()}
 
 
