@@ -27,7 +27,11 @@ top rung, a window topped at the ET's size), run for a wall-clock budget with
               model's difference from the Evolved Transformer paired by training seed
               (every model sees the same data order for a seed): mean, standard error,
               seeds won; the goal is met when the best beats both seeds on validation loss
-              and chrF with no more parameters than either seed.
+              and chrF with no more parameters than either seed. With the experiment's
+              `retrain.selection_seeds` the best is chosen among the top-k on those
+              seeds and only it is judged on the training seeds (`retrain.selection`);
+              `--primer-reference` retrains the ET with both Primer edits beside the
+              seeds (each model's `vs_evolved_transformer_both`).
 
 The headline's `pruning.steps_saved` is 1 - (steps its trials trained) / (steps they would
 have trained had every one gone to the top rung). `proxy_rank.json`'s Kendall tau (by rung)
