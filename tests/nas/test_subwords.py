@@ -3,8 +3,9 @@ seed, answering as the character `Vocab` does."""
 
 from __future__ import annotations
 
-import pytest
 from pydoc_data.topics import topics
+
+import pytest
 
 from nas.subwords import SubwordVocab
 from nas.vocab import BOS, EOS, PAD, UNK
