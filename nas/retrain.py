@@ -445,11 +445,9 @@ def _export(
 ) -> Path:
     """Step 4: the model's best seed, with every seed's validation figures beside it."""
     metrics: dict[str, Any] = dict(run.metrics)
-    if "validation_chrf" in metrics:  # the names a translation user looks for
-        metrics |= {
-            "chrf": metrics["validation_chrf"],
-            "exact_match": metrics["validation_exact_match"],
-        }
+    for name in ("chrf", "bleu", "exact_match"):  # the names a translation user looks for
+        if f"validation_{name}" in metrics:
+            metrics[name] = metrics[f"validation_{name}"]
     mine = [r for r in runs if r.model == model.name and r.error is None]
     metrics |= {
         "params": run.parameters,

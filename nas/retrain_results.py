@@ -107,7 +107,8 @@ def compare(
 ) -> tuple[str | None, dict[str, dict[str, PairedDifference]]]:
     """Step 5: the reference seed model (`nas.paired.reference_model`: the Evolved
     Transformer when retrained) and every other model's paired difference against it on
-    `fitness` and, when the runs have it, `validation_chrf`; (None, {}) without one."""
+    `fitness` and, when the runs have them, `validation_chrf` and `validation_bleu`; (None,
+    {}) without one."""
     rows = model_table(runs, fitness)
     seeds = {row["model"]: row[f"{fitness}_mean"] for row in rows if row["trial"] is None}
     reference = reference_model(seeds, maximize=direction(fitness) == "maximize")
@@ -115,7 +116,7 @@ def compare(
         return None, {}
     metrics = [
         m
-        for m in dict.fromkeys((fitness, "validation_chrf"))
+        for m in dict.fromkeys((fitness, "validation_chrf", "validation_bleu"))
         if any(m in run.metrics for run in runs)
     ]
     return reference, {

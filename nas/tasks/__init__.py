@@ -40,7 +40,7 @@ from nas.tasks.base import (
     masked_cross_entropy,
 )
 from nas.tasks.charlm import CharLanguageModel, CharLM
-from nas.tasks.metrics import chrf, decode_metrics, exact_match, sentence_chrf
+from nas.tasks.metrics import bleu, bleu_signature, chrf, decode_metrics, exact_match, sentence_chrf
 from nas.tasks.textfile import TextFile
 from nas.tasks.translation import Translation, greedy_decode
 
@@ -60,6 +60,8 @@ __all__ = [
     "TokenStats",
     "Translation",
     "Vocab",
+    "bleu",
+    "bleu_signature",
     "chrf",
     "decode_metrics",
     "exact_match",

@@ -1,4 +1,8 @@
-"""Metrics on generated strings: exact match and chrF (sacreBLEU's `CHRF`).
+"""Metrics on generated strings: exact match, chrF and BLEU (sacreBLEU's `CHRF`, `BLEU`).
+
+BLEU is sacreBLEU's corpus BLEU with its defaults (4-gram, the "13a" tokenizer, exponential
+smoothing, case-sensitive) on the detokenized text, so it is comparable with published
+scores; `BLEU_SIGNATURE` is sacreBLEU's signature of those settings, which reports record.
 
 chrF (Popovic 2015) is the character n-gram F-score; the score is sacreBLEU's own
 (`sacrebleu.metrics.CHRF()` defaults: char order 6, word order 0, beta 2, whitespace
@@ -25,7 +29,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from sacrebleu.metrics import CHRF
 
-__all__ = ["chrf", "decode_metrics", "exact_match", "sentence_chrf"]
+__all__ = ["bleu", "bleu_signature", "chrf", "decode_metrics", "exact_match", "sentence_chrf"]
 
 CHAR_ORDER = 6
 BETA = 2.0
@@ -71,6 +75,24 @@ def sentence_chrf(
     return float(_metric(order, beta).sentence_score(hypothesis, [reference]).score)
 
 
+def bleu(hypotheses: Sequence[str], references: Sequence[str]) -> float:
+    """Corpus BLEU in [0, 100] (sacreBLEU's defaults, module doc); 0.0 for no pairs."""
+    from sacrebleu.metrics import BLEU
+
+    _check_lengths(hypotheses, references)
+    if not references:
+        return 0.0
+    return float(BLEU().corpus_score(list(hypotheses), [list(references)]).score)
+
+
+def bleu_signature() -> str:
+    """sacreBLEU's signature of the BLEU computed here, e.g. `nrefs:1|case:mixed|eff:no|
+    tok:13a|smooth:exp|version:2.6.0`: what a report records beside the score."""
+    from sacrebleu.metrics import BLEU
+
+    return str(BLEU().get_signature())
+
+
 def exact_match(hypotheses: Sequence[str], references: Sequence[str]) -> float:
     """The fraction of hypotheses equal to their reference (0.0 for no pairs)."""
     _check_lengths(hypotheses, references)
@@ -80,9 +102,10 @@ def exact_match(hypotheses: Sequence[str], references: Sequence[str]) -> float:
 
 
 def decode_metrics(hypotheses: list[str], references: list[str]) -> dict[str, float]:
-    """Exact match (fraction) and corpus chrF (0-100) of generated strings."""
+    """Exact match (fraction), corpus chrF and corpus BLEU (0-100) of generated strings."""
     return {
         "exact_match": exact_match(hypotheses, references),
         "chrf": chrf(hypotheses, references),
+        "bleu": bleu(hypotheses, references),
         "n": float(len(references)),
     }

@@ -162,17 +162,18 @@ def split_pairs(
 
 
 class Translation(Task):
-    """English->German names: loss (nats/token) and token accuracy; `evaluate` adds chrF
-    and exact match of greedy translations."""
+    """English->German names: loss (nats/token) and token accuracy; `evaluate` adds chrF,
+    BLEU and exact match of greedy translations."""
 
     name = "translation"
     baseline_metric = "loss"
     metric_directions: ClassVar[dict[str, Direction]] = {
         **Task.metric_directions,
         "chrf": "maximize",
+        "bleu": "maximize",
         "exact_match": "maximize",
     }
-    decoded_metrics = ("chrf", "exact_match")
+    decoded_metrics = ("chrf", "bleu", "exact_match")
     decoder_only = False
     example_call = "m.translate(['Germany', 'France'])"
 
@@ -295,7 +296,7 @@ class Translation(Task):
         batch_size: int = 64,
         pairs: int | None = None,
     ) -> dict[str, float]:
-        """Exact match and corpus chrF of greedy translations of `pairs` pairs of `split`
+        """Exact match, corpus chrF and BLEU of greedy translations of `pairs` pairs of `split`
         (`decode_subset`; None: all) against their references."""
         indices = self.decode_subset(split, pairs)
         hypotheses = self.generate(step_fn, split, batch_size=batch_size, indices=indices)
@@ -315,7 +316,7 @@ class Translation(Task):
         """Loss and token accuracy (teacher forcing), then, unless `decode=0`, greedy
         decoding of `decode` pairs (None: all) in batches of `decode_batch_size` rows (one
         forward per generated token, so few large batches cost least; default
-        `decode_rows`): `chrf`, `exact_match`, `decoded` (pairs) and `decode_s` (what
+        `decode_rows`): `chrf`, `bleu`, `exact_match`, `decoded` (pairs) and `decode_s` (what
         decoding cost, in seconds)."""
         metrics = super().evaluate(forward, split, batch_size=batch_size, max_batches=max_batches)
         if decode == 0:
@@ -328,6 +329,7 @@ class Translation(Task):
         )
         return metrics | {
             "chrf": decoded["chrf"],
+            "bleu": decoded["bleu"],
             "exact_match": decoded["exact_match"],
             "decoded": decoded["n"],
             "decode_s": time.perf_counter() - started,

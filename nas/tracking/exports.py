@@ -30,7 +30,7 @@ __all__ = [
 ]
 
 EXPORTED_MODELS = "exported_models"  # the study user attribute
-_FIGURES = ("trial", "seed", "steps", "samples_per_s", "chrf", "exact_match")
+_FIGURES = ("trial", "seed", "steps", "samples_per_s", "chrf", "bleu", "exact_match")
 
 
 def _metrics(folder: str | Path) -> dict[str, Any]:

@@ -1,10 +1,12 @@
-"""chrF (sacreBLEU's CHRF) against hand-computed values and published examples; exact match."""
+"""chrF (sacreBLEU's CHRF) against hand-computed values and published examples; BLEU against
+sacreBLEU's own function; exact match."""
 
 from __future__ import annotations
 
 import pytest
+import sacrebleu
 
-from nas.tasks import chrf, decode_metrics, exact_match, sentence_chrf
+from nas.tasks import bleu, bleu_signature, chrf, decode_metrics, exact_match, sentence_chrf
 
 
 def test_chrf_hand_computed() -> None:
@@ -96,3 +98,14 @@ def test_mismatched_lengths_and_single_strings_are_refused() -> None:
         exact_match("abc", ["abc"])
     with pytest.raises(TypeError, match="one pair of strings"):
         sentence_chrf(["abc"], ["abc"])  # type: ignore[arg-type]
+
+
+def test_bleu_is_sacrebleus_corpus_bleu_with_its_signature() -> None:
+    hypotheses = ["The cat sat on the mat.", "Datei wurde nicht gefunden", "%s Dateien kopiert"]
+    references = ["The cat sat on a mat.", "Datei nicht gefunden", "%s Dateien wurden kopiert"]
+    expected = sacrebleu.corpus_bleu(hypotheses, [references]).score
+    assert bleu(hypotheses, references) == pytest.approx(expected) and 0 < expected < 100
+    assert bleu(references, references) == pytest.approx(100.0)
+    assert bleu([], []) == 0.0
+    assert "tok:13a" in bleu_signature() and f"version:{sacrebleu.__version__}" in bleu_signature()
+    assert decode_metrics(hypotheses, references)["bleu"] == pytest.approx(expected)

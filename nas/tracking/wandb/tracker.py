@@ -52,7 +52,7 @@ MODES = ("offline", "online", "disabled")
 Direction = Literal["minimize", "maximize"]
 STEP_METRIC = "step"  # logged in every trial row: the x axis of the trial's metrics
 _SPLITS = ("validation_", "test_", "train_")
-_RISING = ("accuracy", "chrf", "exact_match")  # by name, when no direction is declared
+_RISING = ("accuracy", "chrf", "bleu", "exact_match")  # by name, when no direction is declared
 
 # W&B settings the tracker applies unless `settings=` overrides them: no console capture,
 # no informational output (warnings and errors still print), no system-metrics sampler
