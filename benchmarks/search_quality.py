@@ -616,7 +616,9 @@ def _select(base: NasSettings, models: dict[str, Model], names: list[str]) -> di
     seeds = base.retrain.selection_seeds
     if not seeds or len(names) < 2:
         return None
-    choosing = replace(base, retrain=replace(base.retrain, seeds=seeds, seed_models=False))
+    choosing = replace(
+        base, retrain=replace(base.retrain, seeds=seeds, selection_seeds=(), seed_models=False)
+    )
     result = retrain_models(choosing, [models[n] for n in names])
     table = model_table(result.runs, base.study.fitness)
     best = table[0]["model"] if table else names[0]

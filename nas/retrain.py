@@ -116,7 +116,8 @@ def retrain(settings: NasSettings) -> RetrainResult:
     if not choosing or len(searched) < 2:
         return retrain_models(settings, models)
     selection = retrain_models(
-        replace(settings, retrain=replace(settings.retrain, seeds=choosing)), searched
+        replace(settings, retrain=replace(settings.retrain, seeds=choosing, selection_seeds=())),
+        searched,
     )
     winner = [m for m in searched if m.name == selection.selected] or searched[:1]
     judged = retrain_models(settings, winner + [m for m in models if m.trial is None])
