@@ -9,8 +9,9 @@ convention (a `▁` marks a word's start, `Metaspace`), so decoding gives the te
 its spaces; text is NFC-normalised first.
 
 Training is deterministic: `tokenizers` is told not to run in parallel while it trains
-(`TOKENIZERS_PARALLELISM=false`; its unigram trainer's threads would otherwise change the
-result), and `seed` fixes the order the texts are given in. The vocabulary is saved as
+(`TOKENIZERS_PARALLELISM=false`), `seed` fixes the order the texts are given in, and a
+unigram vocabulary is put in one order (its trainer's scores vary in their last bits from
+run to run, which would reorder near-equal pieces). The vocabulary is saved as
 `tokenizer.json` (`to_json`), which `tokenizers.Tokenizer.from_file` and the core install
 (`nas.load_model`) read back.
 """
@@ -77,7 +78,7 @@ class SubwordVocab:
         random.Random(seed).shuffle(order)
         with _sequential():
             tokenizer.train_from_iterator(order, trainer)
-        return cls(tokenizer)
+        return cls(_canonical(tokenizer) if kind == "unigram" else tokenizer)
 
     def __len__(self) -> int:
         return int(self.tokenizer.get_vocab_size())
@@ -134,6 +135,24 @@ class SubwordVocab:
     @classmethod
     def from_json(cls, text: str) -> SubwordVocab:
         return cls(Tokenizer.from_str(text))
+
+
+def _canonical(tokenizer: Tokenizer) -> Tokenizer:
+    """A unigram vocabulary the same whatever the run. Its trainer's scores differ in their
+    last bits from run to run (its sums are not ordered), and it appends the characters it
+    must keep in a set's order, at scores below every trained piece's: scores are rounded to
+    9 decimals, that tail is sorted by character (its scores kept in place), and the pieces
+    after the specials are sorted by score, then text."""
+    data = json.loads(tokenizer.to_str())
+    pieces = data["model"]["vocab"]
+    specials = pieces[: len(SPECIALS)]
+    rest = sorted(([p, round(s, 9)] for p, s in pieces[len(SPECIALS) :]), key=lambda e: -e[1])
+    floor = min((score for p, score in rest if len(p) > 1), default=0.0)
+    start = next((i for i, (p, score) in enumerate(rest) if score < floor), len(rest))
+    tail = sorted(p for p, _ in rest[start:])  # below every trained piece: the kept chars
+    rest[start:] = [[p, score] for p, (_, score) in zip(tail, rest[start:], strict=True)]
+    data["model"]["vocab"] = specials + sorted(rest, key=lambda e: (-e[1], e[0]))
+    return Tokenizer.from_str(json.dumps(data))
 
 
 @contextlib.contextmanager

@@ -60,6 +60,7 @@ def test_the_configured_wandb_tracker_knows_the_tasks_directions_and_whose_run_i
         "validation_loss": "minimize",
         "validation_accuracy": "maximize",
         "validation_chrf": "maximize",
+        "validation_bleu": "maximize",
         "validation_exact_match": "maximize",
     }
     tracker.close()  # nothing started: nothing to finish
