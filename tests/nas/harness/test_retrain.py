@@ -80,7 +80,8 @@ def test_the_best_and_both_seeds_are_retrained_exported_and_load_alone(
         for pair in pairs.values()
     )
     assert all(
-        sorted(pairs) == ["validation_chrf", "validation_loss"] for pairs in result.paired.values()
+        sorted(pairs) == ["validation_bleu", "validation_chrf", "validation_loss"]
+        for pairs in result.paired.values()
     )
 
     task = get_task("translation")
