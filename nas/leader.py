@@ -39,7 +39,7 @@ from nas import storage
 from nas.errors import HeartbeatError, LeaderError, describe
 from nas.progress import progress_bars
 from nas.search import ProgressiveDynamicHurdles
-from nas.search.evolution import KEY_MUTATED, KEY_PARENT
+from nas.search.lineage import KEY_MUTATED, KEY_PARENT
 from nas.settings import NasSettings
 from nas.tracking.base import TRACKER_RUN_ID, TrialEnd
 from nas.tracking.configured import run_directories, study_tracker

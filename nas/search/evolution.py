@@ -65,13 +65,6 @@ from nas.search.lineage import (
 from nas.search.records import StudyRecords, contains, trial_id
 
 __all__ = [
-    "KEY_GRAFT",
-    "KEY_MUTATED",
-    "KEY_MUTATION_APPLIED",
-    "KEY_PARENT",
-    "KEY_PROPOSAL",
-    "KEY_ROLE",
-    "KEY_TOURNAMENT",
     "ProposalCheck",
     "RegularizedEvolutionSampler",
 ]

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import optuna
 
-from nas.search.evolution import KEY_GRAFT, KEY_PROPOSAL, KEY_ROLE
+from nas.search.lineage import KEY_GRAFT, KEY_PROPOSAL, KEY_ROLE
 from nas.settings import NasSettings, StudySettings
 from nas.trials import (
     MODEL_DIGEST,

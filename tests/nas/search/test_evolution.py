@@ -18,7 +18,7 @@ import pytest
 from optuna.trial import FrozenTrial, TrialState
 
 from nas.search import RegularizedEvolutionSampler
-from nas.search.evolution import (
+from nas.search.lineage import (
     KEY_MUTATED,
     KEY_MUTATION_APPLIED,
     KEY_PARENT,
