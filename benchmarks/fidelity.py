@@ -94,9 +94,15 @@ def draw(settings: NasSettings, count: int, seed: int) -> tuple[Model, list[tupl
 
 def truth_and_rungs(
     settings: NasSettings, reference: Model, named: list[tuple[Model, Mutant]], rungs: list[int]
-) -> tuple[list[RetrainRun], dict[str, PairedDifference], dict[str, dict[str, float]]]:
+) -> tuple[
+    list[RetrainRun],
+    dict[str, PairedDifference],
+    dict[str, dict[str, float]],
+    list[dict[str, dict[str, float]]],
+]:
     """Every model trained to the full budget per seed; each mutant's paired difference from
-    the ET; and each rung's estimate (the mean over seeds of mutant - ET at that step)."""
+    the ET; and each rung's estimate (the mean over seeds of mutant - ET at that step, and
+    each seed's)."""
     models = [reference, *(model for model, _ in named)]
     runs = list(retrain_models(settings, models).runs)
     by = {(r.model, r.seed): r for r in runs if r.error is None}
@@ -126,20 +132,23 @@ def truth_and_rungs(
     truth: dict[str, PairedDifference] = {}
     estimates: dict[str, dict[str, float]] = {f"rung@{r}": {} for r in rungs}
     estimates[f"extrapolated@{max(rungs)}"] = {}
+    per_seed: list[dict[str, dict[str, float]]] = [
+        {label: {} for label in estimates} for _ in seeds
+    ]
     for model, _ in named:
         truth[model.name] = paired_difference(final(model.name), final(REFERENCE))
         looks = [(f"rung@{r}", functools.partial(at, step=r)) for r in rungs]
         looks.append((f"extrapolated@{max(rungs)}", functools.partial(curve, upto=max(rungs))))
         for label, look in looks:
-            diffs = [
-                mine - theirs
-                for s in seeds
-                if (mine := look(model.name, s)) is not None
-                and (theirs := look(REFERENCE, s)) is not None
-            ]
+            diffs = []
+            for i, s in enumerate(seeds):
+                mine, theirs = look(model.name, s), look(REFERENCE, s)
+                if mine is not None and theirs is not None:
+                    diffs.append(mine - theirs)
+                    per_seed[i][label][model.name] = mine - theirs
             if diffs:
                 estimates[label][model.name] = statistics.fmean(diffs)
-    return runs, truth, estimates
+    return runs, truth, estimates, per_seed
 
 
 def extrapolate(points: list[tuple[int, float]], step: int) -> float | None:
@@ -164,10 +173,15 @@ def extrapolate(points: list[tuple[int, float]], step: int) -> float | None:
 
 
 def inherited(
-    settings: NasSettings, reference: Model, named: list[tuple[Model, Mutant]], ks: list[int]
-) -> dict[str, dict[str, float]]:
-    """The inherited estimates, one worker process per training seed, side by side."""
-    folder = Path(tempfile.mkdtemp(prefix="fidelity_"))
+    settings: NasSettings,
+    reference: Model,
+    named: list[tuple[Model, Mutant]],
+    ks: list[int],
+    folder: Path,
+) -> tuple[dict[str, dict[str, float]], list[dict[str, dict[str, float]]]]:
+    """The inherited estimates (the mean over seeds, and each seed's), one worker process
+    per training seed, side by side; a seed whose figures `folder` holds is not run again."""
+    folder.mkdir(parents=True, exist_ok=True)
     one = replace(settings.pipeline, n_stages=1, threads_per_stage=1, n_microbatches=1)
     job = {
         "settings": replace(settings, pipeline=one),  # one stage process on one core
@@ -179,6 +193,8 @@ def inherited(
     cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
     procs = []
     for i, seed in enumerate(settings.retrain.seeds):
+        if (folder / f"seed-{seed}.json").exists():
+            continue
         command = [sys.executable, __file__, "--inherited-worker", str(folder), str(seed)]
         env = dict(os.environ, FIDELITY_CORE=str(cores[i % len(cores)]) if cores else "")
         procs.append(subprocess.Popen(command, env=env))
@@ -187,15 +203,22 @@ def inherited(
     per_seed = [
         json.loads((folder / f"seed-{seed}.json").read_text()) for seed in settings.retrain.seeds
     ]
-    estimates: dict[str, dict[str, float]] = {}
-    for variant in ("inherited", "inherited-all"):
-        for k in ks:
-            label, rows = f"{variant}@{k}", {}
-            for model, _ in named:
-                diffs = [s[variant][str(k)][model.name] - s["control"][str(k)] for s in per_seed]
-                rows[model.name] = statistics.fmean(diffs)
-            estimates[label] = rows
-    return estimates
+    seeds: list[dict[str, dict[str, float]]] = [
+        {
+            f"{variant}@{k}": {
+                model.name: s[variant][str(k)][model.name] - s["control"][str(k)]
+                for model, _ in named
+            }
+            for variant in ("inherited", "inherited-all")
+            for k in ks
+        }
+        for s in per_seed
+    ]
+    estimates = {
+        label: {name: statistics.fmean(seed[label][name] for seed in seeds) for name in rows}
+        for label, rows in seeds[0].items()
+    }
+    return estimates, seeds
 
 
 def _inherited_worker(folder: Path, seed: int) -> None:
@@ -270,6 +293,46 @@ def _score(
     return float(training.evaluate(train, task, pipe, final=False)["validation_loss"])
 
 
+def held_out(
+    final: dict[tuple[str, int], float],
+    models: list[Model],
+    seeds: list[int],
+    per_seed: list[dict[str, dict[str, float]]],
+    costs: dict[str, float],
+) -> dict[str, dict[str, Any]]:
+    """Each estimate from one seed against the truth paired over the other seeds: Kendall
+    tau per held-out seed, and their mean."""
+    taus: dict[str, list[float | None]] = {label: [] for label in per_seed[0]}
+    for seed, estimates in zip(seeds, per_seed, strict=True):
+        others = [s for s in seeds if s != seed]
+        truth = {
+            m.name: paired_difference(_on(final, m.name, others), _on(final, REFERENCE, others))
+            for m in models
+        }
+        for label, values in estimates.items():
+            taus[label].append(report(truth, {label: values}, costs)[label]["kendall_tau"])
+    return {
+        label: {
+            "kendall_tau_per_seed": values,
+            "kendall_tau_mean": statistics.fmean(v for v in values if v is not None)
+            if any(v is not None for v in values)
+            else None,
+        }
+        for label, values in sorted(
+            taus.items(),
+            key=lambda item: (
+                -statistics.fmean(v for v in item[1] if v is not None)
+                if any(v is not None for v in item[1])
+                else 2.0
+            ),
+        )
+    }
+
+
+def _on(final: dict[tuple[str, int], float], name: str, seeds: list[int]) -> dict[int, float]:
+    return {s: final[name, s] for s in seeds if (name, s) in final}
+
+
 def report(
     truth: dict[str, PairedDifference],
     estimates: dict[str, dict[str, float]],
@@ -300,6 +363,13 @@ def main() -> None:
     parser.add_argument("--rungs", type=int, nargs="+", default=[100, 300, 500])
     parser.add_argument("--inherit-steps", type=int, nargs="+", default=[50, 200])
     parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument(
+        "--work",
+        type=Path,
+        default=None,
+        help="the runs' folder (default: a new temporary one); run again with the same "
+        "folder, the recorded runs are read back, not trained again",
+    )
     parser.add_argument("--inherited-worker", nargs=2, help=argparse.SUPPRESS)
     parser.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. train.steps=600")
     args = parser.parse_args()
@@ -310,21 +380,26 @@ def main() -> None:
         parser.error(f"--seeds {args.seeds}: the truth is paired over at least 2 seeds")
     os.environ.setdefault("WANDB_MODE", "offline")
     load_before, started = os.getloadavg(), time.perf_counter()
-    root = Path(tempfile.mkdtemp(prefix="fidelity_"))
+    root = args.work or Path(tempfile.mkdtemp(prefix="fidelity_"))
     settings = experiment_settings(
         args.experiment,
         [f"studies_dir={root / 'studies'}", f"output_dir={root / 'run'}", *args.overrides],
     )
     retrain = replace(
-        settings.retrain, seeds=tuple(args.seeds), models_dir=str(root / "models"), decode_pairs=0
+        settings.retrain,
+        seeds=tuple(args.seeds),
+        models_dir=str(root / "models"),
+        decode_pairs=None,
     )
     settings = replace(settings, retrain=retrain)
     reference, named = draw(settings, args.mutants, args.mutant_seed)
     print(f"{len(named)} mutants: " + "; ".join(model.name for model, _ in named), flush=True)
     truth_started = time.perf_counter()
-    runs, truth, estimates = truth_and_rungs(settings, reference, named, args.rungs)
+    runs, truth, estimates, per_seed = truth_and_rungs(settings, reference, named, args.rungs)
     truth_s = time.perf_counter() - truth_started
-    estimates |= inherited(settings, reference, named, args.inherit_steps)
+    means, seeds = inherited(settings, reference, named, args.inherit_steps, root / "inherited")
+    estimates |= means
+    per_seed = [rungs | inheriting for rungs, inheriting in zip(per_seed, seeds, strict=True)]
     full = settings.retrain.steps or settings.train.steps
     costs = (
         {f"rung@{r}": r / full for r in args.rungs}
@@ -336,9 +411,9 @@ def main() -> None:
         }
     )
     final = {(r.model, r.seed): r.metrics["validation_loss"] for r in runs if r.error is None}
-    per_seed = [
+    truth_by_seed = [
         {m.name: final[m.name, s] - final[REFERENCE, s] for m, _ in named if (m.name, s) in final}
-        for s in args.seeds[:2]
+        for s in args.seeds
         if (REFERENCE, s) in final
     ]
     document = {
@@ -347,8 +422,14 @@ def main() -> None:
         "seeds": args.seeds,
         "full_budget_steps": full,
         "truth_seconds": truth_s,
-        "noise_ceiling_tau": noise_ceiling(*per_seed) if len(per_seed) == 2 else None,
+        "noise_ceiling_tau": noise_ceiling(*truth_by_seed[:2]) if len(truth_by_seed) >= 2 else None,
+        "noise_ceiling_tau_pairs": [
+            noise_ceiling(a, b) for a, b in itertools.combinations(truth_by_seed, 2)
+        ],
         "agreement": report(truth, estimates, costs),
+        # what a study sees: an estimate from one training seed, against the truth measured
+        # on the other seeds (a rung and the truth of one seed share that seed's noise)
+        "agreement_held_out": held_out(final, [m for m, _ in named], args.seeds, per_seed, costs),
         "mutants": [
             {
                 "name": model.name,

@@ -401,11 +401,16 @@ def _read(
             best, best_key = t.values[0], key
             curve.append([(ended[t.number] - start).total_seconds() / 60, best])
     steps = [
-        settings.train.steps
+        int(t.user_attrs.get("steps", settings.train.steps))
         if t.state == optuna.trial.TrialState.COMPLETE
         else max(t.intermediate_values, default=0)
         for t in done
     ]
+    # study.fidelity=inherited: a parent's control trains `inherit_steps` once, for its children
+    parents = {
+        t.user_attrs["inherited_from"] for t in done if "control_validation_loss" in t.user_attrs
+    }
+    steps += [settings.study.inherit_steps] * len(parents)
     top = settings.train.steps * len(done)  # had every trial gone to the top rung
     states = [t.state.name.lower() for t in done]
     return {
@@ -415,6 +420,10 @@ def _read(
         "trials": len(done),
         "trials_per_hour": 3600 * len(done) / seconds,
         **{state: states.count(state) for state in ("complete", "pruned", "fail")},
+        "fidelity": dict(
+            collections.Counter(str(t.user_attrs.get("fidelity", "full")) for t in done)
+        ),
+        "controls": len(parents),
         "steps_trained": sum(steps),
         "steps_per_trial": sum(steps) / max(1, len(done)),
         "steps_if_all_top": top,

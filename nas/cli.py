@@ -49,6 +49,7 @@ def main(cfg: DictConfig) -> None:
     from nas.retrain import retrain  # after composing: --help and --cfg stay fast
     from nas.storage import StorageError
     from nas.study import run_study
+    from nas.tasks import TaskInputError, check_task
     from pipeline import lead_process
 
     logger.info(
@@ -58,6 +59,7 @@ def main(cfg: DictConfig) -> None:
         settings.output_dir,
     )
     try:
+        check_task(settings.task.name, settings.task.options)  # the user's data, read once
         result = run_study(settings) if "search" in settings.stages else None
         if result is not None:
             logger.info(
@@ -78,8 +80,8 @@ def main(cfg: DictConfig) -> None:
             from nas.report import report_study
 
             report_study(settings, result, retrained)
-    except StorageError as error:  # unreachable, refused, misnamed: one line, no traceback
-        logger.error("%s", error)
+    except (StorageError, TaskInputError) as error:  # unreachable storage, a bad corpus
+        logger.error("%s", error)  # file or task option: one line, no traceback
         sys.exit(1)
 
 

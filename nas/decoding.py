@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from nas.vocab import BOS, EOS, PAD, Vocab
+from nas.vocab import BOS, EOS, PAD, TokenVocab
 
 __all__ = ["StepFn", "check_batch_size", "greedy_decode", "translate_ids"]
 
@@ -58,7 +58,7 @@ def greedy_decode(step_fn: StepFn, src_ids: torch.Tensor, max_len: int) -> list[
 
 def translate_ids(
     step_fn: StepFn,
-    vocab: Vocab,
+    vocab: TokenVocab,
     sources: Sequence[Sequence[int]],
     *,
     batch_size: int,

@@ -4,6 +4,8 @@
 
     config.json         what rebuilds the model: format, architecture, search-space
                         parameters, vocabulary, task, positions, training budget
+    tokenizer.json      a subword task's tokenizer (BPE or unigram pieces), which
+                        `translate` reads text with
     model.safetensors   the weights, named as the model's `state_dict()` names them
     README.md           the model card: picture, size, training budget, validation and test
                         figures of every training seed, how to load it (`nas.model_card`)
@@ -44,6 +46,7 @@ from nas.models import (
     ModelFolderError,
     TranslationModel,
     load_model,
+    vocab_config,
 )
 from search_spaces.architecture import Architecture, to_json
 
@@ -65,7 +68,15 @@ __all__ = [
     "write_model_card",
 ]
 
-FILES = (CONFIG, WEIGHTS, "README.md", "metrics.json", "config.yaml", "architecture.png")
+FILES = (
+    CONFIG,
+    WEIGHTS,
+    "tokenizer.json",  # subword vocabularies only
+    "README.md",
+    "metrics.json",
+    "config.yaml",
+    "architecture.png",
+)
 
 
 def export_model(
@@ -84,13 +95,15 @@ def export_model(
     `ModelFolderError` naming the tensor."""
     from nas.pictures import save_architecture
 
+    vocab, tokenizer = vocab_config(task.vocab)
     config = ModelConfig(
         architecture=json.loads(to_json(arch)),
         params=dict(params),
-        vocab=json.loads(task.vocab.to_json()),
+        vocab=vocab,
         task=dataclasses.asdict(settings.task),
         max_len=max_len,
         training=_training(settings, metrics),
+        tokenizer=tokenizer,
     )
     model = ExportedModel.class_for(config)(config, metrics)
     tensors = {

@@ -29,14 +29,18 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+import shutil
+import tempfile
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import optuna
 
-from nas import storage
+from nas import inherited, storage
 from nas.errors import HeartbeatError, LeaderError, describe
+from nas.inherited import InheritFrom
 from nas.progress import progress_bars
 from nas.search import ProgressiveDynamicHurdles
 from nas.search.lineage import KEY_MUTATED, KEY_PARENT
@@ -90,6 +94,10 @@ class TrialOrder:
     # the tensors the child's edit of its parent touches (`search_spaces.edited`): inheriting
     # from the parent, they start afresh
     edited: tuple[str, ...] = ()
+    # study.fidelity=inherited (`nas.inherited`): the trained parent it is judged from (None:
+    # from scratch), and where rank 0 writes its weights for its own children
+    inherit: InheritFrom | None = None
+    weights_to: str | None = None
 
 
 @dataclass(frozen=True)
@@ -125,6 +133,10 @@ class Leader:
         self.deferred: BaseException | None = None  # a logging error between decisions
         self.end: StudyEnd | None = None  # set by close()
         self.tracker = study_tracker(settings)
+        self.artifacts, self.weights_dir = None, None  # study.fidelity=inherited's weights
+        if settings.study.fidelity == "inherited":
+            self.artifacts = inherited.artifact_store(settings)
+            self.weights_dir = Path(tempfile.mkdtemp(prefix="nas-weights-"))
         self.progress = progress_bars(show=progress)
         self.bar_study = self.progress.add_task(
             f"study {settings.study.name}",
@@ -273,6 +285,8 @@ class Leader:
         attempt("stop the progress bars", self.progress.stop)
         attempt("end the study", self._end_study)
         attempt("close the tracker", self.tracker.close)
+        if self.weights_dir is not None:  # the study's artifact store keeps what counts
+            shutil.rmtree(self.weights_dir, ignore_errors=True)
         count = attempt("count finished trials", lambda: finished(self.study)) or 0
         if error is not None:
             for problem in problems:
@@ -330,11 +344,29 @@ class Leader:
         if parent is not None:
             edit = attrs.get(KEY_MUTATED), stored[parent].params, trial.params
             edited = _edited(*edit, from_json(arch_json))
-        return TrialOrder(trial.number, arch_json, parent, edited)
+        if self.weights_dir is None:
+            return TrialOrder(trial.number, arch_json, parent, edited)
+        source = None
+        if parent is not None and self.artifacts is not None:
+            source = inherited.parent_of(
+                self.study, parent, self.settings, self.artifacts, self.weights_dir
+            )
+        weights_to = str(self.weights_dir / f"trial-{trial.number}.safetensors")
+        return TrialOrder(trial.number, arch_json, parent, edited, source, weights_to)
+
+    def record_control(self, parent: int, metrics: dict[str, float]) -> None:
+        """The control of `parent` measured (`nas.inherited`): kept for its later children."""
+        inherited.record_control(self.study, parent, self.settings.study.inherit_steps, metrics)
 
     def _tell(self, trial: optuna.Trial, outcome: Outcome) -> None:
         for key, value in outcome.attrs.items():
             trial.set_user_attr(key, value)
+        weights = (
+            self.weights_dir / f"trial-{trial.number}.safetensors" if self.weights_dir else None
+        )
+        if outcome.state == TrialEnd.COMPLETE and weights is not None and weights.exists():
+            assert self.artifacts is not None
+            inherited.keep_weights(trial, self.artifacts, weights)
         budget = self.settings.pipeline.memory_budget
         if budget is not None and "peak_memory_bytes" in outcome.attrs:
             # feasible when <= 0: the samplers (TPE, NSGA-II, GP) prefer feasible trials

@@ -43,6 +43,7 @@ class CardFacts:
     max_len: int
     picture: bool  # architecture.png is beside the card
     files: Sequence[str] = field(default_factory=tuple)
+    vocab_kind: str = "chars"  # or a subword tokenizer's kind: "bpe", "unigram"
 
 
 def render_card(facts: CardFacts) -> str:
@@ -82,16 +83,16 @@ def _title(facts: CardFacts) -> str:
     lines = [
         f"# {PurePath(facts.folder).name}",
         "",
-        f"A character-level {kind} whose architecture a neural architecture search chose "
-        f"(`{LIBRARY}`, the Evolved Transformer search space), retrained from scratch for "
-        f"the task `{facts.task.get('name')}` (options `{options}`).",
+        f"A {_level(facts.vocab_kind)} {kind} whose architecture a neural architecture "
+        f"search chose (`{LIBRARY}`, the Evolved Transformer search space), retrained from "
+        f"scratch for the task `{facts.task.get('name')}` (options `{options}`).",
         "",
     ]
     if facts.picture:
         lines += ["![The encoder and decoder cells](architecture.png)", ""]
     lines += [
         f"- parameters: {facts.parameters:,}",
-        f"- vocabulary: {facts.vocab_size} tokens (characters and 4 specials)",
+        f"- vocabulary: {facts.vocab_size} tokens ({_units(facts.vocab_kind)} and 4 specials)",
         f"- positions: up to {facts.max_len}",
         "",
     ]
@@ -184,12 +185,22 @@ def _files(files: Sequence[str]) -> str:
         "config.json": "what rebuilds the model (architecture, search-space parameters, "
         "vocabulary, task, training budget)",
         "model.safetensors": "the weights, named as `model.state_dict()` names them",
+        "tokenizer.json": "the subword vocabulary (Hugging Face `tokenizers`), which "
+        "`translate` reads and writes text with",
         "metrics.json": "every figure above, and more (timings, token counts)",
         "config.yaml": "the resolved configuration of the run that trained it",
         "architecture.png": "the cells, drawn",
     }
     rows = [f"- `{name}`: {meaning[name]}" for name in files if name in meaning]
     return "\n".join(["## Files", "", *rows, ""]) if rows else ""
+
+
+def _level(vocab_kind: str) -> str:
+    return "character-level" if vocab_kind == "chars" else f"subword-level ({vocab_kind.upper()})"
+
+
+def _units(vocab_kind: str) -> str:
+    return "characters" if vocab_kind == "chars" else f"{vocab_kind.upper()} pieces"
 
 
 def _per_seed(metrics: Mapping[str, Any]) -> list[Mapping[str, Any]]:

@@ -1,7 +1,8 @@
 """The files of an exported model's folder: `config.json`, strict weights, the old layout.
 
 `nas.models` builds the model classes on this: `ModelConfig` is `config.json` (read and
-checked, each wrong field a `ModelFolderError` naming the file), `read_folder` reads a
+checked, each wrong field a `ModelFolderError` naming the file) with the text of
+`tokenizer.json` beside it when its vocabulary is subword pieces, `read_folder` reads a
 folder of this layout or of the old one (`architecture.json`, format
 "elastic-nas-model/1", weights named `<layer key>.<parameter>`), `load_weights` loads a
 state strictly (a missing, an extra or a misshapen tensor is named), and `resolve` turns a
@@ -14,7 +15,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Self, cast
 
@@ -33,6 +34,7 @@ __all__ = [
     "LEGACY_CONFIG",
     "LEGACY_FORMAT",
     "METRICS",
+    "TOKENIZER",
     "WEIGHTS",
     "ModelConfig",
     "ModelFolder",
@@ -48,6 +50,7 @@ FORMAT = "elastic-nas-model/2"
 LEGACY_FORMAT = "elastic-nas-model/1"
 CONFIG, WEIGHTS, CARD, METRICS = "config.json", "model.safetensors", "README.md", "metrics.json"
 LEGACY_CONFIG = "architecture.json"
+TOKENIZER = "tokenizer.json"  # a subword vocabulary (`nas.subwords`), as `tokenizers` saves it
 EXTRAS = ("config.yaml", "architecture.png")  # what the export adds; saving copies them
 WHAT = f"an exported model is a folder holding {CONFIG} and {WEIGHTS}"
 _REPO_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
@@ -68,6 +71,9 @@ class ModelConfig:
     max_len: int
     training: dict[str, Any] = field(default_factory=dict)
     format: str = FORMAT
+    # the text of tokenizer.json, which `vocab` names ({"tokenizer": "tokenizer.json"}) for
+    # a subword vocabulary; not part of config.json
+    tokenizer: str | None = field(default=None, repr=False)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -242,7 +248,26 @@ def read_folder(folder: Path) -> ModelFolder:
         raise ModelFolderError(f"{folder} is not an exported model: missing {CONFIG}; {WHAT}")
     if not (folder / WEIGHTS).is_file():
         raise ModelFolderError(f"{folder} is not a complete exported model: missing {WEIGHTS}")
-    return ModelFolder(folder, config, metrics, legacy)
+    return ModelFolder(folder, _with_tokenizer(config, folder), metrics, legacy)
+
+
+def _with_tokenizer(config: ModelConfig, folder: Path) -> ModelConfig:
+    """`config` with the text of the tokenizer file its vocabulary names, if it names one."""
+    name = config.vocab.get("tokenizer")
+    if name is None:
+        return config
+    if name != TOKENIZER:
+        raise ModelFolderError(
+            f"{folder / CONFIG} names the tokenizer file {name!r}; valid: {TOKENIZER!r}"
+        )
+    try:
+        text = (folder / TOKENIZER).read_text(encoding="utf-8")
+    except OSError as error:
+        raise ModelFolderError(
+            f"{folder} is not a complete exported model: cannot read {TOKENIZER}, which "
+            f"{CONFIG} names as its vocabulary ({error.strerror or error})"
+        ) from error
+    return replace(config, tokenizer=text)
 
 
 def _listed(names: Sequence[str]) -> str:

@@ -10,6 +10,9 @@ A retrained model (`nas.export.export_model`) is a folder in the layout of
     model.safetensors   the weights, named as `model.state_dict()` names them
                         (`layers.<layer key>.<parameter>`); a missing or an extra tensor is
                         an error naming it
+    tokenizer.json      a subword vocabulary (BPE or unigram pieces, `nas.subwords`) as
+                        Hugging Face `tokenizers` saves it; `config.json`'s `vocab` names it
+                        (a character vocabulary is in `config.json` itself)
     README.md           the model card (`nas.model_card`)
     metrics.json        what it scored (optional for loading; `model.metrics`)
     config.yaml, architecture.png   written by the export; `save_pretrained` copies them
@@ -19,12 +22,14 @@ A retrained model (`nas.export.export_model`) is a folder in the layout of
     model.save_pretrained("elsewhere")
 
 `ExportedModel` runs the layers the pipeline trained (`search_spaces.compile`) in order;
-a model with an encoder is a `TranslationModel` and also translates (greedy, decoded as the
-evaluation decodes). `ExportedModel.from_pretrained` gives whichever the folder holds.
+a model with an encoder is a `TranslationModel` and also translates text to text (greedy,
+decoded as the evaluation decodes, with characters or its subword tokenizer).
+`ExportedModel.from_pretrained` gives whichever the folder holds.
 
 Why not the mixin itself: `huggingface_hub.hub_mixin` imports PyYAML (for its model cards),
 and loading must need only torch, numpy and safetensors. This module imports neither
-Optuna, Hydra, W&B, matplotlib, sacrebleu, rich nor YAML; `huggingface_hub` is imported
+Optuna, Hydra, W&B, matplotlib, sacrebleu, rich nor YAML (`tokenizers`, for a subword
+vocabulary, is part of the core install); `huggingface_hub` is imported
 only to fetch a Hub repository id (`owner/name`), never for a local folder.
 
 Folders written before this layout (`architecture.json`, format "elastic-nas-model/1",
@@ -55,6 +60,7 @@ from nas.model_folder import (
     LEGACY_CONFIG,
     LEGACY_FORMAT,
     METRICS,
+    TOKENIZER,
     WEIGHTS,
     WHAT,
     ModelConfig,
@@ -64,7 +70,7 @@ from nas.model_folder import (
     resolve,
     write_json,
 )
-from nas.vocab import Vocab
+from nas.vocab import SPECIALS, TokenVocab, Vocab
 from pipeline.local.carry import as_carry, unwrap
 from search_spaces.architecture import Architecture
 from search_spaces.compile import compile as compile_arch
@@ -79,7 +85,35 @@ __all__ = [
     "ModelFolderError",
     "TranslationModel",
     "load_model",
+    "load_vocab",
+    "vocab_config",
 ]
+
+
+def vocab_config(vocab: TokenVocab) -> tuple[dict[str, Any], str | None]:
+    """What `config.json` says of `vocab` ("vocab"), and the text of `tokenizer.json` for a
+    subword vocabulary (None for characters, which `config.json` holds itself)."""
+    if isinstance(vocab, Vocab):
+        return json.loads(vocab.to_json()), None
+    kind = getattr(vocab, "kind", None)
+    if kind is None:
+        raise TypeError(f"cannot export a {type(vocab).__name__}: a Vocab or a SubwordVocab")
+    return {"specials": list(SPECIALS), "kind": kind, "tokenizer": TOKENIZER}, vocab.to_json()
+
+
+def load_vocab(config: ModelConfig) -> TokenVocab:
+    """The vocabulary `config` describes: characters, or the subword tokenizer it carries;
+    ValueError naming what does not fit."""
+    if "tokenizer" not in config.vocab:
+        return Vocab.from_json(json.dumps(config.vocab))
+    if config.tokenizer is None:
+        raise ValueError(f"its vocabulary is {TOKENIZER}, which was not read with it")
+    from nas.subwords import SubwordVocab
+
+    try:
+        return SubwordVocab.from_json(config.tokenizer)
+    except Exception as error:  # tokenizers raises a bare Exception for a bad file
+        raise ValueError(f"{TOKENIZER} is not a subword vocabulary: {error}") from error
 
 
 class ExportedModel(nn.Module):
@@ -97,7 +131,7 @@ class ExportedModel(nn.Module):
         super().__init__()
         self.config = config
         self.architecture: Architecture = config.build_architecture()
-        self.vocab = Vocab.from_json(json.dumps(config.vocab))
+        self.vocab = load_vocab(config)
         self.params: dict[str, Any] = dict(config.params)
         self.task: dict[str, Any] = dict(config.task)
         self.metrics: dict[str, Any] = dict(metrics or {})
@@ -179,6 +213,8 @@ class ExportedModel(nn.Module):
         tensors = {k: v.detach().cpu().contiguous() for k, v in self.state_dict().items()}
         save_file(tensors, str(folder / WEIGHTS), metadata={"format": FORMAT})
         write_json(folder / CONFIG, self.config.to_json())
+        if self.config.tokenizer is not None:
+            (folder / TOKENIZER).write_text(self.config.tokenizer, encoding="utf-8")
         if self.metrics:
             write_json(folder / METRICS, self.metrics)
         (folder / CARD).write_text(self.model_card(folder))
@@ -190,7 +226,7 @@ class ExportedModel(nn.Module):
     def model_card(self, folder: str | Path) -> str:
         """The README.md of this model saved in `folder` (`nas.model_card`)."""
         where = Path(folder)
-        files = [CONFIG, WEIGHTS, METRICS, *EXTRAS]
+        files = [CONFIG, WEIGHTS, TOKENIZER, METRICS, *EXTRAS]
         return render_card(
             CardFacts(
                 folder=str(folder),
@@ -202,6 +238,7 @@ class ExportedModel(nn.Module):
                 metrics=self.metrics,
                 parameters=sum(p.numel() for p in self.parameters()),
                 vocab_size=len(self.vocab),
+                vocab_kind=str(self.config.vocab.get("kind", "chars")),
                 max_len=self.config.max_len,
                 picture=(where / "architecture.png").is_file(),
                 files=[name for name in files if (where / name).is_file()],
@@ -222,31 +259,36 @@ class TranslationModel(ExportedModel):
                 "a TranslationModel needs an encoder-decoder architecture; this one is "
                 "decoder-only: build an ExportedModel"
             )
-        options = self.task.get("options", {})
-        self.max_chars = int(options.get("max_chars", config.max_len - 2))
-        self.fixed_length = bool(options.get("fixed_length", False))
+        self.subword = "tokenizer" in config.vocab
+        self.unit = "tokens" if self.subword else "characters"
+        self.max_length = config.max_len - 2  # the longest source, in `unit`
+        if not self.subword:
+            options = self.task.get("options", {})
+            self.max_length = min(self.max_length, int(options.get("max_chars", self.max_length)))
+        self.fixed_length = bool(self.task.get("options", {}).get("fixed_length", False))
 
     @torch.no_grad()
     def translate(self, sources: Sequence[str], *, batch_size: int = 128) -> list[str]:
-        """Greedy translations of `sources` (characters the model never saw become UNK)."""
+        """Greedy translations of the texts `sources`, as text (characters or pieces the
+        model never saw become UNK)."""
         if isinstance(sources, str):
             raise TypeError("translate() takes a list of sources, not one string")
-        too_long = [s for s in sources if len(s) > self.max_chars]
-        if too_long:
-            raise ValueError(
-                f"source {too_long[0]!r} has {len(too_long[0])} characters; "
-                f"this model reads at most {self.max_chars}"
-            )
+        encoded = [self.vocab.encode(s) for s in sources]
+        for source, ids in zip(sources, encoded, strict=True):
+            if len(ids) > self.max_length:
+                raise ValueError(
+                    f"source {source!r:.80} has {len(ids)} {self.unit}; "
+                    f"this model reads at most {self.max_length}"
+                )
         if not sources:
             return []
-        encoded = [self.vocab.encode(s) for s in sources]
         return translate_ids(
             lambda src, tgt: self((src, tgt)),
             self.vocab,
             encoded,
             batch_size=batch_size,
-            max_len=self.max_chars + 1,
-            width=self.max_chars if self.fixed_length else None,
+            max_len=self.max_length + 1,
+            width=self.max_length if self.fixed_length else None,
             device=next(self.parameters()).device,
         )
 

@@ -27,6 +27,7 @@ from search_spaces.evolved_transformer import PRIMITIVES, WINDOW_SEEDS
 __all__ = [
     "AUTO",
     "DIRECTIONS",
+    "FIDELITIES",
     "RUNTIME_OBJECTIVES",
     "NasSettings",
     "PipelineSettings",
@@ -51,6 +52,7 @@ RUNTIME_OBJECTIVES: dict[str, Direction] = {
     "parameters": "minimize",
 }
 DIRECTIONS = ("minimize", "maximize")
+FIDELITIES = ("full", "inherited")  # study.fidelity (`nas.inherited`)
 
 
 def task_metrics(task: str) -> tuple[str, ...]:
@@ -144,6 +146,17 @@ class StudySettings:
     objectives: tuple[str, ...] = ("validation_loss",)
     enqueue_seeds: bool = True
     inherit_weights: bool = False
+    # how a child of a trained evolution parent is judged (`nas.inherited`): "full" trains it
+    # from scratch to train.steps; "inherited" starts it from its parent's trained weights
+    # (tensor by tensor, its edited branch afresh), trains it `inherit_steps` steps and scores
+    # it as the parent's fitness plus its difference from the parent continued those steps
+    # on the same batches (`benchmarks/fidelity.py` measures how well that ranks); children
+    # without a trained parent train from scratch; weights kept in Optuna's artifact store
+    fidelity: str = "full"
+    inherit_steps: int = 200
+    # at inherited fidelity, the tensors a child's edit touches start afresh instead of from
+    # the parent's (`benchmarks/fidelity.py`: that ranks worse than inheriting them all)
+    edited_afresh: bool = False
     max_restarts: int = 2  # stage processes restarted after a death, per study run
     # a trial whose worker died (stage processes, or a heartbeat that stopped) is tried again
     # at most this many times; then it stays failed with its cause and the study goes on
@@ -173,6 +186,14 @@ class StudySettings:
             raise ValueError(
                 f"study.storage_wait_s={wait!r} is not valid; use seconds > 0 (how long a "
                 "storage server's outage is waited out)"
+            )
+        _one_of("study.fidelity", self.fidelity, FIDELITIES)
+        _positive("study.inherit_steps", self.inherit_steps)
+        if self.fidelity == "inherited" and self.inherit_weights:
+            raise ValueError(
+                "study.inherit_weights=true trains a child to the full budget from its "
+                "parent's weights; study.fidelity=inherited trains it study.inherit_steps "
+                "steps from them and scores the difference: choose one"
             )
         for key in ("max_restarts", "max_retries"):
             value = getattr(self, key)

@@ -48,7 +48,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pipeline
-from nas import job_log, shape, storage, training, trials
+from nas import inherited, job_log, shape, storage, training, trials
 from nas.errors import LeaderError
 from nas.inheritance import WeightBank
 from nas.leader import Leader, StudyEnd, TrialOrder
@@ -291,22 +291,41 @@ def _run_trial(
         "short_name": short_name(arch),
         "parameters": parameters,
     }
+    if settings.study.fidelity == "inherited":
+        attrs["fidelity"] = "full"  # unless judged from a trained parent
     source = bank.source(order.parent) if settings.study.inherit_weights else None
     if source is not None:
         attrs["inherited_from"] = source
     started = time.perf_counter()
     try:
-        pipe = training.build(
-            settings,
-            task,
-            specs,
-            schedule,
-            seed=settings.seed,
-            pipe=pipe,
-            snapshot=bank.inherited(source, order),
-            cost_cache=machine.costs,
-        )
-        evaluation, steps, pruned = _train(settings, task, pipe, decide, schedule)
+        if order.inherit is not None:  # study.fidelity=inherited, a trained parent
+            pipe, evaluation, judged = inherited.judge(
+                settings,
+                task,
+                pipe,
+                specs,
+                order.inherit,
+                order.edited,
+                comm=decide.comm,
+                record_control=functools.partial(
+                    decide, "record a control", Leader.record_control, order.inherit.parent
+                ),
+                cost_cache=machine.costs,
+            )
+            attrs |= judged
+            steps, pruned = settings.study.inherit_steps, False
+        else:
+            pipe = training.build(
+                settings,
+                task,
+                specs,
+                schedule,
+                seed=settings.seed,
+                pipe=pipe,
+                snapshot=bank.inherited(source, order),
+                cost_cache=machine.costs,
+            )
+            evaluation, steps, pruned = _train(settings, task, pipe, decide, schedule)
     except (LeaderError, *training.RUN_ERRORS) as error:  # raised on every rank
         reason, detail = training.failure(error)
         return pipe, trials.Outcome(
@@ -332,6 +351,10 @@ def _run_trial(
         bank.add(order.number, pipe)
     if pruned:
         return pipe, trials.Outcome(TrialEnd.PRUNED, attrs)
+    if order.weights_to is not None:  # its children are judged from these (`nas.inherited`)
+        weights = pipe.full_state_dict()  # on rank 0
+        if weights:
+            inherited.save_weights(weights, Path(order.weights_to))
     values = [_objective(attrs, name) for name in settings.study.objectives]
     return pipe, trials.Outcome(TrialEnd.COMPLETE, attrs, values)
 

@@ -58,9 +58,11 @@ def failure(error: BaseException) -> tuple[str, str]:
 
 
 def max_len(task: Task) -> int:
-    """Positions the embeddings need: the task's longest sequence (+ BOS/EOS)."""
-    if hasattr(task, "max_chars"):
-        return int(task.max_chars) + 2
+    """Positions the embeddings need: the task's longest sequence (+ BOS/EOS), in tokens
+    (`max_tokens`: subword pieces) or characters (`max_chars`)."""
+    for longest in ("max_tokens", "max_chars"):
+        if hasattr(task, longest):
+            return int(getattr(task, longest)) + 2
     return int(getattr(task, "seq_len", 64))
 
 
@@ -96,13 +98,15 @@ def build(
     cost_cache: CostCache | None = None,
 ) -> ElasticPipeline:
     """A new pipeline for `specs` trained at `schedule` (saving and resuming as `checkpoint`
-    says), or `pipe` reconfigured to them (weights from `snapshot` where keys and shapes
-    match; the schedule starts again at step 0: it is the one `pipe` was built with).
+    says), or `pipe` reconfigured to them; either way with weights from `snapshot` where
+    keys and shapes match, and `schedule` starting at step 0.
     `cost_cache`: layer costs already measured on this machine (`nas.shape`)."""
-    if pipe is not None:
-        pipe.reconfigure(specs, inherit_from=snapshot)
-        return pipe
     p = settings.pipeline
+    if pipe is not None or snapshot is not None:
+        pipe = pipe or build(settings, task, specs, schedule, seed=seed, cost_cache=cost_cache)
+        scheduler = _scheduler(schedule, p.schedule)
+        pipe.reconfigure(specs, inherit_from=snapshot, lr_scheduler=scheduler)
+        return pipe
     return ElasticPipeline(
         specs,
         optimizer=schedule.optimizer(),

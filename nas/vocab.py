@@ -3,19 +3,35 @@
 It lives outside `nas.tasks` so that an exported model (`nas.models`) reads its vocabulary
 with the core install alone (torch), without the tasks' data sources and metrics
 (pycountry, sacrebleu). `nas.tasks` and `nas.tasks.base` re-export every name here.
+
+`TokenVocab` is what tasks, decoding and exported models ask of any vocabulary: this
+character `Vocab` or a subword `nas.subwords.SubwordVocab` (the same specials and calls).
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Iterable
+from typing import Protocol
 
 import torch
 
-__all__ = ["BOS", "EOS", "PAD", "SPECIALS", "UNK", "Vocab"]
+__all__ = ["BOS", "EOS", "PAD", "SPECIALS", "UNK", "TokenVocab", "Vocab"]
 
 PAD, BOS, EOS, UNK = 0, 1, 2, 3
 SPECIALS = ("<pad>", "<bos>", "<eos>", "<unk>")
+
+
+class TokenVocab(Protocol):
+    """Text to ids and back, PAD=0, BOS=1, EOS=2, UNK=3 first: characters or subwords."""
+
+    def __len__(self) -> int: ...
+
+    def encode(self, text: str, *, bos: bool = False, eos: bool = False) -> list[int]: ...
+
+    def decode(self, ids: Iterable[int] | torch.Tensor) -> str: ...
+
+    def to_json(self) -> str: ...
 
 
 class Vocab:

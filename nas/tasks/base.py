@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from nas.decoding import check_batch_size
-from nas.vocab import BOS, EOS, PAD, SPECIALS, UNK, Vocab
+from nas.vocab import BOS, EOS, PAD, SPECIALS, UNK, TokenVocab, Vocab
 
 __all__ = [
     "BOS",
@@ -38,7 +38,9 @@ __all__ = [
     "Direction",
     "Forward",
     "Task",
+    "TaskInputError",
     "TokenStats",
+    "TokenVocab",
     "Vocab",
     "check_batch_size",
     "check_split",
@@ -53,6 +55,15 @@ SPLITS = ("train", "validation", "test")
 Batch = tuple[torch.Tensor | tuple[torch.Tensor, ...], torch.Tensor]
 # The model in evaluation mode: a batch's x -> logits (B, V, T) (e.g. `pipe.forward`).
 Forward = Callable[[Any], torch.Tensor]
+
+
+class TaskInputError(ValueError):
+    """Data or an option a task cannot serve (a corpus file, a tokenizer setting): its message
+    is one line naming the value and what would be valid, which the CLI prints without a
+    traceback before any process starts (`nas.tasks.check_task`)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(" ".join(str(message).splitlines()))  # one line, whatever it quotes
 
 
 def check_split(split: str) -> None:
@@ -162,7 +173,7 @@ class Task(ABC):
     decoded_metrics: ClassVar[tuple[str, ...]] = ()
     decoder_only: ClassVar[bool] = True
     example_call: ClassVar[str] = "m"
-    vocab: Vocab
+    vocab: TokenVocab  # characters (`Vocab`) or subword pieces (`nas.subwords`)
 
     @abstractmethod
     def size(self, split: str) -> int:

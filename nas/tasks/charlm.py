@@ -63,6 +63,7 @@ class CharLanguageModel(Task):
         **Task.metric_directions,
         "bits_per_char": "minimize",
     }
+    vocab: Vocab  # characters
 
     def __init__(self, texts: Mapping[str, str], *, seq_len: int = 64) -> None:
         if seq_len < 1:

@@ -14,7 +14,10 @@ suffix:
 
 A folder is every such file in it (sorted, not recursive); files named after a split
 (`train.*`, `validation.*` or `dev.*`, `test.*`) keep their split, the rest is split by the
-task (`split_pairs`: seeded, every copy of a source in one split).
+task (`split_pairs`: seeded, every copy of a source in one split). A folder that a Hugging
+Face `datasets` dataset was saved to (`save_to_disk`: it holds `dataset_dict.json` or
+`dataset_info.json`) is read with `datasets.load_from_disk` (`nas.tasks.saved_dataset`,
+the optional extra `elastic-nas[corpus]`), its splits kept as named.
 
 Cleaning, in this order and counted (`CorpusRead.counts`): text NFC-normalised and its
 whitespace collapsed; pairs with an empty side dropped; pairs whose two sides are equal
@@ -36,16 +39,32 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["SUFFIXES", "CorpusError", "CorpusRead", "read_corpus", "split_pairs"]
+from nas.tasks.base import TaskInputError
+
+__all__ = [
+    "SAVED_DATASET_FILES",
+    "SPLIT_NAMES",
+    "SUFFIXES",
+    "CorpusError",
+    "CorpusRead",
+    "read_corpus",
+    "record_fields",
+    "split_pairs",
+]
 
 SUFFIXES = (".tsv", ".csv", ".jsonl", ".json", ".po", ".mo")
-_SPLIT_NAMES = {"train": "train", "validation": "validation", "dev": "validation", "test": "test"}
+# what a file (or a saved dataset's split) may be called, and the split it then holds
+SPLIT_NAMES = {"train": "train", "validation": "validation", "dev": "validation", "test": "test"}
 _HEADERS = {("source", "target"), ("src", "tgt")}
+SAVED_DATASET_FILES = ("dataset_dict.json", "dataset_info.json")  # `save_to_disk` writes one
 
 Pair = tuple[str, str]
+# one group of raw pairs: the split it belongs to ("all": none named), what to call it in a
+# message (a file), and its pairs
+Group = tuple[str, str, Iterator[Pair]]
 
 
-class CorpusError(ValueError):
+class CorpusError(TaskInputError):
     """A corpus file that cannot be read as one: its message is one line naming the file
     (and the line) and what is wrong."""
 
@@ -63,35 +82,49 @@ class CorpusRead:
 def read_corpus(
     path: str | Path, *, source: str = "en", target: str = "de", max_chars: int = 400
 ) -> CorpusRead:
-    """Read and clean the corpus at `path` (a file or a folder, module doc); `source` and
-    `target` are the language codes JSON Lines may use as keys."""
+    """Read and clean the corpus at `path` (a file, a folder of files or a saved dataset,
+    module doc); `source` and `target` are the language codes JSON Lines may use as keys."""
     root = Path(path).expanduser()
     if not root.exists():
         raise CorpusError(f"{root}: no such file or folder (a corpus: {', '.join(SUFFIXES)})")
-    files = sorted(p for p in root.iterdir() if p.suffix in SUFFIXES) if root.is_dir() else [root]
-    if not files:
-        raise CorpusError(f"{root}: no corpus file in the folder (suffixes {', '.join(SUFFIXES)})")
     read = CorpusRead()
     seen: dict[str, set[Pair]] = {}
-    for file in files:
-        if file.suffix not in SUFFIXES:
-            raise CorpusError(f"{file}: unknown format {file.suffix!r}; use {', '.join(SUFFIXES)}")
-        split = _SPLIT_NAMES.get(file.stem.lower(), "all")
+    for split, name, pairs in _groups(root, source, target, read.counts):
         before = read.counts["read"]
-        pairs = list(_pairs(file, source, target, read.counts))
+        raw = list(pairs)
         if read.counts["read"] == before:
-            raise CorpusError(f"{file}: empty (no pair in it)")
+            raise CorpusError(f"{name}: empty (no pair in it)")
         kept = read.splits.setdefault(split, [])
-        for pair in pairs:
+        for pair in raw:
             clean = _clean(pair, max_chars, read.counts)
             if clean is not None and clean not in seen.setdefault(split, set()):
                 seen[split].add(clean)
                 kept.append(clean)
             elif clean is not None:
                 read.counts["duplicate"] += 1
-        read.files.append(str(file))
+        read.files.append(name)
     read.counts["kept"] = sum(len(p) for p in read.splits.values())
     return read
+
+
+def _groups(root: Path, source: str, target: str, counts: Counter[str]) -> Iterator[Group]:
+    """The raw pairs under `root`, a group per file (or per split of a saved dataset)."""
+    if root.is_dir() and any((root / name).is_file() for name in SAVED_DATASET_FILES):
+        from nas.tasks.saved_dataset import read_saved_dataset
+
+        yield from read_saved_dataset(root, source, target, counts)
+        return
+    files = sorted(p for p in root.iterdir() if p.suffix in SUFFIXES) if root.is_dir() else [root]
+    if not files:
+        raise CorpusError(
+            f"{root}: no corpus file in the folder (suffixes {', '.join(SUFFIXES)}, or a "
+            f"dataset saved with save_to_disk: {' or '.join(SAVED_DATASET_FILES)})"
+        )
+    for file in files:
+        if file.suffix not in SUFFIXES:
+            raise CorpusError(f"{file}: unknown format {file.suffix!r}; use {', '.join(SUFFIXES)}")
+        split = SPLIT_NAMES.get(file.stem.lower(), "all")
+        yield split, str(file), _pairs(file, source, target, counts)
 
 
 def split_pairs(
@@ -185,15 +218,22 @@ def _json_lines(
             record = json.loads(line)
         except json.JSONDecodeError as error:
             raise CorpusError(f"{file}:{number}: not a JSON object ({error.msg})") from None
-        if isinstance(record, dict) and isinstance(record.get("translation"), dict):
-            record = record["translation"]
-        pair = _fields(record, ("source", "target")) or _fields(record, (source, target))
+        pair = record_fields(record, source, target)
         if pair is None:
             raise CorpusError(
                 f"{file}:{number}: expected the keys 'source' and 'target' (or {source!r} and "
                 f"{target!r}, or 'translation'), got {line.strip()!r:.80}"
             )
         yield pair
+
+
+def record_fields(record: object, source: str, target: str) -> Pair | None:
+    """The pair of one record (a JSON object, a dataset's row): its "source" and "target",
+    its `source` and `target` language codes, or those inside its "translation"; None when
+    it has neither (or a side is empty)."""
+    if isinstance(record, dict) and isinstance(record.get("translation"), dict):
+        record = record["translation"]
+    return _fields(record, ("source", "target")) or _fields(record, (source, target))
 
 
 def _fields(record: object, keys: tuple[str, str]) -> Pair | None:

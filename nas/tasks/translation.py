@@ -17,44 +17,38 @@ Split: the distinct English names are sorted, shuffled with `random.Random(seed)
 across machines and torch versions) and cut 80/10/10 into train/validation/test, so no
 source name is shared between splits. Within a split, pairs are sorted.
 
-Batches, character level, teacher forcing: x = (src (B, S), tgt_in (B, T)), y = tgt_out
+Batches, vocabulary, decoding and metrics are `nas.tasks.parallel.ParallelCorpus`'s: by
+default character level (`tokenizer="chars"`), x = (src (B, S), tgt_in (B, T)), y = tgt_out
 (B, T), all int64, PAD = 0; src is the English characters, tgt_in = BOS + German,
 tgt_out = German + EOS. S and T are the longest in the batch, or `max_chars` and
-`max_chars + 1` with `fixed_length=True`.
+`max_chars + 1` with `fixed_length=True`. `tokenizer="bpe"` or `"unigram"` (with
+`vocab_size`) reads subword pieces instead.
 """
 
 from __future__ import annotations
 
 import gettext
 import random
-import time
 import unicodedata
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, ClassVar
-
-import torch
 
 from nas.decoding import StepFn, greedy_decode, translate_ids
-from nas.tasks.base import (
-    BOS,
-    EOS,
-    PAD,
-    SPLITS,
-    Direction,
-    Forward,
-    Task,
-    Vocab,
-    check_batch_size,
-    check_split,
-    generator,
-    unigram_cross_entropy,
+from nas.tasks.base import SPLITS
+from nas.tasks.parallel import (
+    DECODE_ROWS,
+    Pair,
+    ParallelCorpus,
+    TranslationBatch,
+    decode_rows,
 )
-from nas.tasks.metrics import decode_metrics
 
 __all__ = [
+    "DECODE_ROWS",
     "DOMAINS",
+    "StepFn",
     "Translation",
+    "TranslationBatch",
     "decode_rows",
     "greedy_decode",
     "load_pairs",
@@ -65,22 +59,6 @@ __all__ = [
 
 DOMAINS = ("iso3166-1", "iso3166-2", "iso639-3", "iso4217", "iso15924")
 FRACTIONS = (0.8, 0.1, 0.1)  # train, validation, test
-DECODE_ROWS = 128  # the most rows of a greedy batch that evaluation sizes itself
-
-
-def decode_rows(pairs: int, batch_size: int) -> int:
-    """Rows per greedy batch when decoding `pairs` pairs: the fewest multiples of
-    `batch_size` (a batch the model takes: a pipeline's micro-batches divide it) that hold
-    them, at most `DECODE_ROWS` (or `batch_size` where that is larger). Rows past the
-    pairs are copies of the batch's first source, so a few decoded pairs cost a few rows."""
-    check_batch_size(batch_size)
-    most = max(batch_size, DECODE_ROWS // batch_size * batch_size)
-    return min(most, max(1, -(-pairs // batch_size)) * batch_size)
-
-
-Pair = tuple[str, str]
-# x = (src (B, S), tgt_in (B, T)), y = tgt_out (B, T)
-TranslationBatch = tuple[tuple[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 def locales_dir() -> Path:
@@ -161,20 +139,11 @@ def split_pairs(
     return out
 
 
-class Translation(Task):
+class Translation(ParallelCorpus):
     """English->German names: loss (nats/token) and token accuracy; `evaluate` adds chrF,
     BLEU and exact match of greedy translations."""
 
     name = "translation"
-    baseline_metric = "loss"
-    metric_directions: ClassVar[dict[str, Direction]] = {
-        **Task.metric_directions,
-        "chrf": "maximize",
-        "bleu": "maximize",
-        "exact_match": "maximize",
-    }
-    decoded_metrics = ("chrf", "bleu", "exact_match")
-    decoder_only = False
     example_call = "m.translate(['Germany', 'France'])"
 
     def __init__(
@@ -184,163 +153,24 @@ class Translation(Task):
         max_chars: int = 48,
         fixed_length: bool = False,
         language: str = "de",
+        tokenizer: str = "chars",
+        vocab_size: int | None = None,
+        max_tokens: int | None = None,
     ) -> None:
         if max_chars < 1:
             raise ValueError(f"max_chars must be positive, got {max_chars}")
-        self.seed, self.max_chars, self.fixed_length = seed, max_chars, fixed_length
-        pairs, self.counts = load_pairs(language)
+        pairs, counts = load_pairs(language)
         kept = [p for p in pairs if max(len(p[0]), len(p[1])) <= max_chars]
-        self.counts["too_long"] = len(pairs) - len(kept)
-        self.counts["pairs"] = len(kept)
+        counts["too_long"] = len(pairs) - len(kept)
         if not kept:
             raise ValueError(f"no {language!r} pairs of at most {max_chars} characters")
-        self.vocab = Vocab.from_texts(text for pair in kept for text in pair)
-        self.splits = split_pairs(kept, seed)
-        self._encoded = {
-            split: [(self.vocab.encode(en), self.vocab.encode(de)) for en, de in pairs]
-            for split, pairs in self.splits.items()
-        }
-
-    def size(self, split: str) -> int:
-        check_split(split)
-        return len(self.splits[split])
-
-    def describe(self) -> dict[str, Any]:
-        return {**super().describe(), "max_chars": self.max_chars, "cleaning": dict(self.counts)}
-
-    def pairs(self, split: str) -> list[Pair]:
-        check_split(split)
-        return list(self.splits[split])
-
-    def _collate(
-        self, rows: Sequence[tuple[list[int], list[int]]], filler: int
-    ) -> TranslationBatch:
-        """Pad `rows` into a batch, plus `filler` copies of row 0 whose targets are all PAD."""
-        s = self.max_chars if self.fixed_length else max(len(src) for src, _ in rows)
-        t = self.max_chars + 1 if self.fixed_length else max(len(tgt) for _, tgt in rows) + 1
-        n = len(rows) + filler
-        src = torch.full((n, s), PAD, dtype=torch.long)
-        tgt_in = torch.full((n, t), PAD, dtype=torch.long)
-        tgt_out = torch.full((n, t), PAD, dtype=torch.long)
-        for i in range(n):
-            a, b = rows[i] if i < len(rows) else rows[0]
-            src[i, : len(a)] = torch.tensor(a, dtype=torch.long)
-            tgt_in[i, : len(b) + 1] = torch.tensor([BOS, *b], dtype=torch.long)
-            if i < len(rows):
-                tgt_out[i, : len(b) + 1] = torch.tensor([*b, EOS], dtype=torch.long)
-        return (src, tgt_in), tgt_out
-
-    def batches(
-        self, split: str, batch_size: int, *, seed: int = 0, epoch: int = 0
-    ) -> Iterator[TranslationBatch]:
-        check_split(split)
-        check_batch_size(batch_size)
-        data = self._encoded[split]
-        if split == "train":
-            if len(data) < batch_size:
-                raise ValueError(
-                    f"the training split has {len(data)} pairs, fewer than batch_size={batch_size}"
-                )
-            order = torch.randperm(len(data), generator=generator("translation", seed, epoch))
-            indices = order.tolist()
-            indices = indices[: len(indices) - len(indices) % batch_size]
-        else:
-            indices = list(range(len(data)))
-        for start in range(0, len(indices), batch_size):
-            chunk = indices[start : start + batch_size]
-            yield self._collate([data[i] for i in chunk], batch_size - len(chunk))
-
-    def decode_subset(self, split: str, pairs: int | None) -> list[int]:
-        """Indices of the pairs of `split` that an evaluation decoding `pairs` of them reads:
-        evenly spaced over the (sorted) split, so a subset samples every initial letter
-        and is the same for every model; None (or more than the split holds): all."""
-        check_split(split)
-        total = len(self.splits[split])
-        if pairs is None or pairs >= total:
-            return list(range(total))
-        if pairs < 0:
-            raise ValueError(f"pairs={pairs} is not valid; use None (all) or a count >= 0")
-        return [i * total // pairs for i in range(pairs)]
-
-    def generate(
-        self,
-        step_fn: StepFn,
-        split: str,
-        *,
-        batch_size: int = 64,
-        max_len: int | None = None,
-        indices: Sequence[int] | None = None,
-    ) -> list[str]:
-        """Greedy translations of the sources of `split` at `indices` (default: every pair,
-        in `pairs(split)` order)."""
-        if split == "train":
-            raise ValueError("generate() reads an evaluation split: 'validation' or 'test'")
-        check_split(split)
-        data = self._encoded[split]
-        chosen = range(len(data)) if indices is None else indices
-        sources = [data[i][0] for i in chosen]
-        return translate_ids(
-            step_fn,
-            self.vocab,
-            sources,
-            batch_size=batch_size,
-            max_len=self.max_chars + 1 if max_len is None else max_len,
-            width=self.max_chars if self.fixed_length else None,
+        super().__init__(
+            split_pairs(kept, seed),
+            counts,
+            seed=seed,
+            max_chars=max_chars,
+            fixed_length=fixed_length,
+            tokenizer=tokenizer,
+            vocab_size=vocab_size,
+            max_tokens=max_tokens,
         )
-
-    def generation_metrics(
-        self,
-        step_fn: StepFn,
-        split: str = "validation",
-        *,
-        batch_size: int = 64,
-        pairs: int | None = None,
-    ) -> dict[str, float]:
-        """Exact match, corpus chrF and BLEU of greedy translations of `pairs` pairs of `split`
-        (`decode_subset`; None: all) against their references."""
-        indices = self.decode_subset(split, pairs)
-        hypotheses = self.generate(step_fn, split, batch_size=batch_size, indices=indices)
-        references = [self.splits[split][i][1] for i in indices]
-        return decode_metrics(hypotheses, references)
-
-    def evaluate(
-        self,
-        forward: Forward,
-        split: str = "validation",
-        *,
-        batch_size: int,
-        max_batches: int | None = None,
-        decode: int | None = None,
-        decode_batch_size: int | None = None,
-    ) -> dict[str, float]:
-        """Loss and token accuracy (teacher forcing), then, unless `decode=0`, greedy
-        decoding of `decode` pairs (None: all) in batches of `decode_batch_size` rows (one
-        forward per generated token, so few large batches cost least; default
-        `decode_rows`): `chrf`, `bleu`, `exact_match`, `decoded` (pairs) and `decode_s` (what
-        decoding cost, in seconds)."""
-        metrics = super().evaluate(forward, split, batch_size=batch_size, max_batches=max_batches)
-        if decode == 0:
-            return metrics
-        started = time.perf_counter()
-        pairs = len(self.decode_subset(split, decode))
-        rows = decode_rows(pairs, batch_size) if decode_batch_size is None else decode_batch_size
-        decoded = self.generation_metrics(
-            lambda src, tgt: forward((src, tgt)), split, batch_size=rows, pairs=decode
-        )
-        return metrics | {
-            "chrf": decoded["chrf"],
-            "bleu": decoded["bleu"],
-            "exact_match": decoded["exact_match"],
-            "decoded": decoded["n"],
-            "decode_s": time.perf_counter() - started,
-        }
-
-    def unigram_baseline(self, split: str) -> float:
-        """Nats per target token (characters and EOS) under the training unigram."""
-        check_split(split)
-
-        def targets(name: str) -> list[int]:
-            return [i for _, tgt in self._encoded[name] for i in [*tgt, EOS]]
-
-        support = [EOS, *range(len(self.vocab) - len(self.vocab.chars), len(self.vocab))]
-        return unigram_cross_entropy(targets("train"), targets(split), len(self.vocab), support)

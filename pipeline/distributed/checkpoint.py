@@ -88,6 +88,18 @@ class Resume:
     actions: bool = False  # put its memory actions in force (its partition was taken)
 
 
+def checked_scheduler(
+    lr_scheduler: LrSchedulerFactory | None,
+    optimizer: OptimizerFactory,
+    pipemare: PipeMareConfig | None,
+) -> LrSchedulerFactory | None:
+    """`lr_scheduler` if the pipeline can step it (`check_lr_scheduler`): never under
+    PipeMare, whose T1 sets the lr."""
+    if lr_scheduler is not None and pipemare is not None:
+        raise ValueError("lr_scheduler= cannot run under schedule='pipemare' (T1 sets the lr)")
+    return check_lr_scheduler(lr_scheduler, optimizer)
+
+
 class Checkpointer:
     """Checkpoints and per-layer lr schedules of one pipeline (module doc)."""
 
@@ -104,9 +116,7 @@ class Checkpointer:
         pipemare: PipeMareConfig | None,
     ) -> Checkpointer:
         """The part for a pipeline's `lr_scheduler=` (checked) and optimizer factory."""
-        if lr_scheduler is not None and pipemare is not None:
-            raise ValueError("lr_scheduler= cannot run under schedule='pipemare' (T1 sets the lr)")
-        return cls(LayerSchedules(check_lr_scheduler(lr_scheduler, optimizer)))
+        return cls(LayerSchedules(checked_scheduler(lr_scheduler, optimizer, pipemare)))
 
     # -- resuming ----------------------------------------------------------------------------
     def start(
@@ -142,9 +152,10 @@ class Checkpointer:
         if resume is not None:
             _load(pipe, resume, self.schedules)
 
-    def reset(self) -> None:
-        """A new model (`reconfigure`): no schedule and no resume carries over."""
-        self.schedules.reset()
+    def reset(self, lr_scheduler: LrSchedulerFactory | None = None) -> None:
+        """A new model (`reconfigure`): no schedule and no resume carries over; its layers
+        are scheduled by `lr_scheduler` (`checked_scheduler`) when given, as before if not."""
+        self.schedules.reset(lr_scheduler)
         self._pending, self._saved_at = None, 0
 
     # -- migrations ----------------------------------------------------------------------------

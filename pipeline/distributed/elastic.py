@@ -41,7 +41,7 @@ import torch
 
 from pipeline.distributed import build, elasticity, report, steps, stream, weights
 from pipeline.distributed.agreement import measured_costs
-from pipeline.distributed.checkpoint import Checkpointer
+from pipeline.distributed.checkpoint import Checkpointer, checked_scheduler
 from pipeline.distributed.comm import Comm
 from pipeline.distributed.events import EventLog, PipelineEvent
 from pipeline.distributed.holder import ModelHolder
@@ -317,6 +317,7 @@ class ElasticPipeline(ModelViews, OptionViews):
         inherit_from: WeightSnapshot | None = None,
         loss_fn: LossFn | None = None,
         optimizer: OptimizerFactory | None = None,
+        lr_scheduler: LrSchedulerFactory | None = None,
     ) -> None:
         """Take the next model on the same processes and process group; call on every rank.
 
@@ -329,14 +330,19 @@ class ElasticPipeline(ModelViews, OptionViews):
         earlier model, taken on every rank; `snapshot.without(prefixes)` leaves tensors
         fresh on purpose), from that model's weights instead. An "inherit" event records
         what was taken.
-        `loss_fn` and `optimizer`, when given, replace the current ones.
+        `loss_fn`, `optimizer` and `lr_scheduler`, when given, replace the current ones (a
+        new `lr_scheduler` needs the pipeline built with one: a schedule of the new model's
+        length, say).
         """
+        scheduler = checked_scheduler(
+            lr_scheduler, optimizer or self.recipe.optimizer, self.pipemare
+        )
         new_specs, source = elasticity.next_model(self, specs, inherit_weights, inherit_from)
         self.recipe = self.recipe.changed(optimizer=optimizer, loss_fn=loss_fn)
         self.generation += 1
         self.model.close()  # free the old layers before building the new ones
         self.model = ModelHolder(new_specs, None)  # a Plan may carry a handoff
-        self.checkpoints.reset()
+        self.checkpoints.reset(scheduler)
         build.setup(self, partition)
         self.checkpoints.built(self)
         self.event_log.record("reconfigure", layers=[s.key for s in new_specs])

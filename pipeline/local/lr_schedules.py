@@ -104,9 +104,12 @@ class LayerSchedules:
     def __contains__(self, key: str) -> bool:
         return key in self._by_key
 
-    def reset(self) -> None:
-        """Forget every schedule (a new model: its layers start their schedules afresh)."""
+    def reset(self, factory: LrSchedulerFactory | None = None) -> None:
+        """Forget every schedule (a new model: its layers start their schedules afresh),
+        built from now on by `factory` when given (checked: `check_lr_scheduler`)."""
         self._by_key = {}
+        if factory is not None:
+            self.factory = factory
 
     def sync(self, optimizers: Iterable[torch.optim.Optimizer]) -> None:
         """Give every group of `optimizers` (this rank's stages') its schedule (module doc);

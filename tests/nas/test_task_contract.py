@@ -12,12 +12,15 @@ import torch
 
 from nas.settings import DIRECTIONS
 from nas.tasks import SPLITS, TASKS, Task, get_task
+from tests.nas.corpora import write_catalogs, write_tsv
 from tests.nas.harness.common import write_text
 
 OPTIONS: dict[str, dict[str, Any]] = {
     "translation": {},
     "charlm": {"seq_len": 16},
     "textfile": {"seq_len": 16},
+    "corpus": {"vocab_size": 150},  # subword pieces (BPE); a corpus file written here
+    "messages": {"tokenizer": "unigram", "vocab_size": 150},  # catalogs written here
 }
 
 
@@ -26,6 +29,10 @@ def task(request: pytest.FixtureRequest, tmp_path: Path) -> Task:
     options = dict(OPTIONS[request.param])
     if request.param == "textfile":
         options["path"] = str(write_text(tmp_path / "corpus.txt"))
+    if request.param == "corpus":
+        options["path"] = str(write_tsv(tmp_path / "pairs.tsv"))
+    if request.param == "messages":
+        options["folder"] = str(write_catalogs(tmp_path / "locale"))
     return get_task(request.param, **options)
 
 

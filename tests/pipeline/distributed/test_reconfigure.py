@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 import torch
 import torch.nn.functional as F
+from torch.optim.lr_scheduler import LambdaLR
 
 import pipeline
 from pipeline import ElasticPipeline, PlanOptions, StageContext
@@ -17,6 +18,10 @@ from pipeline.local.reference import ReferenceTrainer
 pytestmark = pytest.mark.multiprocess
 ADAM = functools.partial(torch.optim.Adam, lr=1e-3)
 SEED = 9
+
+
+def halving(optimizer: torch.optim.Optimizer) -> LambdaLR:
+    return LambdaLR(optimizer, lambda step: 0.5**step)
 
 
 def seq(n: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -79,6 +84,12 @@ def candidates(ctx: StageContext) -> dict[str, Any]:
     )
     out["edited"] = pipe.full_state_dict()
     out["took"] = [e.details for e in pipe.events if e.kind == "inherit"]
+    # a model with its own lr schedule (the pipeline was built with none): from its step 0
+    pipe.reconfigure(transformer_stack(4, 16, 2), partition=[2, 2], lr_scheduler=halving)
+    for x, y in seq(2):
+        pipe.train_step(x, y)
+    assert pipe.optimizer is not None
+    out["rates"] = [group["lr"] for group in pipe.optimizer.param_groups]
     pipe.close()
     return out
 
@@ -232,3 +243,9 @@ def test_the_inheritance_is_recorded_in_the_events() -> None:
     assert (took["bytes"], took["moved_bytes"]) == (4 * per_layer, per_layer)
     # [3, 3] -> [1, 3]: block1 and block2 move to stage 1
     assert (back["layers"], back["moved"], back["moved_bytes"]) == (4, 2, 2 * per_layer)
+
+
+def test_a_new_model_takes_its_own_lr_schedule_from_its_first_step() -> None:
+    rates = results()["rates"]
+    assert len(rates) == 2  # rank 0's two layers, one group each
+    assert rates == pytest.approx([1e-3 * 0.5**2] * 2)  # after two steps of halving

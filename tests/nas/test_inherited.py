@@ -1,0 +1,62 @@
+"""Inherited fidelity's pure parts: weights files, estimates, settings (no processes)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from nas.inherited import estimate, load_snapshot, save_weights
+from tests.nas.harness.common import composed
+
+
+def state() -> dict[str, dict[str, torch.Tensor]]:
+    g = torch.Generator().manual_seed(0)
+    return {
+        "embed": {"weight": torch.randn(5, 3, generator=g)},
+        "enc.block0.left": {
+            "linear.weight": torch.randn(3, 3, generator=g),
+            "linear.bias": torch.zeros(3),
+        },
+        "head": {"weight": torch.randn(5, 3, generator=g)[:, :2]},  # a non-contiguous view
+    }
+
+
+def test_weights_round_trip_as_stage_zero_of_any_pipeline(tmp_path: Path) -> None:
+    path = save_weights(state(), tmp_path / "w.safetensors")
+    first = load_snapshot(path, rank=0, world_size=3)
+    assert first.keys == ("embed", "enc.block0.left", "head")  # the model's layer order
+    assert first.sizes == (3, 0, 0)  # stage 0 sends each layer to its owner
+    for key, layer in state().items():
+        for name, tensor in layer.items():
+            assert torch.equal(first.states[key][name], tensor), (key, name)
+    other = load_snapshot(path, rank=2, world_size=3)
+    assert (other.keys, other.sizes, dict(other.states)) == (first.keys, first.sizes, {})
+    kept = first.without(["enc.block0.left.linear."])  # an edited branch: afresh
+    assert kept.states["enc.block0.left"] == {} and "weight" in kept.states["embed"]
+
+
+def test_an_estimate_is_the_parents_metric_moved_by_the_childs_paired_difference() -> None:
+    parent = {"validation_loss": 0.70, "validation_accuracy": 0.80}
+    child = {"validation_loss": 0.65, "validation_accuracy": 0.85, "validation_s": 3.0}
+    control = {"validation_loss": 0.66, "validation_accuracy": 0.83}
+    assert estimate(parent, child, control) == pytest.approx(
+        {"validation_loss": 0.69, "validation_accuracy": 0.82}
+    )
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (
+            ("study.fidelity=rungs",),
+            "study.fidelity='rungs' is not valid; valid values: full, inherited",
+        ),
+        (("study.inherit_steps=0",), "study.inherit_steps=0 is not valid"),
+        (("study.fidelity=inherited", "study.inherit_weights=true"), "choose one"),
+    ],
+)
+def test_inherited_fidelity_settings_are_checked(overrides: tuple[str, ...], message: str) -> None:
+    with pytest.raises(Exception, match=message.replace("(", r"\(")):
+        composed(*overrides)
