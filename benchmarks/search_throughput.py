@@ -343,19 +343,26 @@ def _slice_figures(done: list[Any], wall_s: float) -> dict[str, Any]:
     import optuna
 
     complete = [t for t in done if t.state == optuna.trial.TrialState.COMPLETE]
-    steps = sum(int(t.user_attrs.get("steps", 0)) for t in done)
+    inherited = [t for t in complete if t.user_attrs.get("fidelity") == "inherited"]
+    full = [t for t in complete if t not in inherited]
+    # each parent's control (study.fidelity=inherited) trains as many steps as a child, once
+    controls = {t.user_attrs["inherited_from"]: int(t.user_attrs["steps"]) for t in inherited}
+    steps = sum(int(t.user_attrs.get("steps", 0)) for t in done) + sum(controls.values())
     hours = wall_s / 3600
     return {
         "wall_s": wall_s,
         "shape": done[0].user_attrs.get("shape") if done else None,
         "finished": len(done),
-        "complete_full_budget": len(complete),
+        "complete_full_budget": len(full),
+        "complete_inherited": len(inherited),
+        "controls": len(controls),
         "pruned": sum(t.state == optuna.trial.TrialState.PRUNED for t in done),
         "steps_trained": steps,
         "candidates_per_h": len(done) / hours,
-        "full_budget_candidates_per_h": len(complete) / hours,
+        "full_budget_candidates_per_h": len(full) / hours,
         "steps_per_h": steps / hours,
-        "best_validation_loss": min((t.values[0] for t in complete), default=None),
+        "best_validation_loss": min((t.values[0] for t in full), default=None),
+        "best_estimate": min((t.values[0] for t in inherited), default=None),
     }
 
 
