@@ -62,6 +62,7 @@ __all__ = [
     "record_control",
     "save_weights",
     "scored",
+    "weights_file",
 ]
 
 WEIGHTS_ARTIFACT = "weights_artifact"  # a trial's user attribute: its weights' artifact id
@@ -141,7 +142,7 @@ def parent_of(
     artifact = stored.user_attrs.get(WEIGHTS_ARTIFACT)
     if stored.state != optuna.trial.TrialState.COMPLETE or artifact is None:
         return None
-    path = folder / f"trial-{parent}.safetensors"
+    path = weights_file(folder, parent)
     if not path.exists():
         download_artifact(artifact_store=store, file_path=str(path), artifact_id=artifact)
     control = study.user_attrs.get(_control_key(parent, settings.study.inherit_steps))
@@ -149,9 +150,14 @@ def parent_of(
         parent,
         architecture_of(stored, settings),
         str(path),
-        _metrics(stored.user_attrs, settings),
+        scored(stored.user_attrs, task_metrics(settings.task.name)),
         None if control is None else {k: float(v) for k, v in control.items()},
     )
+
+
+def weights_file(folder: Path, number: int) -> Path:
+    """Where a worker keeps trial `number`'s weights file in `folder`."""
+    return folder / f"trial-{number}.safetensors"
 
 
 def record_control(
@@ -180,10 +186,6 @@ def scored(evaluation: Mapping[str, float], names: Iterable[str]) -> dict[str, f
         for name in names
         if name in evaluation and math.isfinite(float(evaluation[name]))
     }
-
-
-def _metrics(attrs: Mapping[str, Any], settings: NasSettings) -> dict[str, float]:
-    return scored(attrs, task_metrics(settings.task.name))
 
 
 def _control_key(parent: int, steps: int) -> str:

@@ -351,7 +351,7 @@ class Leader:
             source = inherited.parent_of(
                 self.study, parent, self.settings, self.artifacts, self.weights_dir
             )
-        weights_to = str(self.weights_dir / f"trial-{trial.number}.safetensors")
+        weights_to = str(inherited.weights_file(self.weights_dir, trial.number))
         return TrialOrder(trial.number, arch_json, parent, edited, source, weights_to)
 
     def record_control(self, parent: int, metrics: dict[str, float]) -> None:
@@ -362,7 +362,7 @@ class Leader:
         for key, value in outcome.attrs.items():
             trial.set_user_attr(key, value)
         weights = (
-            self.weights_dir / f"trial-{trial.number}.safetensors" if self.weights_dir else None
+            inherited.weights_file(self.weights_dir, trial.number) if self.weights_dir else None
         )
         if outcome.state == TrialEnd.COMPLETE and weights is not None and weights.exists():
             assert self.artifacts is not None

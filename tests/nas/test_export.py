@@ -412,9 +412,15 @@ def core_venv(tmp_path: Path) -> Path:
 
 
 def load_in(python: Path | str, folder: Path, cwd: Path) -> dict:
+    return run_in(python, LOAD, [str(folder), *HARNESS_ONLY], cwd)
+
+
+def run_in(python: Path | str, code: str, args: list[str], cwd: Path) -> dict:
+    """`code` run by `python` with `args` (this environment's PYTHONPATH left out): the JSON
+    of the last line it prints."""
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
     done = subprocess.run(
-        [str(python), "-c", LOAD, str(folder), *HARNESS_ONLY],
+        [str(python), "-c", code, *args],
         capture_output=True,
         text=True,
         timeout=240,

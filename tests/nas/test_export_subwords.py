@@ -5,8 +5,6 @@ alone: no Optuna, Hydra or W&B."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -22,7 +20,7 @@ from nas.tasks import Corpus, get_task
 from pipeline.local.spec import build_layer
 from search_spaces.evolved_transformer import evolved_transformer, seed_params
 from tests.nas.corpora import write_tsv
-from tests.nas.test_export import copy_folder, core_venv
+from tests.nas.test_export import copy_folder, core_venv, run_in
 
 HARNESS = ("optuna", "hydra", "omegaconf", "wandb", "sacrebleu", "matplotlib", "yaml")
 SOURCES = ["3 cannot open the file", "1 deleted the table", "5 did not find the key"]
@@ -118,17 +116,7 @@ def test_a_missing_tokenizer_is_named(exported: tuple[Path, Corpus], tmp_path: P
 
 
 def load_in(python: Path | str, folder: Path, cwd: Path) -> dict:
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
-    done = subprocess.run(
-        [str(python), "-c", LOAD, str(folder), json.dumps(SOURCES), *HARNESS],
-        capture_output=True,
-        text=True,
-        timeout=240,
-        cwd=cwd,
-        env=env,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.splitlines()[-1])
+    return run_in(python, LOAD, [str(folder), json.dumps(SOURCES), *HARNESS], cwd)
 
 
 @pytest.mark.timeout(600)
