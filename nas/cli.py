@@ -27,6 +27,7 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 from nas import job_log
 from nas.config import CONFIG_PATH, register, to_settings
@@ -44,7 +45,11 @@ def main(cfg: DictConfig) -> None:
         cfg.study.name = _job_study_name(
             cfg.study.name, list(hydra_cfg.overrides.task), hydra_cfg.job.num
         )
-    settings = to_settings(cfg)
+    try:
+        settings = to_settings(cfg)
+    except (ValueError, TypeError, OmegaConfBaseException) as error:  # a setting out of range
+        logger.error("invalid settings: %s", "; ".join(str(error).strip().splitlines()))
+        sys.exit(1)
     job_log.publish()  # the stage processes log to this job's log file too
     from nas.retrain import retrain  # after composing: --help and --cfg stay fast
     from nas.storage import StorageError

@@ -5,7 +5,8 @@
     config.json         what rebuilds the model: format, architecture, search-space
                         parameters, vocabulary, task, positions, training budget
     tokenizer.json      a subword task's tokenizer (BPE or unigram pieces), which
-                        `translate` reads text with
+                        `translate` reads text with (the target's, and
+                        source_tokenizer.json the source's, where each side has its own)
     model.safetensors   the weights, named as the model's `state_dict()` names them
     README.md           the model card: picture, size, training budget, validation and test
                         figures of every training seed, how to load it (`nas.model_card`)
@@ -35,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from nas.model_folder import load_weights
+from nas.model_folder import SOURCE_TOKENIZER, load_weights
 from nas.models import (
     CONFIG,
     FORMAT,
@@ -95,7 +96,11 @@ def export_model(
     `ModelFolderError` naming the tensor."""
     from nas.pictures import save_architecture
 
-    vocab, tokenizer = vocab_config(task.vocab)
+    vocab, tokenizers = vocab_config(task.vocab)
+    source_vocab = None
+    if task.source_vocab is not task.vocab:
+        source_vocab, more = vocab_config(task.source_vocab, SOURCE_TOKENIZER)
+        tokenizers |= more
     config = ModelConfig(
         architecture=json.loads(to_json(arch)),
         params=dict(params),
@@ -103,7 +108,8 @@ def export_model(
         task=dataclasses.asdict(settings.task),
         max_len=max_len,
         training=_training(settings, metrics),
-        tokenizer=tokenizer,
+        source_vocab=source_vocab,
+        tokenizers=tokenizers,
     )
     model = ExportedModel.class_for(config)(config, metrics)
     tensors = {

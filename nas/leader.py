@@ -45,8 +45,8 @@ from nas.progress import progress_bars
 from nas.search import ProgressiveDynamicHurdles
 from nas.search.lineage import KEY_MUTATED, KEY_PARENT
 from nas.settings import NasSettings
+from nas.study_tracking import run_directories, study_tracker
 from nas.tracking.base import TRACKER_RUN_ID, TrialEnd
-from nas.tracking.configured import run_directories, study_tracker
 from nas.trials import (
     DUPLICATE_OF,
     INVALID,

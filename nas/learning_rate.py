@@ -21,6 +21,8 @@ from dataclasses import dataclass
 import torch
 from torch.optim.lr_scheduler import LambdaLR
 
+from pipeline.pure.checks import is_int
+
 __all__ = ["SCHEDULES", "LrSchedule", "learning_rate"]
 
 SCHEDULES = ("constant", "cosine")
@@ -64,7 +66,7 @@ class LrSchedule:
     def __post_init__(self) -> None:
         if not self.base > 0:
             raise ValueError(f"base={self.base!r} is not valid; the rate must be > 0")
-        if isinstance(self.total, bool) or not isinstance(self.total, int) or self.total < 1:
+        if not is_int(self.total) or self.total < 1:
             raise ValueError(f"total={self.total!r} is not valid; use a step count >= 1")
         self.factor(0)  # the schedule's name
 

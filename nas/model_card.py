@@ -44,6 +44,7 @@ class CardFacts:
     picture: bool  # architecture.png is beside the card
     files: Sequence[str] = field(default_factory=tuple)
     vocab_kind: str = "chars"  # or a subword tokenizer's kind: "bpe", "unigram"
+    source_vocab_size: int | None = None  # where the source has a vocabulary of its own
 
 
 def render_card(facts: CardFacts) -> str:
@@ -90,9 +91,17 @@ def _title(facts: CardFacts) -> str:
     ]
     if facts.picture:
         lines += ["![The encoder and decoder cells](architecture.png)", ""]
+    units = f"{_units(facts.vocab_kind)} and 4 specials"
+    if facts.source_vocab_size is None:
+        vocabulary = [f"- vocabulary: {facts.vocab_size} tokens ({units})"]
+    else:
+        vocabulary = [
+            f"- source vocabulary: {facts.source_vocab_size} tokens ({units})",
+            f"- target vocabulary: {facts.vocab_size} tokens ({units})",
+        ]
     lines += [
         f"- parameters: {facts.parameters:,}",
-        f"- vocabulary: {facts.vocab_size} tokens ({_units(facts.vocab_kind)} and 4 specials)",
+        *vocabulary,
         f"- positions: up to {facts.max_len}",
         "",
     ]
@@ -127,7 +136,21 @@ def _results(metrics: Mapping[str, Any]) -> str:
     for name in names:
         cells = [_number(metrics.get(f"{split}_{name}")) for split in ("validation", "test")]
         lines.append(f"| {name.replace('_', ' ')} | {cells[0]} | {cells[1]} |")
-    return "\n".join([*lines, *_seed_table(_per_seed(metrics), names, seed), ""])
+    lines += _seed_table(_per_seed(metrics), names, seed)
+    return "\n".join([*lines, *_bleu_note(metrics, names), ""])
+
+
+def _bleu_note(metrics: Mapping[str, Any], names: Sequence[str]) -> list[str]:
+    """How BLEU was computed, where the figures have it: sacreBLEU's signature."""
+    data = metrics.get("data")
+    signature = data.get("bleu_signature") if isinstance(data, Mapping) else None
+    if "bleu" not in names or not isinstance(signature, str):
+        return []
+    return [
+        "",
+        "BLEU is sacreBLEU's corpus BLEU on detokenized text, chrF its corpus chrF; "
+        f"signature `{signature}`.",
+    ]
 
 
 def _seed_table(rows: Sequence[Mapping[str, Any]], names: Sequence[str], seed: Any) -> list[str]:
@@ -187,6 +210,8 @@ def _files(files: Sequence[str]) -> str:
         "model.safetensors": "the weights, named as `model.state_dict()` names them",
         "tokenizer.json": "the subword vocabulary (Hugging Face `tokenizers`), which "
         "`translate` reads and writes text with",
+        "source_tokenizer.json": "the source's own subword vocabulary, which `translate` "
+        "reads text with (`tokenizer.json` is then the target's)",
         "metrics.json": "every figure above, and more (timings, token counts)",
         "config.yaml": "the resolved configuration of the run that trained it",
         "architecture.png": "the cells, drawn",

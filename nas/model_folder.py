@@ -2,7 +2,8 @@
 
 `nas.models` builds the model classes on this: `ModelConfig` is `config.json` (read and
 checked, each wrong field a `ModelFolderError` naming the file) with the text of
-`tokenizer.json` beside it when its vocabulary is subword pieces, `read_folder` reads a
+`tokenizer.json` (and `source_tokenizer.json`, for a model whose source has a vocabulary
+of its own) beside it when its vocabulary is subword pieces, `read_folder` reads a
 folder of this layout or of the old one (`architecture.json`, format
 "elastic-nas-model/1", weights named `<layer key>.<parameter>`), `load_weights` loads a
 state strictly (a missing, an extra or a misshapen tensor is named), and `resolve` turns a
@@ -34,6 +35,7 @@ __all__ = [
     "LEGACY_CONFIG",
     "LEGACY_FORMAT",
     "METRICS",
+    "SOURCE_TOKENIZER",
     "TOKENIZER",
     "WEIGHTS",
     "ModelConfig",
@@ -51,6 +53,9 @@ LEGACY_FORMAT = "elastic-nas-model/1"
 CONFIG, WEIGHTS, CARD, METRICS = "config.json", "model.safetensors", "README.md", "metrics.json"
 LEGACY_CONFIG = "architecture.json"
 TOKENIZER = "tokenizer.json"  # a subword vocabulary (`nas.subwords`), as `tokenizers` saves it
+SOURCE_TOKENIZER = "source_tokenizer.json"  # the source's, where each side has its own
+# the tokenizer file each vocabulary of config.json may name
+_TOKENIZER_FILES = {"vocab": TOKENIZER, "source_vocab": SOURCE_TOKENIZER}
 EXTRAS = ("config.yaml", "architecture.png")  # what the export adds; saving copies them
 WHAT = f"an exported model is a folder holding {CONFIG} and {WEIGHTS}"
 _REPO_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
@@ -66,16 +71,18 @@ class ModelConfig:
 
     architecture: dict[str, Any]
     params: dict[str, Any]
-    vocab: dict[str, Any]
+    vocab: dict[str, Any]  # the target's (and the source's, unless `source_vocab`)
     task: dict[str, Any]
     max_len: int
     training: dict[str, Any] = field(default_factory=dict)
     format: str = FORMAT
-    # the text of tokenizer.json, which `vocab` names ({"tokenizer": "tokenizer.json"}) for
-    # a subword vocabulary; not part of config.json
-    tokenizer: str | None = field(default=None, repr=False)
+    source_vocab: dict[str, Any] | None = None  # where the source has its own vocabulary
+    # the text of each tokenizer file a vocabulary names ({"tokenizer": "tokenizer.json"}
+    # for subword pieces), by file name; not part of config.json
+    tokenizers: dict[str, str] = field(default_factory=dict, repr=False)
 
     def to_json(self) -> dict[str, Any]:
+        source = {} if self.source_vocab is None else {"source_vocab": self.source_vocab}
         return {
             "format": self.format,
             "task": self.task,
@@ -84,6 +91,7 @@ class ModelConfig:
             "params": self.params,
             "architecture": self.architecture,
             "vocab": self.vocab,
+            **source,
         }
 
     @classmethod
@@ -114,7 +122,11 @@ class ModelConfig:
             raise ModelFolderError(f"{where} has max_len {max_len!r}; valid: an integer >= 1")
         if not isinstance(training, dict):
             raise ModelFolderError(f"{where} has training {training!r}; valid: an object")
+        source = data.get("source_vocab")
+        if source is not None and not isinstance(source, dict):
+            raise ModelFolderError(f"{where} has source_vocab {source!r:.60}; valid: an object")
         return cls(
+            source_vocab=None if source is None else dict(source),
             architecture=dict(data["architecture"]),
             params=dict(data["params"]),
             vocab=dict(data["vocab"]),
@@ -248,26 +260,29 @@ def read_folder(folder: Path) -> ModelFolder:
         raise ModelFolderError(f"{folder} is not an exported model: missing {CONFIG}; {WHAT}")
     if not (folder / WEIGHTS).is_file():
         raise ModelFolderError(f"{folder} is not a complete exported model: missing {WEIGHTS}")
-    return ModelFolder(folder, _with_tokenizer(config, folder), metrics, legacy)
+    return ModelFolder(folder, _with_tokenizers(config, folder), metrics, legacy)
 
 
-def _with_tokenizer(config: ModelConfig, folder: Path) -> ModelConfig:
-    """`config` with the text of the tokenizer file its vocabulary names, if it names one."""
-    name = config.vocab.get("tokenizer")
-    if name is None:
-        return config
-    if name != TOKENIZER:
-        raise ModelFolderError(
-            f"{folder / CONFIG} names the tokenizer file {name!r}; valid: {TOKENIZER!r}"
-        )
-    try:
-        text = (folder / TOKENIZER).read_text(encoding="utf-8")
-    except OSError as error:
-        raise ModelFolderError(
-            f"{folder} is not a complete exported model: cannot read {TOKENIZER}, which "
-            f"{CONFIG} names as its vocabulary ({error.strerror or error})"
-        ) from error
-    return replace(config, tokenizer=text)
+def _with_tokenizers(config: ModelConfig, folder: Path) -> ModelConfig:
+    """`config` with the text of every tokenizer file its vocabularies name."""
+    texts: dict[str, str] = {}
+    for key, vocab in (("vocab", config.vocab), ("source_vocab", config.source_vocab)):
+        name = (vocab or {}).get("tokenizer")
+        if name is None:
+            continue
+        if name != _TOKENIZER_FILES[key]:
+            raise ModelFolderError(
+                f"{folder / CONFIG} names the tokenizer file {name!r} for its {key}; valid: "
+                f"{_TOKENIZER_FILES[key]!r}"
+            )
+        try:
+            texts[name] = (folder / name).read_text(encoding="utf-8")
+        except OSError as error:
+            raise ModelFolderError(
+                f"{folder} is not a complete exported model: cannot read {name}, which "
+                f"{CONFIG} names as its {key} ({error.strerror or error})"
+            ) from error
+    return replace(config, tokenizers=texts)
 
 
 def _listed(names: Sequence[str]) -> str:

@@ -13,6 +13,9 @@ A retrained model (`nas.export.export_model`) is a folder in the layout of
     tokenizer.json      a subword vocabulary (BPE or unigram pieces, `nas.subwords`) as
                         Hugging Face `tokenizers` saves it; `config.json`'s `vocab` names it
                         (a character vocabulary is in `config.json` itself)
+    source_tokenizer.json   the source's, for a model whose source and target have
+                        vocabularies of their own (`config.json`'s `source_vocab`; `vocab`
+                        is then the target's)
     README.md           the model card (`nas.model_card`)
     metrics.json        what it scored (optional for loading; `model.metrics`)
     config.yaml, architecture.png   written by the export; `save_pretrained` copies them
@@ -44,7 +47,7 @@ import json
 import shutil
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, ClassVar, Self, cast
+from typing import Any, ClassVar, Literal, Self, cast
 
 import torch
 from safetensors.torch import save_file
@@ -60,6 +63,7 @@ from nas.model_folder import (
     LEGACY_CONFIG,
     LEGACY_FORMAT,
     METRICS,
+    SOURCE_TOKENIZER,
     TOKENIZER,
     WEIGHTS,
     WHAT,
@@ -90,30 +94,36 @@ __all__ = [
 ]
 
 
-def vocab_config(vocab: TokenVocab) -> tuple[dict[str, Any], str | None]:
-    """What `config.json` says of `vocab` ("vocab"), and the text of `tokenizer.json` for a
-    subword vocabulary (None for characters, which `config.json` holds itself)."""
+def vocab_config(vocab: TokenVocab, file: str = TOKENIZER) -> tuple[dict[str, Any], dict[str, str]]:
+    """What `config.json` says of `vocab`, and the tokenizer file that goes with it
+    ({file: its text} for a subword vocabulary; {} for characters, which `config.json`
+    holds itself)."""
     if isinstance(vocab, Vocab):
-        return json.loads(vocab.to_json()), None
+        return json.loads(vocab.to_json()), {}
     kind = getattr(vocab, "kind", None)
     if kind is None:
         raise TypeError(f"cannot export a {type(vocab).__name__}: a Vocab or a SubwordVocab")
-    return {"specials": list(SPECIALS), "kind": kind, "tokenizer": TOKENIZER}, vocab.to_json()
+    return {"specials": list(SPECIALS), "kind": kind, "tokenizer": file}, {file: vocab.to_json()}
 
 
-def load_vocab(config: ModelConfig) -> TokenVocab:
-    """The vocabulary `config` describes: characters, or the subword tokenizer it carries;
-    ValueError naming what does not fit."""
-    if "tokenizer" not in config.vocab:
-        return Vocab.from_json(json.dumps(config.vocab))
-    if config.tokenizer is None:
-        raise ValueError(f"its vocabulary is {TOKENIZER}, which was not read with it")
+def load_vocab(config: ModelConfig, side: Literal["target", "source"] = "target") -> TokenVocab:
+    """The vocabulary of `side` that `config` describes (the source's is the target's unless
+    it has `source_vocab`): characters, or the subword tokenizer it carries; ValueError
+    naming what does not fit."""
+    described = config.source_vocab if side == "source" else config.vocab
+    if described is None:
+        return load_vocab(config)
+    if "tokenizer" not in described:
+        return Vocab.from_json(json.dumps(described))
+    name = str(described["tokenizer"])
+    if name not in config.tokenizers:
+        raise ValueError(f"its {side} vocabulary is {name}, which was not read with it")
     from nas.subwords import SubwordVocab
 
     try:
-        return SubwordVocab.from_json(config.tokenizer)
+        return SubwordVocab.from_json(config.tokenizers[name])
     except Exception as error:  # tokenizers raises a bare Exception for a bad file
-        raise ValueError(f"{TOKENIZER} is not a subword vocabulary: {error}") from error
+        raise ValueError(f"{name} is not a subword vocabulary: {error}") from error
 
 
 class ExportedModel(nn.Module):
@@ -132,12 +142,19 @@ class ExportedModel(nn.Module):
         self.config = config
         self.architecture: Architecture = config.build_architecture()
         self.vocab = load_vocab(config)
+        self.source_vocab = (
+            self.vocab if config.source_vocab is None else load_vocab(config, "source")
+        )
         self.params: dict[str, Any] = dict(config.params)
         self.task: dict[str, Any] = dict(config.task)
         self.metrics: dict[str, Any] = dict(metrics or {})
         self.folder: Path | None = None  # where it was loaded from
         specs = compile_arch(
-            self.architecture, len(self.vocab), max_len=config.max_len, dropout=0.0
+            self.architecture,
+            len(self.vocab),
+            max_len=config.max_len,
+            dropout=0.0,
+            source_vocab_size=len(self.source_vocab),
         )
         with torch.random.fork_rng(devices=[]):  # initialising leaves the caller's RNG alone
             layers = {spec.key: spec.factory() for spec in specs}
@@ -213,8 +230,8 @@ class ExportedModel(nn.Module):
         tensors = {k: v.detach().cpu().contiguous() for k, v in self.state_dict().items()}
         save_file(tensors, str(folder / WEIGHTS), metadata={"format": FORMAT})
         write_json(folder / CONFIG, self.config.to_json())
-        if self.config.tokenizer is not None:
-            (folder / TOKENIZER).write_text(self.config.tokenizer, encoding="utf-8")
+        for name, text in self.config.tokenizers.items():
+            (folder / name).write_text(text, encoding="utf-8")
         if self.metrics:
             write_json(folder / METRICS, self.metrics)
         (folder / CARD).write_text(self.model_card(folder))
@@ -226,7 +243,8 @@ class ExportedModel(nn.Module):
     def model_card(self, folder: str | Path) -> str:
         """The README.md of this model saved in `folder` (`nas.model_card`)."""
         where = Path(folder)
-        files = [CONFIG, WEIGHTS, TOKENIZER, METRICS, *EXTRAS]
+        files = [CONFIG, WEIGHTS, TOKENIZER, SOURCE_TOKENIZER, METRICS, *EXTRAS]
+        separate = self.source_vocab is not self.vocab
         return render_card(
             CardFacts(
                 folder=str(folder),
@@ -238,6 +256,7 @@ class ExportedModel(nn.Module):
                 metrics=self.metrics,
                 parameters=sum(p.numel() for p in self.parameters()),
                 vocab_size=len(self.vocab),
+                source_vocab_size=len(self.source_vocab) if separate else None,
                 vocab_kind=str(self.config.vocab.get("kind", "chars")),
                 max_len=self.config.max_len,
                 picture=(where / "architecture.png").is_file(),
@@ -273,7 +292,7 @@ class TranslationModel(ExportedModel):
         model never saw become UNK)."""
         if isinstance(sources, str):
             raise TypeError("translate() takes a list of sources, not one string")
-        encoded = [self.vocab.encode(s) for s in sources]
+        encoded = [self.source_vocab.encode(s) for s in sources]
         for source, ids in zip(sources, encoded, strict=True):
             if len(ids) > self.max_length:
                 raise ValueError(

@@ -72,9 +72,9 @@ from nas.retrain_results import (
     score,
 )
 from nas.settings import NasSettings, TrainSettings, lower_is_better
+from nas.study_tracking import run_directories, study_tracker
 from nas.tasks import Task, get_task
 from nas.tracking.base import TrialEnd
-from nas.tracking.configured import run_directories, study_tracker
 from nas.tracking.exports import (
     export_metadata,
     exported_seed,
@@ -457,6 +457,7 @@ def _export(
         "samples_per_s": run.samples_per_s,
         "trial": model.trial,
         "per_seed": [{"seed": r.seed, **r.metrics} for r in mine],
+        "data": task.describe(),  # the splits' sizes, cleaning, BLEU's sacreBLEU signature
     }
     return export_model(
         _folder(settings, model),

@@ -8,6 +8,7 @@ A wrong value is refused here, naming the key, the value and what would be valid
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -20,9 +21,12 @@ from nas.search import PRUNERS, SAMPLERS
 from nas.tasks import Direction, known_tasks, task_class
 from nas.tracking import TRACKERS
 from pipeline.local.pipemare import PipeMareConfig
+from pipeline.pure.checks import is_int, is_number
 from pipeline.pure.planner import PLANNERS
 from pipeline.pure.schedule import SCHEDULES
 from search_spaces.evolved_transformer import PRIMITIVES, WINDOW_SEEDS
+
+logger = logging.getLogger(__name__)
 
 __all__ = [
     "AUTO",
@@ -182,7 +186,7 @@ class StudySettings:
         if self.storage is not None:
             storage_url.kind(self.storage)  # a URL of a storage it knows (ValueError)
         wait = self.storage_wait_s
-        if isinstance(wait, bool) or not isinstance(wait, int | float) or not 0 < wait < math.inf:
+        if not is_number(wait) or not 0 < wait < math.inf:
             raise ValueError(
                 f"study.storage_wait_s={wait!r} is not valid; use seconds > 0 (how long a "
                 "storage server's outage is waited out)"
@@ -197,10 +201,10 @@ class StudySettings:
             )
         for key in ("max_restarts", "max_retries"):
             value = getattr(self, key)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            if not is_int(value) or value < 0:
                 raise ValueError(f"study.{key}={value!r} is not valid; use an integer >= 0")
         grace = self.heartbeat_grace_s
-        if isinstance(grace, bool) or not isinstance(grace, int) or grace < 2:
+        if not is_int(grace) or grace < 2:
             raise ValueError(
                 f"study.heartbeat_grace_s={grace!r} is not valid; use whole seconds >= 2 (a "
                 "trial whose heartbeat is silent this long is failed and asked again)"
@@ -261,9 +265,7 @@ class TrainSettings:
             _positive(f"train.{key}", getattr(self, key))
         for key in ("decode_pairs", "final_decode_pairs"):
             value = getattr(self, key)
-            if value is not None and (
-                isinstance(value, bool) or not isinstance(value, int) or value < 0
-            ):
+            if value is not None and (not is_int(value) or value < 0):
                 raise ValueError(
                     f"train.{key}={value!r} is not valid; use a count >= 0 "
                     "(0: no decoding) or null (all pairs)"
@@ -412,6 +414,14 @@ class PrunerSettings:
 
     def __post_init__(self) -> None:
         _one_of("pruner", self.name, PRUNERS)
+        if self.name == "none" and self.options:
+            # an experiment's options for its pruner stay when only the group is swapped
+            # (`experiment=search_2h pruner=none`), and Hydra cannot remove them
+            logger.warning(
+                "pruner=none: ignoring pruner.options %s (options of another pruner)",
+                sorted(self.options),
+            )
+            self.options = {}
 
 
 @dataclass
@@ -453,31 +463,27 @@ class RetrainSettings:
     def __post_init__(self) -> None:
         _positive("retrain.top_k", self.top_k)
         wait = self.claim_wait_s
-        if isinstance(wait, bool) or not isinstance(wait, int | float) or not 0 < wait < math.inf:
+        if not is_number(wait) or not 0 < wait < math.inf:
             raise ValueError(
                 f"retrain.claim_wait_s={wait!r} is not valid; use seconds > 0 (how long a "
                 "worker waits for a run another worker trains)"
             )
         every = self.checkpoint_every
-        if every is not None and (
-            isinstance(every, bool) or not isinstance(every, int) or every < 0
-        ):
+        if every is not None and (not is_int(every) or every < 0):
             raise ValueError(
                 f"retrain.checkpoint_every={every!r} is not valid; use a step count > 0, "
                 "or 0 or null for no checkpoints"
             )
         _positive("retrain.steps", self.steps, allow_none=True)
         _positive("retrain.decode_pairs", self.decode_pairs, allow_none=True)
-        if not self.seeds or any(isinstance(s, bool) or not isinstance(s, int) for s in self.seeds):
+        if not self.seeds or any(not is_int(s) for s in self.seeds):
             raise ValueError(
                 f"retrain.seeds={list(self.seeds)!r} is not valid; use a non-empty list of integers"
             )
         if len(set(self.seeds)) != len(self.seeds):
             raise ValueError(f"retrain.seeds={list(self.seeds)!r} names a seed twice")
         chosen = self.selection_seeds
-        if any(isinstance(s, bool) or not isinstance(s, int) for s in chosen) or len(
-            set(chosen)
-        ) != len(chosen):
+        if any(not is_int(s) for s in chosen) or len(set(chosen)) != len(chosen):
             raise ValueError(
                 f"retrain.selection_seeds={list(chosen)!r} is not valid; use distinct integers"
             )

@@ -29,6 +29,7 @@ import torch
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
 from nas.vocab import BOS, EOS, PAD, SPECIALS, UNK
+from pipeline.pure.checks import is_int
 
 __all__ = ["KINDS", "SubwordKind", "SubwordVocab"]
 
@@ -56,7 +57,7 @@ class SubwordVocab:
         """`vocab_size` pieces (specials included) of `kind` learned from `texts`."""
         if kind not in KINDS:
             raise ValueError(f"subword kind {kind!r} is not valid; valid: {', '.join(KINDS)}")
-        if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size <= 16:
+        if not is_int(vocab_size) or vocab_size <= 16:
             raise ValueError(f"vocab_size={vocab_size!r} is not valid; use an integer > 16")
         if kind == "bpe":
             tokenizer = Tokenizer(models.BPE(unk_token=SPECIALS[UNK]))

@@ -68,9 +68,9 @@ def max_len(task: Task) -> int:
 
 def compile_model(arch: Architecture, task: Task, dropout: float) -> tuple[list[LayerSpec], int]:
     """The architecture's layers for `task`, and its parameter count."""
-    length, vocab = max_len(task), len(task.vocab)
-    specs = compile_arch(arch, vocab, max_len=length, dropout=dropout)
-    return specs, parameter_count(arch, vocab, max_len=length)
+    length, vocab, source = max_len(task), len(task.vocab), len(task.source_vocab)
+    specs = compile_arch(arch, vocab, max_len=length, dropout=dropout, source_vocab_size=source)
+    return specs, parameter_count(arch, vocab, max_len=length, source_vocab_size=source)
 
 
 def rates(train: TrainSettings, total: int | None = None) -> LrSchedule:

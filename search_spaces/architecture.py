@@ -39,6 +39,7 @@ import json
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
+from pipeline.pure.checks import is_int
 from search_spaces.layers import ACTIVATIONS, ATTENTION_LAYERS, CROSS_LAYERS, LAYER_NAMES
 
 __all__ = [
@@ -119,7 +120,7 @@ class Branch:
 
         if self.layer not in LAYER_NAMES:
             raise bad(f"unknown layer; expected one of {LAYER_NAMES}")
-        if isinstance(self.input, bool) or not isinstance(self.input, int) or self.input < 0:
+        if not is_int(self.input) or self.input < 0:
             raise bad("input must be a hidden state index >= 0")
         if self.layer == "dead" and self.input != 0:
             raise bad("a dead branch reads nothing; its input must be 0")

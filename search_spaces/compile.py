@@ -176,7 +176,12 @@ class Head(nn.Module):
 
 
 def _specs(
-    arch: Architecture, vocab: int, max_len: int, dropout: float, pad_id: int | None
+    arch: Architecture,
+    vocab: int,
+    max_len: int,
+    dropout: float,
+    pad_id: int | None,
+    source_vocab: int,
 ) -> list[LayerSpec]:
     d, p = arch.d_model, functools.partial
     if arch.encoder is None:
@@ -189,7 +194,7 @@ def _specs(
             LayerSpec("head", p(Head, d, vocab)),
         ]
     return [
-        LayerSpec("embed_src", p(SourceEmbedding, vocab, d, max_len, dropout)),
+        LayerSpec("embed_src", p(SourceEmbedding, source_vocab, d, max_len, dropout)),
         *[
             LayerSpec(f"enc{i}", p(EncoderCell, arch.encoder, d, dropout, pad_id))
             for i in range(arch.encoder_cells)
@@ -210,19 +215,27 @@ def compile(  # the name docs/design.md uses; unrelated to torch.compile
     max_len: int,
     dropout: float,
     pad_id: int | None = 0,
+    source_vocab_size: int | None = None,
 ) -> list[LayerSpec]:
     """The layer list for `pipeline.ElasticPipeline`; see the module docstring for the
-    carry and the loss. Source and target have separate embeddings of `vocab_size` tokens
-    and `max_len` positions."""
+    carry and the loss. Source and target have separate embeddings of `max_len` positions;
+    the target's (and the head's) vocabulary has `vocab_size` tokens, the source's
+    `source_vocab_size` (None: the same vocabulary, `vocab_size`)."""
     if not isinstance(arch, Architecture):
         raise TypeError(f"expected an Architecture, got {type(arch).__name__}")
-    if vocab_size < 1 or max_len < 1:
-        raise ValueError(f"vocab_size ({vocab_size}) and max_len ({max_len}) must be >= 1")
+    source = vocab_size if source_vocab_size is None else source_vocab_size
+    if vocab_size < 1 or source < 1 or max_len < 1:
+        raise ValueError(
+            f"vocab_size ({vocab_size}), source_vocab_size ({source}) and max_len ({max_len}) "
+            "must be >= 1"
+        )
     if not 0.0 <= dropout < 1.0:
         raise ValueError(f"dropout {dropout} must be in [0, 1)")
-    if pad_id is not None and not 0 <= pad_id < vocab_size:
-        raise ValueError(f"pad_id {pad_id} is not a token id (vocab_size {vocab_size})")
-    return _specs(arch, vocab_size, max_len, float(dropout), pad_id)
+    if pad_id is not None and not 0 <= pad_id < min(vocab_size, source):
+        raise ValueError(
+            f"pad_id {pad_id} is not a token id (vocab_size {min(vocab_size, source)})"
+        )
+    return _specs(arch, vocab_size, max_len, float(dropout), pad_id, source)
 
 
 def _numel(module: nn.Module) -> int:
@@ -235,8 +248,15 @@ def _cell_parameters(cell: Cell, d_model: int, causal: bool) -> int:
         return _numel(CellModule(cell, d_model, causal=causal, dropout=0.0))
 
 
-def parameter_count(arch: Architecture, vocab_size: int = 0, *, max_len: int = 0) -> int:
-    """Exactly the number of parameters of `compile(arch, vocab_size, max_len=max_len)`.
+def parameter_count(
+    arch: Architecture,
+    vocab_size: int = 0,
+    *,
+    max_len: int = 0,
+    source_vocab_size: int | None = None,
+) -> int:
+    """Exactly the number of parameters of `compile(arch, vocab_size, max_len=max_len,
+    source_vocab_size=source_vocab_size)`.
 
     With the defaults (no vocabulary, no positions) it is the vocabulary-independent body:
     cells, the final LayerNorms and the head's bias-free remainder (its norm)."""
@@ -245,6 +265,7 @@ def parameter_count(arch: Architecture, vocab_size: int = 0, *, max_len: int = 0
     head = 2 * d + d * vocab_size + vocab_size  # LayerNorm + Linear(d, vocab)
     total = arch.decoder_cells * _cell_parameters(arch.decoder, d, True) + embeddings + head
     if arch.encoder is not None:
+        source = vocab_size if source_vocab_size is None else source_vocab_size
         total += arch.encoder_cells * _cell_parameters(arch.encoder, d, False)
-        total += embeddings + 2 * d  # the target embedding and the memory LayerNorm
+        total += (source + max_len) * d + 2 * d  # the source embedding, the memory LayerNorm
     return total

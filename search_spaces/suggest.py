@@ -19,6 +19,8 @@ import random
 from collections.abc import Mapping, Sequence
 from typing import Protocol, TypeVar, runtime_checkable
 
+from pipeline.pure.checks import is_number
+
 __all__ = ["CategoricalChoice", "FixedSuggest", "RandomSuggest", "Suggest", "choose"]
 
 CategoricalChoice = None | bool | int | float | str  # what optuna accepts in a categorical
@@ -101,7 +103,7 @@ class FixedSuggest:
 
     def suggest_int(self, name: str, low: int, high: int) -> int:
         value = self._get(name)
-        if isinstance(value, bool) or not isinstance(value, int | float) or value != int(value):
+        if not is_number(value) or value != int(value):
             raise ValueError(f"fixed value {value!r} of parameter {name!r} is not an integer")
         if not low <= value <= high:
             raise ValueError(

@@ -63,6 +63,7 @@ from nas.search.lineage import (
     improving_edits,
 )
 from nas.search.records import StudyRecords, contains, trial_id
+from pipeline.pure.checks import is_int, is_number
 
 __all__ = [
     "ProposalCheck",
@@ -96,7 +97,7 @@ class _Plan:
 
 
 def _positive_int(name: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+    if not is_int(value) or value < 1:
         raise ValueError(f"{name} must be a positive integer, got {value!r}")
     return value
 
@@ -175,7 +176,7 @@ class RegularizedEvolutionSampler(BaseSampler):
                 f"sample_size ({sample_size!r}) must not exceed population_size "
                 f"({population_size!r})"
             )
-        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+        if seed is not None and not is_int(seed):
             raise ValueError(f"seed must be an integer or None, got {seed!r}")
         if warmup_sampler is not None and not isinstance(warmup_sampler, BaseSampler):
             raise TypeError(
@@ -183,7 +184,7 @@ class RegularizedEvolutionSampler(BaseSampler):
             )
         self.proposal_check = proposal_check
         self.max_proposals = _positive_int("max_proposals", max_proposals)
-        if isinstance(graft_rate, bool) or not isinstance(graft_rate, int | float):
+        if not is_number(graft_rate):
             raise ValueError(f"graft_rate must be a number in [0, 1], got {graft_rate!r}")
         if not 0.0 <= graft_rate <= 1.0:
             raise ValueError(f"graft_rate must be a number in [0, 1], got {graft_rate!r}")

@@ -58,6 +58,7 @@ from optuna.study import Study, StudyDirection
 from optuna.trial import FrozenTrial, TrialState
 
 from nas.search.records import StudyRecords
+from pipeline.pure.checks import is_int, is_number
 
 __all__ = [
     "HURDLE_KEY",
@@ -92,7 +93,7 @@ def _direction(direction: StudyDirection | str) -> StudyDirection:
 
 
 def _check_quantile(quantile: Any) -> float:
-    if isinstance(quantile, bool) or not isinstance(quantile, int | float):
+    if not is_number(quantile):
         raise ValueError(f"quantile must be a number in [0, 1], got {quantile!r}")
     if not 0.0 <= quantile <= 1.0:
         raise ValueError(f"quantile must be a number in [0, 1], got {quantile!r}")
@@ -136,7 +137,7 @@ def _value_at(trial: FrozenTrial, budget: int) -> float | None:
     value: Any = trial.intermediate_values.get(budget)
     if value is None:
         value = trial.user_attrs.get(VALUE_KEY.format(budget=budget))
-    if isinstance(value, bool) or not isinstance(value, int | float):
+    if not is_number(value):
         return None
     return float(value) if math.isfinite(value) else None
 
@@ -150,7 +151,7 @@ def _check_budgets(budgets: Any) -> tuple[int, ...]:
     if isinstance(budgets, str) or not isinstance(budgets, Sequence):
         raise ValueError(f"budgets must be a sequence of step counts, got {budgets!r}")
     for b in budgets:
-        if isinstance(b, bool) or not isinstance(b, int) or b < 1:
+        if not is_int(b) or b < 1:
             raise ValueError(f"every budget must be a positive integer, got {b!r}")
     if len(budgets) < 2:
         raise ValueError(
@@ -209,7 +210,7 @@ class ProgressiveDynamicHurdles(BasePruner):
         quantile: float | None = None,
     ) -> None:
         self.budgets: tuple[int, ...] = _check_budgets(budgets)
-        if isinstance(min_trials, bool) or not isinstance(min_trials, int) or min_trials < 1:
+        if not is_int(min_trials) or min_trials < 1:
             raise ValueError(f"min_trials must be a positive integer, got {min_trials!r}")
         self.min_trials = min_trials
         self.quantile = _check_statistic(hurdle, quantile)

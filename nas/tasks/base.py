@@ -173,7 +173,14 @@ class Task(ABC):
     decoded_metrics: ClassVar[tuple[str, ...]] = ()
     decoder_only: ClassVar[bool] = True
     example_call: ClassVar[str] = "m"
-    vocab: TokenVocab  # characters (`Vocab`) or subword pieces (`nas.subwords`)
+    vocab: TokenVocab  # characters (`Vocab`) or subword pieces (`nas.subwords`); the target's
+
+    @property
+    def source_vocab(self) -> TokenVocab:
+        """The vocabulary of a translation's sources: `vocab` unless the task keeps
+        separate source and target vocabularies (the model then has a source embedding of
+        its own size)."""
+        return self.vocab
 
     @abstractmethod
     def size(self, split: str) -> int:
@@ -232,8 +239,10 @@ class Task(ABC):
         return self.summarise(stats)
 
     def describe(self) -> dict[str, Any]:
+        separate = {"source_vocab_size": len(self.source_vocab)}
         return {
             "task": self.name,
             "vocab_size": len(self.vocab),
+            **(separate if self.source_vocab is not self.vocab else {}),
             "sizes": {split: self.size(split) for split in SPLITS},
         }

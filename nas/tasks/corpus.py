@@ -85,6 +85,7 @@ class Corpus(ParallelCorpus):
         tokenizer: str = "bpe",
         vocab_size: int | None = 8000,
         max_tokens: int | None = None,
+        shared_vocab: bool = True,
     ) -> None:
         self.path = Path(path).expanduser()
         limit = check_positive("max_chars", max_chars)
@@ -103,6 +104,7 @@ class Corpus(ParallelCorpus):
             tokenizer=tokenizer,
             vocab_size=vocab_size,
             max_tokens=max_tokens,
+            shared_vocab=shared_vocab,
         )
 
     def describe(self) -> dict[str, Any]:

@@ -11,6 +11,8 @@ suffix:
                     {"translation": {"en": ..., "de": ...}}
     .po .mo         gettext catalogs (read with `polib`): msgid -> msgstr; untranslated,
                     fuzzy, obsolete, plural and context entries are skipped and counted
+    .parquet .arrow the files Hugging Face `datasets` writes, read with
+                    `datasets.load_dataset` (`nas.tasks.saved_dataset`); rows as JSON Lines'
 
 A folder is every such file in it (sorted, not recursive); files named after a split
 (`train.*`, `validation.*` or `dev.*`, `test.*`) keep their split, the rest is split by the
@@ -52,7 +54,7 @@ __all__ = [
     "split_pairs",
 ]
 
-SUFFIXES = (".tsv", ".csv", ".jsonl", ".json", ".po", ".mo")
+SUFFIXES = (".tsv", ".csv", ".jsonl", ".json", ".po", ".mo", ".parquet", ".arrow")
 # what a file (or a saved dataset's split) may be called, and the split it then holds
 SPLIT_NAMES = {"train": "train", "validation": "validation", "dev": "validation", "test": "test"}
 _HEADERS = {("source", "target"), ("src", "tgt")}
@@ -167,6 +169,11 @@ def _clean(pair: Pair, max_chars: int, counts: Counter[str]) -> Pair | None:
 def _pairs(file: Path, source: str, target: str, counts: Counter[str]) -> Iterator[Pair]:
     if file.suffix in (".po", ".mo"):
         yield from _catalog(file, counts)
+        return
+    if file.suffix in (".parquet", ".arrow"):
+        from nas.tasks.saved_dataset import read_dataset_file
+
+        yield from read_dataset_file(file, source, target, counts)
         return
     text = _text(file)
     if file.suffix in (".tsv", ".csv"):

@@ -109,6 +109,7 @@ class Messages(ParallelCorpus):
         tokenizer: str = "bpe",
         vocab_size: int | None = 8000,
         max_tokens: int | None = None,
+        shared_vocab: bool = True,
     ) -> None:
         check_positive("min_words", min_words)
         if check_positive("max_words", max_words) < min_words:
@@ -140,6 +141,7 @@ class Messages(ParallelCorpus):
             tokenizer=tokenizer,
             vocab_size=vocab_size,
             max_tokens=max_tokens,
+            shared_vocab=shared_vocab,
         )
 
     def describe(self) -> dict[str, Any]:

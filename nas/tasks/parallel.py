@@ -11,10 +11,16 @@ Tokenizers (`tokenizer`):
 * "chars": the characters of every split (`nas.vocab.Vocab`), as the name task has always
   had them; `vocab_size` is ignored.
 * "bpe" or "unigram": `vocab_size` subword pieces (`nas.subwords.SubwordVocab`) trained on
-  the training split's sources and targets only, seeded by the task's seed; one vocabulary
-  for both sides, since a compiled model has one embedding table of `len(task.vocab)` rows
-  (`nas.training.compile_model`). `vocab_size` must leave a piece for every character of
-  the training split (the unigram trainer refuses less; BPE would silently take more).
+  the training split's sources and targets only, seeded by the task's seed. `vocab_size`
+  must leave a piece for every character of the texts it learns from (the unigram trainer
+  refuses less; BPE would silently take more).
+
+One vocabulary serves both sides (`shared_vocab=True`, the default; the source embedding,
+the target embedding and the head then have `len(task.vocab)` rows), or each side has its
+own (`shared_vocab=False`): `vocab` is then the target's (the target embedding, the head,
+decoding) and `source_vocab` the source's, each learned from its side of the training split
+(`vocab_size` pieces each), or each side's characters. The model's source embedding has
+`len(task.source_vocab)` rows (`nas.training.compile_model`).
 
 Lengths: `max_chars` is the longest side in characters the task holds; a subword task also
 has `max_tokens`, the longest side in pieces (pairs longer than the `max_tokens` option are
@@ -56,6 +62,7 @@ from nas.tasks.base import (
     unigram_cross_entropy,
 )
 from nas.tasks.metrics import bleu_signature, decode_metrics
+from pipeline.pure.checks import is_int
 
 __all__ = [
     "DECODE_ROWS",
@@ -89,31 +96,41 @@ def decode_rows(pairs: int, batch_size: int) -> int:
 
 def check_positive(key: str, value: object) -> int:
     """`value` of the option `key`, if it is an integer >= 1; else `TaskInputError`."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+    if not is_int(value) or value < 1:
         raise TaskInputError(f"{key}={value!r} is not valid; valid: an integer >= 1")
     return value
 
 
+Side = Literal["source", "target", "both"]
+_SIDES: dict[Side, tuple[int, ...]] = {"source": (0,), "target": (1,), "both": (0, 1)}
+
+
 def build_vocab(
-    tokenizer: str, vocab_size: int | None, splits: Mapping[str, Sequence[Pair]], seed: int
+    tokenizer: str,
+    vocab_size: int | None,
+    splits: Mapping[str, Sequence[Pair]],
+    seed: int,
+    side: Side = "both",
 ) -> TokenVocab:
-    """The vocabulary of `splits` (module doc): characters of them all, or subword pieces
-    learned from the training split; `TaskInputError` naming a bad setting."""
+    """The vocabulary of `side` of `splits` (module doc): characters of every split, or
+    subword pieces learned from the training split; `TaskInputError` naming a bad setting."""
     if tokenizer not in TOKENIZERS:
         raise TaskInputError(
             f"tokenizer={tokenizer!r} is not valid; valid tokenizers: {', '.join(TOKENIZERS)}"
         )
+    sides = _SIDES[side]
     if tokenizer == "chars":
         return Vocab.from_texts(
-            text for pairs in splits.values() for pair in pairs for text in pair
+            pair[i] for pairs in splits.values() for pair in pairs for i in sides
         )
-    texts = [text for pair in splits["train"] for text in pair]
+    texts = [pair[i] for pair in splits["train"] for i in sides]
     need = max(17, len(SPECIALS) + len(set("".join(texts))))
-    if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < need:
+    if not is_int(vocab_size) or vocab_size < need:
+        whose = "" if side == "both" else f"'s {side}s"
         raise TaskInputError(
             f"vocab_size={vocab_size!r} is not valid for tokenizer={tokenizer!r}: the training "
-            f"split has {need - len(SPECIALS)} distinct characters, each needs a piece besides "
-            f"the {len(SPECIALS)} specials; use an integer >= {need}"
+            f"split{whose} has {need - len(SPECIALS)} distinct characters, each needs a piece "
+            f"besides the {len(SPECIALS)} specials; use an integer >= {need}"
         )
     kind: SubwordKind = "bpe" if tokenizer == "bpe" else "unigram"
     return SubwordVocab.train(texts, kind, vocab_size, seed=seed)
@@ -148,9 +165,15 @@ class ParallelCorpus(Task):
         tokenizer: str = "chars",
         vocab_size: int | None = None,
         max_tokens: int | None = None,
+        shared_vocab: bool = True,
     ) -> None:
         """`splits`: the pairs of each of `SPLITS`, cleaned; `counts`: what reading them
         counted (`describe()`'s "cleaning"); `max_chars`: the longest side in characters."""
+        if not isinstance(shared_vocab, bool):
+            raise TaskInputError(
+                f"shared_vocab={shared_vocab!r} is not valid; valid: true (one vocabulary for "
+                "both sides) or false (one per side)"
+            )
         if max_tokens is not None and tokenizer == "chars":
             raise TaskInputError(
                 f"max_tokens={max_tokens!r} is not valid for tokenizer='chars'; valid: null "
@@ -163,9 +186,14 @@ class ParallelCorpus(Task):
         self.counts: dict[str, int] = dict(counts)
         self.splits = {split: list(splits.get(split, ())) for split in SPLITS}
         self._check_filled()
-        self.vocab = build_vocab(tokenizer, vocab_size, self.splits, seed)
+        if shared_vocab:
+            self.vocab = build_vocab(tokenizer, vocab_size, self.splits, seed)
+            self._source_vocab = self.vocab
+        else:
+            self.vocab = build_vocab(tokenizer, vocab_size, self.splits, seed, "target")
+            self._source_vocab = build_vocab(tokenizer, vocab_size, self.splits, seed, "source")
         self._encoded = {
-            split: [(self.vocab.encode(src), self.vocab.encode(tgt)) for src, tgt in pairs]
+            split: [(self._source_vocab.encode(src), self.vocab.encode(tgt)) for src, tgt in pairs]
             for split, pairs in self.splits.items()
         }
         if tokenizer != "chars":
@@ -196,6 +224,10 @@ class ParallelCorpus(Task):
             self.counts["too_many_tokens"] = dropped
         sides = (len(ids) for rows in self._encoded.values() for pair in rows for ids in pair)
         self.max_tokens = max(sides, default=1)
+
+    @property
+    def source_vocab(self) -> TokenVocab:
+        return self._source_vocab
 
     @property
     def max_length(self) -> int:

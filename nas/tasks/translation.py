@@ -156,6 +156,7 @@ class Translation(ParallelCorpus):
         tokenizer: str = "chars",
         vocab_size: int | None = None,
         max_tokens: int | None = None,
+        shared_vocab: bool = True,
     ) -> None:
         if max_chars < 1:
             raise ValueError(f"max_chars must be positive, got {max_chars}")
@@ -173,4 +174,5 @@ class Translation(ParallelCorpus):
             tokenizer=tokenizer,
             vocab_size=vocab_size,
             max_tokens=max_tokens,
+            shared_vocab=shared_vocab,
         )

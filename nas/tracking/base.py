@@ -21,6 +21,7 @@ from types import TracebackType
 from typing import Any
 
 from pipeline.distributed.events import plain as json_safe  # one converter for both
+from pipeline.pure.checks import is_int
 
 __all__ = [
     "ARTIFACT_NAME_MAX",
@@ -225,7 +226,7 @@ class LifecycleTracker(Tracker):
             raise self._refuse("start_trial before start_study")
         if self._trial is not None:
             raise self._refuse(f"trial {self._trial} has not ended")
-        if isinstance(trial_number, bool) or not isinstance(trial_number, int):
+        if not is_int(trial_number):
             raise TypeError(f"trial_number must be an int, got {trial_number!r}")
         self._trial = trial_number
         try:
@@ -442,5 +443,5 @@ def check_state(state: TrialEnd | str) -> TrialEnd:
 
 def check_step(step: int) -> None:
     """A step is a non-negative int."""
-    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+    if not is_int(step) or step < 0:
         raise ValueError(f"step must be a non-negative int, got {step!r}")

@@ -45,6 +45,7 @@ from pipeline.distributed.links import PeerLink
 from pipeline.local.separable import HandedLayers
 from pipeline.local.spec import LayerSpec
 from pipeline.local.stage import Stage
+from pipeline.pure.checks import is_int
 from pipeline.pure.partition import bounds
 
 __all__ = ["check_handoff", "configure", "exchange_gradients", "share_weights"]
@@ -58,7 +59,7 @@ def check_handoff(handoff: Sequence[int] | None, sizes: Sequence[int]) -> tuple[
     if handoff is None:
         return (0,) * n
     values = tuple(handoff)
-    if len(values) != n or any(isinstance(k, bool) or not isinstance(k, int) for k in values):
+    if len(values) != n or any(not is_int(k) for k in values):
         raise ValueError(
             f"handoff must give an int for each of the {n} stage boundaries, got {handoff!r}"
         )

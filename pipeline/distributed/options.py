@@ -22,6 +22,7 @@ from typing import Literal, get_args
 
 from pipeline.local.pipemare import PipeMareConfig
 from pipeline.local.profiler import CostCache
+from pipeline.pure.checks import is_int
 from pipeline.pure.planner import Plan, Planner
 
 __all__ = [
@@ -103,7 +104,7 @@ class PlanOptions:
         if self.handoff is None:
             return
         object.__setattr__(self, "handoff", tuple(self.handoff))
-        if any(isinstance(k, bool) or not isinstance(k, int) or k < 0 for k in self.handoff):
+        if any(not is_int(k) or k < 0 for k in self.handoff):
             raise ValueError(f"handoff must be layer counts >= 0, got {self.handoff!r}")
         if isinstance(self.partition, str):
             raise ValueError(

@@ -14,7 +14,12 @@ its model, recipe, link or stream in flight.
     build (plan, build)    BuiltPipeline         comm, schedule, recipe, planner, device
     elasticity             ElasticPipelineParts  + placement, triggers, link, rebalance...
     report (stats)         ReportedPipeline      (alone) model, comm, schedule, generation
+    checkpoint             CheckpointedPipeline  (alone) + recipe, pipemare, optimizers
     weights                (explicit arguments: comm, model, seed, event log)
+
+The interfaces are composed of four small roles rather than repeating their members:
+`_Holding` (model, options), `_Talking` (comm), `_Scheduled` (schedule, auto_schedule,
+n_stages) and `_Draining` (drain).
 """
 
 from __future__ import annotations
@@ -57,35 +62,60 @@ class ActiveStream(Protocol):
     def held(self) -> dict[str, int]: ...
 
 
-class PipelineCore(Protocol):
-    """What every step and every build touches: the model, its runner, options and log."""
+class _Holding(Protocol):
+    """The model this process holds and the options it was built with."""
 
     @property
     def model(self) -> ModelHolder: ...
     @property
-    def runner(self) -> StepRunner: ...
-    @property
     def options(self) -> PipelineOptions: ...
+
+
+class _Talking(Protocol):
+    """The communicator between the stage processes."""
+
+    @property
+    def comm(self) -> Comm: ...
+
+
+class _Scheduled(Protocol):
+    """The schedule in use, whether it was chosen automatically, and its stage count."""
+
+    @property
+    def schedule(self) -> ScheduleSpec: ...
+    @property
+    def auto_schedule(self) -> bool: ...
+    @property
+    def n_stages(self) -> int: ...
+
+
+class _Draining(Protocol):
+    """Finishing the stream in flight, if any, before anything else runs."""
+
+    def drain(self) -> None: ...
+
+
+class PipelineCore(_Holding, Protocol):
+    """What every step and every build touches: the model, its runner, options and log."""
+
+    @property
+    def runner(self) -> StepRunner: ...
     @property
     def plan_age(self) -> PlanAge: ...
     @property
     def event_log(self) -> EventLog: ...
 
 
-class SteppedPipeline(PipelineCore, Protocol):
+class SteppedPipeline(PipelineCore, _Draining, Protocol):
     """What a flushed `train_step` and `forward` use (`pipeline.distributed.steps`)."""
-
-    def drain(self) -> None: ...
 
     def plan_from(self, example: Any) -> None:
         """Plan and build from one micro-batch's input, unless built already."""
 
 
-class StreamedPipeline(SteppedPipeline, Protocol):
+class StreamedPipeline(SteppedPipeline, _Talking, Protocol):
     """What a stream schedule's `train` uses (`pipeline.distributed.stream`)."""
 
-    @property
-    def comm(self) -> Comm: ...
     @property
     def active_stream(self) -> ActiveStream | None: ...
 
@@ -96,17 +126,9 @@ class StreamedPipeline(SteppedPipeline, Protocol):
         """Make `segment` the stream in flight (None: none is)."""
 
 
-class BuiltPipeline(PipelineCore, Protocol):
+class BuiltPipeline(PipelineCore, _Talking, _Scheduled, Protocol):
     """What planning and building a model use (`pipeline.distributed.build`)."""
 
-    @property
-    def comm(self) -> Comm: ...
-    @property
-    def schedule(self) -> ScheduleSpec: ...
-    @property
-    def auto_schedule(self) -> bool: ...
-    @property
-    def n_stages(self) -> int: ...
     @property
     def device(self) -> torch.device: ...
     @property
@@ -117,7 +139,7 @@ class BuiltPipeline(PipelineCore, Protocol):
     def adopt_schedule(self, schedule: ScheduleLike) -> None: ...
 
 
-class ElasticPipelineParts(BuiltPipeline, Protocol):
+class ElasticPipelineParts(BuiltPipeline, _Draining, Protocol):
     """What repartition, rebalance and reconfigure use (`pipeline.distributed.elasticity`)."""
 
     @property
@@ -126,8 +148,6 @@ class ElasticPipelineParts(BuiltPipeline, Protocol):
     def triggers(self) -> ReplanTriggers: ...
     @property
     def link(self) -> LinkCost: ...
-
-    def drain(self) -> None: ...
 
     def layer_costs(self) -> tuple[list[LayerCost], list[str]]: ...
 
@@ -138,43 +158,21 @@ class ElasticPipelineParts(BuiltPipeline, Protocol):
     ) -> MigrationRecord: ...
 
 
-class ReportedPipeline(Protocol):
+class ReportedPipeline(_Holding, _Talking, _Scheduled, Protocol):
     """What `stats` reads (`pipeline.distributed.report`)."""
 
     @property
-    def model(self) -> ModelHolder: ...
-    @property
-    def comm(self) -> Comm: ...
-    @property
-    def schedule(self) -> ScheduleSpec: ...
-    @property
     def placement(self) -> Placement: ...
-    @property
-    def options(self) -> PipelineOptions: ...
     @property
     def generation(self) -> int: ...
 
 
-class CheckpointedPipeline(Protocol):
+class CheckpointedPipeline(_Holding, _Talking, _Scheduled, _Draining, Protocol):
     """What saving and resuming read of the facade."""
 
-    @property
-    def comm(self) -> Comm: ...
-    @property
-    def model(self) -> ModelHolder: ...
-    @property
-    def schedule(self) -> ScheduleSpec: ...
-    @property
-    def auto_schedule(self) -> bool: ...
-    @property
-    def n_stages(self) -> int: ...
-    @property
-    def options(self) -> PipelineOptions: ...
     @property
     def recipe(self) -> TrainingRecipe: ...
     @property
     def pipemare(self) -> PipeMareConfig | None: ...
     @property
     def optimizers(self) -> tuple[torch.optim.Optimizer, ...]: ...
-
-    def drain(self) -> None: ...

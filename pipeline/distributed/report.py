@@ -44,6 +44,7 @@ from pipeline.distributed.migration import MigrationRecord
 from pipeline.distributed.parts import ReportedPipeline
 from pipeline.local.history import StepHistory
 from pipeline.local.stage import Stage
+from pipeline.pure.checks import is_int
 from pipeline.pure.placement import Placement
 from pipeline.pure.planner import Plan
 from pipeline.pure.timeline import chrome_trace, partition_svg
@@ -210,7 +211,7 @@ def stats(pipe: ReportedPipeline, stages: Sequence[Stage], last_steps: int) -> P
 
     One `StageStats` per rank: a rank that holds several stages (interleaved, V) reports
     them together, as they share its compute and memory."""
-    if isinstance(last_steps, bool) or not isinstance(last_steps, int) or last_steps < 1:
+    if not is_int(last_steps) or last_steps < 1:
         raise ValueError(f"last_steps must be a positive int, got {last_steps!r}")
     model = pipe.model
     history = model.history

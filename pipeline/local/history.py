@@ -13,6 +13,7 @@ import collections
 from dataclasses import dataclass
 
 from pipeline.local.inflight import StepTimes
+from pipeline.pure.checks import is_int
 
 __all__ = ["KEEP_STEPS", "StepHistory", "StepRecord"]
 
@@ -32,7 +33,7 @@ class StepHistory:
     """The last `keep` steps' records, and running peaks over every step recorded."""
 
     def __init__(self, keep: int = KEEP_STEPS) -> None:
-        if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
+        if not is_int(keep) or keep < 1:
             raise ValueError(f"keep must be a positive int, got {keep!r}")
         self._recent: collections.deque[StepRecord] = collections.deque(maxlen=keep)
         self._steps = 0

@@ -56,6 +56,8 @@ from typing import Any
 
 import torch
 
+from pipeline.pure.checks import is_int
+
 __all__ = ["DiscrepancyCorrection", "PipeMareConfig", "check_pipemare", "delay", "rescaled_lr"]
 
 
@@ -72,7 +74,7 @@ class PipeMareConfig:
     def __post_init__(self) -> None:
         for name in ("warmup_updates", "update_every"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            if not is_int(value) or value < 1:
                 raise ValueError(f"{name}={value!r} is not valid; it must be a positive integer")
         if not 0.0 < self.correction_decay < 1.0:
             raise ValueError(

@@ -155,12 +155,19 @@ def _plain(module: nn.Sequential) -> bool:
 
 
 def _children(module: nn.Sequential, prefix: str, flatten: bool) -> Iterator[tuple[str, nn.Module]]:
-    # `_modules`, not `named_children()`, which skips a module's second appearance: a child
-    # used twice runs twice in nn.Sequential.forward, so it is two layers here
-    for name, child in module._modules.items():
-        key = prefix + name
+    # Iterating the Sequential (as its forward does) and `named_modules(remove_duplicate=
+    # False)`, not `named_children()`, which skips a module's second appearance: a child
+    # used twice runs twice in nn.Sequential.forward, so it is two layers here.
+    children = list(module)
+    for position, child in enumerate(children):
         if child is None:  # add_module accepts None; nn.Sequential cannot call it
-            raise ValueError(f"specs_from_sequential: child {key!r} is None; valid: a module")
+            where = f"{prefix.rstrip('.')!r}" if prefix else "the model"
+            raise ValueError(
+                f"specs_from_sequential: child {position} of {where} is None; valid: a module"
+            )
+    names = [n for n, _ in module.named_modules(remove_duplicate=False) if n and "." not in n]
+    for name, child in zip(names, children, strict=True):
+        key = prefix + name
         if flatten and isinstance(child, nn.Sequential) and _plain(child):
             yield from _children(child, key + ".", flatten)
         else:

@@ -11,6 +11,8 @@ import enum
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from pipeline.pure.checks import is_int
+
 __all__ = ["COMPUTE_OPS", "GRAD_OPS", "Action", "Op", "ScheduleError", "ScheduleFn", "check_shape"]
 
 
@@ -62,7 +64,7 @@ class Action:
         if self.step is not None:
             raise ValueError(f"only an OPTIMIZER_STEP closes a step, not {self.op.name}")
         for name, value in (("microbatch", self.microbatch), ("stage", self.stage)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            if not is_int(value) or value < 0:
                 raise ValueError(f"{self.op.name} needs a {name} >= 0, got {value!r}")
 
     @property

@@ -30,6 +30,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from pipeline.pure.checks import is_int, is_number
 from pipeline.pure.costs import LayerCost, LinkCost
 from pipeline.pure.planner.base import InfeasibleBudgetError, Plan, Planner
 
@@ -66,7 +67,7 @@ class RuntimeOverheads:
     def __post_init__(self) -> None:
         for name in ("microbatch_s", "message_s", "step_s"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int | float):
+            if not is_number(value):
                 raise TypeError(f"{name} must be seconds (a number), got {value!r}")
             if not (math.isfinite(value) and value >= 0):
                 raise ValueError(f"{name} must be finite seconds >= 0, got {value!r}")
@@ -146,7 +147,7 @@ class ShapeLimits:
 
 
 def _check_positive(name: str, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+    if not is_int(value) or value < 1:
         raise ValueError(f"{name}={value!r} is not valid; it must be a positive integer")
 
 

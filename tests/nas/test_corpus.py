@@ -96,6 +96,20 @@ def test_a_saved_hugging_face_dataset_round_trips(tmp_path: Path) -> None:
         corpus(tmp_path / "side")
 
 
+def test_parquet_and_arrow_files_are_read_with_load_dataset(tmp_path: Path) -> None:
+    datasets = pytest.importorskip("datasets")
+    rows = datasets.Dataset.from_dict({"en": [s for s, _ in PAIRS], "de": [t for _, t in PAIRS]})
+    rows.to_parquet(str(tmp_path / "pairs.parquet"))
+    expected = corpus(write_tsv(tmp_path / "p.tsv")).splits
+    assert corpus(tmp_path / "pairs.parquet").splits == expected
+    rows.save_to_disk(str(tmp_path / "saved"))  # its data file is an Arrow stream
+    arrow = next((tmp_path / "saved").glob("*.arrow"))
+    assert corpus(arrow.rename(tmp_path / "pairs.arrow")).splits == expected
+    (tmp_path / "broken.parquet").write_bytes(b"not parquet")
+    with pytest.raises(CorpusError, match=r"broken.parquet: not a readable parquet file"):
+        corpus(tmp_path / "broken.parquet")
+
+
 def bad_file(tmp_path: Path, kind: str) -> Path:
     """A corpus that cannot be read, of `kind`."""
     path = tmp_path / f"{kind}.tsv"

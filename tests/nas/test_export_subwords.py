@@ -45,8 +45,13 @@ print(json.dumps({
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Corpus]:
     """A folder exported from a BPE task's model with freshly initialised weights."""
-    root = tmp_path_factory.mktemp("subwords")
+    return export_task(tmp_path_factory.mktemp("subwords"))
+
+
+def export_task(root: Path, **more: object) -> tuple[Path, Corpus]:
+    """A model of the BPE corpus task with `more` options, exported to `root`/model."""
     options = {"path": str(write_tsv(root / "pairs.tsv")), "tokenizer": "bpe", "vocab_size": 150}
+    options |= more
     task = get_task("corpus", **options)
     assert isinstance(task, Corpus)
     arch = evolved_transformer(32, n_heads=4, n_enc=1, n_dec=1)
@@ -60,7 +65,7 @@ def exported(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Corpus]:
         params=seed_params(arch),
         task=task,
         settings=NasSettings(task=TaskSettings(name="corpus", options=options)),
-        metrics={"params": parameters, "validation_bleu": 1.5},
+        metrics={"params": parameters, "validation_bleu": 1.5, "data": task.describe()},
         max_len=training.max_len(task),
     )
     return folder, task
@@ -78,6 +83,8 @@ def test_the_folder_carries_the_tokenizer(exported: tuple[Path, Corpus]) -> None
     assert config["max_len"] == task.max_tokens + 2
     card = (folder / "README.md").read_text()
     assert "subword-level (BPE) encoder-decoder" in card and "`tokenizer.json`" in card
+    signature = task.describe()["bleu_signature"]
+    assert signature.startswith("nrefs:1|") and f"signature `{signature}`" in card
 
 
 def test_the_loaded_model_translates_text_as_the_evaluation_does(
@@ -137,3 +144,29 @@ def test_a_fresh_process_with_the_core_install_translates_text(
         assert got["imported"] == [], python  # neither Optuna, Hydra nor W&B
         assert (got["class"], got["vocab"]) == ("TranslationModel", "SubwordVocab")
         assert got["translations"] == expected
+
+
+def test_separate_source_and_target_vocabularies_export_and_translate(tmp_path: Path) -> None:
+    folder, task = export_task(tmp_path, shared_vocab=False, vocab_size=120)
+    assert task.source_vocab != task.vocab
+    assert (folder / "source_tokenizer.json").read_text() == task.source_vocab.to_json()
+    assert (folder / "tokenizer.json").read_text() == task.vocab.to_json()  # the target's
+    config = json.loads((folder / "config.json").read_text())
+    assert config["source_vocab"]["tokenizer"] == "source_tokenizer.json"
+    model = nas.load_model(folder)
+    assert isinstance(model, TranslationModel)
+    assert model.source_vocab == task.source_vocab and model.vocab == task.vocab
+    sources = [source for source, _ in task.pairs("validation")]
+    evaluation = task.generate(lambda src, tgt: model((src, tgt)), "validation", batch_size=8)
+    assert model.translate(sources, batch_size=8) == evaluation
+    again = TranslationModel.from_pretrained(model.save_pretrained(tmp_path / "copy"))
+    assert again.source_vocab == model.source_vocab
+    assert again.translate(SOURCES) == model.translate(SOURCES)
+    card = (folder / "README.md").read_text()
+    assert f"- source vocabulary: {len(task.source_vocab)} tokens" in card
+    assert f"- target vocabulary: {len(task.vocab)} tokens" in card
+    got = load_in(sys.executable, folder, tmp_path)
+    assert got["translations"] == model.translate(SOURCES) and got["imported"] == []
+    (folder / "source_tokenizer.json").unlink()
+    with pytest.raises(ModelFolderError, match=r"cannot read source_tokenizer.json, which"):
+        nas.load_model(folder)

@@ -13,7 +13,7 @@ import torch
 
 from nas import training
 from nas.subwords import SubwordVocab
-from nas.tasks import SPLITS, UNK, Corpus, Translation, Vocab, get_task
+from nas.tasks import SPLITS, UNK, Corpus, TaskInputError, Translation, Vocab, get_task
 from search_spaces.evolved_transformer import evolved_transformer
 from tests.nas.corpora import PAIRS, write_tsv
 
@@ -65,6 +65,47 @@ def test_positions_follow_the_longest_sequence_in_tokens(tmp_path: Path) -> None
     fixed = corpus(path, tokenizer="bpe", vocab_size=150, fixed_length=True)
     (src, tgt), _ = next(fixed.batches("train", 8))
     assert src.shape[1] == fixed.max_tokens and tgt.shape[1] == fixed.max_tokens + 1
+
+
+@pytest.mark.parametrize("kind", ["chars", "bpe"])
+def test_each_side_may_have_its_own_vocabulary(tmp_path: Path, kind: str) -> None:
+    path = write_tsv(tmp_path / "p.tsv")
+    size = {"vocab_size": 100} if kind == "bpe" else {}
+    shared = corpus(path, tokenizer=kind, **size)
+    assert shared.source_vocab is shared.vocab and "source_vocab_size" not in shared.describe()
+    task = corpus(path, tokenizer=kind, shared_vocab=False, **size)
+    assert task.source_vocab != task.vocab
+    if kind == "bpe":
+        sources, targets = zip(*task.pairs("train"), strict=True)
+        assert task.source_vocab == SubwordVocab.train(list(sources), "bpe", 100, seed=0)
+        assert task.vocab == SubwordVocab.train(list(targets), "bpe", 100, seed=0)
+    (source, target), (src_ids, tgt_ids) = task.pairs("test")[0], task._encoded["test"][0]
+    assert task.source_vocab.decode(src_ids) == source and task.vocab.decode(tgt_ids) == target
+    assert task.describe()["source_vocab_size"] == len(task.source_vocab)
+    arch = evolved_transformer(32, n_heads=4, n_enc=1, n_dec=1)
+    specs, parameters = training.compile_model(arch, task, dropout=0.0)
+    layers = {spec.key: spec.factory() for spec in specs}
+    assert sum(p.numel() for layer in layers.values() for p in layer.parameters()) == parameters
+    embeddings = {
+        key: layers[key].get_parameter("embed.tokens.weight").shape[0]
+        for key in ("embed_src", "embed_tgt")
+    }
+    assert embeddings == {"embed_src": len(task.source_vocab), "embed_tgt": len(task.vocab)}
+    x, y = next(task.batches("train", 4))
+    assert torch.isfinite(task.loss_fn(_forward(layers, x), y))
+
+
+def _forward(layers: dict[str, torch.nn.Module], x: object) -> torch.Tensor:
+    carry = x
+    for layer in layers.values():
+        carry = layer(carry)
+    assert isinstance(carry, torch.Tensor)
+    return carry
+
+
+def test_shared_vocab_must_be_a_boolean(tmp_path: Path) -> None:
+    with pytest.raises(TaskInputError, match=r"shared_vocab='no' is not valid; valid: true"):
+        corpus(write_tsv(tmp_path / "p.tsv"), tokenizer="chars", shared_vocab="no")
 
 
 def test_characters_keep_the_name_tasks_lengths(tmp_path: Path) -> None:

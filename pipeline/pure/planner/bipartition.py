@@ -20,6 +20,7 @@ taken. The search itself balances compute only; the simulator has the last word.
 from __future__ import annotations
 
 from pipeline.pure.bipartition import search
+from pipeline.pure.checks import is_int
 from pipeline.pure.costs import HOST_LINK
 from pipeline.pure.planner.base import Layout, Planner, Problem
 from pipeline.pure.planner.time import TimePlanner
@@ -35,7 +36,7 @@ class BiPartitionPlanner(Planner):
     default_link = HOST_LINK
 
     def __init__(self, max_handoff: int = 4) -> None:
-        if isinstance(max_handoff, bool) or not isinstance(max_handoff, int) or max_handoff < 0:
+        if not is_int(max_handoff) or max_handoff < 0:
             raise ValueError(f"max_handoff must be an int >= 0, got {max_handoff!r}")
         self.max_handoff = max_handoff
 

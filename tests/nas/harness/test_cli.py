@@ -181,6 +181,11 @@ def test_the_composed_config_prints_and_bad_overrides_name_the_key(tmp_path: Pat
     bad = run(tmp_path, "sampler=annealing")
     assert bad.returncode != 0
     assert "Could not find 'sampler/annealing'" in bad.stderr and "evolution" in bad.stderr
+    out_of_range = run(tmp_path, "retrain.top_k=0")
+    said = out_of_range.stdout + out_of_range.stderr
+    assert out_of_range.returncode == 1 and "Traceback" not in said, said[-3000:]
+    errors = [line for line in said.splitlines() if "[ERROR]" in line]
+    assert len(errors) == 1 and "retrain.top_k=0 is not valid" in errors[0], said[-3000:]
 
 
 def test_a_study_killed_in_a_top_rung_trial_resumes_with_every_completed_rung(

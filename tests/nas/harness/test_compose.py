@@ -10,6 +10,7 @@ those of the options its own defaults list picks.
 from __future__ import annotations
 
 import itertools
+import logging
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -169,3 +170,14 @@ def test_every_experiment_composes_with_every_sampler(
 def test_a_missing_mandatory_value_names_its_key() -> None:
     with pytest.raises(MissingMandatoryValue, match=r"task\.options\.path"):
         settings("task=textfile")
+
+
+def test_swapping_an_experiments_pruner_for_none_drops_its_options(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """`experiment=search_2h pruner=none`: the experiment's PDH options follow the pruner
+    group, and Hydra cannot remove them; the settings drop them, saying so."""
+    with caplog.at_level(logging.WARNING, logger="nas.settings"):
+        composed = settings("experiment=search_2h", "pruner=none")
+    assert composed.pruner.name == "none" and composed.pruner.options == {}
+    assert "ignoring pruner.options ['budgets', 'hurdle', 'min_trials']" in caplog.text

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from nas.study_tracking import study_tracker
 from nas.tracking import CompositeTracker, JsonlTracker, NoneTracker, make_tracker
-from nas.tracking.configured import study_tracker
 from tests.nas.harness.common import tiny_settings
 
 ROOT = Path(__file__).resolve().parents[3]

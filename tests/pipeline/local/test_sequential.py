@@ -180,6 +180,13 @@ def test_tied_weights_and_duplicate_keys_are_refused() -> None:
         ReferenceTrainer(twice, optimizer=ADAM, loss_fn=F.mse_loss, n_microbatches=1)
 
 
+def test_a_none_child_is_named_by_its_place() -> None:
+    model = nn.Sequential(nn.Linear(2, 2), nn.ReLU())
+    model.add_module("gap", None)  # add_module accepts None; nn.Sequential cannot run it
+    with pytest.raises(ValueError, match=r"child 2 of the model is None; valid: a module"):
+        specs_from_sequential(model)
+
+
 def test_split_points_become_stage_sizes() -> None:
     specs = specs_from_sequential(user_model())  # proj, blocks.0, blocks.1, act, norm, head
     assert partition_from_split_points(specs, ["blocks.1"]) == [2, 4]
