@@ -8,7 +8,7 @@ folder of this layout or of the old one (`architecture.json`, format
 "elastic-nas-model/1", weights named `<layer key>.<parameter>`), `load_weights` loads a
 state strictly (a missing, an extra or a misshapen tensor is named), and `resolve` turns a
 name into a local folder (fetching a Hub repository id, and only that, with
-`huggingface_hub`). Imports only torch, safetensors and `search_spaces`.
+`huggingface_hub`). Imports only torch, safetensors, `search_spaces` and `pipeline`.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file
 from torch import nn
 
+from pipeline.pure.checks import is_int
 from search_spaces.architecture import Architecture, from_json
 
 __all__ = [
@@ -118,7 +119,7 @@ class ModelConfig:
         if wrong:
             raise ModelFolderError(f"{where} lacks the object(s) {', '.join(wrong)}")
         max_len = data.get("max_len")
-        if not isinstance(max_len, int) or isinstance(max_len, bool) or max_len < 1:
+        if not is_int(max_len) or max_len < 1:
             raise ModelFolderError(f"{where} has max_len {max_len!r}; valid: an integer >= 1")
         if not isinstance(training, dict):
             raise ModelFolderError(f"{where} has training {training!r}; valid: an object")

@@ -116,7 +116,7 @@ def _built_in_or_class(key: str, value: Any, valid: Iterable[str]) -> None:
 def _positive(key: str, value: Any, *, allow_none: bool = False) -> None:
     if value is None and allow_none:
         return
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+    if not is_int(value) or value < 1:
         raise ValueError(f"{key}={value!r} is not valid; it must be a positive integer")
 
 

@@ -50,7 +50,7 @@ LATEST = "latest"  # CheckpointOptions.resume_from: the newest checkpoint in `di
 def _positive(name: str, value: object, optional: bool = False) -> None:
     if optional and value is None:
         return
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+    if not is_int(value) or value < 1:
         raise ValueError(f"{name} must be a positive int, got {value!r}")
 
 
@@ -148,7 +148,7 @@ class ElasticOptions:
         _positive("rebalance_horizon", self.rebalance_horizon)
         _positive("measure_memory_every", self.measure_memory_every)
         settle = self.rebalance_settle
-        if not isinstance(settle, int) or isinstance(settle, bool) or settle < 0:
+        if not is_int(settle) or settle < 0:
             raise ValueError(f"rebalance_settle must be an int >= 0, got {settle!r}")
         drift = self.rebalance_on_drift
         if drift is not None and not (isinstance(drift, int | float) and drift > 0):
