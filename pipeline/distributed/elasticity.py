@@ -31,9 +31,9 @@ from pipeline.distributed.migration import (
 from pipeline.distributed.parts import ElasticPipelineParts
 from pipeline.local.spec import LayerSpec, check_specs
 from pipeline.pure.partition import bounds
-from pipeline.pure.planner import evaluate, replan
+from pipeline.pure.planner import InfeasibleBudgetError, Plan, Replan, evaluate, replan
 
-__all__ = ["maybe_rebalance", "next_model", "rebalance", "repartition"]
+__all__ = ["calibrated_budget", "maybe_rebalance", "next_model", "rebalance", "repartition"]
 
 
 def repartition(
@@ -94,17 +94,26 @@ def rebalance(pipe: ElasticPipelineParts, remaining_steps: int | None) -> Migrat
         n_microbatches=pipe.options.n_microbatches,
         handoff=pipe.model.handoff,
     )
-    decision = pipe.comm.agree(
-        lambda: replan(
-            current,
-            costs,
-            pipe.planner,
-            remaining_steps=horizon,
-            link=pipe.link,
-            memory_budget=pipe.options.planning.memory_budget,
-            schedule=schedule,
-        )
-    )
+    budget = calibrated_budget(pipe, current)
+
+    def decide() -> Replan:
+        def held_to(limit: int | None) -> Replan:
+            return replan(
+                current,
+                costs,
+                pipe.planner,
+                remaining_steps=horizon,
+                link=pipe.link,
+                memory_budget=limit,
+                schedule=schedule,
+            )
+
+        try:
+            return held_to(budget)
+        except InfeasibleBudgetError:  # the margin is more than any split can give up
+            return held_to(pipe.options.planning.memory_budget)
+
+    decision = pipe.comm.agree(decide)
     pipe.event_log.record(
         "replan",
         changed=decision.changed,
@@ -118,6 +127,28 @@ def rebalance(pipe: ElasticPipelineParts, remaining_steps: int | None) -> Migrat
     return pipe.repartition(
         decision.plan.sizes, decision.plan.actions, decision.plan.handoff or None
     )
+
+
+def calibrated_budget(pipe: ElasticPipelineParts, current: Plan) -> int | None:
+    """The budget a re-plan is held to: the user's, tightened by how far the stages' measured
+    peaks exceed what the measured costs predict for the plan in force (a collective).
+
+    The planner adds up per-layer costs; a stage also holds what no single layer owns (the
+    buffers of a recompute, a kept input beside its replay), a few percent at most. Without
+    the margin a re-plan could keep, or pick again, a plan that measures over the budget:
+    the memory trigger would fire and the plan stay. Every stage's latest measurement is of
+    the layers it holds now: each migration has the next step measure.
+    """
+    budget = pipe.options.planning.memory_budget
+    if budget is None:
+        return None
+    ratios = [
+        (stage.state_bytes() + stage.saved.peak) / current.predicted_stage_bytes[stage.index]
+        for stage in pipe.model.live_stages()
+        if current.predicted_stage_bytes[stage.index] > 0
+    ]
+    worst = pipe.comm.all_reduce([max(ratios, default=0.0)], op="max")[0]
+    return budget if worst <= 1.0 else int(budget / worst)
 
 
 def maybe_rebalance(pipe: ElasticPipelineParts, measured: bool) -> None:
