@@ -9,7 +9,7 @@ not (Kendall tau 0.10 at 100 steps). Before a search is built on an estimate, it
   combiner, half of a layer, a width, a norm or a skip), each trained from scratch to the
   full budget with training seeds `--seeds` shared by every model (a seed fixes the
   initialisation and the data order), through the harness's retraining
-  (`nas.retrain.retrain_models`, on the machine's shape: one run per core); each mutant's
+  (`nas.retrain.stage.retrain_models`, on the machine's shape: one run per core); each mutant's
   paired difference from the ET in whole-split validation loss (`nas.paired`);
 * **from-scratch rungs** (`--rungs`, steps): the validation loss (`train.eval_batches`) of the
   same runs at that step (on the full schedule, as PDH's rungs are), minus the ET's;
@@ -54,11 +54,11 @@ from typing import Any
 from common import experiment_settings
 
 from nas.paired import REFERENCE, PairedDifference, paired_difference
-from nas.retrain import Model, RetrainRun, retrain_models
+from nas.retrain.stage import Model, RetrainRun, retrain_models
 from nas.search.edits import Mutant, mutants
 from nas.search.fidelity import agreement, noise_ceiling
 from nas.settings import NasSettings
-from nas.trials import param_window, sample_architecture, seed_architectures, space_primitives
+from nas.study.trials import param_window, sample_architecture, seed_architectures, space_primitives
 from search_spaces.architecture import from_json, to_json
 from search_spaces.edited import edited_tensors
 from search_spaces.evolved_transformer import seed_params
@@ -238,7 +238,7 @@ def _inherited_worker(folder: Path, seed: int) -> None:
 def _continue(ctx: Any, job: dict[str, Any], seed: int) -> dict[str, Any]:
     """(In the stage process) train the ET to the full budget with `seed`, then the control
     and every child k steps from its weights (module doc); their validation losses."""
-    from nas import training
+    from nas.study import training
     from nas.tasks import get_task
 
     settings: NasSettings = job["settings"]
@@ -269,8 +269,8 @@ def _continue(ctx: Any, job: dict[str, Any], seed: int) -> dict[str, Any]:
 
 
 def _build(settings: NasSettings, task: Any, model: Model, seed: int, steps: int) -> Any:
-    """A pipeline of `model` trained at a `steps`-step schedule (`nas.training.build`)."""
-    from nas import training
+    """A pipeline of `model` trained at a `steps`-step schedule (`nas.study.training.build`)."""
+    from nas.study import training
 
     arch = from_json(model.architecture)
     specs = training.compile_model(arch, task, settings.train.dropout)[0]
@@ -282,7 +282,7 @@ def _score(
 ) -> float:
     """`model` on `pipe` from the weights `source`, k steps on the continuation batches; its
     validation loss on `train.eval_batches`."""
-    from nas import training
+    from nas.study import training
 
     train = settings.train
     specs = training.compile_model(from_json(model.architecture), task, train.dropout)[0]

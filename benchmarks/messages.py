@@ -6,9 +6,9 @@ The `messages` task is English->German sentences from the system's gettext catal
 `messages_cpu`: 1,000 steps, 2,000 BPE pieces):
 
 1. **The seeds.** The Evolved Transformer and the Transformer seeds, retrained through the
-   harness (`nas.retrain.retrain_models`: whole validation and test splits, `decode_pairs`
+   harness (`nas.retrain.stage.retrain_models`: whole validation and test splits, `decode_pairs`
    pairs decoded) with the same training seeds (a seed fixes the initialisation and the data
-   order), each paired with the ET seed by seed (`nas.retrain_results.compare`) on
+   order), each paired with the ET seed by seed (`nas.retrain.results.compare`) on
    validation loss, chrF and BLEU (sacreBLEU's corpus BLEU on detokenized text; its
    signature is in the JSON).
 2. **Subwords against characters.** The ET trained `--speed-steps` steps on the same
@@ -35,12 +35,12 @@ from typing import Any
 
 from common import experiment_settings
 
-from nas.retrain import Model, RetrainRun, retrain_models
-from nas.retrain_results import compare, model_table
+from nas.retrain.results import compare, model_table
+from nas.retrain.stage import Model, RetrainRun, retrain_models
 from nas.settings import NasSettings, TaskSettings
+from nas.study.trials import seed_architectures
 from nas.tasks import get_task
 from nas.tasks.parallel import ParallelCorpus
-from nas.trials import seed_architectures
 from search_spaces.architecture import to_json
 from search_spaces.evolved_transformer import seed_params
 

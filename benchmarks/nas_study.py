@@ -44,8 +44,8 @@ from nas.settings import (
     TrackerSettings,
     TrainSettings,
 )
-from nas.study import run_study
-from nas.trials import counted
+from nas.study.run import run_study
+from nas.study.trials import counted
 
 
 def settings(root: Path, name: str, trials: int, steps: int, inherit: bool) -> NasSettings:

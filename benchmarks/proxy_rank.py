@@ -6,7 +6,7 @@ the wrong thing. For `--archs` architectures of an experiment's space (both seed
 `--mutants` random one-edit mutants of the Evolved Transformer seed, where evolution spends
 its trials, then random samples; all inside its parameter window and with the space's
 primitives), each is trained from scratch on the pipeline runtime, with the experiment's
-settings (`nas.retrain.retrain_models`, training seed = the study's seed):
+settings (`nas.retrain.stage.retrain_models`, training seed = the study's seed):
 
 * at the trial budget (`train.steps`, the trial's learning-rate schedule), scored as a
   trial is: the whole validation split at the end, the evaluation subset every
@@ -40,9 +40,9 @@ from typing import Any
 from common import experiment_settings
 from scipy.stats import kendalltau
 
-from nas.retrain import Model, RetrainResult, retrain_models
+from nas.retrain.stage import Model, RetrainResult, retrain_models
 from nas.settings import NasSettings
-from nas.trials import param_window, sample_architecture, seed_architectures, space_primitives
+from nas.study.trials import param_window, sample_architecture, seed_architectures, space_primitives
 from search_spaces.architecture import (
     InvalidArchitecture,
     from_json,

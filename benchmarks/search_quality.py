@@ -22,7 +22,7 @@ top rung, a window topped at the ET's size), run for a wall-clock budget with
               from scratch against both seeds with the experiment's `retrain.seeds`
               (or `--retrain-seeds`; `search_2h`'s are 1, 2, 3, seeds its study never
               trained with, so the pick carries no selection luck), `retrain.steps`,
-              `nas.retrain.retrain_models`: mean and sd of validation
+              `nas.retrain.stage.retrain_models`: mean and sd of validation
               loss, accuracy, chrF, test loss, parameters and throughput, and each
               model's difference from the Evolved Transformer paired by training seed
               (every model sees the same data order for a seed): mean, standard error,
@@ -78,7 +78,7 @@ from common import experiment_settings
 from scipy.stats import kendalltau
 
 from nas.paired import REFERENCE
-from nas.retrain import (
+from nas.retrain.stage import (
     Model,
     RetrainRun,
     identity,
@@ -88,8 +88,8 @@ from nas.retrain import (
     select_models,
 )
 from nas.settings import NasSettings, PrunerSettings, SamplerSettings, lower_is_better
-from nas.study import run_study
-from nas.trials import (
+from nas.study.run import run_study
+from nas.study.trials import (
     INVALID,
     counted,
     finished,
@@ -327,7 +327,7 @@ def _variants(parts: list[str]) -> list[str]:
 
 def _stored(settings: NasSettings, variant: str, seed: int) -> dict[str, Any]:
     """A study already in `studies_dir` (`settings.study.name`), read back; its time is the
-    time it searched (`nas.trials.seconds_searched`), which a study resumed across runs or
+    time it searched (`nas.study.trials.seconds_searched`), which a study resumed across runs or
     run by several workers also counts right."""
     name = settings.study.name
     if name not in optuna.get_all_study_names(settings.storage_url):
@@ -533,7 +533,7 @@ def _retrain(
     its pick is the best of them retrained (validation only): on `retrain.selection_seeds`
     when the experiment has them (`_select`; then only the pick is judged on the training
     seeds), else on the training seeds themselves. A network two studies picked
-    (`nas.retrain.identity`) is trained once."""
+    (`nas.retrain.stage.identity`) is trained once."""
     settings = replace(
         base,
         retrain=replace(

@@ -3,7 +3,7 @@
 Why it exists (issue 41): a NAS harness is judged by what it learns per hour of machine. The
 candidates of `search_2h` are small (the Evolved Transformer at d_model 64, batch 32), and a
 pipeline pays its bubble and per-micro-batch overheads for nothing on them; `auto` shapes the
-machine from the profile (`nas.shape`): workers x stages x threads x micro-batches.
+machine from the profile (`nas.study.shape`): workers x stages x threads x micro-batches.
 
 Per model (the `search_2h` seeds, the ET and the Transformer; and a larger candidate, the ET
 at `paper_like`'s widest d_model 128 with 3 cells per side), samples per second of training
@@ -12,7 +12,7 @@ at `paper_like`'s widest d_model 128 with 3 cells per side), samples per second 
 * plain PyTorch: the same layers in one process, one loop (forward, loss, backward, the
   same optimizer), on 1 thread, on 2 threads, and one 1-thread loop per core run at the
   same time (summed: what the cores give a loop each, the yardstick of the goal);
-* the harness, a trial's pipeline exactly (`nas.training.build`, the machine's cost cache):
+* the harness, a trial's pipeline exactly (`nas.study.training.build`, the machine's cost cache):
   the shapes of issue 41's table (2 stages x 1 thread at 4 and 2 micro-batches, 1 stage x
   2 threads at 4, 1 stage x 1 thread at 1) and the shape `auto` chooses, each with W
   workers run at the same time, pinned to their cores (summed), and `auto`'s prediction;
@@ -60,7 +60,7 @@ MODELS = ("evolved_transformer", "transformer", "large_evolved_transformer")
 
 
 def architecture(name: str) -> Any:
-    from nas import trials
+    from nas.study import trials
     from search_spaces.evolved_transformer import evolved_transformer
 
     if name == "large_evolved_transformer":
@@ -70,7 +70,7 @@ def architecture(name: str) -> Any:
 
 # -- one measurement, in a process of its own (pinned to its cores) ---------------------------
 def plain(model: str, threads: int, steps: int, warmup: int) -> float:
-    from nas import training
+    from nas.study import training
     from nas.tasks import get_task
     from pipeline.local.spec import build_layer
 
@@ -99,7 +99,7 @@ def plain(model: str, threads: int, steps: int, warmup: int) -> float:
 
 
 def _harness_stage(ctx: Any, model: str, settings: Any, steps: int, warmup: int) -> float:
-    from nas import shape, training
+    from nas.study import shape, training
     from nas.tasks import get_task
 
     task = get_task("translation")
@@ -184,7 +184,7 @@ def me(*extra: str, args: argparse.Namespace) -> list[str]:
 
 
 def measure_model(model: str, args: argparse.Namespace, n_cores: int) -> dict[str, Any]:
-    from nas import shape
+    from nas.study import shape
 
     out: dict[str, Any] = {}
     one_plain = me("--one", "plain", "--model", model, "--threads", "1", args=args)
@@ -261,7 +261,7 @@ def measure_model(model: str, args: argparse.Namespace, n_cores: int) -> dict[st
 
 def large_under_budget(model: str) -> dict[str, Any]:
     """`auto` for the large candidate when one stage may hold 60% of its single-stage peak."""
-    from nas import shape
+    from nas.study import shape
 
     arch = [architecture(model)]
     one = experiment_settings(
@@ -293,7 +293,7 @@ def search_slice(
     with Hydra `overrides` after the experiment's."""
     import optuna
 
-    from nas.trials import counted
+    from nas.study.trials import counted
 
     name = f"slice-{mode}"
     shape_args = ["pipeline=cpu_2_stages", "study.workers=1"] if mode == "old_default" else []
@@ -326,7 +326,7 @@ def stored_slice(storage: str, name: str, started: str, minutes: float) -> dict[
     (ISO time): the trials finished by then, per hour of those minutes."""
     import optuna
 
-    from nas.trials import counted
+    from nas.study.trials import counted
 
     end = datetime.fromisoformat(started).timestamp() + 60 * minutes
     study = optuna.load_study(study_name=name, storage=storage)
@@ -416,7 +416,7 @@ def main() -> None:
     if args.one:
         _one(args)
         return
-    from nas import shape
+    from nas.study import shape
 
     load_before, started = os.getloadavg(), time.perf_counter()
     n_cores = shape.cores()

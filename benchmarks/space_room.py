@@ -12,7 +12,7 @@ the Evolved Transformer seed and Primer's changes to it (`search_spaces.primer`)
 * `transformer+both`                    the Transformer seed with both changes;
 * `transformer`                         the Transformer seed, for scale.
 
-Each is retrained through the harness (`nas.retrain.retrain_models`: the pipeline runtime,
+Each is retrained through the harness (`nas.retrain.stage.retrain_models`: the pipeline runtime,
 whole validation and test splits, every pair decoded) and compared with the ET seed by
 seed: the paired difference (mean, standard error, per-seed signs) on validation loss and
 validation chrF (`nas.paired`). Test figures are reported once, never used to choose.
@@ -35,8 +35,8 @@ from typing import Any
 from common import experiment_settings
 
 from nas.paired import REFERENCE
-from nas.retrain import Model, RetrainRun, paired_metrics, retrain_models
-from nas.trials import seed_architectures
+from nas.retrain.stage import Model, RetrainRun, paired_metrics, retrain_models
+from nas.study.trials import seed_architectures
 from search_spaces.architecture import Architecture, summary, to_json
 from search_spaces.compile import parameter_count
 from search_spaces.evolved_transformer import PRIMITIVES, Primitive, seed_params

@@ -1,7 +1,7 @@
 """Trials per hour with 1, 2 and 4 workers on one PostgreSQL study, and the storage's share
 of a trial's wall time.
 
-A throw-away PostgreSQL server (`python -m nas.storage_server postgres --no-fsync
+A throw-away PostgreSQL server (`python -m nas.storage.server postgres --no-fsync
 --detach`, stopped at the end) holds the studies. For each worker count W (`--workers`), in
 interleaved rounds (`--rounds`), a fresh study gets W `python -m nas` workers started at once
 as the README's shell loop starts them (each its own `hydra.run.dir`, the password in
@@ -64,19 +64,19 @@ from optuna.trial import FrozenTrial
 from rich.console import Console
 from rich.table import Table
 
-from nas.storage import make_storage
-from nas.storage_url import masked, without_password
-from nas.trials import OWNER, counted
+from nas.storage.opening import make_storage
+from nas.storage.url import masked, without_password
+from nas.study.trials import OWNER, counted
 
-SERVER = [sys.executable, "-m", "nas.storage_server", "postgres"]
+SERVER = [sys.executable, "-m", "nas.storage.server", "postgres"]
 STAGES = 2
 APP = "study_scaling-bench"  # this script's own connections (PGAPPNAME), told from workers'
 TAIL = 3000  # characters of a failed worker's stderr reported
 CALLS_ENV = "STUDY_SCALING_CALLS"  # where the probe writes (a folder per run)
-HEARTBEAT = "heartbeat"  # the thread name of rank 0's heartbeats (nas.storage.Heartbeat)
+HEARTBEAT = "heartbeat"  # the thread name of rank 0's heartbeats (nas.storage.opening.Heartbeat)
 # The probe: a sitecustomize.py put first on the workers' PYTHONPATH (never installed, no
 # production file changed). In every process of a worker (the harness and its stage
-# processes) it wraps `nas.storage_retry.RetryingStorage._call` once that module is imported:
+# processes) it wraps `nas.storage.retrying.RetryingStorage._call` once that module is imported:
 # the one door through which every call to a database server's storage passes (rank 0's
 # decisions, the samplers, the pruner, the heartbeat thread, the harness between launches).
 # Each call appends a line to <CALLS_ENV>/<worker pid>-<pid>.tsv: its start (time.time()),
@@ -141,7 +141,7 @@ class _Finder(importlib.abc.MetaPathFinder):
     busy = False
 
     def find_spec(self, fullname, path, target=None):
-        if fullname != "nas.storage_retry" or self.busy:
+        if fullname != "nas.storage.retrying" or self.busy:
             return None
         self.busy = True
         try:
@@ -172,7 +172,7 @@ for _entry in sys.path:  # a sitecustomize this one shadows
 STORAGE_METHOD = (
     "probe (the reported share): every storage call of every worker process, timed where it "
     "is made: a sitecustomize.py on the workers' PYTHONPATH (no production file changed) "
-    "wraps nas.storage_retry.RetryingStorage._call, the one door of a server storage's calls "
+    "wraps nas.storage.retrying.RetryingStorage._call, the one door of a server storage's calls "
     "(the harness's, rank 0's decisions, sampler, pruner and heartbeat thread), and logs "
     "each call's start, seconds, method and thread. For a counted trial, storage_s is the "
     "time its worker's processes spent inside storage calls, other than the heartbeat "

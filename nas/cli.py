@@ -4,8 +4,8 @@ Hydra composes `conf/` (shipped as `nas.conf`, see `nas.config`), changes nothin
 run folder is Hydra's output directory and holds the job log `elastic-nas.log` (the stage
 processes write to it too: `nas.job_log`), the study storage sits at a stable path under
 `outputs/studies/` so a re-run with the same `study.name` resumes, and the stages are plain
-functions: the search `nas.study.run_study(settings)`, then the retrain of its best
-`nas.retrain.retrain(settings)` (`stages=[retrain]` alone retrains a stored study). At the
+functions: the search `nas.study.run.run_study(settings)`, then the retrain of its best
+`nas.retrain.stage.retrain(settings)` (`stages=[retrain]` alone retrains a stored study). At the
 end the results are summarised (`nas.report`).
 Under `--multirun` each job is its own study, named `<study.name>-<the job's overrides>`
 unless the sweep sets `study.name` itself.
@@ -51,9 +51,9 @@ def main(cfg: DictConfig) -> None:
         logger.error("invalid settings: %s", "; ".join(str(error).strip().splitlines()))
         sys.exit(1)
     job_log.publish()  # the stage processes log to this job's log file too
-    from nas.retrain import retrain  # after composing: --help and --cfg stay fast
-    from nas.storage import StorageError
-    from nas.study import run_study
+    from nas.retrain.stage import retrain  # after composing: --help and --cfg stay fast
+    from nas.storage.opening import StorageError
+    from nas.study.run import run_study
     from nas.tasks import TaskInputError, check_task
     from pipeline import lead_process
 

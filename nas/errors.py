@@ -1,7 +1,7 @@
 """The harness's own errors, and how any error is described in a trial's record.
 
-    LeaderError      a decision of rank 0 failed (nas.study); raised on every rank
-    HeartbeatError   a trial's heartbeat thread could not record a beat (nas.storage)
+    LeaderError      a decision of rank 0 failed (nas.study.run); raised on every rank
+    HeartbeatError   a trial's heartbeat thread could not record a beat (nas.storage.opening)
 
 `describe(error)` is the one line a failed trial keeps as its `fail_reason`: the error's
 type and message, and the root of its cause chain when a library wraps it (Optuna turns

@@ -9,7 +9,7 @@ and the terminal only at WARNING. So:
 * `publish()`, in the CLI once Hydra has set up logging, finds the root logger's log file
   and puts it (path, level, format) in the environment variable `JOB_LOG_ENV`, which the
   spawned processes inherit;
-* `attach()`, the first thing each stage entry function (`nas.study`, `nas.retrain`) does,
+* `attach()`, the first thing each stage entry function (`nas.study.run`, `nas.retrain.stage`) does,
   adds a handler appending to that file with the same format and level (and keeps WARNING
   and above on stderr, as they were). Without the variable (a study run from a script or a
   test) it does nothing; in a process that already writes to the file (one stage under

@@ -13,7 +13,7 @@ __all__ = ["progress_bars"]
 
 def progress_bars(unit: str = "", *, show: bool = True) -> Progress:
     """A `Progress` (not started) whose counts read "done/total unit"; `show=False`: one
-    that draws nothing (a worker whose caller shows the study's bar, `nas.workers`)."""
+    that draws nothing (a worker whose caller shows the study's bar, `nas.study.workers`)."""
     count = "{task.completed}/{task.total}" + (f" {unit}" if unit else "")
     return Progress(
         TextColumn("{task.description}"),

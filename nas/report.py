@@ -21,12 +21,12 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from nas import trials
 from nas.paired import REFERENCE
-from nas.retrain_results import RetrainResult, model_table
+from nas.retrain.results import RetrainResult, model_table
 from nas.settings import NasSettings, task_metrics
-from nas.storage import dashboard_target, make_storage
-from nas.study import StudyResult
+from nas.storage.opening import dashboard_target, make_storage
+from nas.study import trials
+from nas.study.run import StudyResult
 from nas.tasks import task_class
 from search_spaces.architecture import functional_key
 
@@ -165,7 +165,8 @@ def _report_retrained(settings: NasSettings, retrained: RetrainResult, console: 
         model = "ExportedModel" if task.decoder_only else "TranslationModel"
         call = task.example_call
         console.print(
-            f'load the chosen model ({retrained.selected}): python -c "from nas.models import '
+            f"load the chosen model ({retrained.selected}): "
+            f'python -c "from nas.export.pretrained import '
             f"{model}; m = {model}.from_pretrained('{folder}'); print({call})\"\n"
             f"  or: python -c \"import nas; m = nas.load_model('{folder}'); print({call})\"",
             soft_wrap=True,

@@ -1,7 +1,7 @@
 """The harness's typed configuration: one frozen dataclass per swappable part, checked.
 
 Hydra composes YAML from `conf/` at the edge (`nas.config`, `nas.cli`) and converts it into
-these dataclasses; the study code (`nas.study`) only ever sees them, so it runs the same
+these dataclasses; the study code (`nas.study.run`) only ever sees them, so it runs the same
 from the command line, from a test, or from a user's script, and never imports Hydra.
 A wrong value is refused here, naming the key, the value and what would be valid.
 """
@@ -14,10 +14,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from nas import storage_url
 from nas.learning_rate import SCHEDULES as LR_SCHEDULES
 from nas.plugins import is_import_path
 from nas.search import PRUNERS, SAMPLERS
+from nas.storage import url as storage_url
 from nas.tasks import Direction, known_tasks, task_class
 from nas.tracking import TRACKERS
 from pipeline.local.pipemare import PipeMareConfig
@@ -56,7 +56,7 @@ RUNTIME_OBJECTIVES: dict[str, Direction] = {
     "parameters": "minimize",
 }
 DIRECTIONS = ("minimize", "maximize")
-FIDELITIES = ("full", "inherited")  # study.fidelity (`nas.inherited`)
+FIDELITIES = ("full", "inherited")  # study.fidelity (`nas.study.inherited`)
 
 
 def task_metrics(task: str) -> tuple[str, ...]:
@@ -120,7 +120,7 @@ def _positive(key: str, value: Any, *, allow_none: bool = False) -> None:
         raise ValueError(f"{key}={value!r} is not valid; it must be a positive integer")
 
 
-AUTO = "auto"  # a shape value chosen from the profile (`nas.shape`)
+AUTO = "auto"  # a shape value chosen from the profile (`nas.study.shape`)
 
 
 def _positive_or_auto(key: str, value: Any, *, allow_none: bool = False) -> None:
@@ -139,18 +139,18 @@ def _positive_or_auto(key: str, value: Any, *, allow_none: bool = False) -> None
 class StudySettings:
     name: str = "nas"
     n_trials: int = 4
-    storage: str | None = None  # None: SQLite at outputs/studies/<name>.db (nas.storage_url)
+    storage: str | None = None  # None: SQLite at outputs/studies/<name>.db (nas.storage.url)
     # how long a database server's (or the gRPC proxy's) outage is waited out, retrying,
-    # before the workers stop with an error naming the storage (nas.storage_retry)
+    # before the workers stop with an error naming the storage (nas.storage.retrying)
     storage_wait_s: float = 60.0
     # local workers training this study's trials side by side, each with its own stage
-    # processes on its own cores (`nas.workers`); "auto": as many as the chosen shape fits
-    # on this machine's cores (`nas.shape`)
+    # processes on its own cores (`nas.study.workers`); "auto": as many as the chosen shape fits
+    # on this machine's cores (`nas.study.shape`)
     workers: int | str = AUTO
     objectives: tuple[str, ...] = ("validation_loss",)
     enqueue_seeds: bool = True
     inherit_weights: bool = False
-    # how a child of a trained evolution parent is judged (`nas.inherited`): "full" trains it
+    # how a child of a trained evolution parent is judged (`nas.study.inherited`): "full" trains it
     # from scratch to train.steps; "inherited" starts it from its parent's trained weights
     # (tensor by tensor, its edited branch afresh), trains it `inherit_steps` steps and scores
     # it as the parent's fitness plus its difference from the parent continued those steps
@@ -167,8 +167,8 @@ class StudySettings:
     max_retries: int = 2
     # a trial whose rank 0 recorded no heartbeat for this many seconds (a worker that died or
     # hung, on any machine) is failed by the next worker that asks for a trial and retried;
-    # RDB storages only (SQLite, PostgreSQL, MySQL: nas.storage); alike on every worker (each
-    # beats every sixth of its grace, 5 s at most)
+    # RDB storages only (SQLite, PostgreSQL, MySQL: nas.storage.opening); alike on every
+    # worker (each beats every sixth of its grace, 5 s at most)
     heartbeat_grace_s: int = 30
     # no trial starts once this run of the study has lasted `timeout_s` seconds (Optuna's
     # `timeout`: the running trial finishes); None: only `n_trials` ends it
@@ -292,7 +292,7 @@ class TrainSettings:
 @dataclass
 class PipelineSettings:
     """One worker's pipeline. `n_stages`, `n_microbatches` and `threads_per_stage` may be
-    "auto": chosen with `study.workers` from the candidates' profile (`nas.shape`), the
+    "auto": chosen with `study.workers` from the candidates' profile (`nas.study.shape`), the
     shape predicted to train the most samples per second of the machine."""
 
     n_stages: int | str = AUTO
@@ -335,17 +335,17 @@ class PipelineSettings:
 
     @property
     def stage_count(self) -> int:
-        """`n_stages` once chosen (`nas.shape.resolve`)."""
+        """`n_stages` once chosen (`nas.study.shape.resolve`)."""
         return _chosen("n_stages", self.n_stages)
 
     @property
     def microbatch_count(self) -> int:
-        """`n_microbatches` once chosen (`nas.shape.resolve`)."""
+        """`n_microbatches` once chosen (`nas.study.shape.resolve`)."""
         return _chosen("n_microbatches", self.n_microbatches)
 
     @property
     def thread_count(self) -> int | None:
-        """`threads_per_stage` once chosen (`nas.shape.resolve`); None: cores / stages."""
+        """`threads_per_stage` once chosen (`nas.study.shape.resolve`); None: cores / stages."""
         if self.threads_per_stage is None:
             return None
         return _chosen("threads_per_stage", self.threads_per_stage)
@@ -353,7 +353,7 @@ class PipelineSettings:
 
 def _chosen(key: str, value: int | str) -> int:
     if isinstance(value, str):
-        raise RuntimeError(f"pipeline.{key} is {value!r}: choose the shape first (nas.shape)")
+        raise RuntimeError(f"pipeline.{key} is {value!r}: choose the shape first (nas.study.shape)")
     return value
 
 
@@ -435,7 +435,7 @@ class TrackerSettings:
 
 @dataclass
 class RetrainSettings:
-    """The retrain stage (`nas.retrain`): the `top_k` best architectures of the study (and,
+    """The retrain stage (`nas.retrain.stage`): the `top_k` best architectures of the study (and,
     with `seed_models`, both seed architectures) trained from scratch for `steps` steps
     (None: `train.steps`) once per training seed in `seeds`; with `selection_seeds`, the
     `top_k` are first trained on those and only the best goes on to `seeds` (which then
@@ -453,9 +453,9 @@ class RetrainSettings:
     decode_pairs: int | None = None  # pairs decoded in the final scoring; None: every pair
     # each (model, seed) run saves a checkpoint every N steps into
     # <models_dir>/<study>/<model>/checkpoints/seed-<seed>/, so a killed retraining resumes
-    # there (`nas.retrain_runs`); 0 or None: no checkpoints
+    # there (`nas.retrain.runs`); 0 or None: no checkpoints
     checkpoint_every: int | None = 100
-    # several workers retraining one study share its runs (`nas.retrain_claims`): one with
+    # several workers retraining one study share its runs (`nas.retrain.claims`): one with
     # only runs left that others train waits for their records, at most this many seconds
     # without any of them recorded, then stops with an error naming the claim it waited for
     claim_wait_s: float = 7200.0
@@ -572,7 +572,7 @@ class NasSettings:
 
     def _check_pruner(self) -> None:
         """Pruners decide at evaluations; several objectives allow only the hurdles, whose top
-        rung is the full training length (`nas.trials.pruner_options` adds `train.steps`)."""
+        rung is the full training length (`nas.study.trials.pruner_options` adds `train.steps`)."""
         name, options = self.pruner.name, self.pruner.options
         if name in ("median", "sha") and len(self.study.objectives) > 1:
             raise ValueError(

@@ -16,7 +16,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 RULES = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["import_rules"]
-PACKAGES = [p for p in RULES if p not in ("only_in", "layers", "comm")]
+PACKAGES = [p for p in RULES if p not in ("only_in", "layers", "comm", "floors")]
 
 
 def imports(path: Path) -> Iterator[tuple[int, str]]:
@@ -131,3 +131,65 @@ def test_the_comm_rule_sees_a_direct_call(tmp_path: Path) -> None:
     source = tmp_path / "bad.py"
     source.write_text("import torch.distributed as dist\n\ndist.all_reduce(t)\n")
     assert list(distributed_calls(source)) == [(3, "all_reduce")]
+
+
+# -- floors inside nas/ ------------------------------------------------------------------------
+def part_of(name: str, floors: list[list[str]]) -> tuple[int, str] | None:
+    """(floor, part) of a module or imported name: the longest part that names it or holds
+    it; the package itself ("nas") holds only its own `__init__`."""
+    found = [
+        (floor, part)
+        for floor, parts in enumerate(floors)
+        for part in parts
+        if name == part or (part.count(".") and name.startswith(part + "."))
+    ]
+    return max(found, key=lambda f: len(f[1]), default=None)
+
+
+def floor_violations(
+    module: str, names: list[tuple[int, str]], floors: list[list[str]]
+) -> Iterator[str]:
+    """What `module` imports against the floors: a part of its own floor or above."""
+    mine = part_of(module, floors)
+    assert mine is not None, f"{module} is on no floor of pyproject.toml's import_rules.floors"
+    for line, name in names:
+        theirs = part_of(name, floors)
+        if theirs is None or theirs[1] == mine[1]:
+            continue
+        if theirs[0] >= mine[0]:
+            yield f"{module} (line {line}) imports {name}: {theirs[1]} is not below {mine[1]}"
+
+
+def package_imports(path: Path, package: str) -> list[tuple[int, str]]:
+    """(line, full name) of every absolute import of `package` (names imported from a
+    module included: `from nas import study` is nas.study), lazy ones too."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, a.name) for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            found += [(node.lineno, f"{node.module}.{a.name}") for a in node.names]
+    return [(line, n) for line, n in found if n == package or n.startswith(package + ".")]
+
+
+def floored_modules() -> list[tuple[str, str, Path]]:
+    return [
+        (package, module_name(path), path)
+        for package in RULES["floors"]
+        for path in sorted((ROOT / package).rglob("*.py"))
+    ]
+
+
+@pytest.mark.parametrize("package,module,path", floored_modules(), ids=lambda v: str(v))
+def test_floors_inside_nas(package: str, module: str, path: Path) -> None:
+    """Each part imports only the floors below it: no back arrow between nas' parts."""
+    floors = RULES["floors"][package]
+    violations = list(floor_violations(module, package_imports(path, package), floors))
+    assert not violations, "; ".join(violations)
+
+
+def test_the_floor_rule_sees_a_back_arrow() -> None:
+    floors = [["nas.errors"], ["nas.study"], ["nas.retrain", "nas.report"]]
+    assert not list(floor_violations("nas.retrain.stage", [(1, "nas.study.run")], floors))
+    assert list(floor_violations("nas.study.run", [(3, "nas.retrain.stage")], floors))
+    assert list(floor_violations("nas.report", [(5, "nas.retrain")], floors))  # same floor

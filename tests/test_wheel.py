@@ -23,7 +23,7 @@ from pathlib import Path
 import optuna
 import pytest
 
-from nas.trials import counted
+from nas.study.trials import counted
 from tests.nas.harness.test_cli import ONE_TRIAL
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(600)]

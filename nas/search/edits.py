@@ -14,7 +14,7 @@ neighbours, trained and ranked) and what composing edits builds on:
        kept so far (`functional_key`) and inside the configured parameter window.
 
 The space is a function of a `Suggest` (for the harness's configured space,
-`functools.partial(nas.trials.sample_architecture, settings=settings)`), so this module
+`functools.partial(nas.study.trials.sample_architecture, settings=settings)`), so this module
 knows no settings. Pure apart from the space's own code: no Optuna, no processes.
 """
 

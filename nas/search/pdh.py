@@ -3,7 +3,7 @@
 A candidate trains in stages, up rungs b_1 < b_2 < ... < b_top steps. At each rung below the
 top it trains on only if its fitness there beats the hurdle, a statistic of the fitness that
 the population reached at that rung; otherwise it stops there. The top rung is the full
-training length (`nas.trials.pruner_options` appends `train.steps` to the configured
+training length (`nas.study.trials.pruner_options` appends `train.steps` to the configured
 budgets when they do not end with it): a trial that clears every rung below
 trains to the end and completes. Hurdles thus spend the training budget on promising
 candidates, comparing models only at equal step counts (fitness grows with steps), and they

@@ -24,8 +24,8 @@ from typing import Any, ClassVar, Literal
 import torch
 import torch.nn.functional as F
 
-from nas.decoding import check_batch_size
-from nas.vocab import BOS, EOS, PAD, SPECIALS, UNK, TokenVocab, Vocab
+from nas.text.decoding import check_batch_size
+from nas.text.vocab import BOS, EOS, PAD, SPECIALS, UNK, TokenVocab, Vocab
 
 __all__ = [
     "BOS",
@@ -173,7 +173,7 @@ class Task(ABC):
     decoded_metrics: ClassVar[tuple[str, ...]] = ()
     decoder_only: ClassVar[bool] = True
     example_call: ClassVar[str] = "m"
-    vocab: TokenVocab  # characters (`Vocab`) or subword pieces (`nas.subwords`); the target's
+    vocab: TokenVocab  # characters (`Vocab`) or subword pieces (`nas.text.subwords`); the target's
 
     @property
     def source_vocab(self) -> TokenVocab:

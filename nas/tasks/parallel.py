@@ -8,9 +8,9 @@ validation / test and passes them to `ParallelCorpus.__init__`; it adds `describ
 
 Tokenizers (`tokenizer`):
 
-* "chars": the characters of every split (`nas.vocab.Vocab`), as the name task has always
+* "chars": the characters of every split (`nas.text.vocab.Vocab`), as the name task has always
   had them; `vocab_size` is ignored.
-* "bpe" or "unigram": `vocab_size` subword pieces (`nas.subwords.SubwordVocab`) trained on
+* "bpe" or "unigram": `vocab_size` subword pieces (`nas.text.subwords.SubwordVocab`) trained on
   the training split's sources and targets only, seeded by the task's seed. `vocab_size`
   must leave a piece for every character of the texts it learns from (the unigram trainer
   refuses less; BPE would silently take more).
@@ -20,12 +20,12 @@ the target embedding and the head then have `len(task.vocab)` rows), or each sid
 own (`shared_vocab=False`): `vocab` is then the target's (the target embedding, the head,
 decoding) and `source_vocab` the source's, each learned from its side of the training split
 (`vocab_size` pieces each), or each side's characters. The model's source embedding has
-`len(task.source_vocab)` rows (`nas.training.compile_model`).
+`len(task.source_vocab)` rows (`nas.study.training.compile_model`).
 
 Lengths: `max_chars` is the longest side in characters the task holds; a subword task also
 has `max_tokens`, the longest side in pieces (pairs longer than the `max_tokens` option are
 dropped and counted). The model's positions follow the one that counts
-(`nas.training.max_len` reads `max_tokens` first), and so do fixed-length batches and the
+(`nas.study.training.max_len` reads `max_tokens` first), and so do fixed-length batches and the
 longest translation generated (`max_length`).
 
 Batches, teacher forcing: x = (src (B, S), tgt_in (B, T)), y = tgt_out (B, T), all int64,
@@ -42,8 +42,6 @@ from typing import Any, ClassVar, Literal, get_args
 
 import torch
 
-from nas.decoding import StepFn, translate_ids
-from nas.subwords import SubwordKind, SubwordVocab
 from nas.tasks.base import (
     BOS,
     EOS,
@@ -62,6 +60,8 @@ from nas.tasks.base import (
     unigram_cross_entropy,
 )
 from nas.tasks.metrics import bleu_signature, decode_metrics
+from nas.text.decoding import StepFn, translate_ids
+from nas.text.subwords import SubwordKind, SubwordVocab
 from pipeline.pure.checks import is_int
 
 __all__ = [

@@ -33,7 +33,6 @@ import unicodedata
 from collections.abc import Sequence
 from pathlib import Path
 
-from nas.decoding import StepFn, greedy_decode, translate_ids
 from nas.tasks.base import SPLITS
 from nas.tasks.parallel import (
     DECODE_ROWS,
@@ -42,6 +41,7 @@ from nas.tasks.parallel import (
     TranslationBatch,
     decode_rows,
 )
+from nas.text.decoding import StepFn, greedy_decode, translate_ids
 
 __all__ = [
     "DECODE_ROWS",

@@ -87,7 +87,7 @@ class Tracker:
       cannot (JSON). One call per step; steps must increase within a trial.
     * `event` of `log_event`: a `PipelineEvent.to_dict()` (builds, migrations, rollbacks,
       errors), kept apart from the step metrics.
-    * `log_model`: an exported model's folder (`nas.export`) as an output of the open run
+    * `log_model`: an exported model's folder (`nas.export.writing`) as an output of the open run
       (a W&B artifact of type "model"), named `name` (`artifact_name` makes one), with
       `metadata` (plain values: parameters, validation figures, the trial number).
     * `run_id`: the id of the open trial's run in the backend (W&B's run id; the JSONL

@@ -1,6 +1,6 @@
 """Exported models as the trackers and the study record them.
 
-The retrain stage exports each model's best seed to a folder (`nas.export`); that folder is
+The retrain stage exports each model's best seed to a folder (`nas.export.writing`); that folder is
 logged as a model artifact in the tracker run of the seed it holds (`Tracker.log_model`),
 and the study keeps where each model went. Optuna refuses user attributes on a finished
 trial and retraining runs after the trials finished, so the export paths are one study user

@@ -18,10 +18,10 @@ from huggingface_hub import ModelCard
 from safetensors.torch import load_file, save_file
 
 import nas
-from nas import training
-from nas.export import ExportedModel, ModelFolderError, TranslationModel, export_model, main
-from nas.models import ModelConfig
+from nas.export.pretrained import ModelConfig
+from nas.export.writing import ExportedModel, ModelFolderError, TranslationModel, export_model, main
 from nas.settings import NasSettings, SearchSpaceSettings
+from nas.study import training
 from nas.tasks import Vocab, get_task
 from nas.tasks.translation import Translation
 from pipeline.local.carry import as_carry, unwrap
@@ -189,7 +189,7 @@ def test_the_model_card_says_what_the_model_is_and_how_to_load_it(
     assert "Whole splits, training seed 2:" in text
     assert "| 1 | 1.75 | 1.875 |" in text and "| 2 (these weights) | 1.5 | 1.625 |" in text
     assert f'TranslationModel.from_pretrained("{folder}")' in text
-    assert f'nas.load_model("{folder}")' in text and "from nas.models import" in text
+    assert f'nas.load_model("{folder}")' in text and "from nas.export.pretrained import" in text
 
 
 def test_save_pretrained_writes_a_folder_that_loads_as_the_same_model(
@@ -380,7 +380,7 @@ import importlib.util, json, sys
 import torch
 torch.set_num_threads(1)
 import nas
-from nas.models import TranslationModel
+from nas.export.pretrained import TranslationModel
 model = TranslationModel.from_pretrained(sys.argv[1])
 assert type(nas.load_model(sys.argv[1])) is TranslationModel
 ids = torch.tensor([model.vocab.encode("Germany", bos=True)])

@@ -1,5 +1,5 @@
 """A model of a subword task exports with its tokenizer (`tokenizer.json`) and comes back
-translating text to text, as the evaluation does, in a process that imports `nas.models`
+translating text to text, as the evaluation does, in a process that imports `nas.export.pretrained`
 alone: no Optuna, Hydra or W&B."""
 
 from __future__ import annotations
@@ -12,11 +12,11 @@ import pytest
 import torch
 
 import nas
-from nas import training
-from nas.export import ModelFolderError, TranslationModel, export_model
+from nas.export.writing import ModelFolderError, TranslationModel, export_model
 from nas.settings import NasSettings, TaskSettings
-from nas.subwords import SubwordVocab
+from nas.study import training
 from nas.tasks import Corpus, get_task
+from nas.text.subwords import SubwordVocab
 from pipeline.local.spec import build_layer
 from search_spaces.evolved_transformer import evolved_transformer, seed_params
 from tests.nas.corpora import write_tsv
@@ -25,13 +25,13 @@ from tests.nas.test_export import copy_folder, core_venv, run_in
 HARNESS = ("optuna", "hydra", "omegaconf", "wandb", "sacrebleu", "matplotlib", "yaml")
 SOURCES = ["3 cannot open the file", "1 deleted the table", "5 did not find the key"]
 
-# A fresh Python that imports only nas.models: loads the folder, translates text, and says
-# which of the harness's packages it imported.
+# A fresh Python that imports only nas.export.pretrained: loads the folder, translates text,
+# and says which of the harness's packages it imported.
 LOAD = """
 import json, sys
 import torch
 torch.set_num_threads(1)
-from nas.models import load_model
+from nas.export.pretrained import load_model
 model = load_model(sys.argv[1])
 print(json.dumps({
     "class": type(model).__name__,

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from nas.inherited import estimate, load_snapshot, save_weights
+from nas.study.inherited import estimate, load_snapshot, save_weights
 from tests.nas.harness.common import composed
 
 

@@ -11,9 +11,9 @@ import pytest
 import sacrebleu
 import torch
 
-from nas import training
-from nas.subwords import SubwordVocab
+from nas.study import training
 from nas.tasks import SPLITS, UNK, Corpus, TaskInputError, Translation, Vocab, get_task
+from nas.text.subwords import SubwordVocab
 from search_spaces.evolved_transformer import evolved_transformer
 from tests.nas.corpora import PAIRS, write_tsv
 

@@ -8,7 +8,7 @@ from collections.abc import Callable
 import pytest
 
 from nas import settings
-from nas.trials import pruner_options
+from nas.study.trials import pruner_options
 from pipeline.local.pipemare import PipeMareConfig
 from pipeline.pure.planner import PLANNERS
 from pipeline.pure.schedule import SCHEDULES

@@ -1,4 +1,4 @@
-"""The study's shape chosen from the profile of its seed architectures (`nas.shape`).
+"""The study's shape chosen from the profile of its seed architectures (`nas.study.shape`).
 
 In-process: the seeds are profiled here for real (the sandbox), the runtime's overheads are
 given (their measurement starts processes: the CLI test measures them).
@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from nas import shape
 from nas.settings import NasSettings
+from nas.study import shape
 from pipeline.pure.shape import RuntimeOverheads
 from tests.nas.harness.common import composed
 

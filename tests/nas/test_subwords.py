@@ -1,4 +1,4 @@
-"""`nas.subwords`: BPE and unigram vocabularies trained on real text, deterministic for a
+"""`nas.text.subwords`: BPE and unigram vocabularies trained on real text, deterministic for a
 seed, answering as the character `Vocab` does."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ from pydoc_data.topics import topics
 
 import pytest
 
-from nas.subwords import SubwordVocab
-from nas.vocab import BOS, EOS, PAD, UNK
+from nas.text.subwords import SubwordVocab
+from nas.text.vocab import BOS, EOS, PAD, UNK
 
 TEXTS = [line.strip() for text in topics.values() for line in text.splitlines() if line.strip()]
 

@@ -1,4 +1,4 @@
-"""`nas.trials`' pure pieces on a real in-memory Optuna study (no processes)."""
+"""`nas.study.trials`' pure pieces on a real in-memory Optuna study (no processes)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import optuna
 
 from nas.search.lineage import KEY_GRAFT, KEY_PROPOSAL, KEY_ROLE
 from nas.settings import NasSettings, StudySettings
-from nas.trials import (
+from nas.study.trials import (
     MODEL_DIGEST,
     model_digest,
     open_study,

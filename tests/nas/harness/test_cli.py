@@ -16,12 +16,12 @@ import optuna
 import pytest
 
 import nas
-from nas.models import TranslationModel
+from nas.export.pretrained import TranslationModel
 from nas.settings import task_metrics
+from nas.study.trials import INTERRUPTED, OWNER, counted
 from nas.tasks import get_task
 from nas.tasks.metrics import decode_metrics
 from nas.tasks.translation import Translation
-from nas.trials import INTERRUPTED, OWNER, counted
 from tests.nas.harness.common import LITTLE_DECODING, write_text
 
 pytestmark = pytest.mark.multiprocess

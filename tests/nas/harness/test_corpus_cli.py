@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 import nas
-from nas.models import TranslationModel
+from nas.export.pretrained import TranslationModel
 from tests.nas.corpora import write_tsv
 from tests.nas.harness.test_cli import SMALL, run
 

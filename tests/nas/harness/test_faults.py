@@ -16,11 +16,11 @@ import optuna
 import pytest
 
 from nas.errors import LeaderError
-from nas.leader import Leader
-from nas.study import run_study
+from nas.study.leader import Leader
+from nas.study.run import run_study
+from nas.study.trials import counted
 from nas.tracking import read_jsonl
 from nas.tracking.wandb.history import find_run_files, read_run
-from nas.trials import counted
 from tests.nas.harness.common import locked, offline_wandb, tiny_settings
 from tests.nas.harness.faulty import SAMPLER, TRACKER, summaries
 

@@ -7,8 +7,8 @@ from pathlib import Path
 import optuna
 import pytest
 
-from nas.inherited import WEIGHTS_ARTIFACT
-from nas.study import run_study
+from nas.study.inherited import WEIGHTS_ARTIFACT
+from nas.study.run import run_study
 from tests.nas.harness.common import tiny_settings
 
 pytestmark = pytest.mark.multiprocess

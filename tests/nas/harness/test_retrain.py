@@ -13,15 +13,15 @@ import optuna
 import pytest
 
 import nas
-from nas.export import TranslationModel
-from nas.retrain import RetrainResult, retrain, retrain_models, select_models
+from nas.export.writing import TranslationModel
+from nas.retrain.stage import RetrainResult, retrain, retrain_models, select_models
 from nas.settings import NasSettings
-from nas.study import run_study
+from nas.study.run import run_study
+from nas.study.trials import counted, seed_architectures
 from nas.tasks import get_task
 from nas.tracking import TRACKER_RUN_ID
 from nas.tracking.exports import EXPORTED_MODELS
 from nas.tracking.wandb.history import WandbArtifact, WandbRunData, find_run_files, read_run
-from nas.trials import counted, seed_architectures
 from search_spaces.compile import parameter_count
 from search_spaces.evolved_transformer import ParamWindow, sample, validate
 from search_spaces.suggest import FixedSuggest

@@ -1,5 +1,5 @@
 """Two workers retraining one study at once train each (model, seed) run once
-(`nas.retrain_claims`): a claim is taken by exactly one of many racing takers, a dead
+(`nas.retrain.claims`): a claim is taken by exactly one of many racing takers, a dead
 holder's claim or a recorded run's is taken over and a live holder's is not, a waiting
 worker names what it waits for and stops after `retrain.claim_wait_s`; and two real
 retrainings of one stored study end with the same result, each run trained by one."""
@@ -21,12 +21,12 @@ from typing import NoReturn
 import pytest
 
 from nas.job_log import JOB_LOG_ENV, JobLog
-from nas.retrain import RetrainRun, retrain
-from nas.retrain_claims import Claim, Run, RunClaims, Step, exclusive, holder, release, take
-from nas.retrain_runs import record_path, save
+from nas.retrain.claims import Claim, Run, RunClaims, Step, exclusive, holder, release, take
+from nas.retrain.runs import record_path, save
+from nas.retrain.stage import RetrainRun, retrain
 from nas.settings import RetrainSettings
-from nas.storage import owner_alive, this_owner
-from nas.study import run_study
+from nas.storage.opening import owner_alive, this_owner
+from nas.study.run import run_study
 from tests.nas.harness.common import tiny_settings
 
 
@@ -115,7 +115,7 @@ def test_a_waiting_worker_names_the_run_and_its_holder_then_reads_or_times_out(
     assert claims.next([first, second]) == Step("train", 1)  # the held run is skipped
     claims.release(second)
     assert not second.claim.exists()
-    with caplog.at_level(logging.INFO, logger="nas.retrain_claims"):
+    with caplog.at_level(logging.INFO, logger="nas.retrain.claims"):
         assert claims.next([first]) == Step("wait")
         assert claims.next([first]) == Step("wait")
     waits = [r.getMessage() for r in caplog.records if "waiting" in r.getMessage()]

@@ -18,11 +18,11 @@ import pytest
 import torch
 from rich.console import Console
 
-from nas import training
 from nas.report import _report_retrained
-from nas.retrain import Model, RetrainResult, RetrainRun, compare, select_models
+from nas.retrain.stage import Model, RetrainResult, RetrainRun, compare, select_models
+from nas.study import training
+from nas.study.trials import architecture_of, sample_architecture, seed_architectures
 from nas.tasks import get_task
-from nas.trials import architecture_of, sample_architecture, seed_architectures
 from search_spaces.architecture import to_json
 from search_spaces.evolved_transformer import seed_params
 from tests.nas.harness.common import tiny_settings

@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from nas.retrain import retrain
-from nas.retrain_runs import checkpoint_folder, record_path
+from nas.retrain.runs import checkpoint_folder, record_path
+from nas.retrain.stage import retrain
 from nas.settings import RetrainSettings
-from nas.study import run_study
+from nas.study.run import run_study
 from tests.nas.harness.common import TINY, tiny_settings
 
 STEPS, EVERY = 12, 4

@@ -12,9 +12,9 @@ import pytest
 from rich.console import Console
 
 from nas.report import report_study
-from nas.storage import ATTEMPT, dashboard_target, make_storage
-from nas.study import run_study
-from nas.trials import counted
+from nas.storage.opening import ATTEMPT, dashboard_target, make_storage
+from nas.study.run import run_study
+from nas.study.trials import counted
 from tests.nas.harness.common import tiny_settings
 from tests.nas.harness.faulty import DYING_TASK
 

@@ -38,20 +38,20 @@ import pytest
 import sqlalchemy
 from rich.console import Console
 
-from nas.postgres import Postgres, PostgresError, free_port
 from nas.report import report_study
-from nas.retrain import retrain
-from nas.storage import ATTEMPT, StorageError, make_storage
-from nas.storage_url import masked, without_password
-from nas.study import run_study
-from nas.trials import INTERRUPTED, OWNER, counted, open_study
+from nas.retrain.stage import retrain
+from nas.storage.opening import ATTEMPT, StorageError, make_storage
+from nas.storage.postgres import Postgres, PostgresError, free_port
+from nas.storage.url import masked, without_password
+from nas.study.run import run_study
+from nas.study.trials import INTERRUPTED, OWNER, counted, open_study
 from tests.nas.harness.common import offline_wandb, tiny_settings
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.filterwarnings("ignore:Heartbeat of storage")]
 
 COMPLETE, RUNNING = optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.RUNNING
 FAIL = optuna.trial.TrialState.FAIL
-SERVER = [sys.executable, "-m", "nas.storage_server"]
+SERVER = [sys.executable, "-m", "nas.storage.server"]
 # a study as cheap as it gets: a character LM, 2 steps a trial, no tracker
 CHEAP = (
     "study.workers=1",  # each command one worker of the old default's shape: these tests
@@ -170,7 +170,7 @@ def server() -> Iterator[Postgres]:
     the same folder. Fails, never skips, where it cannot run."""
     folder = Path(tempfile.mkdtemp(prefix="nas-pg-"))
     readme = Readme.filled(folder, free_port())
-    postgres = ("python", "-m", "nas.storage_server", "postgres")
+    postgres = ("python", "-m", "nas.storage.server", "postgres")
     try:
         started = subprocess.run(
             [*readme.command(*postgres, having="--detach"), "--no-fsync"],
@@ -394,7 +394,7 @@ def test_two_workers_one_through_the_proxy_wait_out_a_server_restart(
     line = readme.command("python", "-m", "nas", having=f"study.storage={url}")
     direct = _worker(tmp_path / "worker-1", *line[3:], *overrides, "tracker=wandb", env=readme.env)
     proxy = subprocess.Popen(
-        readme.command("python", "-m", "nas.storage_server", "serve"),
+        readme.command("python", "-m", "nas.storage.server", "serve"),
         env=os.environ | readme.env,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

@@ -28,11 +28,11 @@ from optuna.storages import InMemoryStorage, RDBStorage
 
 from nas import storage
 from nas.errors import HeartbeatError
-from nas.leader import Leader, TrialOrder
 from nas.search.records import StudyRecords, trial_id
-from nas.storage_retry import RetryingStorage, StorageUnavailableError
-from nas.storage_url import StorageKind, kind, masked, without_password
-from nas.trials import DUPLICATE_OF, INTERRUPTED, OWNER, counted, fail_running
+from nas.storage.retrying import RetryingStorage, StorageUnavailableError
+from nas.storage.url import StorageKind, kind, masked, without_password
+from nas.study.leader import Leader, TrialOrder
+from nas.study.trials import DUPLICATE_OF, INTERRUPTED, OWNER, counted, fail_running
 from tests.nas.harness.common import composed, locked, tiny_settings
 
 pytestmark = pytest.mark.filterwarnings("ignore:Heartbeat of storage")
@@ -191,10 +191,10 @@ def test_an_outage_shorter_than_the_wait_is_waited_out_and_logged(
     inner.down = True
     threading.Timer(1.2, lambda: setattr(inner, "down", False)).start()  # back after 1.2 s
     started = time.monotonic()
-    with caplog.at_level(logging.WARNING, logger="nas.storage"):
+    with caplog.at_level(logging.WARNING, logger="nas.storage.opening"):
         assert study.trials == []
     assert 1.0 < time.monotonic() - started < 5
-    said = [r.getMessage() for r in caplog.records if r.name == "nas.storage"]
+    said = [r.getMessage() for r in caplog.records if r.name == "nas.storage.opening"]
     assert said[0].startswith("storage postgresql://nas:***@db/postgres unreachable")
     assert "connection refused" in said[0] and "study.storage_wait_s" in said[0]
     assert said[-1].startswith("storage postgresql://nas:***@db/postgres reachable again")

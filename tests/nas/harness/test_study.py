@@ -13,10 +13,10 @@ import optuna
 import pytest
 
 from nas.report import report_study
-from nas.study import run_study
+from nas.study.run import run_study
+from nas.study.trials import DUPLICATE_OF, INTERRUPTED, INVALID, counted
 from nas.tracking import json_safe, read_jsonl
 from nas.tracking.wandb.history import find_run_files, read_run
-from nas.trials import DUPLICATE_OF, INTERRUPTED, INVALID, counted
 from tests.nas.harness.common import offline_wandb
 from tests.nas.harness.common import tiny_settings as settings
 

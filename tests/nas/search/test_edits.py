@@ -7,7 +7,7 @@ import functools
 import pytest
 
 from nas.search.edits import Space, mutants, questions
-from nas.trials import param_window, sample_architecture, seed_architectures, space_primitives
+from nas.study.trials import param_window, sample_architecture, seed_architectures, space_primitives
 from search_spaces.architecture import functional_key
 from search_spaces.evolved_transformer import ParamWindow, seed_params, validate
 from search_spaces.suggest import CategoricalChoice, FixedSuggest

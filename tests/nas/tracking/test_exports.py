@@ -21,7 +21,7 @@ from nas.tracking.exports import (
 
 
 def export(folder: Path, seed: int, trial: int | None = 3, **more: Any) -> str:
-    """A folder with the metrics.json an export writes (`nas.retrain._export`)."""
+    """A folder with the metrics.json an export writes (`nas.retrain.stage._export`)."""
     folder.mkdir(parents=True, exist_ok=True)
     metrics = {
         "validation_loss": 1.25,

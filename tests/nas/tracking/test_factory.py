@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from nas.study_tracking import study_tracker
+from nas.study.tracker_setup import study_tracker
 from nas.tracking import CompositeTracker, JsonlTracker, NoneTracker, make_tracker
 from tests.nas.harness.common import tiny_settings
 

@@ -3,7 +3,7 @@
 `run_study(settings)` starts the stage processes once (`pipeline.launch`) and keeps them for
 the whole study; each candidate is a `reconfigure` of the same `ElasticPipeline`, never a
 restart. Every stage process runs `_stage_main`; rank 0 alone holds the study
-(`nas.leader.Leader`) and makes the decisions, numbered as they happen:
+(`nas.study.leader.Leader`) and makes the decisions, numbered as they happen:
 
     1. open    rank 0 opens the study (seeds enqueued), the tracker and the progress bars;
     2. ask     rank 0 asks Optuna for a trial and samples its architecture (every sample is
@@ -47,13 +47,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+import optuna
+
 import pipeline
-from nas import inherited, job_log, shape, storage, training, trials
+from nas import job_log, storage
 from nas.errors import LeaderError
-from nas.inheritance import WeightBank
-from nas.leader import Leader, StudyEnd, TrialOrder
 from nas.learning_rate import LrSchedule
 from nas.settings import NasSettings, direction
+from nas.study import inherited, shape, training, trials, workers
+from nas.study.inheritance import WeightBank
+from nas.study.leader import Leader, StudyEnd, TrialOrder
 from nas.tasks import Task, get_task
 from nas.tracking import TrialEnd, pipeline_metrics
 from pipeline import CostCache, ElasticPipeline, StageContext
@@ -85,8 +88,8 @@ def run_study(
 ) -> StudyResult:
     """Run (or resume) the study described by `settings`; returns when it has enough trials.
 
-    Shape values left "auto" are chosen first (`nas.shape`); several workers run as local
-    processes (`nas.workers`), each running this function as `worker` k (its shape chosen:
+    Shape values left "auto" are chosen first (`nas.study.shape`); several workers run as local
+    processes (`nas.study.workers`), each running this function as `worker` k (its shape chosen:
     it starts its stage processes and trains). `progress`: show the study's and trials'
     bars (a worker leaves them to its caller).
 
@@ -96,7 +99,7 @@ def run_study(
     """
     Path(settings.studies_dir).mkdir(parents=True, exist_ok=True)
     Path(settings.output_dir).mkdir(parents=True, exist_ok=True)
-    owner = storage.this_owner()  # the trials this harness asks carry it (nas.storage)
+    owner = storage.this_owner()  # the trials this harness asks carry it (nas.storage.opening)
     timeout = settings.study.timeout_s
     deadline = math.inf if timeout is None else time.time() + timeout  # no trial starts after
     if pipeline.under_torchrun():
@@ -111,10 +114,7 @@ def run_study(
     overheads = choice.overheads if choice is not None else shape.load_cache().overheads
     workers = int(settings.study.workers)
     if workers > 1 and worker is None:
-        from nas.workers import run_workers  # it runs this function in each worker
-
-        cores_each = settings.pipeline.stage_count * (settings.pipeline.thread_count or 1)
-        return run_workers(settings, workers, cores_each)
+        return _on_workers(settings, study, workers)
     restarts, retries = 0, settings.study.max_retries
     run_dirs: list[str] = []
     while (
@@ -351,7 +351,7 @@ def _run_trial(
         bank.add(order.number, pipe)
     if pruned:
         return pipe, trials.Outcome(TrialEnd.PRUNED, attrs)
-    if order.weights_to is not None:  # its children are judged from these (`nas.inherited`)
+    if order.weights_to is not None:  # its children are judged from these (`nas.study.inherited`)
         weights = pipe.full_state_dict()  # on rank 0
         if weights:
             inherited.save_weights(weights, Path(order.weights_to))
@@ -421,3 +421,28 @@ def _inheritance(pipe: ElasticPipeline) -> dict[str, int]:
     ]
     record = found[-1] if found else {"layers": 0, "bytes": 0, "moved": 0, "moved_bytes": 0}
     return {f"inherited_{k}": int(v) for k, v in record.items()}
+
+
+def _as_worker(settings: NasSettings, number: int) -> StudyResult:
+    """What worker `number` of `_on_workers` runs (module-level: pickled by name)."""
+    return run_study(settings, progress=False, worker=number)
+
+
+def _on_workers(settings: NasSettings, study: optuna.Study, n_workers: int) -> StudyResult:
+    """The study on `n_workers` local workers (`nas.study.workers`), their results merged."""
+    cores_each = settings.pipeline.stage_count * (settings.pipeline.thread_count or 1)
+    name = settings.study.name
+    results = workers.run_workers(
+        workers.WorkerJob("search", settings, _as_worker),
+        n_workers,
+        cores_each,
+        (f"study {name}", settings.study.n_trials, lambda: trials.finished(study)),
+    )
+    logger.debug("study %s: %d workers ended", name, len(results))
+    return StudyResult(
+        name,
+        settings.storage_url,
+        max(r.finished for r in results),
+        sum(r.restarts for r in results),
+        tuple(d for r in results for d in r.run_dirs),
+    )

@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from nas.vocab import BOS, EOS, PAD, TokenVocab
+from nas.text.vocab import BOS, EOS, PAD, TokenVocab
 
 __all__ = ["StepFn", "check_batch_size", "greedy_decode", "translate_ids"]
 

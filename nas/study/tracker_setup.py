@@ -1,6 +1,6 @@
 """The tracker a study's settings ask for, writing under the run folder.
 
-Both the search (`nas.leader`) and the retrain stage (`nas.retrain`) log through it: W&B
+Both the search (`nas.study.leader`) and the retrain stage (`nas.retrain.stage`) log through it: W&B
 comes with its JSON-lines mirror beside it (W&B's run id is the one a trial keeps); it is
 told the task's metric directions, which decide how its metrics summarise. A user's own
 class (by import path) gets its options as they are.

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
-from nas.leader import TrialOrder
+from nas.study.leader import TrialOrder
 from pipeline import ElasticPipeline, WeightSnapshot
 
 __all__ = ["WeightBank"]

@@ -1,6 +1,6 @@
 """One model's training on the pipeline runtime: the parts a search trial and a retrain share.
 
-A trial (`nas.study`) and a retrain run (`nas.retrain`) both compile an architecture to
+A trial (`nas.study.run`) and a retrain run (`nas.retrain.stage`) both compile an architecture to
 layers, build (or reconfigure) an `ElasticPipeline`, stream the task's training batches
 through it with the learning-rate schedule (`nas.learning_rate`, which the runtime steps as
 its `lr_scheduler=`), and evaluate it with the task's metrics. Every function here is
@@ -100,7 +100,7 @@ def build(
     """A new pipeline for `specs` trained at `schedule` (saving and resuming as `checkpoint`
     says), or `pipe` reconfigured to them; either way with weights from `snapshot` where
     keys and shapes match, and `schedule` starting at step 0.
-    `cost_cache`: layer costs already measured on this machine (`nas.shape`)."""
+    `cost_cache`: layer costs already measured on this machine (`nas.study.shape`)."""
     p = settings.pipeline
     if pipe is not None or snapshot is not None:
         pipe = pipe or build(settings, task, specs, schedule, seed=seed, cost_cache=cost_cache)

@@ -27,7 +27,7 @@ resumes from its newest checkpoint (the runtime's `resume_from="latest"`) with i
 to that step; the folder is deleted once the finished run is recorded (`save`).
 
 Several workers retraining one study at once train each run once: a run is claimed beside
-its record (`runs/seed-<seed>.claim`) before it trains (`nas.retrain_claims`).
+its record (`runs/seed-<seed>.claim`) before it trains (`nas.retrain.claims`).
 """
 
 from __future__ import annotations

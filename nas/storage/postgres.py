@@ -16,7 +16,7 @@ for one machine). `Postgres(folder)` runs one with its own data directory, numbe
 
 `url` is what `study.storage=` takes. As a context manager it starts and stops the server;
 `stop()` and `start()` also work in between (the fault tests stop it mid-study). The
-command line is `python -m nas.storage_server postgres` (`nas.storage_server`).
+command line is `python -m nas.storage.server postgres` (`nas.storage.server`).
 """
 
 from __future__ import annotations
@@ -217,7 +217,7 @@ class Postgres:
         if not self.durable:
             settings += ["fsync = off", "synchronous_commit = off", "full_page_writes = off"]
         with (self.data / "postgresql.conf").open("a") as conf:
-            conf.write("\n# nas.postgres\n" + "\n".join(settings) + "\n")
+            conf.write("\n# nas.storage.postgres\n" + "\n".join(settings) + "\n")
         # any address may ask (listen_addresses limits who can reach it), by password
         with (self.data / "pg_hba.conf").open("a") as hba:
             hba.write("host all all 0.0.0.0/0 scram-sha-256\nhost all all ::/0 scram-sha-256\n")

@@ -3,7 +3,7 @@
 Characters make long sequences of a small vocabulary; the Evolved Transformer and every
 translation toolkit read subword pieces. `SubwordVocab` trains a `tokenizers.Tokenizer` (BPE
 or unigram, `vocab_size` pieces) on a task's training split only and answers as the
-character `Vocab` does (`nas.vocab`: PAD=0, BOS=1, EOS=2, UNK=3, `encode`, `decode`,
+character `Vocab` does (`nas.text.vocab`: PAD=0, BOS=1, EOS=2, UNK=3, `encode`, `decode`,
 `to_json`), so tasks, decoding and exports use either. The pieces follow SentencePiece's
 convention (a `▁` marks a word's start, `Metaspace`), so decoding gives the text back with
 its spaces; text is NFC-normalised first.
@@ -28,7 +28,7 @@ from typing import Literal
 import torch
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
-from nas.vocab import BOS, EOS, PAD, SPECIALS, UNK
+from nas.text.vocab import BOS, EOS, PAD, SPECIALS, UNK
 from pipeline.pure.checks import is_int
 
 __all__ = ["KINDS", "SubwordKind", "SubwordVocab"]

@@ -1,9 +1,9 @@
 """Rank 0's side of a study: the Optuna study, its trials, the tracker and the progress bars.
 
-Every stage process runs the same study loop (`nas.study`); only rank 0 holds a `Leader`,
+Every stage process runs the same study loop (`nas.study.run`); only rank 0 holds a `Leader`,
 which makes the decisions the others wait for: which trial (and architecture) comes next,
 whether a trial is pruned, and what is recorded when it ends. Each public method is one
-such decision, called through `nas.study`'s `Decisions`, which hands the result, or the error
+such decision, called through `nas.study.run`'s `Decisions`, which hands the result, or the error
 that prevented it, to every rank. So a method may raise anything (a locked or vanished
 storage, a tracker that fails, a sampler bug) and no rank is left waiting:
 
@@ -15,7 +15,7 @@ storage, a tracker that fails, a sampler bug) and no rank is left waiting:
 
 A database server's outage never reaches a decision unless it outlasts
 `study.storage_wait_s`: the study's storage waits it out below every call
-(`nas.storage_retry`), and the study bar says so while it waits.
+(`nas.storage.retrying`), and the study bar says so while it waits.
 
 Training steps between two evaluations make no decision: their metrics are logged at once,
 and a logging error is kept and raised by the next decision (`evaluated` or `finish`), so
@@ -38,16 +38,16 @@ from typing import Any
 
 import optuna
 
-from nas import inherited, storage
+from nas import storage
 from nas.errors import HeartbeatError, LeaderError, describe
-from nas.inherited import InheritFrom
 from nas.progress import progress_bars
 from nas.search import ProgressiveDynamicHurdles
 from nas.search.lineage import KEY_MUTATED, KEY_PARENT
 from nas.settings import NasSettings
-from nas.study_tracking import run_directories, study_tracker
-from nas.tracking.base import TRACKER_RUN_ID, TrialEnd
-from nas.trials import (
+from nas.study import inherited
+from nas.study.inherited import InheritFrom
+from nas.study.tracker_setup import run_directories, study_tracker
+from nas.study.trials import (
     DUPLICATE_OF,
     INVALID,
     MODEL_DIGEST,
@@ -65,6 +65,7 @@ from nas.trials import (
     time_left,
     trials_table,
 )
+from nas.tracking.base import TRACKER_RUN_ID, TrialEnd
 from search_spaces.architecture import (
     Architecture,
     InvalidArchitecture,
@@ -94,7 +95,7 @@ class TrialOrder:
     # the tensors the child's edit of its parent touches (`search_spaces.edited`): inheriting
     # from the parent, they start afresh
     edited: tuple[str, ...] = ()
-    # study.fidelity=inherited (`nas.inherited`): the trained parent it is judged from (None:
+    # study.fidelity=inherited (`nas.study.inherited`): the trained parent it is judged from (None:
     # from scratch), and where rank 0 writes its weights for its own children
     inherit: InheritFrom | None = None
     weights_to: str | None = None
@@ -355,7 +356,7 @@ class Leader:
         return TrialOrder(trial.number, arch_json, parent, edited, source, weights_to)
 
     def record_control(self, parent: int, metrics: dict[str, float]) -> None:
-        """The control of `parent` measured (`nas.inherited`): kept for its later children."""
+        """The control of `parent` measured (`nas.study.inherited`): kept for its later children."""
         inherited.record_control(self.study, parent, self.settings.study.inherit_steps, metrics)
 
     def _tell(self, trial: optuna.Trial, outcome: Outcome) -> None:
@@ -416,7 +417,7 @@ class Leader:
 
     def _storage_waits(self, message: str | None) -> None:
         """The storage is unreachable (`message`: its calls wait and retry, logged by
-        `nas.storage_retry`) or answers again (None): the study bar says which."""
+        `nas.storage.retrying`) or answers again (None): the study bar says which."""
         name = f"study {self.settings.study.name}"
         self.progress.update(self.bar_study, description=f"{name}: {message}" if message else name)
 

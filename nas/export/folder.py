@@ -1,6 +1,6 @@
 """The files of an exported model's folder: `config.json`, strict weights, the old layout.
 
-`nas.models` builds the model classes on this: `ModelConfig` is `config.json` (read and
+`nas.export.pretrained` builds the model classes on this: `ModelConfig` is `config.json` (read and
 checked, each wrong field a `ModelFolderError` naming the file) with the text of
 `tokenizer.json` (and `source_tokenizer.json`, for a model whose source has a vocabulary
 of its own) beside it when its vocabulary is subword pieces, `read_folder` reads a
@@ -53,7 +53,7 @@ FORMAT = "elastic-nas-model/2"
 LEGACY_FORMAT = "elastic-nas-model/1"
 CONFIG, WEIGHTS, CARD, METRICS = "config.json", "model.safetensors", "README.md", "metrics.json"
 LEGACY_CONFIG = "architecture.json"
-TOKENIZER = "tokenizer.json"  # a subword vocabulary (`nas.subwords`), as `tokenizers` saves it
+TOKENIZER = "tokenizer.json"  # a subword vocabulary (`nas.text.subwords`), as `tokenizers` saves it
 SOURCE_TOKENIZER = "source_tokenizer.json"  # the source's, where each side has its own
 # the tokenizer file each vocabulary of config.json may name
 _TOKENIZER_FILES = {"vocab": TOKENIZER, "source_vocab": SOURCE_TOKENIZER}
@@ -68,7 +68,7 @@ class ModelFolderError(FileNotFoundError):
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """`config.json`: everything that rebuilds the model (`nas.models` docstring)."""
+    """`config.json`: everything that rebuilds the model (`nas.export.pretrained` docstring)."""
 
     architecture: dict[str, Any]
     params: dict[str, Any]

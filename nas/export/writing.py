@@ -9,19 +9,19 @@
                         source_tokenizer.json the source's, where each side has its own)
     model.safetensors   the weights, named as the model's `state_dict()` names them
     README.md           the model card: picture, size, training budget, validation and test
-                        figures of every training seed, how to load it (`nas.model_card`)
+                        figures of every training seed, how to load it (`nas.export.card`)
     metrics.json        what the model scored (validation and test, whole splits), its
                         parameter count, training steps and seed, every seed's figures
     config.yaml         the resolved configuration of the run that trained it
-    architecture.png    the encoder and decoder cells, drawn (`nas.pictures`)
+    architecture.png    the encoder and decoder cells, drawn (`nas.export.pictures`)
 
-It loads with the core install alone (`nas.models`, where the model classes live):
+It loads with the core install alone (`nas.export.pretrained`, where the model classes live):
 `TranslationModel.from_pretrained(folder)` or `nas.load_model(folder)`. The names this
 module held before (`load_model`, `ExportedModel`, `TranslationModel`, `ModelFolderError`)
 are re-exported here.
 
 A folder written before this layout (`architecture.json`, format "elastic-nas-model/1")
-still loads; `python -m nas.export convert <folder> ...` rewrites it in this one.
+still loads; `python -m nas.export.writing convert <folder> ...` rewrites it in this one.
 """
 
 from __future__ import annotations
@@ -36,8 +36,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from nas.model_folder import SOURCE_TOKENIZER, load_weights
-from nas.models import (
+from nas.export.folder import SOURCE_TOKENIZER, load_weights
+from nas.export.pretrained import (
     CONFIG,
     FORMAT,
     LEGACY_FORMAT,
@@ -94,7 +94,7 @@ def export_model(
     """Write a model folder (module docstring) from the pipeline's `full_state_dict()`
     (layer key -> parameter name -> tensor); a state that does not fit `arch` exactly is a
     `ModelFolderError` naming the tensor."""
-    from nas.pictures import save_architecture
+    from nas.export.pictures import save_architecture
 
     vocab, tokenizers = vocab_config(task.vocab)
     source_vocab = None
@@ -148,8 +148,8 @@ def write_model_card(folder: str | Path) -> Path:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """`python -m nas.export convert FOLDER...`: rewrite old-layout folders (module doc)."""
-    parser = argparse.ArgumentParser(prog="python -m nas.export", description=__doc__)
+    """`python -m nas.export.writing convert FOLDER...`: rewrite old-layout folders (module doc)."""
+    parser = argparse.ArgumentParser(prog="python -m nas.export.writing", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
     converting = commands.add_parser("convert", help="rewrite old-layout folders in place")
     converting.add_argument("folders", nargs="+", type=Path)

@@ -4,7 +4,7 @@ Four kinds of storage, told apart by the URL's scheme:
 
     sqlite:///path/study.db          an SQLite file (the default; one machine)
     journal:///path/study.log        an Optuna journal file (a shared file system)
-    grpc://host:port                 Optuna's gRPC storage proxy (`nas.storage_server serve`)
+    grpc://host:port                 Optuna's gRPC storage proxy (`nas.storage.server serve`)
     postgresql://user:pw@host/db     any other SQLAlchemy URL: a database server
 
 A URL may hold a password; whatever the harness prints or logs about a storage (errors,

@@ -1,6 +1,6 @@
 """What retraining produces, and how its models compare: the records a report reads.
 
-A retraining (`nas.retrain`) trains each model once per training seed; these are its
+A retraining (`nas.retrain.stage`) trains each model once per training seed; these are its
 records (`Model`, `RetrainRun`, `RetrainResult`) and the two ways it reads them: a table of
 each model's mean and sd over its seeds (`model_table`), and each model's paired difference
 against the reference seed model, seed by seed (`compare`, `nas.paired`). Pure: figures in,

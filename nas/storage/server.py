@@ -1,9 +1,9 @@
-"""The servers a study shared by many workers runs on: `python -m nas.storage_server ...`.
+"""The servers a study shared by many workers runs on: `python -m nas.storage.server ...`.
 
 Two commands, each printing what `study.storage=` takes:
 
     postgres --dir D [--port P] [--host H] [--no-fsync] [--detach | --stop]
-        a throw-away PostgreSQL server with its data in D (`nas.postgres`); it prints its
+        a throw-away PostgreSQL server with its data in D (`nas.storage.postgres`); it prints its
         URL (password included: keep it to yourself) and runs until Ctrl-C or SIGTERM, or
         with --detach returns at once, leaving the server running until `--stop`. Started
         again on the same folder it has the same URL and the same studies. --no-fsync (set
@@ -12,7 +12,7 @@ Two commands, each printing what `study.storage=` takes:
         Optuna's gRPC storage proxy in front of the database at URL: workers then use
         `study.storage=grpc://<this host>:P` and need no database driver or credentials.
         The proxy's own calls to the database wait out an outage of up to S seconds
-        (`nas.storage_retry`); it prints `grpc://H:P` once it answers.
+        (`nas.storage.retrying`); it prints `grpc://H:P` once it answers.
 
 Errors (a folder PostgreSQL cannot use, a URL that cannot be opened) are one line on stderr
 and exit status 2.
@@ -30,7 +30,7 @@ import warnings
 from collections.abc import Sequence
 from types import FrameType
 
-from nas.postgres import Postgres, PostgresError
+from nas.storage.postgres import Postgres, PostgresError
 
 __all__ = ["main", "serve"]
 
@@ -39,15 +39,16 @@ def serve(url: str, *, host: str = "0.0.0.0", port: int = 13000, wait_s: float =
     """Run Optuna's gRPC storage proxy for the database at `url` until interrupted."""
     import optuna
 
-    from nas import storage, storage_url
-    from nas.storage_url import StorageKind
+    from nas.storage import url as storage_url
+    from nas.storage.opening import make_storage
+    from nas.storage.url import StorageKind
 
     if storage_url.kind(url) in (StorageKind.GRPC, StorageKind.JOURNAL):
         raise ValueError(
             f"--storage={storage_url.masked(url)} is not valid for the proxy; it serves a "
             "database: sqlite:///path.db or a server's URL (postgresql://...)"
         )
-    backend = storage.make_storage(url, wait_s=wait_s)
+    backend = make_storage(url, wait_s=wait_s)
     reach = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
 
     def announce() -> None:
@@ -91,7 +92,7 @@ def _postgres(args: argparse.Namespace) -> None:
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m nas.storage_server", description=__doc__.split("\n\n")[0]
+        prog="python -m nas.storage.server", description=__doc__.split("\n\n")[0]
     )
     commands = parser.add_subparsers(dest="command", required=True)
     pg = commands.add_parser("postgres", help="a throw-away PostgreSQL server")
@@ -112,7 +113,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    # the proxy's waits for its database (nas.storage_retry) reach stderr with the time
+    # the proxy's waits for its database (nas.storage.retrying) reach stderr with the time
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(message)s")
     try:
         if args.command == "postgres":

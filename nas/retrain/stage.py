@@ -21,7 +21,7 @@ after the search (`stages: [search, retrain]`) or alone against a stored study
     3. score   (every rank) the whole validation split, every pair decoded (or
                             `retrain.decode_pairs`), then the test split once; choices read
                             validation only
-    4. export  (rank 0)     each model's best seed by validation fitness (`nas.export`)
+    4. export  (rank 0)     each model's best seed by validation fitness (`nas.export.writing`)
     5. compare (caller)     each model against the reference seed model, paired by training
                             seed (`nas.paired`): on the fitness and on `validation_chrf` when
                             the task has it
@@ -31,10 +31,10 @@ after the search (`stages: [search, retrain]`) or alone against a stored study
 
 A run that fails (a layer error, a memory plan that cannot fit) is recorded with its cause
 and the next one goes on. A stopped retraining resumes: every finished run is recorded beside
-its model's export (`nas.retrain_runs`), and running it again trains only what is missing.
+its model's export (`nas.retrain.runs`), and running it again trains only what is missing.
 Several workers retraining one study at once (each at the end of its search) share its
 runs: each run is claimed and trained by one of them, and the others wait for its record and
-read it (`nas.retrain_claims`), so that all end with the same result.
+read it (`nas.retrain.claims`), so that all end with the same result.
 `RetrainResult.selected` is the model with the best mean
 validation fitness over its seeds: the study's answer. `RetrainResult.paired` holds each
 other model's paired difference against `RetrainResult.reference`: the Evolved Transformer
@@ -58,11 +58,12 @@ import optuna
 from rich.progress import Progress
 
 import pipeline
-from nas import job_log, retrain_runs, shape, storage, storage_url, training, trials
-from nas.export import export_model, write_model_card
+from nas import job_log, storage
+from nas.export.writing import export_model, write_model_card
 from nas.progress import progress_bars
-from nas.retrain_claims import Run, RunClaims, Step, exclusive, export_lock
-from nas.retrain_results import (
+from nas.retrain import runs as retrain_runs
+from nas.retrain.claims import Run, RunClaims, Step, exclusive, export_lock
+from nas.retrain.results import (
     Model,
     RetrainResult,
     RetrainRun,
@@ -72,7 +73,9 @@ from nas.retrain_results import (
     score,
 )
 from nas.settings import NasSettings, TrainSettings, lower_is_better
-from nas.study_tracking import run_directories, study_tracker
+from nas.storage import url as storage_url
+from nas.study import shape, training, trials, workers
+from nas.study.tracker_setup import run_directories, study_tracker
 from nas.tasks import Task, get_task
 from nas.tracking.base import TrialEnd
 from nas.tracking.exports import (
@@ -133,18 +136,15 @@ def retrain_models(
 ) -> RetrainResult:
     """Steps 2-5 for any `models` (e.g. architectures a benchmark picked).
 
-    Shape values left "auto" are chosen for these models first (`nas.shape`); with more
-    than one worker, local workers (`nas.workers`) share the runs, each running this
+    Shape values left "auto" are chosen for these models first (`nas.study.shape`); with more
+    than one worker, local workers (`nas.study.workers`) share the runs, each running this
     function as `worker` k. `progress`: show the steps' bar (a worker leaves it to its
     caller)."""
     if worker is None:
         settings = _shaped(settings, models)
         workers = int(settings.study.workers)
         if workers > 1:
-            from nas.workers import retrain_on_workers  # it runs this function in each worker
-
-            cores_each = settings.pipeline.stage_count * (settings.pipeline.thread_count or 1)
-            return retrain_on_workers(settings, models, workers, cores_each)
+            return _on_workers(settings, models, workers)
     done, tracked = _recorded(settings, models)
     stage_main = functools.partial(
         _stage_main, settings=settings, models=tuple(models), done=done, show=progress
@@ -183,6 +183,28 @@ def retrain_models(
         reference,
         paired,
     )
+
+
+def _on_workers(settings: NasSettings, models: Sequence[Model], n_workers: int) -> RetrainResult:
+    """Retrain `models` on `n_workers` local workers (`nas.study.workers`), each run trained
+    by one of them. Every worker ends with every run; one worker's result is returned with
+    the exports and tracked runs of all."""
+    total = len(models) * len(settings.retrain.seeds)
+    results = workers.run_workers(
+        workers.WorkerJob("retrain", settings, functools.partial(_as_worker, models=tuple(models))),
+        n_workers,
+        settings.pipeline.stage_count * (settings.pipeline.thread_count or 1),
+        ("retrain", total, lambda: recorded_runs(settings, models)),
+    )
+    exported = {name: folder for r in results for name, folder in r.exported.items()}
+    return replace(
+        results[0], exported=exported, run_dirs=tuple(d for r in results for d in r.run_dirs)
+    )
+
+
+def _as_worker(settings: NasSettings, number: int, *, models: tuple[Model, ...]) -> RetrainResult:
+    """What worker `number` of `_on_workers` runs (module-level: pickled by name)."""
+    return retrain_models(settings, models, progress=False, worker=number)
 
 
 def recorded_runs(settings: NasSettings, models: Sequence[Model]) -> int:
@@ -241,7 +263,7 @@ def _stage_main(
     show: bool = True,
 ) -> tuple[list[RetrainRun], dict[str, str], list[tuple[str, int]]] | None:
     """Steps 2-4 on one rank, skipping the runs `done` holds (recorded by an earlier,
-    stopped retraining) and the runs other workers claimed (`nas.retrain_claims`: their
+    stopped retraining) and the runs other workers claimed (`nas.retrain.claims`: their
     records are read once written); rank 0 returns every run, in model and seed order, the
     exported folders and the runs trained here."""
     job_log.attach()  # this process logs to the CLI's job log too
@@ -303,8 +325,8 @@ def _keep(
     settings: NasSettings, task: Task, model: Model, run: RetrainRun, state: dict[str, Any]
 ) -> None:
     """Rank 0, after each run, holding the model's export lock (other workers may keep runs
-    of it at once: `nas.retrain_claims`): export the model if this run is its best seed of
-    those recorded so far (`nas.retrain_runs`), else refresh the export's per-seed figures;
+    of it at once: `nas.retrain.claims`): export the model if this run is its best seed of
+    those recorded so far (`nas.retrain.runs`), else refresh the export's per-seed figures;
     then record the run."""
     folder = _folder(settings, model)
     with exclusive(export_lock(folder), settings.retrain.claim_wait_s):
@@ -331,7 +353,7 @@ def _folder(settings: NasSettings, model: Model) -> Path:
 
 
 def _digest(settings: NasSettings, model: Model) -> str:
-    """How a run of `model` trains: equal digests, the same run (`nas.retrain_runs`)."""
+    """How a run of `model` trains: equal digests, the same run (`nas.retrain.runs`)."""
     how = {
         "train": asdict(settings.train),
         "task": asdict(settings.task),
@@ -375,7 +397,7 @@ def _train(
 
     With `retrain.checkpoint_every` the run saves a checkpoint every N steps and resumes from
     its latest one (a killed retraining's) with its history, skipping the batches trained
-    already (`nas.retrain_runs.RunCheckpoints`)."""
+    already (`nas.retrain.runs.RunCheckpoints`)."""
     arch = from_json(model.architecture)
     specs, parameters = training.compile_model(arch, task, settings.train.dropout)
     run = RetrainRun(model.name, seed, model.trial, model.params, parameters)

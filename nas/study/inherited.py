@@ -41,10 +41,10 @@ from optuna.artifacts import FileSystemArtifactStore, download_artifact, upload_
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from nas import training
 from nas.settings import NasSettings, task_metrics
+from nas.study import training
+from nas.study.trials import architecture_of
 from nas.tasks import Task
-from nas.trials import architecture_of
 from pipeline import CostCache, ElasticPipeline, LayerSpec, WeightSnapshot
 from pipeline.distributed.comm import Comm
 from search_spaces.architecture import from_json

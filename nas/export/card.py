@@ -32,7 +32,7 @@ class CardFacts:
     """What the card says; `folder` is where the card tells the reader to load from."""
 
     folder: str
-    class_name: str  # the model class in `nas.models`
+    class_name: str  # the model class in `nas.export.pretrained`
     example_call: str  # what to do with the loaded `model`
     pipeline_tag: PipelineTag
     task: Mapping[str, Any]  # name and options
@@ -183,7 +183,7 @@ def _loading(facts: CardFacts) -> str:
             "Optuna, Hydra or W&B), in evaluation mode on the CPU:",
             "",
             "```python",
-            f"from nas.models import {facts.class_name}",
+            f"from nas.export.pretrained import {facts.class_name}",
             "",
             f"model = {facts.class_name}.from_pretrained({folder})",
             f"print({facts.example_call})",

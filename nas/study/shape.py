@@ -31,8 +31,8 @@ from typing import Any
 
 import torch
 
-from nas import training, trials
 from nas.settings import AUTO, NasSettings
+from nas.study import training, trials
 from nas.tasks import get_task
 from pipeline import CostCache, under_torchrun
 from pipeline.distributed.overheads import measure_overheads

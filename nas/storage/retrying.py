@@ -3,7 +3,7 @@
 A database server restarts (an upgrade, a fail-over, a crashed host brought back): for some
 seconds every query fails. Without help each failure would reach the harness's decisions
 and stop the study on every worker. `RetryingStorage` wraps the storage of a server URL
-(`postgresql://`, `mysql://`, `grpc://`; `nas.storage.make_storage`), so every call made
+(`postgresql://`, `mysql://`, `grpc://`; `nas.storage.opening.make_storage`), so every call made
 through it, by rank 0's decisions, the heartbeat thread, the samplers and pruners and the
 harness between launches alike, goes through one `_call`:
 
@@ -69,7 +69,7 @@ _PERMANENT = (
     "permission denied",
     "no pg_hba.conf entry",
 )
-logger = logging.getLogger("nas.storage")
+logger = logging.getLogger("nas.storage.opening")
 
 
 class StorageError(RuntimeError):

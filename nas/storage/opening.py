@@ -14,7 +14,7 @@ would destroy the other workers' trials. Two signals tell them apart, numbered:
        `optuna.storages.fail_stale_trials` (a worker on another machine that died or hung).
 
 Every worker looks for such trials when it opens the study and again before each trial it
-asks (`nas.trials.fail_running`), so a live worker takes over a dead peer's trial while the
+asks (`nas.study.trials.fail_running`), so a live worker takes over a dead peer's trial while the
 study runs. Two workers looking at once fail a trial once: a database server's row lock (and
 a journal file's order) lets the first failure through and refuses the second
 (`UpdateFinishedTrialError`: that worker skips the trial); SQLite, which has no row lock,
@@ -27,7 +27,7 @@ heartbeat) have none: there only the owner check runs, so a trial orphaned on an
 machine stays RUNNING (it does not count toward `study.n_trials`).
 
 The storage of a database server or of the gRPC proxy is wrapped so that its calls wait
-out an outage of up to `study.storage_wait_s` seconds (`nas.storage_retry`); one that
+out an outage of up to `study.storage_wait_s` seconds (`nas.storage.retrying`); one that
 cannot be reached at all when a worker starts is a one-line `StorageError`.
 
 A trial failed either way is asked again (`retry`), at most `study.max_retries` times per
@@ -62,11 +62,11 @@ from optuna.storages import (
 )
 from optuna.storages.journal import JournalFileBackend
 
-from nas import storage_url
 from nas.errors import HeartbeatError, describe
 from nas.search.records import StudyRecords, trial_id
-from nas.storage_retry import RetryingStorage, StorageError, root_cause
-from nas.storage_url import JOURNAL, StorageKind
+from nas.storage import url as storage_url
+from nas.storage.retrying import RetryingStorage, StorageError, root_cause
+from nas.storage.url import JOURNAL, StorageKind
 
 __all__ = [
     "CONNECT_S",
@@ -108,7 +108,7 @@ def make_storage(
     max_retries: int = MAX_RETRIES,
     wait_s: float = STORAGE_WAIT_S,
 ) -> BaseStorage:
-    """The storage at `url` (`nas.storage_url`: an SQLite file, a journal file, a database
+    """The storage at `url` (`nas.storage.url`: an SQLite file, a journal file, a database
     server's SQLAlchemy URL, or `grpc://host:port`), with heartbeats on where the storage
     has them: a trial whose heartbeat was silent for `grace_s` seconds is failed and asked
     again up to `max_retries` times (`retry`); it beats every `heartbeat_s` seconds (None:
@@ -117,7 +117,7 @@ def make_storage(
     A server's storage (or the gRPC proxy's) is reached at once: unreachable, refusing the
     credentials or without its driver, `StorageError` says so in one line naming it
     (password masked) within `CONNECT_S`. Its calls then wait out an outage of up to
-    `wait_s` seconds (`nas.storage_retry`).
+    `wait_s` seconds (`nas.storage.retrying`).
     """
     kind = storage_url.kind(url)
     if kind == StorageKind.JOURNAL:
@@ -212,14 +212,14 @@ def _grpc_proxy(url: str) -> BaseStorage:
         proxy.close()
         raise StorageError(
             f"storage {url}: no gRPC storage proxy answers there within {CONNECT_S} s "
-            "(start one: python -m nas.storage_server serve --storage <url> --port <port>)"
+            "(start one: python -m nas.storage.server serve --storage <url> --port <port>)"
         ) from None
     return proxy
 
 
 def on_wait(study: optuna.Study, listener: Callable[[str | None], None]) -> None:
     """Have `listener` hear when the study's storage is unreachable (a message) and when it
-    answers again (None); nothing for storages that do not wait (`nas.storage_retry`)."""
+    answers again (None); nothing for storages that do not wait (`nas.storage.retrying`)."""
     store = StudyRecords(study).storage
     if isinstance(store, RetryingStorage):
         store.on_wait = listener

@@ -1,6 +1,6 @@
 """Exported models as Hugging Face-style folders, loaded with the core install alone.
 
-A retrained model (`nas.export.export_model`) is a folder in the layout of
+A retrained model (`nas.export.writing.export_model`) is a folder in the layout of
 `huggingface_hub.PyTorchModelHubMixin`, loaded and saved with the same calls:
 
     config.json         what rebuilds the model: `format`, the architecture (`search_spaces`
@@ -10,13 +10,13 @@ A retrained model (`nas.export.export_model`) is a folder in the layout of
     model.safetensors   the weights, named as `model.state_dict()` names them
                         (`layers.<layer key>.<parameter>`); a missing or an extra tensor is
                         an error naming it
-    tokenizer.json      a subword vocabulary (BPE or unigram pieces, `nas.subwords`) as
+    tokenizer.json      a subword vocabulary (BPE or unigram pieces, `nas.text.subwords`) as
                         Hugging Face `tokenizers` saves it; `config.json`'s `vocab` names it
                         (a character vocabulary is in `config.json` itself)
     source_tokenizer.json   the source's, for a model whose source and target have
                         vocabularies of their own (`config.json`'s `source_vocab`; `vocab`
                         is then the target's)
-    README.md           the model card (`nas.model_card`)
+    README.md           the model card (`nas.export.card`)
     metrics.json        what it scored (optional for loading; `model.metrics`)
     config.yaml, architecture.png   written by the export; `save_pretrained` copies them
 
@@ -37,8 +37,8 @@ only to fetch a Hub repository id (`owner/name`), never for a local folder.
 
 Folders written before this layout (`architecture.json`, format "elastic-nas-model/1",
 weights named `<layer key>.<parameter>`) still load; `save_pretrained` into the same folder
-(or `python -m nas.export convert <folder>`) rewrites them in this one. Reading and
-checking the files is `nas.model_folder`'s part.
+(or `python -m nas.export.writing convert <folder>`) rewrites them in this one. Reading and
+checking the files is `nas.export.folder`'s part.
 """
 
 from __future__ import annotations
@@ -53,9 +53,8 @@ import torch
 from safetensors.torch import save_file
 from torch import nn
 
-from nas.decoding import translate_ids
-from nas.model_card import CardFacts, PipelineTag, render_card
-from nas.model_folder import (
+from nas.export.card import CardFacts, PipelineTag, render_card
+from nas.export.folder import (
     CARD,
     CONFIG,
     EXTRAS,
@@ -74,7 +73,8 @@ from nas.model_folder import (
     resolve,
     write_json,
 )
-from nas.vocab import SPECIALS, TokenVocab, Vocab
+from nas.text.decoding import translate_ids
+from nas.text.vocab import SPECIALS, TokenVocab, Vocab
 from pipeline.local.carry import as_carry, unwrap
 from search_spaces.architecture import Architecture
 from search_spaces.compile import compile as compile_arch
@@ -118,7 +118,7 @@ def load_vocab(config: ModelConfig, side: Literal["target", "source"] = "target"
     name = str(described["tokenizer"])
     if name not in config.tokenizers:
         raise ValueError(f"its {side} vocabulary is {name}, which was not read with it")
-    from nas.subwords import SubwordVocab
+    from nas.text.subwords import SubwordVocab
 
     try:
         return SubwordVocab.from_json(config.tokenizers[name])
@@ -241,7 +241,7 @@ class ExportedModel(nn.Module):
         return folder
 
     def model_card(self, folder: str | Path) -> str:
-        """The README.md of this model saved in `folder` (`nas.model_card`)."""
+        """The README.md of this model saved in `folder` (`nas.export.card`)."""
         where = Path(folder)
         files = [CONFIG, WEIGHTS, TOKENIZER, SOURCE_TOKENIZER, METRICS, *EXTRAS]
         separate = self.source_vocab is not self.vocab

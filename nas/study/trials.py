@@ -1,7 +1,8 @@
 """A study's trials as stored: opening the study, which trials count, and cleaning up.
 
 Both sides of a study use these, on the same storage: the caller of `run_study` between
-launches of the stage processes (`nas.study`), and rank 0's `nas.leader.Leader` inside them.
+launches of the stage processes (`nas.study.run`), and rank 0's `nas.study.leader.Leader`
+inside them.
 What a trial records in its user attributes beyond its values: `owner` (who asked it),
 `fail_reason` (why it failed), `invalid` (a proposal not trained: outside the parameter
 window, or with `duplicate_of`, the number of a finished trial that trained the same
@@ -90,7 +91,7 @@ class Outcome:
 def open_study(settings: NasSettings) -> optuna.Study:
     """Create or load the study; a new one gets the seed architectures enqueued first."""
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    # ask/tell keeps its own heartbeat (nas.storage.Heartbeat), which Optuna cannot see
+    # ask/tell keeps its own heartbeat (nas.storage.opening.Heartbeat), which Optuna cannot see
     warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used")
     study = optuna.create_study(
         study_name=settings.study.name,
@@ -216,7 +217,7 @@ def model_key(trial: optuna.trial.FrozenTrial, settings: NasSettings) -> str:
 
 def model_digest(key: str) -> str:
     """A `model_key` in 16 hex digits: what a running trial records of its model, so that
-    peers see it trains (`nas.leader`) without the whole key in every trial's table."""
+    peers see it trains (`nas.study.leader`) without the whole key in every trial's table."""
     return hashlib.sha256(key.encode()).hexdigest()[:16]
 
 
@@ -289,7 +290,7 @@ def fail_running(
     max_retries: int = storage.MAX_RETRIES,
 ) -> int:
     """Fail the RUNNING trials asked by `owner` (its stage processes died), or with no
-    owner given, those whose owner is gone or whose heartbeat stopped (`nas.storage`), and
+    owner given, those whose owner is gone or whose heartbeat stopped (`nas.storage.opening`), and
     enqueue each again unless its architecture reached `max_retries` retries
     (`storage.retry`); returns how many it failed by owner were enqueued again (Optuna's
     callback enqueues the heartbeat's). Workers may call it at once: each trial is failed,

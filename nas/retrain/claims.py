@@ -4,14 +4,14 @@ Several harness workers on one study each run the retrain stage at its end, and 
 `retrain.models_dir` (one machine, or a file system shared by many). Left alone, each would
 train every (model, seed) run, and two of them would write one run's checkpoints and its
 model's export at once. A run is claimed instead, by a file beside its record
-(`nas.retrain_runs`):
+(`nas.retrain.runs`):
 
     <retrain.models_dir>/<study>/<model>/runs/seed-<seed>.claim
 
 holding its owner ("<host>:<pid>" of the stage process of rank 0 that trains it, as
-`nas.storage.this_owner` tags trials), the time it was taken and the run's fingerprint. Rank 0
-of each worker decides, and hands every decision to its other ranks (`RunClaims.next`, under
-`Comm.agree`), numbered:
+`nas.storage.opening.this_owner` tags trials), the time it was taken and the run's
+fingerprint. Rank 0 of each worker decides, and hands every decision to its other ranks
+(`RunClaims.next`, under `Comm.agree`), numbered:
 
     1. take     before training a run: its claim is written whole beside, then linked into
                 place (`os.link`: atomic, and of many workers exactly one succeeds; where the
@@ -19,12 +19,12 @@ of each worker decides, and hands every decision to its other ranks (`RunClaims.
     2. skip     a run whose claim another worker holds (its owner alive) is left to it, and
                 the next run is tried: a worker trains every run it can take first; a run
                 found recorded (also just after its claim was taken) is read, not trained
-    3. stale    a claim whose owner is dead (`nas.storage.owner_alive`: on this host and gone)
-                or whose run is recorded is taken over: if it is there still, renamed aside
-                (of two takers one gets it) and checked to be the claim judged stale, then
-                removed and taken as in 1. A fresh claim moved aside by mistake (made in the
-                instant between) is linked back; should a third worker claim the run in
-                that instant too, both would hold it: a warning says so
+    3. stale    a claim whose owner is dead (`nas.storage.opening.owner_alive`: on this host
+                and gone) or whose run is recorded is taken over: if it is there still,
+                renamed aside (of two takers one gets it) and checked to be the claim judged
+                stale, then removed and taken as in 1. A fresh claim moved aside by mistake
+                (made in the instant between) is linked back; should a third worker claim
+                the run in that instant too, both would hold it: a warning says so
     4. release  once the run's record is written (or it failed: a waiting worker then tries
                 it again, as a later retraining would) its holder removes its claim, as in 3
     5. wait     with only held runs left, the worker polls: a record that appears is read (so
@@ -51,8 +51,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
 
-from nas import retrain_runs
-from nas.storage import owner_alive, this_owner
+from nas.retrain import runs as retrain_runs
+from nas.storage.opening import owner_alive, this_owner
 
 __all__ = [
     "POLL_S",
@@ -173,7 +173,7 @@ class Run:
         return retrain_runs.record_path(self.folder, self.seed).with_suffix(".claim")
 
     def record(self) -> dict[str, Any] | None:
-        """The run's record (`nas.retrain_runs.load`), if it was trained as `digest` says."""
+        """The run's record (`nas.retrain.runs.load`), if it was trained as `digest` says."""
         found = retrain_runs.load(self.folder, self.seed, self.digest)
         return None if found is None else found[0]
 
