@@ -30,7 +30,7 @@ from search_spaces.architecture import Architecture, to_json
 from search_spaces.evolved_transformer import PRIMITIVES, evolved_transformer, seed_params
 from search_spaces.primer import with_primitives
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 METRICS = {
     "validation_loss": 1.5,
     "validation_chrf": 12.25,
