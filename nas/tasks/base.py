@@ -159,6 +159,9 @@ class Task(ABC):
       `validation_<metric>`, and the report shows them;
     * `decoded_metrics`: those of them `evaluate` measures only when it decodes (`decode`
       not 0), so a study ranking by one must decode at its evaluations;
+    * `headline_metrics`: those a user reads first beside the fitness (BLEU and chrF for a
+      translation): the retrained models are compared on them, their exports record them,
+      their cards and tables show them. Nothing outside `nas.tasks` names a metric;
     * `decoder_only`: whether its model reads one sequence (a language model) rather than
       a source and a target (which the exported model can `translate`);
     * `example_call`: how a user calls the exported model `m`, as the report shows it.
@@ -171,6 +174,7 @@ class Task(ABC):
         "accuracy": "maximize",
     }
     decoded_metrics: ClassVar[tuple[str, ...]] = ()
+    headline_metrics: ClassVar[tuple[str, ...]] = ()
     decoder_only: ClassVar[bool] = True
     example_call: ClassVar[str] = "m"
     vocab: TokenVocab  # characters (`Vocab`) or subword pieces (`nas.text.subwords`); the target's

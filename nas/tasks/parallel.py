@@ -148,6 +148,7 @@ class ParallelCorpus(Task):
         "exact_match": "maximize",
     }
     decoded_metrics = ("chrf", "bleu", "exact_match")
+    headline_metrics = ("chrf", "bleu", "exact_match")
     decoder_only = False
     # whether the CLI builds the task before a study starts (`nas.tasks.check_task`), so
     # that a bad file or option of the user's ends the command in one line
