@@ -13,26 +13,24 @@ planner's predicted iteration time against the measured one (target within 15%).
 
 from __future__ import annotations
 
-import argparse
 import functools
-import json
 import statistics
-from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn.functional as F
+from _run import print_json, rounds_parser, write_json
 from common import (
     UNEVEN_BATCH,
     UNEVEN_LAYERS,
     UNEVEN_MICROBATCHES,
     batch,
+    on_ranks,
     timed_rounds,
     uneven_config,
     uneven_stack,
 )
 
-import pipeline
 from pipeline import ElasticPipeline, PlanOptions, StageContext
 from pipeline.pure.planner import evaluate
 
@@ -97,15 +95,8 @@ def planned_costs(pipe: ElasticPipeline) -> Any:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--steps", type=int, default=3)
-    default_out = Path(__file__).parent / "results" / "balance.json"
-    parser.add_argument("--out", type=Path, default=default_out)
-    args = parser.parse_args()
-    r = pipeline.launch(
-        functools.partial(run, rounds=args.rounds, steps=args.steps), 2, threads_per_stage=1
-    )[0]
+    args = rounds_parser(__doc__, rounds=3, steps=3, out="balance.json").parse_args()
+    r = on_ranks(run, rounds=args.rounds, steps=args.steps)
     med = {k: statistics.median(v) for k, v in r["seconds"].items()}
     predicted = r["plan"]["predicted_iteration_s"]
     report = {
@@ -131,8 +122,7 @@ def main() -> None:
             for k, v in r["stats"].items()
         },
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2))
+    write_json(args.out, report)
     keys = (
         "planned_sizes",
         "median_step_s",
@@ -141,7 +131,7 @@ def main() -> None:
         "predicted_vs_measured_planned",
         "predicted_vs_measured_equal",
     )
-    print(json.dumps({k: report[k] for k in keys}, indent=2))
+    print_json(report, keys)
 
 
 if __name__ == "__main__":

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
 import statistics
 from collections.abc import Callable
 from pathlib import Path
@@ -40,11 +39,11 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from common import timed_rounds, torch_pipelining_step
+from _run import first_line, write_json
+from common import accumulate, on_ranks, optimizer_step, timed_rounds, torch_pipelining_step
 from torch import nn
 from torch.distributed.pipelining import Schedule1F1B, ScheduleGPipe
 
-import pipeline
 from pipeline import (
     CostCache,
     ElasticPipeline,
@@ -101,18 +100,8 @@ def ours(
 
 def one_process(ctx: StageContext, m: int) -> Callable[[], None]:
     model = nn.Sequential(*[build_layer(s, 0, ctx.device) for s in specs()])
-    optimizer = OPTIMIZER(model.parameters())
-    x, y = batch()
-
-    def step() -> None:
-        if ctx.rank != 0:
-            return
-        for xi, yi in zip(x.chunk(m), y.chunk(m), strict=True):
-            (F.mse_loss(model(xi), yi) / m).backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-
-    return step
+    step = optimizer_step(accumulate(model, batch(), m), OPTIMIZER(model.parameters()))
+    return step if ctx.rank == 0 else lambda: None
 
 
 def record(pipe: ElasticPipeline, first: float, ref: float) -> dict[str, Any]:
@@ -174,17 +163,12 @@ def run_all(ctx: StageContext, rounds: int, steps: int) -> dict[str, Any]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=first_line(__doc__))
     parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("--out", default=str(Path(__file__).parent / "results/bipartition.json"))
     args = parser.parse_args()
-    results = pipeline.launch(
-        functools.partial(run_all, rounds=args.rounds, steps=args.steps),
-        STAGES,
-        threads_per_stage=1,
-        timeout_s=1800,
-    )[0]
+    results = on_ranks(run_all, STAGES, timeout_s=1800, rounds=args.rounds, steps=args.steps)
     config = {
         "layers": [s.key for s in specs()],
         "width": WIDTH,
@@ -194,7 +178,7 @@ def main() -> None:
         "rounds": args.rounds,
         "steps": args.steps,
     }
-    Path(args.out).write_text(json.dumps({"config": config, "results": results}, indent=1))
+    write_json(Path(args.out), {"config": config, "results": results}, indent=1)
     for m, records in results.items():
         print(f"\n{m}: {'run':34s} samples/s  x best whole  simulated  partition  handoff")
         for name, r in records.items():

@@ -30,10 +30,11 @@ the plan: the bubble then holds the imbalance of whole layers as well as the sch
 from __future__ import annotations
 
 import argparse
-import json
 import random
 from pathlib import Path
 from typing import Any
+
+from _run import first_line, write_json
 
 from pipeline.pure.costs import LayerCost
 from pipeline.pure.planner import get_planner
@@ -111,7 +112,7 @@ def model_costs(n_layers: int = 32, seed: int = 0) -> list[LayerCost]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=first_line(__doc__))
     parser.add_argument("--out", type=Path, default=HERE / "results" / "bubbles.json")
     args = parser.parse_args()
     rows = [
@@ -158,10 +159,7 @@ def main() -> None:
         "planned_model": "32 layers, f in [0.7, 1.3] (seed 0), b = 2f",
         "command": "python benchmarks/bubbles.py",
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(
-        json.dumps({"config": config, "rows": rows, "planned": planned}, indent=2) + "\n"
-    )
+    write_json(args.out, {"config": config, "rows": rows, "planned": planned}, newline=True)
     print(f"wrote {args.out}")
 
 

@@ -22,10 +22,8 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
 import statistics
 import tempfile
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -33,23 +31,15 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from _run import RESULTS, first_line, print_json, write_json
+from common import barrier_timed, on_ranks
 
-import pipeline
 from pipeline import CheckpointOptions, ElasticPipeline, PlanOptions, StageContext
 from pipeline.local.models import transformer_stack
 from pipeline.pure.partition import equal_sizes
 
 HEADS, SEQ, STAGES = 4, 64, 2
 ADAM = functools.partial(torch.optim.Adam, lr=1e-4)
-
-
-def timed(work: Callable[[], Any]) -> tuple[float, Any]:
-    """Seconds of `work()` on the slowest rank (barrier to barrier), and its result."""
-    dist.barrier()
-    t0 = time.perf_counter()
-    result = work()
-    dist.barrier()
-    return time.perf_counter() - t0, result
 
 
 def state_bytes(pipe: ElasticPipeline) -> dict[str, int]:
@@ -65,6 +55,52 @@ def state_bytes(pipe: ElasticPipeline) -> dict[str, int]:
             )
     dist.all_reduce(mine)
     return dict(zip(("parameters", "buffers", "optimizer"), (int(v) for v in mine), strict=True))
+
+
+def _save_and_load(
+    make: Callable[..., ElasticPipeline], pipe: ElasticPipeline, target: Path, rounds: int
+) -> dict[str, list[float]]:
+    """Per round: saving `pipe` to `target`, building a pipeline that resumes from it, and
+    building a fresh one (the construction the resume includes)."""
+    save_s, load_s, build_s = [], [], []
+    for _ in range(rounds):
+        save_s.append(barrier_timed(lambda: pipe.save_checkpoint(target))[0])
+        seconds, resumed = barrier_timed(lambda: make(CheckpointOptions(resume_from=target)))
+        load_s.append(seconds)
+        resumed.close()
+        seconds, fresh = barrier_timed(make)
+        build_s.append(seconds)
+        fresh.close()
+    return {"save_s": save_s, "load_s": load_s, "build_s": build_s}
+
+
+def _training(
+    make: Callable[..., ElasticPipeline],
+    xy: tuple[torch.Tensor, torch.Tensor],
+    args: argparse.Namespace,
+    folder: Path,
+) -> tuple[dict[str, list[float]], int]:
+    """Seconds per step without checkpoints and with one every `args.every` steps, in
+    interleaved rounds; and how many checkpoints were kept."""
+    plain = make()
+    saving = make(CheckpointOptions(directory=folder / "auto", every=args.every, keep_last=1))
+    step_s: dict[str, list[float]] = {"none": [], f"every_{args.every}": []}
+    for p in (plain, saving):
+        for _ in range(2):
+            p.train_step(*xy)
+
+    def train(p: ElasticPipeline) -> None:
+        for _ in range(args.steps):
+            p.train_step(*xy)
+
+    for _ in range(args.rounds):
+        for name, p in zip(step_s, (plain, saving), strict=True):
+            seconds, _ = barrier_timed(functools.partial(train, p))
+            step_s[name].append(seconds / args.steps)
+    saves = len([e for e in (folder / "auto").iterdir() if not e.name.startswith(".")])
+    plain.close()
+    saving.close()
+    return step_s, saves
 
 
 def run(ctx: StageContext, args: argparse.Namespace, folder: Path) -> dict[str, Any]:
@@ -88,41 +124,13 @@ def run(ctx: StageContext, args: argparse.Namespace, folder: Path) -> dict[str, 
     for _ in range(2):  # Adam's state exists after a step
         pipe.train_step(x, y)
     target = folder / "bench"
-    save_s, load_s, build_s = [], [], []
-    for _ in range(args.rounds):
-        save_s.append(timed(lambda: pipe.save_checkpoint(target))[0])
-        seconds, resumed = timed(lambda: make(CheckpointOptions(resume_from=target)))
-        load_s.append(seconds)
-        resumed.close()
-        seconds, fresh = timed(make)
-        build_s.append(seconds)
-        fresh.close()
+    times = _save_and_load(make, pipe, target, args.rounds)
     on_disk = sum(p.stat().st_size for p in target.iterdir())
     state = state_bytes(pipe)
     pipe.close()
-
-    plain = make()
-    saving = make(CheckpointOptions(directory=folder / "auto", every=args.every, keep_last=1))
-    step_s: dict[str, list[float]] = {"none": [], f"every_{args.every}": []}
-    for p in (plain, saving):
-        for _ in range(2):
-            p.train_step(x, y)
-
-    def train(p: ElasticPipeline) -> None:
-        for _ in range(args.steps):
-            p.train_step(x, y)
-
-    for _ in range(args.rounds):
-        for name, p in zip(step_s, (plain, saving), strict=True):
-            seconds, _ = timed(functools.partial(train, p))
-            step_s[name].append(seconds / args.steps)
-    saves = len([e for e in (folder / "auto").iterdir() if not e.name.startswith(".")])
-    plain.close()
-    saving.close()
+    step_s, saves = _training(make, (x, y), args, folder)
     return {
-        "save_s": save_s,
-        "load_s": load_s,
-        "build_s": build_s,
+        **times,
         "bytes_on_disk": on_disk,
         "state_bytes": state,
         "step_s": step_s,
@@ -130,29 +138,13 @@ def run(ctx: StageContext, args: argparse.Namespace, folder: Path) -> dict[str, 
     }
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--steps", type=int, default=200, help="training steps per round")
-    parser.add_argument("--every", type=int, default=100, help="CheckpointOptions.every")
-    parser.add_argument("--layers", type=int, default=8)
-    parser.add_argument("--d-model", type=int, default=256)
-    parser.add_argument("--batch", type=int, default=32)
-    parser.add_argument("--microbatches", type=int, default=8)
-    parser.add_argument("--folder", type=Path, default=None, help="where to write (a temp dir)")
-    default_out = Path(__file__).parent / "results" / "checkpoint.json"
-    parser.add_argument("--out", type=Path, default=default_out)
-    args = parser.parse_args()
-
-    with tempfile.TemporaryDirectory(dir=args.folder) as tmp:
-        raw = pipeline.launch(
-            functools.partial(run, args=args, folder=Path(tmp)), STAGES, threads_per_stage=1
-        )[0]
+def _report(args: argparse.Namespace, raw: dict[str, Any]) -> dict[str, Any]:
+    """Medians, rates and the training overhead from the rounds' raw figures."""
     med = {k: statistics.median(raw[k]) for k in ("save_s", "load_s", "build_s")}
     state = sum(raw["state_bytes"].values())
     none, every = (statistics.median(v) for v in raw["step_s"].values())
     load_only = med["load_s"] - med["build_s"]
-    report = {
+    return {
         "config": {
             "layers": args.layers,
             "d_model": args.d_model,
@@ -191,9 +183,26 @@ def main() -> None:
         },
         "per_round": {k: raw[k] for k in ("save_s", "load_s", "build_s", "step_s")},
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2))
-    print(json.dumps({k: report[k] for k in ("state_bytes", "median_s", "training")}, indent=2))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=first_line(__doc__))
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=200, help="training steps per round")
+    parser.add_argument("--every", type=int, default=100, help="CheckpointOptions.every")
+    parser.add_argument("--layers", type=int, default=8)
+    parser.add_argument("--d-model", type=int, default=256)
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--microbatches", type=int, default=8)
+    parser.add_argument("--folder", type=Path, default=None, help="where to write (a temp dir)")
+    parser.add_argument("--out", type=Path, default=RESULTS / "checkpoint.json")
+    args = parser.parse_args()
+
+    with tempfile.TemporaryDirectory(dir=args.folder) as tmp:
+        raw = on_ranks(run, STAGES, args=args, folder=Path(tmp))
+    report = _report(args, raw)
+    write_json(args.out, report)
+    print_json(report, ("state_bytes", "median_s", "training"))
 
 
 if __name__ == "__main__":

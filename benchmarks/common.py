@@ -1,8 +1,12 @@
-"""Shared by the benchmarks: the deliberately unbalanced stack, interleaved timing, and a
-training step of torch.distributed.pipelining (the peer) on any layer list and split."""
+"""Shared by the benchmarks: the deliberately unbalanced stack, interleaved timing, a
+training step in one process (gradients accumulated over micro-batches) and one of
+torch.distributed.pipelining (the peer) on any layer list and split, and an experiment's
+settings. (`_run` holds the scaffolding around a measurement, `_torch_peer` the checked
+multi-chunk torch schedules.)"""
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
@@ -13,6 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.distributed.pipelining import PipelineStage
 
+import pipeline
 from pipeline import LayerSpec, StageContext
 from pipeline.local.models import transformer_stack
 from pipeline.local.spec import build_layer
@@ -59,6 +64,26 @@ def batch(seed: int = 0, size: int = BATCH) -> tuple[torch.Tensor, torch.Tensor]
     return x, torch.randn(size, SEQ, D_MODEL, generator=g)
 
 
+def barrier_timed(work: Callable[[], Any]) -> tuple[float, Any]:
+    """Seconds of `work()` on the slowest rank (barrier to barrier), and its result."""
+    dist.barrier()
+    t0 = time.perf_counter()
+    result = work()
+    dist.barrier()
+    return time.perf_counter() - t0, result
+
+
+def on_ranks(
+    run: Callable[..., Any], stages: int = 2, timeout_s: float | None = None, **options: Any
+) -> Any:
+    """`run(ctx, **options)` in `stages` stage processes of one thread each (within
+    `timeout_s`, default `pipeline.launch`'s); rank 0's result."""
+    step = functools.partial(run, **options)
+    if timeout_s is None:
+        return pipeline.launch(step, stages, threads_per_stage=1)[0]
+    return pipeline.launch(step, stages, threads_per_stage=1, timeout_s=timeout_s)[0]
+
+
 def timed_rounds(
     runs: Mapping[str, Callable[[], object]], rounds: int, steps: int
 ) -> dict[str, list[float]]:
@@ -75,23 +100,34 @@ def timed_rounds(
     return seconds
 
 
-def agreed_check(
-    loss: float | None, worst_grad: float, ref_loss: float, tolerances: tuple[float, float]
-) -> dict[str, Any]:
-    """A torch schedule's first step against one process, agreed by every rank: `loss` is
-    the step's (None where this rank has no last chunk), `worst_grad` this rank's largest
-    max |g - ref| / max |ref|; `tolerances` (loss abs, grad rel)."""
-    gathered: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(gathered, (loss, worst_grad))
-    step_loss = next(v[0] for v in gathered if v[0] is not None)
-    grad_error = max(v[1] for v in gathered)
-    return {
-        "first_step_loss": step_loss,
-        "single_process_loss": ref_loss,
-        "loss_abs_diff": abs(step_loss - ref_loss),
-        "max_rel_grad_diff": grad_error,
-        "correct": abs(step_loss - ref_loss) <= tolerances[0] and grad_error <= tolerances[1],
-    }
+def optimizer_step(
+    forward_backward: Callable[[], object], optimizer: torch.optim.Optimizer
+) -> Callable[[], None]:
+    """A training step: `forward_backward`, then the optimizer's step, gradients cleared."""
+
+    def step() -> None:
+        forward_backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    return step
+
+
+def accumulate(
+    model: nn.Module,
+    xy: tuple[torch.Tensor, torch.Tensor],
+    m: int,
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = F.mse_loss,
+) -> Callable[[], None]:
+    """Forward and backward of the batch `xy` in one process, gradients accumulated over
+    its `m` micro-batches (what one process does for a pipeline's step)."""
+    x, y = xy
+
+    def forward_backward() -> None:
+        for xi, yi in zip(x.chunk(m), y.chunk(m), strict=True):
+            (loss_fn(model(xi), yi) / m).backward()
+
+    return forward_backward
 
 
 def torch_pipelining_step(
@@ -109,18 +145,15 @@ def torch_pipelining_step(
     module = nn.Sequential(*[build_layer(s, 0, ctx.device) for s in specs[start:stop]])
     stage = PipelineStage(module, ctx.rank, len(sizes), ctx.device)
     schedule = schedule_cls(stage, n_microbatches=n_microbatches, loss_fn=F.mse_loss)
-    opt = optimizer(module.parameters())
     x, y = xy
 
-    def step() -> None:
+    def forward_backward() -> None:
         if ctx.rank == 0:
             schedule.step(x)
         else:
             schedule.step(target=y, losses=[])
-        opt.step()
-        opt.zero_grad(set_to_none=True)
 
-    return step
+    return optimizer_step(forward_backward, optimizer(module.parameters()))
 
 
 def experiment_settings(experiment: str, overrides: list[str]) -> NasSettings:

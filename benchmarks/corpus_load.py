@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
 import statistics
 import tempfile
@@ -28,17 +27,20 @@ import time
 from pathlib import Path
 from typing import Any
 
-from nas.tasks import Corpus, Messages
+from _run import Clock, first_paragraph, write_json
+
+from nas.tasks import Corpus, Messages, TokenizerOptions
 from nas.tasks.corpus_files import read_corpus
+from nas.tasks.tokenizing import TokenizerName
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "benchmarks" / "results" / "corpus_load.json"
-TOKENIZERS = ("bpe", "unigram", "chars")
+TOKENIZERS: tuple[TokenizerName, ...] = ("bpe", "unigram", "chars")
 
 
 def write_corpus(path: Path, pairs: int, seed: int) -> dict[str, Any]:
     """`pairs` distinct pairs of two joined catalog sentences each, as a TSV at `path`."""
-    messages = Messages(tokenizer="chars")
+    messages = Messages(tokenization=TokenizerOptions("chars"))
     sentences = [
         pair for split in ("train", "validation", "test") for pair in messages.pairs(split)
     ]
@@ -59,13 +61,13 @@ def timed(work: Any) -> tuple[float, Any]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=first_paragraph(__doc__))
     parser.add_argument("--pairs", type=int, default=100_000)
     parser.add_argument("--vocab-size", type=int, default=8000)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--out", type=Path, default=OUT)
     args = parser.parse_args()
-    load_before = os.getloadavg()
+    clock = Clock()
     folder = Path(tempfile.mkdtemp(prefix="corpus_load_"))
     path = folder / "pairs.tsv"
     source = write_corpus(path, args.pairs, seed=0)
@@ -77,7 +79,11 @@ def main() -> None:
         facts["kept"] = read.counts["kept"]
         for tokenizer in TOKENIZERS:
             size = None if tokenizer == "chars" else args.vocab_size
-            took, task = timed(lambda t=tokenizer, v=size: Corpus(path, tokenizer=t, vocab_size=v))
+            took, task = timed(
+                lambda t=tokenizer, v=size: Corpus(
+                    path, tokenization=TokenizerOptions(t, vocab_size=v)
+                )
+            )
             seconds[f"corpus_{tokenizer}"].append(took)
             facts[tokenizer] = {
                 "vocab": len(task.vocab),
@@ -92,11 +98,9 @@ def main() -> None:
         "median_s": {name: statistics.median(values) for name, values in seconds.items()},
         "seconds": seconds,
         "tasks": facts,
-        "load_average_1_5_15_before": load_before,
-        "load_average_1_5_15_after": os.getloadavg(),
+        **clock.load_average(),
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(document, indent=1) + "\n")
+    write_json(args.out, document, indent=1, newline=True)
     print(json.dumps({"median_s": document["median_s"], "tasks": facts}, indent=1))
     print(f"wrote {args.out}")
 

@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from _run import RESULTS, first_line, write_json
 
 import pipeline
 from pipeline import (
@@ -183,14 +184,12 @@ def check(ctx: StageContext, quick: bool) -> dict[str, Any]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument(
-        "--out", type=Path, default=Path(__file__).parent / "results" / "cuda_check.json"
-    )
+    parser = argparse.ArgumentParser(description=first_line(__doc__))
+    parser.add_argument("--out", type=Path, default=RESULTS / "cuda_check.json")
     parser.add_argument("--quick", action="store_true", help="a small speed check (CPU smoke run)")
     args = parser.parse_args()
     result = pipeline.launch(functools.partial(check, quick=args.quick), 1, timeout_s=600)[0]
-    args.out.write_text(json.dumps(result, indent=1))
+    write_json(args.out, result, indent=1)
     print(json.dumps(result, indent=1))
 
 

@@ -14,6 +14,7 @@ raising `StageFailedError` in the caller.
 
 from __future__ import annotations
 
+import argparse
 import functools
 import json
 import os
@@ -27,6 +28,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from _run import first_line
 from common import BATCH, D_MODEL, HEADS, batch
 from torch import nn
 
@@ -192,6 +194,7 @@ def death(how: str) -> dict[str, Any]:
 
 
 def main() -> None:
+    argparse.ArgumentParser(description=first_line(__doc__)).parse_args()  # --help; no options
     results = pipeline.launch(cases, 2, threads_per_stage=1, timeout_s=300)
     per_case = []
     for rank_cases in zip(*results, strict=True):

@@ -28,7 +28,8 @@ errors, top-1 and top-3 agreement, and its cost as a share of a full trial. The 
 ceiling is the tau between the truth measured on one seed and on another. The inherited
 runs of each seed are one worker process pinned to a core, side by side.
 
-Run it alone on an idle machine: the JSON records the load average before and after.
+Run it alone on an idle machine: the JSON records the load average before and after. The
+inherited runs are in `fidelity_inherited.py`.
 
     python benchmarks/fidelity.py [--mutants 12] [--seeds 1 2] [--inherit-steps 50 200]
         [--rungs 100 300 500] [--experiment search_2h] [overrides ...]
@@ -41,47 +42,41 @@ import functools
 import itertools
 import json
 import os
-import pickle
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
+from _run import RESULTS, Clock, first_paragraph, write_json
 from common import experiment_settings
+from fidelity_inherited import inherited, inherited_worker
 
 from nas.paired import REFERENCE, PairedDifference, paired_difference
 from nas.retrain.stage import Model, RetrainRun, retrain_models
 from nas.search.edits import Mutant, mutants
 from nas.search.fidelity import agreement, noise_ceiling
 from nas.settings import NasSettings
-from nas.study.trials import param_window, sample_architecture, seed_architectures, space_primitives
-from search_spaces.architecture import from_json, to_json
-from search_spaces.edited import edited_tensors
-from search_spaces.evolved_transformer import seed_params
+from nas.study.space import configured_space
+from search_spaces.architecture import to_json
 
-ROOT = Path(__file__).resolve().parent.parent
-OUT = ROOT / "benchmarks" / "results" / "fidelity.json"
+OUT = RESULTS / "fidelity.json"
 KEEPS_SHAPES = ("activation", "input", "combiner")  # the edits drawn as "keeping shapes"
-CONTINUATION_SEED = 1000  # the inherited runs' batches: seed + this, an order no run saw
 
 
 def draw(settings: NasSettings, count: int, seed: int) -> tuple[Model, list[tuple[Model, Mutant]]]:
     """The ET and `count` distinct one-edit mutants of it, half of each kind (module doc)."""
-    et = seed_architectures(settings)["evolved_transformer"]
-    params = seed_params(et, primitives=space_primitives(settings))
-    space = functools.partial(sample_architecture, settings=settings)
-    window = param_window(settings)
+    space = configured_space(settings)
+    et = space.seeds()["evolved_transformer"]
+    params = space.seed_params(et)
 
     def kind(keeps: bool) -> Any:
         return lambda name: (name.rsplit(".", 1)[-1] in KEEPS_SHAPES) == keeps
 
     half = count // 2
-    drawn = mutants(params, space, half, window=window, names=kind(True), seed=seed)
-    drawn += mutants(params, space, 2 * (count - half), window=window, names=kind(False), seed=seed)
+    drawn = mutants(params, space, half, names=kind(True), seed=seed)
+    drawn += mutants(params, space, 2 * (count - half), names=kind(False), seed=seed)
     unique = {to_json(m.architecture): m for m in drawn}  # the two draws may meet
     chosen = list(unique.values())[:count]
     reference = Model(REFERENCE, None, dict(params), to_json(et))
@@ -172,127 +167,6 @@ def extrapolate(points: list[tuple[int, float]], step: int) -> float | None:
     return value if np.isfinite(value) else None
 
 
-def inherited(
-    settings: NasSettings,
-    reference: Model,
-    named: list[tuple[Model, Mutant]],
-    ks: list[int],
-    folder: Path,
-) -> tuple[dict[str, dict[str, float]], list[dict[str, dict[str, float]]]]:
-    """The inherited estimates (the mean over seeds, and each seed's), one worker process
-    per training seed, side by side; a seed whose figures `folder` holds is not run again."""
-    folder.mkdir(parents=True, exist_ok=True)
-    one = replace(settings.pipeline, n_stages=1, threads_per_stage=1, n_microbatches=1)
-    job = {
-        "settings": replace(settings, pipeline=one),  # one stage process on one core
-        "reference": reference,
-        "children": [(model, m.edit.name, m.edit.old, m.edit.new) for model, m in named],
-        "ks": ks,
-    }
-    (folder / "job.pkl").write_bytes(pickle.dumps(job))
-    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
-    procs = []
-    for i, seed in enumerate(settings.retrain.seeds):
-        if (folder / f"seed-{seed}.json").exists():
-            continue
-        command = [sys.executable, __file__, "--inherited-worker", str(folder), str(seed)]
-        env = dict(os.environ, FIDELITY_CORE=str(cores[i % len(cores)]) if cores else "")
-        procs.append(subprocess.Popen(command, env=env))
-    if any(p.wait() != 0 for p in procs):
-        raise SystemExit("an inherited worker failed (its traceback is above)")
-    per_seed = [
-        json.loads((folder / f"seed-{seed}.json").read_text()) for seed in settings.retrain.seeds
-    ]
-    seeds: list[dict[str, dict[str, float]]] = [
-        {
-            f"{variant}@{k}": {
-                model.name: s[variant][str(k)][model.name] - s["control"][str(k)]
-                for model, _ in named
-            }
-            for variant in ("inherited", "inherited-all")
-            for k in ks
-        }
-        for s in per_seed
-    ]
-    estimates = {
-        label: {name: statistics.fmean(seed[label][name] for seed in seeds) for name in rows}
-        for label, rows in seeds[0].items()
-    }
-    return estimates, seeds
-
-
-def _inherited_worker(folder: Path, seed: int) -> None:
-    """One seed's inherited runs in one stage process (`--inherited-worker`)."""
-    import pipeline
-
-    core = os.environ.get("FIDELITY_CORE")
-    if core and hasattr(os, "sched_setaffinity"):
-        os.sched_setaffinity(0, [int(core)])
-    job = pickle.loads((folder / "job.pkl").read_bytes())
-    result = pipeline.launch(
-        functools.partial(_continue, job=job, seed=seed), 1, threads_per_stage=1, timeout_s=600
-    )[0]
-    (folder / f"seed-{seed}.json").write_text(json.dumps(result))
-
-
-def _continue(ctx: Any, job: dict[str, Any], seed: int) -> dict[str, Any]:
-    """(In the stage process) train the ET to the full budget with `seed`, then the control
-    and every child k steps from its weights (module doc); their validation losses."""
-    from nas.study import training
-    from nas.tasks import get_task
-
-    settings: NasSettings = job["settings"]
-    task = get_task(settings.task.name, **settings.task.options)
-    reference: Model = job["reference"]
-    parent = _build(settings, task, reference, seed, settings.train.steps)
-    source = training.batches(task, settings.train.batch_size, seed)
-    for _ in training.steps(parent, source, start=0, count=settings.train.steps):
-        pass
-    snapshot = parent.snapshot()
-    parent.close()
-    out: dict[str, Any] = {"control": {}, "inherited": {}, "inherited-all": {}}
-    for k in job["ks"]:
-        pipe = _build(settings, task, reference, seed, k)
-        out["control"][str(k)] = _score(pipe, settings, task, reference, snapshot, seed, k)
-        out["inherited"][str(k)], out["inherited-all"][str(k)] = {}, {}
-        for model, name, old, new in job["children"]:
-            fresh = edited_tensors(name, old, new, from_json(model.architecture))
-            kept = snapshot.without(fresh)
-            out["inherited"][str(k)][model.name] = _score(
-                pipe, settings, task, model, kept, seed, k
-            )
-            out["inherited-all"][str(k)][model.name] = _score(
-                pipe, settings, task, model, snapshot, seed, k
-            )
-        pipe.close()
-    return out
-
-
-def _build(settings: NasSettings, task: Any, model: Model, seed: int, steps: int) -> Any:
-    """A pipeline of `model` trained at a `steps`-step schedule (`nas.study.training.build`)."""
-    from nas.study import training
-
-    arch = from_json(model.architecture)
-    specs = training.compile_model(arch, task, settings.train.dropout)[0]
-    return training.build(settings, task, specs, training.rates(settings.train, steps), seed=seed)
-
-
-def _score(
-    pipe: Any, settings: NasSettings, task: Any, model: Model, source: Any, seed: int, k: int
-) -> float:
-    """`model` on `pipe` from the weights `source`, k steps on the continuation batches; its
-    validation loss on `train.eval_batches`."""
-    from nas.study import training
-
-    train = settings.train
-    specs = training.compile_model(from_json(model.architecture), task, train.dropout)[0]
-    pipe.reconfigure(specs, inherit_from=source)
-    batches = training.batches(task, train.batch_size, seed + CONTINUATION_SEED)
-    for _ in training.steps(pipe, itertools.islice(batches, k), start=0, count=k):
-        pass
-    return float(training.evaluate(train, task, pipe, final=False)["validation_loss"])
-
-
 def held_out(
     final: dict[tuple[str, int], float],
     models: list[Model],
@@ -354,8 +228,8 @@ def report(
     return dict(sorted(rows.items(), key=tau, reverse=True))
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def _arguments() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=first_paragraph(__doc__))
     parser.add_argument("--experiment", default="search_2h")
     parser.add_argument("--mutants", type=int, default=12)
     parser.add_argument("--mutant-seed", type=int, default=0)
@@ -373,14 +247,13 @@ def main() -> None:
     parser.add_argument("--inherited-worker", nargs=2, help=argparse.SUPPRESS)
     parser.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. train.steps=600")
     args = parser.parse_args()
-    if args.inherited_worker:
-        _inherited_worker(Path(args.inherited_worker[0]), int(args.inherited_worker[1]))
-        return
-    if len(args.seeds) < 2:
+    if not args.inherited_worker and len(args.seeds) < 2:
         parser.error(f"--seeds {args.seeds}: the truth is paired over at least 2 seeds")
-    os.environ.setdefault("WANDB_MODE", "offline")
-    load_before, started = os.getloadavg(), time.perf_counter()
-    root = args.work or Path(tempfile.mkdtemp(prefix="fidelity_"))
+    return args
+
+
+def _settings(args: argparse.Namespace, root: Path) -> NasSettings:
+    """The experiment's, its runs under `root`, retrained with `--seeds`, no decoding."""
     settings = experiment_settings(
         args.experiment,
         [f"studies_dir={root / 'studies'}", f"output_dir={root / 'run'}", *args.overrides],
@@ -391,7 +264,53 @@ def main() -> None:
         models_dir=str(root / "models"),
         decode_pairs=None,
     )
-    settings = replace(settings, retrain=retrain)
+    return replace(settings, retrain=retrain)
+
+
+def _costs(args: argparse.Namespace, full: int, mutants: int) -> dict[str, float]:
+    """Each estimate's cost as a share of a full trial."""
+    return (
+        {f"rung@{r}": r / full for r in args.rungs}
+        | {f"extrapolated@{max(args.rungs)}": max(args.rungs) / full}
+        | {
+            f"{v}@{k}": k / full * (1 + 1 / mutants)  # the control, once per parent, shared
+            for v in ("inherited", "inherited-all")
+            for k in args.inherit_steps
+        }
+    )
+
+
+def _mutants(
+    named: list[tuple[Model, Mutant]],
+    runs: list[RetrainRun],
+    truth: dict[str, PairedDifference],
+    estimates: dict[str, dict[str, float]],
+) -> list[dict[str, Any]]:
+    """The JSON's `mutants`: each one's edit, size, truth and estimates."""
+    return [
+        {
+            "name": model.name,
+            "edit": str(m.edit),
+            "kind": "keeps shapes"
+            if m.edit.name.rsplit(".", 1)[-1] in KEEPS_SHAPES
+            else "changes shapes",
+            "params": next((r.parameters for r in runs if r.model == model.name), None),
+            "truth": truth[model.name].to_dict(),
+            "estimates": {label: values.get(model.name) for label, values in estimates.items()},
+        }
+        for model, m in named
+    ]
+
+
+def main() -> None:
+    args = _arguments()
+    if args.inherited_worker:
+        inherited_worker(Path(args.inherited_worker[0]), int(args.inherited_worker[1]))
+        return
+    os.environ.setdefault("WANDB_MODE", "offline")
+    clock = Clock()
+    root = args.work or Path(tempfile.mkdtemp(prefix="fidelity_"))
+    settings = _settings(args, root)
     reference, named = draw(settings, args.mutants, args.mutant_seed)
     print(f"{len(named)} mutants: " + "; ".join(model.name for model, _ in named), flush=True)
     truth_started = time.perf_counter()
@@ -401,15 +320,7 @@ def main() -> None:
     estimates |= means
     per_seed = [rungs | inheriting for rungs, inheriting in zip(per_seed, seeds, strict=True)]
     full = settings.retrain.steps or settings.train.steps
-    costs = (
-        {f"rung@{r}": r / full for r in args.rungs}
-        | {f"extrapolated@{max(args.rungs)}": max(args.rungs) / full}
-        | {
-            f"{v}@{k}": k / full * (1 + 1 / len(named))  # the control, once per parent, shared
-            for v in ("inherited", "inherited-all")
-            for k in args.inherit_steps
-        }
-    )
+    costs = _costs(args, full, len(named))
     final = {(r.model, r.seed): r.metrics["validation_loss"] for r in runs if r.error is None}
     truth_by_seed = [
         {m.name: final[m.name, s] - final[REFERENCE, s] for m, _ in named if (m.name, s) in final}
@@ -430,29 +341,15 @@ def main() -> None:
         # what a study sees: an estimate from one training seed, against the truth measured
         # on the other seeds (a rung and the truth of one seed share that seed's noise)
         "agreement_held_out": held_out(final, [m for m, _ in named], args.seeds, per_seed, costs),
-        "mutants": [
-            {
-                "name": model.name,
-                "edit": str(m.edit),
-                "kind": "keeps shapes"
-                if m.edit.name.rsplit(".", 1)[-1] in KEEPS_SHAPES
-                else "changes shapes",
-                "params": next((r.parameters for r in runs if r.model == model.name), None),
-                "truth": truth[model.name].to_dict(),
-                "estimates": {label: values.get(model.name) for label, values in estimates.items()},
-            }
-            for model, m in named
-        ],
+        "mutants": _mutants(named, runs, truth, estimates),
         "reference_validation_loss": [
             r.metrics.get("validation_loss") for r in runs if r.model == REFERENCE
         ],
         "train": asdict(settings.train),
-        "wall_s": time.perf_counter() - started,
-        "load_average_1_5_15_before": load_before,
-        "load_average_1_5_15_after": os.getloadavg(),
+        "wall_s": clock.seconds(),
+        **clock.load_average(),
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(document, indent=1, default=str) + "\n")
+    write_json(args.out, document, indent=1, newline=True)
     print(
         json.dumps(
             {"noise_ceiling_tau": document["noise_ceiling_tau"], **document["agreement"]}, indent=1

@@ -33,12 +33,13 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
+from _run import first_paragraph, write_json
 from common import experiment_settings
 
-from nas.retrain.results import compare, model_table
+from nas.retrain.results import compare, headline_objectives, model_table
 from nas.retrain.stage import Model, RetrainRun, retrain_models
 from nas.settings import NasSettings, TaskSettings
-from nas.study.trials import seed_architectures
+from nas.study.space import configured_space
 from nas.tasks import get_task
 from nas.tasks.parallel import ParallelCorpus
 from search_spaces.architecture import to_json
@@ -50,7 +51,7 @@ REFERENCE = "evolved_transformer"
 
 def seed_models(settings: NasSettings) -> list[Model]:
     """The ET first (the reference every other model is paired with), then the Transformer."""
-    seeds = seed_architectures(settings)
+    seeds = configured_space(settings).seeds()
     return [
         Model(name, None, seed_params(seeds[name]), to_json(seeds[name]))
         for name in (REFERENCE, "transformer")
@@ -101,7 +102,7 @@ def speed(settings: NasSettings, tokenizer: str, steps: int) -> dict[str, Any]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=first_paragraph(__doc__))
     parser.add_argument("--experiment", default="messages_cpu")
     parser.add_argument("--seeds", type=int, nargs="+", default=None)
     parser.add_argument("--speed-steps", type=int, default=200)
@@ -125,7 +126,8 @@ def main() -> None:
     }
     if not args.skip_seeds:
         runs = retrained(settings, seed_models(settings), seeds)
-        reference, paired = compare(runs, settings.study.fitness)
+        headline = headline_objectives(settings.task.name)
+        reference, paired = compare(runs, settings.study.fitness, headline=headline)
         document |= {
             "seeds": list(seeds),
             "models": model_table(runs, settings.study.fitness),
@@ -142,8 +144,7 @@ def main() -> None:
         "same_pairs": subwords["sizes"] == chars["sizes"],
     }
     document |= {"seconds": time.perf_counter() - started, "load_after": os.getloadavg()}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(document, indent=2, default=str) + "\n")
+    write_json(args.out, document, newline=True)
     _print(document)
 
 

@@ -38,6 +38,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from _run import first_line, git, write_json
+
 HERE = Path(__file__).resolve().parent
 SCHEDULES = ("gpipe", "1f1b", "zbh1", "2bw", "pipemare")
 MICROBATCHES = (4, 8)
@@ -58,22 +60,14 @@ def child(steps: int, warmup: int, out: Path) -> None:
 
 
 def _time_all(ctx: Any, steps: int, warmup: int) -> dict[str, float]:
-    import torch.nn.functional as F
-    from throughput import OPTIMIZER, batch, specs
+    from throughput import batch, ours_pipeline
 
-    from pipeline import ElasticPipeline, PlanOptions
+    from pipeline import PlanOptions
 
     x, y = batch()
     seconds: dict[str, float] = {}
     for name, m in itertools.product(SCHEDULES, MICROBATCHES):
-        pipe = ElasticPipeline(
-            specs(),
-            optimizer=OPTIMIZER,
-            loss_fn=F.mse_loss,
-            schedule=name,
-            n_microbatches=m,
-            planning=PlanOptions(partition=PARTITION),
-        )
+        pipe = ours_pipeline(name, m, PlanOptions(partition=PARTITION))
         _train(pipe, name, x, y, warmup)
         started = time.perf_counter()
         _train(pipe, name, x, y, steps)
@@ -115,11 +109,10 @@ def run_round(tree: Path, steps: int, warmup: int) -> dict[str, float]:
 
 
 def _commit(tree: Path) -> str:
-    done = subprocess.run(["git", "rev-parse", "HEAD"], cwd=tree, capture_output=True, text=True)
-    dirty = subprocess.run(
-        ["git", "status", "--porcelain", "--", "pipeline"], cwd=tree, capture_output=True, text=True
-    ).stdout.strip()
-    return done.stdout.strip() + (" (+ uncommitted changes in pipeline/)" if dirty else "")
+    dirty = git(tree, "status", "--porcelain", "--", "pipeline")
+    return git(tree, "rev-parse", "HEAD") + (
+        " (+ uncommitted changes in pipeline/)" if dirty else ""
+    )
 
 
 def summarize(rounds: dict[str, list[dict[str, float]]]) -> dict[str, Any]:
@@ -142,7 +135,7 @@ def summarize(rounds: dict[str, list[dict[str, float]]]) -> dict[str, Any]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=first_line(__doc__))
     parser.add_argument("--before", type=Path, help="the tree before the change")
     parser.add_argument("--after", type=Path, default=HERE.parent)
     parser.add_argument("--rounds", type=int, default=6)
@@ -179,8 +172,7 @@ def main() -> None:
         },
         "by_config": table,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2))
+    write_json(args.out, report)
     print(f"{'config':<14}{'before':>10}{'after':>10}{'ratio':>8}  per-round ratio range")
     for key, row in table.items():
         lo, hi = row["per_round_ratio_min_max"]

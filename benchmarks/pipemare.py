@@ -42,7 +42,7 @@ checked against the one-process reference), the validation losses of all five va
 `--seeds` seeds in one process (`ReferenceTrainer` applies the pipeline's exact rule), the
 per-seed margins to `sync`, the three modes over `--lrs` (where synchronous training is
 best, and how far above it the chosen rate is: staleness costs most at high rates), a JSON
-(`benchmarks/results/pipemare.json`) and a PNG beside it.
+(`benchmarks/results/pipemare.json`) and a PNG beside it (drawn by `pipemare_plot.py`).
 
     python benchmarks/pipemare.py                 # ~6 minutes on 2 cores
     python benchmarks/pipemare.py --no-pipeline   # the reference runs only, ~4 minutes
@@ -336,59 +336,6 @@ def lr_sweep(args: argparse.Namespace, table: dict[str, Any]) -> dict[str, Any]:
     return sweep
 
 
-# -- the report ---------------------------------------------------------------------------
-def plot(path: pathlib.Path, args: argparse.Namespace, result: dict[str, Any]) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4), width_ratios=(2, 1, 1))
-    plot_curves(axes[0], args, result.get("pipeline", {}))
-    plot_seeds(axes[1], args, result["reference"])
-    if "lr_sweep" in result:
-        plot_rates(axes[2], result["lr_sweep"])
-    fig.tight_layout()
-    fig.savefig(path.with_suffix(".png"), dpi=100)
-
-
-def plot_curves(ax: Any, args: argparse.Namespace, runs: dict[str, Any]) -> None:
-    for mode, run in runs.items():
-        smooth = [
-            statistics.fmean(run["losses"][max(0, i - 4) : i + 1])
-            for i in range(len(run["losses"]))
-        ]
-        line = ax.plot(smooth, lw=1.5, label=f"{mode} (validation {run['val']:.3f})")[0]
-        ax.plot(run["losses"], lw=0.5, alpha=0.3, color=line.get_color())
-    ax.set(
-        xlabel=f"step ({args.microbatches} micro-batches = {args.microbatches} updates)",
-        ylabel="training loss (5-step mean)",
-        title=f"pipeline, {args.stages} stages, SGD lr {args.lr} cosine, seed 1",
-    )
-    if runs:
-        ax.legend()
-
-
-def plot_seeds(ax: Any, args: argparse.Namespace, table: dict[str, Any]) -> None:
-    for i, mode in enumerate(MODES):
-        ax.scatter([i] * len(table["val"][mode]), table["val"][mode], s=14)
-    ax.set_xticks(range(len(MODES)), list(MODES))
-    ax.set(ylabel="validation loss", title=f"lr {args.lr}, {len(table['seeds'])} seeds (reference)")
-
-
-def plot_rates(ax: Any, sweep: dict[str, Any]) -> None:
-    lrs = [float(lr) for lr in sweep["mean"]]
-    for mode in ("sync", "pipemare", "async"):
-        ax.plot(lrs, [means[mode] for means in sweep["mean"].values()], marker="o", label=mode)
-    ax.set_xticks(lrs, [f"{lr:g}" for lr in lrs])
-    ax.set(
-        xlabel="base learning rate",
-        ylabel="validation loss",
-        title=f"mean of {len(sweep['seeds'])} seeds (reference)",
-    )
-    ax.legend()
-
-
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--stages", type=int, default=8)
@@ -420,6 +367,10 @@ def main() -> None:
     print(json.dumps(result["reference"]["minus_sync"], indent=1))
     path = pathlib.Path(args.out)
     path.write_text(json.dumps(result, indent=1))
+    # a sibling module, imported where this file runs as a script (benchmarks/ on the path);
+    # the tests load this file alone
+    from pipemare_plot import plot
+
     plot(path, args, result)
 
 

@@ -29,6 +29,8 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from _run import RESULTS, first_line, write_json
+
 from pipeline.pure.costs import LayerCost, LinkCost
 from pipeline.pure.partition import equal_sizes
 from pipeline.pure.planner import MemoryPlanner, Plan, Planner, TimePlanner
@@ -185,10 +187,9 @@ def versus_equal(
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=first_line(__doc__))
     parser.add_argument("--repeats", type=int, default=5)
-    default_out = Path(__file__).parent / "results" / "planner.json"
-    parser.add_argument("--out", type=Path, default=default_out)
+    parser.add_argument("--out", type=Path, default=RESULTS / "planner.json")
     args = parser.parse_args()
 
     timing = scale(args.repeats)
@@ -217,8 +218,7 @@ def main() -> None:
             for m in (8, 32)
         },
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    write_json(args.out, report, newline=True)
     print(json.dumps(report, indent=2))
 
 

@@ -21,13 +21,13 @@ import argparse
 import cProfile
 import functools
 import itertools
-import json
 import pstats
 import time
 from pathlib import Path
 from typing import Any
 
 import torch.nn.functional as F
+from _run import RESULTS, first_line, write_json
 from throughput import BATCH, OPTIMIZER, STAGES, batch, specs
 
 import pipeline
@@ -78,7 +78,7 @@ def profile(ctx: StageContext, schedule: str, m: int, steps: int, top: int) -> d
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=first_line(__doc__))
     parser.add_argument("schedule", choices=sorted(SCHEDULES))
     parser.add_argument("--microbatches", type=int, default=8)
     parser.add_argument("--steps", type=int, default=6)
@@ -88,8 +88,8 @@ def main() -> None:
         profile, schedule=args.schedule, m=args.microbatches, steps=args.steps, top=args.top
     )
     stages = pipeline.launch(run, STAGES, threads_per_stage=1, timeout_s=1200)
-    out = Path(__file__).parent / "results" / f"profile_{args.schedule}_M{args.microbatches}.json"
-    out.write_text(json.dumps({"config": vars(args), "stages": stages}, indent=1))
+    out = RESULTS / f"profile_{args.schedule}_M{args.microbatches}.json"
+    write_json(out, {"config": vars(args), "stages": stages}, indent=1)
     for stage in stages:
         print(
             f"stage {stage['stage']}: {stage['samples_per_s']:.1f} samples/s, the runtime's "

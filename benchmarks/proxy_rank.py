@@ -27,7 +27,6 @@ each hurdle ranks); seconds per run.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import random
 import tempfile
@@ -37,12 +36,13 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from _run import RESULTS, first_paragraph, print_json, write_json
 from common import experiment_settings
 from scipy.stats import kendalltau
 
 from nas.retrain.stage import Model, RetrainResult, retrain_models
 from nas.settings import NasSettings
-from nas.study.trials import param_window, sample_architecture, seed_architectures, space_primitives
+from nas.study.space import configured_space
 from search_spaces.architecture import (
     InvalidArchitecture,
     from_json,
@@ -51,10 +51,7 @@ from search_spaces.architecture import (
     to_json,
 )
 from search_spaces.compile import parameter_count
-from search_spaces.evolved_transformer import seed_params, validate
 from search_spaces.suggest import RandomSuggest
-
-ROOT = Path(__file__).resolve().parent.parent
 
 
 class OneEdit:
@@ -82,11 +79,10 @@ _NONE = object()
 
 def _valid(settings: NasSettings, suggest: Any) -> Any:
     """The architecture `suggest` answers, or None outside the space's window."""
-    arch = sample_architecture(suggest, settings)
-    window = param_window(settings)
+    space = configured_space(settings)
+    arch = space.sample(suggest)
     try:
-        if window is not None:
-            validate(arch, window=window)
+        space.validate(arch)
     except InvalidArchitecture:
         return None
     return arch
@@ -95,11 +91,10 @@ def _valid(settings: NasSettings, suggest: Any) -> Any:
 def architectures(settings: NasSettings, count: int, mutants: int, seed: int) -> list[Model]:
     """Both seeds, then distinct one-edit mutants of the Evolved Transformer, then distinct
     random samples, all inside the space's window."""
-    primitives = space_primitives(settings)
-    seeds = seed_architectures(settings)
+    space = configured_space(settings)
     models = [
-        Model(name, None, seed_params(arch, primitives=primitives), to_json(arch))
-        for name, arch in seeds.items()
+        Model(name, None, space.seed_params(arch), to_json(arch))
+        for name, arch in space.seeds().items()
     ]
     seen = {functional_key(from_json(m.architecture)) for m in models}
     parent, rng, draw = models[-1].params, random.Random(seed), seed
@@ -132,8 +127,8 @@ def losses(result: RetrainResult) -> dict[str, dict[str, Any]]:
     return out
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def _arguments() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=first_paragraph(__doc__))
     parser.add_argument("--experiment", default="search_2h")
     parser.add_argument("--archs", type=int, default=10)
     parser.add_argument(
@@ -143,9 +138,31 @@ def main() -> None:
         help="how many of the archs are one-edit mutants of the ET seed",
     )
     parser.add_argument("--sample-seed", type=int, default=0)
-    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/proxy_rank.json")
+    parser.add_argument("--out", type=Path, default=RESULTS / "proxy_rank.json")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. train.steps=300")
-    args = parser.parse_args()
+    return parser.parse_args()
+
+
+def _kendall(
+    budget: dict[str, dict[str, Any]], full: dict[str, dict[str, Any]], models: list[Model]
+) -> dict[str, Any]:
+    """Kendall tau of the trial budget's ranking against full training's, at the end and at
+    each evaluation step, over the models that trained at both."""
+    names = [
+        m.name for m in models if budget[m.name]["error"] is None and full[m.name]["error"] is None
+    ]
+    y = [full[n]["validation_loss"] for n in names]
+    tau_final = kendalltau([budget[n]["validation_loss"] for n in names], y)
+    steps = sorted(set.intersection(*(set(budget[n]["curve"]) for n in names))) if names else []
+    by_step = {
+        str(s): float(kendalltau([budget[n]["curve"][s] for n in names], y).statistic)
+        for s in steps
+    }
+    return {"tau": tau_final, "by_step": by_step, "ranked": len(names)}
+
+
+def main() -> None:
+    args = _arguments()
     os.environ.setdefault("WANDB_MODE", "offline")
     settings = experiment_settings(args.experiment, args.overrides)
     models = architectures(settings, args.archs, args.mutants, args.sample_seed)
@@ -161,16 +178,8 @@ def main() -> None:
     )
     full_steps = base.retrain.steps or settings.train.steps
     full = budget if full_steps == settings.train.steps else losses(retrain_models(base, models))
-    names = [
-        m.name for m in models if budget[m.name]["error"] is None and full[m.name]["error"] is None
-    ]
-    y = [full[n]["validation_loss"] for n in names]
-    tau_final = kendalltau([budget[n]["validation_loss"] for n in names], y)
-    steps = sorted(set.intersection(*(set(budget[n]["curve"]) for n in names))) if names else []
-    by_step = {
-        str(s): float(kendalltau([budget[n]["curve"][s] for n in names], y).statistic)
-        for s in steps
-    }
+    ranks = _kendall(budget, full, models)
+    by_step = ranks["by_step"]
     result = {
         "experiment": args.experiment,
         "overrides": args.overrides,
@@ -191,25 +200,16 @@ def main() -> None:
             }
             for m in models
         ],
-        "kendall_tau": float(tau_final.statistic),
-        "kendall_p": float(tau_final.pvalue),
+        "kendall_tau": float(ranks["tau"].statistic),
+        "kendall_p": float(ranks["tau"].pvalue),
         "kendall_tau_by_eval_step": by_step,
-        "ranked": len(names),
+        "ranked": ranks["ranked"],
         "kendall_tau_by_rung": {b: t for b, t in by_step.items() if int(b) in _rungs(settings)},
         "mutants": sum(m.name.startswith("mutant-") for m in models),
         "seconds": time.perf_counter() - started,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
-    print(
-        json.dumps(
-            {
-                k: result[k]
-                for k in ("kendall_tau", "kendall_p", "kendall_tau_by_eval_step", "seconds")
-            },
-            indent=2,
-        )
-    )
+    write_json(args.out, result, newline=True)
+    print_json(result, ("kendall_tau", "kendall_p", "kendall_tau_by_eval_step", "seconds"))
     for a in result["architectures"]:
         print(
             f"{a['name']:22} {a['parameters']:>8} budget {a['budget']['validation_loss']:.4f} "

@@ -19,27 +19,25 @@ machine hits all alike), the following are timed; reported side by side:
 
 from __future__ import annotations
 
-import argparse
 import functools
-import json
 import statistics
 import time
-from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from _run import print_json, rounds_parser, write_json
 from common import (
     UNEVEN_BATCH,
     UNEVEN_LAYERS,
     UNEVEN_MICROBATCHES,
     batch,
+    on_ranks,
     uneven_config,
     uneven_stack,
 )
 
-import pipeline
 from pipeline import ElasticOptions, ElasticPipeline, PlanOptions, StageContext
 from pipeline.distributed.triggers import ReplanTriggers
 
@@ -135,15 +133,8 @@ def run(ctx: StageContext, rounds: int, steps: int) -> dict[str, Any]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--steps", type=int, default=2)
-    default_out = Path(__file__).parent / "results" / "rebalance.json"
-    parser.add_argument("--out", type=Path, default=default_out)
-    args = parser.parse_args()
-    r = pipeline.launch(
-        functools.partial(run, rounds=args.rounds, steps=args.steps), 2, threads_per_stage=1
-    )[0]
+    args = rounds_parser(__doc__, rounds=3, steps=2, out="rebalance.json").parse_args()
+    r = on_ranks(run, rounds=args.rounds, steps=args.steps)
     med = {name: statistics.median(t) for name, t in r["seconds"].items()}
     before, after = med["before"], med["after"]
     offline = {int(name.split("_")[1]): t for name, t in med.items() if name.startswith("offline")}
@@ -179,8 +170,7 @@ def main() -> None:
         "targets": {"after_vs_before": 1.25, "after_vs_best_offline": 0.95},
         "events": r["events"],
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2, default=str))
+    write_json(args.out, report)
     keys = (
         "rebalanced_sizes",
         "best_offline_sizes",
@@ -192,7 +182,7 @@ def main() -> None:
         "pause_s",
         "bytes_over_bandwidth_s",
     )
-    print(json.dumps({k: report[k] for k in keys}, indent=2))
+    print_json(report, keys)
 
 
 if __name__ == "__main__":

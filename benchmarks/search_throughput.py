@@ -27,7 +27,9 @@ Auto's slice may instead be read from the first `--slice-min` minutes of a store
 study that ran on the default shape from scratch (`--auto-slice-study`: the headline study of
 `search_quality.py`), the trials finished by then per hour of those minutes.
 
-Run it alone on an idle machine: the JSON records the load average before and after.
+Run it alone on an idle machine: the JSON records the load average before and after. One
+process's measurement is in `search_throughput_runs.py`, the slices in
+`search_throughput_slices.py`.
 
     python benchmarks/search_throughput.py [--steps 300] [--large-steps 40] [--slice-min 30]
         [--skip-slices] [--models evolved_transformer transformer large_evolved_transformer]
@@ -40,103 +42,21 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import statistics
 import subprocess
 import sys
-import tempfile
-import time
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import torch
+from _run import RESULTS, Clock, first_line, usable_cores, write_json
 from common import experiment_settings
+from search_throughput_runs import architecture, harness, plain
+from search_throughput_slices import search_slices
 
-OUT = Path(__file__).parent / "results" / "search_throughput.json"
+OUT = RESULTS / "search_throughput.json"
 OLD_DEFAULT = (1, 2, 1, 4)  # workers, stages, threads per stage, micro-batches
 TABLE_SHAPES = [OLD_DEFAULT, (1, 2, 1, 2), (1, 1, 2, 4), (1, 1, 1, 1)]
 MODELS = ("evolved_transformer", "transformer", "large_evolved_transformer")
-
-
-def architecture(name: str) -> Any:
-    from nas.study import trials
-    from search_spaces.evolved_transformer import evolved_transformer
-
-    if name == "large_evolved_transformer":
-        return evolved_transformer(128, n_heads=4, n_enc=3, n_dec=3)
-    return trials.seed_architectures(experiment_settings("search_2h", []))[name]
-
-
-# -- one measurement, in a process of its own (pinned to its cores) ---------------------------
-def plain(model: str, threads: int, steps: int, warmup: int) -> float:
-    from nas.study import training
-    from nas.tasks import get_task
-    from pipeline.local.spec import build_layer
-
-    torch.set_num_threads(threads)
-    settings = experiment_settings("search_2h", [])
-    task = get_task("translation")
-    specs, _ = training.compile_model(architecture(model), task, settings.train.dropout)
-    layers = [build_layer(spec, 0, torch.device("cpu")) for spec in specs]
-    params = [p for layer in layers for p in layer.parameters()]
-    optimizer = training.rates(settings.train).optimizer()([{"params": params}])
-    source = training.batches(task, settings.train.batch_size, 0)
-    times = []
-    for step in range(warmup + steps):
-        x, y = next(source)
-        started = time.perf_counter()
-        out = x
-        for layer in layers:
-            out = layer(out)
-        loss = task.loss_fn(out, y)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
-        if step >= warmup:
-            times.append(time.perf_counter() - started)
-    return settings.train.batch_size / statistics.median(times)
-
-
-def _harness_stage(ctx: Any, model: str, settings: Any, steps: int, warmup: int) -> float:
-    from nas.study import shape, training
-    from nas.tasks import get_task
-
-    task = get_task("translation")
-    specs, _ = training.compile_model(architecture(model), task, settings.train.dropout)
-    schedule = training.rates(settings.train)
-    pipe = training.build(settings, task, specs, schedule, seed=0, cost_cache=shape.load_cache())
-    source = training.batches(task, settings.train.batch_size, 0)
-    times = []
-    for step in range(warmup + steps):
-        x, y = next(source)
-        started = time.perf_counter()
-        pipe.train_step(x, y)
-        if step >= warmup:
-            times.append(time.perf_counter() - started)
-    pipe.close()
-    return settings.train.batch_size / statistics.median(times)
-
-
-def harness(model: str, shape: tuple[int, int, int, int], steps: int, warmup: int) -> float:
-    import functools
-
-    import pipeline
-
-    _, stages, threads, microbatches = shape
-    settings = experiment_settings(
-        "search_2h",
-        [
-            f"pipeline.n_stages={stages}",
-            f"pipeline.threads_per_stage={threads}",
-            f"pipeline.n_microbatches={microbatches}",
-            "study.workers=1",
-        ],
-    )
-    run = functools.partial(
-        _harness_stage, model=model, settings=settings, steps=steps, warmup=warmup
-    )
-    return float(pipeline.launch(run, stages, threads_per_stage=threads, timeout_s=900)[0])
 
 
 def _one(args: argparse.Namespace) -> None:
@@ -152,7 +72,7 @@ def _one(args: argparse.Namespace) -> None:
 # -- the driver ---------------------------------------------------------------------------------
 def concurrently(commands: list[list[str]], cores_each: int) -> list[float]:
     """Run the commands at once, command k pinned to cores [k*c, (k+1)*c); their rates."""
-    cores = sorted(os.sched_getaffinity(0))
+    cores = usable_cores()
     procs = []
     for k, command in enumerate(commands):
         mine = cores[k * cores_each : (k + 1) * cores_each] or cores
@@ -183,9 +103,8 @@ def me(*extra: str, args: argparse.Namespace) -> list[str]:
     return [sys.executable, __file__, *extra, f"--steps={steps}", f"--warmup={warmup}"]
 
 
-def measure_model(model: str, args: argparse.Namespace, n_cores: int) -> dict[str, Any]:
-    from nas.study import shape
-
+def _plain(model: str, args: argparse.Namespace, n_cores: int) -> dict[str, Any]:
+    """The plain loop on 1 thread, on 2 threads, and one 1-thread loop per core at once."""
     out: dict[str, Any] = {}
     one_plain = me("--one", "plain", "--model", model, "--threads", "1", args=args)
     out["plain_1_thread"] = concurrently([one_plain], 1)[0]
@@ -194,11 +113,13 @@ def measure_model(model: str, args: argparse.Namespace, n_cores: int) -> dict[st
     )[0]
     per_core = concurrently([one_plain] * n_cores, 1)
     out["plain_per_core_at_once"] = {"each": per_core, "sum": sum(per_core)}
-    settings = experiment_settings("search_2h", [])
-    _, choice = shape.resolve(settings, architectures=[architecture(model)])
-    assert choice is not None
-    auto = choice.shape
-    auto_key = (auto.workers, auto.n_stages, auto.threads_per_stage, auto.n_microbatches)
+    return out
+
+
+def _harness_rows(
+    model: str, args: argparse.Namespace, choice: Any, auto_key: tuple[int, int, int, int]
+) -> dict[str, dict[str, Any]]:
+    """The harness in each of the table's shapes and `auto`'s, W workers at once."""
     harness_rows: dict[str, dict[str, Any]] = {}
     for w, s, t, m in [*TABLE_SHAPES, auto_key]:
         name = f"{w}x{s}x{t}@{m}"
@@ -220,17 +141,7 @@ def measure_model(model: str, args: argparse.Namespace, n_cores: int) -> dict[st
         )
         rates = concurrently([command] * w, s * t)
         predicted = next(
-            (
-                row["predicted_samples_per_s"]
-                for row in choice.tried
-                if (
-                    row["workers"],
-                    row["n_stages"],
-                    row["threads_per_stage"],
-                    row["n_microbatches"],
-                )
-                == (w, s, t, m)
-            ),
+            (row["predicted_samples_per_s"] for row in choice.tried if _key(row) == (w, s, t, m)),
             None,
         )
         harness_rows[name] = {
@@ -244,6 +155,19 @@ def measure_model(model: str, args: argparse.Namespace, n_cores: int) -> dict[st
             "is_auto": (w, s, t, m) == auto_key,
         }
         print(f"  {model} {name}: {sum(rates):.0f} samples/s (predicted {predicted})", flush=True)
+    return harness_rows
+
+
+def measure_model(model: str, args: argparse.Namespace, n_cores: int) -> dict[str, Any]:
+    from nas.study import shape
+
+    out = _plain(model, args, n_cores)
+    settings = experiment_settings("search_2h", [])
+    _, choice = shape.resolve(settings, architectures=[architecture(model)])
+    assert choice is not None
+    auto = choice.shape
+    auto_key = (auto.workers, auto.n_stages, auto.threads_per_stage, auto.n_microbatches)
+    harness_rows = _harness_rows(model, args, choice, auto_key)
     out["harness"] = harness_rows
     out["auto"] = {"shape": str(auto), **choice.to_dict()}
     out["auto"].pop("tried")
@@ -251,8 +175,9 @@ def measure_model(model: str, args: argparse.Namespace, n_cores: int) -> dict[st
     auto_rate = float(harness_rows[f"{w}x{s}x{t}@{m}"]["samples_per_s"])
     old = float(harness_rows["{}x{}x{}@{}".format(*OLD_DEFAULT)]["samples_per_s"])
     plain_1 = float(out["plain_1_thread"])
+    per_core = out["plain_per_core_at_once"]["sum"]
     out["ratios"] = {
-        "auto_over_plain_per_core_sum": auto_rate / sum(per_core),
+        "auto_over_plain_per_core_sum": auto_rate / per_core,
         "auto_over_ideal_plain_1_thread_x_cores": auto_rate / (n_cores * plain_1),
         "auto_over_old_default": auto_rate / old,
     }
@@ -286,106 +211,8 @@ def large_under_budget(model: str) -> dict[str, Any]:
     return {"single_stage_peak_bytes": peak, "chosen": None, "note": "one stage fit every budget"}
 
 
-def search_slice(
-    mode: str, minutes: float, folder: Path, overrides: list[str] | None = None
-) -> dict[str, Any]:
-    """`search_2h` for `minutes` of wall time (search only, a fresh study), old or auto,
-    with Hydra `overrides` after the experiment's."""
-    import optuna
-
-    from nas.study.trials import counted
-
-    name = f"slice-{mode}"
-    shape_args = ["pipeline=cpu_2_stages", "study.workers=1"] if mode == "old_default" else []
-    command = [
-        sys.executable,
-        "-m",
-        "nas",
-        "experiment=search_2h",
-        "stages=[search]",
-        "tracker=none",
-        f"study.name={name}",
-        f"study.timeout_s={minutes * 60}",
-        "study.time_budget_s=null",
-        f"studies_dir={folder / 'studies'}",
-        f"hydra.run.dir={folder / name}",
-        *shape_args,
-        *(overrides or []),
-    ]
-    started = time.perf_counter()
-    subprocess.run(command, check=True, cwd=folder, stdout=subprocess.DEVNULL)
-    wall_s = time.perf_counter() - started
-    study = optuna.load_study(
-        study_name=name, storage=f"sqlite:///{folder / 'studies' / f'{name}.db'}"
-    )
-    return _slice_figures([t for t in study.trials if counted(t)], wall_s)
-
-
-def stored_slice(storage: str, name: str, started: str, minutes: float) -> dict[str, Any]:
-    """The first `minutes` of a stored `search_2h` study started (its command) at `started`
-    (ISO time): the trials finished by then, per hour of those minutes."""
-    import optuna
-
-    from nas.study.trials import counted
-
-    end = datetime.fromisoformat(started).timestamp() + 60 * minutes
-    study = optuna.load_study(study_name=name, storage=storage)
-    done = [
-        t
-        for t in study.trials
-        if counted(t) and t.datetime_complete and t.datetime_complete.timestamp() <= end
-    ]
-    return {**_slice_figures(done, 60 * minutes), "from_study": f"{storage} {name}"}
-
-
-def _slice_figures(done: list[Any], wall_s: float) -> dict[str, Any]:
-    """Candidates, full-budget candidates and steps per hour of `done` (counted trials)."""
-    import optuna
-
-    complete = [t for t in done if t.state == optuna.trial.TrialState.COMPLETE]
-    inherited = [t for t in complete if t.user_attrs.get("fidelity") == "inherited"]
-    full = [t for t in complete if t not in inherited]
-    # each parent's control (study.fidelity=inherited) trains as many steps as a child, once
-    controls = {t.user_attrs["inherited_from"]: int(t.user_attrs["steps"]) for t in inherited}
-    steps = sum(int(t.user_attrs.get("steps", 0)) for t in done) + sum(controls.values())
-    hours = wall_s / 3600
-    return {
-        "wall_s": wall_s,
-        "shape": done[0].user_attrs.get("shape") if done else None,
-        "finished": len(done),
-        "complete_full_budget": len(full),
-        "complete_inherited": len(inherited),
-        "controls": len(controls),
-        "pruned": sum(t.state == optuna.trial.TrialState.PRUNED for t in done),
-        "steps_trained": steps,
-        "candidates_per_h": len(done) / hours,
-        "full_budget_candidates_per_h": len(full) / hours,
-        "steps_per_h": steps / hours,
-        "best_validation_loss": min((t.values[0] for t in full), default=None),
-        "best_estimate": min((t.values[0] for t in inherited), default=None),
-    }
-
-
-def _slices(args: argparse.Namespace) -> dict[str, Any]:
-    """The `search_2h` slices, old default and auto, and auto's ratios over the old."""
-    slices: dict[str, Any] = {}
-    if args.auto_slice_study:
-        storage, name, started = args.auto_slice_study
-        slices["auto"] = stored_slice(storage, name, started, args.slice_min)
-    with tempfile.TemporaryDirectory() as tmp:
-        for mode in args.slice_modes:
-            if mode not in slices:
-                slices[mode] = search_slice(mode, args.slice_min, Path(tmp), args.slice_overrides)
-    if {"auto", "old_default"} <= slices.keys():
-        slices["auto_over_old_default"] = {
-            key: slices["auto"][key] / max(slices["old_default"][key], 1e-9)
-            for key in ("candidates_per_h", "full_budget_candidates_per_h", "steps_per_h")
-        }
-    return slices
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def _arguments() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=first_line(__doc__))
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--warmup", type=int, default=20)
     parser.add_argument("--large-steps", type=int, default=40, help="the large candidate's")
@@ -413,12 +240,17 @@ def main() -> None:
     parser.add_argument("--stages", type=int, default=1)
     parser.add_argument("--microbatches", type=int, default=1)
     args = parser.parse_args()
+    return args
+
+
+def main() -> None:
+    args = _arguments()
     if args.one:
         _one(args)
         return
     from nas.study import shape
 
-    load_before, started = os.getloadavg(), time.perf_counter()
+    clock = Clock()
     n_cores = shape.cores()
     kept = json.loads(args.out.read_text()) if args.keep and args.out.exists() else {}
     results: dict[str, Any] = {**kept, "by_model": kept.get("by_model", {})}
@@ -428,7 +260,7 @@ def main() -> None:
     if "large_evolved_transformer" in args.models:
         results["large_under_memory_budget"] = large_under_budget("large_evolved_transformer")
     if not args.skip_slices:
-        results["search_2h_slices"] = _slices(args)
+        results["search_2h_slices"] = search_slices(args)
     results["config" if not kept else "config_of_the_update"] = {
         "command": "python " + " ".join(sys.argv),
         "cores": n_cores,
@@ -441,12 +273,10 @@ def main() -> None:
         "batch": 32,
         "task": "translation (English->German names), search_2h's settings",
         "torch": torch.__version__,
-        "wall_s": time.perf_counter() - started,
-        "load_average_1_5_15_before": load_before,
-        "load_average_1_5_15_after": os.getloadavg(),
+        "wall_s": clock.seconds(),
+        **clock.load_average(),
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(results, indent=1) + "\n")
+    write_json(args.out, results, indent=1, newline=True)
     print(json.dumps({m: r["ratios"] for m, r in results["by_model"].items()}, indent=1))
     print(f"wrote {args.out}")
 

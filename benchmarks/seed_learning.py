@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from _run import RESULTS, first_line, write_json
 
 import pipeline
 from nas.tasks.base import TokenStats, masked_cross_entropy
@@ -93,7 +94,7 @@ def train(ctx: StageContext, args: argparse.Namespace) -> dict[str, Any]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=first_line(__doc__))
     parser.add_argument("--steps", type=int, default=600)
     parser.add_argument("--d-model", type=int, default=128)
     parser.add_argument("--batch", type=int, default=32)
@@ -101,16 +102,14 @@ def main() -> None:
     parser.add_argument("--microbatches", type=int, default=4)
     parser.add_argument("--lr", type=float, default=2e-3)
     parser.add_argument("--seed", type=int, default=0)
-    default_out = Path(__file__).parent / "results" / "seed_learning.json"
-    parser.add_argument("--out", type=Path, default=default_out)
+    parser.add_argument("--out", type=Path, default=RESULTS / "seed_learning.json")
     args = parser.parse_args()
     results = pipeline.launch(functools.partial(train, args=args), 2)[0]
     results["config"] = {k: v for k, v in vars(args).items() if k != "out"}
     for name in seeds(args.d_model):
         r = results[name]
         r["loss_vs_unigram"] = r["validation_loss"] / results["unigram_baseline"]
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(results, indent=2))
+    write_json(args.out, results)
     print(json.dumps(results, indent=2))
 
 

@@ -32,11 +32,12 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from _run import first_paragraph, write_json
 from common import experiment_settings
 
 from nas.paired import REFERENCE
 from nas.retrain.stage import Model, RetrainRun, paired_metrics, retrain_models
-from nas.study.trials import seed_architectures
+from nas.study.space import configured_space
 from search_spaces.architecture import Architecture, summary, to_json
 from search_spaces.compile import parameter_count
 from search_spaces.evolved_transformer import PRIMITIVES, Primitive, seed_params
@@ -104,7 +105,7 @@ def verdict(rows: list[dict[str, Any]]) -> dict[str, str]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=first_paragraph(__doc__))
     parser.add_argument("--experiment", default="search_2h")
     parser.add_argument(
         "--seeds",
@@ -122,7 +123,7 @@ def main() -> None:
     seeds = tuple(args.seeds) if args.seeds else settings.retrain.seeds
     chosen = [
         m
-        for m in models(seed_architectures(settings))
+        for m in models(configured_space(settings).seeds())
         if args.only is None or m.name in args.only or m.name == REFERENCE
     ]
     retrain = replace(settings.retrain, seeds=seeds, models_dir=tempfile.mkdtemp(prefix="room_"))
@@ -140,8 +141,7 @@ def main() -> None:
         "verdict": verdict(rows),
         "seconds": time.perf_counter() - started,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(document, indent=2) + "\n")
+    write_json(args.out, document, newline=True)
     for row in rows:
         d = row["vs_" + REFERENCE]
         print(

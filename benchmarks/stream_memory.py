@@ -34,13 +34,13 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from _run import RESULTS, first_paragraph, write_json
 
 import pipeline
 from pipeline import ElasticPipeline, PlanOptions, StageContext
 from pipeline.local.models import mlp_stack
 from pipeline.local.pipemare import PipeMareConfig
 
-RESULTS = Path(__file__).resolve().parent / "results"
 WIDTH, LAYERS, BATCH, SEQ, MICROBATCHES = 256, 4, 32, 64, 4
 SCHEDULES = ("2bw", "pipemare", "1f1b")
 CHECKPOINTS = (100, 500, 1000, 2000)
@@ -109,8 +109,33 @@ def stream(
     }
 
 
+def _ranks(per_rank: list[dict[str, Any]], first: int, last: int) -> list[dict[str, Any]]:
+    """Each rank's resident set at the checkpoints (as it is and trimmed), in MiB, and its
+    growth from step `first` to step `last`."""
+    ranks = []
+    for rank, result in enumerate(per_rank):
+        resident = {int(k): v for k, v in result["resident_bytes"].items()}
+        trimmed = {int(k): v for k, v in result["trimmed_bytes"].items()}
+        raw_growth = resident[last] / resident[first] - 1
+        growth = trimmed[last] / trimmed[first] - 1 if None not in trimmed.values() else raw_growth
+        ranks.append(
+            {
+                "rank": rank,
+                "resident_mib": {k: round(v / 2**20, 1) for k, v in resident.items()},
+                "trimmed_resident_mib": {
+                    k: None if v is None else round(v / 2**20, 1) for k, v in trimmed.items()
+                },
+                "growth": round(growth, 4),
+                "raw_growth": round(raw_growth, 4),
+                "process_peak_mib": round(result["process_peak_bytes"] / 2**20, 1),
+                "seconds": round(result["seconds"], 1),
+            }
+        )
+    return ranks
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=first_paragraph(__doc__))
     parser.add_argument("--steps", type=int, default=CHECKPOINTS[-1])
     parser.add_argument("--out", type=Path, default=RESULTS / "stream_memory.json")
     args = parser.parse_args()
@@ -122,28 +147,7 @@ def main() -> None:
         run = functools.partial(
             stream, schedule=schedule, steps=args.steps, checkpoints=checkpoints
         )
-        per_rank = pipeline.launch(run, 2, threads_per_stage=1, timeout_s=300)
-        ranks = []
-        for rank, result in enumerate(per_rank):
-            resident = {int(k): v for k, v in result["resident_bytes"].items()}
-            trimmed = {int(k): v for k, v in result["trimmed_bytes"].items()}
-            raw_growth = resident[last] / resident[first] - 1
-            growth = (
-                trimmed[last] / trimmed[first] - 1 if None not in trimmed.values() else raw_growth
-            )
-            ranks.append(
-                {
-                    "rank": rank,
-                    "resident_mib": {k: round(v / 2**20, 1) for k, v in resident.items()},
-                    "trimmed_resident_mib": {
-                        k: None if v is None else round(v / 2**20, 1) for k, v in trimmed.items()
-                    },
-                    "growth": round(growth, 4),
-                    "raw_growth": round(raw_growth, 4),
-                    "process_peak_mib": round(result["process_peak_bytes"] / 2**20, 1),
-                    "seconds": round(result["seconds"], 1),
-                }
-            )
+        ranks = _ranks(pipeline.launch(run, 2, threads_per_stage=1, timeout_s=300), first, last)
         worst = max(r["growth"] for r in ranks)
         results[schedule] = {"ranks": ranks, "worst_growth": worst, "goal_met": worst < GOAL_GROWTH}
     out = {
@@ -166,8 +170,7 @@ def main() -> None:
         "torch": torch.__version__,
         "python": platform.python_version(),
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(out, indent=2) + "\n")
+    write_json(args.out, out, newline=True)
     print(
         json.dumps(
             {

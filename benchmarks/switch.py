@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
 import statistics
 import time
 from pathlib import Path
@@ -32,6 +31,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from _run import RESULTS, first_line, print_json, write_json
+from common import barrier_timed
 from torch import nn
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B
 
@@ -74,11 +75,8 @@ def new_pipeline(specs: list[LayerSpec]) -> ElasticPipeline:
 
 
 def timed(fn: Any) -> float:
-    dist.barrier()
-    t0 = time.perf_counter()
-    fn()
-    dist.barrier()
-    return time.perf_counter() - t0
+    """Seconds of `fn()` on the slowest rank (barrier to barrier)."""
+    return barrier_timed(fn)[0]
 
 
 def live_switches(ctx: StageContext, switches: int) -> dict[str, list[float]]:
@@ -145,10 +143,9 @@ def cold_start(ctx: StageContext, i: int) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=first_line(__doc__))
     parser.add_argument("--switches", type=int, default=6)
-    default_out = Path(__file__).parent / "results" / "switch.json"
-    parser.add_argument("--out", type=Path, default=default_out)
+    parser.add_argument("--out", type=Path, default=RESULTS / "switch.json")
     args = parser.parse_args()
 
     live = pipeline.launch(
@@ -196,9 +193,8 @@ def main() -> None:
     report["ratios"]["overhead_cold_vs_reconfigure_auto"] = (
         cold_overhead / overhead["reconfigure_auto_planned"]
     )
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2))
-    print(json.dumps({k: report[k] for k in ("median_s", "overhead_s", "ratios")}, indent=2))
+    write_json(args.out, report)
+    print_json(report, ("median_s", "overhead_s", "ratios"))
 
 
 if __name__ == "__main__":

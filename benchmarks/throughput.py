@@ -18,21 +18,19 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
 import statistics
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn.functional as F
-from common import timed_rounds, torch_pipelining_step
+from _run import print_json, rounds_parser, write_json
+from common import accumulate, on_ranks, optimizer_step, timed_rounds, torch_pipelining_step
 from torch import nn
 from torch.distributed.pipelining import Schedule1F1B, ScheduleGPipe
 
-import pipeline
-from pipeline import ElasticPipeline, StageContext
+from pipeline import ElasticPipeline, PlanOptions, StageContext
 from pipeline.local.models import transformer_stack
 from pipeline.local.spec import build_layer
 from pipeline.pure.partition import equal_sizes
@@ -58,14 +56,40 @@ def torch_pipelining(ctx: StageContext, schedule_cls: type) -> Callable[[], None
     )
 
 
-def ours(ctx: StageContext, schedule: str) -> tuple[Callable[[], None], ElasticPipeline]:
-    pipe = ElasticPipeline(
+def ours_pipeline(
+    schedule: str, m: int = MICROBATCHES, planning: PlanOptions | None = None
+) -> ElasticPipeline:
+    """Ours on this stack (also `schedules.py`'s and `order_cost.py`'s): `schedule` with
+    `m` micro-batches, SGD, MSE loss."""
+    return ElasticPipeline(
         specs(),
         optimizer=OPTIMIZER,
         loss_fn=F.mse_loss,
         schedule=schedule,
-        n_microbatches=MICROBATCHES,
+        n_microbatches=m,
+        planning=planning,
     )
+
+
+def stack_config(microbatches: Any, args: argparse.Namespace) -> dict[str, Any]:
+    """This stack and how it was timed (`args.rounds` of `args.steps` steps), as a JSON's
+    `config` opens."""
+    return {
+        "layers": LAYERS,
+        "d_model": D_MODEL,
+        "heads": HEADS,
+        "seq": SEQ,
+        "batch": BATCH,
+        "microbatches": microbatches,
+        "stages": STAGES,
+        "threads_per_stage": 1,
+        "rounds": args.rounds,
+        "steps_per_round": args.steps,
+    }
+
+
+def ours(ctx: StageContext, schedule: str) -> tuple[Callable[[], None], ElasticPipeline]:
+    pipe = ours_pipeline(schedule)
     x, y = batch()
 
     def step() -> None:
@@ -98,15 +122,7 @@ def run_pipelines(ctx: StageContext, rounds: int, steps: int) -> dict[str, Any]:
 
 def single_process(ctx: StageContext, rounds: int, steps: int) -> list[float]:
     model = nn.Sequential(*[build_layer(s, 0, ctx.device) for s in specs()])
-    optimizer = OPTIMIZER(model.parameters())
-    x, y = batch()
-
-    def step() -> None:
-        for xi, yi in zip(x.chunk(MICROBATCHES), y.chunk(MICROBATCHES), strict=True):
-            (F.mse_loss(model(xi), yi) / MICROBATCHES).backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-
+    step = optimizer_step(accumulate(model, batch(), MICROBATCHES), OPTIMIZER(model.parameters()))
     for _ in range(2):
         step()
     times = []
@@ -119,23 +135,10 @@ def single_process(ctx: StageContext, rounds: int, steps: int) -> list[float]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--steps", type=int, default=5)
-    default_out = Path(__file__).parent / "results" / "throughput.json"
-    parser.add_argument("--out", type=Path, default=default_out)
-    args = parser.parse_args()
+    args = rounds_parser(__doc__, rounds=5, steps=5, out="throughput.json").parse_args()
 
-    single = pipeline.launch(
-        functools.partial(single_process, rounds=args.rounds, steps=args.steps),
-        1,
-        threads_per_stage=1,
-    )[0]
-    piped = pipeline.launch(
-        functools.partial(run_pipelines, rounds=args.rounds, steps=args.steps),
-        STAGES,
-        threads_per_stage=1,
-    )[0]
+    single = on_ranks(single_process, 1, rounds=args.rounds, steps=args.steps)
+    piped = on_ranks(run_pipelines, STAGES, rounds=args.rounds, steps=args.steps)
 
     def samples_per_s(times: list[float]) -> float:
         return BATCH / statistics.median(times)
@@ -145,16 +148,7 @@ def main() -> None:
     results = {name: samples_per_s(t) for name, t in piped["step_s"].items()}
     report = {
         "config": {
-            "layers": LAYERS,
-            "d_model": D_MODEL,
-            "heads": HEADS,
-            "seq": SEQ,
-            "batch": BATCH,
-            "microbatches": MICROBATCHES,
-            "stages": STAGES,
-            "threads_per_stage": 1,
-            "rounds": args.rounds,
-            "steps_per_round": args.steps,
+            **stack_config(MICROBATCHES, args),
             "torch": torch.__version__,
         },
         "samples_per_s": {"single_process": single_sps, "ideal": ideal, **results},
@@ -174,9 +168,8 @@ def main() -> None:
         "per_round_step_s": {"single_process": single, **piped["step_s"]},
         "ours_per_stage_profile": piped["profile"],
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2))
-    print(json.dumps({k: report[k] for k in ("samples_per_s", "ratios")}, indent=2))
+    write_json(args.out, report)
+    print_json(report, ("samples_per_s", "ratios"))
 
 
 if __name__ == "__main__":

@@ -41,6 +41,7 @@ from types import ModuleType
 from typing import Any
 
 import optuna
+from _run import RESULTS, first_line, write_json
 from optuna.samplers import BaseSampler, GPSampler, NSGAIISampler, RandomSampler, TPESampler
 from optuna.search_space import IntersectionSearchSpace
 from optuna.trial import TrialState
@@ -144,13 +145,12 @@ def run(
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=first_line(__doc__))
     parser.add_argument("--proposals", type=int, default=200)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--samplers", nargs="+", choices=list(SAMPLERS), default=list(SAMPLERS))
     parser.add_argument("--old-ref", default=OLD_REF, help="git ref of the old space, or none")
-    default_out = Path(__file__).parent / "results" / "valid_proposals.json"
-    parser.add_argument("--out", type=Path, default=default_out)
+    parser.add_argument("--out", type=Path, default=RESULTS / "valid_proposals.json")
     args = parser.parse_args()
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
@@ -178,8 +178,7 @@ def main() -> None:
                 )
                 results.setdefault(variant, {}).setdefault(space_name, {})[name] = r
                 print(variant, space_name, name, json.dumps(r), flush=True)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(results, indent=2) + "\n")
+    write_json(args.out, results, newline=True)
 
 
 if __name__ == "__main__":

@@ -10,6 +10,11 @@ end the results are summarised (`nas.report`).
 Under `--multirun` each job is its own study, named `<study.name>-<the job's overrides>`
 unless the sweep sets `study.name` itself.
 
+A configuration that cannot run ends the command in one `[ERROR]` line naming the key and
+what is valid there, no traceback (`nas.config.one_line`): an option or a key that does not
+exist, a value of the wrong type, a mandatory value left unset (refused by Hydra and
+OmegaConf while composing), or a value the settings refuse.
+
     elastic-nas experiment=small_cpu
     elastic-nas study.name=demo study.n_trials=4 train.steps=40 sampler=evolution
     elastic-nas study.name=demo stages=[retrain] retrain.top_k=2 retrain.seeds=[0,1,2]
@@ -25,19 +30,54 @@ import sys
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
+from hydra.errors import HydraException
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from nas import job_log
-from nas.config import CONFIG_PATH, register, to_settings
+from nas.config import CONFIG_PATH, one_line, register, to_settings
 
 register()
 logger = logging.getLogger(__name__)
 
+# Hydra prints an error it meets while composing (several lines, no key's valid values)
+# unless this is "1": then it raises it, to `main`, which says it in one line.
+FULL_ERROR = "HYDRA_FULL_ERROR"
+_TRACE_ASKED = os.environ.get(FULL_ERROR) == "1"  # the user's own: Hydra's full traces
+# A line as the job log writes them (conf/config.yaml), for errors met before Hydra
+# configures logging: while composing.
+LOG_FORMAT = "[%(asctime)s][%(processName)s][%(name)s][%(levelname)s] - %(message)s"
+
+
+def main() -> None:
+    """The command (`elastic-nas`, `python -m nas`): Hydra composes the configuration and
+    runs `run`; an error met while composing ends it in one [ERROR] line (module doc)."""
+    if _TRACE_ASKED:
+        run()
+        return
+    os.environ[FULL_ERROR] = "1"  # until the job starts (`run`)
+    try:
+        run()
+    except (HydraException, OmegaConfBaseException) as error:
+        _say_error("invalid settings: %s", one_line(error))
+        sys.exit(1)
+    finally:
+        os.environ.pop(FULL_ERROR, None)
+
+
+def _say_error(message: str, *args: object) -> None:
+    """One [ERROR] line on stderr, as the job log writes them: while composing, Hydra has
+    configured no logging yet, or only its own (`--multirun`)."""
+    record = logger.makeRecord(logger.name, logging.ERROR, __file__, 0, message, args, None)
+    print(logging.Formatter(LOG_FORMAT).format(record), file=sys.stderr)
+
 
 @hydra.main(version_base="1.3", config_path=CONFIG_PATH, config_name="config")
-def main(cfg: DictConfig) -> None:
+def run(cfg: DictConfig) -> None:
+    """One job: the composed `cfg`'s settings, then its stages (module doc)."""
+    if not _TRACE_ASKED:  # the job's own errors: reported as Hydra reports them
+        os.environ.pop(FULL_ERROR, None)
     os.environ.setdefault("WANDB_MODE", "offline")
     hydra_cfg = HydraConfig.get()
     OmegaConf.update(cfg, "output_dir", hydra_cfg.runtime.output_dir, force_add=True)
@@ -48,7 +88,7 @@ def main(cfg: DictConfig) -> None:
     try:
         settings = to_settings(cfg)
     except (ValueError, TypeError, OmegaConfBaseException) as error:  # a setting out of range
-        logger.error("invalid settings: %s", "; ".join(str(error).strip().splitlines()))
+        logger.error("invalid settings: %s", one_line(error))
         sys.exit(1)
     job_log.publish()  # the stage processes log to this job's log file too
     from nas.retrain.stage import retrain  # after composing: --help and --cfg stay fast

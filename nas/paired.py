@@ -57,7 +57,7 @@ def paired_difference(
 ) -> PairedDifference:
     """`model - reference`, seed by seed, on the seeds both have (in `model`'s order) with
     finite figures; a seed only one of them has (it failed for the other) is left out.
-    `maximize`: higher is better for this metric (chrF), else lower (loss)."""
+    `maximize`: higher is better for this metric (an accuracy), else lower (a loss)."""
     seeds = tuple(
         s
         for s in model

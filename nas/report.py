@@ -2,9 +2,11 @@
 
 Printed with rich: a table of the best trials (values, architecture, parameters, state),
 the best architecture's summary, and the commands to open the study in `optuna-dashboard`
-and to upload the offline W&B runs (`wandb sync`). PNG plots go to the run folder:
-optimization history, the Pareto front for multi-objective studies, and which layers each
-stage held over the best trial's steps (its partition, and the migrations that changed it).
+and to upload the offline W&B runs (`wandb sync`). PNG plots go to the run folder
+(`nas.tracking.plots`): optimization history, the Pareto front for multi-objective studies,
+which layers each stage held over the best trial's steps (its partition, and the migrations
+that changed it), the fitness every trial reported at its evaluations (a single-objective
+study's) and the timeline of the trials.
 """
 
 from __future__ import annotations
@@ -12,7 +14,6 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import optuna
@@ -27,10 +28,18 @@ from nas.settings import NasSettings, task_metrics
 from nas.storage.opening import dashboard_target, make_storage
 from nas.study import trials
 from nas.study.run import StudyResult
+from nas.study.space import configured_space
 from nas.tasks import task_class
+from nas.tracking.plots import (
+    plot_history,
+    plot_intermediate_values,
+    plot_pareto,
+    plot_partition,
+    plot_timeline,
+)
 from search_spaces.architecture import functional_key
 
-__all__ = ["plot_history", "plot_pareto", "plot_partition", "report_study"]
+__all__ = ["report_study"]
 
 
 def report_study(
@@ -68,6 +77,12 @@ def report_study(
         plots.append(plot_pareto(study, settings.study.objectives, out / "pareto_front.png"))
     if complete:
         plots.append(plot_partition(study.best_trials[0], out / "partition_best_trial.png"))
+    for drawn in (
+        plot_intermediate_values(study, out / "intermediate_values.png"),
+        plot_timeline(study, out / "timeline.png"),
+    ):
+        if drawn is not None:
+            plots.append(drawn)
     run_dirs = list(result.run_dirs) if result else []
     if retrained is not None:
         _report_retrained(settings, retrained, console)
@@ -218,7 +233,6 @@ _HEADERS = {
     "samples_per_s": "smp/s",
     "peak_memory_bytes": "MB",
     "parameters": "params (x ET)",
-    "validation_exact_match": "exact",
     "validation_accuracy": "acc",
     "validation_bits_per_char": "bpc",
     "trial": "#",
@@ -230,7 +244,7 @@ def _reference_parameters(
 ) -> int | None:
     """The Evolved Transformer seed's parameters as its trial recorded them (None when the
     study has no such trial): every model's size is shown against it."""
-    seed = trials.seed_architectures(settings).get(REFERENCE)
+    seed = configured_space(settings).seeds().get(REFERENCE)
     if seed is None:
         return None
     digest = trials.model_digest(functional_key(seed))
@@ -252,108 +266,3 @@ def _cell(value: object, column: str = "", base: int | None = None) -> str:
     if isinstance(value, float):
         return f"{value:.4g}"
     return "-" if value is None else str(value)
-
-
-def _pyplot() -> ModuleType:
-    """matplotlib's pyplot on the Agg canvas, imported when a plot is drawn (~0.8 s): a
-    process that imports this module and draws nothing does not pay for it."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def plot_history(study: optuna.Study, path: Path, fitness: str = "validation_loss") -> Path:
-    """The fitness (first objective) of every trained trial against the wall-clock time it
-    finished at, pruned trials marked (their last evaluation), and the best so far."""
-    trained = [
-        t
-        for t in study.get_trials(deepcopy=False)
-        if t.datetime_complete and (t.values or fitness in t.user_attrs)
-    ]
-    trained.sort(key=lambda t: t.datetime_complete)  # type: ignore[arg-type, return-value]
-    starts = [t.datetime_start for t in study.trials if t.datetime_start]
-    zero = min(starts) if starts else None
-    plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(6, 4))
-    better = max if study.directions[0] == optuna.study.StudyDirection.MAXIMIZE else min
-    xs: list[float] = []
-    best: list[float] = []
-    for t in trained:
-        x = (t.datetime_complete - zero).total_seconds() / 60 if zero else 0.0  # type: ignore[operator]
-        y = t.values[0] if t.values else float(t.user_attrs[fitness])
-        pruned = t.state == optuna.trial.TrialState.PRUNED
-        ax.scatter(
-            [x], [y], marker="x" if pruned else "o", color="tab:red" if pruned else "tab:blue", s=30
-        )
-        if t.state == optuna.trial.TrialState.COMPLETE:
-            xs.append(x)
-            best.append(better(best[-1], y) if best else y)
-    if xs:
-        ax.step(xs, best, where="post", color="black", label="best so far")
-    ax.scatter([], [], marker="o", color="tab:blue", label="complete")
-    ax.scatter([], [], marker="x", color="tab:red", label="pruned")
-    ax.set(
-        xlabel="wall-clock time (minutes since the study began)",
-        ylabel=fitness.replace("_", " "),
-        title="optimization history",
-    )
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-    return path
-
-
-def plot_pareto(study: optuna.Study, objectives: list[str] | tuple[str, ...], path: Path) -> Path:
-    """The first two objectives of every complete trial; the Pareto front highlighted."""
-    complete = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
-    front = {t.number for t in study.best_trials}
-    plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for on_front, colour in ((False, "lightgray"), (True, "tab:red")):
-        points = [t.values[:2] for t in complete if (t.number in front) == on_front]
-        if points:
-            ax.scatter(
-                *zip(*points, strict=True),
-                color=colour,
-                label="Pareto front" if on_front else "trial",
-            )
-    ax.set(xlabel=objectives[0], ylabel=objectives[1], title="Pareto front")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-    return path
-
-
-def plot_partition(trial: optuna.trial.FrozenTrial, path: Path) -> Path:
-    """Which layers each stage held, step by step, in `trial` (its `partition_history`)."""
-    history = trial.user_attrs.get("partition_history") or [[0, trial.user_attrs["partition"]]]
-    last = max(int(trial.user_attrs.get("steps", 0)), int(history[-1][0]) + 1)
-    plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(6, 4))
-    colours = plt.get_cmap("tab10")
-    for i, (start, sizes) in enumerate(history):
-        end = history[i + 1][0] if i + 1 < len(history) else last
-        low = 0
-        for stage, size in enumerate(sizes):
-            ax.broken_barh(
-                [(start, max(end - start, 1))],
-                (low, size),
-                color=colours(stage),
-                label=f"stage {stage}" if i == 0 else None,
-            )
-            low += size
-    ax.set(
-        xlabel="step",
-        ylabel="layers (first to last)",
-        title=f"partition over time, best trial {trial.number}",
-    )
-    ax.legend(loc="upper right")
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-    return path

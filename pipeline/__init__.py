@@ -25,8 +25,9 @@ This package imports only torch and numpy.
 
 from pipeline.distributed.elastic import ElasticPipeline
 from pipeline.distributed.events import PipelineEvent
+from pipeline.distributed.inheritance import WeightSnapshot
 from pipeline.distributed.launch import StageContext, launch, lead_process, under_torchrun
-from pipeline.distributed.migration import MigrationRecord, WeightSnapshot
+from pipeline.distributed.migration import MigrationRecord
 from pipeline.distributed.options import (
     CheckpointOptions,
     ElasticOptions,

@@ -16,16 +16,19 @@ cell modules' attribute names (`cells.py`):
                                    (new keys start afresh anyway)
 
 `snapshot.without(edited_tensors(...))` is then the parent's weights the child inherits.
+`branch_prefixes` names the branches of a compiled architecture that a test picks, for a
+space whose edits reach every branch of one kind (`search_spaces.transformer_space`).
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 
-from search_spaces.architecture import CROSS_LAYERS, Architecture
+from search_spaces.architecture import CROSS_LAYERS, Architecture, Branch
 from search_spaces.suggest import CategoricalChoice
 
-__all__ = ["edited_tensors"]
+__all__ = ["branch_prefixes", "cell_keys", "edited_tensors"]
 
 _BRANCH = re.compile(r"^(enc|dec)\.block(\d+)\.(left|right)\.[a-z_]+$")
 _COMBINER = re.compile(r"^(enc|dec)\.block(\d+)\.combiner$")
@@ -39,18 +42,18 @@ def edited_tensors(
     from `old` to `new` touches (module doc); ValueError for a name the space never asks."""
     if match := _BRANCH.match(name):
         side, block, branch = match.groups()
-        return [f"{key}.cell.blocks.{block}.{branch}." for key in _cells(child, side)]
+        return [f"{key}.cell.blocks.{block}.{branch}." for key in cell_keys(child, side)]
     if match := _COMBINER.match(name):
         side, block = match.groups()
-        return [f"{key}.cell.blocks.{block}.project" for key in _cells(child, side)]
+        return [f"{key}.cell.blocks.{block}.project" for key in cell_keys(child, side)]
     if name == "dec.cross_block":
         if not isinstance(old, int) or not isinstance(new, int):
             raise ValueError(f"dec.cross_block edits block indices, got {old!r} -> {new!r}")
         blocks = sorted({old, new})
-        return [f"{key}.cell.blocks.{b}.left." for key in _cells(child, "dec") for b in blocks]
+        return [f"{key}.cell.blocks.{b}.left." for key in cell_keys(child, "dec") for b in blocks]
     if name == "dec.cross_layer":
         block = _cross_block(child)
-        return [f"{key}.cell.blocks.{block}.left." for key in _cells(child, "dec")]
+        return [f"{key}.cell.blocks.{block}.left." for key in cell_keys(child, "dec")]
     if _WHOLE.match(name):
         return []
     raise ValueError(
@@ -60,7 +63,7 @@ def edited_tensors(
     )
 
 
-def _cells(arch: Architecture, side: str) -> list[str]:
+def cell_keys(arch: Architecture, side: str) -> list[str]:
     """`compile`'s layer keys of the cells of one side."""
     count = arch.encoder_cells if side == "enc" else arch.decoder_cells
     return [f"{side}{i}" for i in range(count)]
@@ -72,3 +75,18 @@ def _cross_block(arch: Architecture) -> int:
         if block.left.layer in CROSS_LAYERS:
             return index
     raise ValueError("the architecture's decoder has no block attending to the encoder")
+
+
+def branch_prefixes(arch: Architecture, picked: Callable[[Branch], bool]) -> list[str]:
+    """The qualified tensor prefixes of every branch of `arch` (compiled) that `picked`
+    picks, in every cell of its side."""
+    sides = (("enc", arch.encoder), ("dec", arch.decoder))
+    return [
+        f"{key}.cell.blocks.{index}.{lr}."
+        for side, cell in sides
+        if cell is not None
+        for index, block in enumerate(cell.blocks)
+        for lr, branch in zip(("left", "right"), block.branches, strict=True)
+        if picked(branch)
+        for key in cell_keys(arch, side)
+    ]

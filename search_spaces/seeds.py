@@ -4,7 +4,8 @@ Both are written in the Evolved Transformer space's encoding (`search_spaces.arc
 two Transformer layers per cell, as So et al. (2019) pack them, so each seed is the smallest
 model of its kind the space holds at a cell count, and the parameter window is measured
 against the Transformer. `search_spaces.evolved_transformer.seed_params` turns either into
-the answers that replay it through `sample`.
+the answers that replay it through `sample`. The Transformers `transformer(...)` builds, over
+its hyper-parameters, are the second space (`search_spaces.transformer_space`).
 """
 
 from __future__ import annotations
@@ -46,16 +47,23 @@ def _check_seed(d_model: int, n_heads: int, n_enc: int, n_dec: int) -> None:
 
 
 def transformer(
-    d_model: int = 512, n_heads: int = 8, n_enc: int = 6, n_dec: int = 6, *, ff: float = 4.0
+    d_model: int = 512,
+    n_heads: int = 8,
+    n_enc: int = 6,
+    n_dec: int = 6,
+    *,
+    ff: float = 4.0,
+    activation: str = "relu",
 ) -> Architecture:
     """The pre-norm Transformer (Vaswani et al. 2017, tensor2tensor's layout) with n_enc
     encoder and n_dec decoder layers, two layers per cell as in So et al. (encoder: 3
     blocks per layer, decoder: 4), so n_enc and n_dec must be even; n_enc=0 gives a
     decoder-only Transformer (its 6 blocks per cell are followed by 2 copy blocks).
 
-    Per layer: x + attn(ln x); [decoder: x + enc_attn(ln x)]; x + W2 relu(W1 ln x), W1 of
-    width ff * d_model. Equal in parameters to `nn.Transformer(norm_first=True)` of the
-    same size once compiled (its final LayerNorms are compile's memory norm and head norm).
+    Per layer: x + attn(ln x); [decoder: x + enc_attn(ln x)]; x + W2 act(W1 ln x), W1 of
+    width ff * d_model, act the `activation` (the paper's ReLU by default). Equal in
+    parameters to `nn.Transformer(norm_first=True)` of the same size once compiled (its
+    final LayerNorms are compile's memory norm and head norm).
     """
     _check_seed(d_model, n_heads, n_enc, n_dec)
     if n_enc % 2 or n_dec % 2:
@@ -64,8 +72,8 @@ def transformer(
     def attention(i: int, layer: str = "attention") -> Block:  # h_{i+1} = h_i + attn(ln h_i)
         return Block(_ln(i, layer, 1.0, heads=n_heads), _id(i))
 
-    def feed_forward(i: int) -> list[Block]:  # h_{i+1} = relu(W1 ln h_i); h_{i+2} = h_i + ..
-        hidden = Block(_ln(i, "conv_1x1", ff, "relu"), _dead())
+    def feed_forward(i: int) -> list[Block]:  # h_{i+1} = act(W1 ln h_i); h_{i+2} = h_i + ..
+        hidden = Block(_ln(i, "conv_1x1", ff, activation), _dead())
         return [hidden, Block(Branch(i + 1, "conv_1x1", dim=1.0), _id(i))]
 
     def decoder_layer(i: int) -> list[Block]:

@@ -137,20 +137,21 @@ def _results(metrics: Mapping[str, Any]) -> str:
         cells = [_number(metrics.get(f"{split}_{name}")) for split in ("validation", "test")]
         lines.append(f"| {name.replace('_', ' ')} | {cells[0]} | {cells[1]} |")
     lines += _seed_table(_per_seed(metrics), names, seed)
-    return "\n".join([*lines, *_bleu_note(metrics, names), ""])
+    return "\n".join([*lines, *_signature_notes(metrics, names), ""])
 
 
-def _bleu_note(metrics: Mapping[str, Any], names: Sequence[str]) -> list[str]:
-    """How BLEU was computed, where the figures have it: sacreBLEU's signature."""
+def _signature_notes(metrics: Mapping[str, Any], names: Sequence[str]) -> list[str]:
+    """How a metric of the tables was computed, where the task's description (`data`,
+    `Task.describe`) records its scorer's signature as `<metric>_signature`."""
     data = metrics.get("data")
-    signature = data.get("bleu_signature") if isinstance(data, Mapping) else None
-    if "bleu" not in names or not isinstance(signature, str):
+    if not isinstance(data, Mapping):
         return []
-    return [
-        "",
-        "BLEU is sacreBLEU's corpus BLEU on detokenized text, chrF its corpus chrF; "
-        f"signature `{signature}`.",
+    notes = [
+        f"{name.replace('_', ' ')}: scorer signature `{signature}`."
+        for name in names
+        if isinstance(signature := data.get(f"{name}_signature"), str)
     ]
+    return [line for note in notes for line in ("", note)]  # a paragraph each
 
 
 def _seed_table(rows: Sequence[Mapping[str, Any]], names: Sequence[str], seed: Any) -> list[str]:

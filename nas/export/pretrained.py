@@ -31,8 +31,8 @@ decoded as the evaluation decodes, with characters or its subword tokenizer).
 
 Why not the mixin itself: `huggingface_hub.hub_mixin` imports PyYAML (for its model cards),
 and loading must need only torch, numpy and safetensors. This module imports neither
-Optuna, Hydra, W&B, matplotlib, sacrebleu, rich nor YAML (`tokenizers`, for a subword
-vocabulary, is part of the core install); `huggingface_hub` is imported
+Optuna, Hydra, W&B, matplotlib, the tasks' metric scorers, rich nor YAML (`tokenizers`, for
+a subword vocabulary, is part of the core install); `huggingface_hub` is imported
 only to fetch a Hub repository id (`owner/name`), never for a local folder.
 
 Folders written before this layout (`architecture.json`, format "elastic-nas-model/1",

@@ -3,8 +3,8 @@
 A retraining (`nas.retrain.stage`) trains each model once per training seed; these are its
 records (`Model`, `RetrainRun`, `RetrainResult`) and the two ways it reads them: a table of
 each model's mean and sd over its seeds (`model_table`), and each model's paired difference
-against the reference seed model, seed by seed (`compare`, `nas.paired`). Pure: figures in,
-figures out, no processes.
+against the reference seed model, seed by seed, on the fitness and the task's headline
+metrics (`compare`, `nas.paired`). Pure: figures in, figures out, no processes.
 """
 
 from __future__ import annotations
@@ -17,12 +17,14 @@ from typing import Any
 
 from nas.paired import PairedDifference, paired_difference, reference_model
 from nas.settings import direction, lower_is_better, objectives
+from nas.tasks import task_class
 
 __all__ = [
     "Model",
     "RetrainResult",
     "RetrainRun",
     "compare",
+    "headline_objectives",
     "model_table",
     "paired_metrics",
     "score",
@@ -103,27 +105,32 @@ def model_table(runs: Sequence[RetrainRun], fitness: str) -> list[dict[str, Any]
 
 
 def compare(
-    runs: Sequence[RetrainRun], fitness: str
+    runs: Sequence[RetrainRun], fitness: str, *, headline: Sequence[str]
 ) -> tuple[str | None, dict[str, dict[str, PairedDifference]]]:
     """Step 5: the reference seed model (`nas.paired.reference_model`: the Evolved
     Transformer when retrained) and every other model's paired difference against it on
-    `fitness` and, when the runs have them, `validation_chrf` and `validation_bleu`; (None,
-    {}) without one."""
+    `fitness` and, where the runs have them, the `headline` metrics (the task's
+    `Task.headline_metrics`, as `validation_<metric>`: `headline_objectives`); (None, {})
+    without one."""
     rows = model_table(runs, fitness)
     seeds = {row["model"]: row[f"{fitness}_mean"] for row in rows if row["trial"] is None}
     reference = reference_model(seeds, maximize=direction(fitness) == "maximize")
     if reference is None:
         return None, {}
     metrics = [
-        m
-        for m in dict.fromkeys((fitness, "validation_chrf", "validation_bleu"))
-        if any(m in run.metrics for run in runs)
+        m for m in dict.fromkeys((fitness, *headline)) if any(m in run.metrics for run in runs)
     ]
     return reference, {
         row["model"]: paired_metrics(runs, row["model"], reference, metrics)
         for row in rows
         if row["model"] != reference
     }
+
+
+def headline_objectives(task: str) -> tuple[str, ...]:
+    """The headline metrics of `task` (`Task.headline_metrics`) as a run's validation
+    figures are named: `validation_<metric>`."""
+    return tuple(f"validation_{metric}" for metric in task_class(task).headline_metrics)
 
 
 def paired_metrics(

@@ -11,11 +11,13 @@ neighbours, trained and ranked) and what composing edits builds on:
     3. replay again with that one answer changed; a question only the child asks is
        answered at random (seeded);
     4. keep the child if it is a different network from the parent and from every child
-       kept so far (`functional_key`) and inside the configured parameter window.
+       kept so far (`functional_key`) and the space accepts it (`SearchSpace.validate`:
+       inside its parameter window, say).
 
-The space is a function of a `Suggest` (for the harness's configured space,
-`functools.partial(nas.study.trials.sample_architecture, settings=settings)`), so this module
-knows no settings. Pure apart from the space's own code: no Optuna, no processes.
+The space is any configured `search_spaces.SearchSpace` (the harness's is
+`nas.study.space.configured_space(settings)`): edits are made on its answers, which every
+space asks through `Suggest`, so they need nothing more of it; this module knows no
+settings. Pure apart from the space's own code: no Optuna, no processes.
 """
 
 from __future__ import annotations
@@ -24,13 +26,11 @@ import random
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
+from search_spaces import SearchSpace
 from search_spaces.architecture import Architecture, InvalidArchitecture, functional_key
-from search_spaces.evolved_transformer import ParamWindow, validate
-from search_spaces.suggest import CategoricalChoice, Suggest
+from search_spaces.suggest import CategoricalChoice
 
-__all__ = ["Answers", "Edit", "Mutant", "Space", "complete", "inside", "mutants", "questions"]
-
-Space = Callable[[Suggest], Architecture]  # the architecture a suggest's answers build
+__all__ = ["Answers", "Edit", "Mutant", "complete", "inside", "mutants", "questions"]
 
 
 @dataclass(frozen=True)
@@ -94,37 +94,36 @@ class Answers:
 
 
 def complete(
-    answers: Mapping[str, CategoricalChoice], space: Space, seed: int
+    answers: Mapping[str, CategoricalChoice], space: SearchSpace, seed: int
 ) -> tuple[dict[str, CategoricalChoice], Architecture]:
     """`answers` replayed through `space`, what they lack drawn at random from `seed`: the
     answers the architecture asked (only those) and the architecture."""
     recorder = Answers(answers, random.Random(seed))
-    architecture = space(recorder)
+    architecture = space.sample(recorder)
     return recorder.answers, architecture
 
 
 def questions(
-    params: Mapping[str, CategoricalChoice], space: Space
+    params: Mapping[str, CategoricalChoice], space: SearchSpace
 ) -> dict[str, list[CategoricalChoice]]:
     """Step 1: every question replaying `params` through `space` asks, with its choices,
     in the order asked."""
     recorder = Answers(params)
-    space(recorder)
+    space.sample(recorder)
     return recorder.choices
 
 
 def mutants(
     params: Mapping[str, CategoricalChoice],
-    space: Space,
+    space: SearchSpace,
     count: int,
     *,
-    window: ParamWindow | None = None,
     names: Callable[[str], bool] | None = None,
     seed: int = 0,
     max_draws: int = 2000,
 ) -> list[Mutant]:
     """Up to `count` distinct one-edit mutants of the architecture `params` answers in
-    `space`, inside `window`, in the order drawn (module doc, steps 2-4); fewer when
+    `space`, each accepted by it (`inside`), in the order drawn (module doc, steps 2-4); fewer when
     `max_draws` edits did not yield `count`. `names`: which parameters may be edited (for
     example only activations), default every one with another choice."""
     if count < 1:
@@ -142,15 +141,15 @@ def mutants(
             f"the architecture has no answer to edit (of {len(asked)} asked) with another "
             "choice among the names allowed"
         )
-    seen = {functional_key(space(Answers(parent)))}
+    seen = {functional_key(space.sample(Answers(parent)))}
     found: list[Mutant] = []
     for _ in range(max_draws):
         name = rng.choice(editable)
         new = rng.choice([c for c in asked[name] if c != parent[name]])
         recorder = Answers(parent, rng, {name: new})
-        child = space(recorder)
+        child = space.sample(recorder)
         key = functional_key(child)
-        if key in seen or not inside(child, window):
+        if key in seen or not inside(child, space):
             continue
         seen.add(key)
         found.append(Mutant(Edit(name, parent[name], new), recorder.answers, child))
@@ -159,10 +158,10 @@ def mutants(
     return found
 
 
-def inside(arch: Architecture, window: ParamWindow | None) -> bool:
-    """Whether `arch` passes `window` (`validate`; every sample is otherwise valid)."""
+def inside(arch: Architecture, space: SearchSpace) -> bool:
+    """Whether `space` accepts `arch` (`SearchSpace.validate`: its parameter window, say)."""
     try:
-        validate(arch, window=window)
+        space.validate(arch)
     except InvalidArchitecture:
         return False
     return True

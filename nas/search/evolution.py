@@ -1,7 +1,7 @@
 """Regularized evolution (Real et al. 2019), the Evolved Transformer's search, as an Optuna sampler.
 
 Optuna has no evolutionary sampler that works on define-by-run, conditional spaces such as
-`search_spaces.evolved_transformer.sample`: NSGA-II crosses over only the parameters every
+the Evolved Transformer's (`search_spaces`): NSGA-II crosses over only the parameters every
 trial shares. Regularized evolution needs no shared space: a child is its parent with one
 choice changed, and whatever the child asks that its parent never did is drawn at random.
 
@@ -42,12 +42,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
-from optuna.distributions import (
-    BaseDistribution,
-    CategoricalDistribution,
-    FloatDistribution,
-    IntDistribution,
-)
+from optuna.distributions import BaseDistribution
 from optuna.samplers import BaseSampler, RandomSampler
 from optuna.study import Study, StudyDirection
 from optuna.trial import FrozenTrial, TrialState
@@ -62,16 +57,13 @@ from nas.search.lineage import (
     KEY_TOURNAMENT,
     improving_edits,
 )
+from nas.search.mutation import other_value
 from nas.search.records import StudyRecords, contains, trial_id
 from pipeline.pure.checks import is_int, is_number
 
-__all__ = [
-    "ProposalCheck",
-    "RegularizedEvolutionSampler",
-]
+__all__ = ["ProposalCheck", "RegularizedEvolutionSampler"]
 
 _WARMUPS = ("sample", "mutate")  # how the first population is filled (module docstring)
-_MAX_REDRAWS = 100  # random draws tried for a different numeric value before a grid step
 
 
 class ProposalCheck(Protocol):
@@ -184,9 +176,7 @@ class RegularizedEvolutionSampler(BaseSampler):
             )
         self.proposal_check = proposal_check
         self.max_proposals = _positive_int("max_proposals", max_proposals)
-        if not is_number(graft_rate):
-            raise ValueError(f"graft_rate must be a number in [0, 1], got {graft_rate!r}")
-        if not 0.0 <= graft_rate <= 1.0:
+        if not (is_number(graft_rate) and 0.0 <= graft_rate <= 1.0):
             raise ValueError(f"graft_rate must be a number in [0, 1], got {graft_rate!r}")
         self.graft_rate = float(graft_rate)
         self.graft_top = _positive_int("graft_top", graft_top)
@@ -406,24 +396,8 @@ class RegularizedEvolutionSampler(BaseSampler):
         params: dict[str, Any],
     ) -> Any:
         """A legal value of `distribution` other than the parent's `params[name]`."""
-        old = params[name]
-        if isinstance(distribution, CategoricalDistribution):
-            index = distribution.to_internal_repr(old)
-            other = self._rng.randint(len(distribution.choices) - 1)
-            return distribution.choices[other + (other >= index)]
-        for _ in range(_MAX_REDRAWS):  # honours log scales and steps
-            value = self._random.sample_independent(study, trial, name, distribution)
-            if value != old:
-                return value
-        if isinstance(distribution, IntDistribution | FloatDistribution) and distribution.step:
-            # A grid where the old value kept coming back (e.g. a wide log-int range at its
-            # dense end): a uniform other grid point.
-            step, low = distribution.step, distribution.low
-            n = round((distribution.high - low) / step) + 1
-            index = round((old - low) / step)
-            other = self._rng.randint(n - 1)
-            value = low + (other + (other >= index)) * step
-            return int(value) if isinstance(distribution, IntDistribution) else float(value)
-        raise RuntimeError(  # a continuous range cannot return one point 100 times
-            f"could not draw a value of {name!r} other than {old!r} from {distribution}"
-        )
+
+        def draw() -> Any:  # honours log scales and steps
+            return self._random.sample_independent(study, trial, name, distribution)
+
+        return other_value(self._rng, draw, name, distribution, params[name])

@@ -7,6 +7,7 @@ Owned here, below the study and the retrain stage that keep their records in it:
     opening    `make_storage` (one storage of every kind, wrapped to retry), who owns a
                RUNNING trial (its owner and heartbeat), failing and retrying a dead worker's
     retrying   `RetryingStorage`: a storage call that waits out a server gone for a while
+    sqlite     an SQLite file shared by several processes: write-ahead, waits, taking turns
     postgres   a throw-away PostgreSQL server from the `pgserver` wheel
     server     `python -m nas.storage.server`: that server, or Optuna's gRPC proxy
 
@@ -23,12 +24,12 @@ from nas.storage.opening import (
     heartbeat_every,
     make_storage,
     on_wait,
-    one_check_at_a_time,
     owner_alive,
     retried_enough,
     retry,
     this_owner,
 )
+from nas.storage.sqlite import one_check_at_a_time
 from nas.storage.url import JOURNAL, StorageKind
 
 __all__ = [

@@ -14,12 +14,13 @@ would destroy the other workers' trials. Two signals tell them apart, numbered:
        `optuna.storages.fail_stale_trials` (a worker on another machine that died or hung).
 
 Every worker looks for such trials when it opens the study and again before each trial it
-asks (`nas.study.trials.fail_running`), so a live worker takes over a dead peer's trial while the
+asks (`nas.study.orphans.fail_running`), so a live worker takes over a dead peer's trial while the
 study runs. Two workers looking at once fail a trial once: a database server's row lock (and
 a journal file's order) lets the first failure through and refuses the second
 (`UpdateFinishedTrialError`: that worker skips the trial); SQLite, which has no row lock,
-takes turns through a lock file beside the database (`one_check_at_a_time`). Only the worker
-whose failure went through asks the trial again.
+takes turns (`nas.storage.sqlite`: a lock file beside the database, and in the gRPC proxy
+serving it, one state change at a time). Only the worker whose failure went through asks
+the trial again.
 
 Journal files (`study.storage=journal:///path/study.log`, for several machines on a shared
 file system) and Optuna's gRPC storage proxy (`grpc://host:port`, whose protocol carries no
@@ -36,18 +37,14 @@ architecture: one that kills its worker every time ends failed, and the study go
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import functools
 import importlib.util
 import logging
 import os
 import socket
-import sqlite3
 import threading
-import time
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import optuna
@@ -66,13 +63,13 @@ from nas.errors import HeartbeatError, describe
 from nas.search.records import StudyRecords, trial_id
 from nas.storage import url as storage_url
 from nas.storage.retrying import RetryingStorage, StorageError, root_cause
+from nas.storage.sqlite import SQLITE_BUSY_S, SQLiteStorage
 from nas.storage.url import JOURNAL, StorageKind
 
 __all__ = [
     "CONNECT_S",
     "GRACE_S",
     "HEARTBEAT_S",
-    "SQLITE_BUSY_S",
     "STORAGE_WAIT_S",
     "Heartbeat",
     "StorageError",
@@ -81,7 +78,6 @@ __all__ = [
     "heartbeat_every",
     "make_storage",
     "on_wait",
-    "one_check_at_a_time",
     "owner_alive",
     "retried_enough",
     "retry",
@@ -90,7 +86,6 @@ __all__ = [
 
 HEARTBEAT_S = 5  # seconds between a trial's heartbeats (fewer for a short grace)
 GRACE_S = 30  # `study.heartbeat_grace_s`'s default: a trial silent this long is failed
-SQLITE_BUSY_S = 20.0  # how long a write waits for another process's lock (sqlite3: 5 s)
 STORAGE_WAIT_S = 60.0  # `study.storage_wait_s`'s default: a server's outage waited out
 CONNECT_S = 10  # a database server or gRPC proxy that does not answer by then is unreachable
 KEEPALIVE_S = 30  # a PostgreSQL server that vanished mid-query is noticed within about this
@@ -123,15 +118,19 @@ def make_storage(
     if kind == StorageKind.JOURNAL:
         return JournalStorage(JournalFileBackend(url[len(JOURNAL) :]))
     if kind == StorageKind.GRPC:
-        return RetryingStorage(_grpc_proxy(url), storage_url.masked(url), wait_s)
+        return _retrying(_grpc_proxy(url), url, wait_s)
     every = heartbeat_every(grace_s) if heartbeat_s is None else heartbeat_s
     rdb = _connect(_with_driver(url), storage_url.masked(url), every, grace_s, max_retries)
     if kind == StorageKind.SQLITE:
-        sqlalchemy.event.listen(rdb.engine, "connect", _write_ahead)
-        rdb.engine.dispose()  # the connections made so far reopen with it
         return rdb
     # Optuna's in-process cache of finished trials (what a URL given to Optuna gets)
-    return RetryingStorage(get_storage(rdb), storage_url.masked(url), wait_s)
+    return _retrying(get_storage(rdb), url, wait_s)
+
+
+def _retrying(inner: BaseStorage, url: str, wait_s: float) -> RetryingStorage:
+    """`inner`, the storage at `url`, its calls waiting out an outage of `wait_s` seconds."""
+    # mypy sees the class before its class decorator gives it the abstract methods
+    return RetryingStorage(inner, storage_url.masked(url), wait_s)  # type: ignore[abstract]
 
 
 def heartbeat_every(grace_s: int) -> int:
@@ -146,7 +145,7 @@ def _connect(url: str, name: str, heartbeat_s: int, grace_s: int, max_retries: i
     with warnings.catch_warnings():  # heartbeats are "experimental" in Optuna 5
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         try:
-            return RDBStorage(
+            return (SQLiteStorage if url.startswith("sqlite") else RDBStorage)(
                 url,
                 engine_kwargs=_engine_options(url),
                 heartbeat_interval=heartbeat_s,
@@ -197,13 +196,14 @@ def _grpc_proxy(url: str) -> BaseStorage:
     """The client of the gRPC storage proxy at `url`, once it answers (StorageError when it
     does not within CONNECT_S). It has no heartbeats: Optuna's proxy does not carry them."""
     host, port = storage_url.grpc_address(url)
+    name = storage_url.masked(url)
     try:
         with warnings.catch_warnings():  # "experimental" in Optuna 5
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
             proxy = GrpcStorageProxy(host=host, port=port)
     except ImportError as error:
         raise StorageError(
-            f"storage {url}: grpcio is not installed ({root_cause(error)}); "
+            f"storage {name}: grpcio is not installed ({root_cause(error)}); "
             "pip install 'elastic-nas[postgres]'"
         ) from None
     try:
@@ -211,7 +211,7 @@ def _grpc_proxy(url: str) -> BaseStorage:
     except ConnectionError:
         proxy.close()
         raise StorageError(
-            f"storage {url}: no gRPC storage proxy answers there within {CONNECT_S} s "
+            f"storage {name}: no gRPC storage proxy answers there within {CONNECT_S} s "
             "(start one: python -m nas.storage.server serve --storage <url> --port <port>)"
         ) from None
     return proxy
@@ -234,31 +234,8 @@ def dashboard_target(url: str) -> str:
     if kind == StorageKind.JOURNAL:
         return url[len(JOURNAL) :]
     if kind == StorageKind.GRPC:
-        return f"<the --storage URL of the proxy at {url}>"
+        return f"<the --storage URL of the proxy at {storage_url.without_password(url)}>"
     return storage_url.without_password(_with_driver(url))
-
-
-def _write_ahead(connection: Any, _: Any) -> None:
-    """SQLite in write-ahead mode, synced at checkpoints: a sampled architecture writes
-    about 140 parameters, one commit each, about 5x faster so (safe for processes on one
-    machine; for several machines use a server database or a journal file).
-
-    Switching the journal mode needs the database to itself and does not wait on SQLite's
-    busy handler, so two harnesses opening a new study at once retry (the mode, once set,
-    stays in the file: later connections find it set and skip the switch)."""
-    cursor = connection.cursor()
-    try:
-        deadline = time.monotonic() + SQLITE_BUSY_S
-        while cursor.execute("PRAGMA journal_mode").fetchone()[0].lower() != "wal":
-            try:
-                cursor.execute("PRAGMA journal_mode=WAL")
-            except sqlite3.OperationalError as error:
-                if "locked" not in str(error) or time.monotonic() > deadline:
-                    raise
-                time.sleep(0.05)
-        cursor.execute("PRAGMA synchronous=NORMAL")
-    finally:
-        cursor.close()
 
 
 def fail_stale(study: optuna.Study) -> None:
@@ -268,25 +245,12 @@ def fail_stale(study: optuna.Study) -> None:
         optuna.storages.fail_stale_trials(study)
 
 
-@contextlib.contextmanager
-def one_check_at_a_time(study: optuna.Study) -> Iterator[None]:
-    """On SQLite, hold a lock file beside the database (`<file>-orphans.lock`) while the
-    caller fails orphaned trials and asks them again, or asks for a trial: SQLite has no row
-    lock, so two workers failing one trial at once could both succeed and ask it again
-    twice, and two popping one enqueued trial would both train it. A database server or a
-    journal file refuses the second claim itself: no lock there."""
-    database = StudyRecords(study).sqlite_file()
-    if database is None:
-        yield
-        return
-    with open(f"{database}-orphans.lock", "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
-        yield
-
-
 def _ask_again(study: optuna.Study, trial: optuna.trial.FrozenTrial, max_retries: int) -> None:
     """A stale trial is failed by Optuna (no reason recorded: it does not count); its
-    architecture is enqueued again so that the study still evaluates it, up to the cap."""
+    architecture is enqueued again so that the study still evaluates it, up to the cap.
+
+    Not Optuna's `RetryHeartbeatStaleTrialCallback`: it copies the dead trial's user attrs
+    (owner, model digest) and counts retries apart from `retry`'s `attempt`/`retry_of`."""
     if not retry(study, trial, max_retries):
         logger.warning(
             "trial %d's worker stopped beating; not retried again (%d retries)",

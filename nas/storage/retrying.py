@@ -28,29 +28,30 @@ stay RUNNING with no owner: a window of a few microseconds per outage, left as i
 
 from __future__ import annotations
 
+import abc
+import functools
+import inspect
 import logging
 import threading
 import time
-from collections.abc import Callable, Container, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
 
 import optuna
 import sqlalchemy.exc
-from optuna.distributions import BaseDistribution
 from optuna.storages import BaseStorage
 
 # Optuna sees a storage's heartbeats only on a subclass of this private class (its
 # `is_heartbeat_enabled`), so the wrapper must be one: the one private name used here.
 from optuna.storages._heartbeat import BaseHeartbeat
-from optuna.study import StudyDirection
 from optuna.trial import FrozenTrial, TrialState
 
-if TYPE_CHECKING:
-    from optuna.study._frozen import FrozenStudy
+_Storage = TypeVar("_Storage", bound=BaseStorage)
 
 __all__ = [
     "BACKOFF_S",
     "REMIND_S",
+    "RETRIED",
     "RetryingStorage",
     "StorageError",
     "StorageUnavailableError",
@@ -130,12 +131,39 @@ class _Outage:
         return min(delay, left)
 
 
+def _retried(name: str) -> Callable[..., Any]:
+    """`RetryingStorage`'s method `name`: the inner storage's, through `_call`; its name,
+    documentation and signature (`inspect.signature`) are Optuna's."""
+    declared = getattr(BaseStorage, name, None) or getattr(BaseHeartbeat, name)
+
+    def method(self: RetryingStorage, *args: Any, **kwargs: Any) -> Any:
+        return self._call(name, *args, **kwargs)
+
+    functools.update_wrapper(method, declared, updated=())  # not `__isabstractmethod__`
+    method.__module__, method.__qualname__ = __name__, f"RetryingStorage.{name}"
+    return method
+
+
+def _retrying(cls: type[_Storage]) -> type[_Storage]:
+    """`cls` with a retried method (`_retried`) for each method of Optuna's storage
+    interface that reaches the database and that `cls` does not define: the public ones of
+    `BaseStorage`, and the heartbeat's two (`RETRIED` lists them)."""
+    public = (n for n, f in vars(BaseStorage).items() if inspect.isfunction(f) and n[0] != "_")
+    for name in (*public, "record_heartbeat", "_get_stale_trial_ids"):
+        if name not in vars(cls):
+            setattr(cls, name, _retried(name))
+    return abc.update_abstractmethods(cls)
+
+
+@_retrying
 class RetryingStorage(BaseStorage, BaseHeartbeat):
     """`inner`, every call retried while the storage is unreachable (module docstring).
 
     `name`: how errors and logs name the storage (its URL, password masked). Heartbeats
     are those of `inner`; an inner storage without them (the gRPC proxy) has none here
-    either (`get_heartbeat_interval` is None).
+    either (`get_heartbeat_interval` is None). The methods of Optuna's storage interface
+    that reach the database (`RETRIED`) are made by `_retrying`, each a call of `_call`;
+    those defined here are not retried.
     """
 
     def __init__(self, inner: BaseStorage, name: str, wait_s: float) -> None:
@@ -154,7 +182,9 @@ class RetryingStorage(BaseStorage, BaseHeartbeat):
             try:
                 result = work(*args, **kwargs)
             except Exception as error:
-                if outage is not None and _finished_already(self.inner, method, args, error):
+                if outage is not None and _finished_already(
+                    self.inner, method, args, kwargs, error
+                ):
                     result = True  # the first attempt committed; its reply was lost
                 elif not transient(error):
                     raise
@@ -225,106 +255,7 @@ class RetryingStorage(BaseStorage, BaseHeartbeat):
             raise AttributeError(name)
         return getattr(self.inner, name)
 
-    # -- BaseStorage -------------------------------------------------------------------------
-    def create_new_study(
-        self, directions: Sequence[StudyDirection], study_name: str | None = None
-    ) -> int:
-        return int(self._call("create_new_study", directions, study_name))
-
-    def delete_study(self, study_id: int) -> None:
-        self._call("delete_study", study_id)
-
-    def set_study_user_attr(self, study_id: int, key: str, value: Any) -> None:
-        self._call("set_study_user_attr", study_id, key, value)
-
-    def set_study_system_attr(self, study_id: int, key: str, value: Any) -> None:
-        self._call("set_study_system_attr", study_id, key, value)
-
-    def get_study_id_from_name(self, study_name: str) -> int:
-        return int(self._call("get_study_id_from_name", study_name))
-
-    def get_study_name_from_id(self, study_id: int) -> str:
-        return str(self._call("get_study_name_from_id", study_id))
-
-    def get_study_directions(self, study_id: int) -> list[StudyDirection]:
-        return list(self._call("get_study_directions", study_id))
-
-    def get_study_user_attrs(self, study_id: int) -> dict[str, Any]:
-        return dict(self._call("get_study_user_attrs", study_id))
-
-    def get_study_system_attrs(self, study_id: int) -> dict[str, Any]:
-        return dict(self._call("get_study_system_attrs", study_id))
-
-    def get_all_studies(self) -> list[FrozenStudy]:
-        return list(self._call("get_all_studies"))
-
-    def create_new_trial(self, study_id: int, template_trial: FrozenTrial | None = None) -> int:
-        return int(self._call("create_new_trial", study_id, template_trial))
-
-    def set_trial_param(
-        self,
-        trial_id: int,
-        param_name: str,
-        param_value_internal: float,
-        distribution: BaseDistribution,
-    ) -> None:
-        self._call("set_trial_param", trial_id, param_name, param_value_internal, distribution)
-
-    def get_trial_id_from_study_id_trial_number(self, study_id: int, trial_number: int) -> int:
-        return int(self._call("get_trial_id_from_study_id_trial_number", study_id, trial_number))
-
-    def get_trial_number_from_id(self, trial_id: int) -> int:
-        return int(self._call("get_trial_number_from_id", trial_id))
-
-    def get_trial_param(self, trial_id: int, param_name: str) -> float:
-        return float(self._call("get_trial_param", trial_id, param_name))
-
-    def set_trial_state_values(
-        self, trial_id: int, state: TrialState, values: Sequence[float] | None = None
-    ) -> bool:
-        return bool(self._call("set_trial_state_values", trial_id, state, values))
-
-    def set_trial_intermediate_value(
-        self, trial_id: int, step: int, intermediate_value: float
-    ) -> None:
-        self._call("set_trial_intermediate_value", trial_id, step, intermediate_value)
-
-    def set_trial_user_attr(self, trial_id: int, key: str, value: Any) -> None:
-        self._call("set_trial_user_attr", trial_id, key, value)
-
-    def set_trial_system_attr(self, trial_id: int, key: str, value: Any) -> None:
-        self._call("set_trial_system_attr", trial_id, key, value)
-
-    def get_trial(self, trial_id: int) -> FrozenTrial:
-        trial: FrozenTrial = self._call("get_trial", trial_id)
-        return trial
-
-    def get_all_trials(
-        self,
-        study_id: int,
-        deepcopy: bool = True,
-        states: Container[TrialState] | None = None,
-    ) -> list[FrozenTrial]:
-        return list(self._call("get_all_trials", study_id, deepcopy=deepcopy, states=states))
-
-    def get_n_trials(
-        self, study_id: int, state: tuple[TrialState, ...] | TrialState | None = None
-    ) -> int:
-        return int(self._call("get_n_trials", study_id, state))
-
-    def get_best_trial(self, study_id: int) -> FrozenTrial:
-        trial: FrozenTrial = self._call("get_best_trial", study_id)
-        return trial
-
-    def get_trial_params(self, trial_id: int) -> dict[str, Any]:
-        return dict(self._call("get_trial_params", trial_id))
-
-    def get_trial_user_attrs(self, trial_id: int) -> dict[str, Any]:
-        return dict(self._call("get_trial_user_attrs", trial_id))
-
-    def get_trial_system_attrs(self, trial_id: int) -> dict[str, Any]:
-        return dict(self._call("get_trial_system_attrs", trial_id))
-
+    # -- what is not retried: the inner storage's own answer, at once -----------------------
     def remove_session(self) -> None:
         self.inner.remove_session()
 
@@ -332,12 +263,6 @@ class RetryingStorage(BaseStorage, BaseHeartbeat):
         self.inner.check_trial_is_updatable(trial_id, trial_state)
 
     # -- BaseHeartbeat (when the inner storage has heartbeats) -------------------------------
-    def record_heartbeat(self, trial_id: int) -> None:
-        self._call("record_heartbeat", trial_id)
-
-    def _get_stale_trial_ids(self, study_id: int) -> list[int]:
-        return list(self._call("_get_stale_trial_ids", study_id))
-
     def get_heartbeat_interval(self) -> int | None:
         if not isinstance(self.inner, BaseHeartbeat):
             return None
@@ -351,8 +276,16 @@ class RetryingStorage(BaseStorage, BaseHeartbeat):
         return self.inner.get_heartbeat_stale_trial_callback()
 
 
+RETRIED = tuple(sorted(n for n, f in vars(RetryingStorage).items() if hasattr(f, "__wrapped__")))
+"""The storage calls `RetryingStorage` retries (those `_retrying` made)."""
+
+
 def _finished_already(
-    inner: BaseStorage, method: str, args: tuple[Any, ...], error: BaseException
+    inner: BaseStorage,
+    method: str,
+    args: tuple[Any, ...],
+    kwargs: Mapping[str, Any],
+    error: BaseException,
 ) -> bool:
     """A retried `set_trial_state_values` refused because the trial is already in the
     state asked: the attempt before committed it (module docstring)."""
@@ -360,7 +293,11 @@ def _finished_already(
         error, optuna.exceptions.UpdateFinishedTrialError
     ):
         return False
+    asked = _SET_STATE.bind(inner, *args, **kwargs).arguments  # passed by name or not
     try:
-        return bool(inner.get_trial(args[0]).state == args[1])
+        return bool(inner.get_trial(asked["trial_id"]).state == asked["state"])
     except Exception:  # still unreachable, or gone: the refusal stands
         return False
+
+
+_SET_STATE = inspect.signature(BaseStorage.set_trial_state_values)

@@ -70,7 +70,7 @@ def grpc_address(url: str) -> tuple[str, int]:
     except ValueError:
         port = None
     if parts.scheme != "grpc" or not parts.hostname or port is None or parts.path.strip("/"):
-        raise ValueError(f"study.storage={url!r} is not valid; use grpc://host:port")
+        raise ValueError(f"study.storage={masked(url)!r} is not valid; use grpc://host:port")
     return parts.hostname, port
 
 

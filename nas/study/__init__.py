@@ -3,8 +3,17 @@
 Owned here, above storage, search, tracking, tasks and settings:
 
     run             `run_study`: the lifecycle, top to bottom, on long-lived stage processes
-    leader          rank 0's half: the Optuna study, the tracker, the bars, the heartbeat
-    trials          opening the study, sampling an architecture, counting trials
+    decisions       rank 0's decisions, agreed on every stage process
+    candidate       building, training and measuring one candidate on every rank
+    leader          rank 0's half: the study, the tracker, composed of the parts below
+    asking          the next trial worth training (refusals, duplicates, orphans first)
+    running         the trial training now: its heartbeat, a logging error held
+    bars            the study's and the trial's progress bars
+    opening         opening (creating, loading) a study, its seeds enqueued first
+    strategies      the study's sampler and pruner, evolution's proposal check
+    space           the search space `search_space.name` names, configured by the settings
+    trials          what a trial records, which trials count, the time searched
+    orphans         trials left running by dead processes: failed and asked again
     training        training and scoring one candidate on the pipeline
     inherited       a child judged from its parent's weights (Optuna's artifact store)
     inheritance     the trained weights a later candidate may start from

@@ -30,6 +30,8 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
+import tempfile
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,7 +45,7 @@ from safetensors.torch import save_file
 
 from nas.settings import NasSettings, task_metrics
 from nas.study import training
-from nas.study.trials import architecture_of
+from nas.study.space import architecture_of
 from nas.tasks import Task
 from pipeline import CostCache, ElasticPipeline, LayerSpec, WeightSnapshot
 from pipeline.distributed.comm import Comm
@@ -52,6 +54,7 @@ from search_spaces.architecture import from_json
 __all__ = [
     "WEIGHTS_ARTIFACT",
     "InheritFrom",
+    "TrialWeights",
     "artifact_store",
     "continuation_seed",
     "estimate",
@@ -158,6 +161,37 @@ def parent_of(
 def weights_file(folder: Path, number: int) -> Path:
     """Where a worker keeps trial `number`'s weights file in `folder`."""
     return folder / f"trial-{number}.safetensors"
+
+
+class TrialWeights:
+    """Rank 0's weights at inherited fidelity: the study's artifact store (complete trials
+    keep their weights there) and a local folder where each trial's weights are written,
+    and parents' downloaded, until `remove`."""
+
+    def __init__(self, settings: NasSettings) -> None:
+        self._settings = settings
+        self._store = artifact_store(settings)
+        self._folder = Path(tempfile.mkdtemp(prefix="nas-weights-"))
+
+    def order(
+        self, study: optuna.Study, number: int, parent: int | None
+    ) -> tuple[InheritFrom | None, str]:
+        """For trial `number` (a child of `parent`, if any): what it is judged from (None:
+        from scratch) and where its weights are written."""
+        source = None
+        if parent is not None:
+            source = parent_of(study, parent, self._settings, self._store, self._folder)
+        return source, str(weights_file(self._folder, number))
+
+    def keep(self, trial: optuna.Trial) -> None:
+        """Keep a complete trial's weights in the store, if it wrote them."""
+        weights = weights_file(self._folder, trial.number)
+        if weights.exists():
+            keep_weights(trial, self._store, weights)
+
+    def remove(self) -> None:
+        """Remove the local folder (the store keeps what counts)."""
+        shutil.rmtree(self._folder, ignore_errors=True)
 
 
 def record_control(

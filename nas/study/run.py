@@ -6,19 +6,20 @@ restart. Every stage process runs `_stage_main`; rank 0 alone holds the study
 (`nas.study.leader.Leader`) and makes the decisions, numbered as they happen:
 
     1. open    rank 0 opens the study (seeds enqueued), the tracker and the progress bars;
-    2. ask     rank 0 asks Optuna for a trial and samples its architecture (every sample is
-               a valid architecture; see `search_spaces.evolved_transformer`);
+    2. ask     rank 0 asks Optuna for a trial and samples its architecture from the space
+               `search_space.name` names (`nas.study.asking`, `search_spaces.SearchSpace`);
     3. build   every rank compiles the architecture to layers and reconfigures (planned
                from the cost cache; weights inherited when asked);
     4. train   every rank trains `train.steps` steps; every `train.eval_every` steps every
-               rank evaluates (loss, accuracy, chrF and exact match of greedy decoding, or
+               rank evaluates (loss, accuracy, the decoded metrics of greedy decoding, or
                bits per character), and rank 0 logs, reports the fitness and decides pruning;
     5. tell    rank 0 records the outcome: the objective values, or the cause of a failure;
     6. close   rank 0 ends the tracker's runs and says how the study went.
 
-Rank 0's decisions (1, 2, 4's report, 5) go through `Decisions`: every rank waits in the same
-broadcast and receives the decision, or, if rank 0 raised while making it (storage locked or
-gone, a tracker or sampler error), the same `LeaderError`. Failures, by where they happen:
+Rank 0's decisions (1, 2, 4's report, 5) go through `nas.study.decisions.Decisions`: every
+rank waits in the same broadcast and receives the decision, or, if rank 0 raised while
+making it (storage locked or gone, a tracker or sampler error), the same `LeaderError`.
+Steps 3 and 4 are `nas.study.candidate`'s. Failures, by where they happen:
 
 * in the runtime while a trial builds or trains (a layer error, a NaN loss, a memory plan
   that cannot fit): raised on every rank by the runtime; the trial fails with its cause;
@@ -42,32 +43,29 @@ import logging
 import math
 import sys
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
 
 import optuna
 
 import pipeline
 from nas import job_log, storage
 from nas.errors import LeaderError
-from nas.learning_rate import LrSchedule
-from nas.settings import NasSettings, direction
-from nas.study import inherited, shape, training, trials, workers
+from nas.settings import NasSettings
+from nas.study import shape, training, trials, workers
+from nas.study.candidate import CandidateTrainer
+from nas.study.decisions import Decisions
 from nas.study.inheritance import WeightBank
-from nas.study.leader import Leader, StudyEnd, TrialOrder
-from nas.tasks import Task, get_task
-from nas.tracking import TrialEnd, pipeline_metrics
-from pipeline import CostCache, ElasticPipeline, StageContext
+from nas.study.leader import Leader, StudyEnd
+from nas.study.opening import open_study
+from nas.study.orphans import fail_running
+from nas.tasks import get_task
+from pipeline import ElasticPipeline, StageContext
 from pipeline.distributed.comm import Comm
-from pipeline.pure.planner import Plan
-from pipeline.pure.shape import RuntimeOverheads, Shape, predicted_step_s
-from search_spaces.architecture import from_json, short_name, summary
+from pipeline.pure.shape import RuntimeOverheads
 
 __all__ = ["StudyResult", "run_study"]
 
-T = TypeVar("T")
 _KEEP = 32  # trained trials whose weights a later candidate may start from (at least)
 logger = logging.getLogger(__name__)
 
@@ -107,7 +105,7 @@ def run_study(
         overheads = choice.overheads if choice is not None else None
         end = _launch(settings, owner, deadline, overheads, progress)
         return StudyResult(settings.study.name, settings.storage_url, end.finished, 0, end.run_dirs)
-    study = trials.open_study(settings)
+    study = open_study(settings)
     settings, choice = shape.resolve(
         settings, max_workers=max(1, trials.remaining(study, settings.study.n_trials))
     )
@@ -126,12 +124,12 @@ def run_study(
             run_dirs.extend(_launch(settings, owner, deadline, overheads, progress).run_dirs)
         except LeaderError as error:  # the study stopped on every rank: its trial is retried
             with contextlib.suppress(Exception):  # the storage may be what failed
-                trials.fail_running(study, f"the study stopped: {error}", owner, retries)
+                fail_running(study, f"the study stopped: {error}", owner, retries)
             raise
         except pipeline.StageFailedError as error:
             cause = f"stage {error.stage} died: {error.detail[-2000:]}"
             logger.warning("study %s: %s", settings.study.name, cause.strip().splitlines()[-1])
-            if not trials.fail_running(study, cause, owner, retries):
+            if not fail_running(study, cause, owner, retries):
                 continue  # its trial ended failed (retried enough): the study goes on
             restarts += 1
             if restarts > settings.study.max_restarts:
@@ -174,32 +172,6 @@ def _launch(
 
 
 # -- inside every stage process -------------------------------------------------------------
-class Decisions:
-    """Rank 0's decisions, agreed on every rank (the module docstring's numbered steps).
-
-    `decide(what, Leader.method, *args)` runs `leader.method(*args)` on rank 0 and returns
-    its result on every rank; if it raises, every rank raises `LeaderError(what, cause)`.
-    `log_step` is the one call that decides nothing: rank 0 logs, the others go on.
-    """
-
-    def __init__(self, comm: Comm, leader: Leader | None) -> None:
-        self.comm, self.leader = comm, leader
-
-    def __call__(self, what: str, method: Callable[..., T], *args: Any) -> T:
-        def make() -> T:
-            assert self.leader is not None, "only rank 0 decides"
-            try:
-                return method(self.leader, *args)
-            except Exception as error:
-                raise LeaderError.of(what, error) from error
-
-        return self.comm.agree(make)
-
-    def log_step(self, step: int, metrics: dict[str, Any]) -> None:
-        if self.leader is not None:
-            self.leader.log_step(step, metrics)
-
-
 def _stage_main(
     ctx: StageContext,
     settings: NasSettings,
@@ -222,13 +194,17 @@ def _stage_main(
     try:
         leader = _open(comm, settings, owner, deadline, progress)  # 1.
         decide = Decisions(comm, leader)
-        bank = WeightBank(keep=max(_KEEP, int(settings.sampler.options.get("population_size", 0))))
-        schedule = training.rates(settings.train)  # one schedule: the pipeline keeps it
-        machine = _Machine(shape.load_cache(), overheads)
+        trainer = CandidateTrainer(
+            settings,
+            task,
+            decide,
+            WeightBank(keep=max(_KEEP, int(settings.sampler.options.get("population_size", 0)))),
+            training.rates(settings.train),  # one schedule: the pipeline keeps it
+            shape.load_cache(),
+            overheads,
+        )
         while (order := decide("ask for a trial", Leader.next_trial)) is not None:  # 2.
-            pipe, outcome = _run_trial(
-                settings, task, pipe, order, decide, bank, schedule, machine
-            )  # 3., 4.
+            pipe, outcome = trainer.run(pipe, order)  # 3., 4.
             decide(f"record trial {order.number}", Leader.finish, order.number, outcome)  # 5.
     except LeaderError as error:  # agreed on every rank: the study stops here, cleanly
         stopped = error
@@ -256,171 +232,6 @@ def _open(
 
     comm.agree(make)
     return opened[0] if opened else None
-
-
-@dataclass(frozen=True)
-class _Machine:
-    """What the trials of one worker share about the machine: its cost cache (layers
-    profiled before, by the shape's choice or earlier studies) and the runtime's overheads."""
-
-    costs: CostCache
-    overheads: RuntimeOverheads | None
-
-    def predicted_samples_per_s(self, plan: Plan | None, batch_size: int) -> float | None:
-        """One worker's samples/s under `plan` with the overheads (`pipeline.pure.shape`)."""
-        if plan is None or self.overheads is None:
-            return None
-        return batch_size / predicted_step_s(plan, self.overheads)
-
-
-def _run_trial(
-    settings: NasSettings,
-    task: Task,
-    pipe: ElasticPipeline | None,
-    order: TrialOrder,
-    decide: Decisions,
-    bank: WeightBank,
-    schedule: LrSchedule,
-    machine: _Machine,
-) -> tuple[ElasticPipeline | None, trials.Outcome]:
-    """Build and train one candidate on every rank (3. and 4.); how it ended."""
-    arch = from_json(order.architecture)
-    specs, parameters = training.compile_model(arch, task, settings.train.dropout)
-    attrs: dict[str, Any] = {
-        "architecture": summary(arch),
-        "short_name": short_name(arch),
-        "parameters": parameters,
-    }
-    if settings.study.fidelity == "inherited":
-        attrs["fidelity"] = "full"  # unless judged from a trained parent
-    source = bank.source(order.parent) if settings.study.inherit_weights else None
-    if source is not None:
-        attrs["inherited_from"] = source
-    started = time.perf_counter()
-    try:
-        if order.inherit is not None:  # study.fidelity=inherited, a trained parent
-            pipe, evaluation, judged = inherited.judge(
-                settings,
-                task,
-                pipe,
-                specs,
-                order.inherit,
-                order.edited,
-                comm=decide.comm,
-                record_control=functools.partial(
-                    decide, "record a control", Leader.record_control, order.inherit.parent
-                ),
-                cost_cache=machine.costs,
-            )
-            attrs |= judged
-            steps, pruned = settings.study.inherit_steps, False
-        else:
-            pipe = training.build(
-                settings,
-                task,
-                specs,
-                schedule,
-                seed=settings.seed,
-                pipe=pipe,
-                snapshot=bank.inherited(source, order),
-                cost_cache=machine.costs,
-            )
-            evaluation, steps, pruned = _train(settings, task, pipe, decide, schedule)
-    except (LeaderError, *training.RUN_ERRORS) as error:  # raised on every rank
-        reason, detail = training.failure(error)
-        return pipe, trials.Outcome(
-            TrialEnd.FAILED, attrs | {"fail_reason": reason, "detail": detail}
-        )
-    stats = pipe.stats()
-    attrs |= evaluation | {
-        "steps": steps,
-        "seconds": time.perf_counter() - started,
-        "partition": list(pipe.sizes),
-        "migrations": len(stats.migrations),
-        "partition_history": [[step, list(sizes)] for step, sizes in pipe.partition_history],
-        "tokens_per_s": stats.tokens_per_s or 0.0,
-        "samples_per_s": stats.samples_per_s or 0.0,
-        "shape": _shape_name(settings),
-        "predicted_samples_per_s": machine.predicted_samples_per_s(
-            stats.plan, settings.train.batch_size
-        ),
-        "peak_memory_bytes": max(s.measured_peak_bytes for s in stats.stages),
-    }
-    if settings.study.inherit_weights:
-        attrs |= _inheritance(pipe)
-        bank.add(order.number, pipe)
-    if pruned:
-        return pipe, trials.Outcome(TrialEnd.PRUNED, attrs)
-    if order.weights_to is not None:  # its children are judged from these (`nas.study.inherited`)
-        weights = pipe.full_state_dict()  # on rank 0
-        if weights:
-            inherited.save_weights(weights, Path(order.weights_to))
-    values = [_objective(attrs, name) for name in settings.study.objectives]
-    return pipe, trials.Outcome(TrialEnd.COMPLETE, attrs, values)
-
-
-def _train(
-    settings: NasSettings,
-    task: Task,
-    pipe: ElasticPipeline,
-    decide: Decisions,
-    schedule: LrSchedule,
-) -> tuple[dict[str, float], int, bool]:
-    """(the last evaluation's metrics, steps trained, pruned?).
-
-    The steps between two evaluations are one `pipe.train` stream (no flush between them
-    under "2bw"); the stream drains before each evaluation.
-    """
-    train = settings.train
-    source = training.batches(task, train.batch_size, settings.seed)
-    step = 0
-    while True:
-        segment = min(train.eval_every - step % train.eval_every, train.steps - step)
-        last_loss = None
-        for done, loss in training.steps(pipe, source, start=step, count=segment):
-            if last_loss is not None:  # all but the segment's last: no decision
-                decide.log_step(done - 1, {"loss": last_loss})
-            step, last_loss = done, loss
-        if last_loss is None:
-            raise ValueError(f"task {settings.task.name!r} yielded no training batches")
-        final = step == train.steps  # every rank evaluates
-        evaluation = training.evaluate(train, task, pipe, final=final)
-        metrics = {
-            "loss": last_loss,
-            "lr": schedule.rate(step - 1),
-            **pipeline_metrics(pipe.stats().to_dict()),
-            **evaluation,
-        }
-        if decide(f"report step {step}", Leader.evaluated, step, metrics):  # 4.
-            return evaluation, step, True
-        if final:
-            return evaluation, step, False
-
-
-def _shape_name(settings: NasSettings) -> str:
-    """This worker's shape as the trial records it (`pipeline.pure.shape.Shape`)."""
-    p = settings.pipeline
-    return str(
-        Shape(int(settings.study.workers), p.stage_count, p.thread_count or 0, p.microbatch_count)
-    )
-
-
-def _objective(attrs: dict[str, Any], name: str) -> float:
-    """The objective `name` of a trained trial; NaN (nothing to measure) counts as worst."""
-    value = float(attrs[name])
-    if math.isfinite(value):
-        return value
-    return math.inf if direction(name) == "minimize" else -math.inf
-
-
-def _inheritance(pipe: ElasticPipeline) -> dict[str, int]:
-    """What this model took from the trial it came from (`inherit_weights`): layers and
-    bytes inherited, and how many of them moved to another stage."""
-    found = [
-        e.details for e in pipe.events if e.kind == "inherit" and e.generation == pipe.generation
-    ]
-    record = found[-1] if found else {"layers": 0, "bytes": 0, "moved": 0, "moved_bytes": 0}
-    return {f"inherited_{k}": int(v) for k, v in record.items()}
 
 
 def _as_worker(settings: NasSettings, number: int) -> StudyResult:

@@ -32,7 +32,8 @@ from typing import Any
 import torch
 
 from nas.settings import AUTO, NasSettings
-from nas.study import training, trials
+from nas.study import training
+from nas.study.space import configured_space
 from nas.tasks import get_task
 from pipeline import CostCache, under_torchrun
 from pipeline.distributed.overheads import measure_overheads
@@ -162,8 +163,7 @@ def resolve(
         max_workers=max_workers,
     )
     if architectures is None:
-        architectures = list(trials.seed_architectures(settings).values())
-    profiles = _profiles(settings, architectures, costs)
+        architectures = list(configured_space(settings).seeds().values())
     options = [
         choose_shape(
             get_planner(p.planner),
@@ -173,28 +173,31 @@ def resolve(
             schedule=p.schedule,
             memory_budget=p.memory_budget,
         )[1]
-        for profile in profiles
+        for profile in _profiles(settings, architectures, costs)
     ]
     save_cache(costs)
     choice = _best(options, costs.overheads)
-    shape = choice.shape
-    chosen = dataclasses.replace(
+    logger.info(
+        "shape: %s, predicted %.0f samples/s on %d cores",
+        choice.shape,
+        choice.predicted_samples_per_s,
+        limits.cores,
+    )
+    return _shaped(settings, choice.shape), choice
+
+
+def _shaped(settings: NasSettings, shape: Shape) -> NasSettings:
+    """`settings` with the workers, stages, micro-batches and threads of `shape`."""
+    return dataclasses.replace(
         settings,
         study=dataclasses.replace(settings.study, workers=shape.workers),
         pipeline=dataclasses.replace(
-            p,
+            settings.pipeline,
             n_stages=shape.n_stages,
             n_microbatches=shape.n_microbatches,
             threads_per_stage=shape.threads_per_stage,
         ),
     )
-    logger.info(
-        "shape: %s, predicted %.0f samples/s on %d cores",
-        shape,
-        choice.predicted_samples_per_s,
-        limits.cores,
-    )
-    return chosen, choice
 
 
 def resolve_one(settings: NasSettings) -> tuple[NasSettings, ShapeChoice | None]:

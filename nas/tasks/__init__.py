@@ -18,7 +18,8 @@ Sizes measured (pycountry 26.2.16, Python 3.11's `pydoc_data`, default options, 
   catalogs, 33,997 sentences of 3 to 30 words.
 
 The translation tasks share `nas.tasks.parallel.ParallelCorpus` and read characters or
-subword pieces (`tokenizer`: chars, bpe, unigram). A task that reads the user's data is
+subword pieces (`nas.tasks.tokenizing.TokenizerOptions`; options `tokenizer`: chars, bpe,
+unigram, `vocab_size`, `max_tokens`, `shared_vocab`). A task that reads the user's data is
 built once by the CLI before a study starts (`check_task`), so that a bad file or option is
 one line (`TaskInputError`) rather than a failure in every stage process.
 
@@ -55,8 +56,10 @@ from nas.tasks.corpus import Corpus
 from nas.tasks.corpus_files import CorpusError
 from nas.tasks.messages import Messages
 from nas.tasks.metrics import bleu, bleu_signature, chrf, decode_metrics, exact_match, sentence_chrf
+from nas.tasks.options import accepts_any, arguments, groups, option_names
 from nas.tasks.parallel import ParallelCorpus
 from nas.tasks.textfile import TextFile
+from nas.tasks.tokenizing import TokenizerOptions
 from nas.tasks.translation import Translation, greedy_decode
 
 __all__ = [
@@ -79,8 +82,10 @@ __all__ = [
     "TextFile",
     "TokenStats",
     "TokenVocab",
+    "TokenizerOptions",
     "Translation",
     "Vocab",
+    "bind_options",
     "bleu",
     "bleu_signature",
     "check_task",
@@ -127,16 +132,30 @@ def task_class(name: str) -> type[Task]:
     )
 
 
-def get_task(name: str, **options: Any) -> Task:
-    """The task called `name` (`task_class`), built with `options` (e.g. seed, seq_len)."""
+def bind_options(name: str, options: Mapping[str, Any]) -> dict[str, Any]:
+    """The constructor's keyword arguments of the task called `name` for the flat `options`
+    users write (`nas.tasks.options`: a group's fields gathered into it), without reading
+    any data: TypeError naming an option the task does not take (or a mandatory one not
+    given) and the valid ones; `TaskInputError` for a value an option group refuses."""
     cls = task_class(name)
+    valid = option_names(cls)
     try:
-        inspect.signature(cls).bind(**options)
+        unknown = sorted(set(options) - set(valid) - set(groups(cls)))  # a group: as such
+        if unknown and not accepts_any(cls):
+            raise TypeError(f"unknown options {unknown}")
+        bound = arguments(cls, options)
+        inspect.signature(cls).bind(**bound)
     except TypeError as error:
         raise TypeError(
-            f"bad options for task {name!r}: {error}; its signature is {inspect.signature(cls)}"
+            f"bad options for task {name!r}: {error}; valid options: {', '.join(valid)}"
         ) from error
-    return cls(**options)
+    return bound
+
+
+def get_task(name: str, **options: Any) -> Task:
+    """The task called `name` (`task_class`), built with `options` (e.g. seed, seq_len;
+    `bind_options`)."""
+    return task_class(name)(**bind_options(name, options))
 
 
 def check_task(name: str, options: Mapping[str, Any]) -> None:

@@ -26,6 +26,7 @@ import torch.nn.functional as F
 
 from nas.text.decoding import check_batch_size
 from nas.text.vocab import BOS, EOS, PAD, SPECIALS, UNK, TokenVocab, Vocab
+from pipeline.pure.checks import is_int
 
 __all__ = [
     "BOS",
@@ -43,6 +44,7 @@ __all__ = [
     "TokenVocab",
     "Vocab",
     "check_batch_size",
+    "check_positive",
     "check_split",
     "derive_seed",
     "masked_cross_entropy",
@@ -64,6 +66,13 @@ class TaskInputError(ValueError):
 
     def __init__(self, message: str) -> None:
         super().__init__(" ".join(str(message).splitlines()))  # one line, whatever it quotes
+
+
+def check_positive(key: str, value: object) -> int:
+    """`value` of the option `key`, if it is an integer >= 1; else `TaskInputError`."""
+    if not is_int(value) or value < 1:
+        raise TaskInputError(f"{key}={value!r} is not valid; valid: an integer >= 1")
+    return value
 
 
 def check_split(split: str) -> None:

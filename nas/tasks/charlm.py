@@ -63,6 +63,8 @@ class CharLanguageModel(Task):
         **Task.metric_directions,
         "bits_per_char": "minimize",
     }
+    # what character models are reported in, and what a reader grasps at once
+    headline_metrics = ("bits_per_char", "accuracy")
     vocab: Vocab  # characters
 
     def __init__(self, texts: Mapping[str, str], *, seq_len: int = 64) -> None:

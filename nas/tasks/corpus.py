@@ -20,9 +20,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from nas.tasks.base import SPLITS, TaskInputError
+from nas.tasks.base import SPLITS, TaskInputError, check_positive
 from nas.tasks.corpus_files import CorpusError, CorpusRead, read_corpus, split_pairs
-from nas.tasks.parallel import Pair, ParallelCorpus, check_positive
+from nas.tasks.parallel import Pair, ParallelCorpus
+from nas.tasks.tokenizing import SUBWORDS, TokenizerOptions
 
 __all__ = ["FRACTIONS", "Corpus", "arrange_splits", "check_fractions"]
 
@@ -82,10 +83,7 @@ class Corpus(ParallelCorpus):
         max_chars: int = 400,
         fractions: Sequence[float] = FRACTIONS,
         fixed_length: bool = False,
-        tokenizer: str = "bpe",
-        vocab_size: int | None = 8000,
-        max_tokens: int | None = None,
-        shared_vocab: bool = True,
+        tokenization: TokenizerOptions = SUBWORDS,
     ) -> None:
         self.path = Path(path).expanduser()
         limit = check_positive("max_chars", max_chars)
@@ -101,10 +99,7 @@ class Corpus(ParallelCorpus):
             seed=seed,
             max_chars=longest,
             fixed_length=fixed_length,
-            tokenizer=tokenizer,
-            vocab_size=vocab_size,
-            max_tokens=max_tokens,
-            shared_vocab=shared_vocab,
+            tokenization=tokenization,
         )
 
     def describe(self) -> dict[str, Any]:

@@ -24,10 +24,11 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from nas.tasks.base import TaskInputError
+from nas.tasks.base import TaskInputError, check_positive
 from nas.tasks.corpus import FRACTIONS
 from nas.tasks.corpus_files import CorpusError, read_corpus, split_pairs
-from nas.tasks.parallel import Pair, ParallelCorpus, check_positive
+from nas.tasks.parallel import Pair, ParallelCorpus
+from nas.tasks.tokenizing import SUBWORDS, TokenizerOptions
 
 __all__ = ["CATALOG_SUFFIXES", "FOLDER", "Messages", "keep_sentences", "read_catalogs"]
 
@@ -106,10 +107,7 @@ class Messages(ParallelCorpus):
         max_words: int = 30,
         max_chars: int = 400,
         fixed_length: bool = False,
-        tokenizer: str = "bpe",
-        vocab_size: int | None = 8000,
-        max_tokens: int | None = None,
-        shared_vocab: bool = True,
+        tokenization: TokenizerOptions = SUBWORDS,
     ) -> None:
         check_positive("min_words", min_words)
         if check_positive("max_words", max_words) < min_words:
@@ -138,10 +136,7 @@ class Messages(ParallelCorpus):
             seed=seed,
             max_chars=longest,
             fixed_length=fixed_length,
-            tokenizer=tokenizer,
-            vocab_size=vocab_size,
-            max_tokens=max_tokens,
-            shared_vocab=shared_vocab,
+            tokenization=tokenization,
         )
 
     def describe(self) -> dict[str, Any]:

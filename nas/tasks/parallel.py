@@ -6,15 +6,8 @@ and the system's software messages (`messages`) differ only in where their pairs
 greedy decoding and its metrics. A subclass reads its pairs, cuts them into train /
 validation / test and passes them to `ParallelCorpus.__init__`; it adds `describe()`'s facts.
 
-Tokenizers (`tokenizer`):
-
-* "chars": the characters of every split (`nas.text.vocab.Vocab`), as the name task has always
-  had them; `vocab_size` is ignored.
-* "bpe" or "unigram": `vocab_size` subword pieces (`nas.text.subwords.SubwordVocab`) trained on
-  the training split's sources and targets only, seeded by the task's seed. `vocab_size`
-  must leave a piece for every character of the texts it learns from (the unigram trainer
-  refuses less; BPE would silently take more).
-
+Tokenization (`tokenization`, a `nas.tasks.tokenizing.TokenizerOptions`): characters, or
+subword pieces learned from the training split ("bpe", "unigram"; `vocab_size` pieces).
 One vocabulary serves both sides (`shared_vocab=True`, the default; the source embedding,
 the target embedding and the head then have `len(task.vocab)` rows), or each side has its
 own (`shared_vocab=False`): `vocab` is then the target's (the target embedding, the head,
@@ -38,7 +31,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any, ClassVar, Literal, get_args
+from typing import Any, ClassVar
 
 import torch
 
@@ -53,34 +46,26 @@ from nas.tasks.base import (
     Task,
     TaskInputError,
     TokenVocab,
-    Vocab,
     check_batch_size,
     check_split,
     generator,
     unigram_cross_entropy,
 )
 from nas.tasks.metrics import bleu_signature, decode_metrics
+from nas.tasks.tokenizing import CHARACTERS, TokenizerOptions, build_vocab
 from nas.text.decoding import StepFn, translate_ids
-from nas.text.subwords import SubwordKind, SubwordVocab
-from pipeline.pure.checks import is_int
 
 __all__ = [
     "DECODE_ROWS",
-    "TOKENIZERS",
     "Pair",
     "ParallelCorpus",
-    "TokenizerName",
     "TranslationBatch",
-    "build_vocab",
-    "check_positive",
     "decode_rows",
 ]
 
 Pair = tuple[str, str]
 # x = (src (B, S), tgt_in (B, T)), y = tgt_out (B, T)
 TranslationBatch = tuple[tuple[torch.Tensor, torch.Tensor], torch.Tensor]
-TokenizerName = Literal["chars", "bpe", "unigram"]
-TOKENIZERS: tuple[str, ...] = get_args(TokenizerName)
 DECODE_ROWS = 128  # the most rows of a greedy batch that evaluation sizes itself
 
 
@@ -92,48 +77,6 @@ def decode_rows(pairs: int, batch_size: int) -> int:
     check_batch_size(batch_size)
     most = max(batch_size, DECODE_ROWS // batch_size * batch_size)
     return min(most, max(1, -(-pairs // batch_size)) * batch_size)
-
-
-def check_positive(key: str, value: object) -> int:
-    """`value` of the option `key`, if it is an integer >= 1; else `TaskInputError`."""
-    if not is_int(value) or value < 1:
-        raise TaskInputError(f"{key}={value!r} is not valid; valid: an integer >= 1")
-    return value
-
-
-Side = Literal["source", "target", "both"]
-_SIDES: dict[Side, tuple[int, ...]] = {"source": (0,), "target": (1,), "both": (0, 1)}
-
-
-def build_vocab(
-    tokenizer: str,
-    vocab_size: int | None,
-    splits: Mapping[str, Sequence[Pair]],
-    seed: int,
-    side: Side = "both",
-) -> TokenVocab:
-    """The vocabulary of `side` of `splits` (module doc): characters of every split, or
-    subword pieces learned from the training split; `TaskInputError` naming a bad setting."""
-    if tokenizer not in TOKENIZERS:
-        raise TaskInputError(
-            f"tokenizer={tokenizer!r} is not valid; valid tokenizers: {', '.join(TOKENIZERS)}"
-        )
-    sides = _SIDES[side]
-    if tokenizer == "chars":
-        return Vocab.from_texts(
-            pair[i] for pairs in splits.values() for pair in pairs for i in sides
-        )
-    texts = [pair[i] for pair in splits["train"] for i in sides]
-    need = max(17, len(SPECIALS) + len(set("".join(texts))))
-    if not is_int(vocab_size) or vocab_size < need:
-        whose = "" if side == "both" else f"'s {side}s"
-        raise TaskInputError(
-            f"vocab_size={vocab_size!r} is not valid for tokenizer={tokenizer!r}: the training "
-            f"split{whose} has {need - len(SPECIALS)} distinct characters, each needs a piece "
-            f"besides the {len(SPECIALS)} specials; use an integer >= {need}"
-        )
-    kind: SubwordKind = "bpe" if tokenizer == "bpe" else "unigram"
-    return SubwordVocab.train(texts, kind, vocab_size, seed=seed)
 
 
 class ParallelCorpus(Task):
@@ -163,42 +106,28 @@ class ParallelCorpus(Task):
         seed: int,
         max_chars: int,
         fixed_length: bool = False,
-        tokenizer: str = "chars",
-        vocab_size: int | None = None,
-        max_tokens: int | None = None,
-        shared_vocab: bool = True,
+        tokenization: TokenizerOptions = CHARACTERS,
     ) -> None:
         """`splits`: the pairs of each of `SPLITS`, cleaned; `counts`: what reading them
-        counted (`describe()`'s "cleaning"); `max_chars`: the longest side in characters."""
-        if not isinstance(shared_vocab, bool):
-            raise TaskInputError(
-                f"shared_vocab={shared_vocab!r} is not valid; valid: true (one vocabulary for "
-                "both sides) or false (one per side)"
-            )
-        if max_tokens is not None and tokenizer == "chars":
-            raise TaskInputError(
-                f"max_tokens={max_tokens!r} is not valid for tokenizer='chars'; valid: null "
-                "(characters are limited by max_chars), or a subword tokenizer (bpe, unigram)"
-            )
-        if max_tokens is not None:
-            check_positive("max_tokens", max_tokens)
-        self.seed, self.fixed_length, self.tokenizer = seed, fixed_length, tokenizer
+        counted (`describe()`'s "cleaning"); `max_chars`: the longest side in characters;
+        `tokenization`: what the vocabulary is made of."""
+        self.seed, self.fixed_length, self.tokenization = seed, fixed_length, tokenization
         self.max_chars = max_chars
         self.counts: dict[str, int] = dict(counts)
         self.splits = {split: list(splits.get(split, ())) for split in SPLITS}
         self._check_filled()
-        if shared_vocab:
-            self.vocab = build_vocab(tokenizer, vocab_size, self.splits, seed)
+        if tokenization.shared_vocab:
+            self.vocab = build_vocab(tokenization, self.splits, seed)
             self._source_vocab = self.vocab
         else:
-            self.vocab = build_vocab(tokenizer, vocab_size, self.splits, seed, "target")
-            self._source_vocab = build_vocab(tokenizer, vocab_size, self.splits, seed, "source")
+            self.vocab = build_vocab(tokenization, self.splits, seed, "target")
+            self._source_vocab = build_vocab(tokenization, self.splits, seed, "source")
         self._encoded = {
             split: [(self._source_vocab.encode(src), self.vocab.encode(tgt)) for src, tgt in pairs]
             for split, pairs in self.splits.items()
         }
-        if tokenizer != "chars":
-            self._keep_tokens(max_tokens)
+        if tokenization.subwords:
+            self._keep_tokens(tokenization.max_tokens)
             self._check_filled()
         self.counts["pairs"] = sum(len(pairs) for pairs in self.splits.values())
 
@@ -233,7 +162,7 @@ class ParallelCorpus(Task):
     @property
     def max_length(self) -> int:
         """The longest side the task holds, in its tokens (characters or pieces)."""
-        return self.max_tokens if self.tokenizer != "chars" else self.max_chars
+        return self.max_tokens if self.tokenization.subwords else self.max_chars
 
     def size(self, split: str) -> int:
         check_split(split)
@@ -241,11 +170,11 @@ class ParallelCorpus(Task):
 
     def describe(self) -> dict[str, Any]:
         lengths = {"max_chars": self.max_chars}
-        if self.tokenizer != "chars":
+        if self.tokenization.subwords:
             lengths["max_tokens"] = self.max_tokens
         return {
             **super().describe(),
-            "tokenizer": self.tokenizer,
+            "tokenizer": self.tokenization.tokenizer,
             **lengths,
             "cleaning": dict(self.counts),
             "bleu_signature": bleu_signature(),

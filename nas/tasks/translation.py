@@ -18,11 +18,11 @@ across machines and torch versions) and cut 80/10/10 into train/validation/test,
 source name is shared between splits. Within a split, pairs are sorted.
 
 Batches, vocabulary, decoding and metrics are `nas.tasks.parallel.ParallelCorpus`'s: by
-default character level (`tokenizer="chars"`), x = (src (B, S), tgt_in (B, T)), y = tgt_out
-(B, T), all int64, PAD = 0; src is the English characters, tgt_in = BOS + German,
-tgt_out = German + EOS. S and T are the longest in the batch, or `max_chars` and
-`max_chars + 1` with `fixed_length=True`. `tokenizer="bpe"` or `"unigram"` (with
-`vocab_size`) reads subword pieces instead.
+default character level (`tokenization`: `nas.tasks.tokenizing.CHARACTERS`), x = (src (B,
+S), tgt_in (B, T)), y = tgt_out (B, T), all int64, PAD = 0; src is the English characters,
+tgt_in = BOS + German, tgt_out = German + EOS. S and T are the longest in the batch, or
+`max_chars` and `max_chars + 1` with `fixed_length=True`. The options `tokenizer=bpe` or
+`unigram` (with `vocab_size`) read subword pieces instead.
 """
 
 from __future__ import annotations
@@ -41,6 +41,7 @@ from nas.tasks.parallel import (
     TranslationBatch,
     decode_rows,
 )
+from nas.tasks.tokenizing import CHARACTERS, TokenizerOptions
 from nas.text.decoding import StepFn, greedy_decode, translate_ids
 
 __all__ = [
@@ -153,10 +154,7 @@ class Translation(ParallelCorpus):
         max_chars: int = 48,
         fixed_length: bool = False,
         language: str = "de",
-        tokenizer: str = "chars",
-        vocab_size: int | None = None,
-        max_tokens: int | None = None,
-        shared_vocab: bool = True,
+        tokenization: TokenizerOptions = CHARACTERS,
     ) -> None:
         if max_chars < 1:
             raise ValueError(f"max_chars must be positive, got {max_chars}")
@@ -171,8 +169,5 @@ class Translation(ParallelCorpus):
             seed=seed,
             max_chars=max_chars,
             fixed_length=fixed_length,
-            tokenizer=tokenizer,
-            vocab_size=vocab_size,
-            max_tokens=max_tokens,
-            shared_vocab=shared_vocab,
+            tokenization=tokenization,
         )

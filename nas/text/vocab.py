@@ -2,7 +2,7 @@
 
 It lives outside `nas.tasks` so that an exported model (`nas.export.pretrained`) reads its
 vocabulary with the core install alone (torch), without the tasks' data sources and metrics
-(pycountry, sacrebleu). `nas.tasks` and `nas.tasks.base` re-export every name here.
+(pycountry, the scorers). `nas.tasks` and `nas.tasks.base` re-export every name here.
 
 `TokenVocab` is what tasks, decoding and exported models ask of any vocabulary: this
 character `Vocab` or a subword `nas.text.subwords.SubwordVocab` (the same specials and calls).

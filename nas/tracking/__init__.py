@@ -14,7 +14,9 @@ of the seed it exported (`log_model`), and a trial's `run_id` is kept on its Opt
 * "none": `NoneTracker`, nothing.
 
 `make_tracker(name, **options)` builds one by name (the `tracker=` config choice);
-`CompositeTracker` fans out to several (W&B and its JSONL mirror). This package imports
+`CompositeTracker` fans out to several (W&B and its JSONL mirror); a backend checks the
+lifecycle through `nas.tracking.lifecycle.LifecycleTracker`. `nas.tracking.plots` draws a
+study's pictures (the report's, and the W&B study run's front). This package imports
 without wandb installed: only building a "wandb" tracker needs it.
 """
 

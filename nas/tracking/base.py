@@ -4,7 +4,8 @@ The harness reports a study to any number of loggers (W&B, a local JSON-lines mi
 through one small interface, so the study loop never names a logging library and
 `tracker=none` costs nothing. `Tracker` does nothing by default (a subclass overrides what
 it needs, as torchtitan's loggers do); `NoneTracker` is that default; `CompositeTracker`
-fans every call out to several trackers.
+fans every call out to several trackers. A backend checks the call order through
+`nas.tracking.lifecycle.LifecycleTracker`.
 
 Also here, because every tracker needs them: `json_safe` (plain JSON values: tuples as
 lists, NaN and infinities as None), `clean_metrics` (the checked form of one step's
@@ -28,7 +29,6 @@ __all__ = [
     "TRACKER_RUN_ID",
     "TRIAL_STATES",
     "CompositeTracker",
-    "LifecycleTracker",
     "Metrics",
     "NoneTracker",
     "Tracker",
@@ -153,148 +153,6 @@ class Tracker:
         traceback: TracebackType | None,
     ) -> None:
         self.close()
-
-
-class LifecycleTracker(Tracker):
-    """A tracker that checks the lifecycle (the class doc of `Tracker`) for its subclass.
-
-    The public methods refuse a call out of order (a trial before its study, a step outside
-    a trial, a second study while one runs, anything after `close`) and a malformed value (a
-    trial number that is not an int, a bad step or state, a model name a backend refuses, a
-    model folder that is not there), naming the tracker; then they call the subclass's hook,
-    which only writes: `_on_start_study`, `_on_start_trial`, `_on_step`, `_on_event`,
-    `_on_model`, `_on_end_trial`, `_on_end_study`, `_on_close`. `_study` and
-    `_trial` hold the open study's name and trial number (set before the start hooks run,
-    cleared after the end hooks, even when a hook raises).
-    """
-
-    _study: str | None = None
-    _trial: int | None = None
-    _closed: bool = False
-
-    def _on_start_study(self, study_name: str, config: Mapping[str, Any]) -> None: ...
-
-    def _on_start_trial(
-        self, number: int, params: Mapping[str, Any], config: Mapping[str, Any]
-    ) -> None: ...
-
-    def _on_step(self, step: int, metrics: Metrics) -> None: ...
-
-    def _on_event(self, step: int, event: Mapping[str, Any]) -> None: ...
-
-    def _on_model(self, name: str, folder: Path, metadata: Mapping[str, Any]) -> None: ...
-
-    def _on_end_trial(
-        self, state: TrialEnd, summary: Mapping[str, Any], error: str | None
-    ) -> None: ...
-
-    def _on_end_study(
-        self,
-        trials_table: Sequence[Mapping[str, Any]],
-        pareto_front: Sequence[Mapping[str, Any]],
-        summary: Mapping[str, Any],
-    ) -> None: ...
-
-    def _on_close(self) -> None: ...
-
-    def _refuse(self, what: str) -> RuntimeError:
-        return RuntimeError(f"{type(self).__name__}: {what}")
-
-    def _require_trial(self, what: str) -> int:
-        if self._trial is None:
-            raise self._refuse(f"{what} outside a trial (call start_trial first)")
-        return self._trial
-
-    def start_study(self, study_name: str, config: Mapping[str, Any]) -> None:
-        if self._closed:
-            raise self._refuse("start_study after close")
-        if self._study is not None:
-            raise self._refuse(f"study {self._study!r} is still running")
-        if not isinstance(study_name, str) or not study_name.strip():
-            raise ValueError(f"a study name must be a non-empty string, got {study_name!r}")
-        self._study = study_name
-        try:
-            self._on_start_study(study_name, config)
-        except BaseException:
-            self._study = None
-            raise
-
-    def start_trial(
-        self, trial_number: int, params: Mapping[str, Any], config: Mapping[str, Any]
-    ) -> None:
-        if self._study is None:
-            raise self._refuse("start_trial before start_study")
-        if self._trial is not None:
-            raise self._refuse(f"trial {self._trial} has not ended")
-        if not is_int(trial_number):
-            raise TypeError(f"trial_number must be an int, got {trial_number!r}")
-        self._trial = trial_number
-        try:
-            self._on_start_trial(trial_number, params, config)
-        except BaseException:
-            self._trial = None
-            raise
-
-    def log_step(self, step: int, metrics: Metrics) -> None:
-        self._require_trial("log_step")
-        check_step(step)
-        self._on_step(step, metrics)
-
-    def log_event(self, step: int, event: Mapping[str, Any]) -> None:
-        self._require_trial("log_event")
-        check_step(step)
-        self._on_event(step, event)
-
-    def log_model(self, name: str, folder: str | Path, metadata: Mapping[str, Any]) -> None:
-        self._require_trial("log_model")
-        if not isinstance(name, str) or not name or artifact_name(name) != name:
-            raise ValueError(
-                f"a model name must be 1 to {ARTIFACT_NAME_MAX} letters, digits, '.', '_' or "
-                f"'-', got {name!r} (artifact_name makes one)"
-            )
-        path = Path(folder)
-        if not path.is_dir():
-            raise NotADirectoryError(f"a model is logged from its folder; {path} is not one")
-        if not isinstance(metadata, Mapping):
-            raise TypeError(f"a model's metadata must be a mapping, got {metadata!r}")
-        self._on_model(name, path, metadata)
-
-    def end_trial(
-        self, state: TrialEnd | str, summary: Mapping[str, Any], error: str | None = None
-    ) -> None:
-        self._require_trial("end_trial")
-        state = check_state(state)
-        try:
-            self._on_end_trial(state, summary, error)
-        finally:
-            self._trial = None
-
-    def end_study(
-        self,
-        trials_table: Sequence[Mapping[str, Any]],
-        pareto_front: Sequence[Mapping[str, Any]],
-        summary: Mapping[str, Any],
-    ) -> None:
-        if self._study is None:
-            raise self._refuse("end_study before start_study")
-        if self._trial is not None:
-            raise self._refuse(f"end_study while trial {self._trial} is open")
-        try:
-            self._on_end_study(trials_table, pareto_front, summary)
-        finally:
-            self._study = None
-
-    def close(self) -> None:
-        """End an open trial as failed and release everything. Safe to call twice."""
-        if self._closed:
-            return
-        self._closed = True
-        try:
-            if self._trial is not None:
-                self.end_trial(TrialEnd.FAILED, {}, "the tracker was closed before the trial ended")
-        finally:
-            self._on_close()
-            self._study = None
 
 
 class NoneTracker(Tracker):

@@ -12,7 +12,7 @@ artifact). A resumed retraining updates the entries it exported again and keeps 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -30,7 +30,7 @@ __all__ = [
 ]
 
 EXPORTED_MODELS = "exported_models"  # the study user attribute
-_FIGURES = ("trial", "seed", "steps", "samples_per_s", "chrf", "bleu", "exact_match")
+_FIGURES = ("trial", "seed", "steps", "samples_per_s")  # then the task's headline metrics
 
 
 def _metrics(folder: str | Path) -> dict[str, Any]:
@@ -47,12 +47,15 @@ def model_artifact_name(study: str, model: str) -> str:
     return artifact_name(f"{study}-{model}")
 
 
-def export_metadata(folder: str | Path, **extra: Any) -> dict[str, Any]:
+def export_metadata(
+    folder: str | Path, *, headline_metrics: Sequence[str], **extra: Any
+) -> dict[str, Any]:
     """What the artifact of export `folder` says: from its metrics.json the trial, seed,
-    steps, throughput, parameter count (`parameters`) and every validation figure, then
-    `extra` (e.g. the model's name and sampled parameters)."""
+    steps, throughput, the `headline_metrics` it records (the task's: `Task.headline_metrics`),
+    parameter count (`parameters`) and every validation figure, then `extra` (e.g. the
+    model's name and sampled parameters)."""
     metrics = _metrics(folder)
-    figures = {k: metrics[k] for k in _FIGURES if k in metrics}
+    figures = {k: metrics[k] for k in (*_FIGURES, *headline_metrics) if k in metrics}
     validation = {k: v for k, v in metrics.items() if k.startswith("validation_")}
     return {**figures, "parameters": metrics.get("params"), **validation, **extra}
 

@@ -38,7 +38,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from nas.tracking.base import LifecycleTracker, Metrics, TrialEnd, clean_metrics, json_safe
+from nas.tracking.base import Metrics, TrialEnd, clean_metrics, json_safe
+from nas.tracking.lifecycle import LifecycleTracker
 
 __all__ = ["RECORD_KINDS", "JsonlTracker", "read_jsonl", "study_file_name"]
 

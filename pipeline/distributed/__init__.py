@@ -21,7 +21,8 @@ it reads (so none imports the facade, and only the facade replaces its own parts
      │   ├─ PeerLink               one per edge that crosses ranks: the activation /
      │   │                         gradient wire protocol (links.py)
      │   └─ executor.Run           one list for all the rank's stages, same-rank hand-overs
-     │                             in memory, failures agreed (executor.py)
+     │                             in memory (executor.py); failures agreed at the flush
+     │                             (flushed_step.py)
      ├─ plan_age: PlanAge, triggers: ReplanTriggers    when to re-plan (triggers.py)
      ├─ event_log: EventLog        builds, migrations, re-plans, errors (events.py)
      └─ planner, cost_cache        (pipeline.pure.planner, pipeline.local.profiler)
@@ -32,7 +33,7 @@ it reads (so none imports the facade, and only the facade replaces its own parts
       steps       a flushed train_step and forward            ──> runner
       stream      2BW / PipeMare `train` without flushes      ──> runner
       elasticity  repartition, rebalance, reconfigure         ──> migration (transfer), build
-      weights     full state dict, snapshots, inheritance     ──> migration
+      weights     full state dict, snapshots, inheritance     ──> inheritance
       report      stats and pictures
 
 `launch` starts the stage processes (or joins torchrun's group).

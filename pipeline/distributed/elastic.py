@@ -45,7 +45,8 @@ from pipeline.distributed.checkpoint import Checkpointer, checked_scheduler
 from pipeline.distributed.comm import Comm
 from pipeline.distributed.events import EventLog, PipelineEvent
 from pipeline.distributed.holder import ModelHolder
-from pipeline.distributed.migration import MigrationRecord, WeightSnapshot
+from pipeline.distributed.inheritance import WeightSnapshot
+from pipeline.distributed.migration import MigrationRecord
 from pipeline.distributed.options import (
     CheckpointOptions,
     ElasticOptions,

@@ -22,12 +22,8 @@ from collections.abc import Sequence
 
 from pipeline.distributed import build, weights
 from pipeline.distributed import handoff as handoff_cut
-from pipeline.distributed.migration import (
-    MigrationError,
-    MigrationRecord,
-    WeightSnapshot,
-    migrate,
-)
+from pipeline.distributed.inheritance import WeightSnapshot
+from pipeline.distributed.migration import MigrationError, MigrationRecord, migrate
 from pipeline.distributed.parts import ElasticPipelineParts
 from pipeline.local.spec import LayerSpec, check_specs
 from pipeline.pure.partition import bounds

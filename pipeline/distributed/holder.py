@@ -25,7 +25,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from pipeline.distributed.migration import MigrationRecord, WeightSnapshot
+from pipeline.distributed.inheritance import WeightSnapshot
+from pipeline.distributed.migration import MigrationRecord
 from pipeline.local.history import StepHistory
 from pipeline.local.inflight import StepTimes
 from pipeline.local.spec import LayerSpec

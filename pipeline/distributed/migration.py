@@ -60,7 +60,7 @@ and a rolled-back commit restores the objects themselves, so no state is copied 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -79,8 +79,6 @@ from pipeline.pure.partition import bounds
 __all__ = [
     "MigrationError",
     "MigrationRecord",
-    "WeightSnapshot",
-    "inherited_states",
     "migrate",
     "moves",
 ]
@@ -347,63 +345,3 @@ def _commit(
             if key in incoming:
                 versions.attach(key, incoming[key].layer.module, incoming[key].packed["previous"])
     stage.set_memory_actions([layer.action for layer in stage.layers])
-
-
-@dataclass(frozen=True)
-class WeightSnapshot:
-    """One model's weights as one rank held them, to start a later model from.
-
-    `ElasticPipeline.snapshot()` takes it on every rank (each keeps its own layers' states);
-    `reconfigure(specs, inherit_from=snapshot)` gives them to the layers of the new model
-    with the same key, tensor by tensor where names and shapes match, wherever the new plan
-    puts them.
-    """
-
-    keys: tuple[str, ...]  # the model's layer keys, in order
-    sizes: tuple[int, ...]  # its partition when taken
-    states: Mapping[str, Mapping[str, torch.Tensor]]  # {key: state} of this rank's layers
-
-    def __post_init__(self) -> None:
-        if sum(self.sizes) != len(self.keys):
-            raise ValueError(f"a snapshot of {len(self.keys)} layers has sizes {self.sizes}")
-
-    def without(self, prefixes: Iterable[str]) -> WeightSnapshot:
-        """This snapshot less every tensor whose qualified name, `<layer key>.<tensor
-        name>`, starts with one of `prefixes`: a model inheriting from it starts those
-        afresh (an edited branch), and everything else where names and shapes match."""
-        drop = tuple(prefixes)
-        states = {
-            key: {
-                name: tensor
-                for name, tensor in state.items()
-                if not f"{key}.{name}".startswith(drop)
-            }
-            for key, state in self.states.items()
-        }
-        return WeightSnapshot(self.keys, self.sizes, states)
-
-
-def inherited_states(
-    comm: Comm, source: WeightSnapshot, new_specs: list[LayerSpec], new_sizes: list[int]
-) -> dict[str, tuple[int, Mapping[str, torch.Tensor]]]:
-    """For `reconfigure` with inheritance: {key: (old stage, old state)} of the layers this
-    rank will own under the new plan whose key is in `source`, fetched from whichever stage
-    held them (one exchange, like a migration)."""
-    rank = comm.rank
-    if len(source.sizes) != comm.world_size:
-        raise ValueError(
-            f"the snapshot has {len(source.sizes)} stages, the pipeline {comm.world_size}"
-        )
-
-    def pack() -> dict[int, Any]:
-        outgoing: dict[int, dict[str, dict[str, torch.Tensor]]] = {}
-        for key, dst in new_owner.items():
-            if old_owner.get(key) == rank and key in source.states:
-                state = {k: v.detach().cpu() for k, v in source.states[key].items()}
-                outgoing.setdefault(dst, {})[key] = state
-        return pack_all(outgoing, rank)
-
-    old_owner = dict(zip(source.keys, owners(list(source.sizes)), strict=True))
-    new_owner = dict(zip((s.key for s in new_specs), owners(new_sizes), strict=True))
-    received = exchange(comm, comm.together(pack))
-    return {k: (src, v) for src, states in received.items() for k, v in states.items()}

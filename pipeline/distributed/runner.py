@@ -6,8 +6,8 @@ for the flushed schedule (`pipeline.pure.schedule.stage_actions`). The facade's 
 and `forward` (`pipeline.distributed.steps`) and its streams (`pipeline.distributed.stream`)
 run the executor through it, on whatever stage the model holder has now:
 
-    steps.train_step ──> runner.train_step(stage, ...) ──> executor.train_step(links, list)
-    steps.forward    ──> runner.infer(stage, ...)      ──> executor.infer(links, F list)
+    steps.train_step ──> runner.train_step(stage, ...) ──> flushed_step.train_step(links, list)
+    steps.forward    ──> runner.infer(stage, ...)      ──> flushed_step.infer(links, F list)
     stream.Segment   ──> runner.open_run(stage, ...)   ──> executor.Run over the links
                      ──> runner.release_sends(below)        sends its agreements prove done
     facade.close     ──> runner.close()                     every send completed
@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from pipeline.distributed import executor
+from pipeline.distributed import executor, flushed_step
 from pipeline.distributed.comm import Comm
 from pipeline.distributed.links import PeerLink
 from pipeline.local.carry import Carry
@@ -60,8 +60,8 @@ class StepRunner:
         measure_memory: bool,
         on_nonfinite: str,
     ) -> tuple[float, StepTimes]:
-        """One flushed step of this rank's list over its `stages` (`executor.train_step`)."""
-        return executor.train_step(
+        """One flushed step of this rank's list over its `stages` (`flushed_step.train_step`)."""
+        return flushed_step.train_step(
             self._by_key(stages),
             self._edges,
             self.comm,
@@ -76,9 +76,9 @@ class StepRunner:
     def infer(
         self, stages: Sequence[Stage], step: int, chunks: Sequence[Carry]
     ) -> list[Carry] | None:
-        """The forward-only list over `len(chunks)` micro-batches (`executor.infer`)."""
+        """The forward-only list over `len(chunks)` micro-batches (`flushed_step.infer`)."""
         actions = self._forward_actions(len(chunks))
-        return executor.infer(
+        return flushed_step.infer(
             self._by_key(stages), self._edges, self.comm, actions, step, chunks, self.last_rank
         )
 

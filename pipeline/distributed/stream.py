@@ -71,8 +71,9 @@ from typing import Any
 
 import torch
 
-from pipeline.distributed import executor, report
+from pipeline.distributed import report
 from pipeline.distributed.comm import PendingReduce
+from pipeline.distributed.flushed_step import sum_losses
 from pipeline.distributed.parts import StreamedPipeline
 from pipeline.errors import NonFiniteLossError, PipelineError, StageError
 from pipeline.local.carry import Carry, as_carry
@@ -275,7 +276,7 @@ class Segment:
             return
         run, first = self._run, t * self.m
         losses = {g: run.losses.pop(g) for g in range(first, first + self.m) if g in run.losses}
-        loss_sum, first_bad = executor.sum_losses(losses)
+        loss_sum, first_bad = sum_losses(losses)
         reduce = self.comm.all_reduce_async([float(run.failed), loss_sum, first_bad])
         self.open.append((t, reduce))
 

@@ -12,7 +12,7 @@ collective or a per-rank part of one:
     take_inheritance  a new model's layers load, tensor by tensor, the states of the
                       snapshot's layers with the same key where a tensor's name and shape
                       match, fetched from the stage that held them
-                      (`pipeline.distributed.migration.inherited_states`); an "inherit"
+                      (`pipeline.distributed.inheritance.inherited_states`); an "inherit"
                       event records what was taken and how many tensors stayed fresh
 """
 
@@ -23,7 +23,7 @@ import torch
 from pipeline.distributed.comm import Comm
 from pipeline.distributed.events import EventLog
 from pipeline.distributed.holder import ModelHolder
-from pipeline.distributed.migration import WeightSnapshot, inherited_states
+from pipeline.distributed.inheritance import WeightSnapshot, inherited_states
 from pipeline.local.carry import nbytes
 from pipeline.local.spec import build_layer
 

@@ -87,7 +87,6 @@ import functools
 from collections.abc import Iterable, Iterator, Sequence
 
 from pipeline.pure.actions import (
-    COMPUTE_OPS,
     GRAD_OPS,
     Action,
     Op,
@@ -96,6 +95,7 @@ from pipeline.pure.actions import (
 )
 from pipeline.pure.actions import check_shape as _check_shape
 from pipeline.pure.interleaved import interleaved_1f1b
+from pipeline.pure.list_checks import check_stage, check_versions
 from pipeline.pure.multi_stage import check_ranks, lower_ranks
 from pipeline.pure.pipemare import pipemare
 from pipeline.pure.placement import Placement
@@ -124,6 +124,7 @@ __all__ = [
     "lower_lazily",
     "one_f_one_b",
     "pipedream_2bw",
+    "placement_for",
     "placement_of",
     "register_schedule",
     "spec_of",
@@ -234,6 +235,19 @@ def placement_of(schedule: ScheduleLike, n_ranks: int) -> Placement:
     return Placement(spec.placement, n_ranks, spec.stages_per_rank)
 
 
+def placement_for(schedule: ScheduleLike, n_stages: int) -> Placement:
+    """Where `schedule` puts `n_stages` stages: several per rank for an interleaved or V
+    schedule (`n_stages` must then be a multiple of its stages per rank), else one each."""
+    spec = spec_of(schedule)
+    v = spec.stages_per_rank
+    if n_stages % v:
+        raise ValueError(
+            f"schedule {spec.name!r} places {v} stages on each rank: the number of stages "
+            f"must be a multiple of {v}, got {n_stages}"
+        )
+    return placement_of(spec, n_stages // v)
+
+
 def lower(compute: Sequence[Action], stage: int, n_stages: int) -> list[Action]:
     """Add the point-to-point messages a compute list needs on `stage`.
 
@@ -342,70 +356,7 @@ def validate(schedule: ScheduleLike, n_stages: int, n_microbatches: int, n_steps
         return
     lists = [stage_actions(schedule, n_stages, n_microbatches, s, n_steps) for s in range(n_stages)]
     for s, actions in enumerate(lists):
-        _check_stage(actions, s, n_microbatches * n_steps)
+        check_stage(actions, s, n_microbatches * n_steps)
         if n_steps > 1 or is_stream(schedule):
-            _check_versions(actions, s, n_microbatches, n_steps)
+            check_versions(actions, s, n_microbatches, n_steps)
     check_order(lists)  # executes the lists: order, sizes, no stall (`pipeline.pure.wire_order`)
-
-
-def _check_stage(actions: Sequence[Action], stage: int, n_microbatches: int) -> None:
-    forwarded: set[int] = set()
-    backwarded: set[int] = set()  # input gradient done (BACKWARD or BACKWARD_INPUT)
-    weights: set[int] = set()  # weight gradient done (BACKWARD or BACKWARD_WEIGHT)
-    split: set[int] = set()
-    for position, action in enumerate(actions):
-        if action.op is Op.OPTIMIZER_STEP:
-            if position != len(actions) - 1 and action.step is None:  # a stream's name theirs
-                raise ScheduleError(f"stage {stage}: optimizer step must be the last action")
-            continue
-        i = action.microbatch_index
-        if action.op in COMPUTE_OPS and not 0 <= i < n_microbatches:
-            raise ScheduleError(f"stage {stage}: {action} names no micro-batch of {n_microbatches}")
-        if action.op is Op.FORWARD:
-            if i in forwarded:
-                raise ScheduleError(f"stage {stage}: micro-batch {i} forwarded twice")
-            forwarded.add(i)
-        elif action.op in GRAD_OPS:
-            if i not in forwarded:
-                raise ScheduleError(f"stage {stage}: backward of {i} before its forward")
-            if i in backwarded:
-                raise ScheduleError(f"stage {stage}: micro-batch {i} back-propagated twice")
-            backwarded.add(i)
-            if action.op is Op.BACKWARD:
-                weights.add(i)
-            else:
-                split.add(i)
-        elif action.op is Op.BACKWARD_WEIGHT:
-            if i not in split:
-                raise ScheduleError(
-                    f"stage {stage}: weight gradient of {i} without its BACKWARD_INPUT before it"
-                )
-            if i in weights:
-                raise ScheduleError(f"stage {stage}: weight gradient of {i} computed twice")
-            weights.add(i)
-    missing = set(range(n_microbatches)) - (backwarded & weights)
-    if missing or forwarded != backwarded or weights != backwarded:
-        raise ScheduleError(f"stage {stage}: micro-batches {sorted(missing)} never finish")
-    if not actions or actions[-1].op is not Op.OPTIMIZER_STEP:
-        raise ScheduleError(f"stage {stage}: no optimizer step at the end")
-
-
-def _check_versions(actions: Sequence[Action], stage: int, m: int, n_steps: int) -> None:
-    """A stream's OPTIMIZER_STEP(t): after step t's backwards, before step t + 2's forwards."""
-    done = -1  # the last optimizer step taken
-    for action in actions:
-        if action.op is Op.OPTIMIZER_STEP:
-            if action.step != done + 1:
-                raise ScheduleError(f"stage {stage}: {action} after STEP{done}")
-            done += 1
-            continue
-        step = action.microbatch_index // m
-        if action.op in COMPUTE_OPS and step <= done:
-            raise ScheduleError(f"stage {stage}: {action} of step {step} after its optimizer step")
-        elif action.op is Op.FORWARD and step > done + 2:
-            raise ScheduleError(
-                f"stage {stage}: {action} of step {step} before STEP{step - 2}: its weight "
-                "version does not exist yet (two versions: needs more micro-batches per step)"
-            )
-    if done != n_steps - 1:
-        raise ScheduleError(f"stage {stage}: {done + 1} optimizer steps for {n_steps} steps")

@@ -58,7 +58,7 @@ from pipeline.pure.schedule import (
     ScheduleError,
     ScheduleLike,
     is_stream,
-    placement_of,
+    placement_for,
     spec_of,
     stage_actions,
     validate,
@@ -152,149 +152,172 @@ def simulate(
     `stages` holds one cost per stage: for a schedule with v stages per rank, v * R of them,
     placed on the R ranks by the schedule's placement (`placement_of`).
     """
-    n_stages = len(stages)
-    if n_stages < 1:
+    if len(stages) < 1:
         raise ValueError("simulate needs at least one stage")
-    placement = _placement(schedule, n_stages)
-    n_ranks, last = placement.n_ranks, n_stages - 1
+    placement = placement_for(schedule, len(stages))
     # malformed or deadlocking: ScheduleError
-    validate(schedule, n_ranks, n_microbatches, n_steps)
-    link = link or LinkCost.free()
-    stream = is_stream(schedule)
-    lists = [stage_actions(schedule, n_ranks, n_microbatches, r, n_steps) for r in range(n_ranks)]
-    free = [0.0] * n_ranks
-    pc = [0] * n_ranks
-    arrival: dict[tuple[str, int, int], float] = {}  # (kind, receiving stage, micro-batch) -> s
-    finished: dict[tuple[int, Op, int], float] = {}  # (stage, op, micro-batch) -> s
-    grad_done: dict[tuple[int, int], float] = {}  # (stage, micro-batch) -> inputs' grad ready
-    last_arrival = [0.0] * n_ranks  # latest arrival of a message the rank sent
-    live = [0] * n_stages
-    peak = [0] * n_stages
-    held, peak_held = [0] * n_ranks, [0] * n_ranks  # activation bytes a rank holds
-    events: list[Event] = []
+    validate(schedule, placement.n_ranks, n_microbatches, n_steps)
+    lists = [
+        stage_actions(schedule, placement.n_ranks, n_microbatches, r, n_steps)
+        for r in range(placement.n_ranks)
+    ]
+    replay = _Replay(stages, placement, link or LinkCost.free(), stream=is_stream(schedule))
+    replay.run_all(lists)
+    return replay.result(spec_of(schedule).name, n_microbatches, n_steps)
 
-    def run(r: int, s: int, action: Action, ready: float, seconds: float) -> None:
-        start = max(free[r], ready)
-        free[r] = start + seconds
+
+class _Replay:
+    """The state of one replay: each rank's clock, when each compute finished and each
+    message arrives, and the activations each stage and rank holds."""
+
+    def __init__(
+        self, stages: Sequence[StageCost], placement: Placement, link: LinkCost, *, stream: bool
+    ) -> None:
+        n_stages, n_ranks = len(stages), placement.n_ranks
+        self.stages, self.placement, self.link, self.stream = stages, placement, link, stream
+        self.last = n_stages - 1
+        self.free = [0.0] * n_ranks  # when each rank is next free
+        self.arrival: dict[tuple[str, int, int], float] = {}  # (kind, receiving stage, mb) -> s
+        self.finished: dict[tuple[int, Op, int], float] = {}  # (stage, op, micro-batch) -> s
+        self.grad_done: dict[tuple[int, int], float] = {}  # (stage, mb) -> inputs' grad ready
+        self.last_arrival = [0.0] * n_ranks  # latest arrival of a message the rank sent
+        self.live = [0] * n_stages
+        self.peak = [0] * n_stages
+        self.held = [0] * n_ranks  # activation bytes a rank holds
+        self.peak_held = [0] * n_ranks
+        self.events: list[Event] = []
+
+    def run_all(self, lists: Sequence[Sequence[Action]]) -> None:
+        """Run the ranks' lists round-robin, each as far as its inputs allow, to the end."""
+        pc = [0] * len(lists)
+        progressed = True
+        while progressed:
+            progressed = False
+            for r, actions in enumerate(lists):
+                while pc[r] < len(actions) and self.step(r, actions[pc[r]]):
+                    pc[r] += 1
+                    progressed = True
+        stuck = {r: lists[r][pc[r]] for r in range(len(lists)) if pc[r] < len(lists[r])}
+        if stuck:
+            who = "stages" if self.placement.stages_per_rank == 1 else "ranks"
+            raise ScheduleError(f"deadlock: {who} wait forever at {stuck}")
+
+    def step(self, r: int, a: Action) -> bool:
+        """Execute `a` on rank r if its input is there; False if it must wait."""
+        if a.op is Op.OPTIMIZER_STEP:  # the rank steps all its stages (timed on its first)
+            own = self.placement.stages_of(r)
+            seconds = sum(self.stages[x].optimizer_s for x in own)
+            self._run(r, own[0], a, 0.0 if self.stream else self.last_arrival[r], seconds)
+            return True
+        s, i = a.stage_index, a.microbatch_index
+        cost = self.stages[s]
+        if a.op is Op.FORWARD:
+            ready = self._activation_ready(s, i)
+            if ready is None:
+                return False
+            self._run(r, s, a, ready, cost.forward_s)
+            self._hold(r, s, +1)
+        elif a.op in (Op.BACKWARD, Op.BACKWARD_INPUT):
+            ready = self._gradient_ready(s, i)
+            if ready is None:
+                return False
+            split = a.op is Op.BACKWARD_INPUT
+            self._run(r, s, a, ready, cost.backward_s - (cost.split_weight_s if split else 0.0))
+            self.grad_done[(s, i)] = self.free[r]
+            if not split:
+                self._hold(r, s, -1)
+        elif a.op is Op.BACKWARD_WEIGHT:
+            self._run(r, s, a, 0.0, cost.split_weight_s)
+            self._hold(r, s, -1)
+        elif a.op in (Op.SEND_ACT, Op.SEND_GRAD):
+            self._send(r, a)
+        return True  # receives are posts: no stage time
+
+    def _activation_ready(self, s: int, i: int) -> float | None:
+        """When stage s's input of micro-batch i is there (None: not sent yet)."""
+        if s == 0:
+            return 0.0
+        if not self.placement.crosses(s - 1):  # a hand-over: its producer ran on this rank
+            return self.finished[(s - 1, Op.FORWARD, i)]
+        return self.arrival.get(("act", s, i))
+
+    def _gradient_ready(self, s: int, i: int) -> float | None:
+        """When the gradient of stage s's output of micro-batch i is there (None: not sent)."""
+        if s == self.last:
+            return 0.0
+        if not self.placement.crosses(s):
+            return self.grad_done[(s + 1, i)]
+        return self.arrival.get(("grad", s, i))
+
+    def _send(self, r: int, a: Action) -> None:
+        """Record when the message `a` sends arrives at its peer stage."""
+        s, i = a.stage_index, a.microbatch_index
+        if a.op is Op.SEND_ACT:
+            t = self.finished[(s, Op.FORWARD, i)] + self.link.time(self.stages[s].output_bytes)
+            self.arrival[("act", s + 1, i)] = t
+        else:
+            sent = self.stages[s - 1]
+            t = self.grad_done[(s, i)] + self.link.time(
+                sent.output_bytes if sent.grad_bytes is None else sent.grad_bytes
+            )
+            self.arrival[("grad", s - 1, i)] = t
+        self.last_arrival[r] = max(self.last_arrival[r], t)
+
+    def _run(self, r: int, s: int, action: Action, ready: float, seconds: float) -> None:
+        start = max(self.free[r], ready)
+        self.free[r] = start + seconds
         if action.op is Op.OPTIMIZER_STEP:  # by the step it closes (a flushed list: 0)
             index = action.step if action.step is not None else 0
         else:
             index = action.microbatch_index
-        finished[(s, action.op, index)] = free[r]
-        events.append(Event(s, action, start, free[r]))
+        self.finished[(s, action.op, index)] = self.free[r]
+        self.events.append(Event(s, action, start, self.free[r]))
 
-    def hold(r: int, s: int, count: int) -> None:
-        live[s] += count
-        peak[s] = max(peak[s], live[s])
-        held[r] += count * stages[s].activation_bytes
-        peak_held[r] = max(peak_held[r], held[r])
+    def _hold(self, r: int, s: int, count: int) -> None:
+        self.live[s] += count
+        self.peak[s] = max(self.peak[s], self.live[s])
+        self.held[r] += count * self.stages[s].activation_bytes
+        self.peak_held[r] = max(self.peak_held[r], self.held[r])
 
-    def step(r: int, a: Action) -> bool:
-        """Execute `a` on rank r if its input is there; False if it must wait."""
-        if a.op is Op.OPTIMIZER_STEP:  # the rank steps all its stages (timed on its first)
-            seconds = sum(stages[x].optimizer_s for x in placement.stages_of(r))
-            run(r, placement.stages_of(r)[0], a, 0.0 if stream else last_arrival[r], seconds)
-            return True
-        s, i = a.stage_index, a.microbatch_index
-        cost = stages[s]
-        if a.op is Op.FORWARD:
-            if s == 0:
-                ready: float | None = 0.0
-            elif not placement.crosses(s - 1):  # a hand-over: its producer ran on this rank
-                ready = finished[(s - 1, Op.FORWARD, i)]
-            else:
-                ready = arrival.get(("act", s, i))
-            if ready is None:
-                return False
-            run(r, s, a, ready, cost.forward_s)
-            hold(r, s, +1)
-        elif a.op in (Op.BACKWARD, Op.BACKWARD_INPUT):
-            if s == last:
-                ready = 0.0
-            elif not placement.crosses(s):
-                ready = grad_done[(s + 1, i)]
-            else:
-                ready = arrival.get(("grad", s, i))
-            if ready is None:
-                return False
-            split = a.op is Op.BACKWARD_INPUT
-            run(r, s, a, ready, cost.backward_s - (cost.split_weight_s if split else 0.0))
-            grad_done[(s, i)] = free[r]
-            if not split:
-                hold(r, s, -1)
-        elif a.op is Op.BACKWARD_WEIGHT:
-            run(r, s, a, 0.0, cost.split_weight_s)
-            hold(r, s, -1)
-        elif a.op is Op.SEND_ACT:
-            t = finished[(s, Op.FORWARD, i)] + link.time(cost.output_bytes)
-            arrival[("act", s + 1, i)] = t
-            last_arrival[r] = max(last_arrival[r], t)
-        elif a.op is Op.SEND_GRAD:
-            sent = stages[s - 1]
-            t = grad_done[(s, i)] + link.time(
-                sent.output_bytes if sent.grad_bytes is None else sent.grad_bytes
-            )
-            arrival[("grad", s - 1, i)] = t
-            last_arrival[r] = max(last_arrival[r], t)
-        return True  # receives are posts: no stage time
-
-    progressed = True
-    while progressed:
-        progressed = False
-        for r in range(n_ranks):
-            while pc[r] < len(lists[r]) and step(r, lists[r][pc[r]]):
-                pc[r] += 1
-                progressed = True
-    stuck = {r: lists[r][pc[r]] for r in range(n_ranks) if pc[r] < len(lists[r])}
-    if stuck:
-        who = "stages" if placement.stages_per_rank == 1 else "ranks"
-        raise ScheduleError(f"deadlock: {who} wait forever at {stuck}")
-
-    iteration = max(free)
-    busy = [0.0] * n_stages
-    for e in events:
-        busy[e.stage] += e.end_s - e.start_s
-    idle = [iteration - b for b in busy]
-    rank_busy = [sum(busy[x] for x in placement.stages_of(r)) for r in range(n_ranks)]
-    rank_idle = [iteration - b for b in rank_busy]
-    bubble = sum(rank_idle) / (n_ranks * iteration) if iteration > 0 else 0.0
-    name = spec_of(schedule).name
-    firsts = [placement.stages_of(r)[0] for r in range(n_ranks)]
-    updates = (
-        [max(finished[(s, Op.OPTIMIZER_STEP, t)] for s in firsts) for t in range(n_steps)]
-        if stream
-        else []
-    )
-    step_s = (updates[-2] - updates[0]) / (n_steps - 2) if n_steps >= 3 else iteration / n_steps
-    return SimResult(
-        schedule=name,
-        n_microbatches=n_microbatches,
-        iteration_s=iteration,
-        busy_s=tuple(busy),
-        idle_s=tuple(idle),
-        bubble_fraction=bubble,
-        peak_in_flight=tuple(peak),
-        peak_activation_bytes=tuple(peak[s] * stages[s].activation_bytes for s in range(n_stages)),
-        events=tuple(sorted(events, key=lambda e: (e.start_s, e.stage))),
-        n_steps=n_steps,
-        step_s=step_s,
-        ranks=tuple(placement.rank_of(s) for s in range(n_stages)),
-        rank_busy_s=tuple(rank_busy),
-        rank_idle_s=tuple(rank_idle),
-        peak_rank_activation_bytes=tuple(peak_held),
-    )
-
-
-def _placement(schedule: ScheduleLike, n_stages: int) -> Placement:
-    """The schedule's placement of `n_stages` stages (a multiple of its stages per rank)."""
-    spec = spec_of(schedule)
-    v = spec.stages_per_rank
-    if n_stages % v:
-        raise ValueError(
-            f"schedule {spec.name!r} places {v} stages on each rank: the stage "
-            f"costs must be a multiple of {v}, got {n_stages}"
+    def result(self, name: str, n_microbatches: int, n_steps: int) -> SimResult:
+        """The figures of the finished replay (`run_all`)."""
+        placement, n_stages, n_ranks = self.placement, len(self.stages), self.placement.n_ranks
+        iteration = max(self.free)
+        busy = [0.0] * n_stages
+        for e in self.events:
+            busy[e.stage] += e.end_s - e.start_s
+        rank_busy = [sum(busy[x] for x in placement.stages_of(r)) for r in range(n_ranks)]
+        rank_idle = [iteration - b for b in rank_busy]
+        return SimResult(
+            schedule=name,
+            n_microbatches=n_microbatches,
+            iteration_s=iteration,
+            busy_s=tuple(busy),
+            idle_s=tuple(iteration - b for b in busy),
+            bubble_fraction=sum(rank_idle) / (n_ranks * iteration) if iteration > 0 else 0.0,
+            peak_in_flight=tuple(self.peak),
+            peak_activation_bytes=tuple(
+                self.peak[s] * self.stages[s].activation_bytes for s in range(n_stages)
+            ),
+            events=tuple(sorted(self.events, key=lambda e: (e.start_s, e.stage))),
+            n_steps=n_steps,
+            step_s=self._step_s(iteration, n_steps),
+            ranks=tuple(placement.rank_of(s) for s in range(n_stages)),
+            rank_busy_s=tuple(rank_busy),
+            rank_idle_s=tuple(rank_idle),
+            peak_rank_activation_bytes=tuple(self.peak_held),
         )
-    return placement_of(schedule, n_stages // v)
+
+    def _step_s(self, iteration: float, n_steps: int) -> float:
+        """A stream's steady-state seconds per step (module doc); else iteration / n_steps."""
+        if n_steps < 3:
+            return iteration / n_steps
+        assert self.stream, "a flushed list holds one step"
+        firsts = [self.placement.stages_of(r)[0] for r in range(self.placement.n_ranks)]
+        updates = [
+            max(self.finished[(s, Op.OPTIMIZER_STEP, t)] for s in firsts) for t in range(n_steps)
+        ]
+        return (updates[-2] - updates[0]) / (n_steps - 2)
 
 
 def stage_costs(

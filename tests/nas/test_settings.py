@@ -8,7 +8,8 @@ from collections.abc import Callable
 import pytest
 
 from nas import settings
-from nas.study.trials import pruner_options
+from nas.settings.pipeline import PIPEMARE_OPTIONS
+from nas.study.strategies import pruner_options
 from pipeline.local.pipemare import PipeMareConfig
 from pipeline.pure.planner import PLANNERS
 from pipeline.pure.schedule import SCHEDULES
@@ -16,9 +17,13 @@ from search_spaces.evolved_transformer import PRIMITIVES
 
 
 def test_every_schedule_and_planner_of_the_runtime_can_be_configured() -> None:
-    assert set(settings.SCHEDULES) == set(SCHEDULES)
-    assert set(settings.PLANNERS) == set(PLANNERS)
-    assert settings.PipelineSettings(planner="bipartition").planner == "bipartition"
+    for planner in PLANNERS:
+        assert settings.PipelineSettings(planner=planner).planner == planner
+    valid = f"valid values: {', '.join(PLANNERS)}$"
+    with pytest.raises(ValueError, match=f"pipeline.planner='greedy' is not valid; {valid}"):
+        settings.PipelineSettings(planner="greedy")
+    listed = settings.what_is_valid(settings.NasSettings, "pipeline.schedule")
+    assert listed == f"valid values: {', '.join(SCHEDULES)}"
 
 
 @pytest.mark.parametrize("schedule", sorted(SCHEDULES))
@@ -27,7 +32,7 @@ def test_a_pipeline_setting_takes_each_schedule(schedule: str) -> None:
 
 
 def test_pipemare_options_are_the_runtimes() -> None:
-    assert set(settings.PIPEMARE_OPTIONS) == set(PipeMareConfig.__dataclass_fields__)
+    assert set(PIPEMARE_OPTIONS) == set(PipeMareConfig.__dataclass_fields__)
     with pytest.raises(ValueError, match=r"unknown options \['decay'\]"):
         settings.PipelineSettings(schedule="pipemare", pipemare={"decay": 0.5})
     with pytest.raises(ValueError, match="apply to schedule=pipemare only"):
@@ -66,9 +71,11 @@ def test_the_top_rung_of_the_hurdles_is_the_full_training_length() -> None:
 
 
 def test_the_space_primitives_are_the_search_spaces() -> None:
-    assert settings.PRIMITIVES == PRIMITIVES
+    assert settings.SearchSpaceSettings(primitives=PRIMITIVES).primitives == PRIMITIVES
     assert settings.SearchSpaceSettings(primitives=("mdha",)).primitives == ("mdha",)
-    with pytest.raises(ValueError, match="search_space.primitives.*'gelu'"):
+    with pytest.raises(
+        ValueError, match=f"search_space.primitives.*'gelu'.*{', '.join(PRIMITIVES)}"
+    ):
         settings.SearchSpaceSettings(primitives=("gelu",))
 
 
@@ -202,3 +209,86 @@ def test_a_fixed_microbatch_count_must_divide_the_batch() -> None:
         settings.NasSettings(pipeline=settings.PipelineSettings(n_microbatches=3))
     auto = settings.NasSettings(train=settings.TrainSettings(batch_size=30))
     assert auto.pipeline.n_microbatches == settings.AUTO  # chosen later among the divisors
+
+
+def test_one_problem_per_bad_value_each_naming_its_dotted_key() -> None:
+    with pytest.raises(settings.SettingsError) as raised:
+        settings.RetrainSettings(top_k=0, seeds=(1, 1), claim_wait_s=math.inf)
+    assert [p.split("=")[0] for p in raised.value.problems] == [
+        "retrain.top_k",
+        "retrain.seeds",
+        "retrain.claim_wait_s",
+    ]
+    assert "retrain.claim_wait_s=inf is not valid; use seconds > 0" in raised.value.problems[2]
+
+
+def test_a_value_of_the_wrong_type_from_python_is_refused_as_from_yaml() -> None:
+    with pytest.raises(ValueError, match="train.steps='5' is not valid; it must be a positive"):
+        settings.TrainSettings(steps="5")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="study.enqueue_seeds=1 is not valid; use true or false"):
+        settings.StudySettings(enqueue_seeds=1)  # type: ignore[arg-type]
+    with pytest.raises(
+        ValueError, match=r"train.dropout=True is not valid; it must be in \[0, 1\)"
+    ):
+        settings.TrainSettings(dropout=True)
+
+
+def test_the_whole_is_checked_again_with_every_part() -> None:
+    """A part changed after it was made is refused with the whole (every part is walked)."""
+    made = settings.NasSettings()
+    made.train.steps = 0
+    with pytest.raises(ValueError, match="train.steps=0 is not valid"):
+        settings.NasSettings(train=made.train)
+
+
+def test_cross_field_rules_wait_for_the_fields() -> None:
+    """min_cells=0 is named alone, not also as cells out of order."""
+    with pytest.raises(settings.SettingsError) as raised:
+        settings.SearchSpaceSettings(min_cells=0, max_cells=3)
+    assert raised.value.problems == (
+        "search_space.min_cells=0 is not valid; it must be a positive integer",
+    )
+    with pytest.raises(ValueError, match=r"cells 3\.\.2 must satisfy 1 <= min_cells <= max_cells"):
+        settings.SearchSpaceSettings(min_cells=3, max_cells=2)
+
+
+def test_what_is_valid_is_read_from_the_declarations() -> None:
+    assert settings.what_is_valid(settings.NasSettings, "train.steps") == (
+        "it must be a positive integer"
+    )
+    assert "or 'auto'" in str(settings.what_is_valid(settings.NasSettings, "study.workers"))
+    assert settings.what_is_valid(settings.NasSettings, "task.options.path") is None
+    assert settings.what_is_valid(settings.NasSettings, "train.no_such_key") is None
+    assert settings.keys_of(settings.NasSettings, "retrain")[:2] == ("top_k", "seeds")
+    assert "study" in settings.keys_of(settings.NasSettings, "")
+    assert settings.keys_of(settings.NasSettings, "task.options") == ()
+
+
+def test_a_task_option_the_task_does_not_take_is_named_with_the_valid_ones() -> None:
+    with pytest.raises(ValueError, match=r"unknown options \['vocab_sise'\]; valid options: .*"):
+        settings.TaskSettings("translation", {"vocab_sise": 100})
+    with pytest.raises(ValueError, match="missing a required argument: 'path'"):
+        settings.TaskSettings("corpus", {})
+    with pytest.raises(ValueError, match="tokenizer='wordpiece' is not valid; valid tokenizers"):
+        settings.TaskSettings("translation", {"tokenizer": "wordpiece"})
+    assert settings.TaskSettings("translation", {"vocab_size": 100}).options == {"vocab_size": 100}
+
+
+def test_every_key_but_free_ones_declares_what_is_valid() -> None:
+    """The keys the CLI cannot say the valid values of, for a wrong type: names and options
+    the parts themselves check when built, and paths."""
+    undeclared = []
+    for part in settings.keys_of(settings.NasSettings, ""):
+        keys = settings.keys_of(settings.NasSettings, part) or ("",)
+        for key in (f"{part}.{k}" if k else part for k in keys):
+            if settings.what_is_valid(settings.NasSettings, key) is None:
+                undeclared.append(key)
+    assert sorted(undeclared) == [
+        "output_dir",
+        "pruner.options",
+        "sampler.options",
+        "search_space.param_window",
+        "studies_dir",
+        "task.options",
+        "tracker.options",
+    ]

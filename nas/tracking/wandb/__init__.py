@@ -3,8 +3,8 @@
 `tracker`: `WandbTracker`, a run per trial and a run per study, offline by default, and
 `sync_command` for uploading offline runs later. `history`: `read_run`, which decodes an
 offline run's `.wandb` file back into its config, history rows, summary, metric
-definitions and artifacts. Neither imports wandb at module level, so importing this
-package does not need wandb.
+definitions and artifacts; `log_format`: the file's block format it reads them from. None
+of them imports wandb at module level, so importing this package does not need wandb.
 """
 
 from __future__ import annotations
@@ -12,14 +12,12 @@ from __future__ import annotations
 from nas.tracking.wandb.history import (
     MetricDefinition,
     WandbArtifact,
-    WandbLogError,
     WandbRunData,
     file_digest,
     find_run_files,
-    iter_chunks,
-    iter_records,
     read_run,
 )
+from nas.tracking.wandb.log_format import WandbLogError, iter_chunks, iter_records
 from nas.tracking.wandb.tracker import (
     MODES,
     QUIET_SETTINGS,

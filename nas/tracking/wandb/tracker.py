@@ -11,10 +11,10 @@ exported its model logs the model's folder as an artifact of type "model" (`log_
 
 Each run says how its metrics summarise (`define_metric`): a trial's history rows carry
 `step`, the step metric of every metric (the study run's `trials/*` step by
-`trials/ended`); a metric with a direction (`metric_summary`: the task's declared
-directions when the tracker is told them, else the name: losses go down; accuracy, chrF
-and exact match go up) summarises as its best and its last value, {"min"|"max", "last"};
-the end-of-trial figure of such a metric is written as its "last".
+`trials/ended`); a metric with a direction (`metric_summary`: the directions the caller
+declares, a task's metrics as `validation_<metric>`, else the name: losses go down,
+accuracy goes up) summarises as its best and its last value, {"min"|"max", "last"}; the
+end-of-trial figure of such a metric is written as its "last".
 
 Offline by default: W&B writes each run to `<directory>/wandb/offline-run-*/` and nothing
 leaves the machine (W&B's own error reporting is turned off too, unless
@@ -36,7 +36,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal, get_args
 
-from nas.tracking.base import LifecycleTracker, Metrics, TrialEnd, clean_metrics, json_safe
+from nas.tracking.base import Metrics, TrialEnd, clean_metrics, json_safe
+from nas.tracking.lifecycle import LifecycleTracker
 from nas.tracking.plots import save_pareto_plot
 
 __all__ = [
@@ -52,7 +53,7 @@ MODES = ("offline", "online", "disabled")
 Direction = Literal["minimize", "maximize"]
 STEP_METRIC = "step"  # logged in every trial row: the x axis of the trial's metrics
 _SPLITS = ("validation_", "test_", "train_")
-_RISING = ("accuracy", "chrf", "bleu", "exact_match")  # by name, when no direction is declared
+_RISING = ("accuracy",)  # by name, when no direction is declared (every task has it)
 
 # W&B settings the tracker applies unless `settings=` overrides them: no console capture,
 # no informational output (warnings and errors still print), no system-metrics sampler
@@ -81,8 +82,8 @@ def metric_summary(name: str, directions: Mapping[str, Direction] | None = None)
 
     The direction is `directions[name]`, else that of its validation twin
     (`directions["validation_<metric>"]` for "loss", "test_loss", "stage0/train_loss"...), else
-    the name's: a loss ("loss", "*_loss") is minimised; accuracy, chrF and exact match
-    are maximised."""
+    the name's: a loss ("loss", "*_loss") is minimised, accuracy maximised; any other
+    metric of a task needs its declared direction."""
     base = name.rsplit("/", 1)[-1]
     for split in _SPLITS:
         base = base.removeprefix(split)

@@ -41,11 +41,10 @@ from pipeline.pure.placement import Placement
 from pipeline.pure.planner.schedule_facts import (
     ScheduleLike,
     in_flight_counts,
-    placement_for,
     schedule_name,
     weight_copies,
 )
-from pipeline.pure.schedule import is_stream
+from pipeline.pure.schedule import is_stream, placement_for
 from pipeline.pure.simulate import simulate, stage_costs
 
 __all__ = [

@@ -64,13 +64,7 @@ def replan(
     pipeline_link  the link between stages during training (for iteration predictions)
     schedule       the schedule function when it is not a built-in one (default: by name)
     """
-    if len(costs) != current.n_layers:
-        raise ValueError(f"{len(costs)} layer costs for a plan of {current.n_layers} layers")
-    if remaining_steps < 0:
-        raise ValueError(f"remaining_steps must be >= 0, got {remaining_steps}")
-    sizes = [c.state_bytes for c in costs] if state_bytes is None else list(state_bytes)
-    if len(sizes) != len(costs):
-        raise ValueError(f"{len(sizes)} state sizes for {len(costs)} layers")
+    sizes = _state_sizes(current, costs, remaining_steps, state_bytes)
     m = current.n_microbatches
     schedule = current.schedule if schedule is None else schedule
     now = planner.evaluate(
@@ -94,17 +88,7 @@ def replan(
     nbytes = sum(sizes[i] for i in moved)
     move_s = link.time(nbytes) if moved else 0.0
     saving = (now.predicted_iteration_s - new.predicted_iteration_s) * remaining_steps
-    over = memory_budget is not None and max(now.predicted_stage_bytes) > memory_budget
-    if over:
-        adopt, reason = True, "the current plan exceeds the memory budget"
-    elif (new.sizes, new.actions, new.handoff) == (now.sizes, now.actions, now.handoff):
-        adopt, reason = False, "the best plan is the current one"
-    else:
-        adopt = saving > move_s
-        reason = (
-            f"saves {saving:.4g} s over {remaining_steps} steps; moving {nbytes:,} bytes "
-            f"takes {move_s:.4g} s"
-        )
+    adopt, reason = _decide(now, new, memory_budget, saving, move_s, nbytes, remaining_steps)
     return Replan(
         plan=new if adopt else now,
         changed=adopt,
@@ -115,3 +99,41 @@ def replan(
         saving_s=saving,
         reason=reason,
     )
+
+
+def _state_sizes(
+    current: Plan,
+    costs: Sequence[LayerCost],
+    remaining_steps: int,
+    state_bytes: Sequence[int] | None,
+) -> list[int]:
+    """The bytes that travel with each layer, the arguments of `replan` checked first."""
+    if len(costs) != current.n_layers:
+        raise ValueError(f"{len(costs)} layer costs for a plan of {current.n_layers} layers")
+    if remaining_steps < 0:
+        raise ValueError(f"remaining_steps must be >= 0, got {remaining_steps}")
+    sizes = [c.state_bytes for c in costs] if state_bytes is None else list(state_bytes)
+    if len(sizes) != len(costs):
+        raise ValueError(f"{len(sizes)} state sizes for {len(costs)} layers")
+    return sizes
+
+
+def _decide(
+    now: Plan,
+    new: Plan,
+    memory_budget: int | None,
+    saving: float,
+    move_s: float,
+    nbytes: int,
+    remaining_steps: int,
+) -> tuple[bool, str]:
+    """Whether to adopt `new` over `now` (the current layout), and why."""
+    if memory_budget is not None and max(now.predicted_stage_bytes) > memory_budget:
+        return True, "the current plan exceeds the memory budget"
+    if (new.sizes, new.actions, new.handoff) == (now.sizes, now.actions, now.handoff):
+        return False, "the best plan is the current one"
+    reason = (
+        f"saves {saving:.4g} s over {remaining_steps} steps; moving {nbytes:,} bytes "
+        f"takes {move_s:.4g} s"
+    )
+    return saving > move_s, reason

@@ -3,34 +3,20 @@
 The planners (`pipeline.pure.planner.base` and the strategies) read these off the schedule
 itself, by name, as a spec or as a plain builder (`pipeline.pure.schedule.spec_of`), so a new
 schedule needs no planner change: its lists give the in-flight counts, its spec's
-`placement` and `stages_per_rank` where its stages go (`pipeline.pure.placement`), its
-`weight_copies` the parameter copies it keeps.
+`placement` and `stages_per_rank` where its stages go (`pipeline.pure.schedule.placement_for`,
+shared with the simulator), its `weight_copies` the parameter copies it keeps.
 """
 
 from __future__ import annotations
 
-from pipeline.pure.placement import Placement
-from pipeline.pure.schedule import ScheduleLike, in_flight, placement_of, spec_of
+from pipeline.pure.schedule import ScheduleLike, in_flight, placement_for, spec_of
 
-__all__ = ["ScheduleLike", "in_flight_counts", "placement_for", "schedule_name", "weight_copies"]
+__all__ = ["ScheduleLike", "in_flight_counts", "schedule_name", "weight_copies"]
 
 
 def schedule_name(schedule: ScheduleLike) -> str:
     """What a plan records as its schedule: its spec's name (a builder's: its `__name__`)."""
     return spec_of(schedule).name
-
-
-def placement_for(schedule: ScheduleLike, n_stages: int) -> Placement:
-    """Where `schedule` puts `n_stages` stages: several per rank for an interleaved or V
-    schedule (`n_stages` must then be a multiple of its stages per rank), else one each."""
-    spec = spec_of(schedule)
-    v = spec.stages_per_rank
-    if n_stages % v:
-        raise ValueError(
-            f"schedule {spec.name!r} holds {v} stages per rank, so "
-            f"n_stages must be a multiple of {v}, got {n_stages}"
-        )
-    return placement_of(spec, n_stages // v)
 
 
 def in_flight_counts(schedule: ScheduleLike, n_stages: int, n_microbatches: int) -> list[int]:

@@ -3,12 +3,8 @@ the model card, the old layout, and loading with the core install alone."""
 
 from __future__ import annotations
 
-import fnmatch
 import json
-import os
-import subprocess
 import sys
-import sysconfig
 from pathlib import Path
 
 import pytest
@@ -29,8 +25,8 @@ from pipeline.local.spec import build_layer
 from search_spaces.architecture import Architecture, to_json
 from search_spaces.evolved_transformer import PRIMITIVES, evolved_transformer, seed_params
 from search_spaces.primer import with_primitives
+from tests.nas.export.common import copy_folder, core_venv, run_in
 
-ROOT = Path(__file__).resolve().parents[3]
 METRICS = {
     "validation_loss": 1.5,
     "validation_chrf": 12.25,
@@ -86,13 +82,6 @@ def layers_forward(layers: dict, x: object) -> torch.Tensor:
         for layer in layers.values():
             carry = as_carry(layer.eval()(unwrap(carry)), "layer")
     return unwrap(carry)
-
-
-def copy_folder(source: Path, target: Path) -> Path:
-    target.mkdir()
-    for path in source.iterdir():
-        (target / path.name).write_bytes(path.read_bytes())
-    return target
 
 
 def test_the_loaded_model_computes_what_the_layers_computed(
@@ -339,26 +328,6 @@ def test_a_model_with_primers_primitives_exports_and_loads(
 
 
 # -- loading with the core install alone ----------------------------------------------------
-# What the core install (torch, numpy, safetensors, huggingface_hub) lacks, and the
-# checkout's own editable-install hooks (the checkout is put on the path instead).
-NOT_CORE = (
-    "optuna*",
-    "hydra*",
-    "omegaconf*",
-    "wandb*",
-    "matplotlib*",
-    "sacrebleu*",
-    "rich*",
-    "scipy*",
-    "pycountry*",
-    "sqlalchemy*",
-    "alembic*",
-    "yaml*",
-    "_yaml*",
-    "pyyaml*",
-    "__editable__*",
-    "*elastic_nas*",
-)
 HARNESS_ONLY = (
     "optuna",
     "hydra",
@@ -396,39 +365,8 @@ print(json.dumps({
 """
 
 
-def core_venv(tmp_path: Path) -> Path:
-    """The python of a new virtual environment that sees this one's packages but those of
-    `NOT_CORE`, and the checkout."""
-    venv = tmp_path / "core-venv"
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
-    links = tmp_path / "core-packages"
-    links.mkdir()
-    for entry in Path(sysconfig.get_paths()["purelib"]).iterdir():
-        if not any(fnmatch.fnmatch(entry.name.lower(), p) for p in NOT_CORE):
-            (links / entry.name).symlink_to(entry)
-    [site] = venv.glob("lib/python*/site-packages")
-    (site / "core.pth").write_text(f"{links}\n{ROOT}\n")
-    return venv / "bin" / "python"
-
-
 def load_in(python: Path | str, folder: Path, cwd: Path) -> dict:
     return run_in(python, LOAD, [str(folder), *HARNESS_ONLY], cwd)
-
-
-def run_in(python: Path | str, code: str, args: list[str], cwd: Path) -> dict:
-    """`code` run by `python` with `args` (this environment's PYTHONPATH left out): the JSON
-    of the last line it prints."""
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
-    done = subprocess.run(
-        [str(python), "-c", code, *args],
-        capture_output=True,
-        text=True,
-        timeout=240,
-        cwd=cwd,
-        env=env,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.splitlines()[-1])
 
 
 @pytest.mark.timeout(600)

@@ -20,7 +20,7 @@ from nas.text.subwords import SubwordVocab
 from pipeline.local.spec import build_layer
 from search_spaces.evolved_transformer import evolved_transformer, seed_params
 from tests.nas.corpora import write_tsv
-from tests.nas.export.test_export import copy_folder, core_venv, run_in
+from tests.nas.export.common import copy_folder, core_venv, run_in
 
 HARNESS = ("optuna", "hydra", "omegaconf", "wandb", "sacrebleu", "matplotlib", "yaml")
 SOURCES = ["3 cannot open the file", "1 deleted the table", "5 did not find the key"]

@@ -16,10 +16,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hydra.errors import HydraException
 from omegaconf import DictConfig, ListConfig, OmegaConf
-from omegaconf.errors import MissingMandatoryValue
+from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 
-from nas.config import CONFIG_DIR
+from nas.config import CONFIG_DIR, one_line
 from nas.settings import NasSettings
 from tests.nas.harness.common import composed as settings
 from tests.nas.harness.common import write_text
@@ -181,3 +182,29 @@ def test_swapping_an_experiments_pruner_for_none_drops_its_options(
         composed = settings("experiment=search_2h", "pruner=none")
     assert composed.pruner.name == "none" and composed.pruner.options == {}
     assert "ignoring pruner.options ['budgets', 'hurdle', 'min_trials']" in caplog.text
+
+
+@pytest.mark.parametrize(
+    ("overrides", "said"),
+    [
+        (["train.steps=abc"], "train.steps='abc' is not valid; it must be a positive integer"),
+        (["train.steps=-5"], "train.steps=-5 is not valid; it must be a positive integer"),
+        (["pipeline.n_stages=1.5"], "pipeline.n_stages=1.5 is not valid; use a positive integer"),
+        (["train.stepz=4"], "train.stepz is not a setting; valid keys of train: steps, batch_size"),
+        (["sampler=annealing"], "Could not find 'sampler/annealing'; valid options of sampler: "),
+        (["sampler.name=annealing"], "sampler='annealing' is not valid; valid values: tpe, "),
+        (["task.options.sed=1"], "task.options.sed is not in the composed config; to add it, "),
+        (["+task.options.sed=1"], "task.options: bad options for task 'translation': unknown"),
+        (["task=corpus"], "task.options.path has no value (??? in its option file); set it"),
+        (["train.steps=[1"], "'train.steps=[1' cannot be read: "),
+    ],
+)
+def test_a_config_that_cannot_run_is_said_in_one_line_naming_the_key(
+    overrides: list[str], said: str
+) -> None:
+    """What the CLI prints for each (`nas.cli.main`): Hydra's refusals while composing,
+    OmegaConf's and the settings' own."""
+    with pytest.raises((HydraException, OmegaConfBaseException, ValueError)) as raised:
+        settings(*overrides)
+    line = one_line(raised.value)
+    assert line.startswith(said) and "\n" not in line, line

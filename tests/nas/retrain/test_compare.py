@@ -19,12 +19,12 @@ import torch
 from rich.console import Console
 
 from nas.report import _report_retrained
+from nas.retrain.results import headline_objectives
 from nas.retrain.stage import Model, RetrainResult, RetrainRun, compare, select_models
 from nas.study import training
-from nas.study.trials import architecture_of, sample_architecture, seed_architectures
+from nas.study.space import architecture_of, configured_space
 from nas.tasks import get_task
 from search_spaces.architecture import to_json
-from search_spaces.evolved_transformer import seed_params
 from tests.nas.harness.common import tiny_settings
 
 BENCHMARKS = Path(__file__).resolve().parents[3] / "benchmarks"
@@ -35,7 +35,7 @@ def _tell(study: optuna.Study, settings: Any, value: float, params: dict[str, An
     if params is not None:
         study.enqueue_trial(params)
     trial = study.ask()
-    sample_architecture(trial, settings)
+    configured_space(settings).sample(trial)
     study.tell(trial, value)
 
 
@@ -45,8 +45,9 @@ def test_one_model_per_network_the_better_trial_and_the_seeds_apart(tmp_path: Pa
     _tell(study, settings, 3.0, None)
     _tell(study, settings, 2.0, dict(study.trials[0].params))  # trial 0's network, better
     _tell(study, settings, 4.0, None)
-    evolved = seed_architectures(settings)["evolved_transformer"]
-    _tell(study, settings, 1.0, seed_params(evolved))  # the best: a seed's network
+    space = configured_space(settings)
+    evolved = space.seeds()["evolved_transformer"]
+    _tell(study, settings, 1.0, space.seed_params(evolved))  # the best: a seed's network
     trials = study.trials
     assert architecture_of(trials[1], settings) == architecture_of(trials[0], settings)
     assert architecture_of(trials[2], settings) != architecture_of(trials[0], settings)
@@ -109,9 +110,23 @@ RUNS = (
 )
 
 
+# a translation's headline metrics: the runs have chrF, not BLEU nor exact match
+HEADLINE = headline_objectives("translation")
+
+
+def test_a_task_declares_the_metrics_the_models_are_compared_on() -> None:
+    assert HEADLINE == ("validation_chrf", "validation_bleu", "validation_exact_match")
+    language_model = ("validation_bits_per_char", "validation_accuracy")
+    assert headline_objectives("charlm") == language_model
+    # a user's task, named by import path, declares its own (here: its base class's)
+    assert headline_objectives("tests.nas.harness.plugin_task:PerplexityCharLM") == language_model
+
+
 def test_each_model_is_compared_with_the_evolved_transformer_on_the_seeds_both_trained() -> None:
-    reference, paired = compare(RUNS, "validation_loss")
+    reference, paired = compare(RUNS, "validation_loss", headline=HEADLINE)
     assert reference == "evolved_transformer" and list(paired) == ["trial-3", "transformer"]
+    assert list(paired["trial-3"]) == ["validation_loss", "validation_chrf"]  # what runs have
+    assert list(compare(RUNS, "validation_loss", headline=())[1]["trial-3"]) == ["validation_loss"]
     loss, chrf = paired["trial-3"]["validation_loss"], paired["trial-3"]["validation_chrf"]
     assert loss.seeds == (0, 1) and loss.diffs == (-0.5, -0.25) and loss.wins == 2
     assert loss.mean == -0.375 and loss.stderr == pytest.approx(0.125)
@@ -122,16 +137,17 @@ def test_each_model_is_compared_with_the_evolved_transformer_on_the_seeds_both_t
 
 def test_without_the_evolved_transformer_the_best_seed_model_is_the_reference() -> None:
     runs = [run for run in RUNS if run.model != "evolved_transformer"]
-    reference, paired = compare(runs, "validation_loss")
+    reference, paired = compare(runs, "validation_loss", headline=HEADLINE)
     assert reference == "transformer" and list(paired) == ["trial-3"]
     assert paired["trial-3"]["validation_loss"].diffs == (-0.75, -0.75)
-    assert compare([run for run in RUNS if run.trial is not None], "validation_loss") == (None, {})
+    searched = [run for run in RUNS if run.trial is not None]
+    assert compare(searched, "validation_loss", headline=HEADLINE) == (None, {})
 
 
 def test_the_report_prints_the_paired_differences_between_validation_and_test(
     tmp_path: Path,
 ) -> None:
-    reference, paired = compare(RUNS, "validation_loss")
+    reference, paired = compare(RUNS, "validation_loss", headline=HEADLINE)
     result = RetrainResult("s", RUNS, {}, "trial-3", "validation_loss", (), reference, paired)
     console = Console(record=True, width=250)
     _report_retrained(tiny_settings(tmp_path), result, console)

@@ -39,6 +39,25 @@ SETTINGS = (
 )
 
 
+def kill_at_the_first_checkpoint(command: list[str], cwd: Path, checkpoints: Path) -> None:
+    """Run `command` (the CLI) in `cwd` and kill it, with its stage processes (SIGKILL), as
+    soon as a checkpoint is complete in `checkpoints`."""
+    killed = subprocess.Popen(
+        command,
+        cwd=cwd,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        start_new_session=True,  # its stage processes die with it
+    )
+    deadline = time.monotonic() + 200
+    while not any(checkpoints.glob("step-*/pipeline.json")):
+        assert killed.poll() is None, killed.communicate()[1][-3000:]
+        assert time.monotonic() < deadline, "no checkpoint was written"
+        time.sleep(0.02)
+    os.killpg(killed.pid, signal.SIGKILL)
+    killed.wait()
+
+
 @pytest.mark.multiprocess
 @pytest.mark.timeout(300)
 def test_a_killed_retraining_resumes_from_its_checkpoint_and_ends_as_an_uninterrupted_one(
@@ -59,20 +78,8 @@ def test_a_killed_retraining_resumes_from_its_checkpoint_and_ends_as_an_uninterr
     ]
     model_folder = models / "k" / "trial-0"
     checkpoints = checkpoint_folder(model_folder, 0)
-    killed = subprocess.Popen(
-        [*cli, f"hydra.run.dir={tmp_path / 'killed'}"],
-        cwd=tmp_path,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        start_new_session=True,  # its stage processes die with it
-    )
-    deadline = time.monotonic() + 200
-    while not any(checkpoints.glob("step-*/pipeline.json")):
-        assert killed.poll() is None, killed.communicate()[1][-3000:]
-        assert time.monotonic() < deadline, "no checkpoint was written"
-        time.sleep(0.02)
-    os.killpg(killed.pid, signal.SIGKILL)
-    killed.wait()
+    killed = [*cli, f"hydra.run.dir={tmp_path / 'killed'}"]
+    kill_at_the_first_checkpoint(killed, tmp_path, checkpoints)
     assert not record_path(model_folder, 0).exists(), "the run ended before it was killed"
 
     again = subprocess.run(

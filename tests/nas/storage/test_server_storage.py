@@ -2,8 +2,8 @@
 
 One throw-away server for the whole module, real CLI workers with their own stage
 processes, the gRPC proxy, the dashboard and `wandb sync`, each run as README.md's "## Many
-machines" block runs it: the block is read from README.md (`Readme`) and its command lines
-run with this machine's values in place of its placeholders. The server is stopped for real
+machines" block runs it: the block is read from README.md (`cluster.Readme`) and its command
+lines run with this machine's values in place of its placeholders. The server is stopped for real
 mid-study, and a worker hangs (SIGSTOP) mid-trial, then is killed, while another goes on.
 Studies are tiny (a character LM, 2 steps a trial); while the server is down for the short
 outage, the checks that need it down run.
@@ -12,25 +12,20 @@ outage, the checks that need it down run.
 from __future__ import annotations
 
 import contextlib
-import glob
 import io
 import json
 import os
-import re
-import shlex
 import shutil
 import signal
 import socket
-import string
 import subprocess
 import sys
 import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 
 import optuna
@@ -43,124 +38,38 @@ from nas.retrain.stage import retrain
 from nas.storage.opening import ATTEMPT, StorageError, make_storage
 from nas.storage.postgres import Postgres, PostgresError, free_port
 from nas.storage.url import masked, without_password
+from nas.study.opening import open_study
 from nas.study.run import run_study
-from nas.study.trials import INTERRUPTED, OWNER, counted, open_study
+from nas.study.trials import INTERRUPTED, OWNER, counted
 from tests.nas.harness.common import offline_wandb, tiny_settings
+from tests.nas.storage.cluster import (
+    CHEAP,
+    COMPLETED,
+    IN_TRANSACTION,
+    OWNERS,
+    RETRIED,
+    TRAINERS,
+    TRAINING,
+    TRAINS,
+    Readme,
+    all_gone,
+    count,
+    end,
+    readme_for,
+    stage_processes,
+    start_worker,
+    study_trials,
+    trials_told,
+    wait_until,
+)
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.filterwarnings("ignore:Heartbeat of storage")]
 
 COMPLETE, RUNNING = optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.RUNNING
 FAIL = optuna.trial.TrialState.FAIL
 SERVER = [sys.executable, "-m", "nas.storage.server"]
-# a study as cheap as it gets: a character LM, 2 steps a trial, no tracker
-CHEAP = (
-    "study.workers=1",  # each command one worker of the old default's shape: these tests
-    "pipeline=cpu_2_stages",  # are about the storage (study.workers=N: test_cli)
-    "task=charlm",
-    "task.options.seq_len=16",
-    "train.steps=2",
-    "train.eval_every=2",
-    "train.eval_batches=1",
-    "train.batch_size=16",
-    "search_space.d_model=[32]",
-    "search_space.max_cells=1",
-    "tracker=none",
-    "retrain.steps=2",
-)
 OUTAGE_S = 12.0  # the short outage: a server restarted, as an administrator does
 GRACE_S = 3  # the hung worker's test: `study.heartbeat_grace_s` (a beat every second)
-README = Path(__file__).resolve().parents[3] / "README.md"
-
-
-@dataclass(frozen=True)
-class Readme:
-    """README.md's "## Many machines" block as this machine runs it: `fills` (text ->
-    what stands for it here) put in place of its placeholders, its variables expanded,
-    its `export`s in `env`, its programs this interpreter's (`python`, scripts beside it)."""
-
-    fills: Mapping[str, str]
-
-    @classmethod
-    def filled(
-        cls,
-        folder: Path,
-        port: int,
-        *,
-        password: str = "",
-        proxy_port: int = 0,
-        runs: Path | None = None,
-    ) -> Readme:
-        """The server in `folder` on `port`, every host this one (loopback), the proxy on
-        `proxy_port`, the workers' run folders under `runs`."""
-        fills = {
-            "/srv/nas-db": str(folder),
-            "0.0.0.0": "127.0.0.1",
-            "<server host>": "127.0.0.1",
-            "<proxy host>": "127.0.0.1",
-            "5433": str(port),
-            "13000": str(proxy_port),
-            "<the password in that URL>": password,
-        }
-        return cls(fills | ({"outputs/runs/shared": str(runs)} if runs else {}))
-
-    def _parsed(self) -> tuple[list[list[str]], dict[str, str]]:
-        """The block's command lines, split as the shell splits them, and its exports."""
-        section = README.read_text().split("\n## Many machines\n", 1)[1].split("\n## ", 1)[0]
-        block = section.split("```bash\n", 1)[1].split("\n```", 1)[0]
-        pattern = "|".join(map(re.escape, self.fills))
-        block = re.sub(pattern, lambda found: self.fills[found.group()], block)  # one pass
-        lines: list[list[str]] = []
-        variables: dict[str, str] = {}
-        exported: dict[str, str] = {}
-        for line in block.splitlines():
-            words = shlex.split(string.Template(line).safe_substitute(variables), comments=True)
-            if words[:1] == ["export"]:
-                name, _, value = words[1].partition("=")
-                exported[name] = value
-            elif len(words) == 1 and re.fullmatch(r"[A-Za-z_]\w*=.*", words[0]):
-                name, _, value = words[0].partition("=")
-                variables[name] = value
-            elif words:
-                lines.append(words[:-1] if words[-1] == "&" else words)
-        return lines, exported
-
-    @property
-    def env(self) -> dict[str, str]:
-        return self._parsed()[1]
-
-    def command(self, *start: str, having: str = "") -> list[str]:
-        """The block's one command line that starts with the words `start` and holds
-        `having`, its globs expanded."""
-        found = [
-            words
-            for words in self._parsed()[0]
-            if tuple(words[: len(start)]) == start and having in " ".join(words)
-        ]
-        assert len(found) == 1, f"README.md's Many machines block: {start} {having!r}: {found}"
-        program, *args = found[0]
-        return [_program(program), *(word for arg in args for word in _expanded(arg))]
-
-
-def _program(name: str) -> str:
-    """`name` as this interpreter runs it: `python` is this interpreter, a script installed
-    beside it (optuna-dashboard, wandb) that one, else whatever PATH finds."""
-    if name == "python":
-        return sys.executable
-    beside = Path(sys.executable).with_name(name)
-    return str(beside) if beside.exists() else name
-
-
-def _expanded(word: str) -> list[str]:
-    """A shell word's glob matches, sorted (the word itself when none, as the shell does)."""
-    return (sorted(glob.glob(word)) or [word]) if "*" in word else [word]
-
-
-def _readme(server: Postgres, runs: Path, proxy_port: int = 0) -> Readme:
-    """The README's block for `server`, its workers' run folders under `runs`."""
-    record = server.record
-    return Readme.filled(
-        server.folder, record.port, password=record.password, proxy_port=proxy_port, runs=runs
-    )
 
 
 @pytest.fixture(scope="module")
@@ -191,158 +100,18 @@ def server() -> Iterator[Postgres]:
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def _worker(
-    run_dir: Path, *overrides: str, env: Mapping[str, str] | None = None
-) -> subprocess.Popen[str]:
-    """`python -m nas` as a user starts a worker, with `overrides` (its storage among them,
-    e.g. a README line's; later ones win) on a cheap study, in `run_dir`, in a session of
-    its own (its stage processes are its process group); `env` joins the environment
-    (PGPASSWORD, as the README advises, not in the URL)."""
-    return subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "nas",
-            *CHEAP,
-            "stages=[search]",
-            *overrides,
-            f"hydra.run.dir={run_dir}",
-            f"studies_dir={run_dir / 'studies'}",
-        ],
-        cwd=run_dir.parent,
-        env=os.environ | dict(env or {}),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
-
-
-COMPLETED = (
-    "SELECT COUNT(*) FROM trials JOIN studies USING (study_id) "
-    "WHERE study_name = :study AND state = 'COMPLETE'"
-)
-TRAINING = (  # trials rank 0 trains: running, owned, beating
-    "SELECT COUNT(*) FROM trials JOIN studies USING (study_id) "
-    "JOIN trial_heartbeats USING (trial_id) WHERE study_name = :study AND state = 'RUNNING'"
-)
-OWNERS = (
-    "SELECT COUNT(DISTINCT value_json) FROM trial_user_attributes "
-    "JOIN trials USING (trial_id) JOIN studies USING (study_id) "
-    "WHERE study_name = :study AND key = 'owner'"
-)
-TRAINERS = (  # the workers training a trial (running, beating) now
-    "SELECT COUNT(DISTINCT value_json) FROM trial_user_attributes "
-    "JOIN trials USING (trial_id) JOIN studies USING (study_id) "
-    "JOIN trial_heartbeats USING (trial_id) "
-    "WHERE study_name = :study AND key = 'owner' AND state = 'RUNNING'"
-)
-TRAINS = (  # the number of the trial a worker (:owner) trains now, -1 if none
-    "SELECT COALESCE(MAX(number), -1) FROM trial_user_attributes "
-    "JOIN trials USING (trial_id) JOIN studies USING (study_id) "
-    "JOIN trial_heartbeats USING (trial_id) "
-    "WHERE study_name = :study AND key = 'owner' AND state = 'RUNNING' AND value_json = :owner"
-)
-RETRIED = (  # 1 once trial :number failed and a trial was enqueued to retry it
-    "SELECT COUNT(*) FROM trials JOIN studies USING (study_id) "
-    "WHERE study_name = :study AND number = :number AND state = 'FAIL' AND EXISTS ("
-    "SELECT 1 FROM trial_user_attributes JOIN trials AS retry USING (trial_id) "
-    "WHERE retry.study_id = studies.study_id AND key = 'retry_of' AND value_json = :number)"
-)
-IN_TRANSACTION = (  # the server's other connections inside a transaction (holding locks)
-    "SELECT COUNT(*) FROM pg_stat_activity WHERE datname = current_database() "
-    "AND pid <> pg_backend_pid() AND state IN ('active', 'idle in transaction')"
-)
-
-
-def _count(server: Postgres, sql: str, study: str, **params: str) -> int:
-    """A number read straight from the server, `sql` with :study and `params` (0 before
-    Optuna made its tables)."""
-    engine = sqlalchemy.create_engine(server.url)
-    try:
-        with engine.connect() as connection:
-            found = connection.execute(sqlalchemy.text(sql), {"study": study, **params})
-            return int(found.scalar_one())
-    except sqlalchemy.exc.SQLAlchemyError:
-        return 0
-    finally:
-        engine.dispose()
-
-
-def _wait_until(condition: Callable[[], bool], what: str, timeout_s: float = 300) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting until {what}"
-        time.sleep(0.3)
-
-
-def _stage_processes(pid: int) -> set[int]:
-    """The processes multiprocessing started under `pid`: its forkserver and the stage
-    processes forked from it (or spawned stages), its resource tracker (Linux /proc)."""
-    children: dict[int, set[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            parent = int(stat.read_text().rsplit(")", 1)[1].split()[1])
-            if b"multiprocessing" in (stat.parent / "cmdline").read_bytes():
-                children.setdefault(parent, set()).add(int(stat.parent.name))
-        except (OSError, IndexError, ValueError):
-            continue
-    found: set[int] = set()
-    parents = [pid]
-    while parents:
-        below = children.get(parents.pop(), set()) - found
-        found |= below
-        parents += below
-    return found
-
-
-def _all_gone(pids: set[int], timeout_s: float = 10.0) -> bool:
-    """Whether every one of `pids` has exited, within `timeout_s` (a forkserver and its
-    children see their caller's exit a moment after it)."""
-    deadline = time.monotonic() + timeout_s
-    while any(Path(f"/proc/{pid}").exists() for pid in pids):
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.1)
-    return True
-
-
-def _trials(server: Postgres, study: str) -> list[optuna.trial.FrozenTrial]:
-    return optuna.load_study(study_name=study, storage=make_storage(server.url)).trials
-
-
-def _told(run_dir: Path) -> list[int]:
-    """The trials a worker's rank 0 recorded as complete or pruned (its job log)."""
-    log = (run_dir / "elastic-nas.log").read_text()
-    return [int(n) for n in re.findall(r"\] - trial (\d+) (?:complete|pruned):", log)]
-
-
-def test_bad_credentials_or_scheme_fail_at_once_naming_the_storage(server: Postgres) -> None:
-    wrong = server.url.replace(server.record.password, "not-the-password")
-    for url, said in [
-        (wrong, "password authentication failed"),
-        ("nosuchdb://u:secret@127.0.0.1/x", "NoSuchModuleError"),
-    ]:
-        started = time.monotonic()
-        with pytest.raises(StorageError, match=said) as caught:
-            make_storage(url)
-        assert time.monotonic() - started < 10
-        assert masked(url) in str(caught.value) and "not-the-password" not in str(caught.value)
-        assert "secret" not in str(caught.value) and "\n" not in str(caught.value)
-
-
 def test_a_worker_stops_when_the_server_is_gone_too_long_and_a_rerun_resumes(
     server: Postgres, tmp_path: Path
 ) -> None:
     """Then the study is retrained and reported from the server, as a user does."""
     overrides = ("study.name=gone", "study.n_trials=3", "study.storage_wait_s=2")
-    worker = _worker(tmp_path / "w", f"study.storage={server.url}", *overrides)
+    worker = start_worker(tmp_path / "w", f"study.storage={server.url}", *overrides)
 
     def training() -> bool:
-        return _count(server, COMPLETED, "gone") > 0 and _count(server, TRAINING, "gone") > 0
+        return count(server, COMPLETED, "gone") > 0 and count(server, TRAINING, "gone") > 0
 
-    _wait_until(training, "a trial completed and the next one trains")
-    stages = _stage_processes(worker.pid)
+    wait_until(training, "a trial completed and the next one trains")
+    stages = stage_processes(worker.pid)
     server.stop()
     try:
         out, err = worker.communicate(timeout=120)
@@ -352,12 +121,12 @@ def test_a_worker_stops_when_the_server_is_gone_too_long_and_a_rerun_resumes(
     said = [line for line in (out + err).splitlines() if "unreachable for 2 s" in line]
     assert said and all(masked(server.url) in line for line in said), err[-3000:]
     assert not any(server.record.password in line for line in said)
-    assert len(stages) >= 2 and _all_gone(stages)  # its stage processes closed with it
+    assert len(stages) >= 2 and all_gone(stages)  # its stage processes closed with it
 
     settings = tiny_settings(tmp_path, *CHEAP, *overrides, f"study.storage={server.url}")
     result = run_study(settings)  # the rerun: the dead worker's trial is failed and retried
     assert result.finished == 3
-    trials = _trials(server, "gone")
+    trials = study_trials(server, "gone")
     left = [t for t in trials if t.state == optuna.trial.TrialState.FAIL and not counted(t)]
     assert left, [(t.number, t.state, t.user_attrs) for t in trials]
     retried = {t.user_attrs.get("retry_of") for t in trials if counted(t)}
@@ -387,12 +156,14 @@ def test_two_workers_one_through_the_proxy_wait_out_a_server_restart(
     the study reaches study.n_trials. The direct worker logs to W&B offline, and the
     README's `wandb sync` line finds its runs (--dry-run: uploading needs an account)."""
     port = free_port()
-    readme = _readme(server, tmp_path, proxy_port=port)
+    readme = readme_for(server, tmp_path, proxy_port=port)
     overrides = ("study.name=shared", "study.n_trials=3")
     url = without_password(server.url)  # the README's $DB: the password in PGPASSWORD
     offline_wandb(monkeypatch, tmp_path)
     line = readme.command("python", "-m", "nas", having=f"study.storage={url}")
-    direct = _worker(tmp_path / "worker-1", *line[3:], *overrides, "tracker=wandb", env=readme.env)
+    direct = start_worker(
+        tmp_path / "worker-1", *line[3:], *overrides, "tracker=wandb", env=readme.env
+    )
     proxy = subprocess.Popen(
         readme.command("python", "-m", "nas.storage.server", "serve"),
         env=os.environ | readme.env,
@@ -405,12 +176,12 @@ def test_two_workers_one_through_the_proxy_wait_out_a_server_restart(
             f"grpc://127.0.0.1:{port}"
         )
         line = readme.command("python", "-m", "nas", having="study.storage=grpc://")
-        proxied = _worker(tmp_path / "worker-2", *line[3:], *overrides)
+        proxied = start_worker(tmp_path / "worker-2", *line[3:], *overrides)
 
         def mid_study() -> bool:
-            return _count(server, OWNERS, "shared") == 2 and _count(server, COMPLETED, "shared") > 0
+            return count(server, OWNERS, "shared") == 2 and count(server, COMPLETED, "shared") > 0
 
-        _wait_until(mid_study, "both workers asked a trial and one completed")
+        wait_until(mid_study, "both workers asked a trial and one completed")
         server.stop()
         down = time.monotonic()
         with ThreadPoolExecutor(2) as pool:  # the start faults, while the server is down
@@ -433,12 +204,12 @@ def test_two_workers_one_through_the_proxy_wait_out_a_server_restart(
     assert f"storage {url} unreachable" in proxy_err  # the proxy waited too
     assert server.record.password not in direct_said + proxy_err
 
-    trials = _trials(server, "shared")
+    trials = study_trials(server, "shared")
     assert 3 <= sum(map(counted, trials)) <= 4  # each stops once 3 are done: one may overshoot
     assert len({t.number for t in trials}) == len(trials)
     assert not any(t.state == RUNNING or t.user_attrs.get(INTERRUPTED) for t in trials)
     assert len({t.user_attrs[OWNER] for t in trials if counted(t)}) == 2
-    told = [_told(tmp_path / "worker-1"), _told(tmp_path / "worker-2")]
+    told = [trials_told(tmp_path / "worker-1"), trials_told(tmp_path / "worker-2")]
     done = {t.number for t in trials if t.state.is_finished() and counted(t)}
     assert sorted(told[0] + told[1]) == sorted(done)  # each told once, none lost
     _sync_dry_run(readme)
@@ -465,7 +236,7 @@ def test_a_hung_then_killed_workers_trial_is_failed_by_its_heartbeat_and_retried
     with study.n_trials (the survivor is paused alongside until the victim's heartbeat is
     stale, which orders the events: `_hang_mid_trial`). The README's `optuna-dashboard`
     line serves the study meanwhile."""
-    readme, study = _readme(server, tmp_path), "hung"
+    readme, study = readme_for(server, tmp_path), "hung"
     line = readme.command("python", "-m", "nas", having="study.storage=postgresql")[3:]
     overrides = (
         f"study.name={study}",
@@ -475,26 +246,26 @@ def test_a_hung_then_killed_workers_trial_is_failed_by_its_heartbeat_and_retried
     # made first, its two seed architectures enqueued once (two workers making it at the same
     # moment may both enqueue them): each worker's first trial is a seed of its own
     open_study(tiny_settings(tmp_path, *CHEAP, *overrides, f"study.storage={server.url}"))
-    victim = _worker(tmp_path / "victim", *line, *overrides, env=readme.env)
-    survivor = _worker(tmp_path / "worker-1", *line, *overrides, env=readme.env)
+    victim = start_worker(tmp_path / "victim", *line, *overrides, env=readme.env)
+    survivor = start_worker(tmp_path / "worker-1", *line, *overrides, env=readme.env)
     try:
         hung = _hang_mid_trial(server, study, victim, survivor)
         with _dashboard(readme, tmp_path / "dashboard.log") as address:
             time.sleep(GRACE_S + 0.5)  # the hung trial's last heartbeat is older than the grace
             os.killpg(survivor.pid, signal.SIGCONT)  # its check before its next ask finds it
-            _wait_until(
-                lambda: _count(server, RETRIED, study, number=str(hung)) == 1,
+            wait_until(
+                lambda: count(server, RETRIED, study, number=str(hung)) == 1,
                 f"trial {hung} failed and enqueued again",
             )
             os.killpg(victim.pid, signal.SIGKILL)  # the hung machine is powered off
             _, err = survivor.communicate(timeout=300)
             assert survivor.returncode == 0, err[-3000:]
             serving = f"optuna-dashboard serves the study (output: {tmp_path / 'dashboard.log'})"
-            _wait_until(lambda: _serves(address, study), serving, 60)
+            wait_until(lambda: _serves(address, study), serving, 60)
     finally:
         for worker in (victim, survivor):
-            _end(worker)
-    trials = _trials(server, study)
+            end(worker)
+    trials = study_trials(server, study)
     lost, again = trials[hung], [t for t in trials if t.user_attrs.get("retry_of") == hung]
     assert lost.state == FAIL and not counted(lost) and "fail_reason" not in lost.user_attrs
     said = [(t.number, t.state.name, t.user_attrs) for t in trials]
@@ -502,7 +273,7 @@ def test_a_hung_then_killed_workers_trial_is_failed_by_its_heartbeat_and_retried
         (COMPLETE, 1, lost.params)
     ], said
     assert again[0].user_attrs[OWNER] == f"{socket.gethostname()}:{survivor.pid}"
-    assert again[0].number in _told(tmp_path / "worker-1")
+    assert again[0].number in trials_told(tmp_path / "worker-1")
     assert len({t.number for t in trials}) == len(trials)
     assert sum(map(counted, trials)) == 3 and not any(t.state == RUNNING for t in trials)
 
@@ -518,12 +289,12 @@ def _hang_mid_trial(
     and its study cannot end before."""
     owner = json.dumps(f"{socket.gethostname()}:{victim.pid}")
     while True:
-        _wait_until(lambda: _count(server, TRAINERS, study) == 2, "both workers train a trial")
+        wait_until(lambda: count(server, TRAINERS, study) == 2, "both workers train a trial")
         for worker in (victim, survivor):
             os.killpg(worker.pid, signal.SIGSTOP)
-        hung, done = _count(server, TRAINS, study, owner=owner), _count(server, COMPLETED, study)
+        hung, done = count(server, TRAINS, study, owner=owner), count(server, COMPLETED, study)
         assert done <= 1, f"{done} trials completed before both workers trained one"
-        if hung >= 0 and _count(server, IN_TRANSACTION, study) == 0:
+        if hung >= 0 and count(server, IN_TRANSACTION, study) == 0:
             return hung
         for worker in (victim, survivor):
             os.killpg(worker.pid, signal.SIGCONT)
@@ -555,14 +326,6 @@ def _serves(address: str, study: str) -> bool:
         return False
 
 
-def _end(worker: subprocess.Popen[str]) -> None:
-    """Kill what is left of `worker`'s process group (a failed test's), and reap it."""
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(worker.pid, signal.SIGKILL)
-    if worker.returncode is None:
-        worker.communicate(timeout=60)
-
-
 def _start_error(url: str) -> str:
     """The error a worker starting on `url` gets (it must be one)."""
     try:
@@ -575,7 +338,7 @@ def _start_error(url: str) -> str:
 def _cli_start_error(run_dir: Path, server: Postgres) -> str:
     """What `python -m nas` says when its storage cannot be reached at start: one line
     naming it (password masked), no traceback, no stage process started."""
-    worker = _worker(run_dir, f"study.storage={server.url}", "study.name=refused")
+    worker = start_worker(run_dir, f"study.storage={server.url}", "study.name=refused")
     out, err = worker.communicate(timeout=300)
     assert worker.returncode == 1
     said = out + err

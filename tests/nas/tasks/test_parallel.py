@@ -12,7 +12,17 @@ import sacrebleu
 import torch
 
 from nas.study import training
-from nas.tasks import SPLITS, UNK, Corpus, TaskInputError, Translation, Vocab, get_task
+from nas.tasks import (
+    SPLITS,
+    UNK,
+    Corpus,
+    TaskInputError,
+    TokenizerOptions,
+    Translation,
+    Vocab,
+    bind_options,
+    get_task,
+)
 from nas.text.subwords import SubwordVocab
 from search_spaces.evolved_transformer import evolved_transformer
 from tests.nas.corpora import PAIRS, write_tsv
@@ -150,3 +160,37 @@ def test_decoding_scores_the_detokenized_text(tmp_path: Path) -> None:
     assert scores["chrf"] == pytest.approx(sacrebleu.corpus_chrf(hypotheses, [references]).score)
     same = sum(h == r for h, r in zip(hypotheses, references, strict=True))
     assert scores["exact_match"] == pytest.approx(same / len(references)) and same < 9
+
+
+def test_the_tokenizer_options_are_one_group_users_write_flat(tmp_path: Path) -> None:
+    """`vocab_size` alone keeps the corpus task's default tokenizer (BPE): the flat options
+    are gathered over the task's default `TokenizerOptions`."""
+    assert bind_options("corpus", {"path": "p.tsv", "vocab_size": 150}) == {
+        "path": "p.tsv",
+        "tokenization": TokenizerOptions("bpe", vocab_size=150),
+    }
+    assert bind_options("translation", {"seed": 3}) == {"seed": 3}  # the default group
+    path = write_tsv(tmp_path / "p.tsv")
+    assert corpus(path, vocab_size=150).tokenization == TokenizerOptions("bpe", 150)
+    direct = Corpus(path, tokenization=TokenizerOptions("unigram", vocab_size=150))
+    assert direct.describe()["tokenizer"] == "unigram"
+    both = {"path": "p.tsv", "vocab_size": 100, "tokenization": TokenizerOptions()}
+    with pytest.raises(TypeError, match=r"tokenization and its fields \['vocab_size'\]"):
+        bind_options("corpus", both)
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"tokenizer": "wordpiece"}, "tokenizer='wordpiece' is not valid; valid tokenizers: chars"),
+        ({"tokenizer": "bpe", "vocab_size": "8k"}, "vocab_size='8k' is not valid; valid: an"),
+        ({"shared_vocab": 1}, "shared_vocab=1 is not valid; valid: true"),
+        ({"max_tokens": 40}, "max_tokens=40 is not valid for tokenizer='chars'"),
+        ({"tokenizer": "bpe", "max_tokens": -1}, "max_tokens=-1 is not valid; valid: an integer"),
+    ],
+)
+def test_tokenizer_options_name_a_value_they_cannot_take(
+    options: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(TaskInputError, match=message):
+        TokenizerOptions(**options)

@@ -4,6 +4,7 @@ metric directions, batches that are the same for the same arguments and exactly
 
 from __future__ import annotations
 
+import inspect
 from pathlib import Path
 from typing import Any
 
@@ -11,9 +12,10 @@ import pytest
 import torch
 
 from nas.settings import DIRECTIONS
-from nas.tasks import SPLITS, TASKS, Task, get_task
+from nas.tasks import SPLITS, TASKS, Task, bind_options, get_task
 from tests.nas.corpora import write_catalogs, write_tsv
 from tests.nas.harness.common import write_text
+from tests.nas.harness.plugin_task import PerplexityCharLM
 
 OPTIONS: dict[str, dict[str, Any]] = {
     "translation": {},
@@ -38,6 +40,29 @@ def task(request: pytest.FixtureRequest, tmp_path: Path) -> Task:
 
 def test_every_built_in_task_is_under_the_contract() -> None:
     assert sorted(OPTIONS) == sorted(TASKS)
+
+
+CLASSES = {**TASKS, "plug-in": PerplexityCharLM}
+
+
+@pytest.mark.parametrize("cls", CLASSES.values(), ids=list(CLASSES))
+def test_the_metrics_a_task_singles_out_are_metrics_it_declares(cls: type[Task]) -> None:
+    """Headline and decoded metrics are among `metric_directions` (what a study and the
+    report can read), each named once."""
+    for singled_out in (cls.headline_metrics, cls.decoded_metrics):
+        assert set(singled_out) <= set(cls.metric_directions), (cls.name, singled_out)
+        assert len(set(singled_out)) == len(singled_out)
+
+
+@pytest.mark.parametrize("name", sorted(OPTIONS))
+def test_the_options_users_write_bind_to_the_constructor(name: str) -> None:
+    """The flat options of the config (`task.options.*`) are what the constructor takes,
+    checked without reading data (`nas.tasks.bind_options`, the CLI's check)."""
+    mandatory = {"path": "never-read.txt"} if name in ("corpus", "textfile") else {}
+    options = {**OPTIONS[name], **mandatory}
+    assert set(bind_options(name, options)) <= set(inspect.signature(TASKS[name]).parameters)
+    with pytest.raises(TypeError, match=rf"bad options for task '{name}': unknown options"):
+        bind_options(name, {**options, "no_such_option": 1})
 
 
 def test_a_task_declares_what_a_study_can_rank_it_by(task: Task) -> None:

@@ -21,7 +21,7 @@ from nas.tracking.exports import (
 
 
 def export(folder: Path, seed: int, trial: int | None = 3, **more: Any) -> str:
-    """A folder with the metrics.json an export writes (`nas.retrain.stage._export`)."""
+    """A folder with the metrics.json an export writes (`nas.retrain.trainer._export`)."""
     folder.mkdir(parents=True, exist_ok=True)
     metrics = {
         "validation_loss": 1.25,
@@ -43,7 +43,9 @@ def test_the_artifact_name_and_metadata_of_an_export(tmp_path: Path) -> None:
     folder = export(tmp_path / "trial-3", seed=1)
     assert model_artifact_name("my study", "trial-3") == "my-study-trial-3"
     assert exported_seed(folder) == 1
-    assert export_metadata(folder, model="trial-3") == {
+    # the task's headline metrics the export records ("bleu" it does not)
+    headline = ("chrf", "bleu")
+    assert export_metadata(folder, headline_metrics=headline, model="trial-3") == {
         "trial": 3,
         "seed": 1,
         "steps": 6,
@@ -53,8 +55,9 @@ def test_the_artifact_name_and_metadata_of_an_export(tmp_path: Path) -> None:
         "validation_chrf": 40.5,
         "model": "trial-3",
     }
+    assert "chrf" not in export_metadata(folder, headline_metrics=())  # a task without it
     with pytest.raises(FileNotFoundError, match="missing is not an exported model"):
-        export_metadata(tmp_path / "missing")
+        export_metadata(tmp_path / "missing", headline_metrics=headline)
 
 
 def test_the_study_keeps_each_export_with_the_run_that_logged_it(tmp_path: Path) -> None:

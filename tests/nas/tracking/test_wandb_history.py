@@ -92,81 +92,92 @@ def item(key: str, value: Any) -> Any:
     return pb.HistoryItem(nested_key=[key], value_json=json.dumps(value))
 
 
-def run_file(tmp_path: Path, *, exit_code: int | None, cut: int = 0) -> Path:
-    records = [
+def run_records() -> list[Any]:
+    """The run's header, its run record (config, tags...) and a config removal."""
+    config = pb.ConfigRecord(
+        update=[
+            pb.ConfigItem(key="arch", value_json='{"d": 64}'),
+            pb.ConfigItem(key="drop", value_json="1"),
+        ]
+    )
+    run = pb.RunRecord(
+        run_id="abc",
+        project="p",
+        display_name="s-trial-0",
+        run_group="s",
+        job_type="trial",
+        tags=["x"],
+        config=config,
+    )
+    return [
         pb.Record(header=pb.HeaderRecord()),
-        pb.Record(
-            run=pb.RunRecord(
-                run_id="abc",
-                project="p",
-                display_name="s-trial-0",
-                run_group="s",
-                job_type="trial",
-                tags=["x"],
-                config=pb.ConfigRecord(
-                    update=[
-                        pb.ConfigItem(key="arch", value_json='{"d": 64}'),
-                        pb.ConfigItem(key="drop", value_json="1"),
-                    ]
-                ),
-            )
-        ),
+        pb.Record(run=run),
         pb.Record(config=pb.ConfigRecord(remove=[pb.ConfigItem(key="drop")])),
-        pb.Record(
-            history=pb.HistoryRecord(
-                item=[
-                    item("_step", 0),
-                    item("loss", 2.0),
-                    item("nan", "NaN"),
-                    item("_runtime", 0.1),
-                ]
-            )
-        ),
-        pb.Record(
-            history=pb.HistoryRecord(
-                step=pb.HistoryStep(num=1),
-                item=[
-                    pb.HistoryItem(key="loss", number=1.5),
-                    pb.HistoryItem(key="count", integer=-3),
-                    pb.HistoryItem(key="ok", boolean=True),
-                    pb.HistoryItem(key="name", text="a"),
-                    pb.HistoryItem(key="gone", none=0),
-                    pb.HistoryItem(key="obj", json='{"a": [1]}'),
-                    pb.HistoryItem(nested_key=["table", "nrows"], value_json="2"),
-                ],
-            )
-        ),
-        pb.Record(
-            summary=pb.SummaryRecord(
-                update=[
-                    pb.SummaryItem(key="loss", value_json="1.5"),
-                    pb.SummaryItem(nested_key=["_wandb", "runtime"], value_json="1"),
-                    pb.SummaryItem(key="tmp", value_json="0"),
-                ]
-            )
-        ),
+    ]
+
+
+def history_records() -> list[Any]:
+    """Two history rows: JSON values with `_step` among them, then every typed value with
+    the step in the record."""
+    json_row = [item("_step", 0), item("loss", 2.0), item("nan", "NaN"), item("_runtime", 0.1)]
+    typed_row = [
+        pb.HistoryItem(key="loss", number=1.5),
+        pb.HistoryItem(key="count", integer=-3),
+        pb.HistoryItem(key="ok", boolean=True),
+        pb.HistoryItem(key="name", text="a"),
+        pb.HistoryItem(key="gone", none=0),
+        pb.HistoryItem(key="obj", json='{"a": [1]}'),
+        pb.HistoryItem(nested_key=["table", "nrows"], value_json="2"),
+    ]
+    return [
+        pb.Record(history=pb.HistoryRecord(item=json_row)),
+        pb.Record(history=pb.HistoryRecord(step=pb.HistoryStep(num=1), item=typed_row)),
+    ]
+
+
+def summary_and_metric_records() -> list[Any]:
+    """Summary updates and a removal; a glob and a named metric definition."""
+    updates = [
+        pb.SummaryItem(key="loss", value_json="1.5"),
+        pb.SummaryItem(nested_key=["_wandb", "runtime"], value_json="1"),
+        pb.SummaryItem(key="tmp", value_json="0"),
+    ]
+    loss = pb.MetricRecord(
+        name="loss",
+        step_metric="step",
+        summary=pb.MetricSummary(min=True, last=True),
+        options=pb.MetricOptions(step_sync=True),
+    )
+    return [
+        pb.Record(summary=pb.SummaryRecord(update=updates)),
         pb.Record(summary=pb.SummaryRecord(remove=[pb.SummaryItem(key="tmp")])),
         pb.Record(metric=pb.MetricRecord(glob_name="*", step_metric="step")),
-        pb.Record(
-            metric=pb.MetricRecord(
-                name="loss",
-                step_metric="step",
-                summary=pb.MetricSummary(min=True, last=True),
-                options=pb.MetricOptions(step_sync=True),
-            )
-        ),
-        pb.Record(
-            artifact=pb.ArtifactRecord(
-                name="s-trial-0",
-                type="model",
-                digest="d1",
-                metadata='{"seed": 1}',
-                aliases=["latest"],
-                manifest=pb.ArtifactManifest(
-                    contents=[pb.ArtifactManifestEntry(path="w/a.bin", digest="x==", size=3)]
-                ),
-            )
-        ),
+        pb.Record(metric=loss),
+    ]
+
+
+def artifact_record() -> Any:
+    """A logged model artifact with one file in its manifest."""
+    entry = pb.ArtifactManifestEntry(path="w/a.bin", digest="x==", size=3)
+    artifact = pb.ArtifactRecord(
+        name="s-trial-0",
+        type="model",
+        digest="d1",
+        metadata='{"seed": 1}',
+        aliases=["latest"],
+        manifest=pb.ArtifactManifest(contents=[entry]),
+    )
+    return pb.Record(artifact=artifact)
+
+
+def run_file(tmp_path: Path, *, exit_code: int | None, cut: int = 0) -> Path:
+    """A run's `.wandb` file holding a record of every kind (an exit record only with an
+    `exit_code`), its last `cut` bytes cut off."""
+    records = [
+        *run_records(),
+        *history_records(),
+        *summary_and_metric_records(),
+        artifact_record(),
     ]
     if exit_code is not None:
         records.append(pb.Record(exit=pb.RunExitRecord(exit_code=exit_code)))

@@ -21,7 +21,14 @@ import pipeline
 from pipeline import ElasticPipeline, LayerSpec, PlanOptions, StageContext, StageError
 from pipeline.local.models import MLPBlock
 from pipeline.local.reference import ReferenceTrainer
-from tests.pipeline.distributed.test_elastic import ADAM, STEPS, batches, max_state_diff
+from tests.pipeline.distributed.common import (
+    ADAM,
+    SEED,
+    STEPS,
+    assert_same_trajectory,
+    batches,
+    max_state_diff,
+)
 
 pytestmark = pytest.mark.multiprocess
 
@@ -116,18 +123,26 @@ def edit_weights(layers: Any) -> None:
             layers["p1"].weight.mul_(0.5)
 
 
-def train(
-    schedule: str, partition: Any, handoff: Any, moves: Moves, edit: bool = False
-) -> dict[str, Any]:
-    pipe = ElasticPipeline(
-        specs(),
+def flat_pipeline(
+    layers: list[LayerSpec], schedule: str = "1f1b", **planning: Any
+) -> ElasticPipeline:
+    """`layers` pipelined on the flat batches' cross entropy, seeded as `reference` trains
+    them (`planning`: `PlanOptions`' fields)."""
+    return ElasticPipeline(
+        layers,
         optimizer=ADAM,
         loss_fn=F.cross_entropy,
         schedule=schedule,
         n_microbatches=4,
-        seed=3,
-        planning=PlanOptions(partition=partition, handoff=handoff),
+        seed=SEED,
+        planning=PlanOptions(**planning),
     )
+
+
+def train(
+    schedule: str, partition: Any, handoff: Any, moves: Moves, edit: bool = False
+) -> dict[str, Any]:
+    pipe = flat_pipeline(specs(), schedule, partition=partition, handoff=handoff)
     losses, cuts = [], [pipe.handoff]
     for step, (x, y) in enumerate(batches("flat")):
         if step in moves:
@@ -148,15 +163,7 @@ def train(
 
 def with_activations() -> dict[str, Any]:
     """Stage 0 = in a0 p a1, handing p and a1 (a Linear and its activation) under zbh1."""
-    pipe = ElasticPipeline(
-        activated(),
-        optimizer=ADAM,
-        loss_fn=F.cross_entropy,
-        schedule="zbh1",
-        n_microbatches=4,
-        seed=3,
-        planning=PlanOptions(partition=[4, 1], handoff=[2]),
-    )
+    pipe = flat_pipeline(activated(), "zbh1", partition=[4, 1], handoff=[2])
     losses = [pipe.train_step(x, y) for x, y in batches("flat")]
     result = {"losses": losses, "state": pipe.full_state_dict(), "handoff": pipe.handoff}
     pipe.close()
@@ -166,14 +173,7 @@ def with_activations() -> dict[str, Any]:
 def planned() -> dict[str, Any]:
     """planner="bipartition" on the estimate profile (FLOPs: deterministic costs), then a
     re-plan from measured costs mid-training (whatever it decides, training stays exact)."""
-    pipe = ElasticPipeline(
-        wide(),
-        optimizer=ADAM,
-        loss_fn=F.cross_entropy,
-        n_microbatches=4,
-        seed=3,
-        planning=PlanOptions(planner="bipartition", profile="estimate"),
-    )
+    pipe = flat_pipeline(wide(), planner="bipartition", profile="estimate")
     losses, first = [], None
     for step, (x, y) in enumerate(batches("flat")):
         if step == 3:
@@ -197,14 +197,7 @@ def planned() -> dict[str, Any]:
 def failing() -> dict[str, Any]:
     """Step 2's batch is huge: the handed backward of p1 raises on the stage after its own."""
     pipeline.separable(Brittle)(_brittle_backward)
-    pipe = ElasticPipeline(
-        specs(brittle=True),
-        optimizer=ADAM,
-        loss_fn=F.cross_entropy,
-        n_microbatches=4,
-        seed=3,
-        planning=PlanOptions(partition=[4, 3], handoff=[1]),
-    )
+    pipe = flat_pipeline(specs(brittle=True), partition=[4, 3], handoff=[1])
     losses, errors = [], []
     for step, (x, y) in enumerate(batches("flat")):
         try:
@@ -225,13 +218,7 @@ def refusals() -> dict[str, str]:
     }
     out = {}
     pipeline.separable(Twice)(_brittle_backward)
-    pipe = ElasticPipeline(
-        specs(twice=True),
-        optimizer=ADAM,
-        loss_fn=F.cross_entropy,
-        n_microbatches=4,
-        planning=PlanOptions(partition=[4, 3], handoff=[1]),
-    )
+    pipe = flat_pipeline(specs(twice=True), partition=[4, 3], handoff=[1])
     try:
         pipe.train_step(*batches("flat")[0])
         out["two outputs"] = "accepted"
@@ -240,14 +227,7 @@ def refusals() -> dict[str, str]:
     pipe.close()
     for name, (schedule, planning) in bad.items():
         try:  # "auto" is refused by PlanOptions itself, before any process talks
-            ElasticPipeline(
-                specs(),
-                optimizer=ADAM,
-                loss_fn=F.cross_entropy,
-                schedule=schedule,
-                n_microbatches=4,
-                planning=PlanOptions(**planning),
-            ).close()
+            flat_pipeline(specs(), schedule, **planning).close()
             out[name] = "accepted"
         except ValueError as error:
             out[name] = str(error)
@@ -280,7 +260,7 @@ def reference(
     make: Any, skip: int | None = None, edit: bool = False
 ) -> tuple[list[float], dict[str, Any], Any]:
     ref = ReferenceTrainer(
-        make(), optimizer=ADAM, loss_fn=F.cross_entropy, n_microbatches=4, seed=3
+        make(), optimizer=ADAM, loss_fn=F.cross_entropy, n_microbatches=4, seed=SEED
     )
     losses = []
     for step, (x, y) in enumerate(batches("flat")):
@@ -318,8 +298,7 @@ def test_moving_the_cut_keeps_the_trajectory(n_stages: int, moved: str, static: 
     expected = [tuple(CONFIGS[n_stages][moved][2])]
     expected += [tuple(h) for _, h in sorted(CONFIGS[n_stages][moved][3].values())]
     assert sorted(a["cuts"]) == sorted(expected)
-    assert a["losses"] == pytest.approx(b["losses"], abs=1e-6)
-    assert max_state_diff(a["state"], b["state"]) <= 1e-6
+    assert_same_trajectory(a, b)
 
 
 def test_a_cut_hands_on_a_linear_with_its_activation() -> None:

@@ -42,7 +42,7 @@ from pipeline import (
 )
 from pipeline.local.models import transformer_stack
 from pipeline.local.reference import ReferenceTrainer
-from tests.pipeline.distributed.test_elastic import max_state_diff
+from tests.pipeline.distributed.common import max_state_diff
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(420)]
 

@@ -1,5 +1,15 @@
 """Pipelined training equals single-process training: real processes, gloo, 1 thread each.
 
+The contract every schedule signs (`test_every_registered_schedule_matches_its_reference`):
+each schedule of the registry (`pipeline.pure.schedule.SCHEDULES`, read when the tests are
+collected, so a newly registered schedule is checked without editing this file) trains the
+mixed model (a two-tensor carry, Linear and Transformer layers) through `pipe.train`, cut
+evenly into the schedule's stages, and equals `ReferenceTrainer` applying the rule its spec
+declares (`reference_options`: synchronous training, 2BW's rule for a stream that keeps two
+weight copies, PipeMare's for an asynchronous one). The modules of single schedules
+(test_zero_bubble, test_placement, test_two_bw, test_pipemare) cover what is theirs: other
+micro-batch counts, recomputed layers, repartitions, failures mid-stream.
+
 Each launch runs several configurations in the same stage processes (one process group,
 one start-up cost) and returns their losses and full state dicts; the assertions compare
 them with `ReferenceTrainer`, which trains the same specs in this process.
@@ -13,72 +23,28 @@ from typing import Any
 import pytest
 import torch
 import torch.nn.functional as F
-from torch import nn
 
 import pipeline
-from pipeline import (
-    Action,
-    ElasticPipeline,
-    LayerSpec,
-    Op,
-    PlanOptions,
-    ScheduleSpec,
-    StageContext,
-)
-from pipeline.local.models import mlp_stack, transformer_stack
+from pipeline import Action, Op, ScheduleSpec, StageContext
+from pipeline.local.models import transformer_stack
+from pipeline.local.pipemare import PipeMareConfig
 from pipeline.local.reference import ReferenceTrainer
+from pipeline.pure.schedule import SCHEDULES, get_schedule, placement_of
+from tests.pipeline.distributed.common import (
+    ADAM,
+    MICROBATCHES,
+    STEPS,
+    assert_same_trajectory,
+    batches,
+    max_state_diff,
+    mixed_stack,
+    model_pipeline,
+    reference_run,
+)
 
 pytestmark = pytest.mark.multiprocess
 
-STEPS, BATCH, MICROBATCHES = 5, 8, 4
-ADAM = functools.partial(torch.optim.Adam, lr=1e-3)
-
-
-class AddTokenBias(nn.Module):
-    """A carry of two tensors: (hidden (b, t, d) float, ids (b, t) int64) -> same."""
-
-    def __init__(self, vocab: int, d: int) -> None:
-        super().__init__()
-        self.emb = nn.Embedding(vocab, d)
-        self.drop = nn.Dropout(0.1)
-
-    def forward(self, carry: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, ...]:
-        h, ids = carry
-        return self.drop(torch.tanh(h + self.emb(ids))), ids
-
-
-class TakeHidden(nn.Module):
-    def forward(self, carry: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-        return carry[0]
-
-
-def tuple_stack() -> list[LayerSpec]:
-    specs = [LayerSpec(f"tok{i}", functools.partial(AddTokenBias, 11, 16)) for i in range(4)]
-    return [*specs, LayerSpec("take", TakeHidden)]
-
-
-MODELS: dict[str, Any] = {
-    # name: (specs, batches, loss)
-    "transformer": (lambda: transformer_stack(4, 16, 2, dropout=0.1), "seq", F.mse_loss),
-    "mlp": (lambda: mlp_stack([12, 32, 32, 24, 16, 5], dropout=0.1), "flat", F.cross_entropy),
-    "tuple": (tuple_stack, "tokens", F.mse_loss),
-}
-
-
-def batches(kind: str) -> list[tuple[Any, torch.Tensor]]:
-    g = torch.Generator().manual_seed(7)
-    out: list[tuple[Any, torch.Tensor]] = []
-    for _ in range(STEPS):
-        hidden = torch.randn(BATCH, 6, 16, generator=g)
-        if kind == "seq":
-            out.append((hidden, torch.randn(BATCH, 6, 16, generator=g)))
-        elif kind == "flat":
-            flat = torch.randn(BATCH, 12, generator=g)
-            out.append((flat, torch.randint(0, 5, (BATCH,), generator=g)))
-        else:
-            ids = torch.randint(0, 11, (BATCH, 6), generator=g)
-            out.append(((hidden, ids), torch.randn(BATCH, 6, 16, generator=g)))
-    return out
+CONTRACT_RANKS = 2  # the contract runs on 2 ranks (4 stages under 2 stages per rank)
 
 
 def _eager_1f1b(n_stages: int, n_microbatches: int, stage: int) -> list[Action]:
@@ -96,29 +62,41 @@ def _eager_1f1b(n_stages: int, n_microbatches: int, stage: int) -> list[Action]:
 EAGER_1F1B = ScheduleSpec("eager_1f1b", _eager_1f1b)
 
 
-def train(
-    model: str, schedule: str | ScheduleSpec, partition: Any
-) -> tuple[list[float], dict[str, Any]]:
-    make_specs, kind, loss_fn = MODELS[model]
-    pipe = ElasticPipeline(
-        make_specs(),
-        optimizer=ADAM,
-        loss_fn=loss_fn,
-        schedule=schedule,
-        n_microbatches=MICROBATCHES,
-        seed=3,
-        planning=PlanOptions(partition=partition),
-    )
-    losses = [pipe.train_step(x, y) for x, y in batches(kind)]
-    state = pipe.full_state_dict()
+def train(model: str, schedule: str | ScheduleSpec, partition: Any) -> dict[str, Any]:
+    pipe, data = model_pipeline(model, schedule, MICROBATCHES, partition)
+    losses = [pipe.train_step(x, y) for x, y in data]
+    result = {"losses": losses, "state": pipe.full_state_dict()}
     pipe.close()
-    return losses, state
+    return result
+
+
+def even_sizes(n_layers: int, n_stages: int) -> list[int]:
+    """`n_layers` cut into `n_stages` stages as evenly as they go, the larger ones first."""
+    return [n_layers // n_stages + (s < n_layers % n_stages) for s in range(n_stages)]
+
+
+def train_schedule(name: str) -> dict[str, Any]:
+    """The contract's run of schedule `name`: the mixed model cut evenly into the stages the
+    schedule places on `CONTRACT_RANKS` ranks (no profile to pay for), through `pipe.train`
+    (a flushed schedule's steps are its `train_step`s, a stream's one stream)."""
+    n_stages = placement_of(name, CONTRACT_RANKS).n_stages
+    sizes = even_sizes(len(mixed_stack()), n_stages)
+    pipe, data = model_pipeline("mixed", name, MICROBATCHES, sizes)
+    losses = list(pipe.train(data))
+    result = {
+        "losses": losses,
+        "state": pipe.full_state_dict(),
+        "steps": pipe.step,
+        "partition": tuple(pipe.stats().partition),
+    }
+    pipe.close()
+    return result
 
 
 Config = tuple[str, str | ScheduleSpec, Any]  # model, schedule, partition
 CONFIGS: dict[int, list[Config]] = {
     2: [
-        *[(m, s, "auto") for m in MODELS for s in ("gpipe", "1f1b")],
+        *[(m, s, "auto") for m in ("transformer", "mlp") for s in ("gpipe", "1f1b")],
         ("transformer", "1f1b", [1, 3]),
         ("transformer", "1f1b", [2, 2]),
         ("tuple", "gpipe", [3, 2]),
@@ -129,57 +107,72 @@ CONFIGS: dict[int, list[Config]] = {
 }
 
 
-def run_configs(ctx: StageContext, n_stages: int) -> dict[Any, Any]:
-    return {(m, s, str(p)): train(m, s, p) for m, s, p in CONFIGS[n_stages]}
+def run_configs(ctx: StageContext, n_stages: int) -> dict[str, dict[Any, Any]]:
+    contract = sorted(SCHEDULES) if n_stages == CONTRACT_RANKS else []
+    return {
+        "schedules": {name: train_schedule(name) for name in contract},
+        "configs": {(m, s, str(p)): train(m, s, p) for m, s, p in CONFIGS[n_stages]},
+    }
 
 
 @functools.cache
-def reference(model: str) -> tuple[list[float], dict[str, Any]]:
-    make_specs, kind, loss_fn = MODELS[model]
-    ref = ReferenceTrainer(
-        make_specs(), optimizer=ADAM, loss_fn=loss_fn, n_microbatches=MICROBATCHES, seed=3
-    )
-    losses = [ref.train_step(x, y) for x, y in batches(kind)]
-    return losses, ref.full_state_dict()
-
-
-@functools.cache
-def pipelined(n_stages: int) -> dict[Any, Any]:
+def pipelined(n_stages: int) -> dict[str, dict[Any, Any]]:
     results = pipeline.launch(
         functools.partial(run_configs, n_stages=n_stages),
         n_stages,
         threads_per_stage=1,
         timeout_s=60,
     )
-    assert all(r.keys() == results[0].keys() for r in results)
+    assert all(r["configs"].keys() == results[0]["configs"].keys() for r in results)
     return results[0]  # every rank returns the same losses; rank 0 holds the state
 
 
-def max_state_diff(a: dict[str, Any], b: dict[str, Any]) -> float:
-    assert a.keys() == b.keys()
-    return max(
-        (a[k][name].double() - b[k][name].double()).abs().max().item() for k in a for name in a[k]
-    )
+def reference_options(spec: ScheduleSpec, partition: tuple[int, ...]) -> dict[str, Any]:
+    """The rule `ReferenceTrainer` applies for `spec`, read off its facts: synchronous
+    training, unless it is asynchronous (PipeMare's rule, with the pipeline's default
+    config, per stage of `partition`) or a stream keeping two weight copies (2BW's)."""
+    if spec.asynchronous:
+        return {"pipemare": PipeMareConfig(), "stage_sizes": partition}
+    if spec.stream and spec.weight_copies == 2:
+        return {"pipedream_2bw": True}
+    if spec.stream or spec.weight_copies != 1:
+        pytest.fail(
+            f"schedule {spec.name!r} (stream={spec.stream}, weight_copies="
+            f"{spec.weight_copies}): ReferenceTrainer has no rule for it; add one here"
+        )
+    return {}
+
+
+@pytest.mark.parametrize("name", sorted(SCHEDULES))
+def test_every_registered_schedule_matches_its_reference(name: str) -> None:
+    torch.set_num_threads(1)
+    result = pipelined(CONTRACT_RANKS)["schedules"][name]
+    options = reference_options(get_schedule(name), result["partition"])
+    ref_losses, ref_state = reference_run("mixed", MICROBATCHES, **options)
+    what = f"{name} on {CONTRACT_RANKS} ranks, stages {result['partition']}"
+    assert len(result["losses"]) == STEPS and result["steps"] == STEPS, what
+    assert result["losses"] == pytest.approx(ref_losses, abs=1e-5), what
+    assert max_state_diff(result["state"], ref_state) <= 1e-5, what
+    # training did something: the weights moved away from their initial values
+    assert result["losses"][-1] != result["losses"][0], what
 
 
 @pytest.mark.parametrize("n_stages", [2, 4])
 def test_pipeline_matches_single_process(n_stages: int) -> None:
     torch.set_num_threads(1)
-    for (model, schedule, partition), (losses, state) in pipelined(n_stages).items():
-        ref_losses, ref_state = reference(model)
+    for (model, schedule, partition), result in pipelined(n_stages)["configs"].items():
+        ref_losses, ref_state = reference_run(model)
         what = f"{model} {schedule} {partition} on {n_stages} stages"
-        assert losses == pytest.approx(ref_losses, abs=1e-5), what
-        assert max_state_diff(state, ref_state) <= 1e-5, what
-        # training did something: the weights moved away from their initial values
-        assert losses[-1] != losses[0], what
+        assert result["losses"] == pytest.approx(ref_losses, abs=1e-5), what
+        assert max_state_diff(result["state"], ref_state) <= 1e-5, what
+        assert result["losses"][-1] != result["losses"][0], what
 
 
 def test_partition_changes_nothing() -> None:
-    results = pipelined(2)
+    results = pipelined(2)["configs"]
     a = results[("transformer", "1f1b", "[2, 2]")]
     b = results[("transformer", "1f1b", "[1, 3]")]
-    assert a[0] == pytest.approx(b[0], abs=1e-6)
-    assert max_state_diff(a[1], b[1]) <= 1e-6
+    assert_same_trajectory(a, b)
 
 
 def test_dropout_is_active() -> None:

@@ -11,7 +11,6 @@ pipeline, and a rolled-back migration leaves every layer's state as it was.
 from __future__ import annotations
 
 import functools
-import itertools
 import multiprocessing
 import os
 import random
@@ -39,105 +38,20 @@ from pipeline import (
 from pipeline.local.models import mlp_stack
 from pipeline.pure.placement import Placement
 from pipeline.pure.schedule import placement_of
+from tests.pipeline.distributed.fault_injection import (
+    OPT,
+    WIDTHS,
+    Case,
+    Fault,
+    M,
+    data,
+    error_record,
+    faulty_loss,
+    faulty_pipeline,
+    faulty_stack,
+)
 
 pytestmark = pytest.mark.multiprocess
-
-M, BATCH = 4, 8
-WIDTHS = [6, 12, 12, 12, 12, 3]  # five layers
-
-
-class Fault:
-    """Where to fail: on which rank, in which phase, at which step and micro-batch.
-
-    Set in every stage process before a case runs (the same on all ranks); the layers, the
-    loss and the optimizer read it and raise on the chosen rank only.
-    """
-
-    rank, phase, step, microbatch = -1, "", -1, -1
-    calls: dict[str, int] = {}
-
-    @classmethod
-    def arm(cls, rank: int, phase: str, step: int, microbatch: int) -> None:
-        cls.rank, cls.phase, cls.step, cls.microbatch, cls.calls = rank, phase, step, microbatch, {}
-
-    @classmethod
-    def due(cls, phase: str, per_step: int, who: str = "") -> bool:
-        """Count this call (per caller); True at the armed step and micro-batch and rank."""
-        n = cls.calls[phase + who] = cls.calls.get(phase + who, -1) + 1
-        if phase != cls.phase or dist.get_rank() != cls.rank:
-            return False
-        return n == cls.step * per_step + max(cls.microbatch, 0)
-
-
-class _RaiseInBackward(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, who: str) -> torch.Tensor:
-        ctx.who = who
-        return x.clone()
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
-        if Fault.due("backward", M, ctx.who):
-            raise RuntimeError("injected backward failure")
-        return grad, None
-
-
-class _RaiseInWeightGrad(torch.autograd.Function):
-    """Identity on the weight: its backward lies on the weight-gradient side only."""
-
-    @staticmethod
-    def forward(ctx: Any, w: torch.Tensor, who: str) -> torch.Tensor:
-        ctx.who = who
-        return w.view_as(w)
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
-        if Fault.due("weight", M, ctx.who):
-            raise RuntimeError("injected weight failure")
-        return grad, None
-
-
-class Faulty(nn.Linear):
-    """A linear layer that raises in its forward or backward when `Fault` says so."""
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        who = str(id(self))
-        if Fault.due("forward", M, who):
-            raise ValueError("injected forward failure")
-        weight = _RaiseInWeightGrad.apply(self.weight, who)
-        return _RaiseInBackward.apply(F.linear(x, weight, self.bias), who)
-
-
-def faulty_loss(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    if Fault.due("loss", M):
-        raise ArithmeticError("injected loss failure")
-    if Fault.due("nan", M):
-        return out.sum() * float("nan")
-    return F.cross_entropy(out, y)
-
-
-class FaultySGD(torch.optim.SGD):
-    def step(self, closure: Any = None) -> Any:
-        if Fault.due("optimizer", 1, str(id(self))):  # per optimizer: one per stage
-            raise RuntimeError("injected optimizer failure")
-        return super().step(closure)
-
-
-OPT = functools.partial(FaultySGD, lr=0.1)
-
-
-def faulty_stack() -> list[LayerSpec]:
-    """Five layers, each a `Faulty` (so the chosen stage's first layer raises)."""
-    pairs = list(itertools.pairwise(WIDTHS))
-    return [LayerSpec(f"f{i}", functools.partial(Faulty, a, b)) for i, (a, b) in enumerate(pairs)]
-
-
-def data(n: int, seed: int = 0) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    g = torch.Generator().manual_seed(seed)
-    return [
-        (torch.randn(BATCH, 6, generator=g), torch.randint(0, 3, (BATCH,), generator=g))
-        for _ in range(n)
-    ]
 
 
 def clean_losses(pipe: ElasticPipeline, n: int) -> list[float]:
@@ -145,18 +59,11 @@ def clean_losses(pipe: ElasticPipeline, n: int) -> list[float]:
     return [pipe.train_step(x, y) for x, y in data(n, seed=1)]
 
 
-def injected(ctx: StageContext, schedule: str, cases: list[tuple[int, str, int, int]]) -> Any:
+def injected(ctx: StageContext, schedule: str, cases: list[Case]) -> Any:
     """Each case: arm a fault, train until it fires, record the error, then reconfigure."""
     n_stages = placement_of(schedule, ctx.world_size).n_stages
     sizes = [5 - 2 * (n_stages - 1)] + [2] * (n_stages - 1) if n_stages < 4 else [2, 1, 1, 1]
-    pipe = ElasticPipeline(
-        faulty_stack(),
-        optimizer=OPT,
-        loss_fn=faulty_loss,
-        schedule=schedule,
-        n_microbatches=M,
-        planning=PlanOptions(partition=sizes),
-    )
+    pipe = faulty_pipeline(schedule, sizes)
     fresh = clean_losses(pipe, 3)  # what a clean model trains like on these processes
     out: list[dict[str, Any]] = []
     for rank, phase, step, microbatch in cases:
@@ -168,16 +75,8 @@ def injected(ctx: StageContext, schedule: str, cases: list[tuple[int, str, int, 
             try:
                 pipe.train_step(x, y)
             except StageError as error:
-                record.update(
-                    type=type(error).__name__,
-                    stage=error.stage,
-                    phase=error.phase,
-                    step=error.step,
-                    layer=error.layer,
-                    microbatch=error.microbatch,
-                    text=str(error),
-                    seconds=time.monotonic() - start,
-                )
+                record.update(error_record(error), text=str(error))
+                record["seconds"] = time.monotonic() - start
                 break
         Fault.arm(-1, "", -1, -1)
         record["after"] = clean_losses(pipe, 3)
@@ -187,7 +86,7 @@ def injected(ctx: StageContext, schedule: str, cases: list[tuple[int, str, int, 
     return out
 
 
-def random_cases(placement: Placement, count: int, seed: int) -> list[tuple[int, str, int, int]]:
+def random_cases(placement: Placement, count: int, seed: int) -> list[Case]:
     rng = random.Random(seed)
     cases = []
     loss_rank = placement.rank_of(placement.n_stages - 1)
@@ -233,13 +132,7 @@ def test_an_injected_failure_raises_on_every_rank_and_the_processes_stay_usable(
 
 # -- a NaN loss is not applied anywhere ------------------------------------------------------
 def nan_step(ctx: StageContext) -> dict[str, Any]:
-    pipe = ElasticPipeline(
-        faulty_stack(),
-        optimizer=OPT,
-        loss_fn=faulty_loss,
-        n_microbatches=M,
-        planning=PlanOptions(partition=[3, 2]),
-    )
+    pipe = faulty_pipeline("1f1b", [3, 2])
     batches = data(3)
     pipe.train_step(*batches[0])
     before = pipe.full_state_dict()
@@ -388,39 +281,3 @@ def test_a_failure_in_any_migration_phase_rolls_back_everywhere() -> None:
     assert "pickle" in results[0]["serialise"]["error"].lower()
     # after the rollback the next step is the same on every rank
     assert all(r[p]["loss"] == results[0][p]["loss"] for r in results for p in r)
-
-
-def failing_stream(ctx: StageContext, schedule: str, cases: list[tuple[int, str, int, int]]) -> Any:
-    """For stream schedules (2bw, pipemare): each case arms a fault, trains a `pipe.train`
-    stream into it, records the error every rank raised, and checks the pipeline trains on."""
-    sizes = [5 - 2 * (ctx.world_size - 1)] + [2] * (ctx.world_size - 1)
-    pipe = ElasticPipeline(
-        faulty_stack(),
-        optimizer=OPT,
-        loss_fn=faulty_loss,
-        schedule=schedule,
-        n_microbatches=4,
-        planning=PlanOptions(partition=sizes),
-    )
-    out = []
-    for rank, phase, step, microbatch in cases:
-        pipe.reconfigure(faulty_stack(), partition=sizes, loss_fn=faulty_loss)
-        Fault.arm(rank, phase, step, microbatch)
-        record: dict[str, Any] = {"losses": []}
-        try:
-            for loss in pipe.train(data(step + 3)):
-                record["losses"].append(loss)
-        except StageError as error:
-            record.update(
-                type=type(error).__name__,
-                stage=error.stage,
-                phase=error.phase,
-                step=error.step,
-                microbatch=error.microbatch,
-            )
-        Fault.arm(-1, "", -1, -1)
-        record["steps"] = pipe.step
-        record["after"] = list(pipe.train(data(2, seed=1)))  # still usable
-        out.append(record)
-    pipe.close()
-    return out

@@ -18,11 +18,16 @@ from typing import Any
 import pytest
 import torch
 
-from pipeline import ElasticOptions, ElasticPipeline, Plan, PlanOptions
+from pipeline import ElasticOptions
 from pipeline.local.pipemare import PipeMareConfig
-from pipeline.local.reference import ReferenceTrainer
-from tests.pipeline.distributed.common import launch_configs
-from tests.pipeline.distributed.test_elastic import ADAM, MODELS, batches, max_state_diff
+from tests.pipeline.distributed.common import (
+    assert_same_trajectory,
+    launch_configs,
+    max_state_diff,
+    model_pipeline,
+    recomputing,
+    reference_run,
+)
 
 pytestmark = pytest.mark.multiprocess
 
@@ -30,39 +35,29 @@ PIPEMARE = PipeMareConfig(lr_reschedule=False, correction=False, update_every=4)
 STREAMS = ("2bw", "pipemare")
 
 
-def recomputing(sizes: list[int], schedule: str) -> Plan:
-    actions = tuple("recompute" if i % 2 == 0 else "keep" for i in range(sum(sizes)))
-    n = len(sizes)
-    return Plan(tuple(sizes), actions, schedule, 4, 0.0, (0.0,) * n, (0,) * n)
-
-
 # name: (schedule, partition, handoff, a repartition before step 2)
 CONFIGS: dict[str, tuple[str, Any, list[int] | None, list[int] | None]] = {
     "gpipe": ("gpipe", [2, 2], None, None),
-    "1f1b recompute": ("1f1b", recomputing([2, 2], "1f1b"), None, None),
+    "1f1b recompute": ("1f1b", recomputing([2, 2], "1f1b", 4), None, None),
     "zbh1 moved": ("zbh1", [1, 3], None, [3, 1]),
-    "zbh1 recompute": ("zbh1", recomputing([2, 2], "zbh1"), None, None),
+    "zbh1 recompute": ("zbh1", recomputing([2, 2], "zbh1", 4), None, None),
     "interleaved": ("interleaved_1f1b", [1, 1, 1, 1], None, None),
-    "zbv recompute": ("zbv", recomputing([1, 1, 1, 1], "zbv"), None, None),
+    "zbv recompute": ("zbv", recomputing([1, 1, 1, 1], "zbv", 4), None, None),
     "2bw": ("2bw", [2, 2], None, None),
     "pipemare": ("pipemare", [2, 2], None, None),
 }
 
 
 def train(schedule: str, partition: Any, handoff: Any, move: Any, every: int) -> dict[str, Any]:
-    make_specs, kind, loss_fn = MODELS["transformer"]
-    pipe = ElasticPipeline(
-        make_specs(),
-        optimizer=ADAM,
-        loss_fn=loss_fn,
-        schedule=schedule,
-        n_microbatches=4,
-        seed=3,
+    pipe, data = model_pipeline(
+        "transformer",
+        schedule,
+        4,
+        partition,
+        handoff=handoff,
         pipemare=PIPEMARE if schedule == "pipemare" else None,
-        planning=PlanOptions(partition=partition, handoff=handoff),
         elastic=ElasticOptions(measure_memory_every=every),
     )
-    data = batches(kind)
     if schedule in STREAMS:
         losses = list(pipe.train(data))
     else:
@@ -93,16 +88,13 @@ def trained() -> dict[str, Any]:
 @functools.cache
 def reference() -> tuple[list[float], dict[str, Any]]:
     torch.set_num_threads(1)  # as each stage runs: the same sums in the same order
-    make_specs, kind, loss_fn = MODELS["transformer"]
-    ref = ReferenceTrainer(make_specs(), optimizer=ADAM, loss_fn=loss_fn, n_microbatches=4, seed=3)
-    return [ref.train_step(x, y) for x, y in batches(kind)], ref.full_state_dict()
+    return reference_run("transformer", 4)
 
 
 @pytest.mark.parametrize("name", list(CONFIGS))
 def test_fused_steps_train_exactly_as_steps_measured_per_layer(name: str) -> None:
     per_layer, fused = trained()[f"{name} per layer"], trained()[f"{name} fused"]
-    assert fused["losses"] == pytest.approx(per_layer["losses"], abs=1e-6), name
-    assert max_state_diff(fused["state"], per_layer["state"]) <= 1e-6, name
+    assert_same_trajectory(fused, per_layer)
     assert per_layer["fused_share"] == [0.0, 0.0], name
     # the first step of each plan measures (a stream's first two), the others run fused
     assert all(share >= 0.4 for share in fused["fused_share"]), (name, fused)

@@ -22,10 +22,10 @@ from torch import nn
 import pipeline
 from pipeline import ElasticPipeline, LayerSpec, MigrationError, PlanOptions, StageContext
 from pipeline.local.models import mlp_stack, transformer_stack
+from tests.pipeline.distributed.common import ADAM, max_state_diff
 
 pytestmark = pytest.mark.multiprocess
 
-ADAM = functools.partial(torch.optim.Adam, lr=1e-3)
 MICROBATCHES = 4
 
 
@@ -120,16 +120,11 @@ def results() -> dict[str, Any]:
     return pipeline.launch(scenarios, 4, threads_per_stage=1, timeout_s=60)[0]
 
 
-def max_diff(a: dict[str, Any], b: dict[str, Any]) -> float:
-    assert a.keys() == b.keys()
-    return max((a[k][n].double() - b[k][n].double()).abs().max().item() for k in a for n in a[k])
-
-
 @pytest.mark.parametrize("name", ["moved", "bn_moved"])
 def test_repartition_changes_no_loss_and_no_state(name: str) -> None:
     r, static = results()[name], results()[name.replace("moved", "static")]
     assert r["losses"] == pytest.approx(static["losses"], abs=1e-6)
-    assert max_diff(r["state"], static["state"]) <= 1e-6
+    assert max_state_diff(r["state"], static["state"]) <= 1e-6
     for key, states in r["optimizer"].items():  # Adam moments and step counts came along
         for mine, ref in zip(states, static["optimizer"][key], strict=True):
             assert float(mine["step"]) == float(ref["step"])
@@ -190,7 +185,7 @@ def random_walk(ctx: StageContext, seed: int) -> list[str]:
         flat = [k for keys in owned for k in keys]
         if flat != [s.key for s in specs] or [len(k) for k in owned] != sizes:
             problems.append(f"step {step}: owners {owned} for sizes {sizes}")
-        if ctx.rank == 0 and max_diff(before, after) != 0:
+        if ctx.rank == 0 and max_state_diff(before, after) != 0:
             problems.append(f"step {step}: module state changed")
         for key in opt_before:
             for a, b in zip(opt_before[key], opt_after[key], strict=True):
@@ -261,4 +256,4 @@ def test_failed_migration_rolls_back() -> None:
     assert r["attempt"]["sizes"] == [3, 1] and r["attempt"]["version"] == 0
     assert r["attempt"]["owned"] == [["block0", "block1", "fragile"], ["block2"]]
     assert r["attempt"]["losses"] == r["plain"]["losses"]
-    assert max_diff(r["attempt"]["state"], r["plain"]["state"]) == 0
+    assert max_state_diff(r["attempt"]["state"], r["plain"]["state"]) == 0

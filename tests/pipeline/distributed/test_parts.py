@@ -12,7 +12,8 @@ import torch.nn.functional as F
 
 from pipeline.distributed.events import EventLog
 from pipeline.distributed.holder import ModelHolder
-from pipeline.distributed.migration import MigrationRecord, WeightSnapshot
+from pipeline.distributed.inheritance import WeightSnapshot
+from pipeline.distributed.migration import MigrationRecord
 from pipeline.distributed.triggers import PlanAge
 from pipeline.local.inflight import StepTimes
 from pipeline.local.recipe import TrainingRecipe

@@ -17,13 +17,15 @@ from typing import Any
 import pytest
 import torch
 
-import pipeline
-from pipeline import ElasticPipeline, PlanOptions
 from pipeline.local.pipemare import PipeMareConfig
-from pipeline.local.reference import ReferenceTrainer
-from tests.pipeline.distributed.common import launch_configs
-from tests.pipeline.distributed.test_elastic import ADAM, MODELS, STEPS, batches, max_state_diff
-from tests.pipeline.distributed.test_faults import failing_stream
+from tests.pipeline.distributed.common import (
+    STEPS,
+    launch_configs,
+    max_state_diff,
+    model_pipeline,
+    reference_run,
+)
+from tests.pipeline.distributed.fault_injection import assert_stream_failures
 
 pytestmark = pytest.mark.multiprocess
 
@@ -34,18 +36,7 @@ Split = tuple[int, list[int]] | None  # (steps of the first stream, sizes for th
 
 
 def train(model: str, config: PipeMareConfig, sizes: list[int], split: Split) -> dict[str, Any]:
-    make_specs, kind, loss_fn = MODELS[model]
-    pipe = ElasticPipeline(
-        make_specs(),
-        optimizer=ADAM,
-        loss_fn=loss_fn,
-        schedule="pipemare",
-        pipemare=config,
-        n_microbatches=4,
-        seed=3,
-        planning=PlanOptions(partition=sizes),
-    )
-    data = batches(kind)
+    pipe, data = model_pipeline(model, "pipemare", 4, sizes, pipemare=config)
     if split is None:
         losses = list(pipe.train(data))
     else:  # two streams, a repartition between them
@@ -84,22 +75,9 @@ def pipelined(n_stages: int) -> dict[str, Any]:
 def reference(
     model: str, config: PipeMareConfig | None, sizes: list[int], split: Split = None
 ) -> tuple[list[float], dict[str, Any]]:
-    make_specs, kind, loss_fn = MODELS[model]
-    ref = ReferenceTrainer(
-        make_specs(),
-        optimizer=ADAM,
-        loss_fn=loss_fn,
-        n_microbatches=4,
-        seed=3,
-        pipemare=config,
-        stage_sizes=sizes,
-    )
-    losses = []
-    for t, (x, y) in enumerate(batches(kind)):
-        if split is not None and t == split[0]:
-            ref.drain(split[1])
-        losses.append(ref.train_step(x, y))
-    return losses, ref.full_state_dict()
+    """`ReferenceTrainer` applying PipeMare's rule to `sizes`, drained at `split`."""
+    drain_at = None if split is None else (split[0], tuple(split[1]))
+    return reference_run(model, 4, drain_at=drain_at, pipemare=config, stage_sizes=tuple(sizes))
 
 
 @pytest.mark.parametrize("n_stages", [2, 3])
@@ -141,14 +119,4 @@ def test_repartition_between_pipemare_streams_keeps_the_rule(n_stages: int, a: s
 @pytest.mark.parametrize("n_stages", [2, 3])
 def test_a_failure_mid_pipemare_stream_raises_on_every_rank(n_stages: int) -> None:
     cases = [(n_stages - 1, "forward", 2, 1), (0, "backward", 1, 3), (n_stages - 1, "loss", 3, 0)]
-    run = functools.partial(failing_stream, schedule="pipemare", cases=cases)
-    results = pipeline.launch(run, n_stages, threads_per_stage=1, timeout_s=60)
-    for records in results:
-        for record, (rank, phase, step, microbatch) in zip(records, cases, strict=True):
-            assert record.get("type") == "StageError", record
-            assert (record["stage"], record["phase"], record["step"]) == (rank, phase, step)
-            assert record["microbatch"] == microbatch
-            done = len(record["losses"])
-            assert record["steps"] == done and step - 1 <= done <= step, record
-            assert len(record["after"]) == 2
-    assert all(r == results[0] for r in results)
+    assert_stream_failures("pipemare", cases, n_stages)

@@ -5,33 +5,31 @@ a stack of mixed layer types (a two-tensor carry with an int64 half, a Transform
 layer, Linear layers), planned or explicit sizes over S = 2R stages, recomputed layers, and
 a repartition mid-training that moves layers between ranks and between two stages of one
 rank. Losses and full state dicts are compared with `ReferenceTrainer` (<= 1e-5), and the
-moved run with the same run unmoved (<= 1e-6); `forward` with the reference's model.
+moved run with the same run unmoved (<= 1e-6); `forward` with the reference's model. The
+contract every schedule signs (the same model, cut evenly) is `test_elastic`'s.
 """
 
 from __future__ import annotations
 
 import functools
-import json
-import tempfile
-from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-import torch.nn.functional as F
 
-from pipeline import ElasticPipeline, LayerSpec, Plan, PlanOptions
-from pipeline.local.models import transformer_stack
-from pipeline.local.reference import ReferenceTrainer
 from pipeline.local.spec import build_layer
-from tests.pipeline.distributed.common import launch_configs
-from tests.pipeline.distributed.test_elastic import (
-    ADAM,
+from tests.pipeline.distributed.common import (
+    SEED,
     STEPS,
-    AddTokenBias,
-    TakeHidden,
+    assert_same_trajectory,
     batches,
+    launch_configs,
     max_state_diff,
+    mixed_stack,
+    model_pipeline,
+    recomputing,
+    reference_run,
+    timeline_spans,
 )
 
 pytestmark = pytest.mark.multiprocess
@@ -40,32 +38,6 @@ pytestmark = pytest.mark.multiprocess
 # measured costs and migrates; (0, "reconfigure") trains another model for two steps first
 # and then takes this one on the same processes
 Move = tuple[int, list[int], list[str] | None] | tuple[int, str]
-
-
-def mixed_stack() -> list[LayerSpec]:
-    """7 layers of four types; the carry is (hidden, ids) until `take`, then hidden."""
-    tokens = [LayerSpec(f"tok{i}", functools.partial(AddTokenBias, 11, 16)) for i in range(2)]
-    linear = [LayerSpec(f"lin{i}", functools.partial(torch.nn.Linear, 16, 16)) for i in range(2)]
-    return [
-        *tokens,
-        LayerSpec("take", TakeHidden),
-        linear[0],
-        *transformer_stack(2, 16, 2),
-        linear[1],
-    ]
-
-
-def other_stack() -> list[LayerSpec]:
-    """Another model on the same carry, for `reconfigure`: the same first layers, wider
-    linear layers after `take`."""
-    wide = [LayerSpec(f"wide{i}", functools.partial(torch.nn.Linear, 16, 16)) for i in range(4)]
-    return [*mixed_stack()[:3], *wide]
-
-
-def recomputing(sizes: list[int], schedule: str, m: int) -> Plan:
-    actions = tuple("recompute" if i % 2 == 0 else "keep" for i in range(sum(sizes)))
-    n = len(sizes)
-    return Plan(tuple(sizes), actions, schedule, m, 0.0, (0.0,) * n, (0,) * n)
 
 
 def configs(n_ranks: int) -> dict[str, tuple[str, int, Any, Move | None]]:
@@ -108,37 +80,21 @@ def configs(n_ranks: int) -> dict[str, tuple[str, int, Any, Move | None]]:
 
 
 def train(schedule: str, m: int, partition: Any, move: Move | None) -> dict[str, Any]:
-    first = other_stack() if move == (0, "reconfigure") else mixed_stack()
-    pipe = ElasticPipeline(
-        first,
-        optimizer=ADAM,
-        loss_fn=F.mse_loss,
-        schedule=schedule,
-        n_microbatches=m,
-        seed=3,
-        planning=PlanOptions(partition=partition),
-    )
+    model = "other" if move == (0, "reconfigure") else "mixed"
+    pipe, data = model_pipeline(model, schedule, m, partition)
     if move == (0, "reconfigure"):
-        for x, y in batches("tokens")[:2]:
+        for x, y in data[:2]:
             pipe.train_step(x, y)
         pipe.reconfigure(mixed_stack(), partition=partition)
     losses = []
-    for step, (x, y) in enumerate(batches("tokens")):
+    for step, (x, y) in enumerate(data):
         if move is not None and step == move[0] and move[1] == "rebalance":
             pipe.rebalance(remaining_steps=10**6)  # any faster plan pays back
         elif move is not None and step == move[0] and isinstance(move[1], list):
             pipe.repartition(*move[1:])
         losses.append(pipe.train_step(x, y))
     output = pipe.forward(batches("tokens")[0][0])
-    with tempfile.TemporaryDirectory() as tmp:
-        trace = pipe.save_timeline(Path(tmp) / "t.json")
-        lanes = (
-            sorted(
-                {e["tid"] for e in json.loads(trace.read_text())["traceEvents"] if e["ph"] == "X"}
-            )
-            if trace
-            else []
-        )
+    lanes = sorted({row for row, _, _ in timeline_spans(pipe)})
     stats = pipe.stats()
     result = {
         "losses": losses,
@@ -161,11 +117,7 @@ def pipelined(n_ranks: int) -> dict[str, Any]:
 
 @functools.cache
 def reference(m: int) -> tuple[list[float], dict[str, Any], torch.Tensor]:
-    ref = ReferenceTrainer(
-        mixed_stack(), optimizer=ADAM, loss_fn=F.mse_loss, n_microbatches=m, seed=3
-    )
-    losses = [ref.train_step(x, y) for x, y in batches("tokens")]
-    state = ref.full_state_dict()
+    losses, state = reference_run("mixed", m)
     return losses, state, evaluated(state, batches("tokens")[0][0])
 
 
@@ -174,7 +126,7 @@ def evaluated(state: dict[str, Any], x: Any) -> torch.Tensor:
     out = x
     with torch.no_grad():
         for spec in mixed_stack():
-            layer = build_layer(spec, 3, torch.device("cpu"))
+            layer = build_layer(spec, SEED, torch.device("cpu"))
             layer.load_state_dict(state[spec.key])
             out = layer.eval()(out)
     assert isinstance(out, torch.Tensor)
@@ -208,8 +160,7 @@ def test_repartition_under_several_stages_per_rank_keeps_the_trajectory(
 ) -> None:
     a, b = pipelined(n_ranks)[moved], pipelined(n_ranks)[static]
     assert a["partition"] != b["partition"]
-    assert a["losses"] == pytest.approx(b["losses"], abs=1e-6)
-    assert max_state_diff(a["state"], b["state"]) <= 1e-6
+    assert_same_trajectory(a, b)
 
 
 def test_stats_report_each_rank_with_all_its_stages() -> None:

@@ -22,9 +22,9 @@ from pipeline.local.models import transformer_stack
 from pipeline.local.profiler import CostCache
 from pipeline.local.reference import ReferenceTrainer
 from pipeline.pure.planner import evaluate
+from tests.pipeline.distributed.common import ADAM
 
 pytestmark = pytest.mark.multiprocess
-ADAM = functools.partial(torch.optim.Adam, lr=1e-3)
 M = 4
 
 

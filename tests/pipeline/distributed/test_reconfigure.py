@@ -14,9 +14,9 @@ import pipeline
 from pipeline import ElasticPipeline, PlanOptions, StageContext
 from pipeline.local.models import mlp_stack, transformer_stack
 from pipeline.local.reference import ReferenceTrainer
+from tests.pipeline.distributed.common import ADAM
 
 pytestmark = pytest.mark.multiprocess
-ADAM = functools.partial(torch.optim.Adam, lr=1e-3)
 SEED = 9
 
 
@@ -42,15 +42,20 @@ def mlp() -> list[pipeline.LayerSpec]:
     return mlp_stack([6, 24, 24, 3], batch_norm=True)
 
 
-def candidates(ctx: StageContext) -> dict[str, Any]:
-    pipe = ElasticPipeline(
+def transformer_pipeline(partition: Any) -> ElasticPipeline:
+    """Four Transformer layers on 2 micro-batches: the first candidate of a search."""
+    return ElasticPipeline(
         transformer_stack(4, 16, 2),
         optimizer=ADAM,
         loss_fn=F.mse_loss,
         n_microbatches=2,
         seed=SEED,
-        planning=PlanOptions(partition=[2, 2]),
+        planning=PlanOptions(partition=partition),
     )
+
+
+def candidates(ctx: StageContext) -> dict[str, Any]:
+    pipe = transformer_pipeline([2, 2])
     for x, y in seq(3):
         pipe.train_step(x, y)
     trained = pipe.full_state_dict()
@@ -169,14 +174,7 @@ def test_forward_is_inference_on_every_rank() -> None:
 
 def planned_candidates(ctx: StageContext) -> dict[str, Any]:
     """Two "auto" candidates in a row: the second is planned from the cost cache alone."""
-    pipe = ElasticPipeline(
-        transformer_stack(4, 16, 2),
-        optimizer=ADAM,
-        loss_fn=F.mse_loss,
-        n_microbatches=2,
-        seed=SEED,
-        planning=PlanOptions(partition="auto"),
-    )
+    pipe = transformer_pipeline("auto")
     pipe.train_step(*seq(1)[0])
     (signature,) = pipe.cost_cache.entries()  # one distinct layer, timed once
     entry = pipe.cost_cache.get(signature)

@@ -23,16 +23,15 @@ from pipeline import (
     partition_from_split_points,
     specs_from_sequential,
 )
-from tests.pipeline.distributed.common import launch_configs
-from tests.pipeline.distributed.test_elastic import max_state_diff
-from tests.pipeline.local.test_sequential import (
-    ADAM,
-    MICROBATCHES,
+from tests.pipeline.common import (
+    USER_ADAM,
+    USER_MICROBATCHES,
     as_module_state,
-    batches,
     train_module,
+    user_batches,
     user_model,
 )
+from tests.pipeline.distributed.common import launch_configs, max_state_diff
 
 pytestmark = pytest.mark.multiprocess
 
@@ -54,13 +53,13 @@ def train(
     partition = "auto" if split_spec is None else partition_from_split_points(specs, split_spec)
     pipe = ElasticPipeline(
         specs,
-        optimizer=ADAM,
+        optimizer=USER_ADAM,
         loss_fn=F.mse_loss,
         schedule=schedule,
-        n_microbatches=MICROBATCHES,
+        n_microbatches=USER_MICROBATCHES,
         planning=PlanOptions(partition=partition),
     )
-    losses = [pipe.train_step(x, y) for x, y in batches()]
+    losses = [pipe.train_step(x, y) for x, y in user_batches()]
     state = pipe.full_state_dict()
     pipe.close()
     return losses, state
@@ -72,7 +71,7 @@ def test_a_users_sequential_pipelined_trains_like_the_module_itself() -> None:
     configs = {name: (specs, *config) for name, config in CONFIGS.items()}
     results = launch_configs(train, configs, n_ranks=2)
     module = user_model()
-    expected_losses = train_module(module, MICROBATCHES)
+    expected_losses = train_module(module, USER_MICROBATCHES)
     expected_state = {"module": module.state_dict()}
     for name, (losses, state) in results.items():
         assert losses == pytest.approx(expected_losses, abs=1e-5), name

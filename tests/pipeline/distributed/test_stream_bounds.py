@@ -16,11 +16,11 @@ import itertools
 import pytest
 
 import pipeline
-from pipeline import ElasticPipeline, PlanOptions, StageContext
+from pipeline import StageContext
 from pipeline.local.history import StepHistory
 from pipeline.local.inflight import StepTimes
 from pipeline.local.pipemare import PipeMareConfig
-from tests.pipeline.distributed.test_elastic import ADAM, MODELS, batches
+from tests.pipeline.distributed.common import model_pipeline
 
 pytestmark = pytest.mark.multiprocess
 
@@ -29,19 +29,9 @@ EARLY, LATE = range(10, 50), range(150, STREAM_STEPS)
 
 
 def held_per_step(schedule: str) -> tuple[list[dict[str, int]], list[tuple[int, int]]]:
-    make_specs, kind, loss_fn = MODELS["mlp"]
     config = PipeMareConfig(update_every=2) if schedule == "pipemare" else None
-    pipe = ElasticPipeline(
-        make_specs(),
-        optimizer=ADAM,
-        loss_fn=loss_fn,
-        schedule=schedule,
-        pipemare=config,
-        n_microbatches=4,
-        seed=3,
-        planning=PlanOptions(partition=[3, 2]),
-    )
-    data = itertools.islice(itertools.cycle(batches(kind)), STREAM_STEPS)
+    pipe, batches = model_pipeline("mlp", schedule, 4, [3, 2], pipemare=config)
+    data = itertools.islice(itertools.cycle(batches), STREAM_STEPS)
     counts = []
     for _loss in pipe.train(data):
         assert pipe.active_stream is not None

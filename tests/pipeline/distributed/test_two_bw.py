@@ -16,12 +16,15 @@ from typing import Any
 import pytest
 import torch
 
-import pipeline
-from pipeline import ElasticPipeline, PlanOptions
-from pipeline.local.reference import ReferenceTrainer
-from tests.pipeline.distributed.common import launch_configs
-from tests.pipeline.distributed.test_elastic import ADAM, MODELS, STEPS, batches, max_state_diff
-from tests.pipeline.distributed.test_faults import failing_stream
+from tests.pipeline.distributed.common import (
+    STEPS,
+    assert_same_trajectory,
+    launch_configs,
+    max_state_diff,
+    model_pipeline,
+    reference_run,
+)
+from tests.pipeline.distributed.fault_injection import assert_stream_failures
 
 pytestmark = pytest.mark.multiprocess
 
@@ -31,17 +34,7 @@ Split = tuple[int, list[int] | None] | None  # (steps before the break, new size
 def train(
     model: str, schedule: str, m: int, partition: Any, split: Split, stepwise: bool = False
 ) -> dict[str, Any]:
-    make_specs, kind, loss_fn = MODELS[model]
-    pipe = ElasticPipeline(
-        make_specs(),
-        optimizer=ADAM,
-        loss_fn=loss_fn,
-        schedule=schedule,
-        n_microbatches=m,
-        seed=3,
-        planning=PlanOptions(partition=partition),
-    )
-    data = batches(kind)
+    pipe, data = model_pipeline(model, schedule, m, partition)
     if stepwise:
         losses = [pipe.train_step(x, y) for x, y in data]
     elif split is None:
@@ -72,7 +65,6 @@ def configs(n_stages: int) -> dict[str, tuple[Any, ...]]:
         return {
             "transformer M=4": ("transformer", "2bw", 4, "auto", None),
             "mlp M=1": ("mlp", "2bw", 1, [2, 3], None),
-            "tuple M=2": ("tuple", "2bw", 2, [3, 2], None),
             "transformer split": ("transformer", "2bw", 4, "auto", (2, None)),
             "transformer moved": ("transformer", "2bw", 4, [1, 3], (2, [3, 1])),
             "transformer static": ("transformer", "2bw", 4, [1, 3], None),
@@ -93,13 +85,9 @@ def pipelined(n_stages: int) -> dict[str, Any]:
     return launch_configs(train, configs(n_stages), n_stages, timeout_s=60)
 
 
-@functools.cache
 def reference(model: str, m: int) -> tuple[list[float], dict[str, Any]]:
-    make_specs, kind, loss_fn = MODELS[model]
-    ref = ReferenceTrainer(
-        make_specs(), optimizer=ADAM, loss_fn=loss_fn, n_microbatches=m, seed=3, pipedream_2bw=True
-    )
-    return [ref.train_step(x, y) for x, y in batches(kind)], ref.full_state_dict()
+    """`ReferenceTrainer` applying the 2BW rule."""
+    return reference_run(model, m, pipedream_2bw=True)
 
 
 @pytest.mark.parametrize("n_stages", [2, 3])
@@ -117,11 +105,8 @@ def test_2bw_matches_the_2bw_reference(n_stages: int) -> None:
 
 def test_2bw_is_not_synchronous_training() -> None:
     """The reference rule differs from plain gradient accumulation (the test has teeth)."""
-    make_specs, kind, loss_fn = MODELS["transformer"]
-    sync = ReferenceTrainer(make_specs(), optimizer=ADAM, loss_fn=loss_fn, n_microbatches=4, seed=3)
-    for x, y in batches(kind):
-        sync.train_step(x, y)
-    assert max_state_diff(sync.full_state_dict(), reference("transformer", 4)[1]) > 1e-5
+    sync = reference_run("transformer", 4)[1]
+    assert max_state_diff(sync, reference("transformer", 4)[1]) > 1e-5
 
 
 @pytest.mark.parametrize(
@@ -135,9 +120,7 @@ def test_2bw_is_not_synchronous_training() -> None:
 def test_repartition_between_2bw_streams_keeps_the_trajectory(
     n_stages: int, a: str, b: str
 ) -> None:
-    one, other = pipelined(n_stages)[a], pipelined(n_stages)[b]
-    assert one["losses"] == pytest.approx(other["losses"], abs=1e-6)
-    assert max_state_diff(one["state"], other["state"]) <= 1e-6
+    assert_same_trajectory(pipelined(n_stages)[a], pipelined(n_stages)[b])
 
 
 def test_streams_measure_their_memory() -> None:
@@ -163,18 +146,4 @@ def test_a_failure_mid_stream_raises_on_every_rank(n_stages: int) -> None:
         (n_stages - 1, "loss", 3, 0),
         (0, "optimizer", 2, -1),
     ]
-    run = functools.partial(failing_stream, schedule="2bw", cases=cases)
-    results = pipeline.launch(run, n_stages, threads_per_stage=1, timeout_s=60)
-    for records in results:
-        for record, (rank, phase, step, microbatch) in zip(records, cases, strict=True):
-            assert record.get("type") == "StageError", record
-            assert (record["stage"], record["phase"], record["step"]) == (rank, phase, step)
-            assert record["microbatch"] == (None if microbatch < 0 else microbatch)
-            # the steps before the failing one stand (a failure can stop the step before it
-            # on a neighbour that learns of it first); an optimizer step fails after its
-            # step's loss was agreed and yielded
-            done = len(record["losses"])
-            assert record["steps"] == done, record
-            assert done == step + 1 if phase == "optimizer" else step - 1 <= done <= step
-            assert len(record["after"]) == 2
-    assert all(r == results[0] for r in results)
+    assert_stream_failures("2bw", cases, n_stages)

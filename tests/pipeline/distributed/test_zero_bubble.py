@@ -3,24 +3,28 @@
 One launch per stage count runs every configuration in the same stage processes: several
 models and micro-batch counts, recomputed layers, a repartition and a change of memory
 actions mid-training. Losses and full state dicts are compared with `ReferenceTrainer`
-(<= 1e-5 after 5 steps) and with the same run without the repartition (<= 1e-6).
+(<= 1e-5 after 5 steps) and with the same run without the repartition (<= 1e-6). The
+contract every schedule signs (the mixed model, a two-tensor carry) is `test_elastic`'s.
 """
 
 from __future__ import annotations
 
 import functools
-import json
-import tempfile
-from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 
-from pipeline import ElasticPipeline, Plan, PlanOptions
-from pipeline.local.reference import ReferenceTrainer
-from tests.pipeline.distributed.common import launch_configs
-from tests.pipeline.distributed.test_elastic import ADAM, MODELS, STEPS, batches, max_state_diff
+from tests.pipeline.distributed.common import (
+    STEPS,
+    assert_same_trajectory,
+    launch_configs,
+    max_state_diff,
+    model_pipeline,
+    recomputing,
+    reference_run,
+    timeline_spans,
+)
 
 pytestmark = pytest.mark.multiprocess
 
@@ -28,40 +32,16 @@ Moves = dict[int, tuple[list[int], list[str] | None]]  # step -> (sizes, memory 
 
 
 def train(model: str, m: int, partition: Any, moves: Moves) -> dict[str, Any]:
-    make_specs, kind, loss_fn = MODELS[model]
-    pipe = ElasticPipeline(
-        make_specs(),
-        optimizer=ADAM,
-        loss_fn=loss_fn,
-        schedule="zbh1",
-        n_microbatches=m,
-        seed=3,
-        planning=PlanOptions(partition=partition),
-    )
+    pipe, data = model_pipeline(model, "zbh1", m, partition)
     losses = []
-    for step, (x, y) in enumerate(batches(kind)):
+    for step, (x, y) in enumerate(data):
         if step in moves:
             pipe.repartition(*moves[step])
         losses.append(pipe.train_step(x, y))
-    with tempfile.TemporaryDirectory() as tmp:
-        trace = pipe.save_timeline(Path(tmp) / "t.json")
-        spans = (
-            [
-                (e["tid"], e["name"], e["cat"])
-                for e in json.loads(trace.read_text())["traceEvents"]
-                if e["ph"] == "X"
-            ]
-            if trace
-            else []
-        )
+    spans = timeline_spans(pipe)
     result = {"losses": losses, "state": pipe.full_state_dict(), "spans": spans}
     pipe.close()
     return result
-
-
-def recomputing(n_layers: int, sizes: list[int], m: int) -> Plan:
-    actions = tuple("recompute" if i % 2 == 0 else "keep" for i in range(n_layers))
-    return Plan(tuple(sizes), actions, "zbh1", m, 0.0, (0.0,) * len(sizes), (0,) * len(sizes))
 
 
 def configs(n_stages: int) -> dict[str, tuple[str, int, Any, Moves]]:
@@ -71,15 +51,14 @@ def configs(n_stages: int) -> dict[str, tuple[str, int, Any, Moves]]:
             "transformer M=2": ("transformer", 2, "auto", {}),
             "transformer M=4": ("transformer", 4, [1, 3], {}),
             "transformer M=8": ("transformer", 8, "auto", {}),
-            "tuple M=4": ("tuple", 4, [3, 2], {}),
-            "mlp recompute M=4": ("mlp", 4, recomputing(5, [3, 2], 4), {}),
+            "mlp recompute M=4": ("mlp", 4, recomputing([3, 2], "zbh1", 4), {}),
             "transformer moved M=4": ("transformer", 4, [1, 3], {2: ([3, 1], None)}),
         }
     return {
         "transformer M=4": ("transformer", 4, "auto", {}),
         "mlp M=2": ("mlp", 2, [2, 2, 1], {}),
         "mlp M=8": ("mlp", 8, [1, 3, 1], {}),
-        "mlp recompute M=4": ("mlp", 4, recomputing(5, [2, 2, 1], 4), {}),
+        "mlp recompute M=4": ("mlp", 4, recomputing([2, 2, 1], "zbh1", 4), {}),
         "mlp static M=4": ("mlp", 4, [2, 2, 1], {}),
         "mlp moved M=4": (
             "mlp",
@@ -95,18 +74,11 @@ def pipelined(n_stages: int) -> dict[str, Any]:
     return launch_configs(train, configs(n_stages), n_stages, timeout_s=60)
 
 
-@functools.cache
-def reference(model: str, m: int) -> tuple[list[float], dict[str, Any]]:
-    make_specs, kind, loss_fn = MODELS[model]
-    ref = ReferenceTrainer(make_specs(), optimizer=ADAM, loss_fn=loss_fn, n_microbatches=m, seed=3)
-    return [ref.train_step(x, y) for x, y in batches(kind)], ref.full_state_dict()
-
-
 @pytest.mark.parametrize("n_stages", [2, 3])
 def test_zbh1_matches_single_process(n_stages: int) -> None:
     torch.set_num_threads(1)
     for name, (model, m, _, _) in configs(n_stages).items():
-        result, (ref_losses, ref_state) = pipelined(n_stages)[name], reference(model, m)
+        result, (ref_losses, ref_state) = pipelined(n_stages)[name], reference_run(model, m)
         what = f"{name} on {n_stages} stages"
         assert len(result["losses"]) == STEPS
         assert result["losses"] == pytest.approx(ref_losses, abs=1e-5), what
@@ -121,9 +93,7 @@ def test_zbh1_matches_single_process(n_stages: int) -> None:
 def test_repartition_under_zbh1_keeps_the_trajectory(
     n_stages: int, moved: str, static: str
 ) -> None:
-    a, b = pipelined(n_stages)[moved], pipelined(n_stages)[static]
-    assert a["losses"] == pytest.approx(b["losses"], abs=1e-6)
-    assert max_state_diff(a["state"], b["state"]) <= 1e-6
+    assert_same_trajectory(pipelined(n_stages)[moved], pipelined(n_stages)[static])
 
 
 def test_the_timeline_shows_input_and_weight_backwards() -> None:

@@ -3,9 +3,7 @@ and torch pipelining's split points as stage sizes."""
 
 from __future__ import annotations
 
-import functools
 import pickle
-from collections import OrderedDict
 from typing import Any
 
 import pytest
@@ -15,67 +13,26 @@ from torch import nn
 
 import pipeline
 from pipeline import ReferenceTrainer, partition_from_split_points, specs_from_sequential
-
-STEPS, BATCH, MICROBATCHES = 4, 8, 4
-ADAM = functools.partial(torch.optim.Adam, lr=1e-2)
-
-
-def user_model() -> nn.Sequential:
-    """What a user writes: named parts, a nested Sequential, torch.nn modules only."""
-    torch.manual_seed(11)
-    block = functools.partial(
-        nn.TransformerEncoderLayer, 16, 2, 32, dropout=0.0, batch_first=True, norm_first=True
-    )
-    return nn.Sequential(
-        OrderedDict(
-            proj=nn.Linear(6, 16),
-            blocks=nn.Sequential(block(), block()),
-            act=nn.GELU(),
-            norm=nn.LayerNorm(16),
-            head=nn.Linear(16, 3),
-        )
-    )
-
-
-def batches() -> list[tuple[torch.Tensor, torch.Tensor]]:
-    g = torch.Generator().manual_seed(5)
-    return [
-        (torch.randn(BATCH, 5, 6, generator=g), torch.randn(BATCH, 5, 3, generator=g))
-        for _ in range(STEPS)
-    ]
-
-
-def train_module(module: nn.Module, microbatches: int) -> list[float]:
-    """The user's own loop: mean loss over micro-batches, gradients accumulated."""
-    optimizer = ADAM(module.parameters())
-    losses = []
-    for x, y in batches():
-        total = 0.0
-        for xi, yi in zip(x.chunk(microbatches), y.chunk(microbatches), strict=True):
-            loss = F.mse_loss(module(xi), yi)
-            (loss / microbatches).backward()
-            total += loss.item()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        losses.append(total / microbatches)
-    return losses
+from tests.pipeline.common import (
+    USER_ADAM,
+    USER_MICROBATCHES,
+    as_module_state,
+    train_module,
+    user_batches,
+    user_model,
+)
 
 
 def train_specs(module: nn.Sequential, seed: int = 0) -> tuple[list[float], dict[str, Any]]:
     ref = ReferenceTrainer(
         specs_from_sequential(module),
-        optimizer=ADAM,
+        optimizer=USER_ADAM,
         loss_fn=F.mse_loss,
-        n_microbatches=MICROBATCHES,
+        n_microbatches=USER_MICROBATCHES,
         seed=seed,
     )
-    losses = [ref.train_step(x, y) for x, y in batches()]
+    losses = [ref.train_step(x, y) for x, y in user_batches()]
     return losses, ref.full_state_dict()
-
-
-def as_module_state(state: dict[str, dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
-    """The documented one-liner: a pipeline's full state as the module's state dict."""
-    return {f"{key}.{name}": value for key, layer in state.items() for name, value in layer.items()}
 
 
 def test_keys_are_the_childrens_names() -> None:
@@ -113,7 +70,7 @@ def test_reference_trainer_on_the_specs_is_training_the_module_itself() -> None:
     torch.set_num_threads(1)
     losses, state = train_specs(user_model())
     module = user_model()
-    assert losses == train_module(module, MICROBATCHES)  # bit-identical, step by step
+    assert losses == train_module(module, USER_MICROBATCHES)  # bit-identical, step by step
     mine = module.state_dict()
     theirs = as_module_state(state)
     assert mine.keys() == theirs.keys()
@@ -177,7 +134,7 @@ def test_tied_weights_and_duplicate_keys_are_refused() -> None:
     with pytest.raises(ValueError, match=r"duplicate layer key '0'"):
         partition_from_split_points(twice, ["0"])
     with pytest.raises(ValueError, match=r"duplicate layer key '0'"):
-        ReferenceTrainer(twice, optimizer=ADAM, loss_fn=F.mse_loss, n_microbatches=1)
+        ReferenceTrainer(twice, optimizer=USER_ADAM, loss_fn=F.mse_loss, n_microbatches=1)
 
 
 def test_a_none_child_is_named_by_its_place() -> None:

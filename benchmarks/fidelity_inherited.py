@@ -1,0 +1,154 @@
+"""The inherited estimates of `fidelity.py`: one worker process per training seed, pinned
+to a core, trains the ET to the full budget, then the control and every child k steps from
+its weights.
+
+Why it exists: `fidelity.py` is the entry point (the truth, the rungs, the agreement); the
+inherited runs run in processes of their own (`fidelity.py --inherited-worker FOLDER SEED`)
+and are their own concern.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import json
+import os
+import pickle
+import statistics
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from _run import usable_cores
+
+from nas.retrain.stage import Model
+from nas.search.edits import Mutant
+from nas.settings import NasSettings
+from search_spaces.architecture import from_json
+from search_spaces.edited import edited_tensors
+
+ENTRY = Path(__file__).with_name("fidelity.py")  # whose --inherited-worker runs a seed
+CONTINUATION_SEED = 1000  # the inherited runs' batches: seed + this, an order no run saw
+
+
+def inherited(
+    settings: NasSettings,
+    reference: Model,
+    named: list[tuple[Model, Mutant]],
+    ks: list[int],
+    folder: Path,
+) -> tuple[dict[str, dict[str, float]], list[dict[str, dict[str, float]]]]:
+    """The inherited estimates (the mean over seeds, and each seed's), one worker process
+    per training seed, side by side; a seed whose figures `folder` holds is not run again."""
+    folder.mkdir(parents=True, exist_ok=True)
+    one = replace(settings.pipeline, n_stages=1, threads_per_stage=1, n_microbatches=1)
+    job = {
+        "settings": replace(settings, pipeline=one),  # one stage process on one core
+        "reference": reference,
+        "children": [(model, m.edit.name, m.edit.old, m.edit.new) for model, m in named],
+        "ks": ks,
+    }
+    (folder / "job.pkl").write_bytes(pickle.dumps(job))
+    cores = usable_cores()
+    procs = []
+    for i, seed in enumerate(settings.retrain.seeds):
+        if (folder / f"seed-{seed}.json").exists():
+            continue
+        command = [sys.executable, str(ENTRY), "--inherited-worker", str(folder), str(seed)]
+        env = dict(os.environ, FIDELITY_CORE=str(cores[i % len(cores)]))
+        procs.append(subprocess.Popen(command, env=env))
+    if any(p.wait() != 0 for p in procs):
+        raise SystemExit("an inherited worker failed (its traceback is above)")
+    per_seed = [
+        json.loads((folder / f"seed-{seed}.json").read_text()) for seed in settings.retrain.seeds
+    ]
+    seeds: list[dict[str, dict[str, float]]] = [
+        {
+            f"{variant}@{k}": {
+                model.name: s[variant][str(k)][model.name] - s["control"][str(k)]
+                for model, _ in named
+            }
+            for variant in ("inherited", "inherited-all")
+            for k in ks
+        }
+        for s in per_seed
+    ]
+    estimates = {
+        label: {name: statistics.fmean(seed[label][name] for seed in seeds) for name in rows}
+        for label, rows in seeds[0].items()
+    }
+    return estimates, seeds
+
+
+def inherited_worker(folder: Path, seed: int) -> None:
+    """One seed's inherited runs in one stage process (`--inherited-worker`)."""
+    import pipeline
+
+    core = os.environ.get("FIDELITY_CORE")
+    if core and hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, [int(core)])
+    job = pickle.loads((folder / "job.pkl").read_bytes())
+    result = pipeline.launch(
+        functools.partial(_continue, job=job, seed=seed), 1, threads_per_stage=1, timeout_s=600
+    )[0]
+    (folder / f"seed-{seed}.json").write_text(json.dumps(result))
+
+
+def _continue(ctx: Any, job: dict[str, Any], seed: int) -> dict[str, Any]:
+    """(In the stage process) train the ET to the full budget with `seed`, then the control
+    and every child k steps from its weights (module doc); their validation losses."""
+    from nas.study import training
+    from nas.tasks import get_task
+
+    settings: NasSettings = job["settings"]
+    task = get_task(settings.task.name, **settings.task.options)
+    reference: Model = job["reference"]
+    parent = _build(settings, task, reference, seed, settings.train.steps)
+    source = training.batches(task, settings.train.batch_size, seed)
+    for _ in training.steps(parent, source, start=0, count=settings.train.steps):
+        pass
+    snapshot = parent.snapshot()
+    parent.close()
+    out: dict[str, Any] = {"control": {}, "inherited": {}, "inherited-all": {}}
+    for k in job["ks"]:
+        pipe = _build(settings, task, reference, seed, k)
+        out["control"][str(k)] = _score(pipe, settings, task, reference, snapshot, seed, k)
+        out["inherited"][str(k)], out["inherited-all"][str(k)] = {}, {}
+        for model, name, old, new in job["children"]:
+            fresh = edited_tensors(name, old, new, from_json(model.architecture))
+            kept = snapshot.without(fresh)
+            out["inherited"][str(k)][model.name] = _score(
+                pipe, settings, task, model, kept, seed, k
+            )
+            out["inherited-all"][str(k)][model.name] = _score(
+                pipe, settings, task, model, snapshot, seed, k
+            )
+        pipe.close()
+    return out
+
+
+def _build(settings: NasSettings, task: Any, model: Model, seed: int, steps: int) -> Any:
+    """A pipeline of `model` trained at a `steps`-step schedule (`nas.study.training.build`)."""
+    from nas.study import training
+
+    arch = from_json(model.architecture)
+    specs = training.compile_model(arch, task, settings.train.dropout)[0]
+    return training.build(settings, task, specs, training.rates(settings.train, steps), seed=seed)
+
+
+def _score(
+    pipe: Any, settings: NasSettings, task: Any, model: Model, source: Any, seed: int, k: int
+) -> float:
+    """`model` on `pipe` from the weights `source`, k steps on the continuation batches; its
+    validation loss on `train.eval_batches`."""
+    from nas.study import training
+
+    train = settings.train
+    specs = training.compile_model(from_json(model.architecture), task, train.dropout)[0]
+    pipe.reconfigure(specs, inherit_from=source)
+    batches = training.batches(task, train.batch_size, seed + CONTINUATION_SEED)
+    for _ in training.steps(pipe, itertools.islice(batches, k), start=0, count=k):
+        pass
+    return float(training.evaluate(train, task, pipe, final=False)["validation_loss"])

@@ -1,0 +1,121 @@
+"""The swappable parts of a study: its task, search space, sampler, pruner and tracker.
+
+Each is a config group in `conf/` (`task=corpus`, `sampler=evolution`): a name, built-in or
+a user's class by import path (`nas.plugins`), and the options its constructor takes. The
+names are checked against the registries of `nas.tasks`, `nas.search` and `nas.tracking`;
+a task's options against what its constructor takes (`nas.tasks.bind_options`).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from nas.search import PRUNERS, SAMPLERS
+from nas.settings.checks import Settings, setting
+from nas.settings.constraints import POSITIVE, Each, Flag, Integer, OneOf, OrNone, Verified
+from nas.tasks import bind_options, task_class
+from nas.tracking import TRACKERS
+from search_spaces import SPACES
+from search_spaces.evolved_transformer import PRIMITIVES, WINDOW_SEEDS
+
+__all__ = [
+    "PrunerSettings",
+    "SamplerSettings",
+    "SearchSpaceSettings",
+    "TaskSettings",
+    "TrackerSettings",
+]
+
+logger = logging.getLogger(__name__)
+_TASKS = "use a built-in task's name, or a Task subclass as 'package.module:ClassName'"
+
+
+@dataclass
+class TaskSettings(Settings):
+    section: ClassVar[str] = "task"
+
+    name: str = setting("translation", Verified(task_class, _TASKS), key="task")
+    options: dict[str, Any] = field(default_factory=dict)
+
+    def rules(self) -> tuple[str | None, ...]:
+        return (self._options_fit_the_task(),)
+
+    def _options_fit_the_task(self) -> str | None:
+        """The options name parameters the task takes, with values its option groups
+        accept (the task's data is not read here: `nas.tasks.check_task`)."""
+        try:
+            bind_options(self.name, self.options)
+        except (TypeError, ValueError) as error:
+            return f"task.options: {error}"
+        return None
+
+
+@dataclass
+class SearchSpaceSettings(Settings):
+    section: ClassVar[str] = "search_space"
+
+    name: str = setting("evolved_transformer", OneOf(SPACES))  # search_spaces.SPACES
+    # None: as the task needs (translation: encoder-decoder)
+    decoder_only: bool | None = setting(None, OrNone(Flag()))
+    d_model: tuple[int, ...] = setting(
+        (64,),
+        Each(Integer(32, step=32), non_empty=True, words="widths are positive multiples of 32"),
+    )
+    n_heads: int = setting(4, POSITIVE)
+    min_cells: int = setting(1, POSITIVE)
+    max_cells: int = setting(2, POSITIVE)
+    # (low, high) x the body parameters of the seed `window_reference` ("transformer": 2
+    # layers per min_cells; "evolved_transformer": min_cells cells); e.g. [0.3, 1.02] of the
+    # ET: up to 2% larger than it
+    param_window: tuple[float, float] | None = None
+    window_reference: str = setting("transformer", OneOf(WINDOW_SEEDS))
+    # Primer's primitives added to the choices (search_spaces.evolved_transformer.PRIMITIVES)
+    primitives: tuple[str, ...] = setting((), Each(OneOf(PRIMITIVES)))
+
+    def rules(self) -> tuple[str | None, ...]:
+        return (self._cells_in_order(),)
+
+    def _cells_in_order(self) -> str | None:
+        if self.min_cells > self.max_cells:
+            return (
+                f"search_space cells {self.min_cells}..{self.max_cells} must "
+                "satisfy 1 <= min_cells <= max_cells"
+            )
+        return None
+
+
+@dataclass
+class SamplerSettings(Settings):
+    section: ClassVar[str] = "sampler"
+
+    name: str = setting("tpe", OneOf(SAMPLERS, or_class=True), key="sampler")
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class PrunerSettings(Settings):
+    section: ClassVar[str] = "pruner"
+
+    name: str = setting("none", OneOf(PRUNERS), key="pruner")
+    options: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.name == "none" and self.options:
+            # an experiment's options for its pruner stay when only the group is swapped
+            # (`experiment=search_2h pruner=none`), and Hydra cannot remove them
+            logger.warning(
+                "pruner=none: ignoring pruner.options %s (options of another pruner)",
+                sorted(self.options),
+            )
+            self.options = {}
+
+
+@dataclass
+class TrackerSettings(Settings):
+    section: ClassVar[str] = "tracker"
+
+    name: str = setting("jsonl", OneOf(TRACKERS, or_class=True), key="tracker")
+    options: dict[str, Any] = field(default_factory=dict)

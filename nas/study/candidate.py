@@ -1,0 +1,210 @@
+"""One candidate on every stage process: built, trained, evaluated, and what it measured.
+
+Steps 3 and 4 of a study (`nas.study.run`): every rank compiles the trial's architecture to
+layers and reconfigures the one pipeline it keeps (planned from the cost cache; weights
+inherited when asked), trains `train.steps` steps and evaluates every `train.eval_every`
+steps, where rank 0 logs, reports the fitness and decides pruning (`Decisions`). A child
+judged at inherited fidelity continues its parent instead (`nas.study.inherited`). The
+result is the trial's `Outcome`: its objective values and everything it measured, or the
+cause of its failure, the same on every rank.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from nas.errors import LeaderError
+from nas.learning_rate import LrSchedule
+from nas.settings import NasSettings, direction
+from nas.study import inherited, training
+from nas.study.decisions import Decisions
+from nas.study.inheritance import WeightBank
+from nas.study.leader import Leader, TrialOrder
+from nas.study.trials import Outcome
+from nas.tasks import Task
+from nas.tracking import TrialEnd, pipeline_metrics
+from pipeline import CostCache, ElasticPipeline, LayerSpec
+from pipeline.pure.planner import Plan
+from pipeline.pure.shape import RuntimeOverheads, Shape, predicted_step_s
+from search_spaces.architecture import from_json, short_name, summary
+
+__all__ = ["CandidateTrainer"]
+
+Trained = tuple[ElasticPipeline, dict[str, float], int, bool]  # pipe, evaluation, steps, pruned
+
+
+@dataclass(frozen=True)
+class CandidateTrainer:
+    """What the trials of one stage process share: the settings and task, rank 0's
+    `decide`, the trained weights a later candidate may start from (`bank`), the learning
+    rate schedule, and the machine: its cost cache (layers profiled before, by the shape's
+    choice or earlier studies) and the runtime's overheads."""
+
+    settings: NasSettings
+    task: Task
+    decide: Decisions
+    bank: WeightBank
+    schedule: LrSchedule
+    costs: CostCache
+    overheads: RuntimeOverheads | None
+
+    def run(
+        self, pipe: ElasticPipeline | None, order: TrialOrder
+    ) -> tuple[ElasticPipeline | None, Outcome]:
+        """Build and train the candidate of `order` on `pipe` (None: the first), on every
+        rank; the pipeline kept and how the trial ended."""
+        settings = self.settings
+        arch = from_json(order.architecture)
+        specs, parameters = training.compile_model(arch, self.task, settings.train.dropout)
+        attrs: dict[str, Any] = {
+            "architecture": summary(arch),
+            "short_name": short_name(arch),
+            "parameters": parameters,
+        }
+        if settings.study.fidelity == "inherited":
+            attrs["fidelity"] = "full"  # unless judged from a trained parent
+        source = self.bank.source(order.parent) if settings.study.inherit_weights else None
+        if source is not None:
+            attrs["inherited_from"] = source
+        started = time.perf_counter()
+        try:
+            pipe, evaluation, steps, pruned = self._train_order(pipe, order, specs, source, attrs)
+        except (LeaderError, *training.RUN_ERRORS) as error:  # raised on every rank
+            reason, detail = training.failure(error)
+            return pipe, Outcome(TrialEnd.FAILED, attrs | {"fail_reason": reason, "detail": detail})
+        attrs |= evaluation | self._measured(pipe, steps, time.perf_counter() - started)
+        if settings.study.inherit_weights:
+            attrs |= _inheritance(pipe)
+            self.bank.add(order.number, pipe)
+        if pruned:
+            return pipe, Outcome(TrialEnd.PRUNED, attrs)
+        if order.weights_to is not None:  # its children are judged from these
+            weights = pipe.full_state_dict()  # on rank 0
+            if weights:
+                inherited.save_weights(weights, Path(order.weights_to))
+        values = [_objective(attrs, name) for name in settings.study.objectives]
+        return pipe, Outcome(TrialEnd.COMPLETE, attrs, values)
+
+    def _train_order(
+        self,
+        pipe: ElasticPipeline | None,
+        order: TrialOrder,
+        specs: list[LayerSpec],
+        source: int | None,
+        attrs: dict[str, Any],
+    ) -> Trained:
+        """Judged from its trained parent (`order.inherit`, its estimates added to `attrs`)
+        or built (from `source`'s weights, if any) and trained in full."""
+        settings = self.settings
+        if order.inherit is not None:  # study.fidelity=inherited, a trained parent
+            record_control = functools.partial(
+                self.decide, "record a control", Leader.record_control, order.inherit.parent
+            )
+            pipe, evaluation, judged = inherited.judge(
+                settings,
+                self.task,
+                pipe,
+                specs,
+                order.inherit,
+                order.edited,
+                comm=self.decide.comm,
+                record_control=record_control,
+                cost_cache=self.costs,
+            )
+            attrs |= judged
+            return pipe, evaluation, settings.study.inherit_steps, False
+        built = training.build(
+            settings,
+            self.task,
+            specs,
+            self.schedule,
+            seed=settings.seed,
+            pipe=pipe,
+            snapshot=self.bank.inherited(source, order),
+            cost_cache=self.costs,
+        )
+        return built, *self._train(built)
+
+    def _train(self, pipe: ElasticPipeline) -> tuple[dict[str, float], int, bool]:
+        """(the last evaluation's metrics, steps trained, pruned?).
+
+        The steps between two evaluations are one `pipe.train` stream (no flush between them
+        under "2bw"); the stream drains before each evaluation.
+        """
+        train, decide = self.settings.train, self.decide
+        source = training.batches(self.task, train.batch_size, self.settings.seed)
+        step = 0
+        while True:
+            segment = min(train.eval_every - step % train.eval_every, train.steps - step)
+            last_loss = None
+            for done, loss in training.steps(pipe, source, start=step, count=segment):
+                if last_loss is not None:  # all but the segment's last: no decision
+                    decide.log_step(done - 1, {"loss": last_loss})
+                step, last_loss = done, loss
+            if last_loss is None:
+                raise ValueError(f"task {self.settings.task.name!r} yielded no training batches")
+            final = step == train.steps  # every rank evaluates
+            evaluation = training.evaluate(train, self.task, pipe, final=final)
+            metrics = {
+                "loss": last_loss,
+                "lr": self.schedule.rate(step - 1),
+                **pipeline_metrics(pipe.stats().to_dict()),
+                **evaluation,
+            }
+            if decide(f"report step {step}", Leader.evaluated, step, metrics):  # 4.
+                return evaluation, step, True
+            if final:
+                return evaluation, step, False
+
+    def _measured(self, pipe: ElasticPipeline, steps: int, seconds: float) -> dict[str, Any]:
+        """What the trained pipeline measured, and what this worker's shape predicted."""
+        stats = pipe.stats()
+        return {
+            "steps": steps,
+            "seconds": seconds,
+            "partition": list(pipe.sizes),
+            "migrations": len(stats.migrations),
+            "partition_history": [[step, list(sizes)] for step, sizes in pipe.partition_history],
+            "tokens_per_s": stats.tokens_per_s or 0.0,
+            "samples_per_s": stats.samples_per_s or 0.0,
+            "shape": _shape_name(self.settings),
+            "predicted_samples_per_s": self._predicted_samples_per_s(stats.plan),
+            "peak_memory_bytes": max(s.measured_peak_bytes for s in stats.stages),
+        }
+
+    def _predicted_samples_per_s(self, plan: Plan | None) -> float | None:
+        """One worker's samples/s under `plan` with the overheads (`pipeline.pure.shape`)."""
+        if plan is None or self.overheads is None:
+            return None
+        return self.settings.train.batch_size / predicted_step_s(plan, self.overheads)
+
+
+def _shape_name(settings: NasSettings) -> str:
+    """This worker's shape as the trial records it (`pipeline.pure.shape.Shape`)."""
+    p = settings.pipeline
+    return str(
+        Shape(int(settings.study.workers), p.stage_count, p.thread_count or 0, p.microbatch_count)
+    )
+
+
+def _objective(attrs: dict[str, Any], name: str) -> float:
+    """The objective `name` of a trained trial; NaN (nothing to measure) counts as worst."""
+    value = float(attrs[name])
+    if math.isfinite(value):
+        return value
+    return math.inf if direction(name) == "minimize" else -math.inf
+
+
+def _inheritance(pipe: ElasticPipeline) -> dict[str, int]:
+    """What this model took from the trial it came from (`inherit_weights`): layers and
+    bytes inherited, and how many of them moved to another stage."""
+    found = [
+        e.details for e in pipe.events if e.kind == "inherit" and e.generation == pipe.generation
+    ]
+    record = found[-1] if found else {"layers": 0, "bytes": 0, "moved": 0, "moved_bytes": 0}
+    return {f"inherited_{k}": int(v) for k, v in record.items()}

@@ -1,0 +1,50 @@
+"""Opening a study: created on its first run (its seeds enqueued first), loaded after.
+
+Every process that reads or writes a study opens it here: the caller of `run_study`, each
+worker's leader (`nas.study.leader`), the report and the retraining. A study is its name
+on its storage; the sampler, the pruner and the seeds come from the settings
+(`nas.study.strategies`, `nas.study.space`).
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import optuna
+
+from nas import storage
+from nas.settings import NasSettings
+from nas.study.space import configured_space
+from nas.study.strategies import study_pruner, study_sampler
+
+__all__ = ["open_study"]
+
+
+def open_study(settings: NasSettings) -> optuna.Study:
+    """Create or load the study; a new one gets the space's seed architectures enqueued
+    first, in order (`SearchSpace.seeds`)."""
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    # ask/tell keeps its own heartbeat (nas.storage.opening.Heartbeat), which Optuna cannot see
+    warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used")
+    study = optuna.create_study(
+        study_name=settings.study.name,
+        storage=storage.make_storage(
+            settings.storage_url,
+            grace_s=settings.study.heartbeat_grace_s,
+            max_retries=settings.study.max_retries,
+            wait_s=settings.study.storage_wait_s,
+        ),
+        load_if_exists=True,
+        directions=settings.study.directions,  # type: ignore[arg-type]
+        sampler=study_sampler(settings),
+        pruner=study_pruner(settings),
+    )
+    if study.metric_names is None:  # the dashboard and `trials_dataframe` show them
+        with warnings.catch_warnings():  # "experimental" in Optuna 5
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            study.set_metric_names(list(settings.study.objectives))
+    if settings.study.enqueue_seeds and not study.trials:
+        space = configured_space(settings)
+        for arch in space.seeds().values():
+            study.enqueue_trial(space.seed_params(arch), skip_if_exists=True)
+    return study
