@@ -101,24 +101,20 @@ def test_the_installed_command_runs_a_study_from_another_folder(
     installed: Path, tmp_path: Path
 ) -> None:
     env = clean_env()
-    where = subprocess.run(
-        [str(installed / "python"), "-c", "import nas.conf; print(nas.conf.__file__)"],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.strip()
+
+    def run(command: list[str], timeout: int) -> subprocess.CompletedProcess[str]:
+        """`command` of the fresh environment, from `tmp_path`, its output kept."""
+        command = [str(installed / command[0]), *command[1:]]
+        return subprocess.run(
+            command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=timeout
+        )
+
+    found = run(["python", "-c", "import nas.conf; print(nas.conf.__file__)"], 120)
+    assert found.returncode == 0, found.stderr[-3000:]
+    where = found.stdout.strip()
     assert Path(where).is_relative_to(installed.parent), f"nas.conf comes from {where}"
 
-    helped = subprocess.run(
-        [str(installed / "elastic-nas"), "--help"],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    helped = run(["elastic-nas", "--help"], 300)
     assert helped.returncode == 0, helped.stderr[-3000:]
     assert helped.stdout.startswith("elastic-nas: neural architecture search"), helped.stdout
     assert "elastic-nas experiment=small_cpu" in helped.stdout
@@ -127,14 +123,7 @@ def test_the_installed_command_runs_a_study_from_another_folder(
     run_dir, studies = tmp_path / "run", tmp_path / "studies"
     overrides = ["experiment=small_cpu", "study.name=wheel", *ONE_TRIAL]
     places = [f"studies_dir={studies}", f"hydra.run.dir={run_dir}"]
-    done = subprocess.run(
-        [str(installed / "elastic-nas"), *overrides, *places],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=540,
-    )
+    done = run(["elastic-nas", *overrides, *places], 540)
     assert done.returncode == 0, done.stderr[-3000:]
     study = optuna.load_study(study_name="wheel", storage=f"sqlite:///{studies / 'wheel.db'}")
     assert [t.state for t in study.trials if counted(t)] == [optuna.trial.TrialState.COMPLETE]

@@ -31,6 +31,8 @@ __all__ = [
     "CompositeTracker",
     "Metrics",
     "NoneTracker",
+    "Rows",
+    "Summary",
     "Tracker",
     "artifact_name",
     "check_state",
@@ -53,6 +55,9 @@ TRIAL_STATES: tuple[TrialEnd, ...] = tuple(TrialEnd)
 
 # One step's metrics as the study loop hands them over; None = not measured at this step.
 Metrics = Mapping[str, float | int | None]
+# A summary (of a trial, a study) and one row of a table (a trial's): names to values.
+Summary = Mapping[str, Any]
+Rows = Sequence[Mapping[str, Any]]
 
 # The Optuna user attribute that holds a trial's tracker run id (`Tracker.run_id`).
 TRACKER_RUN_ID = "tracker_run_id"
@@ -127,17 +132,10 @@ class Tracker:
         """The id of the open trial's run in the backend; None outside a trial or here."""
         return None
 
-    def end_trial(
-        self, state: TrialEnd | str, summary: Mapping[str, Any], error: str | None = None
-    ) -> None:
+    def end_trial(self, state: TrialEnd | str, summary: Summary, error: str | None = None) -> None:
         """The current trial ended: complete, pruned or failed (with its cause)."""
 
-    def end_study(
-        self,
-        trials_table: Sequence[Mapping[str, Any]],
-        pareto_front: Sequence[Mapping[str, Any]],
-        summary: Mapping[str, Any],
-    ) -> None:
+    def end_study(self, trials_table: Rows, pareto_front: Rows, summary: Summary) -> None:
         """The study ended: every trial's row, the Pareto front's rows, and a summary."""
 
     def close(self) -> None:
@@ -219,17 +217,10 @@ class CompositeTracker(Tracker):
         ordered = (self.trackers[self.primary], *self.trackers)
         return next((i for t in ordered if (i := t.run_id) is not None), None)
 
-    def end_trial(
-        self, state: TrialEnd | str, summary: Mapping[str, Any], error: str | None = None
-    ) -> None:
+    def end_trial(self, state: TrialEnd | str, summary: Summary, error: str | None = None) -> None:
         self._each("end_trial", state, summary, error)
 
-    def end_study(
-        self,
-        trials_table: Sequence[Mapping[str, Any]],
-        pareto_front: Sequence[Mapping[str, Any]],
-        summary: Mapping[str, Any],
-    ) -> None:
+    def end_study(self, trials_table: Rows, pareto_front: Rows, summary: Summary) -> None:
         self._each("end_study", trials_table, pareto_front, summary)
 
     def close(self) -> None:

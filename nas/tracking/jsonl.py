@@ -34,11 +34,11 @@ import json
 import os
 import re
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from nas.tracking.base import Metrics, TrialEnd, clean_metrics, json_safe
+from nas.tracking.base import Metrics, Rows, Summary, TrialEnd, clean_metrics, json_safe
 from nas.tracking.lifecycle import LifecycleTracker
 
 __all__ = ["RECORD_KINDS", "JsonlTracker", "read_jsonl", "study_file_name"]
@@ -150,7 +150,7 @@ class JsonlTracker(LifecycleTracker):
         """`<study>/<run name>` of the open run (module doc); None outside a run."""
         return self._run_id if self._trial is not None else None
 
-    def _on_end_trial(self, state: TrialEnd, summary: Mapping[str, Any], error: str | None) -> None:
+    def _on_end_trial(self, state: TrialEnd, summary: Summary, error: str | None) -> None:
         try:
             self._write(
                 "trial_end",
@@ -163,12 +163,7 @@ class JsonlTracker(LifecycleTracker):
         finally:
             self._job = self._run_id = None
 
-    def _on_end_study(
-        self,
-        trials_table: Sequence[Mapping[str, Any]],
-        pareto_front: Sequence[Mapping[str, Any]],
-        summary: Mapping[str, Any],
-    ) -> None:
+    def _on_end_study(self, trials_table: Rows, pareto_front: Rows, summary: Summary) -> None:
         try:
             self._write(
                 "study_end",

@@ -9,13 +9,15 @@ are in order and well formed.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from nas.tracking.base import (
     ARTIFACT_NAME_MAX,
     Metrics,
+    Rows,
+    Summary,
     Tracker,
     TrialEnd,
     artifact_name,
@@ -56,16 +58,9 @@ class LifecycleTracker(Tracker):
 
     def _on_model(self, name: str, folder: Path, metadata: Mapping[str, Any]) -> None: ...
 
-    def _on_end_trial(
-        self, state: TrialEnd, summary: Mapping[str, Any], error: str | None
-    ) -> None: ...
+    def _on_end_trial(self, state: TrialEnd, summary: Summary, error: str | None) -> None: ...
 
-    def _on_end_study(
-        self,
-        trials_table: Sequence[Mapping[str, Any]],
-        pareto_front: Sequence[Mapping[str, Any]],
-        summary: Mapping[str, Any],
-    ) -> None: ...
+    def _on_end_study(self, trials_table: Rows, pareto_front: Rows, summary: Summary) -> None: ...
 
     def _on_close(self) -> None: ...
 
@@ -131,9 +126,7 @@ class LifecycleTracker(Tracker):
             raise TypeError(f"a model's metadata must be a mapping, got {metadata!r}")
         self._on_model(name, path, metadata)
 
-    def end_trial(
-        self, state: TrialEnd | str, summary: Mapping[str, Any], error: str | None = None
-    ) -> None:
+    def end_trial(self, state: TrialEnd | str, summary: Summary, error: str | None = None) -> None:
         self._require_trial("end_trial")
         state = check_state(state)
         try:
@@ -141,12 +134,7 @@ class LifecycleTracker(Tracker):
         finally:
             self._trial = None
 
-    def end_study(
-        self,
-        trials_table: Sequence[Mapping[str, Any]],
-        pareto_front: Sequence[Mapping[str, Any]],
-        summary: Mapping[str, Any],
-    ) -> None:
+    def end_study(self, trials_table: Rows, pareto_front: Rows, summary: Summary) -> None:
         if self._study is None:
             raise self._refuse("end_study before start_study")
         if self._trial is not None:

@@ -26,7 +26,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -159,6 +159,14 @@ def _set(target: dict[str, Any], path: Sequence[str], value: Any) -> None:
     target[path[-1]] = value
 
 
+def _apply(target: dict[str, Any], updates: Iterable[Any], removals: Iterable[Any] = ()) -> None:
+    """A record's updates (items with a key path and a JSON value), then its removals."""
+    for item in updates:
+        _set(target, _item_path(item), _item_value(item))
+    for item in removals:
+        _remove(target, _item_path(item))
+
+
 def _remove(target: dict[str, Any], path: Sequence[str]) -> None:
     for key in path[:-1]:
         child = target.get(key)
@@ -214,15 +222,10 @@ def read_run(path: str | Path) -> WandbRunData:
             run.job_type = info.job_type or run.job_type
             if info.tags:
                 run.tags = tuple(info.tags)
-            for item in info.config.update:
-                _set(run.config, _item_path(item), _item_value(item))
-            for item in info.summary.update:
-                _set(run.summary, _item_path(item), _item_value(item))
+            _apply(run.config, info.config.update)
+            _apply(run.summary, info.summary.update)
         elif kind == "config":
-            for item in record.config.update:
-                _set(run.config, _item_path(item), _item_value(item))
-            for item in record.config.remove:
-                _remove(run.config, _item_path(item))
+            _apply(run.config, record.config.update, record.config.remove)
         elif kind == "history":
             row: dict[str, Any] = {}
             for item in record.history.item:
@@ -231,10 +234,7 @@ def read_run(path: str | Path) -> WandbRunData:
                 row["_step"] = record.history.step.num
             run.history.append(row)
         elif kind == "summary":
-            for item in record.summary.update:
-                _set(run.summary, _item_path(item), _item_value(item))
-            for item in record.summary.remove:
-                _remove(run.summary, _item_path(item))
+            _apply(run.summary, record.summary.update, record.summary.remove)
         elif kind == "metric":
             definition = _metric(record.metric)
             run.metric_definitions[definition.name] = definition

@@ -36,7 +36,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal, get_args
 
-from nas.tracking.base import Metrics, TrialEnd, clean_metrics, json_safe
+from nas.tracking.base import Metrics, Rows, Summary, TrialEnd, clean_metrics, json_safe
 from nas.tracking.lifecycle import LifecycleTracker
 from nas.tracking.plots import save_pareto_plot
 
@@ -300,7 +300,7 @@ class WandbTracker(LifecycleTracker):
         so the step history holds step metrics only)."""
         self._events.append({"step": step, **json_safe(dict(event))})
 
-    def _on_end_trial(self, state: TrialEnd, summary: Mapping[str, Any], error: str | None) -> None:
+    def _on_end_trial(self, state: TrialEnd, summary: Summary, error: str | None) -> None:
         run = self._trial_run
         try:
             text = state.value  # W&B writes an enum by its name
@@ -324,12 +324,7 @@ class WandbTracker(LifecycleTracker):
                 step=ended,
             )
 
-    def _on_end_study(
-        self,
-        trials_table: Sequence[Mapping[str, Any]],
-        pareto_front: Sequence[Mapping[str, Any]],
-        summary: Mapping[str, Any],
-    ) -> None:
+    def _on_end_study(self, trials_table: Rows, pareto_front: Rows, summary: Summary) -> None:
         run, self._study_run = self._study_run, None
         if run is None:
             return

@@ -1,4 +1,5 @@
-"""What the export tests share: a folder copied, and a Python that has the core install alone.
+"""What the export tests share: a model exported from built layers (`export_built`), a folder
+copied, and a Python that has the core install alone.
 
 `core_venv` makes a virtual environment that sees this one's packages except the harness's
 (`NOT_CORE`: Optuna, Hydra, W&B, matplotlib, ...) and this checkout; `run_in` runs code in a
@@ -15,6 +16,17 @@ import subprocess
 import sys
 import sysconfig
 from pathlib import Path
+from typing import Any
+
+import torch
+
+from nas.export.writing import export_model
+from nas.settings import NasSettings
+from nas.study import training
+from nas.tasks import Task
+from pipeline.local.spec import build_layer
+from search_spaces.architecture import Architecture
+from search_spaces.evolved_transformer import seed_params
 
 __all__ = ["NOT_CORE", "ROOT", "copy_folder", "core_venv", "run_in"]
 
@@ -79,3 +91,28 @@ def run_in(python: Path | str, code: str, args: list[str], cwd: Path) -> dict:
     )
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.splitlines()[-1])
+
+
+def export_built(
+    folder: Path,
+    arch: Architecture,
+    task: Task,
+    settings: NasSettings,
+    *,
+    seed: int,
+    metrics: dict[str, Any],
+) -> dict[str, torch.nn.Module]:
+    """Export `arch`'s layers for `task`, built with `seed`, into `folder`; the layers."""
+    specs, _ = training.compile_model(arch, task, dropout=0.1)
+    layers = {spec.key: build_layer(spec, seed, torch.device("cpu")) for spec in specs}
+    export_model(
+        folder,
+        state={key: layer.state_dict() for key, layer in layers.items()},
+        arch=arch,
+        params=seed_params(arch),
+        task=task,
+        settings=settings,
+        metrics=metrics,
+        max_len=training.max_len(task),
+    )
+    return layers

@@ -25,7 +25,7 @@ from pipeline.local.spec import build_layer
 from search_spaces.architecture import Architecture, to_json
 from search_spaces.evolved_transformer import PRIMITIVES, evolved_transformer, seed_params
 from search_spaces.primer import with_primitives
-from tests.nas.export.common import copy_folder, core_venv, run_in
+from tests.nas.export.common import copy_folder, core_venv, export_built, run_in
 
 METRICS = {
     "validation_loss": 1.5,
@@ -61,19 +61,7 @@ def _export(
     folder: Path, arch: Architecture, task: Translation, seed: int, metrics: dict
 ) -> dict[str, torch.nn.Module]:
     """Export `arch`'s layers built with `seed` into `folder`; the layers."""
-    specs, _ = training.compile_model(arch, task, dropout=0.1)
-    layers = {spec.key: build_layer(spec, seed, torch.device("cpu")) for spec in specs}
-    export_model(
-        folder,
-        state={key: layer.state_dict() for key, layer in layers.items()},
-        arch=arch,
-        params=seed_params(arch),
-        task=task,
-        settings=NasSettings(),
-        metrics=metrics,
-        max_len=training.max_len(task),
-    )
-    return layers
+    return export_built(folder, arch, task, NasSettings(), seed=seed, metrics=metrics)
 
 
 def layers_forward(layers: dict, x: object) -> torch.Tensor:

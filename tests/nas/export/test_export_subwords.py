@@ -12,15 +12,14 @@ import pytest
 import torch
 
 import nas
-from nas.export.writing import ModelFolderError, TranslationModel, export_model
+from nas.export.writing import ModelFolderError, TranslationModel
 from nas.settings import NasSettings, TaskSettings
 from nas.study import training
 from nas.tasks import Corpus, get_task
 from nas.text.subwords import SubwordVocab
-from pipeline.local.spec import build_layer
-from search_spaces.evolved_transformer import evolved_transformer, seed_params
+from search_spaces.evolved_transformer import evolved_transformer
 from tests.nas.corpora import write_tsv
-from tests.nas.export.common import copy_folder, core_venv, run_in
+from tests.nas.export.common import copy_folder, core_venv, export_built, run_in
 
 HARNESS = ("optuna", "hydra", "omegaconf", "wandb", "sacrebleu", "matplotlib", "yaml")
 SOURCES = ["3 cannot open the file", "1 deleted the table", "5 did not find the key"]
@@ -55,19 +54,11 @@ def export_task(root: Path, **more: object) -> tuple[Path, Corpus]:
     task = get_task("corpus", **options)
     assert isinstance(task, Corpus)
     arch = evolved_transformer(32, n_heads=4, n_enc=1, n_dec=1)
-    specs, parameters = training.compile_model(arch, task, dropout=0.1)
-    layers = {spec.key: build_layer(spec, 5, torch.device("cpu")) for spec in specs}
+    _, parameters = training.compile_model(arch, task, dropout=0.1)
     folder = root / "model"
-    export_model(
-        folder,
-        state={key: layer.state_dict() for key, layer in layers.items()},
-        arch=arch,
-        params=seed_params(arch),
-        task=task,
-        settings=NasSettings(task=TaskSettings(name="corpus", options=options)),
-        metrics={"params": parameters, "validation_bleu": 1.5, "data": task.describe()},
-        max_len=training.max_len(task),
-    )
+    settings = NasSettings(task=TaskSettings(name="corpus", options=options))
+    metrics = {"params": parameters, "validation_bleu": 1.5, "data": task.describe()}
+    export_built(folder, arch, task, settings, seed=5, metrics=metrics)
     return folder, task
 
 

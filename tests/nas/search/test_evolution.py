@@ -17,15 +17,7 @@ import optuna
 import pytest
 from optuna.trial import FrozenTrial, TrialState
 
-from nas.search import RegularizedEvolutionSampler
-from nas.search.lineage import (
-    KEY_MUTATED,
-    KEY_MUTATION_APPLIED,
-    KEY_PARENT,
-    KEY_PROPOSAL,
-    KEY_ROLE,
-    KEY_TOURNAMENT,
-)
+from nas.search import RegularizedEvolutionSampler, lineage
 from search_spaces.architecture import InvalidArchitecture
 from search_spaces.evolved_transformer import sample, seed_params, transformer
 
@@ -51,11 +43,11 @@ def value(trial: FrozenTrial) -> float:
 
 
 def children(study: optuna.Study) -> list[FrozenTrial]:
-    return [t for t in study.trials if t.system_attrs.get(KEY_ROLE) == "child"]
+    return [t for t in study.trials if t.system_attrs.get(lineage.KEY_ROLE) == "child"]
 
 
 def parent_of(study: optuna.Study, child: FrozenTrial) -> FrozenTrial:
-    return study.trials[child.system_attrs[KEY_PARENT]]
+    return study.trials[child.system_attrs[lineage.KEY_PARENT]]
 
 
 def window_at_birth(study: optuna.Study, child: FrozenTrial, size: int) -> list[int]:
@@ -73,12 +65,12 @@ def test_a_child_differs_from_its_parent_in_exactly_one_choice() -> None:
 
     branch_changes = 0
     for child in children(study):
-        parent, mutated = parent_of(study, child), child.system_attrs[KEY_MUTATED]
+        parent, mutated = parent_of(study, child), child.system_attrs[lineage.KEY_MUTATED]
         # The mutated name is one the parent asked, the child asked it too (it retraces its
         # parent's path up to that name), and gave it another value.
         assert mutated in parent.params and mutated in child.params
         assert child.params[mutated] != parent.params[mutated]
-        assert child.system_attrs[KEY_MUTATION_APPLIED] is True
+        assert child.system_attrs[lineage.KEY_MUTATION_APPLIED] is True
         # Among the names both asked, exactly that one differs: everything else is copied,
         # including names asked after the mutation on a path that changed.
         shared = child.params.keys() & parent.params.keys()
@@ -115,7 +107,7 @@ def test_every_kind_of_distribution_mutates_within_its_range(storage: str, tmp_p
     study.optimize(mixed_objective, n_trials=60 if storage == "memory" else 25)
     mutated = set()
     for child in children(study):
-        parent, name = parent_of(study, child), child.system_attrs[KEY_MUTATED]
+        parent, name = parent_of(study, child), child.system_attrs[lineage.KEY_MUTATED]
         assert child.params.keys() == parent.params.keys()  # no branches here
         assert [k for k in child.params if child.params[k] != parent.params[k]] == [name]
         mutated.add(name)
@@ -149,15 +141,15 @@ def test_population_ages_and_tournaments_draw_from_it() -> None:
     study.optimize(objective, n_trials=40, callbacks=[check])
     assert [t.number for t in sampler.population(study)] == [32, 33, 35, 36, 37, 38]
 
-    roles = [t.system_attrs[KEY_ROLE] for t in study.trials]
+    roles = [t.system_attrs[lineage.KEY_ROLE] for t in study.trials]
     assert roles[:7] == ["warmup"] * 7  # 6 complete trials take 7 (trial 4 is pruned)
     assert set(roles[7:]) == {"child"}
     for child in children(study):
         window = window_at_birth(study, child, size)
-        drawn = child.system_attrs[KEY_TOURNAMENT]
+        drawn = child.system_attrs[lineage.KEY_TOURNAMENT]
         assert len(drawn) == len(set(drawn)) == tournament_size
         assert set(drawn) <= set(window)
-        assert child.system_attrs[KEY_PARENT] in drawn
+        assert child.system_attrs[lineage.KEY_PARENT] in drawn
 
 
 @pytest.mark.parametrize("direction", ["minimize", "maximize"])
@@ -167,8 +159,8 @@ def test_the_tournament_picks_its_best_member(direction: Literal["minimize", "ma
     study.optimize(mixed_objective, n_trials=40)
     best = min if direction == "minimize" else max
     for child in children(study):
-        drawn = [study.trials[n] for n in child.system_attrs[KEY_TOURNAMENT]]
-        parent = study.trials[child.system_attrs[KEY_PARENT]]  # ties: any best member
+        drawn = [study.trials[n] for n in child.system_attrs[lineage.KEY_TOURNAMENT]]
+        parent = study.trials[child.system_attrs[lineage.KEY_PARENT]]  # ties: any best member
         assert parent.number in {t.number for t in drawn}
         assert value(parent) == value(best(drawn, key=value))
 
@@ -178,7 +170,7 @@ def test_the_tournament_picks_its_best_member(direction: Literal["minimize", "ma
     study.optimize(mixed_objective, n_trials=30)
     for child in children(study):
         window = [study.trials[n] for n in window_at_birth(study, child, 5)]
-        parent = study.trials[child.system_attrs[KEY_PARENT]]
+        parent = study.trials[child.system_attrs[lineage.KEY_PARENT]]
         assert parent.number in {t.number for t in window}
         assert value(parent) == value(best(window, key=value))
 
@@ -190,8 +182,8 @@ def test_multi_objective_studies_select_on_the_first_objective() -> None:
     study.optimize(lambda t: (mixed_objective(t), mixed_objective(t)), n_trials=30)
     assert children(study)
     for child in children(study):
-        drawn = [study.trials[n] for n in child.system_attrs[KEY_TOURNAMENT]]
-        parent = study.trials[child.system_attrs[KEY_PARENT]]
+        drawn = [study.trials[n] for n in child.system_attrs[lineage.KEY_TOURNAMENT]]
+        parent = study.trials[child.system_attrs[lineage.KEY_PARENT]]
         assert parent.values[0] == max(t.values[0] for t in drawn)
 
 
@@ -214,7 +206,7 @@ def test_feasible_trials_beat_infeasible_ones() -> None:
             overruled += max(window, key=value) is not expected
         else:  # the least violation: the smallest value
             expected = min(window, key=value)
-        assert child.system_attrs[KEY_PARENT] == expected.number
+        assert child.system_attrs[lineage.KEY_PARENT] == expected.number
     assert overruled > 0
 
 
@@ -236,10 +228,13 @@ def test_enqueued_seeds_pass_through_while_breeding() -> None:
     study.enqueue_trial({"cat": "y"})  # partial: the rest comes from the warm-up sampler
     study.optimize(mixed_objective, n_trials=3)
     seed, partial, child = study.trials[10:]
-    assert seed.params == fixed and seed.system_attrs[KEY_ROLE] == "seed"
-    assert partial.params["cat"] == "y" and partial.system_attrs[KEY_ROLE] == "seed"
-    assert KEY_PARENT not in seed.system_attrs and KEY_PARENT not in partial.system_attrs
-    assert child.system_attrs[KEY_ROLE] == "child"
+    assert seed.params == fixed and seed.system_attrs[lineage.KEY_ROLE] == "seed"
+    assert partial.params["cat"] == "y" and partial.system_attrs[lineage.KEY_ROLE] == "seed"
+    assert (
+        lineage.KEY_PARENT not in seed.system_attrs
+        and lineage.KEY_PARENT not in partial.system_attrs
+    )
+    assert child.system_attrs[lineage.KEY_ROLE] == "child"
 
 
 def test_warm_up_uses_the_given_sampler() -> None:
@@ -250,7 +245,11 @@ def test_warm_up_uses_the_given_sampler() -> None:
     study = optuna.create_study(sampler=sampler)
     study.optimize(mixed_objective, n_trials=6)
     assert [t.params for t in study.trials[:4]] == [t.params for t in plain.trials]
-    assert [t.system_attrs[KEY_ROLE] for t in study.trials[3:]] == ["warmup", "child", "child"]
+    assert [t.system_attrs[lineage.KEY_ROLE] for t in study.trials[3:]] == [
+        "warmup",
+        "child",
+        "child",
+    ]
 
 
 def test_a_mutating_warm_up_grows_the_first_population_from_the_seeds() -> None:
@@ -269,11 +268,13 @@ def test_a_mutating_warm_up_grows_the_first_population_from_the_seeds() -> None:
         }
     )
     study.optimize(mixed_objective, n_trials=5)
-    roles = [t.system_attrs[KEY_ROLE] for t in study.trials]
+    roles = [t.system_attrs[lineage.KEY_ROLE] for t in study.trials]
     assert roles == ["seed", "child", "child", "child", "child"]
     first = study.trials[1]  # a one-member population: the seed is the parent
-    assert first.system_attrs[KEY_PARENT] == 0 and first.system_attrs[KEY_TOURNAMENT] == [0]
-    assert all(len(t.system_attrs[KEY_TOURNAMENT]) <= 3 for t in study.trials[1:])
+    assert first.system_attrs[lineage.KEY_PARENT] == 0 and first.system_attrs[
+        lineage.KEY_TOURNAMENT
+    ] == [0]
+    assert all(len(t.system_attrs[lineage.KEY_TOURNAMENT]) <= 3 for t in study.trials[1:])
 
 
 def test_a_warm_up_mode_must_be_known() -> None:
@@ -294,8 +295,8 @@ def test_a_mutated_name_the_child_never_asks_is_recorded() -> None:
     study.optimize(objective, n_trials=3)
     asks_b[0] = False
     study.optimize(objective, n_trials=12)
-    skipped = [c for c in children(study) if c.system_attrs[KEY_MUTATED] == "b"]
-    assert skipped and all(c.system_attrs[KEY_MUTATION_APPLIED] is False for c in skipped)
+    skipped = [c for c in children(study) if c.system_attrs[lineage.KEY_MUTATED] == "b"]
+    assert skipped and all(c.system_attrs[lineage.KEY_MUTATION_APPLIED] is False for c in skipped)
     for c in skipped:  # nothing mutated, so it is its parent's copy on what it asked
         assert c.params == {"a": parent_of(study, c).params["a"]}
 
@@ -318,7 +319,7 @@ def test_same_seed_same_study_and_the_sampler_pickles_mid_trial() -> None:
     study.sampler = RegularizedEvolutionSampler(5, 2, seed=99)
     study.tell(trial, mixed_objective(trial))
     child = study.trials[-1]
-    parent, name = parent_of(study, child), child.system_attrs[KEY_MUTATED]
+    parent, name = parent_of(study, child), child.system_attrs[lineage.KEY_MUTATED]
     assert [k for k in child.params if child.params[k] != parent.params[k]] == [name]
 
     copy = pickle.loads(pickle.dumps(sampler))
@@ -351,7 +352,7 @@ def test_a_checked_child_is_drawn_again_until_accepted_and_answers_its_proposal(
     kids = children(study)
     assert len(kids) == 24 and any(answers["a"] % 2 for answers in seen)  # some refused
     for kid in kids:
-        assert kid.params == kid.system_attrs[KEY_PROPOSAL] and kid.params["a"] % 2 == 0
+        assert kid.params == kid.system_attrs[lineage.KEY_PROPOSAL] and kid.params["a"] % 2 == 0
         assert kid.params.get("c", 7) == 7
 
 
@@ -366,7 +367,7 @@ def test_a_child_no_draw_passes_is_proposed_unchecked() -> None:
     study.optimize(lambda t: float(t.suggest_int("a", 0, 9)), n_trials=4)
     kids = children(study)
     assert len(kids) == 3 and len(calls) == 9  # 3 draws each, then as without a check
-    assert all(KEY_PROPOSAL not in kid.system_attrs for kid in kids)
+    assert all(lineage.KEY_PROPOSAL not in kid.system_attrs for kid in kids)
     assert all(kid.params["a"] != parent_of(study, kid).params["a"] for kid in kids)
 
 
@@ -413,8 +414,8 @@ def test_trials_that_never_finish_leave_no_plans_behind(storage: str, tmp_path: 
     # The keeper still copies its parent except in the one mutated name.
     study.tell(keeper, mixed_objective(keeper))
     child = study.trials[keeper.number]
-    assert child.system_attrs[KEY_ROLE] == "child"
-    parent, name = parent_of(study, child), child.system_attrs[KEY_MUTATED]
+    assert child.system_attrs[lineage.KEY_ROLE] == "child"
+    parent, name = parent_of(study, child), child.system_attrs[lineage.KEY_MUTATED]
     assert [k for k in child.params if child.params[k] != parent.params[k]] == [name]
     study.ask()
     assert sampler.pending_plans == 1  # only the trial just begun

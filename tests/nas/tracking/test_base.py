@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,7 +22,14 @@ from nas.tracking import (
     json_safe,
     pipeline_metrics,
 )
-from nas.tracking.base import ARTIFACT_NAME_MAX, artifact_name, check_state, check_step
+from nas.tracking.base import (
+    ARTIFACT_NAME_MAX,
+    Rows,
+    Summary,
+    artifact_name,
+    check_state,
+    check_step,
+)
 from pipeline.distributed.events import PipelineEvent
 from pipeline.distributed.migration import MigrationRecord
 from pipeline.distributed.report import PipelineStats, StageStats
@@ -62,15 +69,10 @@ class Recorder(Tracker):
     def log_model(self, name: str, folder: str | Path, metadata: Mapping[str, Any]) -> None:
         self._note("log_model", name, folder, metadata)
 
-    def end_trial(self, state: str, summary: Mapping[str, Any], error: str | None = None) -> None:
+    def end_trial(self, state: str, summary: Summary, error: str | None = None) -> None:
         self._note("end_trial", state, summary, error)
 
-    def end_study(
-        self,
-        trials_table: Sequence[Mapping[str, Any]],
-        pareto_front: Sequence[Mapping[str, Any]],
-        summary: Mapping[str, Any],
-    ) -> None:
+    def end_study(self, trials_table: Rows, pareto_front: Rows, summary: Summary) -> None:
         self._note("end_study", trials_table, pareto_front, summary)
 
     def close(self) -> None:
