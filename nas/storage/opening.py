@@ -116,7 +116,7 @@ def make_storage(
     """
     kind = storage_url.kind(url)
     if kind == StorageKind.JOURNAL:
-        return JournalStorage(JournalFileBackend(url[len(JOURNAL) :]))
+        return _journal(url)
     if kind == StorageKind.GRPC:
         return _retrying(_grpc_proxy(url), url, wait_s)
     every = heartbeat_every(grace_s) if heartbeat_s is None else heartbeat_s
@@ -125,6 +125,17 @@ def make_storage(
         return rdb
     # Optuna's in-process cache of finished trials (what a URL given to Optuna gets)
     return _retrying(get_storage(rdb), url, wait_s)
+
+
+def _journal(url: str) -> JournalStorage:
+    """The journal file at `url`; StorageError naming it when it cannot be opened."""
+    try:
+        return JournalStorage(JournalFileBackend(url[len(JOURNAL) :]))
+    except OSError as error:
+        raise StorageError(
+            f"storage {url} could not be opened ({root_cause(error)}); a journal file's "
+            "folder must exist and be writable"
+        ) from None
 
 
 def _retrying(inner: BaseStorage, url: str, wait_s: float) -> RetryingStorage:

@@ -27,6 +27,12 @@ from tests.nas.storage.common import SPACE, dead_owner, open_study, silence
 pytestmark = pytest.mark.filterwarnings("ignore:Heartbeat of storage")
 
 
+def test_a_journal_file_in_a_missing_folder_is_a_storage_error_naming_it(tmp_path: Path) -> None:
+    url = f"journal:///{tmp_path}/missing/study.log"
+    with pytest.raises(storage.StorageError, match=f"storage {url} could not be opened .*folder"):
+        storage.make_storage(url)
+
+
 @pytest.mark.parametrize(
     "url,message",
     [
