@@ -122,8 +122,10 @@ def _trials_table(settings: NasSettings, study: optuna.Study, width: int = 100) 
         collapse_padding=True,
     )
     used = 0
+    labels = task_class(settings.task.name).metric_labels
     for i, column in enumerate(["trial", "state", *objectives, *measured, *extra]):
-        name = _HEADERS.get(column, column.removeprefix("validation_"))
+        metric = column.removeprefix("validation_")
+        name = _HEADERS.get(column) or labels.get(metric, metric)
         fits = max([len(name)] + [len(row[i]) for row in rows])  # numbers are never cut
         table.add_column(name, no_wrap=True, min_width=fits)
         used += fits + 2
@@ -233,8 +235,6 @@ _HEADERS = {
     "samples_per_s": "smp/s",
     "peak_memory_bytes": "MB",
     "parameters": "params (x ET)",
-    "validation_accuracy": "acc",
-    "validation_bits_per_char": "bpc",
     "trial": "#",
 }
 

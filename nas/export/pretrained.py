@@ -37,7 +37,7 @@ only to fetch a Hub repository id (`owner/name`), never for a local folder.
 
 Folders written before this layout (`architecture.json`, format "elastic-nas-model/1",
 weights named `<layer key>.<parameter>`) still load; `save_pretrained` into the same folder
-(or `python -m nas.export.writing convert <folder>`) rewrites them in this one. Reading and
+(or `python -m nas.export convert <folder>`) rewrites them in this one. Reading and
 checking the files is `nas.export.folder`'s part.
 """
 

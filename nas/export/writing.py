@@ -21,7 +21,7 @@ module held before (`load_model`, `ExportedModel`, `TranslationModel`, `ModelFol
 are re-exported here.
 
 A folder written before this layout (`architecture.json`, format "elastic-nas-model/1")
-still loads; `python -m nas.export.writing convert <folder> ...` rewrites it in this one.
+still loads; `python -m nas.export convert <folder> ...` rewrites it in this one.
 """
 
 from __future__ import annotations
@@ -148,8 +148,8 @@ def write_model_card(folder: str | Path) -> Path:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """`python -m nas.export.writing convert FOLDER...`: rewrite old-layout folders (module doc)."""
-    parser = argparse.ArgumentParser(prog="python -m nas.export.writing", description=__doc__)
+    """`python -m nas.export convert FOLDER...`: rewrite old-layout folders (module doc)."""
+    parser = argparse.ArgumentParser(prog="python -m nas.export", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
     converting = commands.add_parser("convert", help="rewrite old-layout folders in place")
     converting.add_argument("folders", nargs="+", type=Path)

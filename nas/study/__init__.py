@@ -22,6 +22,21 @@ Owned here, above storage, search, tracking, tasks and settings:
     workers         several local worker processes sharing one study
 """
 
-from nas.study.run import StudyResult, run_study
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from nas.study.run import StudyResult, run_study
 
 __all__ = ["StudyResult", "run_study"]
+
+
+def __getattr__(name: str) -> Any:
+    # On first use: `python -m nas.study.workers` imports this package first, and the
+    # worker module must not be imported (through `run`) before it runs as __main__.
+    if name in __all__:
+        from nas.study import run
+
+        return getattr(run, name)
+    raise AttributeError(f"module 'nas.study' has no attribute {name!r}")

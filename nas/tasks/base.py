@@ -171,6 +171,8 @@ class Task(ABC):
     * `headline_metrics`: those a user reads first beside the fitness (BLEU and chrF for a
       translation): the retrained models are compared on them, their exports record them,
       their cards and tables show them. Nothing outside `nas.tasks` names a metric;
+    * `metric_labels`: a short column header for a metric whose name is long (the
+      report's trials table fits 80 columns);
     * `decoder_only`: whether its model reads one sequence (a language model) rather than
       a source and a target (which the exported model can `translate`);
     * `example_call`: how a user calls the exported model `m`, as the report shows it.
@@ -184,6 +186,7 @@ class Task(ABC):
     }
     decoded_metrics: ClassVar[tuple[str, ...]] = ()
     headline_metrics: ClassVar[tuple[str, ...]] = ()
+    metric_labels: ClassVar[dict[str, str]] = {"accuracy": "acc"}
     decoder_only: ClassVar[bool] = True
     example_call: ClassVar[str] = "m"
     vocab: TokenVocab  # characters (`Vocab`) or subword pieces (`nas.text.subwords`); the target's

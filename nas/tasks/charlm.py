@@ -65,6 +65,7 @@ class CharLanguageModel(Task):
     }
     # what character models are reported in, and what a reader grasps at once
     headline_metrics = ("bits_per_char", "accuracy")
+    metric_labels: ClassVar[dict[str, str]] = {**Task.metric_labels, "bits_per_char": "bpc"}
     vocab: Vocab  # characters
 
     def __init__(self, texts: Mapping[str, str], *, seq_len: int = 64) -> None:

@@ -92,6 +92,7 @@ class ParallelCorpus(Task):
     }
     decoded_metrics = ("chrf", "bleu", "exact_match")
     headline_metrics = ("chrf", "bleu", "exact_match")
+    metric_labels: ClassVar[dict[str, str]] = {**Task.metric_labels, "exact_match": "exact"}
     decoder_only = False
     # whether the CLI builds the task before a study starts (`nas.tasks.check_task`), so
     # that a bad file or option of the user's ends the command in one line
