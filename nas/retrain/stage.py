@@ -124,9 +124,8 @@ def retrain_models(
     caller)."""
     if worker is None:
         settings = _shaped(settings, models)
-        workers = int(settings.study.workers)
-        if workers > 1:
-            return _on_workers(settings, models, workers)
+        if int(settings.study.workers) > 1:
+            return _on_workers(settings, models)
     done, tracked = recorded(settings, models)
     on_each_rank = functools.partial(
         stage_main, settings=settings, models=tuple(models), done=done, show=progress
@@ -169,15 +168,13 @@ def retrain_models(
     )
 
 
-def _on_workers(settings: NasSettings, models: Sequence[Model], n_workers: int) -> RetrainResult:
-    """Retrain `models` on `n_workers` local workers (`nas.study.workers`), each run trained
+def _on_workers(settings: NasSettings, models: Sequence[Model]) -> RetrainResult:
+    """Retrain `models` on its `study.workers` local workers (`nas.study.workers`), each run trained
     by one of them. Every worker ends with every run; one worker's result is returned with
     the exports and tracked runs of all."""
     total = len(models) * len(settings.retrain.seeds)
     results = workers.run_workers(
         workers.WorkerJob("retrain", settings, functools.partial(_as_worker, models=tuple(models))),
-        n_workers,
-        settings.pipeline.stage_count * (settings.pipeline.thread_count or 1),
         ("retrain", total, lambda: recorded_runs(settings, models)),
     )
     exported = {name: folder for r in results for name, folder in r.exported.items()}

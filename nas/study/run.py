@@ -110,9 +110,8 @@ def run_study(
         settings, max_workers=max(1, trials.remaining(study, settings.study.n_trials))
     )
     overheads = choice.overheads if choice is not None else shape.load_cache().overheads
-    workers = int(settings.study.workers)
-    if workers > 1 and worker is None:
-        return _on_workers(settings, study, workers)
+    if int(settings.study.workers) > 1 and worker is None:
+        return _on_workers(settings, study)
     restarts, retries = 0, settings.study.max_retries
     run_dirs: list[str] = []
     while (
@@ -239,14 +238,11 @@ def _as_worker(settings: NasSettings, number: int) -> StudyResult:
     return run_study(settings, progress=False, worker=number)
 
 
-def _on_workers(settings: NasSettings, study: optuna.Study, n_workers: int) -> StudyResult:
-    """The study on `n_workers` local workers (`nas.study.workers`), their results merged."""
-    cores_each = settings.pipeline.stage_count * (settings.pipeline.thread_count or 1)
+def _on_workers(settings: NasSettings, study: optuna.Study) -> StudyResult:
+    """The study on its `study.workers` local workers (`nas.study.workers`), merged."""
     name = settings.study.name
     results = workers.run_workers(
         workers.WorkerJob("search", settings, _as_worker),
-        n_workers,
-        cores_each,
         (f"study {name}", settings.study.n_trials, lambda: trials.finished(study)),
     )
     logger.debug("study %s: %d workers ended", name, len(results))

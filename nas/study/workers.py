@@ -59,12 +59,14 @@ class WorkerJob(Generic[R]):
     work: Callable[[NasSettings, int], R]
 
 
-def run_workers(
-    job: WorkerJob[R], n_workers: int, cores_each: int, bar: tuple[str, int, Callable[[], int]]
-) -> list[R]:
-    """Steps 2-4: run `job` on `n_workers` local workers of `cores_each` cores, showing `bar`
-    (description, total, how many are done) while they run; their results in worker order,
-    or the first worker's error once all ended."""
+def run_workers(job: WorkerJob[R], bar: tuple[str, int, Callable[[], int]]) -> list[R]:
+    """Steps 2-4: run `job` on its settings' `study.workers` local workers, each on the cores
+    of its shape (stages x threads), showing `bar` (description, total, how many are done)
+    while they run; their results in worker order, or the first worker's error once all
+    ended."""
+    n_workers = int(job.settings.study.workers)
+    pipeline = job.settings.pipeline
+    cores_each = pipeline.stage_count * (pipeline.thread_count or 1)
     folder = Path(job.settings.output_dir) / "workers"
     folder.mkdir(parents=True, exist_ok=True)
     job_path = folder / f"{job.label}.pkl"
