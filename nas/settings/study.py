@@ -72,6 +72,11 @@ class StudySettings(Settings):
     # at inherited fidelity, the tensors a child's edit touches start afresh instead of from
     # the parent's (`benchmarks/fidelity.py`: that ranks worse than inheriting them all)
     edited_afresh: bool = setting(False, Flag())
+    # at inherited fidelity, a child whose estimate beats the best fitness measured at the
+    # full budget is trained again from scratch to the full budget in the same trial, which
+    # then records that measurement (its estimate kept as `estimated_<metric>`): estimates
+    # chained over generations drift, and this anchors the best ones (`nas.study.inherited`)
+    promote: bool = setting(True, Flag())
     # stage processes restarted after a death, per study run
     max_restarts: int = setting(2, Integer(0))
     # a trial whose worker died (stage processes, or a heartbeat that stopped) is tried again

@@ -20,7 +20,7 @@ from typing import Any
 
 from nas.errors import LeaderError
 from nas.learning_rate import LrSchedule
-from nas.settings import NasSettings, direction
+from nas.settings import NasSettings, direction, task_metrics
 from nas.study import inherited, training
 from nas.study.decisions import Decisions
 from nas.study.inheritance import WeightBank
@@ -28,7 +28,7 @@ from nas.study.leader import Leader, TrialOrder
 from nas.study.trials import Outcome
 from nas.tasks import Task
 from nas.tracking import TrialEnd, pipeline_metrics
-from pipeline import CostCache, ElasticPipeline, LayerSpec
+from pipeline import CostCache, ElasticPipeline, LayerSpec, WeightSnapshot
 from pipeline.pure.planner import Plan
 from pipeline.pure.shape import RuntimeOverheads, Shape, predicted_step_s
 from search_spaces.architecture import from_json, short_name, summary
@@ -98,43 +98,75 @@ class CandidateTrainer:
         source: int | None,
         attrs: dict[str, Any],
     ) -> Trained:
-        """Judged from its trained parent (`order.inherit`, its estimates added to `attrs`)
-        or built (from `source`'s weights, if any) and trained in full."""
-        settings = self.settings
-        if order.inherit is not None:  # study.fidelity=inherited, a trained parent
-            record_control = functools.partial(
-                self.decide, "record a control", Leader.record_control, order.inherit.parent
-            )
-            pipe, evaluation, judged = inherited.judge(
-                settings,
-                self.task,
-                pipe,
-                specs,
-                order.inherit,
-                order.edited,
-                comm=self.decide.comm,
-                record_control=record_control,
-                cost_cache=self.costs,
-            )
-            attrs |= judged
-            return pipe, evaluation, settings.study.inherit_steps, False
-        built = training.build(
-            settings,
+        """Judged from its trained parent (`order.inherit`, its estimates added to `attrs`;
+        promoted, trained again in full) or built (from `source`'s weights, if any) and
+        trained in full."""
+        if order.inherit is None:
+            built = self._build(pipe, specs, self.bank.inherited(source, order))
+            return built, *self._train(built)
+        pipe, evaluation = self._judge(pipe, order, specs, attrs)
+        steps = self.settings.study.inherit_steps
+        if not self.settings.study.promote or not self.decide(
+            "decide a promotion", Leader.promotes, evaluation
+        ):
+            return pipe, evaluation, steps, False
+        # nas.study.inherited, 4.: trained again from scratch, the measurement its fitness
+        attrs |= inherited.promoted(evaluation, task_metrics(self.settings.task.name))
+        built = self._build(pipe, specs, None)
+        evaluation, trained, _ = self._train(built, prunable=False)  # promoted: never pruned
+        return built, evaluation, steps + trained, False
+
+    def _judge(
+        self,
+        pipe: ElasticPipeline | None,
+        order: TrialOrder,
+        specs: list[LayerSpec],
+        attrs: dict[str, Any],
+    ) -> tuple[ElasticPipeline, dict[str, float]]:
+        """A child judged at inherited fidelity (`nas.study.inherited`): the pipeline and
+        its evaluation with the estimates; what else it measured added to `attrs`."""
+        assert order.inherit is not None
+        record_control = functools.partial(
+            self.decide, "record a control", Leader.record_control, order.inherit.parent
+        )
+        pipe, evaluation, judged = inherited.judge(
+            self.settings,
+            self.task,
+            pipe,
+            specs,
+            order.inherit,
+            order.edited,
+            comm=self.decide.comm,
+            record_control=record_control,
+            cost_cache=self.costs,
+        )
+        attrs |= judged
+        return pipe, evaluation
+
+    def _build(
+        self, pipe: ElasticPipeline | None, specs: list[LayerSpec], snapshot: WeightSnapshot | None
+    ) -> ElasticPipeline:
+        """`specs` on `pipe` (planned from the cost cache) at the full budget's schedule,
+        from `snapshot`'s weights where names and shapes match, the rest from scratch."""
+        return training.build(
+            self.settings,
             self.task,
             specs,
             self.schedule,
-            seed=settings.seed,
+            seed=self.settings.seed,
             pipe=pipe,
-            snapshot=self.bank.inherited(source, order),
+            snapshot=snapshot,
             cost_cache=self.costs,
         )
-        return built, *self._train(built)
 
-    def _train(self, pipe: ElasticPipeline) -> tuple[dict[str, float], int, bool]:
+    def _train(
+        self, pipe: ElasticPipeline, *, prunable: bool = True
+    ) -> tuple[dict[str, float], int, bool]:
         """(the last evaluation's metrics, steps trained, pruned?).
 
         The steps between two evaluations are one `pipe.train` stream (no flush between them
-        under "2bw"); the stream drains before each evaluation.
+        under "2bw"); the stream drains before each evaluation. Each evaluation is reported
+        (pruners learn from it); only a `prunable` run stops where the pruner says.
         """
         train, decide = self.settings.train, self.decide
         source = training.batches(self.task, train.batch_size, self.settings.seed)
@@ -156,8 +188,8 @@ class CandidateTrainer:
                 **pipeline_metrics(pipe.stats().to_dict()),
                 **evaluation,
             }
-            if decide(f"report step {step}", Leader.evaluated, step, metrics):  # 4.
-                return evaluation, step, True
+            if decide(f"report step {step}", Leader.evaluated, step, metrics) and prunable:
+                return evaluation, step, True  # 4.
             if final:
                 return evaluation, step, False
 

@@ -43,7 +43,7 @@ from nas import storage
 from nas.errors import HeartbeatError, LeaderError, describe
 from nas.search import ProgressiveDynamicHurdles
 from nas.search.lineage import KEY_MUTATED, KEY_PARENT
-from nas.settings import NasSettings
+from nas.settings import NasSettings, lower_is_better
 from nas.study import inherited
 from nas.study.asking import Asker
 from nas.study.bars import StudyBars
@@ -184,6 +184,18 @@ class Leader:
     def record_control(self, parent: int, metrics: dict[str, float]) -> None:
         """The control of `parent` measured (`nas.study.inherited`): kept for its later children."""
         inherited.record_control(self.study, parent, self.settings.study.inherit_steps, metrics)
+
+    def promotes(self, estimates: dict[str, float]) -> bool:
+        """Whether a child judged at inherited fidelity is trained again in full: its
+        estimated fitness beats the best one measured at the full budget
+        (`nas.study.inherited`, 4.)."""
+        fitness = self.settings.study.fitness
+        if fitness not in estimates:
+            return False
+        best = inherited.best_measured(self.study.get_trials(deepcopy=False), fitness)
+        if best is None:
+            return False
+        return lower_is_better(fitness, estimates[fitness]) < lower_is_better(fitness, best)
 
     def close(self, error: BaseException | None = None) -> StudyEnd:
         """End the study run: its summary to the tracker, every tracker run finished.

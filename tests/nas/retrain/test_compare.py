@@ -63,6 +63,23 @@ def test_one_model_per_network_the_better_trial_and_the_seeds_apart(tmp_path: Pa
     assert models[0].architecture == architecture_of(trials[1], settings)
 
 
+def test_a_promoting_study_at_inherited_fidelity_retrains_measured_trials_only(
+    tmp_path: Path,
+) -> None:
+    """An estimate beside measurements is not a pick: the promoted and the full trials are
+    ranked, the better estimate is passed over (`nas.study.inherited`, 4.)."""
+    settings = tiny_settings(tmp_path, "retrain.top_k=2", "study.fidelity=inherited")
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+    for value, fidelity in ((3.0, "full"), (1.0, "inherited"), (2.0, "promoted"), (4.0, "full")):
+        trial = study.ask()
+        configured_space(settings).sample(trial)
+        trial.set_user_attr("fidelity", fidelity)
+        study.tell(trial, value)
+    assert [m.trial for m in select_models(study, settings)] == [2, 0]
+    unpromoted = replace(settings, study=replace(settings.study, promote=False))
+    assert [m.trial for m in select_models(study, unpromoted)] == [1, 2]
+
+
 def _same(a: Any, b: Any) -> bool:
     if isinstance(a, torch.Tensor):
         return isinstance(b, torch.Tensor) and torch.equal(a, b)

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
+import optuna
 import pytest
 import torch
 
-from nas.study.inherited import estimate, load_snapshot, save_weights
+from nas.study.inherited import best_measured, estimate, load_snapshot, promoted, save_weights
 from tests.nas.harness.common import composed
 
 
@@ -46,6 +48,37 @@ def test_an_estimate_is_the_parents_metric_moved_by_the_childs_paired_difference
     )
 
 
+def _trial(value: float, fidelity: str | None, state: str = "COMPLETE") -> optuna.trial.FrozenTrial:
+    attrs = {} if fidelity is None else {"fidelity": fidelity}
+    done = state == "COMPLETE"
+    return optuna.trial.create_trial(
+        state=optuna.trial.TrialState[state],
+        value=value if done else None,
+        user_attrs=attrs,
+    )
+
+
+def test_an_estimate_is_promoted_only_past_the_best_full_budget_measurement() -> None:
+    trials = [
+        _trial(0.70, "full"),
+        _trial(0.60, "inherited"),  # an estimate: never the bar
+        _trial(0.65, "promoted"),  # measured in full after its estimate beat 0.70
+        _trial(0.50, None, "PRUNED"),
+        _trial(math.inf, "full"),  # a failed evaluation counts as the worst
+        _trial(0.68, None),  # a study at full fidelity records none: measured
+    ]
+    assert best_measured(trials, "validation_loss") == 0.65
+    assert best_measured(trials[1:2], "validation_loss") is None
+    accuracies = [_trial(0.80, "full"), _trial(0.90, "inherited"), _trial(0.85, "promoted")]
+    assert best_measured(accuracies, "validation_accuracy") == 0.85  # higher is better
+    estimates = {"validation_loss": 0.62, "validation_chrf": 41.0}
+    assert promoted(estimates, ["validation_loss", "validation_chrf", "validation_bleu"]) == {
+        "fidelity": "promoted",
+        "estimated_validation_loss": 0.62,
+        "estimated_validation_chrf": 41.0,
+    }
+
+
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
@@ -55,6 +88,7 @@ def test_an_estimate_is_the_parents_metric_moved_by_the_childs_paired_difference
         ),
         (("study.inherit_steps=0",), "study.inherit_steps=0 is not valid"),
         (("study.fidelity=inherited", "study.inherit_weights=true"), "choose one"),
+        (("study.promote=maybe",), "override study.promote=maybe"),
     ],
 )
 def test_inherited_fidelity_settings_are_checked(overrides: tuple[str, ...], message: str) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import optuna
@@ -15,14 +16,14 @@ pytestmark = pytest.mark.multiprocess
 STEPS = 2  # study.inherit_steps
 
 
-def test_children_are_judged_from_their_parents_weights_kept_in_the_artifact_store(
+def test_children_are_judged_from_their_parents_weights_and_the_best_trained_in_full(
     tmp_path: Path,
 ) -> None:
     overrides = (
         "study.name=inh",
         "sampler=evolution",
         "study.fidelity=inherited",
-        "study.edited_afresh=true",  # the edited branch afresh, the rest from the parent
+        "seed=1",  # a seed where children beat the seeds: some are promoted
     )
     first = tiny_settings(tmp_path, *overrides, f"study.inherit_steps={STEPS}", "study.n_trials=4")
     run_study(first)
@@ -38,7 +39,8 @@ def test_children_are_judged_from_their_parents_weights_kept_in_the_artifact_sto
     for t in done:  # every complete trial keeps its weights for its children
         assert (store / t.user_attrs[WEIGHTS_ARTIFACT]).is_file()
     scratch = [t for t in done if t.user_attrs["fidelity"] == "full"]
-    children = [t for t in done if t.user_attrs["fidelity"] == "inherited"]
+    children = [t for t in done if t.user_attrs["fidelity"] != "full"]
+    promoted = [t for t in children if t.user_attrs["fidelity"] == "promoted"]
     assert [t.number for t in scratch[:2]] == [0, 1]  # the seeds have no parent
     assert all(t.user_attrs["steps"] == first.train.steps for t in scratch)
     assert children, [t.user_attrs["fidelity"] for t in done]
@@ -47,16 +49,39 @@ def test_children_are_judged_from_their_parents_weights_kept_in_the_artifact_sto
     for t in children:
         parent = trials[t.user_attrs["inherited_from"]]
         assert parent.number == t.system_attrs["evolution:parent"]
-        assert t.user_attrs["steps"] == STEPS
-        assert t.user_attrs["inherited_fresh_tensors"] >= 0
+        assert t.user_attrs["steps"] == STEPS + (first.train.steps if t in promoted else 0)
+        assert t.user_attrs["inherited_fresh_tensors"] == 0  # study.edited_afresh=false
         measured, control = (
             t.user_attrs["measured_validation_loss"],
             t.user_attrs["control_validation_loss"],
         )
-        assert t.values[0] == pytest.approx(parent.values[0] + measured - control, abs=1e-12)
+        estimated = t.user_attrs.get("estimated_validation_loss", t.values[0])
+        assert estimated == pytest.approx(parent.values[0] + measured - control, abs=1e-12)
         assert t.user_attrs["validation_loss"] == t.values[0]
         # the control: measured once per parent, shared by its children (any run)
         kept = study.user_attrs[f"inherited_control:{parent.number}:{STEPS}"]
         assert kept["validation_loss"] == control
         controls.setdefault(parent.number, set()).add(control)
     assert all(len(values) == 1 for values in controls.values())
+    _promotions_anchor_the_best(study, first.train.steps)
+    assert {t.user_attrs["fidelity"] for t in done} == {"full", "inherited", "promoted"}
+
+
+def _promotions_anchor_the_best(study: optuna.Study, full_steps: int) -> None:
+    """Every child whose estimate beat the best fitness measured at the full budget before
+    it was trained again in full, and that measurement is its fitness (one worker: the
+    trials end in number order)."""
+    best = math.inf
+    promoted = 0
+    for t in study.trials:
+        fidelity = t.user_attrs["fidelity"]
+        if fidelity == "inherited":
+            assert t.values[0] >= best, (t.number, t.values[0], best)
+        elif fidelity == "promoted":
+            promoted += 1
+            assert t.user_attrs["estimated_validation_loss"] < best
+            assert t.values[0] == t.user_attrs["validation_loss"]
+            assert full_steps in t.intermediate_values  # reported, never pruned
+        if fidelity in ("full", "promoted"):
+            best = min(best, t.values[0])
+    assert promoted >= 1, "the seed was chosen so that some child is promoted"
