@@ -73,10 +73,15 @@ class StudySettings(Settings):
     # the parent's (`benchmarks/fidelity.py`: that ranks worse than inheriting them all)
     edited_afresh: bool = setting(False, Flag())
     # at inherited fidelity, a child whose estimate beats the best fitness measured at the
-    # full budget is trained again from scratch to the full budget in the same trial, which
-    # then records that measurement (its estimate kept as `estimated_<metric>`): estimates
-    # chained over generations drift, and this anchors the best ones (`nas.study.inherited`)
+    # full budget, or every estimate of the `promote_window - 1` children judged before it,
+    # is trained again from scratch to the full budget in the same trial, which then records
+    # that measurement (its estimate kept as `estimated_<metric>`): estimates chained over
+    # generations drift, and a short continuation judges every edit a little worse than
+    # full training does, so this measures the best ones (`nas.study.inherited`, 4.)
     promote: bool = setting(True, Flag())
+    promote_window: int | None = setting(
+        20, OrNone(Integer(2, words="use a whole number >= 2, or null (only past the best)"))
+    )
     # stage processes restarted after a death, per study run
     max_restarts: int = setting(2, Integer(0))
     # a trial whose worker died (stage processes, or a heartbeat that stopped) is tried again

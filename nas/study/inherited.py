@@ -25,11 +25,16 @@ short continuation of its parent, paired with the parent's own:
    parent's fitness, which may itself be an estimate: chained over generations the errors
    add up, and evolution keeps the children whose error came out low (a 2-hour study slid
    0.08 below its seed over ~80 generations, its pick then 0.02 worse than the seed when
-   retrained). So a child whose estimate beats the best fitness *measured* at the full
-   budget (`best_measured`) is trained again from scratch to the full budget in the same
-   trial, and that measurement is its fitness (`fidelity` "promoted", the estimates kept as
-   `estimated_<metric>`). The study's best is always a measured trial, and every chain is
-   anchored again where it would otherwise lead.
+   retrained). And a short continuation judges every edit a little worse than full
+   training does (`benchmarks/fidelity.py`: +0.002 to +0.007 on mutants that full training
+   finds better), so a child rarely beats its measured parent on its estimate. A child is
+   trained again from scratch to the full budget in the same trial, and that measurement
+   is its fitness (`fidelity` "promoted", the estimates kept as `estimated_<metric>`), when
+   its estimate beats the best fitness *measured* at the full budget (`best_measured`), or
+   every estimate of the `study.promote_window - 1` children judged before it
+   (`recent_estimates`): about one child in that many, the best of its time, is measured.
+   The study's best is always a measured trial, and chains are anchored again where they
+   lead.
 
 Children without a trained parent (the seeds, the first population, a child of a pruned or
 failed trial) train from scratch to the full budget as in `study.fidelity=full`.
@@ -41,7 +46,7 @@ import json
 import math
 import shutil
 import tempfile
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -76,6 +81,7 @@ __all__ = [
     "load_snapshot",
     "parent_of",
     "promoted",
+    "recent_estimates",
     "record_control",
     "save_weights",
     "scored",
@@ -243,6 +249,23 @@ def best_measured(trials: Iterable[FrozenTrial], fitness: str) -> float | None:
     ]
     finite = [v for v in values if math.isfinite(lower_is_better(fitness, v))]
     return min(finite, key=lambda v: lower_is_better(fitness, v), default=None)
+
+
+def recent_estimates(trials: Sequence[FrozenTrial], fitness: str, count: int) -> list[float]:
+    """The estimated `fitness` of the last `count` complete trials judged at inherited
+    fidelity (promoted ones by their estimate), most recent last."""
+    found: list[float] = []
+    for t in reversed(trials):
+        if len(found) == count:
+            break
+        if t.state != TrialState.COMPLETE:
+            continue
+        fidelity = t.user_attrs.get("fidelity")
+        if fidelity == "inherited" and t.values:
+            found.append(t.values[0])
+        elif fidelity == "promoted" and f"estimated_{fitness}" in t.user_attrs:
+            found.append(float(t.user_attrs[f"estimated_{fitness}"]))
+    return found[::-1]
 
 
 def promoted(estimates: Mapping[str, float], names: Iterable[str]) -> dict[str, Any]:

@@ -187,15 +187,20 @@ class Leader:
 
     def promotes(self, estimates: dict[str, float]) -> bool:
         """Whether a child judged at inherited fidelity is trained again in full: its
-        estimated fitness beats the best one measured at the full budget
-        (`nas.study.inherited`, 4.)."""
-        fitness = self.settings.study.fitness
+        estimated fitness beats the best one measured at the full budget, or those of the
+        `study.promote_window - 1` children judged before it (`nas.study.inherited`, 4.)."""
+        fitness, window = self.settings.study.fitness, self.settings.study.promote_window
         if fitness not in estimates:
             return False
-        best = inherited.best_measured(self.study.get_trials(deepcopy=False), fitness)
-        if best is None:
+        key = lower_is_better(fitness, estimates[fitness])
+        trials = self.study.get_trials(deepcopy=False)
+        best = inherited.best_measured(trials, fitness)
+        if best is not None and key < lower_is_better(fitness, best):
+            return True
+        if window is None:
             return False
-        return lower_is_better(fitness, estimates[fitness]) < lower_is_better(fitness, best)
+        recent = inherited.recent_estimates(trials, fitness, window - 1)
+        return len(recent) == window - 1 and all(key < lower_is_better(fitness, r) for r in recent)
 
     def close(self, error: BaseException | None = None) -> StudyEnd:
         """End the study run: its summary to the tracker, every tracker run finished.

@@ -9,7 +9,14 @@ import optuna
 import pytest
 import torch
 
-from nas.study.inherited import best_measured, estimate, load_snapshot, promoted, save_weights
+from nas.study.inherited import (
+    best_measured,
+    estimate,
+    load_snapshot,
+    promoted,
+    recent_estimates,
+    save_weights,
+)
 from tests.nas.harness.common import composed
 
 
@@ -79,6 +86,22 @@ def test_an_estimate_is_promoted_only_past_the_best_full_budget_measurement() ->
     }
 
 
+def test_recent_estimates_are_the_last_childrens_promoted_ones_by_their_estimate() -> None:
+    trials = [
+        _trial(0.70, "inherited"),
+        _trial(0.65, "full"),  # measured, not an estimate
+        _trial(0.60, "inherited"),
+        _trial(0.50, None, "PRUNED"),
+        optuna.trial.create_trial(
+            value=0.66, user_attrs={"fidelity": "promoted", "estimated_validation_loss": 0.58}
+        ),
+        _trial(0.62, "inherited"),
+    ]
+    assert recent_estimates(trials, "validation_loss", 3) == [0.60, 0.58, 0.62]
+    assert recent_estimates(trials, "validation_loss", 10) == [0.70, 0.60, 0.58, 0.62]
+    assert recent_estimates(trials[:2], "validation_loss", 3) == [0.70]
+
+
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
@@ -89,6 +112,7 @@ def test_an_estimate_is_promoted_only_past_the_best_full_budget_measurement() ->
         (("study.inherit_steps=0",), "study.inherit_steps=0 is not valid"),
         (("study.fidelity=inherited", "study.inherit_weights=true"), "choose one"),
         (("study.promote=maybe",), "override study.promote=maybe"),
+        (("study.promote_window=1",), "study.promote_window=1 is not valid"),
     ],
 )
 def test_inherited_fidelity_settings_are_checked(overrides: tuple[str, ...], message: str) -> None:
