@@ -130,6 +130,10 @@ def main() -> None:
     if "headline" in runs:  # what the headline study judged per hour, and on which shape
         keys = ("trials", "trials_per_hour", "complete", "pruned", "refused", "shapes")
         summary["headline"] = {key: runs["headline"].get(key) for key in keys}
+        # every trial is a candidate judged, at the fidelity counted beside it (inherited
+        # estimates, promoted and full-budget measurements)
+        summary["headline"]["candidates_per_hour"] = runs["headline"].get("trials_per_hour")
+        summary["headline"]["fidelity"] = runs["headline"].get("fidelity")
     result = merge(args.out, run, runs, summary, retrained, args.experiment)
     write_json(args.out, result, newline=True)
     plot(result["studies"], args.out.with_suffix(".png"), base.study.fitness)
