@@ -28,6 +28,8 @@ Every operation times out after the process group's timeout, so a dead peer rais
 
 from __future__ import annotations
 
+import enum
+import gc
 import pickle
 import traceback
 from collections.abc import Callable, Sequence
@@ -38,7 +40,7 @@ import torch.distributed as dist
 
 from pipeline.errors import PipelineError, StageError
 
-__all__ = ["Comm", "PendingReduce", "Posted", "raise_first"]
+__all__ = ["Comm", "PendingReduce", "Posted", "leave_group", "raise_first"]
 
 T = TypeVar("T")
 
@@ -184,34 +186,74 @@ class Comm:
 
 
 class Posted:
-    """One point-to-point operation of a group: waiting for it posts its group first."""
+    """One point-to-point operation of a group: waiting for it posts its group first.
+
+    The `dist.Work` is dropped once waited for (see `_Held`)."""
 
     def __init__(self, comm: Comm) -> None:
         self._comm = comm
-        self._work: Any = None  # a dist.Work once posted
+        self._work = _Held()
 
     @property
     def posted(self) -> bool:
-        return self._work is not None
+        return self._work.posted
 
     def attach(self, work: Any) -> None:
-        assert self._work is None, "an operation is posted once"
-        self._work = work
+        self._work.attach(work)
 
     def wait(self) -> None:
-        if self._work is None:
+        if not self._work.posted:
             self._comm.post()
         self._work.wait()
 
 
-class _AllOf:
-    """The works of a coalesced group, waited for as one."""
+class _Held:
+    """A `dist.Work`, held until it is waited for and then dropped.
 
-    def __init__(self, works: Sequence[Any]) -> None:
-        self._works = works
+    A finished gloo send or receive still owns its buffer, the buffer its context, and the
+    context gloo's TCP device, whose event-loop thread ("gloo_tcp_loop") runs until the last
+    of them is freed: a Work kept after its wait keeps that thread alive past
+    `destroy_process_group` (which joins only the group's own worker threads,
+    "pt_gloo_runloop"). An object holding a waited Work, left in a reference cycle, is
+    freed whenever the garbage collector next runs, so the thread outlived the group at
+    random (a torchrun job's exit, `tests/pipeline/distributed/test_launch.py`). Dropping
+    the Work at its wait ties the thread's life to the group's.
+    """
+
+    def __init__(self) -> None:
+        self._work: Any = None
+        self._state = _WorkState.UNPOSTED
+
+    @property
+    def posted(self) -> bool:
+        return self._state is not _WorkState.UNPOSTED
+
+    def attach(self, work: Any) -> None:
+        assert self._state is _WorkState.UNPOSTED, "an operation is posted once"
+        self._work, self._state = work, _WorkState.POSTED
 
     def wait(self) -> None:
-        for work in self._works:
+        assert self._state is not _WorkState.UNPOSTED, "waited for before it was posted"
+        if self._state is _WorkState.POSTED:
+            self._work.wait()
+            self._work, self._state = None, _WorkState.DONE
+
+
+class _WorkState(enum.Enum):
+    UNPOSTED = enum.auto()
+    POSTED = enum.auto()
+    DONE = enum.auto()
+
+
+class _AllOf:
+    """The works of a coalesced group, waited for as one (and then dropped)."""
+
+    def __init__(self, works: Sequence[Any]) -> None:
+        self._works = list(works)
+
+    def wait(self) -> None:
+        works, self._works = self._works, []
+        for work in works:
             work.wait()
 
 
@@ -219,7 +261,9 @@ class PendingReduce:
     """An all_reduce in flight: `wait()` gives its values (once it has been posted by all)."""
 
     def __init__(self, work: dist.Work, values: torch.Tensor) -> None:
-        self._work, self._values = work, values
+        self._work = _Held()
+        self._work.attach(work)
+        self._values = values
 
     def wait(self) -> list[float]:
         self._work.wait()
@@ -251,6 +295,21 @@ def _portable(error: BaseException, rank: int) -> BaseException:
         return PipelineError(f"stage {rank} raised an error that cannot be pickled:\n{text}")
     copy.add_note(f"(raised on stage {rank}; its traceback there:)\n{text}")
     return copy
+
+
+def leave_group() -> None:
+    """Destroy this process's default group and every group made from it, leaving nothing
+    of them behind (no gloo thread, no NCCL communicator) once it returns.
+
+    `destroy_process_group` shuts every group down, but a group's transport lives on while
+    any Python object still holds the group or one of its works. This module's own caches
+    go first; then the garbage collector frees any runtime object a caller dropped in a
+    reference cycle (a pipeline holds its `Comm`), while the group is still whole.
+    """
+    _CONTROL_GROUPS.clear()
+    _DATA_PLANES.clear()
+    gc.collect()
+    dist.destroy_process_group()
 
 
 def _start_data_plane(device: torch.device) -> None:

@@ -62,7 +62,7 @@ import torch.distributed as dist
 # process at exit (SIGABRT, "terminate called without an active exception").
 import torch.distributed.nn
 
-from pipeline.distributed.comm import Comm
+from pipeline.distributed.comm import Comm, leave_group
 from pipeline.errors import StageFailedError
 
 __all__ = ["StageContext", "StageFailedError", "launch", "lead_process", "under_torchrun"]
@@ -141,7 +141,7 @@ def _join_torchrun(
         dist.init_process_group(
             _group_backend(backend), timeout=datetime.timedelta(seconds=timeout_s)
         )
-        atexit.register(dist.destroy_process_group)
+        atexit.register(leave_group)
     comm = Comm()
     chosen = comm.all_gather_object((socket.gethostname(), backend))
     if len({b for _, b in chosen}) > 1:
@@ -335,7 +335,7 @@ def _stage_main(
         _leave_now()
     try:
         Comm().barrier()  # nobody tears the group down while a peer still reads from it
-        dist.destroy_process_group()
+        leave_group()
         _report(reports, rank, "ok", pickle.dumps(result))
     except BaseException:
         _report(reports, rank, "error", traceback.format_exc())

@@ -211,14 +211,24 @@ def test_launch_validates_its_own_arguments() -> None:
 TORCHRUN_SCRIPT = """
 import functools, torch, torch.nn.functional as F, pipeline
 from pipeline import ElasticPipeline
+from pipeline.distributed.comm import Comm
 from pipeline.local.models import mlp_stack
+
+KEPT = []  # what a program (or a reference cycle the collector has not reached) still holds
 
 def main(ctx):
     pipe = ElasticPipeline(mlp_stack([4, 8, 8, 3]), loss_fn=F.cross_entropy,
                            optimizer=functools.partial(torch.optim.SGD, lr=0.1))
     g = torch.Generator().manual_seed(0)
     x, y = torch.randn(8, 4, generator=g), torch.randint(0, 3, (8,), generator=g)
-    return [pipe.train_step(x, y) for _ in range(3)]
+    losses = [pipe.train_step(x, y) for _ in range(3)]
+    comm = Comm()  # messages and an agreement, waited for and kept until the job exits
+    message = comm.send(torch.ones(2), 1) if ctx.rank == 0 else comm.recv(torch.empty(2), 0)
+    message.wait()
+    agreement = comm.all_reduce_async([1.0])
+    agreement.wait()
+    KEPT.extend([message, agreement, pipe])
+    return losses
 
 if __name__ == "__main__":
     import atexit, json, os, sys
@@ -240,7 +250,8 @@ if __name__ == "__main__":
 
 
 def test_joins_torchrun_process_group(tmp_path: Path) -> None:
-    """Two launches in one torchrun job share the group it creates; it is gone at exit."""
+    """Two launches in one torchrun job share the group it creates; it is gone at exit, with
+    every thread of its transport, even while the program still holds finished messages."""
     script = tmp_path / "job.py"
     script.write_text(textwrap.dedent(TORCHRUN_SCRIPT))
     cmd = [
