@@ -22,7 +22,7 @@ from nas.study.trials import INTERRUPTED, OWNER, counted
 from nas.tasks import get_task
 from nas.tasks.metrics import decode_metrics
 from nas.tasks.translation import Translation
-from tests.nas.harness.common import LITTLE_DECODING, write_text
+from tests.nas.harness.common import LITTLE_DECODING, locked, write_text
 
 pytestmark = pytest.mark.multiprocess
 
@@ -268,11 +268,18 @@ def test_a_study_killed_in_a_top_rung_trial_resumes_with_every_completed_rung(
 
 def test_two_workers_share_one_study(tmp_path: Path) -> None:
     """Two harnesses (each with its own stage processes) on one SQLite study: together they
-    finish it, and neither fails the other's running trials as orphans."""
+    finish it, and neither fails the other's running trials as orphans.
+
+    The first is paused (SIGSTOP, its stage processes too) once it trains a trial, while the
+    test holds the database's write lock (so it is paused between two of its writes, never
+    inside one), and resumed once the second has finished: the second must leave the paused
+    trial alone and stop when it and its peer's trial make the study's 3. Without the pause,
+    the harness that started first could finish all 3 before the other asked one."""
     overrides = [
         "study.name=shared",
         "study.n_trials=3",
         "study.workers=1",  # each harness one worker (study.workers=N: the next test)
+        "study.heartbeat_grace_s=600",  # a paused harness beats no heart: it is not dead
         "stages=[search]",
         "tracker=none",
         "train.steps=2",
@@ -280,27 +287,54 @@ def test_two_workers_share_one_study(tmp_path: Path) -> None:
         "train.eval_every=2",
         f"studies_dir={tmp_path / 'studies'}",
     ]
-    (tmp_path / "studies").mkdir()
-    url = f"sqlite:///{tmp_path / 'studies' / 'shared.db'}"
+    db = tmp_path / "studies" / "shared.db"
+    db.parent.mkdir()
+    url = f"sqlite:///{db}"
     optuna.create_study(study_name="shared", storage=url)  # created once, before both start
-    workers = [
-        subprocess.Popen(
-            [sys.executable, "-m", "nas", *overrides, f"hydra.run.dir={tmp_path / f'run{i}'}"],
+
+    def harness(i: int) -> subprocess.Popen[str]:
+        command = [sys.executable, "-m", "nas", *overrides, f"hydra.run.dir={tmp_path / f'run{i}'}"]
+        return subprocess.Popen(
+            command,
             cwd=tmp_path,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
             text=True,
+            start_new_session=True,  # its own process group: paused with its stage processes
         )
-        for i in range(2)
-    ]
-    for worker in workers:
-        _, err = worker.communicate(timeout=600)
-        assert worker.returncode == 0, err[-3000:]
+
+    first = harness(0)
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline and not _running(db):
+        assert first.poll() is None, "the first harness stopped before it trained a trial"
+        time.sleep(0.05)
+    with locked(db):
+        os.killpg(first.pid, signal.SIGSTOP)
+    try:
+        second = harness(1)
+        _, err = second.communicate(timeout=600)
+        assert second.returncode == 0, err[-3000:]
+    finally:
+        os.killpg(first.pid, signal.SIGCONT)
+    _, err = first.communicate(timeout=600)
+    assert first.returncode == 0, err[-3000:]
     trials = optuna.load_study(study_name="shared", storage=url).trials
     assert sum(map(counted, trials)) == 3  # each stops once 3 are done or in a peer's hands
     assert not any(t.user_attrs.get(INTERRUPTED) for t in trials)
     assert not any(t.state == optuna.trial.TrialState.RUNNING for t in trials)
     assert len({t.user_attrs[OWNER] for t in trials if counted(t)}) == 2
+
+
+def _running(db: Path) -> bool:
+    """Some trial is RUNNING (read-only, as `_in_top_rung`)."""
+    if not db.exists():
+        return False
+    try:
+        with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as connection:
+            found = connection.execute("SELECT COUNT(*) FROM trials WHERE state = 'RUNNING'")
+            return bool(found.fetchone()[0])
+    except sqlite3.Error:
+        return False
 
 
 def _in_top_rung(db: Path, *, after_complete: int, rung: int) -> bool:
