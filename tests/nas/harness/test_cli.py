@@ -175,38 +175,6 @@ def test_stages_started_by_torchrun_run_the_study(tmp_path: Path) -> None:
     assert kinds.count("study_start") == 2  # the search's, then the retraining's: rank 0 tracks
 
 
-def test_the_composed_config_prints(tmp_path: Path) -> None:
-    shown = run(tmp_path, "--cfg", "job", "experiment=search_2h", "pruner=none")
-    assert shown.returncode == 0 and "fidelity: inherited" in shown.stdout
-    assert "[ERROR]" not in shown.stdout + shown.stderr
-
-
-@pytest.mark.parametrize(
-    ("overrides", "said"),
-    [
-        (("sampler=annealing",), "Could not find 'sampler/annealing'; valid options of sampler: "),
-        (("train.steps=abc",), "train.steps='abc' is not valid; it must be a positive integer"),
-        (("--cfg", "job", "train.lr=fast"), "train.lr='fast' is not valid; it must be > 0"),
-        (("train.steps=-5",), "train.steps=-5 is not valid; it must be a positive integer"),
-        (("task=corpus",), "task.options.path has no value (??? in its option file); set it"),
-        (("retrain.top_k=0",), "retrain.top_k=0 is not valid; it must be a positive integer"),
-    ],
-    ids=["unknown-sampler", "wrong-type", "wrong-type-cfg", "negative-steps", "no-path", "top_k"],
-)
-def test_a_bad_override_ends_in_one_error_line_naming_the_key(
-    tmp_path: Path, overrides: tuple[str, ...], said: str
-) -> None:
-    """Refused while composing (Hydra, OmegaConf) or by the settings: one [ERROR] line, the
-    last, naming the key and what is valid; no traceback, no study started."""
-    done = run(tmp_path, *overrides)
-    printed = done.stdout + done.stderr
-    assert done.returncode == 1 and "Traceback" not in printed, printed[-3000:]
-    errors = [line for line in printed.splitlines() if "[ERROR]" in line]
-    assert len(errors) == 1 and said in errors[0], printed[-3000:]
-    assert printed.strip().splitlines()[-1] == errors[0]
-    assert not (tmp_path / "studies").exists()
-
-
 def test_a_study_killed_in_a_top_rung_trial_resumes_with_every_completed_rung(
     tmp_path: Path,
 ) -> None:
