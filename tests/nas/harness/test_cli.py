@@ -10,6 +10,7 @@ import sqlite3
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import optuna
@@ -61,6 +62,14 @@ ONE_TRIAL = (
     "train.eval_every=2",
     *SMALL,
 )
+# The shape set by hand (one worker of one single-thread stage, one micro-batch): no
+# profile of the task's seeds before the study, where the shape is not what a test is about.
+FIXED_SHAPE = (
+    "study.workers=1",
+    "pipeline.n_stages=1",
+    "pipeline.threads_per_stage=1",
+    "pipeline.n_microbatches=1",
+)
 TASK_OPTIONS = {  # translation: the small study below, and tests/test_wheel.py
     "charlm": ("task.options.seq_len=16",),
     "textfile": ("task.options.seq_len=16",),
@@ -74,7 +83,9 @@ def test_one_trial_of_each_task_from_the_command_line(tmp_path: Path, task: str)
     if task == "textfile":  # 4,000 characters of real text: 20 * (16 + 2) = 360 needed
         options.append(f"task.options.path={write_text(tmp_path / 'corpus.txt')}")
     env = {**os.environ, "WANDB_MODE": "offline"}
-    done = run(tmp_path, f"task={task}", f"study.name={task}", *ONE_TRIAL, *options, env=env)
+    done = run(
+        tmp_path, f"task={task}", f"study.name={task}", *ONE_TRIAL, *FIXED_SHAPE, *options, env=env
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     study = optuna.load_study(
         study_name=task, storage=f"sqlite:///{tmp_path / 'studies' / task}.db"
@@ -83,43 +94,6 @@ def test_one_trial_of_each_task_from_the_command_line(tmp_path: Path, task: str)
     trial = next(t for t in study.trials if counted(t))
     assert set(task_metrics(task)) <= set(trial.user_attrs), sorted(trial.user_attrs)
     assert (tmp_path / "run" / "tracking" / f"{task}.jsonl").exists()
-
-
-def test_a_small_study_from_the_command_line(tmp_path: Path) -> None:
-    """Search, retrain and export; the exported model, loaded alone (here: this process ran
-    no part of the study), scores as reported."""
-    done = run(
-        tmp_path,
-        "study.name=cli",
-        "study.n_trials=2",
-        "tracker=none",
-        "train.steps=2",
-        *SMALL,
-        "train.eval_every=2",
-        f"retrain.models_dir={tmp_path / 'models'}",
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert "study cli: 2 trials" in done.stdout
-    [folder] = (tmp_path / "models" / "cli").iterdir()
-    assert folder.name.startswith("trial-") and f"exported {folder.name}" in done.stdout
-    assert "TranslationModel.from_pretrained(" in done.stdout and "nas.load_model(" in done.stdout
-    metrics = json.loads((folder / "metrics.json").read_text())
-    # its greedy translations of the pairs the retraining's final evaluation decoded
-    model, task = nas.load_model(folder), get_task("translation")
-    assert isinstance(model, TranslationModel) and isinstance(task, Translation)
-    pairs = [task.pairs("validation")[i] for i in task.decode_subset("validation", 8)]
-    scores = decode_metrics(model.translate([src for src, _ in pairs]), [tgt for _, tgt in pairs])
-    assert scores["chrf"] == pytest.approx(metrics["chrf"], abs=1e-9)
-    assert scores["exact_match"] == pytest.approx(metrics["exact_match"], abs=1e-9)
-    best = next(line for line in done.stdout.splitlines() if "best architecture" in line)
-    assert " enc 1x[" in best  # the whole summary: brackets are not taken for markup
-    assert (tmp_path / "run" / "optimization_history.png").stat().st_size > 0
-    study = optuna.load_study(
-        study_name="cli", storage=f"sqlite:///{tmp_path / 'studies' / 'cli.db'}"
-    )
-    for trial in study.get_trials(states=(optuna.trial.TrialState.COMPLETE,)):
-        assert set(task_metrics("translation")) <= set(trial.user_attrs), sorted(trial.user_attrs)
-    assert f"optuna-dashboard sqlite:///{tmp_path / 'studies' / 'cli.db'}" in done.stdout
 
 
 def test_a_multirun_runs_one_study_per_job(tmp_path: Path) -> None:
@@ -238,11 +212,12 @@ def test_two_workers_share_one_study(tmp_path: Path) -> None:
     """Two harnesses (each with its own stage processes) on one SQLite study: together they
     finish it, and neither fails the other's running trials as orphans.
 
-    The first is paused (SIGSTOP, its stage processes too) once it trains a trial, while the
-    test holds the database's write lock (so it is paused between two of its writes, never
-    inside one), and resumed once the second has finished: the second must leave the paused
-    trial alone and stop when it and its peer's trial make the study's 3. Without the pause,
-    the harness that started first could finish all 3 before the other asked one."""
+    Both start at once. The one that asks the first trial is paused (SIGSTOP, its stage
+    processes too) while the test holds the database's write lock, so it is paused between
+    two of its writes, never inside one, and resumed once the other has finished: the other
+    must leave the paused trial alone and stop when it and its peer's trial make the
+    study's 3. Unpaused, the harness that started first could finish all 3 before the other
+    asked one."""
     overrides = [
         "study.name=shared",
         "study.n_trials=3",
@@ -259,33 +234,36 @@ def test_two_workers_share_one_study(tmp_path: Path) -> None:
     db.parent.mkdir()
     url = f"sqlite:///{db}"
     optuna.create_study(study_name="shared", storage=url)  # created once, before both start
-
-    def harness(i: int) -> subprocess.Popen[str]:
-        command = [sys.executable, "-m", "nas", *overrides, f"hydra.run.dir={tmp_path / f'run{i}'}"]
-        return subprocess.Popen(
-            command,
-            cwd=tmp_path,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            text=True,
-            start_new_session=True,  # its own process group: paused with its stage processes
+    harnesses = {
+        popen.pid: popen  # each leads its own process group: paused with its stage processes
+        for popen in (
+            subprocess.Popen(
+                [sys.executable, "-m", "nas", *overrides, f"hydra.run.dir={tmp_path / f'run{i}'}"],
+                cwd=tmp_path,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                text=True,
+                start_new_session=True,
+            )
+            for i in range(2)
         )
-
-    first = harness(0)
+    }
     deadline = time.monotonic() + 240
-    while time.monotonic() < deadline and not _running(db):
-        assert first.poll() is None, "the first harness stopped before it trained a trial"
+    while time.monotonic() < deadline and (owner := _first_owner(db)) is None:
+        assert all(h.poll() is None for h in harnesses.values()), "a harness stopped early"
         time.sleep(0.05)
+    assert owner is not None, "no harness asked a trial within 240 s"
     with locked(db):
-        os.killpg(first.pid, signal.SIGSTOP)
+        paused = harnesses.pop(os.getpgid(owner))
+        os.killpg(paused.pid, signal.SIGSTOP)
     try:
-        second = harness(1)
-        _, err = second.communicate(timeout=600)
-        assert second.returncode == 0, err[-3000:]
+        [other] = harnesses.values()
+        _, err = other.communicate(timeout=600)
+        assert other.returncode == 0, err[-3000:]
     finally:
-        os.killpg(first.pid, signal.SIGCONT)
-    _, err = first.communicate(timeout=600)
-    assert first.returncode == 0, err[-3000:]
+        os.killpg(paused.pid, signal.SIGCONT)
+    _, err = paused.communicate(timeout=600)
+    assert paused.returncode == 0, err[-3000:]
     trials = optuna.load_study(study_name="shared", storage=url).trials
     assert sum(map(counted, trials)) == 3  # each stops once 3 are done or in a peer's hands
     assert not any(t.user_attrs.get(INTERRUPTED) for t in trials)
@@ -293,16 +271,21 @@ def test_two_workers_share_one_study(tmp_path: Path) -> None:
     assert len({t.user_attrs[OWNER] for t in trials if counted(t)}) == 2
 
 
-def _running(db: Path) -> bool:
-    """Some trial is RUNNING (read-only, as `_in_top_rung`)."""
+def _first_owner(db: Path) -> int | None:
+    """The pid of the process that asked a RUNNING trial, once one has recorded its owner
+    (read-only, as `_in_top_rung`)."""
     if not db.exists():
-        return False
+        return None
     try:
         with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as connection:
-            found = connection.execute("SELECT COUNT(*) FROM trials WHERE state = 'RUNNING'")
-            return bool(found.fetchone()[0])
+            found = connection.execute(
+                "SELECT value_json FROM trials JOIN trial_user_attributes USING (trial_id) "
+                "WHERE trials.state = 'RUNNING' AND key = ? ORDER BY trial_id LIMIT 1",
+                (OWNER,),
+            ).fetchone()
     except sqlite3.Error:
-        return False
+        return None
+    return None if found is None else int(json.loads(found[0]).rpartition(":")[2])
 
 
 def _in_top_rung(db: Path, *, after_complete: int, rung: int) -> bool:
@@ -326,12 +309,26 @@ def _in_top_rung(db: Path, *, after_complete: int, rung: int) -> bool:
         return False
 
 
-def test_workers_started_by_the_cli_finish_one_study_together(tmp_path: Path) -> None:
-    """`study.workers=2`: two local workers, each its own single-stage process, train one
-    study: exactly `n_trials` trials, each recorded once, one bar and one report; then they
-    share the retraining, each run trained once."""
+@dataclass(frozen=True)
+class CliStudy:
+    """One small study run from the command line as a user runs it (`cli_study`): its
+    folder and what the command printed."""
+
+    root: Path
+    done: subprocess.CompletedProcess[str]
+
+    def study(self) -> optuna.Study:
+        url = f"sqlite:///{self.root / 'studies' / 'pair.db'}"
+        return optuna.load_study(study_name="pair", storage=url)
+
+
+@pytest.fixture(scope="module")
+def cli_study(tmp_path_factory: pytest.TempPathFactory) -> CliStudy:
+    """Search, retrain and export from the command line, on two local workers (each one
+    single-stage process): read by the two tests after it."""
+    root = tmp_path_factory.mktemp("cli")
     done = run(
-        tmp_path,
+        root,
         "study.name=pair",
         "study.n_trials=4",
         "study.workers=2",
@@ -345,13 +342,43 @@ def test_workers_started_by_the_cli_finish_one_study_together(tmp_path: Path) ->
         "retrain.top_k=1",
         "retrain.seeds=[0,1,2]",
         "retrain.steps=4",
-        f"retrain.models_dir={tmp_path / 'models'}",
+        f"retrain.models_dir={root / 'models'}",
     )
     assert done.returncode == 0, done.stderr[-3000:]
+    return CliStudy(root, done)
+
+
+def test_a_small_study_from_the_command_line(cli_study: CliStudy) -> None:
+    """Search, retrain and export; the exported model, loaded alone (here: this process ran
+    no part of the study), scores as reported."""
+    done, root = cli_study.done, cli_study.root
+    assert "study pair: 4 trials" in done.stdout
+    [folder] = (root / "models" / "pair").iterdir()
+    assert folder.name.startswith("trial-") and f"exported {folder.name}" in done.stdout
+    assert "TranslationModel.from_pretrained(" in done.stdout and "nas.load_model(" in done.stdout
+    metrics = json.loads((folder / "metrics.json").read_text())
+    # its greedy translations of the pairs the retraining's final evaluation decoded
+    model, task = nas.load_model(folder), get_task("translation")
+    assert isinstance(model, TranslationModel) and isinstance(task, Translation)
+    pairs = [task.pairs("validation")[i] for i in task.decode_subset("validation", 8)]
+    scores = decode_metrics(model.translate([src for src, _ in pairs]), [tgt for _, tgt in pairs])
+    assert scores["chrf"] == pytest.approx(metrics["chrf"], abs=1e-9)
+    assert scores["exact_match"] == pytest.approx(metrics["exact_match"], abs=1e-9)
+    best = next(line for line in done.stdout.splitlines() if "best architecture" in line)
+    assert " enc 1x[" in best  # the whole summary: brackets are not taken for markup
+    assert (root / "run" / "optimization_history.png").stat().st_size > 0
+    for trial in cli_study.study().get_trials(states=(optuna.trial.TrialState.COMPLETE,)):
+        assert set(task_metrics("translation")) <= set(trial.user_attrs), sorted(trial.user_attrs)
+    assert f"optuna-dashboard sqlite:///{root / 'studies' / 'pair.db'}" in done.stdout
+
+
+def test_workers_started_by_the_cli_finish_one_study_together(cli_study: CliStudy) -> None:
+    """`study.workers=2`: two local workers, each its own single-stage process, train one
+    study: exactly `n_trials` trials, each recorded once, one bar and one report; then they
+    share the retraining, each run trained once."""
+    done, root = cli_study.done, cli_study.root
     assert done.stdout.count("study pair: 4 trials") == 1  # one report
-    study = optuna.load_study(
-        study_name="pair", storage=f"sqlite:///{tmp_path / 'studies' / 'pair.db'}"
-    )
+    study = cli_study.study()
     recorded = [t for t in study.trials if counted(t)]
     assert len(recorded) == 4 and all(t.state.is_finished() for t in study.trials)
     owners = {t.user_attrs["owner"] for t in recorded}
@@ -362,20 +389,18 @@ def test_workers_started_by_the_cli_finish_one_study_together(tmp_path: Path) ->
         assert trial.user_attrs["samples_per_s"] > 0
     logged = [
         json.loads(line)
-        for path in sorted((tmp_path / "run").glob("worker-*/tracking/*.jsonl"))
+        for path in sorted((root / "run").glob("worker-*/tracking/*.jsonl"))
         for line in path.read_text().splitlines()
     ]
     ends = [r["trial"] for r in logged if r["kind"] == "trial_end" and r.get("job") != "retrain"]
     assert sorted(ends) == sorted(t.number for t in recorded)  # each trial tracked once
-    log = (tmp_path / "run" / "elastic-nas.log").read_text()
+    log = (root / "run" / "elastic-nas.log").read_text()
     assert "retrain: 2 workers started" in log
     trained = re.findall(r"retrain (\S+) seed (\d): claimed by \S+, trained here", log)
     assert sorted(seed for _, seed in trained) == ["0", "1", "2"], log[-3000:]  # each once
     best = min(recorded, key=lambda t: t.values[0]).number
     assert {name for name, _ in trained} == {f"trial-{best}"}
-    metrics = json.loads(
-        (tmp_path / "models" / "pair" / f"trial-{best}" / "metrics.json").read_text()
-    )
+    metrics = json.loads((root / "models" / "pair" / f"trial-{best}" / "metrics.json").read_text())
     assert [entry["seed"] for entry in metrics["per_seed"]] == [0, 1, 2]
     retrained = [r for r in logged if r["kind"] == "trial_end" and r.get("job") == "retrain"]
     assert len(retrained) == 3  # each run tracked once, by the worker that trained it
