@@ -212,12 +212,12 @@ class _Held:
 
     A finished gloo send or receive still owns its buffer, the buffer its context, and the
     context gloo's TCP device, whose event-loop thread ("gloo_tcp_loop") runs until the last
-    of them is freed: a Work kept after its wait keeps that thread alive past
-    `destroy_process_group` (which joins only the group's own worker threads,
-    "pt_gloo_runloop"). An object holding a waited Work, left in a reference cycle, is
-    freed whenever the garbage collector next runs, so the thread outlived the group at
-    random (a torchrun job's exit, `tests/pipeline/distributed/test_launch.py`). Dropping
-    the Work at its wait ties the thread's life to the group's.
+    of them is freed: while anything still holds a waited Work (a pipeline a program keeps,
+    or one in a reference cycle the collector has not reached), that thread outlives
+    `destroy_process_group`, which joins only the group's own worker threads
+    ("pt_gloo_runloop"): the thread a torchrun job was once found with at its exit
+    (`tests/pipeline/distributed/test_launch.py`). Dropping the Work at its wait ties the
+    thread's life to the group's.
     """
 
     def __init__(self) -> None:
