@@ -156,8 +156,7 @@ def maybe_rebalance(pipe: ElasticPipelineParts, measured: bool) -> None:
         model.live_stages(),
         model.plan,
         measured,
-        steps_on_plan=pipe.plan_age.steps_on_plan(model.step),
-        correction_due=pipe.plan_age.correction_due(model.step),
+        pipe.plan_age,
     )
     if reason is not None:
         pipe.event_log.record("trigger", reason=reason)

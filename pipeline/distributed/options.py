@@ -120,7 +120,7 @@ class ElasticOptions:
     Args:
         rebalance_every: re-plan every N steps (None: only on demand, `rebalance()`).
         rebalance_on_drift: re-plan when the stages' measured / predicted compute times
-            spread by more than this fraction (e.g. 0.1), judged on the steps that measure
+            spread by more than this fraction (e.g. 0.1) on two measuring steps in a row
             (`measure_memory_every`); see `pipeline.distributed.triggers`.
         rebalance_horizon: the steps a re-plan expects to remain: a new plan is taken only
             when the time it saves over them exceeds the time its migration takes.

@@ -17,15 +17,20 @@ one all_reduce, on steps every rank agrees on:
               each stage as one graph, `pipeline.local.fused`) at least `settle` steps
               after the plan was made:
               the stages' measured / predicted compute-time ratios r_s differ by more than
-              the tolerance, max(r) / min(r) - 1 > drift. Costs have moved relative to each
-              other since the plan was made (a layer got slower, a neighbour's process
-              started competing for a core), so another split may now be faster. A uniform
-              slowdown keeps the best split where it is and triggers nothing. Without a plan
-              for the current partition (explicit sizes) the first check asks for one.
+              the tolerance, max(r) / min(r) - 1 > drift, on two such steps in a row of
+              the same plan. Costs have moved relative to each other since the plan was
+              made (a layer got slower, a neighbour's process started competing for a
+              core), so another split may now be faster. One step alone is not enough: a
+              stage process preempted for a time slice (another process on its core)
+              measures one step that is slow on that stage only, and the meters' moving
+              average carries a third of it, so a plan would be migrated away from costs
+              that did not move. A uniform slowdown keeps the best split where it is and
+              triggers nothing. Without a plan for the current partition (explicit sizes)
+              the first check asks for one.
 
 The memory and drift checks share one all_reduce(MAX) of [over budget, max r, -min r].
-`PlanAge` keeps when the plan in force began (drift waits `settle` steps after it) and has
-the first step of every plan measure memory.
+`PlanAge` keeps when the plan in force began (drift waits `settle` steps after it), whether
+the last check of the plan found drift, and has the first step of every plan measure memory.
 The re-plan that follows is migration-aware: it moves layers only when that pays back.
 """
 
@@ -57,18 +62,18 @@ class ReplanTriggers:
         stages: Sequence[Stage],
         plan: Plan | None,
         measured: bool,
-        steps_on_plan: int,
-        correction_due: bool = False,
+        age: PlanAge,
     ) -> str | None:
         """Why this step ends with a re-plan (None: it does not); call on every rank with
-        its `stages` (several under an interleaved or V placement: the budget is the rank's)."""
+        its `stages` (several under an interleaved or V placement: the budget is the rank's)
+        and the plan's `age` (which learns whether this check found drift)."""
         every, drift = self.elastic.rebalance_every, self.elastic.rebalance_on_drift
         if every is not None and step % every == 0:
             return f"every {every} steps"
-        if correction_due and measured:
+        if age.correction_due(step) and measured:
             return f"a correction from the costs measured over the first {step} steps"
         check_memory = measured and self.memory_budget is not None
-        settled = steps_on_plan >= self.elastic.rebalance_settle
+        settled = age.steps_on_plan(step) >= self.elastic.rebalance_settle
         check_drift = drift is not None and measured and settled
         if not (check_memory or check_drift):
             return None
@@ -87,18 +92,21 @@ class ReplanTriggers:
         assert drift is not None
         if high == float("inf"):
             return "no plan for the current partition"
-        if low > 0 and high / low - 1 > drift:
+        drifting = low > 0 and high / low - 1 > drift
+        if age.drift_confirmed(drifting):  # every rank holds the same numbers: agreed
             return f"stage times drifted from the plan: measured/predicted {low:.2f}..{high:.2f}"
         return None
 
 
 class PlanAge:
-    """The step the plan in force began at, whether the next step measures memory, and
-    whether the model still awaits its measured correction (`ElasticOptions.correct_after`)."""
+    """The step the plan in force began at, whether the next step measures memory, whether
+    the model still awaits its measured correction (`ElasticOptions.correct_after`), and
+    whether the plan's last drift check found drift."""
 
     def __init__(self) -> None:
         self._since, self._measure_next = 0, False
         self._correct_at: int | None = None  # the step from which the correction is due
+        self._drifting = False  # the plan's last drift check found drift
 
     def await_correction(self, step: int, after: int | None) -> None:
         """A model was planned from profiled costs at `step`: correct it `after` steps on
@@ -115,6 +123,14 @@ class PlanAge:
         """A plan (or partition) takes effect at `step`; its first step measures memory."""
         self._since = step
         self._measure_next = self._measure_next or measure
+        self._drifting = False
+
+    def drift_confirmed(self, drifting: bool) -> bool:
+        """Record one drift check of this plan: True when it and the one before both found
+        drift (module doc, `drift`)."""
+        confirmed = drifting and self._drifting
+        self._drifting = drifting and not confirmed
+        return confirmed
 
     def steps_on_plan(self, step: int) -> int:
         return step - self._since

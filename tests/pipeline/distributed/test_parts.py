@@ -34,6 +34,14 @@ def test_the_first_step_of_a_plan_measures_memory_then_every_n() -> None:
     assert not age.measures(13, 10) and age.steps_on_plan(13) == 1
 
 
+def test_drift_is_confirmed_by_two_checks_in_a_row_of_one_plan() -> None:
+    age = PlanAge()
+    assert [age.drift_confirmed(d) for d in (True, False, True, True)] == [False] * 3 + [True]
+    assert not age.drift_confirmed(True)  # confirmed drift starts the count again
+    age.restart(7)  # a new plan: what the old one's checks found is void
+    assert [age.drift_confirmed(d) for d in (True, True)] == [False, True]
+
+
 def test_events_are_stamped_with_the_pipeline_generation_and_step() -> None:
     now = [0, 0]
     log = EventLog(lambda: (now[0], now[1]))

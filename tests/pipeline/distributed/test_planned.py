@@ -224,10 +224,12 @@ def test_drift_triggers_a_replan_that_moves_layers_off_the_slowed_stage() -> Non
 
 def test_steady_costs_replan_at_most_once() -> None:
     """The sandbox misses per-layer runtime overheads of tiny layers (and the loss), so the
-    first check may re-plan from measured costs; after that the plan matches the costs."""
+    first checks may re-plan from measured costs (drift confirmed by the second check, step
+    5); after that the plan matches the costs, and a step that one stage alone measured
+    slow (its process preempted) re-plans nothing."""
     r = pipeline.launch(
         functools.partial(drifting, drift=0.5, slow=False), 2, threads_per_stage=1, timeout_s=120
     )[0]
     triggers = [e for e in r["events"] if e.kind == "trigger"]
     assert len(triggers) <= 1, triggers
-    assert all(e.step == 3 for e in triggers), triggers
+    assert all(e.step == 5 for e in triggers), triggers
