@@ -29,7 +29,6 @@ Every operation times out after the process group's timeout, so a dead peer rais
 from __future__ import annotations
 
 import enum
-import gc
 import pickle
 import traceback
 from collections.abc import Callable, Sequence
@@ -302,13 +301,13 @@ def leave_group() -> None:
     of them behind (no gloo thread, no NCCL communicator) once it returns.
 
     `destroy_process_group` shuts every group down, but a group's transport lives on while
-    any Python object still holds the group or one of its works. This module's own caches
-    go first; then the garbage collector frees any runtime object a caller dropped in a
-    reference cycle (a pipeline holds its `Comm`), while the group is still whole.
+    any Python object still holds the group or one of its works: this module's own caches
+    go first, and no object of the runtime holds a work once it is waited for (`_Held`).
+    No garbage collection here: it would run any finalizer of the program's while the group
+    is still whole, and one that talks to the group on one rank would wait for the others.
     """
     _CONTROL_GROUPS.clear()
     _DATA_PLANES.clear()
-    gc.collect()
     dist.destroy_process_group()
 
 
