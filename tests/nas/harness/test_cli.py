@@ -12,6 +12,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import optuna
 import pytest
@@ -272,41 +273,40 @@ def test_two_workers_share_one_study(tmp_path: Path) -> None:
 
 
 def _first_owner(db: Path) -> int | None:
-    """The pid of the process that asked a RUNNING trial, once one has recorded its owner
-    (read-only, as `_in_top_rung`)."""
-    if not db.exists():
-        return None
-    try:
-        with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as connection:
-            found = connection.execute(
-                "SELECT value_json FROM trials JOIN trial_user_attributes USING (trial_id) "
-                "WHERE trials.state = 'RUNNING' AND key = ? ORDER BY trial_id LIMIT 1",
-                (OWNER,),
-            ).fetchone()
-    except sqlite3.Error:
-        return None
+    """The pid of the process that asked a RUNNING trial, once one has recorded its owner."""
+    found = _read_only(
+        db,
+        "SELECT value_json FROM trials JOIN trial_user_attributes USING (trial_id) "
+        "WHERE trials.state = 'RUNNING' AND key = ? ORDER BY trial_id LIMIT 1",
+        (OWNER,),
+    )
     return None if found is None else int(json.loads(found[0]).rpartition(":")[2])
 
 
 def _in_top_rung(db: Path, *, after_complete: int, rung: int) -> bool:
     """Some trial is complete, and a running one has recorded its value at `rung` (it now
-    trains toward the top rung); read-only: never creates the storage's tables under
-    Optuna."""
+    trains toward the top rung)."""
+    done = _read_only(db, "SELECT COUNT(*) FROM trials WHERE state = 'COMPLETE'")
+    running = _read_only(
+        db,
+        "SELECT COUNT(*) FROM trials JOIN trial_intermediate_values USING (trial_id) "
+        "WHERE trials.state = 'RUNNING' AND trial_intermediate_values.step = ?",
+        (rung,),
+    )
+    return done is not None and done[0] >= after_complete and bool(running and running[0])
+
+
+def _read_only(db: Path, query: str, parameters: tuple[object, ...] = ()) -> tuple[Any, ...] | None:
+    """The first row `query` finds in the study's SQLite file, read-only (never creates the
+    storage's tables under Optuna); None where there is no row, file or table yet."""
     if not db.exists():
-        return False
+        return None
     try:
         with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as connection:
-            done = connection.execute("SELECT COUNT(*) FROM trials WHERE state = 'COMPLETE'")
-            if done.fetchone()[0] < after_complete:
-                return False
-            running = connection.execute(
-                "SELECT COUNT(*) FROM trials JOIN trial_intermediate_values USING (trial_id) "
-                "WHERE trials.state = 'RUNNING' AND trial_intermediate_values.step = ?",
-                (rung,),
-            )
-            return bool(running.fetchone()[0])
+            row: tuple[Any, ...] | None = connection.execute(query, parameters).fetchone()
+            return row
     except sqlite3.Error:  # tables not created yet
-        return False
+        return None
 
 
 @dataclass(frozen=True)
