@@ -20,13 +20,17 @@ fingerprint. Rank 0 of each worker decides, and hands every decision to its othe
                 the next run is tried: a worker trains every run it can take first; a run
                 found recorded (also just after its claim was taken) is read, not trained
     3. stale    a claim whose owner is dead (`nas.storage.opening.owner_alive`: on this host
-                and gone) or whose run is recorded is taken over: if it is there still,
-                renamed aside (of two takers one gets it) and checked to be the claim judged
-                stale, then removed and taken as in 1. A fresh claim moved aside by mistake
-                (made in the instant between) is linked back; should a third worker claim
-                the run in that instant too, both would hold it: a warning says so
+                and gone) or whose run is recorded is taken over by replacing it. The right
+                to replace one claim is itself a claim, taken as in 1 (and, if its holder
+                died, as in 3): `.seed-<seed>.claim.<the claim's fingerprint>.right`. Its
+                holder checks the claim is still the one judged stale, then puts its own in
+                its place (`os.replace`: atomic). Nothing else can change a claim that has a
+                holder of its right, so of any number of takers exactly one takes it over,
+                and a taker that judged an older claim stale finds it gone and backs off
     4. release  once the run's record is written (or it failed: a waiting worker then tries
-                it again, as a later retraining would) its holder removes its claim, as in 3
+                it again, as a later retraining would) its holder removes its claim, under
+                the claim's right as in 3 (a worker taking a recorded run's claim over may
+                be replacing it at that moment)
     5. wait     with only held runs left, the worker polls: a record that appears is read (so
                 every worker ends with the same runs, selection and exports), a claim that is
                 released or stale is taken (1, 3) and the run trained here. Each wait is
@@ -39,6 +43,7 @@ fingerprint. Rank 0 of each worker decides, and hands every decision to its othe
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -109,13 +114,13 @@ def take(
     if _create(path, mine):
         return mine
     found = holder(path)
-    why = None if found is None else _stale(found, finished)  # None: released or moved aside
-    if found is None or why is None or not _remove(path, found):
-        return None  # held (or being taken over: asked again, it is settled)
+    why = None if found is None else _stale(found, finished)  # None: released meanwhile
+    if found is None or why is None or not _replace(path, found, mine):
+        return None  # held (or released or taken over meanwhile: asked again, it is settled)
     logger.info(
         "claim %s of %s is stale (%s): taken over by %s", path, found.owner, why, mine.owner
     )
-    return mine if _create(path, mine) else None
+    return mine
 
 
 def holder(path: Path) -> Claim | None:
@@ -128,7 +133,7 @@ def holder(path: Path) -> Claim | None:
 
 def release(path: Path, claim: Claim) -> None:
     """Remove `claim`, this process's, from `path` (step 4); not a claim that replaced it."""
-    _remove(path, claim)
+    _replace(path, claim, None)
 
 
 @contextmanager
@@ -295,25 +300,26 @@ def _stale(found: Claim, finished: Callable[[Claim], bool] | None) -> str | None
     return None
 
 
-def _remove(path: Path, claim: Claim) -> bool:
-    """Remove `claim` from `path`, not a claim made since (step 3): if `path` holds it
-    still, rename it aside (atomic: of two removers one gets it) and check again; a claim
-    moved aside by mistake (made in the instant between) is linked back."""
-    found = holder(path)
-    if found is None or found.text != claim.text:
-        return False
-    aside = path.with_name(f".{path.name}.{uuid.uuid4().hex}.aside")
+def _replace(path: Path, claim: Claim, new: Claim | None) -> bool:
+    """Put `new` in place of `claim` at `path` (None: remove it), unless `path` holds
+    another claim by then; whether it did (steps 3 and 4). Under the claim's right: a claim
+    of its own (module doc), whose holder is alive while it holds it, so only it changes
+    `path` from `claim` to anything else."""
+    fingerprint = hashlib.sha256(claim.text.encode()).hexdigest()[:32]
+    right = path.with_name(f".{path.name}.{fingerprint}.right")
+    held = take(right)
+    if held is None:
+        return False  # another worker replaces it (or removes it) now
     try:
-        os.rename(path, aside)
-    except FileNotFoundError:
-        return False  # removed by another worker first
-    try:
-        if aside.read_text(encoding="utf-8") == claim.text:
+        found = holder(path)
+        if found is None or found.text != claim.text:
+            return False  # replaced or removed already
+        if new is None:
+            path.unlink()
             return True
-        if not _link(aside, path):  # someone claimed it while it was aside: both hold it
-            logger.warning(
-                "claim %s was replaced while it was checked; a run may train twice", path
-            )
-        return False
+        partial = path.with_name(f".{path.name}.{uuid.uuid4().hex}")
+        partial.write_text(new.text, encoding="utf-8")
+        os.replace(partial, path)
+        return True
     finally:
-        aside.unlink(missing_ok=True)
+        right.unlink(missing_ok=True)  # never stale while this process lives: still ours

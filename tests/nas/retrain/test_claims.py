@@ -68,12 +68,39 @@ def test_a_claim_is_taken_by_exactly_one_of_racing_takers(tmp_path: Path) -> Non
 
 
 def test_a_dead_holders_claim_is_taken_over_by_exactly_one(tmp_path: Path) -> None:
-    for round_ in range(20):
+    # 6 takers: a takeover that moved the claim aside to check it let a third taker in
+    # (two holders) in about 1 round of 10 here
+    for round_ in range(50):
         path = tmp_path / f"round-{round_}" / "seed-0.claim"
         claim_of(path, dead_owner())
-        won = race(3, path)
+        won = race(6, path)
         assert len(won) == 1 and holder(path) == won[0]
         assert [p.name for p in path.parent.iterdir()] == ["seed-0.claim"]
+
+
+def test_a_recorded_runs_claim_released_while_taken_over_removes_only_itself(
+    tmp_path: Path,
+) -> None:
+    # a recorded run's claim is stale whoever holds it: takers may replace one another,
+    # but the holder's release never removes a taker's claim, and nothing is left beside
+    for round_ in range(30):
+        run = Run(tmp_path / f"round-{round_}", 0, "digest")
+        mine = take(run.claim, run.digest, run.finished)
+        assert mine is not None
+        save(run.folder, run.seed, run.digest, {"seed": 0})  # recorded: its claim is stale
+        barrier = threading.Barrier(5)
+
+        def one(taker: int) -> Claim | None:
+            barrier.wait()
+            if taker == 0:
+                release(run.claim, mine)  # the holder, done
+                return None
+            return take(run.claim, run.digest, run.finished)
+
+        with ThreadPoolExecutor(5) as pool:
+            won = [claim for claim in pool.map(one, range(5)) if claim is not None]
+        assert holder(run.claim) in won if won else holder(run.claim) is None
+        assert not list(run.claim.parent.glob(".*"))  # no right or partial left behind
 
 
 def test_a_live_holders_claim_is_kept_until_its_run_is_recorded(tmp_path: Path) -> None:
