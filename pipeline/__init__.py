@@ -34,6 +34,7 @@ from pipeline.distributed.options import (
     PipelineOptions,
     PlanOptions,
 )
+from pipeline.distributed.pool import PoolContext, StagePool
 from pipeline.distributed.report import PipelineStats, StageStats
 from pipeline.errors import (
     MigrationError,
@@ -82,12 +83,14 @@ __all__ = [
     "Plan",
     "PlanOptions",
     "Planner",
+    "PoolContext",
     "ReferenceTrainer",
     "ScheduleError",
     "ScheduleSpec",
     "StageContext",
     "StageError",
     "StageFailedError",
+    "StagePool",
     "StageStats",
     "WeightSnapshot",
     "get_schedule",

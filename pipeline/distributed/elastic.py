@@ -117,6 +117,8 @@ class ElasticPipeline(ModelViews, OptionViews):
             and checkpoints (`pipeline.local.lr_schedules`; not under "pipemare").
         checkpoint: a `CheckpointOptions`: save every N steps into a directory (keeping the
             last few), resume from a checkpoint of any partition, schedule or rank count.
+        inherit_from: a `WeightSnapshot` to start from, as `reconfigure` takes it (a
+            stage pool's resident weights: `PoolContext.resident`).
 
     Keywords of earlier versions (`memory_budget=`, `rebalance_every=`, `stages_per_rank=`,
     ...) raise a `TypeError` that names the group they moved to.
@@ -142,6 +144,7 @@ class ElasticPipeline(ModelViews, OptionViews):
         pipemare: PipeMareConfig | dict[str, Any] | None = None,
         lr_scheduler: LrSchedulerFactory | None = None,
         checkpoint: CheckpointOptions | None = None,
+        inherit_from: WeightSnapshot | None = None,
         **moved: Any,
     ) -> None:
         if moved:
@@ -184,8 +187,12 @@ class ElasticPipeline(ModelViews, OptionViews):
         self.event_log = EventLog(lambda: (self.generation, self.model.step))  # builds...
         self._closed = False
         self.model = ModelHolder(check_specs(specs), planning.handoff)
+        resumes = self.options.checkpoint.resume_from is not None
+        source = None if inherit_from is None else weights.checked_source(inherit_from, resumes)
         build.setup(self, self.checkpoints.start(self, planning.partition))  # resume_from?
         self.checkpoints.built(self)
+        if source is not None:
+            weights.start_from(self.comm, self.model, self.event_log, source)
 
     def adopt_schedule(self, schedule: ScheduleLike) -> None:
         """Run `schedule` from the next build: its placement, stage count, links and list.
@@ -348,9 +355,7 @@ class ElasticPipeline(ModelViews, OptionViews):
         self.checkpoints.built(self)
         self.event_log.record("reconfigure", layers=[s.key for s in new_specs])
         if source is not None:
-            self.model.expect_inheritance(source)
-            if self.model.built:
-                weights.take_inheritance(self.comm, self.model, self.event_log)
+            weights.start_from(self.comm, self.model, self.event_log, source)
 
     def snapshot(self) -> WeightSnapshot:
         """This rank's layers' weights (CPU copies) with the model's keys and partition, to

@@ -177,11 +177,8 @@ def next_model(
     requests = pipe.comm.all_gather_object([s.key for s in new_specs])
     if any(r != requests[0] for r in requests):
         raise ValueError("ranks passed different models to reconfigure")
-    if inherit_from is not None and not isinstance(inherit_from, WeightSnapshot):
-        raise TypeError(
-            f"inherit_from must be a WeightSnapshot (from snapshot()), "
-            f"got {type(inherit_from).__name__}"
-        )
+    if inherit_from is not None:
+        weights.checked_source(inherit_from)
     if inherit_from is None and inherit_weights and pipe.model.built:
         # references: the old layers are freed before the new ones load them
         return new_specs, weights.snapshot(pipe.model, copy=False)

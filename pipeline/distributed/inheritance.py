@@ -39,10 +39,32 @@ class WeightSnapshot:
     keys: tuple[str, ...]  # the model's layer keys, in order
     sizes: tuple[int, ...]  # its partition when taken
     states: Mapping[str, Mapping[str, torch.Tensor]]  # {key: state} of this rank's layers
+    # the rank that holds each key, where it is not stage s on rank s (`sizes`): weights
+    # regrouped onto other processes (`pipeline.distributed.pool`)
+    holders: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         if sum(self.sizes) != len(self.keys):
             raise ValueError(f"a snapshot of {len(self.keys)} layers has sizes {self.sizes}")
+        if self.holders is not None and len(self.holders) != len(self.keys):
+            raise ValueError(
+                f"a snapshot of {len(self.keys)} layers names {len(self.holders)} holders"
+            )
+
+    def holder_ranks(self, world_size: int) -> tuple[int, ...]:
+        """The rank holding each key in a group of `world_size` ranks."""
+        if self.holders is None:
+            if len(self.sizes) != world_size:
+                raise ValueError(
+                    f"the snapshot has {len(self.sizes)} stages, the pipeline {world_size}"
+                )
+            return tuple(owners(list(self.sizes)))
+        if max(self.holders, default=0) >= world_size:
+            raise ValueError(
+                f"the snapshot's layers are held by ranks up to {max(self.holders)}, "
+                f"the pipeline has {world_size}"
+            )
+        return self.holders
 
     def without(self, prefixes: Iterable[str]) -> WeightSnapshot:
         """This snapshot less every tensor whose qualified name, `<layer key>.<tensor
@@ -57,7 +79,7 @@ class WeightSnapshot:
             }
             for key, state in self.states.items()
         }
-        return WeightSnapshot(self.keys, self.sizes, states)
+        return WeightSnapshot(self.keys, self.sizes, states, self.holders)
 
 
 def inherited_states(
@@ -67,10 +89,7 @@ def inherited_states(
     rank will own under the new plan whose key is in `source`, fetched from whichever stage
     held them (one exchange, like a migration)."""
     rank = comm.rank
-    if len(source.sizes) != comm.world_size:
-        raise ValueError(
-            f"the snapshot has {len(source.sizes)} stages, the pipeline {comm.world_size}"
-        )
+    holders = source.holder_ranks(comm.world_size)
 
     def pack() -> dict[int, Any]:
         outgoing: dict[int, dict[str, dict[str, torch.Tensor]]] = {}
@@ -80,7 +99,7 @@ def inherited_states(
                 outgoing.setdefault(dst, {})[key] = state
         return pack_all(outgoing, rank)
 
-    old_owner = dict(zip(source.keys, owners(list(source.sizes)), strict=True))
+    old_owner = dict(zip(source.keys, holders, strict=True))
     new_owner = dict(zip((s.key for s in new_specs), owners(new_sizes), strict=True))
     received = exchange(comm, comm.together(pack))
     return {k: (src, v) for src, states in received.items() for k, v in states.items()}

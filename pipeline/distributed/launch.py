@@ -20,35 +20,22 @@
   and device from the node it runs on (NCCL when the node has a GPU for each of its
   LOCAL_WORLD_SIZE stages, GPU LOCAL_RANK), and the ranks check they chose alike.
 
-Children are forked from multiprocessing's forkserver where the platform has one (Linux,
-macOS; spawn elsewhere), with `__main__` and this module preloaded: the server imports
-torch once per caller, so a launch after the first starts its stages in milliseconds
-instead of seconds (a study, its retraining, a test suite). As with spawn, each child
-gets the caller's environment and working directory as they are at the launch (the
-server's were fixed when it started), and `fn` must be importable.
-
-No child outlives the caller: each watches the caller's pid and exits if it disappears (not
-its parent's, which is the forkserver), and the caller terminates them on any error,
-interrupt, or exit. Every collective and point-to-point message in the group times out
-after `timeout_s`, so a dead peer raises instead of hanging.
+How the processes start and end (the forkserver, no child outliving the caller) is
+`pipeline.distributed.processes`'. Every collective and point-to-point message in the group
+times out after `timeout_s`, so a dead peer raises instead of hanging.
 """
 
 from __future__ import annotations
 
 import atexit
 import datetime
-import multiprocessing as mp
 import os
 import pickle
 import queue
-import signal
 import socket
-import threading
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -62,23 +49,14 @@ import torch.distributed as dist
 # process at exit (SIGABRT, "terminate called without an active exception").
 import torch.distributed.nn
 
+from pipeline.distributed import processes
 from pipeline.distributed.comm import Comm, leave_group
+from pipeline.distributed.processes import StageContext
 from pipeline.errors import StageFailedError
 
 __all__ = ["StageContext", "StageFailedError", "launch", "lead_process", "under_torchrun"]
 
 _TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
-
-
-@dataclass(frozen=True)
-class StageContext:
-    """What `fn` learns about the process it runs in."""
-
-    rank: int
-    world_size: int
-    device: torch.device
-    backend: str
-    timeout_s: float
 
 
 def launch(
@@ -139,7 +117,7 @@ def _join_torchrun(
         # would meet the first one's keys (its ranks' old addresses) and hang, so a program
         # that launches twice (a study, then its retraining) reuses the first.
         dist.init_process_group(
-            _group_backend(backend), timeout=datetime.timedelta(seconds=timeout_s)
+            processes.group_backend(backend), timeout=datetime.timedelta(seconds=timeout_s)
         )
         atexit.register(leave_group)
     comm = Comm()
@@ -151,7 +129,7 @@ def _join_torchrun(
             "per stage it runs"
         )
     local_rank = int(os.environ.get("LOCAL_RANK", dist.get_rank()))
-    ctx = _context(dist.get_rank(), world, backend, threads, timeout_s, local_rank)
+    ctx = processes.stage_context(dist.get_rank(), world, backend, threads, timeout_s, local_rank)
     result = fn(ctx)
     results = comm.all_gather_object(result)
     comm.barrier()  # every peer has read the results before any launches again
@@ -162,7 +140,7 @@ def _join_torchrun(
 def _launch_local(
     fn: Callable[[StageContext], Any], n_stages: int, backend: str, threads: int, timeout_s: float
 ) -> list[Any]:
-    context = _start_context()
+    context = processes.start_context()
     store = dist.TCPStore(
         "127.0.0.1",
         0,
@@ -172,7 +150,7 @@ def _launch_local(
         wait_for_workers=False,
     )
     reports: Any = context.Queue()
-    caller = _Caller(dict(os.environ), os.getcwd(), os.getpid())
+    caller = processes.Caller.here()
     procs = [
         context.Process(
             target=_stage_main,
@@ -186,36 +164,8 @@ def _launch_local(
             p.start()
         return _collect(procs, reports, n_stages)
     finally:
-        _terminate(procs)
+        processes.terminate(procs)
         del store
-
-
-# The forkserver imports these (and torch) once. torch._dynamo too: the first optimizer a
-# stage builds imports it (2-3 s of CPU), so each stage would pay that again.
-_PRELOAD = ["__main__", __name__, "torch._dynamo"]
-
-
-def _start_context() -> Any:
-    """forkserver where the platform has it (module doc), else spawn."""
-    if "forkserver" not in mp.get_all_start_methods():
-        return mp.get_context("spawn")
-    context = mp.get_context("forkserver")
-    context.set_forkserver_preload(_PRELOAD)  # read when the server starts: the first launch
-    return context
-
-
-@dataclass(frozen=True)
-class _Caller:
-    """What a spawned child would have inherited from the caller at the launch."""
-
-    environ: dict[str, str]
-    cwd: str
-    pid: int  # the caller's: the process each stage watches (`_watch_caller`)
-
-    def adopt(self) -> None:
-        os.environ.clear()
-        os.environ.update(self.environ)
-        os.chdir(self.cwd)
 
 
 def _collect(procs: list[Any], reports: Any, n_stages: int) -> list[Any]:
@@ -271,38 +221,6 @@ def _first_cause(
     return StageFailedError(rank, errors[rank])
 
 
-def _terminate(procs: list[Any]) -> None:
-    for p in procs:
-        if p.is_alive():
-            p.terminate()
-    deadline = time.monotonic() + 5.0
-    for p in procs:
-        if p.pid is not None:
-            p.join(max(0.0, deadline - time.monotonic()))
-        if p.is_alive():
-            p.kill()
-            p.join()
-
-
-def _context(
-    rank: int,
-    world: int,
-    backend: str,
-    threads: int,
-    timeout_s: float,
-    local_rank: int | None = None,
-) -> StageContext:
-    """The stage's context; its GPU is its rank on this machine (`local_rank`)."""
-    torch.set_num_threads(threads)
-    if backend == "nccl":
-        here = rank if local_rank is None else local_rank
-        device = torch.device("cuda", here % torch.cuda.device_count())
-        torch.cuda.set_device(device)
-    else:
-        device = torch.device("cpu")
-    return StageContext(rank, world, device, backend, timeout_s)
-
-
 def _stage_main(
     fn: Callable[[StageContext], Any],
     rank: int,
@@ -312,83 +230,34 @@ def _stage_main(
     threads: int,
     timeout_s: float,
     reports: Any,
-    caller: _Caller,
+    caller: processes.Caller,
 ) -> None:
     """Entry point of a local stage process."""
-    _watch_caller(caller.pid)
+    processes.watch_caller(caller.pid)
     caller.adopt()
     try:
         timeout = datetime.timedelta(seconds=timeout_s)
         store = dist.TCPStore("127.0.0.1", port, world + 1, is_master=False, timeout=timeout)
         dist.init_process_group(
-            _group_backend(backend), store=store, rank=rank, world_size=world, timeout=timeout
+            processes.group_backend(backend),
+            store=store,
+            rank=rank,
+            world_size=world,
+            timeout=timeout,
         )
     except BaseException:
-        _report(reports, rank, "error", traceback.format_exc())
+        processes.report(reports, (rank, "error", traceback.format_exc()))
         return
     try:
-        result = fn(_context(rank, world, backend, threads, timeout_s))
+        result = fn(processes.stage_context(rank, world, backend, threads, timeout_s))
     except BaseException:
         # Report first: the caller terminates every stage at once, so a peer blocked in a
         # message to this one never holds the report up behind the group's teardown.
-        _report(reports, rank, "error", traceback.format_exc())
-        _leave_now()
+        processes.report(reports, (rank, "error", traceback.format_exc()))
+        processes.leave_now()
     try:
         Comm().barrier()  # nobody tears the group down while a peer still reads from it
         leave_group()
-        _report(reports, rank, "ok", pickle.dumps(result))
+        processes.report(reports, (rank, "ok", pickle.dumps(result)))
     except BaseException:
-        _report(reports, rank, "error", traceback.format_exc())
-
-
-def _report(reports: Any, rank: int, status: str, payload: Any) -> None:
-    """Put one report on the queue and wait until it has left this process."""
-    reports.put((rank, status, payload))
-    reports.close()
-    reports.join_thread()
-
-
-def _group_backend(backend: str) -> str:
-    """gloo on CPU; on GPUs NCCL for tensors and gloo for the control plane (see Comm)."""
-    return "cpu:gloo,cuda:nccl" if backend == "nccl" else backend
-
-
-def _leave_now() -> None:
-    """End this process at once, running no cleanup that could wait on a peer."""
-    os.kill(os.getpid(), signal.SIGKILL)
-
-
-def _watch_caller(pid: int) -> None:
-    """Exit at once if the caller dies, so no stage process is ever orphaned.
-
-    The caller's pid is watched, not the parent's: under the forkserver the parent is the
-    server, and the server lives as long as any of its children does (each holds its
-    liveness pipe), so a child waiting for its parent to go would wait forever."""
-    parent = os.getppid()
-
-    def gone() -> bool:
-        if os.getppid() != parent:
-            return True
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return True
-        except PermissionError:  # alive (only a reused pid of another user: rare)
-            return False
-        return _zombie(pid)
-
-    def watch() -> None:
-        while not gone():
-            time.sleep(0.5)
-        _leave_now()
-
-    threading.Thread(target=watch, daemon=True, name="caller-watch").start()
-
-
-def _zombie(pid: int) -> bool:
-    """Whether `pid` has exited and waits to be reaped (Linux's /proc; elsewhere False)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[-1].split()[0] == "Z"
+        processes.report(reports, (rank, "error", traceback.format_exc()))

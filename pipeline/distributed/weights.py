@@ -27,7 +27,7 @@ from pipeline.distributed.inheritance import WeightSnapshot, inherited_states
 from pipeline.local.carry import nbytes
 from pipeline.local.spec import build_layer
 
-__all__ = ["full_state_dict", "snapshot", "take_inheritance"]
+__all__ = ["checked_source", "full_state_dict", "snapshot", "start_from", "take_inheritance"]
 
 
 def full_state_dict(
@@ -69,6 +69,29 @@ def snapshot(model: ModelHolder, copy: bool) -> WeightSnapshot:
         for layer in stage.layers
     }
     return WeightSnapshot(tuple(s.key for s in model.specs), tuple(model.sizes), states)
+
+
+def checked_source(source: object, resumes: bool = False) -> WeightSnapshot:
+    """`inherit_from=` as given: a `WeightSnapshot`, for a model that does not `resume`
+    from a checkpoint too (which would give the starting weights twice)."""
+    if not isinstance(source, WeightSnapshot):
+        raise TypeError(
+            f"inherit_from must be a WeightSnapshot (from snapshot()), got {type(source).__name__}"
+        )
+    if resumes:
+        raise ValueError(
+            "inherit_from= and CheckpointOptions(resume_from=...) both give the starting "
+            "weights; pass one of them"
+        )
+    return source
+
+
+def start_from(comm: Comm, model: ModelHolder, event_log: EventLog, source: WeightSnapshot) -> None:
+    """The model (just set up) starts from `source`: now if it is built, else at its build
+    on the first step (`pipeline.distributed.build.plan_first`)."""
+    model.expect_inheritance(source)
+    if model.built:
+        take_inheritance(comm, model, event_log)
 
 
 def take_inheritance(comm: Comm, model: ModelHolder, event_log: EventLog) -> None:

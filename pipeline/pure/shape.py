@@ -44,6 +44,7 @@ __all__ = [
     "predicted_step_s",
     "preference",
     "shapes",
+    "stages_for",
 ]
 
 # (threads per stage, micro-batch size) -> the model's per-layer costs measured there
@@ -231,6 +232,47 @@ def choose_shape(
         reasons = "; ".join(f"{o.shape}: {o.reason}" for o in tried[:6])
         raise ValueError(f"no shape can be planned for this model: {reasons}")
     best = max(planned, key=lambda o: preference(o.shape, o.predicted_samples_per_s))
+    return best, tried
+
+
+def stages_for(
+    planner: Planner,
+    costs_at: CostsAt,
+    overheads: RuntimeOverheads,
+    *,
+    max_stages: int,
+    batch_size: int,
+    threads: int = 1,
+    n_microbatches: int | None = None,
+    schedule: str = "1f1b",
+    memory_budget: int | None = None,
+) -> tuple[ShapeOption, list[ShapeOption]]:
+    """One model's own pipeline on a pool of processes (`pipeline.pure.pool`): (the stage
+    count and micro-batches it trains on, every option tried); ValueError if none fits.
+
+    The fewest stages whose plan fits `memory_budget`; more only where the pool's
+    samples/s per process is predicted higher (the other processes train other models,
+    so a pipeline that is faster but not that much faster would slow the pool down)."""
+    limits = ShapeLimits(
+        cores=max_stages * threads,
+        batch_size=batch_size,
+        workers=1,
+        threads_per_stage=threads,
+        n_microbatches=n_microbatches,
+    )
+    n_layers = len(costs_at(threads, batch_size))
+    tried = [
+        _option(planner, costs_at, shape, batch_size, overheads, schedule, memory_budget)
+        for shape in shapes(limits, n_layers)
+    ]
+    planned = [o for o in tried if o.plan is not None]
+    if not planned:
+        reasons = "; ".join(f"{o.shape.n_stages} stages: {o.reason}" for o in tried[:6])
+        raise ValueError(f"no pipeline of at most {max_stages} stages fits this model: {reasons}")
+    best = max(
+        planned,
+        key=lambda o: preference(o.shape, o.predicted_samples_per_s / o.shape.n_stages),
+    )
     return best, tried
 
 

@@ -78,6 +78,22 @@ def test_a_dead_holders_claim_is_taken_over_by_exactly_one(tmp_path: Path) -> No
         assert [p.name for p in path.parent.iterdir()] == ["seed-0.claim"]
 
 
+def release_among_takers(run: Run, mine: Claim, takers: int) -> list[Claim]:
+    """The holder releases `mine` while `takers` threads take the run's claim, let go
+    together; the claims they took."""
+    barrier = threading.Barrier(takers + 1)
+
+    def one(taker: int) -> Claim | None:
+        barrier.wait()
+        if taker == takers:
+            release(run.claim, mine)
+            return None
+        return take(run.claim, run.digest, run.finished)
+
+    with ThreadPoolExecutor(takers + 1) as pool:
+        return [claim for claim in pool.map(one, range(takers + 1)) if claim is not None]
+
+
 def test_a_recorded_runs_claim_released_while_taken_over_removes_only_itself(
     tmp_path: Path,
 ) -> None:
@@ -88,17 +104,7 @@ def test_a_recorded_runs_claim_released_while_taken_over_removes_only_itself(
         mine = take(run.claim, run.digest, run.finished)
         assert mine is not None
         save(run.folder, run.seed, run.digest, {"seed": 0})  # recorded: its claim is stale
-        barrier = threading.Barrier(5)
-
-        def one(taker: int) -> Claim | None:
-            barrier.wait()
-            if taker == 0:
-                release(run.claim, mine)  # the holder, done
-                return None
-            return take(run.claim, run.digest, run.finished)
-
-        with ThreadPoolExecutor(5) as pool:
-            won = [claim for claim in pool.map(one, range(5)) if claim is not None]
+        won = release_among_takers(run, mine, 4)
         assert holder(run.claim) in won if won else holder(run.claim) is None
         assert not list(run.claim.parent.glob(".*"))  # no right or partial left behind
 

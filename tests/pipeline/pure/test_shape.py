@@ -16,6 +16,7 @@ from pipeline.pure.shape import (
     choose_shape,
     predicted_step_s,
     shapes,
+    stages_for,
 )
 
 OVERHEADS = RuntimeOverheads(microbatch_s=4e-4, message_s=8e-4, step_s=1e-3)
@@ -188,3 +189,29 @@ def test_shapes_read_as_words() -> None:
     assert str(Shape(2, 1, 1, 1)) == "2 workers x 1 stage x 1 thread, 1 micro-batch"
     assert str(Shape(1, 2, 2, 4)) == "1 worker x 2 stages x 2 threads, 4 micro-batches"
     assert list(itertools.chain(Shape(1, 2, 2, 4).to_dict().values())) == [1, 2, 2, 4]
+
+
+# -- one model's pipeline on a pool (`stages_for`) ---------------------------------------------
+def test_on_a_pool_a_small_model_takes_one_process_and_a_large_one_the_fewest_that_fit() -> None:
+    small = costs_at_for(model(6, 2e-3, 1 << 16))
+    best, tried = stages_for(TimePlanner(), small, OVERHEADS, max_stages=4, batch_size=BATCH)
+    assert best.shape.n_stages == 1 and best.shape.workers == 1
+    assert {o.shape.n_stages for o in tried} == {1, 2, 3, 4}
+    large = costs_at_for(model(6, 2e-3, 8 << 20))
+    one_stage = evaluate(large(1, BATCH), [6], n_microbatches=1)
+    budget = int(0.7 * one_stage.predicted_stage_bytes[0])
+    best, tried = stages_for(
+        TimePlanner(), large, OVERHEADS, max_stages=4, batch_size=BATCH, memory_budget=budget
+    )
+    assert best.shape.n_stages == 2  # the fewest that fit: more would not be faster per process
+    assert best.plan is not None and max(best.plan.predicted_stage_bytes) <= budget
+    fits = [o for o in tried if o.plan is not None]
+    per_process = {o.shape: o.predicted_samples_per_s / o.shape.n_stages for o in fits}
+    assert per_process[best.shape] == max(per_process.values())  # brute force agrees
+
+
+def test_on_a_pool_a_model_that_fits_no_pipeline_names_every_reason() -> None:
+    large = costs_at_for(model(2, 2e-3, 64 << 20))
+    with pytest.raises(ValueError, match="no pipeline of at most 2 stages fits") as caught:
+        stages_for(TimePlanner(), large, OVERHEADS, max_stages=2, batch_size=BATCH, memory_budget=1)
+    assert "1 stages:" in str(caught.value) and "2 stages:" in str(caught.value)
