@@ -18,7 +18,7 @@ from typing import Any
 
 import optuna
 from rich import box
-from rich.console import Console
+from rich.console import Console, Group
 from rich.markup import escape
 from rich.table import Table
 
@@ -94,9 +94,10 @@ def report_study(
         console.print(f"W&B (offline): wandb sync {' '.join(run_dirs)}", soft_wrap=True)
 
 
-def _trials_table(settings: NasSettings, study: optuna.Study, width: int = 100) -> Table:
-    """One line per trial: state, objectives, the task's metrics, size, speed, memory; the
-    architecture's short name (or the failure's cause) takes what width is left."""
+def _trials_table(settings: NasSettings, study: optuna.Study, width: int = 100) -> Group:
+    """One line per trial: state, objectives, the task's metrics, size, speed, memory (a
+    metric no trial recorded is left out); the architecture's short name (or the failure's
+    cause) in what width is left, or, where that would cut it, listed under the table."""
     objectives = list(settings.study.objectives)
     measured = [m for m in task_metrics(settings.task.name) if m not in objectives]
     extra = [m for m in ("parameters", "samples_per_s", "peak_memory_bytes") if m not in objectives]
@@ -104,17 +105,18 @@ def _trials_table(settings: NasSettings, study: optuna.Study, width: int = 100) 
     shown = [t for t in study.get_trials(deepcopy=False) if not t.user_attrs.get("invalid")]
     finished = sum(t.state.is_finished() for t in shown)  # the skipped are counted below
     base = _reference_parameters(settings, shown)
-    rows = []
+    recorded = [m for m in (*measured, *extra) if any(m in t.user_attrs for t in shown)]
+    rows, names = [], []
     for t in sorted(shown, key=lambda t: t.number):
         values = [f"{v:.4g}" for v in t.values] if t.values else ["-"] * len(study.directions)
-        others = [_cell(t.user_attrs.get(m), m, base) for m in (*measured, *extra)]
+        others = [_cell(t.user_attrs.get(m), m, base) for m in recorded]
         state = t.state.name.lower() + (" *" if t.number in best else "")
-        text = (
+        rows.append([str(t.number), state, *values, *others])
+        names.append(
             t.user_attrs.get("fail_reason")
             or t.user_attrs.get("short_name")
             or t.user_attrs.get("architecture", "")
         )
-        rows.append([str(t.number), state, *values, *others, escape(text[:70])])
     table = Table(
         title=f"study {study.study_name}: {finished} trials",
         box=box.SIMPLE_HEAD,
@@ -123,18 +125,34 @@ def _trials_table(settings: NasSettings, study: optuna.Study, width: int = 100) 
     )
     used = 0
     labels = task_class(settings.task.name).metric_labels
-    for i, column in enumerate(["trial", "state", *objectives, *measured, *extra]):
+    for i, column in enumerate(["trial", "state", *objectives, *recorded]):
         metric = column.removeprefix("validation_")
         name = _HEADERS.get(column) or labels.get(metric, metric)
         fits = max([len(name)] + [len(row[i]) for row in rows])  # numbers are never cut
         table.add_column(name, no_wrap=True, min_width=fits)
         used += fits + 2
-    table.add_column(
-        "architecture", no_wrap=True, overflow="ellipsis", max_width=max(12, width - used - 2)
-    )  # one line, what width is left
-    for row in rows:
-        table.add_row(*row)
-    return table
+    left = width - used - 2
+    if left < min(_ARCHITECTURE_WIDTH, max((len(n) for n in names), default=0)):
+        for row in rows:
+            table.add_row(*row)
+        return Group(table, _architectures(rows, names))
+    table.add_column("architecture", no_wrap=True, overflow="ellipsis", max_width=left)
+    for row, text in zip(rows, names, strict=True):
+        table.add_row(*row, escape(text[:70]))
+    return Group(table)
+
+
+_ARCHITECTURE_WIDTH = 32  # below this the architectures are listed under the table
+
+
+def _architectures(rows: list[list[str]], names: list[str]) -> Table:
+    """The trials' architectures (or failures), one per line, wrapped rather than cut."""
+    listing = Table(box=None, pad_edge=False, show_header=True)
+    listing.add_column("#", no_wrap=True, justify="right")
+    listing.add_column("architecture", overflow="fold")
+    for row, text in zip(rows, names, strict=True):
+        listing.add_row(row[0], escape(text))
+    return listing
 
 
 def _report_retrained(settings: NasSettings, retrained: RetrainResult, console: Console) -> None:
