@@ -36,5 +36,8 @@ it reads (so none imports the facade, and only the facade replaces its own parts
       weights     full state dict, snapshots, inheritance     ──> inheritance
       report      stats and pictures
 
-`launch` starts the stage processes (or joins torchrun's group).
+`launch` starts the stage processes for one run of a function (or joins torchrun's group);
+`pool.StagePool` keeps them for many pipelines of any size, lending each job its processes
+(`pool_member`: one process's side; `pool_jobs`: a job's reports; `pipeline.pure.pool`: who
+gets which process); both start and end processes as `processes` says.
 """

@@ -188,9 +188,6 @@ def _collect(procs: list[Any], reports: Any, n_stages: int) -> list[Any]:
     return [results[r] for r in range(n_stages)]
 
 
-_PEER_FAILURE = ("Connection reset", "Connection closed", "Timed out", "timed out")
-
-
 def _first_cause(
     procs: list[Any], reports: Any, errors: dict[int, str], finished: set[int]
 ) -> StageFailedError:
@@ -216,7 +213,7 @@ def _first_cause(
                 f"the process exited with code {p.exitcode} without a report "
                 "(killed by a signal or out of memory?)",
             )
-    primary = [r for r, tb in errors.items() if not any(m in tb for m in _PEER_FAILURE)]
+    primary = [r for r, tb in errors.items() if not any(m in tb for m in processes.PEER_FAILURE)]
     rank = primary[0] if primary else next(iter(errors))
     return StageFailedError(rank, errors[rank])
 

@@ -22,7 +22,7 @@ thread (`_serve`) is the only one that touches the ledger and the processes::
 
     submit ──> waiting (first come, first lent) ──lend──> Assignment to each process
                                                          │ (pipe per process)
-    Future <── results by rank <── reports queue <───────┘ "ok" / "released" / "error"
+    Future <── results by rank <── the same pipes <──────┘ "ok" / "released" / "error"
 
 Faults: a job that raises (or a process that dies) fails its future with `StageFailedError`
 naming the first cause; every process of that job that did not finish cleanly is killed and
@@ -36,24 +36,23 @@ import collections
 import contextlib
 import datetime
 import logging
+import multiprocessing.connection
 import os
 import pickle
-import queue
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from concurrent.futures import Future
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from pipeline.distributed import pool_member, processes
-from pipeline.distributed.pool_member import Assignment, Handover, Kept, PoolContext, Taking
-from pipeline.errors import StageFailedError
+from pipeline.distributed.pool_jobs import Job, Request, Running
+from pipeline.distributed.pool_member import Assignment, Handover, PoolContext, Taking
 from pipeline.pure.checks import is_int
-from pipeline.pure.pool import Lending, PoolLedger, Residency
+from pipeline.pure.pool import PoolLedger
 
 __all__ = ["PoolContext", "StagePool"]
 
@@ -61,55 +60,6 @@ logger = logging.getLogger(__name__)
 _POLL_S = 0.05
 _GRACE_S = 0.5  # after a job's first error, how long its other processes may still report
 _FAILED_STARTS = 3  # processes dead before their first job, in a row: the pool is broken
-_PEER_FAILURE = ("Connection reset", "Connection closed", "Timed out", "timed out")
-Job = Callable[[PoolContext], Any]
-
-
-@dataclass
-class _Request:
-    fn: Job
-    n_stages: int
-    take: str | None
-    keep: str | None
-    future: Future[list[Any]] = field(default_factory=Future)
-
-
-@dataclass
-class _Running:
-    """A job lent its processes: what they reported so far."""
-
-    request: _Request
-    lending: Lending
-    results: dict[int, Any] = field(default_factory=dict)  # rank -> result
-    kept: dict[int, Kept | None] = field(default_factory=dict)  # member -> what it kept
-    done: set[int] = field(default_factory=set)  # processes that ended their part cleanly
-    errors: dict[int, str] = field(default_factory=dict)  # process -> traceback
-    failed_at: float | None = None
-
-    @property
-    def processes(self) -> tuple[int, ...]:
-        return self.lending.members + self.lending.leavers
-
-    def failed(self, process: int, detail: str) -> None:
-        self.errors.setdefault(process, detail)
-        self.failed_at = self.failed_at or time.monotonic()
-
-    def outstanding(self) -> list[int]:
-        """Processes that have neither ended their part nor failed."""
-        return [p for p in self.processes if p not in self.done and p not in self.errors]
-
-    def first_cause(self) -> StageFailedError:
-        """The error that failed the job: a death without a report first, then an error
-        that is not a peer's broken connection or timeout, then any (by rank)."""
-        ranked = sorted(self.errors.items(), key=lambda item: self._rank(item[0]))
-        dead = [item for item in ranked if "without a report" in item[1]]
-        primary = [item for item in ranked if not any(m in item[1] for m in _PEER_FAILURE)]
-        process, detail = (dead or primary or ranked)[0]
-        return StageFailedError(self._rank(process), detail)
-
-    def _rank(self, process: int) -> int:
-        members = self.lending.members
-        return members.index(process) if process in members else len(members)
 
 
 class StagePool:
@@ -157,14 +107,13 @@ class StagePool:
         self._setup = pool_member.MemberSetup(
             self._store.port, backend, threads_per_process, timeout_s
         )
-        self._reports: Any = self._context.Queue()
         self._procs: list[Any] = [None] * size
         self._pipes: list[Any] = [None] * size
         self._ready = [False] * size  # whether each process has started and said so
         for p in range(size):
             self._start(p)
-        self._waiting: collections.deque[_Request] = collections.deque()
-        self._running: dict[int, _Running] = {}
+        self._waiting: collections.deque[Request] = collections.deque()
+        self._running: dict[int, Running] = {}
         self._lock = threading.Lock()
         self._closed = threading.Event()
         self._restarts = 0
@@ -221,7 +170,7 @@ class StagePool:
                 f"fn must pickle to reach the pool's processes (a module-level function or a "
                 f"functools.partial of one), got {fn!r}: {error}"
             ) from error
-        request = _Request(fn, n_stages, take, keep)
+        request = Request(fn, n_stages, take, keep)
         with self._lock:
             self._waiting.append(request)
         return request.future
@@ -256,11 +205,29 @@ class StagePool:
 
     # -- the pool's thread -----------------------------------------------------------------
     def _serve(self) -> None:
-        while not self._closed.is_set() and self._broken is None:
-            self._lend()
-            with contextlib.suppress(queue.Empty):
-                self._on_report(self._reports.get(timeout=_POLL_S))
-            self._watch()
+        try:
+            while not self._closed.is_set() and self._broken is None:
+                self._lend()
+                for message in self._messages():
+                    self._on_report(message)
+                self._watch()
+        except Exception as error:  # a bug here must not leave a caller waiting forever
+            logger.exception("stage pool: its thread failed")
+            self._break(RuntimeError(f"the StagePool's thread failed: {error!r}"))
+
+    def _messages(self) -> list[tuple[Any, ...]]:
+        """What the processes reported, waiting up to `_POLL_S` for the first. A pipe that
+        breaks (its process died, perhaps in mid-message) is read no more: `_watch` sees
+        the death."""
+        live = [pipe for pipe in self._pipes if not pipe.closed]
+        got: list[tuple[Any, ...]] = []
+        ready: list[Any] = multiprocessing.connection.wait(live, timeout=_POLL_S)
+        for pipe in ready:
+            try:
+                got.append(pipe.recv())
+            except (EOFError, OSError, pickle.UnpicklingError):
+                pipe.close()
+        return got
 
     def _lend(self) -> None:
         """Lend to the waiting jobs in order while the first one fits (once every process
@@ -274,11 +241,11 @@ class StagePool:
                 if lending is None:
                     return
                 self._waiting.popleft()
-            job = _Running(request, lending)
+            job = Running(request, lending)
             self._running[lending.job] = job
             self._send(job)
 
-    def _send(self, job: _Running) -> None:
+    def _send(self, job: Running) -> None:
         lending, request = job.lending, job.request
         taking = None
         if lending.taken is not None:
@@ -368,18 +335,27 @@ class StagePool:
         self._failed_starts += 1
         if self._failed_starts < _FAILED_STARTS:
             return False
-        self._broken = RuntimeError(
-            f"the pool's processes exit as they start (exit code {exitcode}, "
-            f"{self._failed_starts} in a row); a program that makes a StagePool must guard "
-            "its entry point with `if __name__ == '__main__':` (the processes import it)"
+        self._break(
+            RuntimeError(
+                f"the pool's processes exit as they start (exit code {exitcode}, "
+                f"{self._failed_starts} in a row); a program that makes a StagePool must "
+                "guard its entry point with `if __name__ == '__main__':` (the processes "
+                "import it)"
+            )
         )
-        with self._lock:
-            waiting, self._waiting = list(self._waiting), collections.deque()
-        for request in waiting:
-            request.future.set_exception(self._broken)
         return True
 
-    def _settle(self, job: _Running) -> None:
+    def _break(self, error: RuntimeError) -> None:
+        """The pool can lend nothing more: every job waiting or running fails with `error`,
+        and so does every later `submit`."""
+        self._broken = error
+        with self._lock:
+            waiting, self._waiting = list(self._waiting), collections.deque()
+        for request in [*waiting, *(job.request for job in self._running.values())]:
+            if not request.future.done():
+                request.future.set_exception(error)
+
+    def _settle(self, job: Running) -> None:
         """End `job` once every member finished, or once it failed and its grace is over."""
         number = job.lending.job
         if job.failed_at is None:
@@ -387,7 +363,7 @@ class StagePool:
                 return
             del self._running[number]
             with self._lock:
-                self._ledger.give_back(number, _residency(job))
+                self._ledger.give_back(number, job.kept_model())
             job.request.future.set_result([job.results[r] for r in range(len(job.results))])
             return
         if job.outstanding() and time.monotonic() - job.failed_at < _GRACE_S:
@@ -410,31 +386,16 @@ class StagePool:
             logger.warning("stage pool: processes %s started again", broken)
 
     def _start(self, process: int) -> None:
+        """Start process number `process` (again), with a new pipe of its own."""
+        if self._pipes[process] is not None:
+            self._pipes[process].close()
         parent, child = self._context.Pipe()
         proc = self._context.Process(
             target=pool_member.serve,
-            args=(process, child, self._reports, self._setup, processes.Caller.here()),
+            args=(process, child, self._setup, processes.Caller.here()),
             name=f"pipeline-pool-{process}",
         )
         proc.start()
         child.close()
         self._procs[process], self._pipes[process] = proc, parent
         self._ready[process] = False
-
-
-def _residency(job: _Running) -> Residency | None:
-    """The model the job kept, if every member kept its part and together they hold it."""
-    name, members = job.request.keep, job.lending.members
-    parts = [job.kept.get(p) for p in members]
-    if name is None or not parts or any(part is None for part in parts):
-        return None
-    holder: dict[str, int] = {}
-    keys: tuple[str, ...] = ()
-    for p, part in zip(members, parts, strict=True):
-        assert part is not None
-        keys = part.keys
-        holder.update((key, p) for key in part.held)
-    if set(holder) != set(keys):
-        logger.warning("job %d kept %r without every layer: not resident", job.lending.job, name)
-        return None
-    return Residency(name, keys, tuple(holder[k] for k in keys))

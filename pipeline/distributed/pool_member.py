@@ -130,25 +130,25 @@ class MemberSetup:
         )
 
 
-def serve(
-    process: int, commands: Any, reports: Any, setup: MemberSetup, caller: processes.Caller
-) -> None:
-    """Entry point of pool process `process`: serve `commands` until a None arrives."""
+def serve(process: int, pipe: Any, setup: MemberSetup, caller: processes.Caller) -> None:
+    """Entry point of pool process `process`: serve the commands of `pipe` until a None
+    arrives, reporting on the same pipe. A pipe of its own, not a queue shared by the pool:
+    a process killed while it writes can break only its own pipe, which goes with it."""
     processes.watch_caller(caller.pid)
     caller.adopt()
     timeout = datetime.timedelta(seconds=setup.timeout_s)
     store = dist.TCPStore("127.0.0.1", setup.port, is_master=False, timeout=timeout)
     resident: dict[str, dict[str, Mapping[str, torch.Tensor]]] = {}  # name -> this part
-    processes.report(reports, (-1, process, "ready"), last=False)
-    while (order := commands.recv()) is not None:
+    pipe.send((-1, process, "ready"))
+    while (order := pipe.recv()) is not None:
         for name in order.drop:  # 1.
             resident.pop(name, None)
         try:
             message = _carry_out(process, order, setup, store, resident)
         except BaseException:
-            processes.report(reports, (order.job, process, "error", traceback.format_exc()))
+            pipe.send((order.job, process, "error", traceback.format_exc()))
             processes.leave_now()
-        processes.report(reports, message, last=False)
+        pipe.send(message)
 
 
 def _carry_out(

@@ -32,6 +32,7 @@ from typing import Any
 import torch
 
 __all__ = [
+    "PEER_FAILURE",
     "Caller",
     "StageContext",
     "group_backend",
@@ -54,6 +55,10 @@ class StageContext:
     backend: str
     timeout_s: float
 
+
+# What a stage's error says when it only saw another stage fail first (its messages broke):
+# not the cause, which the caller names instead (`launch`, `pool`)
+PEER_FAILURE = ("Connection reset", "Connection closed", "Timed out", "timed out")
 
 # The forkserver imports these (and torch) once. torch._dynamo too: the first optimizer a
 # stage builds imports it (2-3 s of CPU), so each stage would pay that again.
@@ -125,12 +130,11 @@ def stage_context(
     return StageContext(rank, world, device, backend, timeout_s)
 
 
-def report(reports: Any, message: tuple[Any, ...], *, last: bool = True) -> None:
-    """Put one report on the queue; the last one of a process waits until it has left."""
+def report(reports: Any, message: tuple[Any, ...]) -> None:
+    """Put a process's one report on the queue and wait until it has left the process."""
     reports.put(message)
-    if last:
-        reports.close()
-        reports.join_thread()
+    reports.close()
+    reports.join_thread()
 
 
 def group_backend(backend: str) -> str:
