@@ -20,6 +20,7 @@ its predicted samples per second beside the measured (`predicted_samples_per_s`)
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import os
 import platform
@@ -35,7 +36,7 @@ from nas.settings import AUTO, NasSettings
 from nas.study import training
 from nas.study.space import configured_space
 from nas.tasks import get_task
-from pipeline import CostCache, under_torchrun
+from pipeline import CostCache, StageContext, launch, under_torchrun
 from pipeline.distributed.overheads import measure_overheads
 from pipeline.local.microbatch import split_microbatches
 from pipeline.local.profiler import LayerShape, optimizer_state_ratio, sandbox, trace_shapes
@@ -202,14 +203,30 @@ def _shaped(settings: NasSettings, shape: Shape) -> NasSettings:
 
 def resolve_one(settings: NasSettings) -> tuple[NasSettings, ShapeChoice | None]:
     """`resolve` for one worker (a retraining, a study's stages under torchrun): under
-    torchrun the stages are its WORLD_SIZE processes."""
+    torchrun the stages are its WORLD_SIZE processes, and every one of them takes rank 0's
+    choice. Each rank profiles for itself, and timings differ between processes: two ranks
+    that chose different micro-batch counts would each wait for messages the other never
+    sends (a torchrun study once hung so, 300 s, until the group's timeout)."""
     fixed = dataclasses.replace(settings.pipeline)
-    if under_torchrun():
-        fixed.n_stages = int(os.environ["WORLD_SIZE"])
+    world = int(os.environ["WORLD_SIZE"]) if under_torchrun() else None
+    if world is not None:
+        fixed.n_stages = world
     one = dataclasses.replace(
         settings, study=dataclasses.replace(settings.study, workers=1), pipeline=fixed
     )
-    return resolve(one, max_workers=1)
+    if world is None:
+        return resolve(one, max_workers=1)
+    chosen: list[tuple[NasSettings, ShapeChoice | None]] = launch(
+        functools.partial(_resolved_here, settings=one), world
+    )
+    return chosen[0]
+
+
+def _resolved_here(
+    ctx: StageContext, settings: NasSettings
+) -> tuple[NasSettings, ShapeChoice | None]:
+    """`resolve` for one worker, on this rank (`resolve_one` keeps rank 0's)."""
+    return resolve(settings, max_workers=1)
 
 
 def _fixed_threads(threads: int | str | None, n_stages: int | str) -> int | None:

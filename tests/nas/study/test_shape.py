@@ -6,6 +6,10 @@ given (their measurement starts processes: the CLI test measures them).
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -97,3 +101,57 @@ def test_an_unreadable_cache_is_measured_again(machine: Path) -> None:
         assert shape.load_cache().overheads is None and len(shape.load_cache()) == 0
     finally:
         machine.write_text(kept)
+
+
+TORCHRUN_SHAPES = """
+import dataclasses, json, os, sys
+from pathlib import Path
+
+from nas.study import shape
+from tests.nas.harness.common import composed
+
+
+def on_this_rank(settings, max_workers=None, architectures=None):
+    # what a rank's own profile might choose: here each rank a different micro-batch count
+    n_microbatches = 1 + int(os.environ["RANK"])
+    pipeline = dataclasses.replace(settings.pipeline, n_microbatches=n_microbatches)
+    return dataclasses.replace(settings, pipeline=pipeline), None
+
+
+if __name__ == "__main__":
+    shape.resolve = on_this_rank
+    settings, _ = shape.resolve_one(composed("pipeline.n_microbatches=auto"))
+    chosen = settings.pipeline
+    out = {"n_microbatches": chosen.n_microbatches, "n_stages": chosen.n_stages}
+    Path(sys.argv[1], f"rank{os.environ['RANK']}.json").write_text(json.dumps(out))
+"""
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(180)
+def test_under_torchrun_every_rank_takes_rank_zeros_shape(tmp_path: Path) -> None:
+    # each rank profiles for itself; ranks that kept their own micro-batch counts waited
+    # for each other's messages until the group's timeout (a torchrun study hung so)
+    script = tmp_path / "shapes.py"
+    script.write_text(TORCHRUN_SHAPES)
+    root = Path(__file__).resolve().parents[3]
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            str(script),
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=150,
+        check=False,
+        env={**os.environ, "PYTHONPATH": str(root)},
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    assert ranks == [{"n_microbatches": 1, "n_stages": 2}] * 2
