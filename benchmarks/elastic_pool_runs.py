@@ -219,32 +219,28 @@ def keep_job(ctx: PoolContext, d_model: int, n_layers: int) -> None:
 
 
 def grow_job(ctx: PoolContext, d_model: int, n_layers: int, submitted: float) -> float:
-    """Seconds from the submit to the grown model's first step (group, build, inheritance)."""
-    specs = specs_of(d_model, n_layers)
-    pipe = ElasticPipeline(
-        specs,
-        optimizer=ADAM,
-        loss_fn=F.mse_loss,
-        n_microbatches=4,
-        seed=0,
-        planning=PlanOptions(partition=list(equal_split(n_layers, 2))),
-        inherit_from=ctx.resident,
-    )
-    pipe.close()
-    return time.time() - submitted
+    """Seconds from the submit to the grown model, built and ready for its first step
+    (the job's group formed, the resident layers inherited)."""
+    return _built_s(d_model, n_layers, submitted, ctx.resident)
 
 
 def restart_job(ctx: pipeline.StageContext, d_model: int, n_layers: int, submitted: float) -> float:
     """The same from a fresh launch: processes, group, build (weights from a file stand-in:
     a fresh build, which is no slower than loading)."""
-    specs = specs_of(d_model, n_layers)
+    return _built_s(d_model, n_layers, submitted, None)
+
+
+def _built_s(
+    d_model: int, n_layers: int, submitted: float, inherit_from: pipeline.WeightSnapshot | None
+) -> float:
     pipe = ElasticPipeline(
-        specs,
+        specs_of(d_model, n_layers),
         optimizer=ADAM,
         loss_fn=F.mse_loss,
         n_microbatches=4,
         seed=0,
         planning=PlanOptions(partition=list(equal_split(n_layers, 2))),
+        inherit_from=inherit_from,
     )
     pipe.close()
     return time.time() - submitted

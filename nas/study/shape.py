@@ -203,10 +203,10 @@ def _shaped(settings: NasSettings, shape: Shape) -> NasSettings:
 
 def resolve_one(settings: NasSettings) -> tuple[NasSettings, ShapeChoice | None]:
     """`resolve` for one worker (a retraining, a study's stages under torchrun): under
-    torchrun the stages are its WORLD_SIZE processes, and every one of them takes rank 0's
-    choice. Each rank profiles for itself, and timings differ between processes: two ranks
-    that chose different micro-batch counts would each wait for messages the other never
-    sends (a torchrun study once hung so, 300 s, until the group's timeout)."""
+    torchrun the stages are its WORLD_SIZE processes, and rank 0 alone chooses for all of
+    them. Timings differ between processes: ranks that each chose from their own profile
+    once chose different micro-batch counts and each waited for messages the other never
+    sent (a torchrun study hung so, 300 s, until the group's timeout)."""
     fixed = dataclasses.replace(settings.pipeline)
     world = int(os.environ["WORLD_SIZE"]) if under_torchrun() else None
     if world is not None:
@@ -216,17 +216,16 @@ def resolve_one(settings: NasSettings) -> tuple[NasSettings, ShapeChoice | None]
     )
     if world is None:
         return resolve(one, max_workers=1)
-    chosen: list[tuple[NasSettings, ShapeChoice | None]] = launch(
-        functools.partial(_resolved_here, settings=one), world
-    )
-    return chosen[0]
+    chosen = launch(functools.partial(_resolved_here, settings=one), world)[0]
+    assert chosen is not None, "rank 0 resolves the shape"
+    return chosen
 
 
 def _resolved_here(
     ctx: StageContext, settings: NasSettings
-) -> tuple[NasSettings, ShapeChoice | None]:
-    """`resolve` for one worker, on this rank (`resolve_one` keeps rank 0's)."""
-    return resolve(settings, max_workers=1)
+) -> tuple[NasSettings, ShapeChoice | None] | None:
+    """`resolve` for one worker on rank 0 (`resolve_one` hands it to every rank)."""
+    return resolve(settings, max_workers=1) if ctx.rank == 0 else None
 
 
 def _fixed_threads(threads: int | str | None, n_stages: int | str) -> int | None:
