@@ -8,6 +8,7 @@ resumed with one more seed."""
 from __future__ import annotations
 
 import json
+import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -19,7 +20,7 @@ import nas
 from nas.export.writing import TranslationModel
 from nas.retrain.results import headline_objectives
 from nas.retrain.stage import RetrainResult, retrain, retrain_models, select_models
-from nas.settings import NasSettings
+from nas.settings import NasSettings, lower_is_better
 from nas.study.run import run_study
 from nas.study.space import configured_space
 from nas.study.trials import counted
@@ -61,15 +62,15 @@ class Retrained:
 
 @pytest.fixture(scope="module")
 def retrained(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Retrained]:
-    """A three-trial study, then its best and both seed models retrained on two seeds,
-    tracked in an offline W&B."""
+    """A four-trial study (both seeds, two proposals), then its best and both seed models
+    retrained on two seeds, tracked in an offline W&B."""
     root = tmp_path_factory.mktemp("retrain")
     with pytest.MonkeyPatch.context() as monkeypatch:
         offline_wandb(monkeypatch, root)
         settings = tiny_settings(
             root,
             "study.name=r",
-            "study.n_trials=3",
+            "study.n_trials=4",
             "train.steps=2",  # the trials: what is retrained runs retrain.steps=6
             "tracker=wandb",
             "search_space.param_window=[0.3,0.9]",
@@ -80,18 +81,21 @@ def retrained(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Retrained]:
         study = optuna.load_study(study_name="r", storage=settings.storage_url)
         trials = [t for t in study.trials if counted(t)]  # proposals outside the window are not
         result = retrain(settings)
-        best = f"trial-{trials[2].number}"  # the seeds' trials are retrained as seeds
+        fitness = settings.study.fitness  # the seeds' trials are retrained as seeds
+        proposals = sorted(trials[2:], key=lambda t: lower_is_better(fitness, t.values[0]))
+        best = f"trial-{proposals[0].number}"
         yield Retrained(root, settings, study, trials, result, best)
 
 
 @pytest.mark.timeout(600)
 def test_the_search_trains_proposals_in_the_window_and_the_seeds(retrained: Retrained) -> None:
     trials = retrained.trials
-    assert [t.state for t in trials] == [optuna.trial.TrialState.COMPLETE] * 3
+    assert [t.state for t in trials] == [optuna.trial.TrialState.COMPLETE] * 4
     # the window is relative to the seed Transformer; the seeds themselves are exempt
     window = ParamWindow(0.3, 0.9, layers=2)
-    proposed = sample(FixedSuggest(trials[2].params), d_model=[32], cells=(1, 1), window=None)
-    validate(proposed, window=window)
+    for trial in trials[2:]:
+        proposed = sample(FixedSuggest(trial.params), d_model=[32], cells=(1, 1), window=None)
+        validate(proposed, window=window)
     seeds = configured_space(retrained.settings).seeds().values()
     seed_sizes = [parameter_count(arch) for arch in seeds]
     assert max(seed_sizes) > 0.9 * window.reference(32, False)  # trained all the same
@@ -162,6 +166,37 @@ def test_every_run_is_tracked_and_each_export_is_its_seeds_artifact(
     assert {t.number: t.user_attrs[TRACKER_RUN_ID] for t in retrained.trials} == {
         t.number: by_name[f"r-trial-{t.number}"].run_id for t in retrained.trials
     }
+
+
+@pytest.mark.timeout(600)
+def test_selection_seeds_choose_among_the_top_k_and_other_seeds_judge_the_winner(
+    retrained: Retrained, tmp_path: Path
+) -> None:
+    shutil.copytree(retrained.root / "studies", tmp_path / "studies")  # its two proposals
+    settings = tiny_settings(
+        tmp_path,
+        "study.name=r",
+        "train.steps=2",
+        "search_space.param_window=[0.3,0.9]",
+        f"retrain.models_dir={tmp_path / 'models'}",
+        "retrain.top_k=2",
+        "retrain.selection_seeds=[5]",
+        "retrain.seeds=[0,1]",
+        "retrain.seed_models=true",
+        "retrain.steps=4",
+        "retrain.decode_pairs=2",
+    )
+    result = retrain(settings)
+    selection = result.selection
+    assert selection is not None and {r.seed for r in selection.runs} == {5}
+    searched = [r.model for r in selection.runs]
+    assert len(searched) == 2 and all(name.startswith("trial-") for name in searched)
+    winner = min(selection.runs, key=lambda r: r.metrics["validation_loss"]).model
+    assert selection.selected == winner
+    assert [(r.model, r.seed) for r in result.runs] == [  # judged on seeds no choice saw
+        (m, s) for m in (winner, "transformer", "evolved_transformer") for s in (0, 1)
+    ]
+    assert sorted(result.paired) == sorted([winner, "transformer"])
 
 
 @pytest.mark.timeout(600)
@@ -239,37 +274,6 @@ def assert_each_export_is_an_artifact_of_its_seeds_run(
         }
         artifacts[name] = artifact
     return artifacts
-
-
-@pytest.mark.timeout(600)
-def test_selection_seeds_choose_among_the_top_k_and_other_seeds_judge_the_winner(
-    tmp_path: Path,
-) -> None:
-    settings = tiny_settings(
-        tmp_path,
-        "study.name=chosen",
-        "study.n_trials=4",
-        "train.steps=2",
-        f"retrain.models_dir={tmp_path / 'models'}",
-        "retrain.top_k=2",
-        "retrain.selection_seeds=[5]",
-        "retrain.seeds=[0,1]",
-        "retrain.seed_models=true",
-        "retrain.steps=4",
-        "retrain.decode_pairs=2",
-    )
-    run_study(settings)
-    result = retrain(settings)
-    selection = result.selection
-    assert selection is not None and {r.seed for r in selection.runs} == {5}
-    searched = [r.model for r in selection.runs]
-    assert len(searched) == 2 and all(name.startswith("trial-") for name in searched)
-    winner = min(selection.runs, key=lambda r: r.metrics["validation_loss"]).model
-    assert selection.selected == winner
-    assert [(r.model, r.seed) for r in result.runs] == [  # judged on seeds no choice saw
-        (m, s) for m in (winner, "transformer", "evolved_transformer") for s in (0, 1)
-    ]
-    assert sorted(result.paired) == sorted([winner, "transformer"])
 
 
 def test_retraining_a_study_that_does_not_exist_names_it(tmp_path: Path) -> None:
