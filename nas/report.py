@@ -37,6 +37,7 @@ from nas.tracking.plots import (
     plot_partition,
     plot_timeline,
 )
+from nas.tracking.pool_plot import save_pool_plot
 from search_spaces.architecture import functional_key
 
 __all__ = ["report_study"]
@@ -77,6 +78,9 @@ def report_study(
         plots.append(plot_pareto(study, settings.study.objectives, out / "pareto_front.png"))
     if complete:
         plots.append(plot_partition(study.best_trials[0], out / "partition_best_trial.png"))
+    pool = save_pool_plot(trials.trials_table(study), out / "stage_pool.png")  # on the pool
+    if pool is not None:
+        plots.append(pool)
     for drawn in (
         plot_intermediate_values(study, out / "intermediate_values.png"),
         plot_timeline(study, out / "timeline.png"),

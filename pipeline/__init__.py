@@ -35,6 +35,7 @@ from pipeline.distributed.options import (
     PlanOptions,
 )
 from pipeline.distributed.pool import PoolContext, StagePool
+from pipeline.distributed.pool_service import PoolClient, PoolService
 from pipeline.distributed.report import PipelineStats, StageStats
 from pipeline.errors import (
     MigrationError,
@@ -83,7 +84,9 @@ __all__ = [
     "Plan",
     "PlanOptions",
     "Planner",
+    "PoolClient",
     "PoolContext",
+    "PoolService",
     "ReferenceTrainer",
     "ScheduleError",
     "ScheduleSpec",

@@ -12,7 +12,16 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from nas.settings.checks import Settings, declared, setting
-from nas.settings.constraints import AUTO, POSITIVE, KnownKeys, Number, OneOf, OrAuto, OrNone
+from nas.settings.constraints import (
+    AUTO,
+    POSITIVE,
+    Flag,
+    KnownKeys,
+    Number,
+    OneOf,
+    OrAuto,
+    OrNone,
+)
 from pipeline.local.pipemare import PipeMareConfig
 from pipeline.pure.planner import PLANNERS
 from pipeline.pure.schedule import SCHEDULES
@@ -26,11 +35,16 @@ PIPEMARE_OPTIONS = tuple(PipeMareConfig.__dataclass_fields__)
 class PipelineSettings(Settings):
     """One worker's pipeline. `n_stages`, `n_microbatches` and `threads_per_stage` may be
     "auto": chosen with `study.workers` from the candidates' profile (`nas.study.shape`), the
-    shape predicted to train the most samples per second of the machine."""
+    shape predicted to train the most samples per second of the machine; with
+    `per_candidate`, chosen for each candidate from its own profile instead."""
 
     section: ClassVar[str] = "pipeline"
 
     n_stages: int | str = setting(AUTO, OrAuto())
+    # each candidate on the stage count its own profile needs, from one pool of stage
+    # processes (a process per core) shared by the study's workers (`nas.study.pooled`);
+    # n_stages, when set, is the most a candidate may take
+    per_candidate: bool = setting(False, Flag())
     schedule: str = setting("1f1b", OneOf(SCHEDULES))
     n_microbatches: int | str = setting(AUTO, OrAuto())
     memory_budget: int | None = setting(None, OrNone(POSITIVE))  # bytes per stage process

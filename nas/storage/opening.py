@@ -45,6 +45,7 @@ import socket
 import threading
 import warnings
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import optuna
@@ -304,7 +305,18 @@ def owner_alive(owner: str | None) -> bool:
         return False
     except PermissionError:  # someone else's process with that pid
         return True
-    return True
+    return not _zombie(int(pid))
+
+
+def _zombie(pid: int) -> bool:
+    """Whether `pid` has exited and only waits for its parent to reap it (Linux: its state
+    in /proc is Z or X). A killed worker stays so until its parent polls it, and signal 0
+    still reaches it: without this, its trial would look alive until then."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:  # no /proc (not Linux), or it is gone meanwhile
+        return False
+    return stat.rpartition(")")[2].split()[:1] in (["Z"], ["X"])
 
 
 class Heartbeat:

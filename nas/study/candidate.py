@@ -199,6 +199,7 @@ class CandidateTrainer:
         return {
             "steps": steps,
             "seconds": seconds,
+            "n_stages": len(pipe.sizes),
             "partition": list(pipe.sizes),
             "migrations": len(stats.migrations),
             "partition_history": [[step, list(sizes)] for step, sizes in pipe.partition_history],

@@ -9,15 +9,25 @@ waiting, and every rank stops the same way.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from nas.errors import LeaderError
-from nas.study.leader import Leader
 from pipeline.distributed.comm import Comm
 
-__all__ = ["Decisions"]
+__all__ = ["Decider", "Decisions"]
 
 T = TypeVar("T")
+
+
+class Decider(Protocol):
+    """Who makes rank 0's decisions: its own `Leader`, or its worker's over a link
+    (`nas.study.remote.LeaderLink`, a trial on the stage pool)."""
+
+    def call(self, method: Callable[..., T], *args: Any) -> T:
+        """`method(leader, *args)`: a `Leader` method's decision."""
+        ...
+
+    def log_step(self, step: int, metrics: dict[str, Any]) -> None: ...
 
 
 class Decisions:
@@ -28,14 +38,14 @@ class Decisions:
     `log_step` is the one call that decides nothing: rank 0 logs, the others go on.
     """
 
-    def __init__(self, comm: Comm, leader: Leader | None) -> None:
+    def __init__(self, comm: Comm, leader: Decider | None) -> None:
         self.comm, self.leader = comm, leader
 
     def __call__(self, what: str, method: Callable[..., T], *args: Any) -> T:
         def make() -> T:
             assert self.leader is not None, "only rank 0 decides"
             try:
-                return method(self.leader, *args)
+                return self.leader.call(method, *args)
             except Exception as error:
                 raise LeaderError.of(what, error) from error
 

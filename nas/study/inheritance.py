@@ -58,6 +58,11 @@ class WeightBank:
 
     def add(self, number: int, pipe: ElasticPipeline) -> None:
         """Keep the weights `pipe` holds now as trial `number`'s (on every rank)."""
-        self._kept[number] = pipe.snapshot()
+        self.put(number, pipe.snapshot())
+
+    def put(self, number: int, snapshot: WeightSnapshot) -> None:
+        """Keep `snapshot` (this rank's part of it) as trial `number`'s weights: a trial on
+        the stage pool starts from what its job took there (`nas.study.pooled`)."""
+        self._kept[number] = snapshot
         while len(self._kept) > self.keep:
             self._kept.popitem(last=False)

@@ -34,8 +34,9 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import optuna
 
@@ -59,6 +60,7 @@ from search_spaces.architecture import Architecture, summary, to_json
 __all__ = ["Leader", "LeaderError", "StudyEnd", "TrialOrder"]
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -130,6 +132,10 @@ class Leader:
         return None if self.running is None else self.running.heartbeat
 
     # -- decisions -------------------------------------------------------------------------
+    def call(self, method: Callable[..., T], *args: Any) -> T:
+        """`method(self, *args)`: how `Decisions` has a decision made here."""
+        return method(self, *args)
+
     def next_trial(self) -> TrialOrder | None:
         """The next trial worth training, begun (`nas.study.asking` says which trials are
         failed instead); None when the study has enough trials or its time is up (this
@@ -179,6 +185,19 @@ class Leader:
             self._tell(running.trial, outcome)
         finally:
             self.tracker.end_trial(outcome.state, outcome.attrs, outcome.attrs.get("fail_reason"))
+            self.bars.trial_ends()
+
+    def interrupt(self, number: int, cause: str) -> None:
+        """The processes training trial `number` died (on the stage pool: the worker goes
+        on): its heartbeat stops and its tracker run ends failed; the trial stays RUNNING
+        for `nas.study.orphans.fail_running` to fail and ask again."""
+        running = self._current()
+        assert running.number == number, (number, running.number)
+        self.running = None
+        try:
+            running.stop()
+        finally:
+            self.tracker.end_trial(TrialEnd.FAILED, {}, cause)
             self.bars.trial_ends()
 
     def record_control(self, parent: int, metrics: dict[str, float]) -> None:

@@ -38,6 +38,7 @@ Re-running with the same study name resumes toward `study.n_trials` finished tri
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import logging
 import math
@@ -51,8 +52,8 @@ import optuna
 import pipeline
 from nas import job_log, storage
 from nas.errors import LeaderError
-from nas.settings import NasSettings
-from nas.study import shape, training, trials, workers
+from nas.settings import AUTO, NasSettings
+from nas.study import pooled, shape, training, trials, workers
 from nas.study.candidate import CandidateTrainer
 from nas.study.decisions import Decisions
 from nas.study.inheritance import WeightBank
@@ -60,7 +61,7 @@ from nas.study.leader import Leader, StudyEnd
 from nas.study.opening import open_study
 from nas.study.orphans import fail_running
 from nas.tasks import get_task
-from pipeline import ElasticPipeline, StageContext
+from pipeline import ElasticPipeline, PoolClient, PoolService, StageContext
 from pipeline.distributed.comm import Comm
 from pipeline.pure.shape import RuntimeOverheads
 
@@ -98,8 +99,9 @@ def run_study(
     Path(settings.studies_dir).mkdir(parents=True, exist_ok=True)
     Path(settings.output_dir).mkdir(parents=True, exist_ok=True)
     owner = storage.this_owner()  # the trials this harness asks carry it (nas.storage.opening)
-    timeout = settings.study.timeout_s
-    deadline = math.inf if timeout is None else time.time() + timeout  # no trial starts after
+    deadline = _deadline(settings)
+    if settings.pipeline.per_candidate:
+        return _on_pool(settings, open_study(settings))
     if pipeline.under_torchrun():
         settings, choice = shape.resolve_one(settings)
         overheads = choice.overheads if choice is not None else None
@@ -137,6 +139,54 @@ def run_study(
             break
     return StudyResult(
         settings.study.name, settings.storage_url, trials.finished(study), restarts, tuple(run_dirs)
+    )
+
+
+def _deadline(settings: NasSettings) -> float:
+    """When this run of the study stops starting trials (`study.timeout_s` from now)."""
+    timeout = settings.study.timeout_s
+    return math.inf if timeout is None else time.time() + timeout
+
+
+def _on_pool(settings: NasSettings, study: optuna.Study) -> StudyResult:
+    """The study on one stage pool shared by its workers (`nas.study.pooled`): as many
+    workers as the pool has processes unless `study.workers` says, each asking trials and
+    training each on the stage count its candidate needs."""
+    if pipeline.under_torchrun():
+        raise ValueError(
+            "pipeline.per_candidate=true starts a pool of local stage processes; under "
+            "torchrun the stages are torchrun's: use pipeline.per_candidate=false there"
+        )
+    size = shape.cores()
+    pooled.max_stages(settings, size)  # a bad n_stages is refused before anything starts
+    workers_set = settings.study.workers
+    lanes = min(
+        size if workers_set == AUTO else int(workers_set),
+        trials.remaining(study, settings.study.n_trials),
+    )
+    settings = dataclasses.replace(
+        settings, study=dataclasses.replace(settings.study, workers=max(1, lanes))
+    )
+    shape.machine_costs()  # the overheads measured once, before the workers read them
+    p = settings.pipeline
+    with (
+        pipeline.StagePool(
+            size,
+            threads_per_process=shape.pool_threads(settings),
+            timeout_s=p.timeout_s,
+            keep_resident=max(_KEEP, int(settings.sampler.options.get("population_size", 0))),
+        ) as pool,
+        PoolService(pool) as service,
+    ):
+        work = functools.partial(_as_pooled_worker, client=service.client())
+        return _merged(settings, study, workers.WorkerJob("search", settings, work))
+
+
+def _as_pooled_worker(settings: NasSettings, number: int, client: PoolClient) -> StudyResult:
+    """What pooled worker `number` runs (module-level: pickled by name)."""
+    end, restarts = pooled.run_worker(settings, storage.this_owner(), _deadline(settings), client)
+    return StudyResult(
+        settings.study.name, settings.storage_url, end.finished, restarts, end.run_dirs
     )
 
 
@@ -240,10 +290,16 @@ def _as_worker(settings: NasSettings, number: int) -> StudyResult:
 
 def _on_workers(settings: NasSettings, study: optuna.Study) -> StudyResult:
     """The study on its `study.workers` local workers (`nas.study.workers`), merged."""
+    return _merged(settings, study, workers.WorkerJob("search", settings, _as_worker))
+
+
+def _merged(
+    settings: NasSettings, study: optuna.Study, job: workers.WorkerJob[StudyResult]
+) -> StudyResult:
+    """`job` on its local workers, their results merged."""
     name = settings.study.name
     results = workers.run_workers(
-        workers.WorkerJob("search", settings, _as_worker),
-        (f"study {name}", settings.study.n_trials, lambda: trials.finished(study)),
+        job, (f"study {name}", settings.study.n_trials, lambda: trials.finished(study))
     )
     logger.debug("study %s: %d workers ended", name, len(results))
     return StudyResult(

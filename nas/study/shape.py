@@ -41,7 +41,7 @@ from pipeline.distributed.overheads import measure_overheads
 from pipeline.local.microbatch import split_microbatches
 from pipeline.local.profiler import LayerShape, optimizer_state_ratio, sandbox, trace_shapes
 from pipeline.pure.costs import LayerCost
-from pipeline.pure.planner import get_planner
+from pipeline.pure.planner import InfeasibleBudgetError, get_planner
 from pipeline.pure.shape import (
     RuntimeOverheads,
     Shape,
@@ -49,6 +49,7 @@ from pipeline.pure.shape import (
     ShapeOption,
     choose_shape,
     preference,
+    stages_for,
 )
 from search_spaces.architecture import Architecture
 
@@ -57,7 +58,11 @@ __all__ = [
     "cache_path",
     "cores",
     "learn_costs",
+    "least_stage_bytes",
     "load_cache",
+    "machine_costs",
+    "per_candidate",
+    "pool_threads",
     "resolve",
     "resolve_one",
     "save_cache",
@@ -136,6 +141,75 @@ def learn_costs(learned: CostCache) -> None:
     save_cache(merged)
 
 
+def machine_costs() -> CostCache:
+    """This machine's cost cache, with the runtime's overheads (measured here, once per
+    machine, when the cache has none)."""
+    costs = load_cache()
+    if costs.overheads is None:
+        logger.info("measuring the runtime's overheads on this machine (once)")
+        costs.set_overheads(measure_overheads())
+        save_cache(costs)
+    return costs
+
+
+def per_candidate(
+    settings: NasSettings, arch: Architecture, task: Any, costs: CostCache, max_stages: int
+) -> ShapeOption:
+    """The pipeline one candidate trains on from a pool of `max_stages` processes
+    (`pipeline.per_candidate`): the fewest stages whose plan fits `pipeline.memory_budget`,
+    more only where predicted faster per process (`pipeline.pure.shape.stages_for`), from
+    its layers' costs (profiled here unless `costs` has them: it keeps what it measures).
+    ValueError naming the budget when no pipeline of at most `max_stages` fits it."""
+    assert costs.overheads is not None, "machine_costs() measures the overheads"
+    p = settings.pipeline
+    [profile] = _profiles(settings, [arch], costs, task)
+    best, _ = stages_for(
+        get_planner(p.planner),
+        profile.costs_at,
+        costs.overheads,
+        max_stages=max_stages,
+        batch_size=settings.train.batch_size,
+        threads=pool_threads(settings),
+        n_microbatches=None if p.n_microbatches == AUTO else int(p.n_microbatches),
+        schedule=p.schedule,
+        memory_budget=p.memory_budget,
+    )
+    return best
+
+
+def least_stage_bytes(
+    settings: NasSettings, arch: Architecture, task: Any, costs: CostCache, n_stages: int
+) -> int:
+    """The smallest per-stage memory budget under which `arch` can be planned on `n_stages`
+    stages (its memory plan at its leanest: the planner's `InfeasibleBudgetError`), at
+    `pipeline.n_microbatches` (2 when "auto") and the pool's threads."""
+    p = settings.pipeline
+    [profile] = _profiles(settings, [arch], costs, task)
+    microbatches = 2 if p.n_microbatches == AUTO else int(p.n_microbatches)
+    layer_costs = profile.costs_at(
+        pool_threads(settings), settings.train.batch_size // microbatches
+    )
+    assert costs.overheads is not None, "machine_costs() measures the overheads"
+    try:
+        plan = get_planner(p.planner).plan(
+            layer_costs,
+            n_stages,
+            schedule=p.schedule,
+            n_microbatches=microbatches,
+            memory_budget=1,
+            link=costs.overheads.link() if n_stages > 1 else None,
+        )
+    except InfeasibleBudgetError as error:
+        return error.min_budget
+    return max(plan.predicted_stage_bytes)  # pragma: no cover - nothing fits in one byte
+
+
+def pool_threads(settings: NasSettings) -> int:
+    """Threads of each pool process: `pipeline.threads_per_stage` when set, else 1."""
+    threads = settings.pipeline.threads_per_stage
+    return threads if isinstance(threads, int) else 1
+
+
 def resolve(
     settings: NasSettings,
     *,
@@ -149,10 +223,7 @@ def resolve(
     p, workers = settings.pipeline, settings.study.workers
     if not p.auto_keys and workers != AUTO:
         return settings, None
-    costs = load_cache()
-    if costs.overheads is None:
-        logger.info("measuring the runtime's overheads on this machine (once)")
-        costs.set_overheads(measure_overheads())
+    costs = machine_costs()
     assert costs.overheads is not None
     limits = ShapeLimits(
         cores=cores(),
@@ -314,9 +385,12 @@ class _Profile:
 
 
 def _profiles(
-    settings: NasSettings, architectures: Sequence[Architecture], costs: CostCache
+    settings: NasSettings,
+    architectures: Sequence[Architecture],
+    costs: CostCache,
+    task: Any = None,
 ) -> list[_Profile]:
-    task = get_task(settings.task.name, **settings.task.options)
+    task = task or get_task(settings.task.name, **settings.task.options)
     x, _ = next(iter(task.batches("train", settings.train.batch_size, seed=settings.seed)))
     ratio = optimizer_state_ratio(training.rates(settings.train).optimizer())
     return [

@@ -66,7 +66,11 @@ def run_workers(job: WorkerJob[R], bar: tuple[str, int, Callable[[], int]]) -> l
     ended."""
     n_workers = int(job.settings.study.workers)
     pipeline = job.settings.pipeline
-    cores_each = pipeline.stage_count * (pipeline.thread_count or 1)
+    # on the stage pool (`nas.study.pooled`) the workers wait while the pool's processes
+    # train: they are not held to cores of their own
+    cores_each = (
+        0 if pipeline.per_candidate else pipeline.stage_count * (pipeline.thread_count or 1)
+    )
     folder = Path(job.settings.output_dir) / "workers"
     folder.mkdir(parents=True, exist_ok=True)
     job_path = folder / f"{job.label}.pkl"
@@ -77,13 +81,15 @@ def run_workers(job: WorkerJob[R], bar: tuple[str, int, Callable[[], int]]) -> l
         (folder / f"{job.label}-{k}.pkl").unlink(missing_ok=True)  # an earlier round's
         mine = available[k * cores_each : (k + 1) * cores_each]
         command = [sys.executable, "-m", "nas.study.workers", str(job_path), str(k)]
-        command += [",".join(map(str, mine))] if len(mine) == cores_each else []
+        command += [",".join(map(str, mine))] if mine and len(mine) == cores_each else []
         procs.append(subprocess.Popen(command))
     logger.info("%s: %d workers started", bar[0], n_workers)
     description, total, done = bar
     with progress_bars() as progress:  # 3.
         task = progress.add_task(description, total=total)
-        while any(p.poll() is None for p in procs):
+        # every worker polled each round: one that died is reaped at once, so that its
+        # peers see its trial's owner gone (a zombie still answers signal 0)
+        while None in [p.poll() for p in procs]:
             _show(progress.update, task, done)
             time.sleep(_POLL_S)
         _show(progress.update, task, done)

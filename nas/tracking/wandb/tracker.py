@@ -39,6 +39,7 @@ from typing import Any, Literal, get_args
 from nas.tracking.base import Metrics, Rows, Summary, TrialEnd, clean_metrics, json_safe
 from nas.tracking.lifecycle import LifecycleTracker
 from nas.tracking.plots import save_pareto_plot
+from nas.tracking.pool_plot import save_pool_plot
 
 __all__ = [
     "MODES",
@@ -347,6 +348,10 @@ class WandbTracker(LifecycleTracker):
                 )
                 if picture is not None:
                     final["pareto_plot"] = self._wandb.Image(str(picture))
+            if self.study_directory is not None:  # a study on the stage pool: who ran where
+                pool = save_pool_plot(trials_table, self.study_directory / "stage_pool.png")
+                if pool is not None:
+                    final["pool_plot"] = self._wandb.Image(str(pool))
             run.summary.update(final)
         finally:
             run.finish(exit_code=0)

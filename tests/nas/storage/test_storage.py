@@ -8,6 +8,9 @@ Real SQLite files, real processes and real `Leader`s; no stage processes.
 
 from __future__ import annotations
 
+import socket
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -181,3 +184,22 @@ def test_an_architecture_a_peer_trains_now_is_a_duplicate_not_trained_twice(
         f"Duplicate: trial {training.number} trains this architecture"
     )
     assert taken.architecture != training.architecture and taken.number > copies[0].number
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="process states from /proc")
+def test_an_owner_killed_but_not_yet_reaped_is_gone() -> None:
+    """A worker killed while its parent has not polled it yet is a zombie: signal 0 still
+    reaches its pid, but its trials are orphans all the same (a peer retries them now, not
+    when the parent gets round to it)."""
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    owner = f"{socket.gethostname()}:{child.pid}"
+    try:
+        assert storage.owner_alive(owner)
+        child.kill()
+        deadline = time.monotonic() + 10
+        while "Z" not in Path(f"/proc/{child.pid}/stat").read_text().rpartition(")")[2][:3]:
+            assert time.monotonic() < deadline, "the killed child never became a zombie"
+            time.sleep(0.01)
+        assert not storage.owner_alive(owner)  # not reaped yet, and gone
+    finally:
+        child.wait()

@@ -4,6 +4,7 @@ a process that dies is replaced and leaves nothing behind."""
 from __future__ import annotations
 
 import functools
+import multiprocessing
 import os
 import signal
 import subprocess
@@ -16,7 +17,15 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from pipeline import ElasticPipeline, PlanOptions, PoolContext, StageFailedError, StagePool
+from pipeline import (
+    ElasticPipeline,
+    PlanOptions,
+    PoolClient,
+    PoolContext,
+    PoolService,
+    StageFailedError,
+    StagePool,
+)
 from pipeline.local.models import transformer_stack
 from pipeline.local.reference import ReferenceTrainer
 from tests.pipeline.distributed.common import ADAM, assert_same_trajectory
@@ -175,6 +184,51 @@ def test_a_job_that_dies_or_raises_fails_alone_and_the_pool_replaces_its_process
             os.kill(pid, 0)
     after = pool.run(functools.partial(train, n_layers=4, partition=[2, 2], data_seed=7), 2)
     assert_same(after[0], reference(4, 7, None))
+
+
+def wait_for_go(ctx: PoolContext, folder: str, data_seed: int) -> dict[str, Any]:
+    """Say it started, wait (up to 60 s) for the file `go`, then train."""
+    Path(folder, "started").touch()
+    deadline = time.monotonic() + 60
+    while not Path(folder, "go").exists():
+        if time.monotonic() > deadline:
+            raise TimeoutError("no go")
+        time.sleep(0.01)
+    return train(ctx, 4, [4], data_seed)
+
+
+def as_client(client: PoolClient, folder: str) -> None:
+    """Another process's job on the served pool (killed before it ends, in the test)."""
+    client.run(functools.partial(wait_for_go, folder=folder, data_seed=8), 1)
+
+
+def test_another_process_runs_jobs_on_a_served_pool_and_one_killed_mid_job_costs_nothing(
+    pool: StagePool, tmp_path: Path
+) -> None:
+    pids, restarts = pool.pids, pool.restarts
+    with PoolService(pool) as service:
+        client = service.client()
+        away = multiprocessing.get_context("spawn").Process(
+            target=as_client, args=(client, str(tmp_path))
+        )
+        away.start()
+        deadline = time.monotonic() + 60
+        while not (tmp_path / "started").exists():  # its job holds a process of the pool
+            assert time.monotonic() < deadline and away.is_alive(), "its job never started"
+            time.sleep(0.01)
+        away.kill()
+        away.join()
+        (tmp_path / "go").touch()  # the job ends; nobody reads its result
+        # both processes: the killed client's came back to the pool
+        both = client.run(functools.partial(train, n_layers=4, partition=[2, 2], data_seed=9), 2)
+        assert_same(both[0], reference(4, 9, None))
+        assert pool.pids == pids and pool.restarts == restarts  # no process was lost
+        with pytest.raises(ValueError, match="n_stages=3: a job of this pool runs on 1 to 2"):
+            client.run(die_on_rank_one, 3)  # refused as the pool refuses it
+        with pytest.raises(StageFailedError, match="a layer the user forgot"):
+            client.run(raise_on_rank_zero, 2)
+    with pytest.raises(ConnectionError, match="is gone"):
+        client.run(die_on_rank_one, 1)
 
 
 def test_bad_jobs_are_refused_at_the_door(pool: StagePool) -> None:
