@@ -32,7 +32,10 @@ Steps 3 and 4 are `nas.study.candidate`'s. Failures, by where they happen:
   the study goes on), and the processes are started again, up to `study.max_restarts` times
   for deaths whose trial is retried.
 
-Re-running with the same study name resumes toward `study.n_trials` finished trials.
+Re-running with the same study name resumes toward `study.n_trials` finished trials. With
+`pipeline.per_candidate=true` there is no shape per study: one pool of stage processes
+serves every worker, and each trial takes the stages its candidate needs
+(`nas.study.pooled`, the same steps with the leader in the worker).
 """
 
 from __future__ import annotations
@@ -157,7 +160,7 @@ def _on_pool(settings: NasSettings, study: optuna.Study) -> StudyResult:
             "pipeline.per_candidate=true starts a pool of local stage processes; under "
             "torchrun the stages are torchrun's: use pipeline.per_candidate=false there"
         )
-    size = shape.cores()
+    size = max(1, shape.cores() // shape.pool_threads(settings))
     pooled.max_stages(settings, size)  # a bad n_stages is refused before anything starts
     workers_set = settings.study.workers
     lanes = min(

@@ -8,7 +8,7 @@ those rows, one lane per process::
 
     process 1 │      ████ 3: L4-7 ████      ██ 5: all ██
     process 0 │ ██ 1: all ██ ████ 3: L0-3 ████   ██ 4: all ██
-              └──────────────────────────────────────────> minutes
+              └──────────────────────────────────────────> seconds (minutes)
 
 A trial on two lanes at once is a pipeline of two stages; the same colour is one trial. The
 report draws it from the stored study, the W&B tracker from its rows (`Tracker.end_study`).
@@ -64,13 +64,15 @@ def save_pool_plot(rows: Sequence[Mapping[str, Any]], path: str | Path) -> Path 
     except ImportError:
         return None
     start = min(float(r[POOL_STARTED]) for r in ran)
+    span = max(float(r[POOL_ENDED]) for r in ran) - start
+    unit, per = ("minutes", 60.0) if span >= 120 else ("seconds", 1.0)
     lanes = sorted({p for r in ran for p in r[POOL_PROCESSES]})
     figure = Figure(figsize=(8, 1.2 + 0.6 * len(lanes)), layout="constrained")
     axes = figure.add_subplot()
     colours = [f"C{i}" for i in range(10)]
     for row in sorted(ran, key=lambda r: float(r[POOL_STARTED])):
-        begin = (float(row[POOL_STARTED]) - start) / 60
-        width = max((float(row[POOL_ENDED]) - float(row[POOL_STARTED])) / 60, 1e-3)
+        begin = (float(row[POOL_STARTED]) - start) / per
+        width = max((float(row[POOL_ENDED]) - float(row[POOL_STARTED])) / per, 1e-3)
         colour = colours[int(row.get("number", 0)) % len(colours)]
         for rank, process in enumerate(row[POOL_PROCESSES]):
             lane = lanes.index(process)
@@ -86,9 +88,10 @@ def save_pool_plot(rows: Sequence[Mapping[str, Any]], path: str | Path) -> Path 
             )
     axes.set_yticks(range(len(lanes)), [f"process {p}" for p in lanes])
     axes.set(
-        xlabel="minutes since the first trial began",
+        xlabel=f"{unit} since the first trial began",
         title="the stage pool over time: each trial's layers on the processes that trained them",
     )
     path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(path)
     return path

@@ -6,6 +6,7 @@ nothing and its trial is trained again."""
 from __future__ import annotations
 
 import dataclasses
+import io
 import os
 import signal
 import threading
@@ -15,7 +16,9 @@ from pathlib import Path
 
 import optuna
 import pytest
+from rich.console import Console
 
+from nas.report import report_study
 from nas.settings import NasSettings
 from nas.study import shape
 from nas.study.opening import open_study
@@ -105,6 +108,13 @@ def test_jobs_share_the_pool_and_never_a_process(pooled: Pooled) -> None:
                 assert end <= other_start or other_end <= start, (number, other, p)
     owners = {t.user_attrs[OWNER] for t in pooled.trials}
     assert len(owners) == 2  # both workers asked trials of the one study
+
+
+def test_the_report_draws_the_pool_over_time(pooled: Pooled) -> None:
+    out = io.StringIO()
+    report_study(pooled.settings, pooled.result, console=Console(file=out, width=200))
+    picture = Path(pooled.settings.output_dir) / "stage_pool.png"
+    assert str(picture) in out.getvalue() and picture.read_bytes().startswith(b"\x89PNG")
 
 
 def kill_when_training(study: optuna.Study, killed: list[int]) -> None:
