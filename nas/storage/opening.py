@@ -43,6 +43,7 @@ import logging
 import os
 import socket
 import threading
+import time
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -153,7 +154,28 @@ def heartbeat_every(grace_s: int) -> int:
 
 def _connect(url: str, name: str, heartbeat_s: int, grace_s: int, max_retries: int) -> RDBStorage:
     """Optuna's RDB storage at `url`, its tables created; StorageError naming it `name`
-    when it cannot be reached, refuses us, or its driver is missing."""
+    when it cannot be reached, refuses us, or its driver is missing.
+
+    Two processes opening a new database at once (a worker and the gRPC proxy, say) both
+    create Optuna's tables, and the database refuses the second (PostgreSQL: a duplicate
+    key in its catalog; SQLite: the table already exists): opened again, the tables are
+    there and nothing is created."""
+    for attempt in range(_CREATE_TRIES):
+        try:
+            return _opened(url, name, heartbeat_s, grace_s, max_retries)
+        except StorageError as error:
+            if attempt == _CREATE_TRIES - 1 or not any(s in str(error) for s in _RACED):
+                raise
+            logger.debug("storage %s: its tables made by another process meanwhile", name)
+            time.sleep(0.1 * (attempt + 1))
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+_CREATE_TRIES = 3
+_RACED = ("already exists", "duplicate key", "UNIQUE constraint failed")  # made meanwhile
+
+
+def _opened(url: str, name: str, heartbeat_s: int, grace_s: int, max_retries: int) -> RDBStorage:
     with warnings.catch_warnings():  # heartbeats are "experimental" in Optuna 5
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         try:

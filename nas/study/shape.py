@@ -390,7 +390,7 @@ def _profiles(
     costs: CostCache,
     task: Any = None,
 ) -> list[_Profile]:
-    task = task or get_task(settings.task.name, **settings.task.options)
+    task = task if task is not None else get_task(settings.task.name, **settings.task.options)
     x, _ = next(iter(task.batches("train", settings.train.batch_size, seed=settings.seed)))
     ratio = optimizer_state_ratio(training.rates(settings.train).optimizer())
     return [

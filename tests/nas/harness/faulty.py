@@ -1,5 +1,5 @@
-"""Parts that fail on purpose, for the fault tests: a tracker and a sampler with a bug, and
-a task that kills its stage process.
+"""Parts that fail on purpose, for the fault tests: a tracker and a sampler with a bug, a
+task that kills its stage process, and one that waits for a gate before it trains.
 
 They are named by import path in a study's settings (`tracker.name=tests.nas.harness.
 faulty:FailingTracker`), as a user names their own parts, so the stage processes import them
@@ -9,6 +9,7 @@ the same way. Each fails at one chosen point and works everywhere else.
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,7 @@ from nas.tracking import JsonlTracker, Metrics
 TRACKER = "tests.nas.harness.faulty:FailingTracker"
 SAMPLER = "tests.nas.harness.faulty:FailingSampler"
 DYING_TASK = "tests.nas.harness.faulty:DyingCharLM"
+GATED_TASK = "tests.nas.harness.faulty:GatedCharLM"
 
 
 class TrackerBug(RuntimeError):
@@ -98,6 +100,27 @@ class DyingCharLM(CharLM):
         if split == "train" and epoch == 0 and rank0 and died < self.deaths:
             (self.marker_dir / f"death-{died}").touch()
             os._exit(3)
+        return super().batches(split, batch_size, seed=seed, epoch=epoch)
+
+
+class GatedCharLM(CharLM):
+    """The character language model whose trials start training only once the file `gate`
+    exists (at most `wait_s` seconds): a test opens it when every worker has asked a trial,
+    so that no worker can take every trial before the others ask one, however loaded the
+    machine."""
+
+    def __init__(self, *, gate: str, wait_s: float = 240.0, seq_len: int = 64) -> None:
+        super().__init__(seq_len=seq_len)
+        self.gate, self.wait_s = Path(gate), wait_s
+
+    def batches(
+        self, split: str, batch_size: int, *, seed: int = 0, epoch: int = 0
+    ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        deadline = time.monotonic() + self.wait_s
+        while split == "train" and not self.gate.exists():
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the gate {self.gate} never opened")
+            time.sleep(0.05)
         return super().batches(split, batch_size, seed=seed, epoch=epoch)
 
 

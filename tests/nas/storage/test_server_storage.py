@@ -42,6 +42,7 @@ from nas.study.opening import open_study
 from nas.study.run import run_study
 from nas.study.trials import INTERRUPTED, OWNER, counted
 from tests.nas.harness.common import offline_wandb, tiny_settings
+from tests.nas.harness.faulty import GATED_TASK
 from tests.nas.storage.cluster import (
     CHEAP,
     COMPLETED,
@@ -67,6 +68,7 @@ pytestmark = [pytest.mark.multiprocess, pytest.mark.filterwarnings("ignore:Heart
 
 COMPLETE, RUNNING = optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.RUNNING
 FAIL = optuna.trial.TrialState.FAIL
+REPO = Path(__file__).resolve().parents[3]  # where `tests` imports from
 SERVER = [sys.executable, "-m", "nas.storage.server"]
 OUTAGE_S = 12.0  # the short outage: a server restarted, as an administrator does
 GRACE_S = 3  # the hung worker's test: `study.heartbeat_grace_s` (a beat every second)
@@ -157,9 +159,16 @@ def test_two_workers_one_through_the_proxy_wait_out_a_server_restart(
     README's `wandb sync` line finds its runs (--dry-run: uploading needs an account)."""
     port = free_port()
     readme = readme_for(server, tmp_path, proxy_port=port)
-    overrides = ("study.name=shared", "study.n_trials=3")
+    gate = tmp_path / "gate"  # no trial trains before both workers asked one (a loaded
+    overrides = (  # machine let the first take every trial before the second asked)
+        "study.name=shared",
+        "study.n_trials=3",
+        f"task.name={GATED_TASK}",
+        f"+task.options.gate={gate}",
+    )
     url = without_password(server.url)  # the README's $DB: the password in PGPASSWORD
     offline_wandb(monkeypatch, tmp_path)
+    monkeypatch.setenv("PYTHONPATH", str(REPO))  # the workers import the gated task
     line = readme.command("python", "-m", "nas", having=f"study.storage={url}")
     direct = start_worker(
         tmp_path / "worker-1", *line[3:], *overrides, "tracker=wandb", env=readme.env
@@ -178,10 +187,9 @@ def test_two_workers_one_through_the_proxy_wait_out_a_server_restart(
         line = readme.command("python", "-m", "nas", having="study.storage=grpc://")
         proxied = start_worker(tmp_path / "worker-2", *line[3:], *overrides)
 
-        def mid_study() -> bool:
-            return count(server, OWNERS, "shared") == 2 and count(server, COMPLETED, "shared") > 0
-
-        wait_until(mid_study, "both workers asked a trial and one completed")
+        wait_until(lambda: count(server, OWNERS, "shared") == 2, "both workers asked a trial")
+        gate.touch()
+        wait_until(lambda: count(server, COMPLETED, "shared") > 0, "a trial completed")
         server.stop()
         down = time.monotonic()
         with ThreadPoolExecutor(2) as pool:  # the start faults, while the server is down

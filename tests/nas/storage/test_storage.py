@@ -203,3 +203,27 @@ def test_an_owner_killed_but_not_yet_reaped_is_gone() -> None:
         assert not storage.owner_alive(owner)  # not reaped yet, and gone
     finally:
         child.wait()
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(120)
+def test_processes_opening_a_new_database_at_once_all_open_it(tmp_path: Path) -> None:
+    """A worker and the gRPC proxy (or two workers) may be the first to open a database:
+    both create Optuna's tables, the database refuses the second, and that one opens it as
+    it is. Four processes open each of ten fresh SQLite files at the same moment (without
+    it, one of them failed on most files)."""
+    urls = [f"sqlite:///{tmp_path / f'new-{n}.db'}" for n in range(10)]
+    code = (
+        "import sys, time; from nas.storage.opening import make_storage\n"
+        "start = float(sys.argv[1])\n"
+        "for n, url in enumerate(sys.argv[2:]):\n"
+        "    time.sleep(max(0.0, start + 0.3 * n - time.time()))\n"
+        "    make_storage(url)\n"
+    )
+    start = str(time.time() + 5)  # after every process's imports
+    opening = [
+        subprocess.Popen([sys.executable, "-c", code, start, *urls], stderr=subprocess.PIPE)
+        for _ in range(4)
+    ]
+    errors = [p.communicate(timeout=100)[1].decode() for p in opening]
+    assert all(p.returncode == 0 for p in opening), [e[-500:] for e in errors if e]
