@@ -24,7 +24,7 @@ import logging
 import multiprocessing.connection
 import pickle
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from nas.errors import describe
@@ -89,8 +89,8 @@ class LeaderLink:
 
     address: Any
     authkey: bytes
-    _connection: Any = None
-    _held: Exception | None = None  # a step's log that failed: raised by the next call
+    _connection: Any = field(default=None, init=False, repr=False)
+    _held: Exception | None = field(default=None, init=False, repr=False)  # raised next call
 
     def call(self, method: Callable[..., T], *args: Any) -> T:
         """`method(leader, *args)` in the worker: its value, or what it raised (or what

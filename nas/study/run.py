@@ -101,10 +101,10 @@ def run_study(
     """
     Path(settings.studies_dir).mkdir(parents=True, exist_ok=True)
     Path(settings.output_dir).mkdir(parents=True, exist_ok=True)
+    if settings.pipeline.per_candidate:  # each worker keeps its own owner and deadline
+        return _on_pool(settings, open_study(settings))
     owner = storage.this_owner()  # the trials this harness asks carry it (nas.storage.opening)
     deadline = _deadline(settings)
-    if settings.pipeline.per_candidate:
-        return _on_pool(settings, open_study(settings))
     if pipeline.under_torchrun():
         settings, choice = shape.resolve_one(settings)
         overheads = choice.overheads if choice is not None else None
