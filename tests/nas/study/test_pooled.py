@@ -44,10 +44,11 @@ POOLED = (
 )
 
 
-def least_on_one_stage(settings: NasSettings, arch: Architecture) -> int:
-    """The smallest per-stage budget `arch` fits on one stage (its leanest memory plan)."""
+def least_on(settings: NasSettings, arch: Architecture, n_stages: int = 1) -> int:
+    """The smallest per-stage budget `arch` fits on `n_stages` stages (its leanest memory
+    plan)."""
     task = get_task(settings.task.name, **settings.task.options)
-    return shape.least_stage_bytes(settings, arch, task, shape.machine_costs(), 1)
+    return shape.least_stage_bytes(settings, arch, task, shape.machine_costs(), n_stages)
 
 
 def budgeted(root: Path, *overrides: str) -> NasSettings:
@@ -55,7 +56,7 @@ def budgeted(root: Path, *overrides: str) -> NasSettings:
     stage: one of them fits it, the other needs two stages."""
     settings = tiny_settings(root, *POOLED, *overrides)
     seeds = configured_space(settings).seeds().values()
-    low, high = sorted(least_on_one_stage(settings, arch) for arch in seeds)
+    low, high = sorted(least_on(settings, arch) for arch in seeds)
     assert low < high
     return dataclasses.replace(
         settings,
@@ -80,18 +81,23 @@ def pooled(tmp_path_factory: pytest.TempPathFactory) -> Pooled:
 
 
 def test_each_candidate_trains_on_the_stages_its_profile_needs(pooled: Pooled) -> None:
+    """The seeds train (one on one stage, one on two); a proposal too large for two stages
+    at the budget fails with that cause, and the study goes on."""
     settings, trials = pooled.settings, pooled.trials
-    assert pooled.result.finished == 3 and [t.state for t in trials] == [COMPLETE] * 3
+    assert pooled.result.finished == 3 and [t.state for t in trials[:2]] == [COMPLETE] * 2
     budget = settings.pipeline.memory_budget
     assert budget is not None
     for trial in trials:
-        least = least_on_one_stage(settings, from_json(architecture_of(trial, settings)))
-        needs = 2 if least > budget else 1
-        attrs = trial.user_attrs
+        arch, attrs = from_json(architecture_of(trial, settings)), trial.user_attrs
+        if trial.state != COMPLETE:
+            assert "no pipeline of at most 2 stages fits" in attrs["fail_reason"]
+            assert least_on(settings, arch, 2) > budget
+            continue
+        needs = 2 if least_on(settings, arch) > budget else 1
         assert attrs["n_stages"] == needs == len(attrs["partition"]) == len(attrs[POOL_PROCESSES])
         assert attrs["shape"].startswith(f"2 workers x {needs} stage")
         assert attrs["predicted_samples_per_s"] > 0 and attrs["samples_per_s"] > 0
-    assert {t.user_attrs["n_stages"] for t in trials} == {1, 2}  # both kinds, one pool
+    assert {t.user_attrs["n_stages"] for t in trials[:2]} == {1, 2}  # both kinds, one pool
 
 
 def test_jobs_share_the_pool_and_never_a_process(pooled: Pooled) -> None:
@@ -99,7 +105,7 @@ def test_jobs_share_the_pool_and_never_a_process(pooled: Pooled) -> None:
     spans = [
         (p, t.user_attrs[POOL_STARTED], t.user_attrs[POOL_ENDED], t.number)
         for t in pooled.trials
-        for p in t.user_attrs[POOL_PROCESSES]
+        for p in t.user_attrs.get(POOL_PROCESSES, ())  # a candidate that fits no shape: none
     ]
     assert {p for p, *_ in spans} == {0, 1}
     for p, start, end, number in spans:
