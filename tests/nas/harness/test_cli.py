@@ -71,53 +71,67 @@ FIXED_SHAPE = (
     "pipeline.threads_per_stage=1",
     "pipeline.n_microbatches=1",
 )
-TASK_OPTIONS = {  # translation: the small study below, and tests/test_wheel.py
-    "charlm": ("task.options.seq_len=16",),
-    "textfile": ("task.options.seq_len=16",),
-}
+TASK_OPTIONS = ("task.options.seq_len=16",)  # the language models: short windows
 
 
-@pytest.mark.timeout(300)
-@pytest.mark.parametrize("task", sorted(TASK_OPTIONS))
-def test_one_trial_of_each_task_from_the_command_line(tmp_path: Path, task: str) -> None:
-    options = list(TASK_OPTIONS[task])
-    if task == "textfile":  # 4,000 characters of real text: 20 * (16 + 2) = 360 needed
-        options.append(f"task.options.path={write_text(tmp_path / 'corpus.txt')}")
-    env = {**os.environ, "WANDB_MODE": "offline"}
-    done = run(
-        tmp_path, f"task={task}", f"study.name={task}", *ONE_TRIAL, *FIXED_SHAPE, *options, env=env
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    study = optuna.load_study(
-        study_name=task, storage=f"sqlite:///{tmp_path / 'studies' / task}.db"
-    )
+def assert_one_complete_trial_with_its_tasks_metrics(db: Path, name: str, task: str) -> None:
+    study = optuna.load_study(study_name=name, storage=f"sqlite:///{db}")
     assert [t.state for t in study.trials if counted(t)] == [optuna.trial.TrialState.COMPLETE]
     trial = next(t for t in study.trials if counted(t))
     assert set(task_metrics(task)) <= set(trial.user_attrs), sorted(trial.user_attrs)
-    assert (tmp_path / "run" / "tracking" / f"{task}.jsonl").exists()
+
+
+@pytest.mark.timeout(300)
+def test_one_trial_on_a_text_file_from_the_command_line(tmp_path: Path) -> None:
+    """task=textfile (the language model `charlm` is the multirun's, translation the small
+    study's below and tests/test_wheel.py's)."""
+    corpus = write_text(tmp_path / "corpus.txt")  # 4,000 characters: 20 * (16 + 2) needed
+    env = {**os.environ, "WANDB_MODE": "offline"}
+    done = run(
+        tmp_path,
+        "task=textfile",
+        "study.name=textfile",
+        *ONE_TRIAL,
+        *FIXED_SHAPE,
+        *TASK_OPTIONS,
+        f"task.options.path={corpus}",
+        env=env,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    db = tmp_path / "studies" / "textfile.db"
+    assert_one_complete_trial_with_its_tasks_metrics(db, "textfile", "textfile")
+    assert (tmp_path / "run" / "tracking" / "textfile.jsonl").exists()
 
 
 def test_a_multirun_runs_one_study_per_job(tmp_path: Path) -> None:
+    """One study per job, named by its swept value; the character language model's task
+    on a 2-stage pipeline (2bw: steps streamed without a flush)."""
     done = run(
         tmp_path,
         "--multirun",
         "pipeline.schedule=1f1b,2bw",
-        "study.n_trials=1",
+        "task=charlm",
+        *TASK_OPTIONS,
         "stages=[search]",
-        "tracker=none",
+        "tracker=jsonl",
+        "study.n_trials=1",
         "train.steps=2",
-        *SMALL,
         "train.eval_every=2",
+        *SMALL,
+        "study.workers=1",
+        "pipeline.n_stages=2",
+        "pipeline.threads_per_stage=1",
+        "pipeline.n_microbatches=2",
         f"hydra.sweep.dir={tmp_path / 'sweep'}",
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    for job, schedule in enumerate(("1f1b", "2bw")):  # 2bw: steps streamed without flush
+    for job, schedule in enumerate(("1f1b", "2bw")):
         name = f"nas-pipeline.schedule={schedule}"  # the swept value names the job's study
-        study = optuna.load_study(
-            study_name=name, storage=f"sqlite:///{tmp_path / 'studies' / name}.db"
-        )
-        assert [t.state for t in study.trials if counted(t)] == [optuna.trial.TrialState.COMPLETE]
+        db = tmp_path / "studies" / f"{name}.db"
+        assert_one_complete_trial_with_its_tasks_metrics(db, name, "charlm")
         assert (tmp_path / "sweep" / str(job) / "optimization_history.png").exists()
+        tracked = f"nas-pipeline.schedule_{schedule}.jsonl"  # its file: "=" written "_"
+        assert (tmp_path / "sweep" / str(job) / "tracking" / tracked).exists()
 
 
 def test_stages_started_by_torchrun_run_the_study(tmp_path: Path) -> None:

@@ -181,7 +181,7 @@ def test_selection_seeds_choose_among_the_top_k_and_other_seeds_judge_the_winner
         f"retrain.models_dir={tmp_path / 'models'}",
         "retrain.top_k=2",
         "retrain.selection_seeds=[5]",
-        "retrain.seeds=[0,1]",
+        "retrain.seeds=[0]",  # one judging seed: enough to show it is not the choosing one
         "retrain.seed_models=true",
         "retrain.steps=4",
         "retrain.decode_pairs=2",
@@ -194,7 +194,7 @@ def test_selection_seeds_choose_among_the_top_k_and_other_seeds_judge_the_winner
     winner = min(selection.runs, key=lambda r: r.metrics["validation_loss"]).model
     assert selection.selected == winner
     assert [(r.model, r.seed) for r in result.runs] == [  # judged on seeds no choice saw
-        (m, s) for m in (winner, "transformer", "evolved_transformer") for s in (0, 1)
+        (m, 0) for m in (winner, "transformer", "evolved_transformer")
     ]
     assert sorted(result.paired) == sorted([winner, "transformer"])
 
