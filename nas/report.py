@@ -104,7 +104,11 @@ def _trials_table(settings: NasSettings, study: optuna.Study, width: int = 100) 
     cause) in what width is left, or, where that would cut it, listed under the table."""
     objectives = list(settings.study.objectives)
     measured = [m for m in task_metrics(settings.task.name) if m not in objectives]
-    extra = [m for m in ("parameters", "samples_per_s", "peak_memory_bytes") if m not in objectives]
+    extra = [
+        m
+        for m in ("parameters", "n_stages", "samples_per_s", "peak_memory_bytes")
+        if m not in objectives
+    ]
     best = {t.number for t in study.best_trials} if study.best_trials else set()
     shown = [t for t in study.get_trials(deepcopy=False) if not t.user_attrs.get("invalid")]
     finished = sum(t.state.is_finished() for t in shown)  # the skipped are counted below
@@ -256,6 +260,7 @@ def _short(metric: str) -> str:
 _HEADERS = {
     "samples_per_s": "smp/s",
     "peak_memory_bytes": "MB",
+    "n_stages": "stg",  # the stages it trained on (pipeline.per_candidate: its own)
     "parameters": "params (x ET)",
     "trial": "#",
 }
@@ -282,7 +287,8 @@ def _reference_parameters(
 def _cell(value: object, column: str = "", base: int | None = None) -> str:
     """A table cell: MB for memory, parameters with their ratio to `base` (the ET's)."""
     if column == "peak_memory_bytes" and isinstance(value, int | float):
-        return f"{value / 2**20:.0f}"
+        megabytes = value / 2**20
+        return f"{megabytes:.1f}" if megabytes < 10 else f"{megabytes:.0f}"
     if column == "parameters" and isinstance(value, int) and base:
         return f"{value:,} ({value / base:.3f}x)"
     if isinstance(value, float):

@@ -129,5 +129,6 @@ def test_the_installed_command_runs_a_study_from_another_folder(
     assert [t.state for t in study.trials if counted(t)] == [optuna.trial.TrialState.COMPLETE]
     log = (run_dir / "elastic-nas.log").read_text()
     assert "[MainProcess][nas.cli][INFO] - study wheel: stages search" in log, log
-    stage_event = r"\]\[pipeline-stage-\d\]\[pipeline\.distributed\.events\]\[INFO\] - .* build "
+    stage = r"pipeline-(?:stage|pool)-\d"  # a launched stage process or a pool's
+    stage_event = rf"\]\[{stage}\]\[pipeline\.distributed\.events\]\[INFO\] - .* build "
     assert re.search(stage_event, log), log

@@ -182,9 +182,10 @@ def least_stage_bytes(
 ) -> int:
     """The smallest per-stage memory budget under which `arch` can be planned on `n_stages`
     stages (its memory plan at its leanest: the planner's `InfeasibleBudgetError`), at
-    `pipeline.n_microbatches` (2 when "auto") and the pool's threads."""
+    `pipeline.n_microbatches` (2 when "auto") and the pool's threads, for the task's
+    largest batch (as a budget is planned)."""
     p = settings.pipeline
-    [profile] = _profiles(settings, [arch], costs, task)
+    [profile] = _profiles(settings, [arch], costs, task, budgeted=True)
     microbatches = 2 if p.n_microbatches == AUTO else int(p.n_microbatches)
     layer_costs = profile.costs_at(
         pool_threads(settings), settings.train.batch_size // microbatches
@@ -389,9 +390,11 @@ def _profiles(
     architectures: Sequence[Architecture],
     costs: CostCache,
     task: Any = None,
+    *,
+    budgeted: bool | None = None,
 ) -> list[_Profile]:
     task = task if task is not None else get_task(settings.task.name, **settings.task.options)
-    x, _ = next(iter(task.batches("train", settings.train.batch_size, seed=settings.seed)))
+    x = training.planning_input(settings, task, budgeted=budgeted)
     ratio = optimizer_state_ratio(training.rates(settings.train).optimizer())
     return [
         _Profile(training.compile_model(arch, task, settings.train.dropout)[0], x, ratio, costs)

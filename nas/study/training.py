@@ -42,6 +42,7 @@ __all__ = [
     "evaluate",
     "failure",
     "max_len",
+    "planning_input",
     "rates",
     "steps",
 ]
@@ -106,7 +107,36 @@ def build(
         pipe = pipe or build(settings, task, specs, schedule, seed=seed, cost_cache=cost_cache)
         scheduler = _scheduler(schedule, p.schedule)
         pipe.reconfigure(specs, inherit_from=snapshot, lr_scheduler=scheduler)
-        return pipe
+    else:
+        pipe = _new_pipeline(settings, task, specs, schedule, seed, checkpoint, cost_cache)
+    if p.memory_budget is not None:  # planned now, for the largest batch (`planning_input`)
+        pipe.plan_for(planning_input(settings, task))
+    return pipe
+
+
+def planning_input(settings: NasSettings, task: Task, *, budgeted: bool | None = None) -> Any:
+    """The batch input a model's plan is made for: under `pipeline.memory_budget` the
+    task's largest (the budget holds for every batch, not only the first), else its first
+    training batch (where the time plan is what matters). The shape (`nas.study.shape`)
+    profiles the same input, so a shape it predicts to fit does. `budgeted`: plan as under
+    a budget or not (default: as the settings say)."""
+    if settings.pipeline.memory_budget is not None if budgeted is None else budgeted:
+        x, _ = task.largest_batch(settings.train.batch_size)
+    else:
+        x, _ = next(iter(task.batches("train", settings.train.batch_size, seed=settings.seed)))
+    return x
+
+
+def _new_pipeline(
+    settings: NasSettings,
+    task: Task,
+    specs: list[LayerSpec],
+    schedule: LrSchedule,
+    seed: int,
+    checkpoint: CheckpointOptions | None,
+    cost_cache: CostCache | None,
+) -> ElasticPipeline:
+    p = settings.pipeline
     return ElasticPipeline(
         specs,
         optimizer=schedule.optimizer(),

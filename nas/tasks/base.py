@@ -216,6 +216,13 @@ class Task(ABC):
         would make the mean loss NaN, so evaluate with `metrics`/`TokenStats` sums.
         """
 
+    def largest_batch(self, batch_size: int) -> Batch:
+        """A training batch of the largest shapes `batches` can yield: what a memory plan
+        must fit (`pipeline.memory_budget` holds for every batch, not only the first).
+        Default: the first training batch, for a task whose batches all have one shape; a
+        task whose batches vary in length pads this one to its longest."""
+        return next(iter(self.batches("train", batch_size)))
+
     @abstractmethod
     def unigram_baseline(self, split: str) -> float:
         """What predicting every target from the training unigram scores on `split`."""

@@ -186,11 +186,13 @@ class ParallelCorpus(Task):
         return list(self.splits[split])
 
     def _collate(
-        self, rows: Sequence[tuple[list[int], list[int]]], filler: int
+        self, rows: Sequence[tuple[list[int], list[int]]], filler: int, *, longest: bool = False
     ) -> TranslationBatch:
-        """Pad `rows` into a batch, plus `filler` copies of row 0 whose targets are all PAD."""
-        s = self.max_length if self.fixed_length else max(len(src) for src, _ in rows)
-        t = self.max_length + 1 if self.fixed_length else max(len(tgt) for _, tgt in rows) + 1
+        """Pad `rows` into a batch, plus `filler` copies of row 0 whose targets are all PAD;
+        to the task's longest side where `fixed_length` or `longest`, else to the rows'."""
+        full = self.fixed_length or longest
+        s = self.max_length if full else max(len(src) for src, _ in rows)
+        t = self.max_length + 1 if full else max(len(tgt) for _, tgt in rows) + 1
         n = len(rows) + filler
         src = torch.full((n, s), PAD, dtype=torch.long)
         tgt_in = torch.full((n, t), PAD, dtype=torch.long)
@@ -222,6 +224,14 @@ class ParallelCorpus(Task):
         for start in range(0, len(indices), batch_size):
             chunk = indices[start : start + batch_size]
             yield self._collate([data[i] for i in chunk], batch_size - len(chunk))
+
+    def largest_batch(self, batch_size: int) -> TranslationBatch:
+        """The first training batch padded to the longest side the task holds (`max_length`
+        source tokens, `max_length + 1` target tokens): no batch is larger."""
+        check_batch_size(batch_size)
+        data = self._encoded["train"]
+        rows = [data[i % len(data)] for i in range(batch_size)]
+        return self._collate(rows, 0, longest=True)
 
     def decode_subset(self, split: str, pairs: int | None) -> list[int]:
         """Indices of the pairs of `split` that an evaluation decoding `pairs` of them reads:

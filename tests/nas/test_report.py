@@ -31,7 +31,8 @@ def test_the_trials_fit_80_columns_with_every_architecture_whole(tmp_path: Path)
             "short_name": name,
             "parameters": 73_125 + 9_001 * i,
             "samples_per_s": 812.345 + i,
-            "peak_memory_bytes": 51_234_567 * (i + 1),
+            "peak_memory_bytes": 1_234_567 * 10**i,  # 1.2, 12 and 118 MB
+            "n_stages": 1 + i % 2,
             "validation_accuracy": 0.41234 + i / 10,
             "validation_chrf": 21.2345 + i,
             "validation_bleu": 3.14159 + i,
@@ -47,6 +48,7 @@ def test_the_trials_fit_80_columns_with_every_architecture_whole(tmp_path: Path)
     flat = re.sub(r"\s+", " ", table)  # a listed name may wrap at the edge, never be cut
     assert all(name in flat for name in NAMES), table
     assert "exact" not in table  # no trial recorded it
+    assert " stg " in table and " 1.2 " in table and " 118 " in table
 
 
 def test_the_printed_dashboard_command_comes_with_the_nas_extra() -> None:

@@ -1,6 +1,7 @@
 """One contract over every built-in task (what the harness asks of a task plug-in): its
 metric directions, batches that are the same for the same arguments and exactly
-`batch_size` rows, and an evaluation that returns every metric it declares."""
+`batch_size` rows, none larger than its largest batch, and an evaluation that returns every
+metric it declares."""
 
 from __future__ import annotations
 
@@ -81,6 +82,21 @@ def test_batches_are_the_same_for_the_same_arguments_and_full(task: Task) -> Non
         assert torch.equal(y, y2) and y.shape[0] == 8
         for part, part2 in zip(_parts(x), _parts(x2), strict=True):
             assert torch.equal(part, part2) and part.shape[0] == 8
+
+
+def test_no_batch_is_larger_than_the_largest(task: Task) -> None:
+    """`largest_batch` (what a memory plan fits): full, the types of a batch, and no
+    training or evaluation batch has a longer side."""
+    x, y = task.largest_batch(8)
+    biggest = [*_parts(x), y]
+    assert all(part.shape[0] == 8 for part in biggest)
+    for split in SPLITS:
+        for batch_x, batch_y in task.batches(split, 8):
+            parts = [*_parts(batch_x), batch_y]
+            assert [p.dim() for p in parts] == [b.dim() for b in biggest]
+            assert [p.dtype for p in parts] == [b.dtype for b in biggest]
+            for part, big in zip(parts, biggest, strict=True):
+                assert all(n <= most for n, most in zip(part.shape, big.shape, strict=True))
 
 
 def test_evaluate_returns_every_declared_metric(task: Task) -> None:
