@@ -101,7 +101,8 @@ def report_study(
 def _trials_table(settings: NasSettings, study: optuna.Study, width: int = 100) -> Group:
     """One line per trial: state, objectives, the task's metrics, size, speed, memory (a
     metric no trial recorded is left out); the architecture's short name (or the failure's
-    cause) in what width is left, or, where that would cut it, listed under the table."""
+    cause) in what width is left, or, where that would cut it, listed under the table with
+    the columns that did not fit `width` (nothing is cut)."""
     objectives = list(settings.study.objectives)
     measured = [m for m in task_metrics(settings.task.name) if m not in objectives]
     extra = [
@@ -125,41 +126,49 @@ def _trials_table(settings: NasSettings, study: optuna.Study, width: int = 100) 
             or t.user_attrs.get("short_name")
             or t.user_attrs.get("architecture", "")
         )
+    labels = task_class(settings.task.name).metric_labels
+    headers = [_header(c, labels) for c in ["trial", "state", *objectives, *recorded]]
+    widths = [max([len(h)] + [len(row[i]) for row in rows]) for i, h in enumerate(headers)]
+    kept = len(headers)  # numbers are never cut: the last columns (size, stages, speed,
+    movable = sum(m in extra for m in recorded)  # memory) move under the table instead
+    while kept > len(headers) - movable and sum(w + 2 for w in widths[:kept]) > width:
+        kept -= 1
     table = Table(
         title=f"study {study.study_name}: {finished} trials",
         box=box.SIMPLE_HEAD,
         pad_edge=False,
         collapse_padding=True,
     )
-    used = 0
-    labels = task_class(settings.task.name).metric_labels
-    for i, column in enumerate(["trial", "state", *objectives, *recorded]):
-        metric = column.removeprefix("validation_")
-        name = _HEADERS.get(column) or labels.get(metric, metric)
-        fits = max([len(name)] + [len(row[i]) for row in rows])  # numbers are never cut
-        table.add_column(name, no_wrap=True, min_width=fits)
-        used += fits + 2
-    left = width - used - 2
-    if left < min(_ARCHITECTURE_WIDTH, max((len(n) for n in names), default=0)):
+    for header, fits in zip(headers[:kept], widths[:kept], strict=True):
+        table.add_column(header, no_wrap=True, min_width=fits)
+    left = width - sum(w + 2 for w in widths[:kept]) - 2
+    if kept < len(headers) or left < max((len(n) for n in names), default=0):
         for row in rows:
-            table.add_row(*row)
-        return Group(table, _architectures(rows, names))
-    table.add_column("architecture", no_wrap=True, overflow="ellipsis", max_width=left)
+            table.add_row(*row[:kept])
+        return Group(table, _listing(headers[kept:], [row[kept:] for row in rows], rows, names))
+    table.add_column("architecture", no_wrap=True)
     for row, text in zip(rows, names, strict=True):
-        table.add_row(*row, escape(text[:70]))
+        table.add_row(*row, escape(text))
     return Group(table)
 
 
-_ARCHITECTURE_WIDTH = 32  # below this the architectures are listed under the table
+def _header(column: str, labels: dict[str, str]) -> str:
+    metric = column.removeprefix("validation_")
+    return _HEADERS.get(column) or labels.get(metric, metric)
 
 
-def _architectures(rows: list[list[str]], names: list[str]) -> Table:
-    """The trials' architectures (or failures), one per line, wrapped rather than cut."""
+def _listing(
+    headers: list[str], cells: list[list[str]], rows: list[list[str]], names: list[str]
+) -> Table:
+    """Under the table: each trial's number, the columns that did not fit beside it, and
+    its architecture (or failure), wrapped rather than cut."""
     listing = Table(box=None, pad_edge=False, show_header=True)
     listing.add_column("#", no_wrap=True, justify="right")
+    for header in headers:
+        listing.add_column(header, no_wrap=True)
     listing.add_column("architecture", overflow="fold")
-    for row, text in zip(rows, names, strict=True):
-        listing.add_row(row[0], escape(text))
+    for row, moved, text in zip(rows, cells, names, strict=True):
+        listing.add_row(row[0], *moved, escape(text))
     return listing
 
 
