@@ -120,7 +120,9 @@ def planning_input(settings: NasSettings, task: Task, *, budgeted: bool | None =
     training batch (where the time plan is what matters). The shape (`nas.study.shape`)
     profiles the same input, so a shape it predicts to fit does. `budgeted`: plan as under
     a budget or not (default: as the settings say)."""
-    if settings.pipeline.memory_budget is not None if budgeted is None else budgeted:
+    if budgeted is None:
+        budgeted = settings.pipeline.memory_budget is not None
+    if budgeted:
         x, _ = task.largest_batch(settings.train.batch_size)
     else:
         x, _ = next(iter(task.batches("train", settings.train.batch_size, seed=settings.seed)))

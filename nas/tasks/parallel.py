@@ -226,8 +226,9 @@ class ParallelCorpus(Task):
             yield self._collate([data[i] for i in chunk], batch_size - len(chunk))
 
     def largest_batch(self, batch_size: int) -> TranslationBatch:
-        """The first training batch padded to the longest side the task holds (`max_length`
-        source tokens, `max_length + 1` target tokens): no batch is larger."""
+        """The training split's first `batch_size` pairs padded to the longest side the
+        task holds (`max_length` source tokens, `max_length + 1` target tokens): no batch
+        is larger."""
         check_batch_size(batch_size)
         data = self._encoded["train"]
         rows = [data[i % len(data)] for i in range(batch_size)]
