@@ -66,6 +66,7 @@ def launch(
     backend: str | None = None,
     threads_per_stage: int | None = None,
     timeout_s: float = 300.0,
+    local: bool = False,
 ) -> list[Any]:
     """Run `fn(ctx)` in `n_stages` stage processes; return their results in rank order.
 
@@ -73,6 +74,8 @@ def launch(
         per stage on this node), else gloo.
     threads_per_stage: torch intra-op threads per stage (default: cores / stages, >= 1).
     timeout_s: timeout of the rendezvous and of every collective and message.
+    local: start `n_stages` processes on this machine even in a torchrun rank (which
+        otherwise joins torchrun's group): a measurement of the machine itself.
     `fn` and its result must be picklable (a module-level function; the child imports it).
     """
     if not isinstance(n_stages, int) or n_stages < 1:
@@ -81,14 +84,15 @@ def launch(
         raise ValueError(f"backend must be 'gloo', 'nccl' or None (automatic), got {backend!r}")
     if timeout_s <= 0:
         raise ValueError(f"timeout_s must be positive, got {timeout_s}")
-    here = int(os.environ.get("LOCAL_WORLD_SIZE", n_stages)) if under_torchrun() else n_stages
+    joins = under_torchrun() and not local
+    here = int(os.environ.get("LOCAL_WORLD_SIZE", n_stages)) if joins else n_stages
     if backend is None:  # from the stages on this machine, not from the whole world's count
         backend = (
             "nccl" if torch.cuda.is_available() and torch.cuda.device_count() >= here else "gloo"
         )
     if threads_per_stage is None:
         threads_per_stage = max(1, (os.cpu_count() or 1) // here)
-    if under_torchrun():
+    if joins:
         return _join_torchrun(fn, n_stages, backend, threads_per_stage, timeout_s)
     return _launch_local(fn, n_stages, backend, threads_per_stage, timeout_s)
 

@@ -38,12 +38,16 @@ _WIDTH = 4
 
 def measure_overheads(*, steps: int = 30, timeout_s: float = 120.0) -> RuntimeOverheads:
     """Time a pipeline of two near-free layers on one and on two stages (module doc)."""
-    one = launch(
-        functools.partial(_timed, steps=steps), 1, threads_per_stage=1, timeout_s=timeout_s
-    )[0]
-    two = launch(
-        functools.partial(_timed, steps=steps), 2, threads_per_stage=1, timeout_s=timeout_s
-    )[0]
+    one, two = (  # processes of its own, even in a torchrun rank (a nas study's rank 0)
+        launch(
+            functools.partial(_timed, steps=steps),
+            n_stages,
+            threads_per_stage=1,
+            timeout_s=timeout_s,
+            local=True,
+        )[0]
+        for n_stages in (1, 2)
+    )
     microbatch_s = max(0.0, (one[_MANY] - one[1]) / (_MANY - 1))
     step_s = max(0.0, one[1] - microbatch_s)
     slope_two = (two[_MANY] - two[1]) / (_MANY - 1)

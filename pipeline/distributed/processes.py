@@ -79,9 +79,17 @@ def start_context() -> Any:
     return context
 
 
+# What torchrun sets for its ranks (and `launch` reads): a process started here is none of
+# them, so a launch inside it starts processes instead of joining torchrun's group.
+_TORCHRUN_ENV = frozenset(
+    {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"}
+)
+
+
 @dataclass(frozen=True)
 class Caller:
-    """What a spawned child would have inherited from the caller at its start."""
+    """What a spawned child would have inherited from the caller at its start (less a
+    torchrun rank's variables: the child is no rank of torchrun's)."""
 
     environ: dict[str, str]
     cwd: str
@@ -89,7 +97,8 @@ class Caller:
 
     @classmethod
     def here(cls) -> Caller:
-        return cls(dict(os.environ), os.getcwd(), os.getpid())
+        environ = {k: v for k, v in os.environ.items() if k not in _TORCHRUN_ENV}
+        return cls(environ, os.getcwd(), os.getpid())
 
     def adopt(self) -> None:
         os.environ.clear()

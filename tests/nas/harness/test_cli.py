@@ -135,6 +135,8 @@ def test_a_multirun_runs_one_study_per_job(tmp_path: Path) -> None:
 
 
 def test_stages_started_by_torchrun_run_the_study(tmp_path: Path) -> None:
+    """On a machine new to the runtime (an empty cost cache): rank 0 measures the runtime's
+    overheads in processes of its own, not in torchrun's group, then chooses the shape."""
     cmd = [
         sys.executable,
         "-m",
@@ -153,8 +155,10 @@ def test_stages_started_by_torchrun_run_the_study(tmp_path: Path) -> None:
         f"hydra.run.dir={tmp_path / 'run'}",
         f"studies_dir={tmp_path / 'studies'}",
     ]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")}  # no costs measured yet
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=tmp_path, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
+    assert "measuring the runtime's overheads" in (tmp_path / "run" / "elastic-nas.log").read_text()
     assert done.stdout.count("study tr: 2 trials") == 1  # rank 0 reports
     assert done.stdout.count("exported trial-") == 1  # the retraining launched again
     study = optuna.load_study(study_name="tr", storage=f"sqlite:///{tmp_path / 'studies'}/tr.db")
