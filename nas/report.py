@@ -145,7 +145,8 @@ def _trials_table(settings: NasSettings, study: optuna.Study, width: int = 100) 
     if kept < len(headers) or left < max((len(n) for n in names), default=0):
         for row in rows:
             table.add_row(*row[:kept])
-        return Group(table, _listing(headers[kept:], [row[kept:] for row in rows], rows, names))
+        moved = [[row[0], *row[kept:]] for row in rows]  # the trial's number first
+        return Group(table, _listing(headers[kept:], moved, names))
     table.add_column("architecture", no_wrap=True)
     for row, text in zip(rows, names, strict=True):
         table.add_row(*row, escape(text))
@@ -157,18 +158,16 @@ def _header(column: str, labels: dict[str, str]) -> str:
     return _HEADERS.get(column) or labels.get(metric, metric)
 
 
-def _listing(
-    headers: list[str], cells: list[list[str]], rows: list[list[str]], names: list[str]
-) -> Table:
-    """Under the table: each trial's number, the columns that did not fit beside it, and
-    its architecture (or failure), wrapped rather than cut."""
+def _listing(headers: list[str], cells: list[list[str]], names: list[str]) -> Table:
+    """Under the table: each trial's number and the columns that did not fit beside it
+    (`cells`), and its architecture (or failure), wrapped rather than cut."""
     listing = Table(box=None, pad_edge=False, show_header=True)
     listing.add_column("#", no_wrap=True, justify="right")
     for header in headers:
         listing.add_column(header, no_wrap=True)
     listing.add_column("architecture", overflow="fold")
-    for row, moved, text in zip(rows, cells, names, strict=True):
-        listing.add_row(row[0], *moved, escape(text))
+    for row, text in zip(cells, names, strict=True):
+        listing.add_row(*row, escape(text))
     return listing
 
 
