@@ -57,7 +57,7 @@ from pipeline.pure.pool import PoolLedger
 __all__ = ["PoolContext", "StagePool"]
 
 logger = logging.getLogger(__name__)
-_POLL_S = 0.05
+_POLL_S = 0.05  # how often the pool's thread looks for dead processes when nothing happens
 _GRACE_S = 0.5  # after a job's first error, how long its other processes may still report
 _FAILED_STARTS = 3  # processes dead before their first job, in a row: the pool is broken
 
@@ -113,6 +113,8 @@ class StagePool:
         for p in range(size):
             self._start(p)
         self._waiting: collections.deque[Request] = collections.deque()
+        # a submit wakes the pool's thread from its wait on the processes' pipes at once
+        self._wake_reader, self._wake_writer = self._context.Pipe(duplex=False)
         self._running: dict[int, Running] = {}
         self._lock = threading.Lock()
         self._closed = threading.Event()
@@ -173,6 +175,7 @@ class StagePool:
         request = Request(fn, n_stages, take, keep)
         with self._lock:
             self._waiting.append(request)
+            self._wake_writer.send_bytes(b"")
         return request.future
 
     def run(
@@ -186,6 +189,8 @@ class StagePool:
         if self._closed.is_set():
             return
         self._closed.set()
+        with self._lock:
+            self._wake_writer.send_bytes(b"")
         self._thread.join()
         for pipe in self._pipes:
             with contextlib.suppress(OSError):
@@ -216,13 +221,17 @@ class StagePool:
             self._break(RuntimeError(f"the StagePool's thread failed: {error!r}"))
 
     def _messages(self) -> list[tuple[Any, ...]]:
-        """What the processes reported, waiting up to `_POLL_S` for the first. A pipe that
-        breaks (its process died, perhaps in mid-message) is read no more: `_watch` sees
-        the death."""
+        """What the processes reported, waiting up to `_POLL_S` for the first report or a
+        submit. A pipe that breaks (its process died, perhaps in mid-message) is read no
+        more: `_watch` sees the death."""
         live = [pipe for pipe in self._pipes if not pipe.closed]
         got: list[tuple[Any, ...]] = []
-        ready: list[Any] = multiprocessing.connection.wait(live, timeout=_POLL_S)
-        for pipe in ready:
+        ready: list[Any] = multiprocessing.connection.wait(
+            [*live, self._wake_reader], timeout=_POLL_S
+        )
+        while self._wake_reader.poll():
+            self._wake_reader.recv_bytes()
+        for pipe in (pipe for pipe in ready if pipe is not self._wake_reader):
             try:
                 got.append(pipe.recv())
             except (EOFError, OSError, pickle.UnpicklingError):
