@@ -3,45 +3,56 @@ per-study shape and a fixed 2-stage pipeline.
 
 Why it exists (issue 51): a search's candidates span sizes, and under a memory budget the
 large ones must be split while the small ones train fastest on one process each. A shape
-chosen once per study either trains every candidate on one stage (the large ones past the
-budget: a soft limit on CPU, an out-of-memory failure on a GPU) or pipelines every one (the
-small ones pay a bubble for nothing). `pipeline.StagePool` gives each candidate its own stage
-count (`pipeline.pure.shape.stages_for`: the fewest stages that fit) from one set of
-processes started once.
+chosen once per study either trains every candidate on one stage (the large ones fit no plan
+under the budget and are refused; without the budget they would train past it, out of memory
+on a GPU) or pipelines every one (the small ones pay a bubble for nothing).
+`pipeline.StagePool` gives each candidate its own stage count
+(`pipeline.pure.shape.stages_for`: the fewest stages that fit) from one set of processes
+started once.
 
 The runtime's view of a search, without Optuna: a seeded stream of candidates, Transformer
 encoder stacks (`pipeline.local.models.transformer_stack`, 4 heads) at d_model 64, 96 or 128
 with 2 to 6 layers (about 12x in parameters), sequence 16, batch 16, Adam, each trained
 `--steps` steps on random data. The memory budget is the `--budget-quantile` (0.67) of the
 candidates' single-stage predicted peak bytes at the micro-batch count that needs least (the
-planner's memory model), so about a third cannot fit one stage at all and need 2. Layer
-costs are profiled in this process first (the sandbox, as the harness's shape does) and
-shared by every arm. Arms, each for `--minutes` of wall time over the same stream, one
-after the other:
+planner's memory model), so about a third cannot fit one stage at all. Layer costs are
+profiled in this process first (the sandbox, as the harness's shape does) and shared by every
+arm. Every arm trains a candidate on the planner's plan under the budget (stage sizes,
+micro-batches, and the layers it recomputes to fit), as the harness does, or refuses it where
+no plan of the arm's shape fits. Arms, each for `--minutes` of wall time over the same
+stream, one after the other:
 
 * `pool`: `StagePool(cores)`, each candidate on the stages `stages_for` chooses, as many at
   a time as fit (first come, first served);
-* `per_study`: the shape `auto` chooses for such a study from its seeds (small: one
-  single-stage worker per core), each worker one `launch` for the whole arm, candidates by
-  `reconfigure`; candidates over the budget are trained anyway and counted;
-* `fixed_2`: one 2-stage pipeline, every candidate by `reconfigure`.
+* `per_study`: the shape `auto` gives a study of small seeds, one single-stage worker per
+  core, each one `launch` for the whole arm, candidates by `reconfigure`; its micro-batch
+  count is the study's, chosen for its seed (the stream's median model);
+* `fixed_2`: one 2-stage pipeline, every candidate by `reconfigure`, its micro-batches the
+  study's likewise.
 
-Recorded per arm: candidates finished per hour, candidates over the budget and refused,
-each candidate's stage count and seconds; for the pool its busy share (process-seconds in
-jobs over cores x wall). Separately, the seconds from one candidate to the next: a pool job
-on 2 processes that takes a resident 1-stage model (grown live: the group formed, the layers
-inherited) against `launch` of 2 fresh processes and the same build from a snapshot; medians
-of `--switches` each. What runs in processes is in `elastic_pool_runs.py`.
+Recorded per arm: candidates finished per hour, candidates refused, candidates over the
+budget (the runtime's measured peak of the larger stage, `ElasticPipeline.stats()`), each
+candidate's plan and seconds; for the pool its busy share (process-seconds in jobs over cores
+x wall). Separately, the seconds from one candidate to the next: a pool job on 2 processes
+that takes a resident 1-stage model (grown live: the group formed, the layers inherited)
+against `launch` of 2 fresh processes from the runtime's warm forkserver and against a cold
+restart (a new program: interpreters that import torch anew), each with the same build;
+medians of `--switches` each. Last, `search_2h` itself (every candidate small, no budget)
+for `--search-2h-minutes` on its per-study `auto` shape and on the pool
+(`pipeline.per_candidate=true`): what the pool costs where no candidate needs it. What runs
+in processes is in `elastic_pool_runs.py`.
 
 Run it alone on an idle machine: the JSON records the load average before and after.
 
-    python benchmarks/elastic_pool.py [--minutes 30] [--steps 20] [--switches 5]
+    python benchmarks/elastic_pool.py [--minutes 30] [--steps 20] [--switches 5] \
+        [--search-2h-minutes 30]
 """
 
 from __future__ import annotations
 
 import argparse
 import random
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -51,23 +62,31 @@ from elastic_pool_runs import (
     ADAM,
     BATCH,
     Candidate,
+    Placement,
     batch_of,
-    equal_split,
     launched_arm,
     pool_arm,
     specs_of,
     switches,
 )
+from search_throughput_slices import search_slice
 
 from pipeline import CostCache
 from pipeline.distributed.overheads import measure_overheads
 from pipeline.local.profiler import optimizer_state_ratio, sandbox, trace_shapes
 from pipeline.local.spec import build_layer
 from pipeline.pure.planner import TimePlanner, evaluate
-from pipeline.pure.shape import RuntimeOverheads, stages_for
+from pipeline.pure.shape import (
+    RuntimeOverheads,
+    ShapeLimits,
+    ShapeOption,
+    choose_shape,
+    stages_for,
+)
 
 OUT = RESULTS / "elastic_pool.json"
 WIDTHS, DEPTHS = (64, 96, 128), (2, 3, 4, 5, 6)
+PER_STUDY_ARMS = {"per_study": 1, "fixed_2": 2}  # arm -> the stages of its every pipeline
 
 
 def stream(count: int, seed: int) -> list[tuple[int, int]]:
@@ -77,8 +96,9 @@ def stream(count: int, seed: int) -> list[tuple[int, int]]:
 
 def planned(
     pairs: list[tuple[int, int]], overheads: RuntimeOverheads, quantile: float, cores: int
-) -> tuple[list[Candidate], int]:
-    """Every candidate's costs (profiled once per distinct layer), the budget, the plans."""
+) -> tuple[list[Candidate], int, dict[str, int]]:
+    """Every candidate's costs (profiled once per distinct model), the budget, each arm's
+    placement of each candidate, and the micro-batches of each per-study arm."""
     cache, ratio = CostCache(), optimizer_state_ratio(ADAM)
     profiles: dict[tuple[int, int, int, int], Any] = {}
 
@@ -99,59 +119,68 @@ def planned(
         costs = costs_at(d, n)(1, BATCH // microbatches)
         return int(evaluate(costs, [n], n_microbatches=microbatches).predicted_stage_bytes[0])
 
-    single = {pair: peak(*pair, 1) for pair in set(pairs)}
-    halves = {
-        (d, n): int(
-            max(
-                evaluate(
-                    costs_at(d, n)(1, BATCH // 4), list(equal_split(n, 2)), n_microbatches=4
-                ).predicted_stage_bytes
-            )
-        )
-        for d, n in set(pairs)
-    }
-    fewest = {pair: min(peak(*pair, m) for m in (1, 2, 4, 8)) for pair in set(pairs)}
+    models = sorted(set(pairs))
+    fewest = {pair: min(peak(*pair, m) for m in (1, 2, 4, 8)) for pair in models}
     # a third cannot fit one stage at any micro-batch count: they need two
     ranked = sorted(fewest[pair] for pair in pairs)
     budget = int(ranked[min(len(ranked) - 1, int(quantile * len(ranked)))])
-    chosen: dict[tuple[int, int], Any] = {}
-    for d, n in set(pairs):
-        best, _ = stages_for(
-            TimePlanner(),
-            costs_at(d, n),
-            overheads,
-            max_stages=cores,
-            batch_size=BATCH,
-            memory_budget=budget,
-        )
-        chosen[d, n] = best
+
+    def shaped(pair: tuple[int, int], limits: ShapeLimits) -> ShapeOption | None:
+        try:
+            best, _ = choose_shape(
+                TimePlanner(), costs_at(*pair), limits, overheads, memory_budget=budget
+            )
+        except ValueError:
+            return None
+        return best
+
+    # a per-study shape's micro-batches are the study's, chosen for its seeds: the median model
+    seed = sorted(models, key=lambda pair: fewest[pair])[len(models) // 2]
+    study: dict[str, int] = {}
+    for arm, stages in PER_STUDY_ARMS.items():
+        option = shaped(seed, ShapeLimits(cores, BATCH, n_stages=stages, threads_per_stage=1))
+        if option is None:
+            raise ValueError(f"the seed {seed} fits no {stages}-stage plan under {budget} bytes")
+        study[arm] = option.shape.n_microbatches
+
+    def placement(option: ShapeOption | None) -> Placement | None:
+        if option is None or option.plan is None:
+            return None
+        return Placement(option.plan)
+
+    def placements(pair: tuple[int, int]) -> dict[str, Placement | None]:
+        found: dict[str, Placement | None] = {}
+        try:
+            best, _ = stages_for(
+                TimePlanner(),
+                costs_at(*pair),
+                overheads,
+                max_stages=cores,
+                batch_size=BATCH,
+                memory_budget=budget,
+            )
+            found["pool"] = placement(best)
+        except ValueError:
+            found["pool"] = None
+        for arm, stages in PER_STUDY_ARMS.items():
+            limits = ShapeLimits(stages, BATCH, 1, stages, 1, study[arm])
+            found[arm] = placement(shaped(pair, limits))
+        return found
+
+    by_model = {pair: placements(pair) for pair in models}
     sizes = {
         pair: sum(
             p.numel()
             for spec in specs_of(*pair)
             for p in build_layer(spec, 0, torch.device("cpu")).parameters()
         )
-        for pair in set(pairs)
+        for pair in models
     }
-    candidates = []
-    for i, (d, n) in enumerate(pairs):
-        best = chosen[d, n]
-        candidates.append(
-            Candidate(
-                i,
-                d,
-                n,
-                sizes[d, n],
-                single[d, n],
-                fewest[d, n],
-                halves[d, n],
-                int(max(best.plan.predicted_stage_bytes)),
-                best.shape.n_stages,
-                tuple(best.plan.sizes),
-                best.shape.n_microbatches,
-            )
-        )
-    return candidates, budget
+    candidates = [
+        Candidate(i, d, n, sizes[d, n], peak(d, n, 1), by_model[d, n])
+        for i, (d, n) in enumerate(pairs)
+    ]
+    return candidates, budget, study
 
 
 def main() -> None:
@@ -161,6 +190,7 @@ def main() -> None:
     parser.add_argument("--candidates", type=int, default=2000)
     parser.add_argument("--budget-quantile", type=float, default=0.67)
     parser.add_argument("--switches", type=int, default=5)
+    parser.add_argument("--search-2h-minutes", type=float, default=30.0, help="0: skip")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default=str(OUT))
     args = parser.parse_args()
@@ -169,77 +199,68 @@ def main() -> None:
     cores = len(usable_cores())
     overheads = measure_overheads()
     pairs = stream(args.candidates, args.seed)
-    candidates, budget = planned(pairs, overheads, args.budget_quantile, cores)
-    needs_two = {c.number for c in candidates if c.fewest_bytes_one_stage > budget}
+    candidates, budget, study_microbatches = planned(pairs, overheads, args.budget_quantile, cores)
     seconds = args.minutes * 60
-    arms: dict[str, Any] = {}
-    arms["pool"] = pool_arm(candidates, cores, args.steps, seconds)
-    arms["per_study"] = launched_arm(candidates, cores, 1, args.steps, seconds)
-    arms["fixed_2"] = launched_arm(candidates, max(1, cores // 2), 2, args.steps, seconds)
-    peaks = {  # the predicted peak of the larger stage as each arm trains a candidate
-        "pool": lambda c: c.pool_bytes,
-        "per_study": lambda c: c.single_stage_bytes,  # one stage, 1 micro-batch
-        "fixed_2": lambda c: c.two_stage_bytes,
-    }
-    by_number = {c.number: c for c in candidates}
-    for name, arm in arms.items():
+    arms: dict[str, Any] = {"pool": pool_arm(candidates, cores, args.steps, seconds)}
+    for arm, stages in PER_STUDY_ARMS.items():
+        arms[arm] = launched_arm(
+            candidates, arm, max(1, cores // stages), stages, args.steps, seconds
+        )
+    for arm in arms.values():
         for r in arm["candidates"]:
-            r["over_budget"] = peaks[name](by_number[r["number"]]) > budget
+            r["over_budget"] = r["measured_bytes"] > budget
         arm["over_budget"] = sum(r["over_budget"] for r in arm["candidates"])
-    best_other = max(
-        arms["per_study"]["candidates_per_hour"], arms["fixed_2"]["candidates_per_hour"]
-    )
-    within = [
-        a["candidates_per_hour"] for n, a in arms.items() if n != "pool" and not a["over_budget"]
-    ]
+    rate = {name: arm["candidates_per_hour"] for name, arm in arms.items()}
     document = {
         "what": first_paragraph(__doc__),
         "cores": cores,
         "minutes_per_arm": args.minutes,
         "steps_per_candidate": args.steps,
         "memory_budget_bytes": budget,
-        "share_over_budget_on_one_stage_1_microbatch": sum(
-            c.single_stage_bytes > budget for c in candidates
-        )
+        "study_microbatches": study_microbatches,
+        "share_over_budget_unbudgeted": sum(c.unbudgeted_bytes > budget for c in candidates)
         / len(candidates),
-        "share_needing_two_stages": len(needs_two) / len(candidates),
+        "share_refused": {
+            arm: sum(c.placements[arm] is None for c in candidates) / len(candidates)
+            for arm in arms
+        },
         "parameters_range": [
             min(c.parameters for c in candidates),
             max(c.parameters for c in candidates),
         ],
         "overheads": overheads.to_dict(),
         "arms": arms,
-        "pool_over_best_other": arms["pool"]["candidates_per_hour"] / best_other,
-        # against the best arm that kept every candidate within the budget
-        "pool_over_best_within_budget": arms["pool"]["candidates_per_hour"] / max(within)
-        if within
-        else None,
+        "pool_over": {arm: rate["pool"] / rate[arm] for arm in PER_STUDY_ARMS},
         "switch": switches(args.switches),
-        **clock.load_average(),
     }
-    write_json(Path(args.out), document)
-    print(
-        {
-            k: document[k]
-            for k in (
-                "memory_budget_bytes",
-                "share_needing_two_stages",
-                "pool_over_best_other",
-                "pool_over_best_within_budget",
-            )
-        }
-    )
-    for name, arm in arms.items():
-        print(
-            name, {k: arm[k] for k in ("candidates_per_hour", "over_budget", "stages", "finished")}
-        )
-    print(
-        "switch",
-        {
-            k: document["switch"][k]
-            for k in ("median_pool_s", "median_restart_s", "restart_over_pool")
-        },
-    )
+    if args.search_2h_minutes > 0:
+        document["search_2h"] = search_2h(args.search_2h_minutes)
+    write_json(Path(args.out), {**document, **clock.load_average()})
+    _summary(document)
+
+
+def search_2h(minutes: float) -> dict[str, Any]:
+    """`search_2h` (every candidate small, no budget) on its per-study `auto` shape and on
+    the pool, `minutes` each: what the pool costs where no candidate needs it."""
+    with tempfile.TemporaryDirectory() as tmp:
+        slices = {mode: search_slice(mode, minutes, Path(tmp)) for mode in ("auto", "pool")}
+    slices["pool_over_auto"] = {
+        key: slices["pool"][key] / max(slices["auto"][key], 1e-9)
+        for key in ("candidates_per_h", "full_budget_candidates_per_h", "steps_per_h")
+    }
+    return slices
+
+
+def _summary(document: dict[str, Any]) -> None:
+    print({k: document[k] for k in ("memory_budget_bytes", "share_refused", "pool_over")})
+    for name, arm in document["arms"].items():
+        keys = ("candidates_per_hour", "refused", "over_budget", "stages", "finished")
+        print(name, {k: arm[k] for k in keys})
+    switch = document["switch"]
+    ratios = ("median_pool_s", "median_restart_s", "restart_over_pool", "cold_restart_over_pool")
+    print("switch", {k: switch[k] for k in ratios})
+    if "search_2h" in document:
+        print("search_2h", document["search_2h"]["pool_over_auto"])
 
 
 if __name__ == "__main__":

@@ -17,18 +17,24 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+SHAPE_ARGS = {  # a slice's mode -> its shape's overrides
+    "old_default": ["pipeline=cpu_2_stages", "study.workers=1"],
+    "auto": [],
+    "pool": ["pipeline.per_candidate=true"],  # each candidate its own stages on a stage pool
+}
+
 
 def search_slice(
     mode: str, minutes: float, folder: Path, overrides: list[str] | None = None
 ) -> dict[str, Any]:
-    """`search_2h` for `minutes` of wall time (search only, a fresh study), old or auto,
-    with Hydra `overrides` after the experiment's."""
+    """`search_2h` for `minutes` of wall time (search only, a fresh study) on the shape of
+    `mode` (`SHAPE_ARGS`), with Hydra `overrides` after the experiment's."""
     import optuna
 
     from nas.study.trials import counted
 
     name = f"slice-{mode}"
-    shape_args = ["pipeline=cpu_2_stages", "study.workers=1"] if mode == "old_default" else []
+    shape_args = SHAPE_ARGS[mode]
     command = [
         sys.executable,
         "-m",
