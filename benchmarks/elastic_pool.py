@@ -233,9 +233,10 @@ def main() -> None:
         "pool_over": {arm: rate["pool"] / rate[arm] for arm in PER_STUDY_ARMS},
         "switch": switches(args.switches),
     }
+    write_json(Path(args.out), {**document, **clock.load_average()})  # kept if what follows fails
     if args.search_2h_minutes > 0:
         document["search_2h"] = search_2h(args.search_2h_minutes)
-    write_json(Path(args.out), {**document, **clock.load_average()})
+        write_json(Path(args.out), {**document, **clock.load_average()})
     _summary(document)
 
 
