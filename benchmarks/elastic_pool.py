@@ -14,8 +14,8 @@ The runtime's view of a search, without Optuna: a seeded stream of candidates, T
 encoder stacks (`pipeline.local.models.transformer_stack`, 4 heads) at d_model 64, 96 or 128
 with 2 to 6 layers (about 12x in parameters), sequence 16, batch 16, Adam, each trained
 `--steps` steps on random data. The memory budget is the `--budget-quantile` (0.67) of the
-candidates' single-stage predicted peak bytes at the micro-batch count that needs least (the
-planner's memory model), so about a third cannot fit one stage at all. Layer costs are
+candidates' predicted peak bytes on one stage at one micro-batch (the planner's memory model;
+what a study without a budget trains), so about a third exceed it. Layer costs are
 profiled in this process first (the sandbox, as the harness's shape does) and shared by every
 arm. Every arm trains a candidate on the planner's plan under the budget (stage sizes,
 micro-batches, and the layers it recomputes to fit), as the harness does, or refuses it where
@@ -120,9 +120,9 @@ def planned(
         return int(evaluate(costs, [n], n_microbatches=microbatches).predicted_stage_bytes[0])
 
     models = sorted(set(pairs))
-    fewest = {pair: min(peak(*pair, m) for m in (1, 2, 4, 8)) for pair in models}
-    # a third cannot fit one stage at any micro-batch count: they need two
-    ranked = sorted(fewest[pair] for pair in pairs)
+    unbudgeted = {pair: peak(*pair, 1) for pair in models}
+    # about a third exceed it as a study without a budget trains them
+    ranked = sorted(unbudgeted[pair] for pair in pairs)
     budget = int(ranked[min(len(ranked) - 1, int(quantile * len(ranked)))])
 
     def shaped(pair: tuple[int, int], limits: ShapeLimits) -> ShapeOption | None:
@@ -135,7 +135,7 @@ def planned(
         return best
 
     # a per-study shape's micro-batches are the study's, chosen for its seeds: the median model
-    seed = sorted(models, key=lambda pair: fewest[pair])[len(models) // 2]
+    seed = sorted(models, key=lambda pair: unbudgeted[pair])[len(models) // 2]
     study: dict[str, int] = {}
     for arm, stages in PER_STUDY_ARMS.items():
         option = shaped(seed, ShapeLimits(cores, BATCH, n_stages=stages, threads_per_stage=1))
@@ -177,7 +177,7 @@ def planned(
         for pair in models
     }
     candidates = [
-        Candidate(i, d, n, sizes[d, n], peak(d, n, 1), by_model[d, n])
+        Candidate(i, d, n, sizes[d, n], unbudgeted[d, n], by_model[d, n])
         for i, (d, n) in enumerate(pairs)
     ]
     return candidates, budget, study
@@ -231,6 +231,9 @@ def main() -> None:
         "overheads": overheads.to_dict(),
         "arms": arms,
         "pool_over": {arm: rate["pool"] / rate[arm] for arm in PER_STUDY_ARMS},
+        "same_candidates": {
+            arm: same_candidates(arms["pool"], arms[arm]) for arm in PER_STUDY_ARMS
+        },
         "switch": switches(args.switches),
     }
     write_json(Path(args.out), {**document, **clock.load_average()})  # kept if what follows fails
@@ -238,6 +241,29 @@ def main() -> None:
         document["search_2h"] = search_2h(args.search_2h_minutes)
         write_json(Path(args.out), {**document, **clock.load_average()})
     _summary(document)
+
+
+def same_candidates(pool: dict[str, Any], other: dict[str, Any]) -> dict[str, Any]:
+    """The pool against another arm on the candidates both trained (an arm that refuses the
+    large ones finishes more per hour for it): process-seconds per candidate, and the pool's
+    candidates per hour over the other's on that set (the ratio of their process-seconds)."""
+
+    def process_s(arm: dict[str, Any]) -> dict[int, float]:
+        return {
+            r["number"]: r["seconds"] * r["n_stages"] for r in arm["candidates"] if not r["refused"]
+        }
+
+    mine, theirs = process_s(pool), process_s(other)
+    both = sorted(mine.keys() & theirs.keys())
+    if not both:
+        return {"candidates": 0}
+    pool_s, other_s = sum(mine[n] for n in both), sum(theirs[n] for n in both)
+    return {
+        "candidates": len(both),
+        "pool_process_s_per_candidate": pool_s / len(both),
+        "other_process_s_per_candidate": other_s / len(both),
+        "pool_over": other_s / pool_s,
+    }
 
 
 def search_2h(minutes: float) -> dict[str, Any]:
@@ -253,7 +279,8 @@ def search_2h(minutes: float) -> dict[str, Any]:
 
 
 def _summary(document: dict[str, Any]) -> None:
-    print({k: document[k] for k in ("memory_budget_bytes", "share_refused", "pool_over")})
+    keys = ("memory_budget_bytes", "share_refused", "pool_over", "same_candidates")
+    print({k: document[k] for k in keys})
     for name, arm in document["arms"].items():
         keys = ("candidates_per_hour", "refused", "over_budget", "stages", "finished")
         print(name, {k: arm[k] for k in keys})

@@ -28,7 +28,9 @@ def search_slice(
     mode: str, minutes: float, folder: Path, overrides: list[str] | None = None
 ) -> dict[str, Any]:
     """`search_2h` for `minutes` of wall time (search only, a fresh study) on the shape of
-    `mode` (`SHAPE_ARGS`), with Hydra `overrides` after the experiment's."""
+    `mode` (`SHAPE_ARGS`), with Hydra `overrides` after the experiment's: the trials finished
+    within `minutes` of the command's start, per hour of those minutes (the study's workers
+    end the trials they began before its timeout, a full-budget one over a minute later)."""
     import optuna
 
     from nas.study.trials import counted
@@ -50,13 +52,19 @@ def search_slice(
         *shape_args,
         *(overrides or []),
     ]
-    started = time.perf_counter()
+    started = time.time()
     subprocess.run(command, check=True, cwd=folder, stdout=subprocess.DEVNULL)
-    wall_s = time.perf_counter() - started
+    run_wall_s = time.time() - started
     study = optuna.load_study(
         study_name=name, storage=f"sqlite:///{folder / 'studies' / f'{name}.db'}"
     )
-    return _slice_figures([t for t in study.trials if counted(t)], wall_s)
+    end = started + 60 * minutes
+    done = [
+        t
+        for t in study.trials
+        if counted(t) and t.datetime_complete and t.datetime_complete.timestamp() <= end
+    ]
+    return {**_slice_figures(done, 60 * minutes), "run_wall_s": run_wall_s}
 
 
 def stored_slice(storage: str, name: str, started: str, minutes: float) -> dict[str, Any]:

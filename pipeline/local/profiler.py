@@ -228,25 +228,28 @@ def sandbox_time(
 
     After a warm-up, it runs `repeats` forwards and then their backwards, as a pipeline
     stage does. Before each timed pass the CPU caches are flushed: in training the other
-    layers of the stage run in between and evict this one's weights.
+    layers of the stage run in between and evict this one's weights (the warm-up's passes
+    are not timed, so they skip the flush, which costs about as much as a small layer).
     """
     module = build_layer(spec, 0, device)
     params = list(module.parameters())
     saved = [0]
     flush = _cache_flusher(device)
 
-    def forward(count: bool) -> tuple[float, list[torch.Tensor]]:
+    def forward(count: bool, timed: bool = True) -> tuple[float, list[torch.Tensor]]:
         carry = _example(shape.inputs, device)
         carry = tuple(t.requires_grad_(t.is_floating_point()) for t in carry)
-        flush()
+        if timed:
+            flush()
         t0 = time.perf_counter()
         with _count_saved(params, carry, saved) if count else contextlib.nullcontext():
             out = floating(as_carry(module(unwrap(carry)), spec.key))
         _sync(device)
         return time.perf_counter() - t0, [o for o in out if o.requires_grad]
 
-    def backward(outs: list[torch.Tensor]) -> float:
-        flush()
+    def backward(outs: list[torch.Tensor], timed: bool = True) -> float:
+        if timed:
+            flush()
         t0 = time.perf_counter()
         if outs:
             torch.autograd.backward(outs, [torch.ones_like(o) for o in outs])
@@ -254,9 +257,9 @@ def sandbox_time(
         return time.perf_counter() - t0
 
     for _ in range(repeats):  # warm-up, in the timed pattern: kernels, allocator, pages
-        backward(forward(False)[1])
-    for outs in [forward(False)[1] for _ in range(repeats)]:
-        backward(outs)
+        backward(forward(False, timed=False)[1], timed=False)
+    for outs in [forward(False, timed=False)[1] for _ in range(repeats)]:
+        backward(outs, timed=False)
     saved[0] = sum(nbytes(t) for t in _example(shape.inputs, device))  # the held input
     runs = [forward(count=i == 0) for i in range(repeats)]
     backwards = [backward(outs) for _, outs in runs]

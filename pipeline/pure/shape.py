@@ -252,7 +252,16 @@ def stages_for(
 
     The fewest stages whose plan fits `memory_budget`; more only where the pool's
     samples/s per process is predicted higher (the other processes train other models,
-    so a pipeline that is faster but not that much faster would slow the pool down)."""
+    so a pipeline that is faster but not that much faster would slow the pool down).
+
+    Options are tried in order, fewest stages and micro-batches first, and the first single
+    stage that fits keeping every activation ends the search (`_unhindered`): a pipeline of
+    S stages at the same micro-batches does the same compute on S processes plus its bubble,
+    messages and overheads, so it cannot be faster per process, and the micro-batches are
+    split further only where memory needs it (profiling a model at every micro-batch size
+    costs a pool more than the few percent its per-sample cost varies among them). Each
+    option profiles the model at its micro-batch size (`costs_at`), so a model that fits
+    one process is profiled once."""
     limits = ShapeLimits(
         cores=max_stages * threads,
         batch_size=batch_size,
@@ -260,11 +269,14 @@ def stages_for(
         threads_per_stage=threads,
         n_microbatches=n_microbatches,
     )
-    n_layers = len(costs_at(threads, batch_size))
-    tried = [
-        _option(planner, costs_at, shape, batch_size, overheads, schedule, memory_budget)
-        for shape in shapes(limits, n_layers)
-    ]
+    n_layers = len(costs_at(threads, batch_size // (n_microbatches or 1)))
+    tried: list[ShapeOption] = []
+    for shape in shapes(limits, n_layers):
+        tried.append(
+            _option(planner, costs_at, shape, batch_size, overheads, schedule, memory_budget)
+        )
+        if _unhindered(tried[-1]):
+            return tried[-1], tried
     planned = [o for o in tried if o.plan is not None]
     if not planned:
         reasons = "; ".join(f"{o.shape.n_stages} stages: {o.reason}" for o in tried[:6])
@@ -274,6 +286,16 @@ def stages_for(
         key=lambda o: preference(o.shape, o.predicted_samples_per_s / o.shape.n_stages),
     )
     return best, tried
+
+
+def _unhindered(option: ShapeOption) -> bool:
+    """A single stage planned with every activation kept: nothing on more processes is
+    faster per process (`stages_for`)."""
+    return (
+        option.plan is not None
+        and option.shape.n_stages == 1
+        and all(action == "keep" for action in option.plan.actions)
+    )
 
 
 def preference(shape: Shape, samples_per_s: float) -> tuple[float, int, int]:

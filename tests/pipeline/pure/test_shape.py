@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 
 import pytest
@@ -194,9 +195,15 @@ def test_shapes_read_as_words() -> None:
 # -- one model's pipeline on a pool (`stages_for`) ---------------------------------------------
 def test_on_a_pool_a_small_model_takes_one_process_and_a_large_one_the_fewest_that_fit() -> None:
     small = costs_at_for(model(6, 2e-3, 1 << 16))
-    best, tried = stages_for(TimePlanner(), small, OVERHEADS, max_stages=4, batch_size=BATCH)
-    assert best.shape.n_stages == 1 and best.shape.workers == 1
-    assert {o.shape.n_stages for o in tried} == {1, 2, 3, 4}
+    profiled: list[int] = []
+
+    def recorded(threads: int, microbatch: int) -> list[LayerCost]:
+        profiled.append(microbatch)
+        return list(small(threads, microbatch))
+
+    best, tried = stages_for(TimePlanner(), recorded, OVERHEADS, max_stages=4, batch_size=BATCH)
+    assert best.shape == Shape(workers=1, n_stages=1, threads_per_stage=1, n_microbatches=1)
+    assert tried == [best] and set(profiled) == {BATCH}  # one stage fits: nothing else sized
     large = costs_at_for(model(6, 2e-3, 8 << 20))
     one_stage = evaluate(large(1, BATCH), [6], n_microbatches=1)
     budget = int(0.7 * one_stage.predicted_stage_bytes[0])
@@ -208,6 +215,37 @@ def test_on_a_pool_a_small_model_takes_one_process_and_a_large_one_the_fewest_th
     fits = [o for o in tried if o.plan is not None]
     per_process = {o.shape: o.predicted_samples_per_s / o.shape.n_stages for o in fits}
     assert per_process[best.shape] == max(per_process.values())  # brute force agrees
+
+
+@pytest.mark.parametrize("activation_share", [0.3, 0.6, 1.0])
+def test_on_a_pool_the_first_single_stage_that_keeps_its_activations_is_fastest_per_process(
+    activation_share: float,
+) -> None:
+    """Brute force over every shape of the pool: none is faster per process than the one
+    `stages_for` stops at, at that option's micro-batches."""
+    layers = [
+        dataclasses.replace(c, activation_bytes=8 << 20, param_bytes=1 << 16)
+        for c in model(6, 2e-3, 1 << 16)
+    ]
+    costs_at = costs_at_for(layers)
+    whole = evaluate(costs_at(1, BATCH), [6], n_microbatches=1).predicted_stage_bytes[0]
+    budget = int(activation_share * whole)
+    best, tried = stages_for(
+        TimePlanner(), costs_at, OVERHEADS, max_stages=3, batch_size=BATCH, memory_budget=budget
+    )
+    assert best.plan is not None and max(best.plan.predicted_stage_bytes) <= budget
+    _, every = choose_shape(
+        TimePlanner(),
+        costs_at,
+        ShapeLimits(3, BATCH, workers=1, n_microbatches=best.shape.n_microbatches),
+        OVERHEADS,
+        memory_budget=budget,
+    )
+    fits = [o for o in every if o.plan is not None]
+    best_rate = best.predicted_samples_per_s / best.shape.n_stages
+    assert best_rate >= max(o.predicted_samples_per_s / o.shape.n_stages for o in fits) - 1e-9
+    # the search stopped there, having sized only single stages of fewer micro-batches
+    assert tried[-1] is best and all(o.shape.n_stages == 1 for o in tried)
 
 
 def test_on_a_pool_a_model_that_fits_no_pipeline_names_every_reason() -> None:
