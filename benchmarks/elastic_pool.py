@@ -279,8 +279,8 @@ def search_2h(minutes: float) -> dict[str, Any]:
 
 
 def _summary(document: dict[str, Any]) -> None:
-    keys = ("memory_budget_bytes", "share_refused", "pool_over", "same_candidates")
-    print({k: document[k] for k in keys})
+    headline = ("memory_budget_bytes", "share_refused", "pool_over", "same_candidates")
+    print({k: document[k] for k in headline})
     for name, arm in document["arms"].items():
         keys = ("candidates_per_hour", "refused", "over_budget", "stages", "finished")
         print(name, {k: arm[k] for k in keys})
