@@ -42,17 +42,22 @@ for `--search-2h-minutes` on its per-study `auto` shape and on the pool
 (`pipeline.per_candidate=true`): what the pool costs where no candidate needs it. What runs
 in processes is in `elastic_pool_runs.py`.
 
-Run it alone on an idle machine: the JSON records the load average before and after.
+Run it alone on an idle machine: the JSON records the load average before and after each
+part (`measured`). `--parts` measures some of the three parts (the arms, the switch,
+`search_2h`) and keeps the others from the JSON as they were, so a long measurement can be
+taken in more than one sitting.
 
     python benchmarks/elastic_pool.py [--minutes 30] [--steps 20] [--switches 5] \
-        [--search-2h-minutes 30]
+        [--search-2h-minutes 30] [--parts arms switch search_2h]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import random
 import tempfile
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -183,6 +188,9 @@ def planned(
     return candidates, budget, study
 
 
+PARTS = ("arms", "switch", "search_2h")  # measured in this order; each with its own load
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=first_paragraph(__doc__))
     parser.add_argument("--minutes", type=float, default=30.0)
@@ -190,13 +198,43 @@ def main() -> None:
     parser.add_argument("--candidates", type=int, default=2000)
     parser.add_argument("--budget-quantile", type=float, default=0.67)
     parser.add_argument("--switches", type=int, default=5)
-    parser.add_argument("--search-2h-minutes", type=float, default=30.0, help="0: skip")
+    parser.add_argument("--search-2h-minutes", type=float, default=30.0)
+    parser.add_argument(
+        "--parts",
+        nargs="+",
+        choices=PARTS,
+        default=list(PARTS),
+        help="what to measure; the others are kept from --out as it was (their own loads)",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default=str(OUT))
     args = parser.parse_args()
-    clock = Clock()
     torch.set_num_threads(1)
-    cores = len(usable_cores())
+    out = Path(args.out)
+    kept = json.loads(out.read_text()) if out.exists() else {}
+    document: dict[str, Any] = {
+        "what": first_paragraph(__doc__),
+        "cores": len(usable_cores()),
+        "measured": dict(kept.get("measured", {})),
+    }
+    for part in PARTS:
+        if part not in args.parts:
+            if part not in kept:
+                raise SystemExit(f"--parts leaves out {part!r}, which {out} does not hold")
+            document[part] = kept[part]
+            continue
+        clock = Clock()
+        document[part] = MEASURE[part](args, document["cores"])
+        document["measured"][part] = {
+            "at": datetime.now(UTC).isoformat(timespec="seconds"),
+            **clock.load_average(),
+        }
+        write_json(out, document)  # what is measured is kept if what follows fails
+    _summary(document)
+
+
+def arms_part(args: argparse.Namespace, cores: int) -> dict[str, Any]:
+    """The three arms over one stream under one budget, side by side (module doc)."""
     overheads = measure_overheads()
     pairs = stream(args.candidates, args.seed)
     candidates, budget, study_microbatches = planned(pairs, overheads, args.budget_quantile, cores)
@@ -211,9 +249,7 @@ def main() -> None:
             r["over_budget"] = r["measured_bytes"] > budget
         arm["over_budget"] = sum(r["over_budget"] for r in arm["candidates"])
     rate = {name: arm["candidates_per_hour"] for name, arm in arms.items()}
-    document = {
-        "what": first_paragraph(__doc__),
-        "cores": cores,
+    return {
         "minutes_per_arm": args.minutes,
         "steps_per_candidate": args.steps,
         "memory_budget_bytes": budget,
@@ -229,18 +265,12 @@ def main() -> None:
             max(c.parameters for c in candidates),
         ],
         "overheads": overheads.to_dict(),
-        "arms": arms,
         "pool_over": {arm: rate["pool"] / rate[arm] for arm in PER_STUDY_ARMS},
         "same_candidates": {
             arm: same_candidates(arms["pool"], arms[arm]) for arm in PER_STUDY_ARMS
         },
-        "switch": switches(args.switches),
+        "arms": arms,
     }
-    write_json(Path(args.out), {**document, **clock.load_average()})  # kept if what follows fails
-    if args.search_2h_minutes > 0:
-        document["search_2h"] = search_2h(args.search_2h_minutes)
-        write_json(Path(args.out), {**document, **clock.load_average()})
-    _summary(document)
 
 
 def same_candidates(pool: dict[str, Any], other: dict[str, Any]) -> dict[str, Any]:
@@ -266,11 +296,13 @@ def same_candidates(pool: dict[str, Any], other: dict[str, Any]) -> dict[str, An
     }
 
 
-def search_2h(minutes: float) -> dict[str, Any]:
+def search_2h_part(args: argparse.Namespace, cores: int) -> dict[str, Any]:
     """`search_2h` (every candidate small, no budget) on its per-study `auto` shape and on
-    the pool, `minutes` each: what the pool costs where no candidate needs it."""
+    the pool, `--search-2h-minutes` each: what the pool costs where no candidate needs it."""
     with tempfile.TemporaryDirectory() as tmp:
-        slices = {mode: search_slice(mode, minutes, Path(tmp)) for mode in ("auto", "pool")}
+        slices: dict[str, Any] = {
+            mode: search_slice(mode, args.search_2h_minutes, Path(tmp)) for mode in ("auto", "pool")
+        }
     slices["pool_over_auto"] = {
         key: slices["pool"][key] / max(slices["auto"][key], 1e-9)
         for key in ("candidates_per_h", "full_budget_candidates_per_h", "steps_per_h")
@@ -278,17 +310,23 @@ def search_2h(minutes: float) -> dict[str, Any]:
     return slices
 
 
+MEASURE = {
+    "arms": arms_part,
+    "switch": lambda args, cores: switches(args.switches),
+    "search_2h": search_2h_part,
+}
+
+
 def _summary(document: dict[str, Any]) -> None:
     headline = ("memory_budget_bytes", "share_refused", "pool_over", "same_candidates")
-    print({k: document[k] for k in headline})
-    for name, arm in document["arms"].items():
+    print({k: document["arms"][k] for k in headline})
+    for name, arm in document["arms"]["arms"].items():
         keys = ("candidates_per_hour", "refused", "over_budget", "stages", "finished")
         print(name, {k: arm[k] for k in keys})
     switch = document["switch"]
     ratios = ("median_pool_s", "median_restart_s", "restart_over_pool", "cold_restart_over_pool")
     print("switch", {k: switch[k] for k in ratios})
-    if "search_2h" in document:
-        print("search_2h", document["search_2h"]["pool_over_auto"])
+    print("search_2h", document["search_2h"]["pool_over_auto"])
 
 
 if __name__ == "__main__":

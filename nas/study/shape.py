@@ -39,7 +39,7 @@ from nas.tasks import get_task
 from pipeline import CostCache, StageContext, launch, under_torchrun
 from pipeline.distributed.overheads import measure_overheads
 from pipeline.local.microbatch import split_microbatches
-from pipeline.local.profiler import LayerShape, optimizer_state_ratio, sandbox, trace_shapes
+from pipeline.local.profiler import optimizer_state_ratio, sandbox, trace_shapes
 from pipeline.pure.costs import LayerCost
 from pipeline.pure.planner import InfeasibleBudgetError, get_planner
 from pipeline.pure.shape import (
@@ -358,28 +358,22 @@ class _Profile:
     opt_ratio: float
     costs: CostCache
     known: dict[tuple[int, int], list[LayerCost]] = dataclasses.field(default_factory=dict)
-    # the layers' shapes by micro-batch size: the same at every thread count, traced once
-    shapes: dict[int, list[LayerShape]] = dataclasses.field(default_factory=dict)
 
     def costs_at(self, threads: int, microbatch: int) -> list[LayerCost]:
         if (threads, microbatch) not in self.known:
             self.known[threads, microbatch] = self._profile(threads, microbatch)
         return self.known[threads, microbatch]
 
-    def _shapes(self, microbatch: int) -> list[LayerShape]:
-        if microbatch not in self.shapes:
-            first = self.batch[0] if isinstance(self.batch, tuple | list) else self.batch
-            n = int(first.shape[0]) // microbatch
-            example = split_microbatches(self.batch, n, "the example batch")[0]
-            self.shapes[microbatch] = trace_shapes(self.specs, example)
-        return self.shapes[microbatch]
-
     def _profile(self, threads: int, microbatch: int) -> list[LayerCost]:
-        """Time each distinct layer not in the cache on `threads` threads (`sandbox`)."""
-        shapes = self._shapes(microbatch)
+        """Time each distinct layer not in the cache on `threads` threads (`sandbox`); traced
+        on them too, as their signatures (the cache's keys) name the threads."""
+        first = self.batch[0] if isinstance(self.batch, tuple | list) else self.batch
+        n = int(first.shape[0]) // microbatch
+        example = split_microbatches(self.batch, n, "the example batch")[0]
         before = torch.get_num_threads()
         torch.set_num_threads(threads)
         try:
+            shapes = trace_shapes(self.specs, example)
             return sandbox(self.specs, shapes, torch.device("cpu"), self.opt_ratio, self.costs)
         finally:
             torch.set_num_threads(before)

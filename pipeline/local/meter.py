@@ -34,6 +34,7 @@ class LayerMeter:
     activation_bytes: float = 0.0  # saved for backward + held input, per micro-batch
     output_bytes: float = 0.0  # the carry it hands to the next layer, per micro-batch
     steps: int = 0
+    input_bytes: int | None = None  # what it receives per micro-batch, as profiled
 
     def update(self, forward_s: float, backward_s: float, activation: float, output: float) -> None:
         a = 1.0 if self.steps == 0 else _SMOOTHING

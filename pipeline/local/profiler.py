@@ -26,6 +26,7 @@ import contextlib
 import dataclasses
 import hashlib
 import json
+import math
 import statistics
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -210,6 +211,7 @@ def _cost(shape: LayerShape, forward_s: float, backward_s: float, opt_ratio: flo
         grad_bytes=shape.grad_bytes,
         optimizer_bytes=int(shape.param_bytes * opt_ratio),
         separable=shape.separable,
+        input_bytes=sum(math.prod(dims) * dtype.itemsize for dims, dtype in shape.inputs),
     )
 
 

@@ -42,7 +42,12 @@ def seed_meters(layers: Sequence[StageLayer], costs: Sequence[LayerCost]) -> Non
     cache, is not averaged into what the stage measures); later steps are smoothed."""
     for layer, cost in zip(layers, costs, strict=True):
         layer.meter = LayerMeter(
-            cost.forward_s, cost.backward_s, cost.activation_bytes, cost.output_bytes, steps=0
+            cost.forward_s,
+            cost.backward_s,
+            cost.activation_bytes,
+            cost.output_bytes,
+            steps=0,
+            input_bytes=cost.input_bytes,
         )
 
 
@@ -88,6 +93,7 @@ def measured_cost(layer: StageLayer, optimizer: torch.optim.Optimizer | None) ->
             if isinstance(v, torch.Tensor) and v.dim() > 0
         ),
         separable=is_separable(layer.module),
+        input_bytes=meter.input_bytes,
     )
 
 

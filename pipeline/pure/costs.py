@@ -15,7 +15,8 @@ Memory actions, per layer (the runtime's `pipeline.local.stage_memory` implement
 
 A layer's input is the previous layer's output, so a recomputed (or swapped) layer keeps
 `kept_bytes(costs, i)` = min(activation_bytes, previous output_bytes) per micro-batch. The
-first layer's input is the batch itself, which the data pipeline holds anyway: it counts 0.
+first layer's input is the micro-batch itself, `input_bytes` where the profile recorded it
+(the stage holds it for the backward as it holds any layer's input; unrecorded: 0).
 The last layer feeds the loss in the forward: it keeps everything whatever its action.
 """
 
@@ -46,7 +47,7 @@ MEMORY_ACTIONS = ("keep", "recompute", "swap")
 
 _SECONDS = ("forward_s", "backward_s")
 _BYTES = ("activation_bytes", "output_bytes", "param_bytes", "grad_bytes", "optimizer_bytes")
-_OPTIONAL_BYTES = ("isolated_peak_bytes", "added_peak_bytes")
+_OPTIONAL_BYTES = ("isolated_peak_bytes", "added_peak_bytes", "input_bytes")
 
 
 def _seconds(name: str, value: Any) -> float:
@@ -72,6 +73,8 @@ class LayerCost:
 
     activation_bytes  kept for backward per micro-batch (saved tensors + the held input)
     output_bytes      handed to the next layer per micro-batch (the stage boundary if last)
+    input_bytes       what it receives per micro-batch (None: not recorded); a first layer
+                      that recomputes keeps it (`kept_bytes`)
     param/grad/optimizer_bytes  the layer's state, whatever the micro-batch count
     recompute_s       time a recompute adds; None means forward_s (see `recompute_time`)
     separable         the next stage can run its backward (`pipeline.pure.bipartition`)
@@ -93,6 +96,7 @@ class LayerCost:
     isolated_peak_bytes: int | None = None
     added_peak_bytes: int | None = None
     separable: bool = False
+    input_bytes: int | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.key, str) or not self.key:
@@ -176,7 +180,7 @@ def kept_bytes(costs: Sequence[LayerCost], index: int) -> int:
     (`pipeline.local.stage_memory`), and a plan that recomputes it would save nothing."""
     if index == len(costs) - 1:
         return costs[index].activation_bytes
-    held = costs[index - 1].output_bytes if index > 0 else 0
+    held = costs[index - 1].output_bytes if index > 0 else (costs[0].input_bytes or 0)
     return min(costs[index].activation_bytes, held)
 
 

@@ -255,13 +255,14 @@ def stages_for(
     so a pipeline that is faster but not that much faster would slow the pool down).
 
     Options are tried in order, fewest stages and micro-batches first, and the first single
-    stage that fits keeping every activation ends the search (`_unhindered`): a pipeline of
-    S stages at the same micro-batches does the same compute on S processes plus its bubble,
-    messages and overheads, so it cannot be faster per process, and the micro-batches are
-    split further only where memory needs it (profiling a model at every micro-batch size
-    costs a pool more than the few percent its per-sample cost varies among them). Each
-    option profiles the model at its micro-batch size (`costs_at`), so a model that fits
-    one process is profiled once."""
+    stage that fits keeping every activation ends the search (`_unhindered`), the best of
+    those tried so far winning (one stage that recomputes at fewer micro-batches may be
+    faster): a pipeline of S stages at the same micro-batches does the same compute on S
+    processes plus its bubble, messages and overheads, so it cannot be faster per process,
+    and the micro-batches are split further only where memory needs it (profiling a model
+    at every micro-batch size costs a pool more than the few percent its per-sample cost
+    varies among them). Each option profiles the model at its micro-batch size
+    (`costs_at`), so a model that fits one process is profiled once."""
     limits = ShapeLimits(
         cores=max_stages * threads,
         batch_size=batch_size,
@@ -276,7 +277,7 @@ def stages_for(
             _option(planner, costs_at, shape, batch_size, overheads, schedule, memory_budget)
         )
         if _unhindered(tried[-1]):
-            return tried[-1], tried
+            break
     planned = [o for o in tried if o.plan is not None]
     if not planned:
         reasons = "; ".join(f"{o.shape.n_stages} stages: {o.reason}" for o in tried[:6])

@@ -244,8 +244,11 @@ def test_on_a_pool_the_first_single_stage_that_keeps_its_activations_is_fastest_
     fits = [o for o in every if o.plan is not None]
     best_rate = best.predicted_samples_per_s / best.shape.n_stages
     assert best_rate >= max(o.predicted_samples_per_s / o.shape.n_stages for o in fits) - 1e-9
-    # the search stopped there, having sized only single stages of fewer micro-batches
-    assert tried[-1] is best and all(o.shape.n_stages == 1 for o in tried)
+    # the search stopped at the first single stage keeping everything, having sized only
+    # single stages of fewer micro-batches before it
+    assert all(o.shape.n_stages == 1 for o in tried) and best in tried
+    last = tried[-1].plan
+    assert last is not None and set(last.actions) == {"keep"}
 
 
 def test_on_a_pool_a_model_that_fits_no_pipeline_names_every_reason() -> None:
