@@ -27,7 +27,6 @@ from nas.study.space import architecture_of, configured_space
 from nas.study.trials import OWNER, counted
 from nas.tasks import get_task
 from nas.tracking.pool_plot import POOL_ENDED, POOL_PROCESSES, POOL_STARTED
-from pipeline import CostCache
 from search_spaces.architecture import Architecture, from_json
 from tests.nas.harness.common import tiny_settings
 
@@ -45,33 +44,29 @@ POOLED = (
 )
 
 
-def least_on(settings: NasSettings, arch: Architecture, costs: CostCache, n_stages: int = 1) -> int:
+def least_on(settings: NasSettings, arch: Architecture, n_stages: int = 1) -> int:
     """The smallest per-stage budget `arch` fits on `n_stages` stages (its leanest memory
-    plan), from `costs` as they were (a copy: profiling adds to it)."""
+    plan)."""
     task = get_task(settings.task.name, **settings.task.options)
-    copied = CostCache(costs.entries(), costs.overheads)
-    return shape.least_stage_bytes(settings, arch, task, copied, n_stages)
+    return shape.least_stage_bytes(settings, arch, task, shape.machine_costs(), n_stages)
 
 
-def budgeted(root: Path, *overrides: str) -> tuple[NasSettings, CostCache]:
+def budgeted(root: Path, *overrides: str) -> NasSettings:
     """Pooled settings with a per-stage budget between what the two seeds need on one
-    stage: one of them fits it, the other needs two stages; and the machine's costs the
-    study's workers start from (its jobs then learn measured ones, which plan otherwise)."""
+    stage: one of them fits it, the other needs two stages."""
     settings = tiny_settings(root, *POOLED, *overrides)
-    costs = shape.machine_costs()
     seeds = configured_space(settings).seeds().values()
-    low, high = sorted(least_on(settings, arch, costs) for arch in seeds)
+    low, high = sorted(least_on(settings, arch) for arch in seeds)
     assert low < high
-    budget = (low + high) // 2
     return dataclasses.replace(
-        settings, pipeline=dataclasses.replace(settings.pipeline, memory_budget=budget)
-    ), costs
+        settings,
+        pipeline=dataclasses.replace(settings.pipeline, memory_budget=(low + high) // 2),
+    )
 
 
 @dataclass(frozen=True)
 class Pooled:
     settings: NasSettings
-    costs: CostCache  # what the workers sized candidates from
     result: StudyResult
     trials: list[optuna.trial.FrozenTrial]
 
@@ -79,10 +74,10 @@ class Pooled:
 @pytest.fixture(scope="module")
 def pooled(tmp_path_factory: pytest.TempPathFactory) -> Pooled:
     root = tmp_path_factory.mktemp("pooled")
-    settings, costs = budgeted(root, "study.name=pooled", "study.n_trials=3")
+    settings = budgeted(root, "study.name=pooled", "study.n_trials=3")
     result = run_study(settings)
     study = optuna.load_study(study_name="pooled", storage=settings.storage_url)
-    return Pooled(settings, costs, result, study.trials)
+    return Pooled(settings, result, study.trials)
 
 
 def test_each_candidate_trains_on_the_stages_its_profile_needs(pooled: Pooled) -> None:
@@ -92,19 +87,15 @@ def test_each_candidate_trains_on_the_stages_its_profile_needs(pooled: Pooled) -
     assert pooled.result.finished == 3 and [t.state for t in trials[:2]] == [COMPLETE] * 2
     budget = settings.pipeline.memory_budget
     assert budget is not None
-    # a worker sizes from the costs it loaded: those before the study, or with what an
-    # earlier job measured and saved (the cache after the study has those)
-    views = (pooled.costs, shape.machine_costs())
     for trial in trials:
         arch, attrs = from_json(architecture_of(trial, settings)), trial.user_attrs
         if trial.state != COMPLETE:
             assert "no pipeline of at most 2 stages fits" in attrs["fail_reason"]
-            assert any(least_on(settings, arch, costs, 2) > budget for costs in views)
+            assert least_on(settings, arch, 2) > budget
             continue
-        needs = {2 if least_on(settings, arch, costs) > budget else 1 for costs in views}
-        assert attrs["n_stages"] in needs
-        assert attrs["n_stages"] == len(attrs["partition"]) == len(attrs[POOL_PROCESSES])
-        assert attrs["shape"].startswith(f"2 workers x {attrs['n_stages']} stage")
+        needs = 2 if least_on(settings, arch) > budget else 1
+        assert attrs["n_stages"] == needs == len(attrs["partition"]) == len(attrs[POOL_PROCESSES])
+        assert attrs["shape"].startswith(f"2 workers x {needs} stage")
         assert attrs["predicted_samples_per_s"] > 0 and attrs["samples_per_s"] > 0
     assert {t.user_attrs["n_stages"] for t in trials[:2]} == {1, 2}  # both kinds, one pool
 
@@ -149,7 +140,7 @@ def kill_when_training(study: optuna.Study, killed: list[int]) -> None:
 def test_a_worker_killed_while_its_job_holds_pool_processes_costs_nothing_but_its_trial(
     tmp_path: Path,
 ) -> None:
-    settings, _ = budgeted(tmp_path, "study.name=killed", "study.n_trials=2")
+    settings = budgeted(tmp_path, "study.name=killed", "study.n_trials=2")
     killed: list[int] = []
     Path(settings.studies_dir).mkdir(parents=True)
     study = open_study(settings)  # created here: the watcher reads it as the workers start
