@@ -47,7 +47,7 @@ part (`measured`). `--parts` measures some of the three parts (the arms, the swi
 `search_2h`) and keeps the others from the JSON as they were, so a long measurement can be
 taken in more than one sitting.
 
-    python benchmarks/elastic_pool.py [--minutes 30] [--steps 20] [--switches 5] \
+    python benchmarks/elastic_pool.py [--minutes 30] [--steps 100] [--switches 5] \
         [--search-2h-minutes 30] [--parts arms switch search_2h]
 """
 
@@ -194,7 +194,7 @@ PARTS = ("arms", "switch", "search_2h")  # measured in this order; each with its
 def main() -> None:
     parser = argparse.ArgumentParser(description=first_paragraph(__doc__))
     parser.add_argument("--minutes", type=float, default=30.0)
-    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--steps", type=int, default=100)
     parser.add_argument("--candidates", type=int, default=2000)
     parser.add_argument("--budget-quantile", type=float, default=0.67)
     parser.add_argument("--switches", type=int, default=5)
