@@ -31,10 +31,6 @@ def search_slice(
     `mode` (`SHAPE_ARGS`), with Hydra `overrides` after the experiment's: the trials finished
     within `minutes` of the command's start, per hour of those minutes (the study's workers
     end the trials they began before its timeout, a full-budget one over a minute later)."""
-    import optuna
-
-    from nas.study.trials import counted
-
     name = f"slice-{mode}"
     shape_args = SHAPE_ARGS[mode]
     command = [
@@ -55,33 +51,32 @@ def search_slice(
     started = time.time()
     subprocess.run(command, check=True, cwd=folder, stdout=subprocess.DEVNULL)
     run_wall_s = time.time() - started
-    study = optuna.load_study(
-        study_name=name, storage=f"sqlite:///{folder / 'studies' / f'{name}.db'}"
-    )
-    end = started + 60 * minutes
-    done = [
-        t
-        for t in study.trials
-        if counted(t) and t.datetime_complete and t.datetime_complete.timestamp() <= end
-    ]
-    return {**_slice_figures(done, 60 * minutes), "run_wall_s": run_wall_s}
+    storage = f"sqlite:///{folder / 'studies' / f'{name}.db'}"
+    return {**_first_minutes(storage, name, started, minutes), "run_wall_s": run_wall_s}
 
 
 def stored_slice(storage: str, name: str, started: str, minutes: float) -> dict[str, Any]:
     """The first `minutes` of a stored `search_2h` study started (its command) at `started`
     (ISO time): the trials finished by then, per hour of those minutes."""
+    started_at = datetime.fromisoformat(started).timestamp()
+    return {**_first_minutes(storage, name, started_at, minutes), "from_study": f"{storage} {name}"}
+
+
+def _first_minutes(storage: str, name: str, started: float, minutes: float) -> dict[str, Any]:
+    """The figures of the trials of study `name` finished within `minutes` of `started`
+    (epoch seconds), per hour of those minutes."""
     import optuna
 
     from nas.study.trials import counted
 
-    end = datetime.fromisoformat(started).timestamp() + 60 * minutes
+    end = started + 60 * minutes
     study = optuna.load_study(study_name=name, storage=storage)
     done = [
         t
         for t in study.trials
         if counted(t) and t.datetime_complete and t.datetime_complete.timestamp() <= end
     ]
-    return {**_slice_figures(done, 60 * minutes), "from_study": f"{storage} {name}"}
+    return _slice_figures(done, 60 * minutes)
 
 
 def _slice_figures(done: list[Any], wall_s: float) -> dict[str, Any]:

@@ -130,3 +130,11 @@ def test_recomputed_layers_keep_their_input() -> None:
         action_effects(costs, ["swap", "keep", "keep"])
     with pytest.raises(ValueError, match="2 memory actions for 3 layers"):
         action_effects(costs, ["keep", "keep"])
+
+
+def test_a_recomputed_first_layer_keeps_the_micro_batch_it_was_given() -> None:
+    """What the stage holds for its backward: the profiled input (0 where unrecorded)."""
+    costs = [layer("a", input_bytes=40), layer("b"), layer("c")]
+    assert kept_bytes(costs, 0) == 40
+    assert action_effects(costs, ["recompute", "keep", "keep"])[0] == (1.0, 40)
+    assert costs_from_dict(costs_to_dict(costs))[0].input_bytes == 40  # kept through JSON
