@@ -9,7 +9,9 @@ A trial asked of Optuna is trained only if its architecture is one the study sho
   training seed: it would only repeat that trial), and no peer's running trial trains it.
 
 Any other is failed at once, recorded as `invalid` (with `duplicate_of` for a repeat), does
-not count, and the next is asked. A sampler that raises while the architecture is sampled
+not count, and the next is asked. So is a trial asked when a peer, asking at the same moment,
+took the study's last place (`Asker.surplus`: the trials that count or run, asked before
+this one, already make `study.n_trials`). A sampler that raises while the architecture is sampled
 fails that trial with its cause. Before each ask the trials of workers that died or hung
 are failed and enqueued again (`nas.study.orphans`), so a retry is asked before any new
 proposal and a live worker takes over a dead peer's trial while the study runs.
@@ -17,6 +19,7 @@ proposal and a live worker takes over a dead peer's trial while the study runs.
 
 from __future__ import annotations
 
+import datetime
 import time
 from enum import Enum
 
@@ -31,6 +34,7 @@ from nas.study.trials import (
     INVALID,
     MODEL_DIGEST,
     OWNER,
+    counted,
     model_digest,
     remaining,
     time_left,
@@ -53,6 +57,12 @@ class _Refused(Enum):
 
 def running_trials(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
     return study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))
+
+
+def _asked(trial: optuna.trial.FrozenTrial) -> tuple[datetime.datetime, int]:
+    """When a running trial was asked, then its number: the order in which peers' asks count."""
+    assert trial.datetime_start is not None, "a running trial has started"
+    return trial.datetime_start, trial.number
 
 
 class TrainedModels:
@@ -155,9 +165,29 @@ class Asker:
         trial.set_user_attr(OWNER, self.owner)  # first: a crash from here on is found
         return trial
 
+    def surplus(self, trial: optuna.Trial) -> bool:
+        """Whether the study already has `study.n_trials` without `trial`: those that count,
+        and peers' running trials asked before it. Two workers that both saw one trial left
+        (`_left`) before either asked are ordered by when they asked (then by number): the
+        later one stands down, so a study never trains more than `n_trials`."""
+        stored = self._study.get_trials(deepcopy=False)
+        mine = _asked(next(t for t in stored if t.number == trial.number))
+        ahead = [
+            t
+            for t in running_trials(self._study)
+            if t.user_attrs.get(OWNER) != self.owner
+            and not t.user_attrs.get(INVALID)
+            and _asked(t) < mine
+        ]
+        return sum(counted(t) for t in stored) + len(ahead) >= self._settings.study.n_trials
+
     def _examine(self, trial: optuna.Trial) -> Architecture | _Refused:
         """The trial's architecture if it is worth training; else the trial is failed with
         its cause (module docstring) and the reason returned."""
+        if self.surplus(trial):
+            trial.set_user_attr(INVALID, True)
+            self._fail_now(trial, "Surplus: peers asked the study's last trials first")
+            return _Refused.INVALID
         try:
             arch = self._space.sample(trial)
             if to_json(arch) not in self._seeds:  # the seeds are trained whatever the space says

@@ -370,7 +370,7 @@ def test_a_small_study_from_the_command_line(cli_study: CliStudy) -> None:
     """Search, retrain and export; the exported model, loaded alone (here: this process ran
     no part of the study), scores as reported."""
     done, root = cli_study.done, cli_study.root
-    assert "study pair: 4 trials" in done.stdout
+    assert "study pair: 4 trials" in done.stdout, done.stdout[-4000:]
     [folder] = (root / "models" / "pair").iterdir()
     assert folder.name.startswith("trial-") and f"exported {folder.name}" in done.stdout
     assert "TranslationModel.from_pretrained(" in done.stdout and "nas.load_model(" in done.stdout
@@ -395,7 +395,7 @@ def test_workers_started_by_the_cli_finish_one_study_together(cli_study: CliStud
     study: exactly `n_trials` trials, each recorded once, one bar and one report; then they
     share the retraining, each run trained once."""
     done, root = cli_study.done, cli_study.root
-    assert done.stdout.count("study pair: 4 trials") == 1  # one report
+    assert done.stdout.count("study pair: 4 trials") == 1, done.stdout[-4000:]  # one report
     study = cli_study.study()
     recorded = [t for t in study.trials if counted(t)]
     assert len(recorded) == 4 and all(t.state.is_finished() for t in study.trials)

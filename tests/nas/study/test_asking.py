@@ -1,0 +1,37 @@
+"""`nas.study.asking`: two workers asking a study's last place at the same moment, on a
+real SQLite study (no processes: the asks are interleaved by hand)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+from nas.settings import NasSettings, StudySettings
+from nas.study.asking import Asker
+from nas.study.opening import open_study
+from nas.study.space import configured_space
+from nas.study.trials import OWNER, finished
+
+
+def test_of_two_workers_that_both_saw_one_trial_left_the_later_asker_stands_down(
+    tmp_path: Path,
+) -> None:
+    settings = NasSettings(
+        study=StudySettings(name="race", n_trials=3, enqueue_seeds=False),
+        studies_dir=str(tmp_path),
+    )
+    study, space = open_study(settings), configured_space(settings)
+    for _ in range(2):  # two trials already count
+        study.tell(study.ask(), 1.0)
+    first, second = (Asker(settings, study, space, owner, math.inf) for owner in ("a", "b"))
+    # both saw one trial left, then asked: `first` a moment before `second`
+    asked = []
+    for asker in (first, second):
+        trial = study.ask()
+        trial.set_user_attr(OWNER, asker.owner)
+        asked.append(trial)
+    assert not first.surplus(asked[0]) and second.surplus(asked[1])
+    # the same reading from either side, and once `first`'s trial counts
+    study.tell(asked[0], 1.0)
+    assert second.surplus(asked[1]) and finished(study) == 3
+    assert first.next() is None and second.next() is None  # the study has its trials
