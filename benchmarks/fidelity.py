@@ -22,7 +22,7 @@ not (Kendall tau 0.10 at 100 steps). Before a search is built on an estimate, it
   ET continued the same k steps from the same weights on the same batches (the control,
   once per parent); **inherited-all**: the same with nothing left afresh.
 
-Each estimate is read against the truth by `nas.search.fidelity.agreement`: Kendall tau with
+Each estimate is read against the truth by `nas.search.agreement.agreement`: Kendall tau with
 a bootstrap interval, sign accuracy on the mutants whose truth is beyond 2 paired standard
 errors, top-1 and top-3 agreement, and its cost as a share of a full trial. The noise
 ceiling is the tau between the truth measured on one seed and on another. The inherited
@@ -55,8 +55,8 @@ from fidelity_inherited import inherited, inherited_worker
 
 from nas.paired import REFERENCE, PairedDifference, paired_difference
 from nas.retrain.stage import Model, RetrainRun, retrain_models
+from nas.search.agreement import agreement, noise_ceiling
 from nas.search.edits import Mutant, mutants
-from nas.search.fidelity import agreement, noise_ceiling
 from nas.settings import NasSettings
 from nas.study.space import configured_space
 from search_spaces.architecture import to_json

@@ -20,7 +20,9 @@ from typing import Any
 import optuna
 from scipy.stats import kendalltau
 
+from nas.search.fidelity import fidelity_of
 from nas.settings import NasSettings, PrunerSettings, SamplerSettings, lower_is_better
+from nas.study.inheritance import INHERITED_FROM
 from nas.study.opening import open_study
 from nas.study.run import run_study
 from nas.study.trials import INVALID, counted, finished, seconds_searched
@@ -174,7 +176,7 @@ def _steps_trained(
     ]
     # study.fidelity=inherited: a parent's control trains `inherit_steps` once, for its children
     parents = {
-        t.user_attrs["inherited_from"] for t in done if "control_validation_loss" in t.user_attrs
+        t.user_attrs[INHERITED_FROM] for t in done if "control_validation_loss" in t.user_attrs
     }
     steps += [settings.study.inherit_steps] * len(parents)
     return steps, parents
@@ -206,9 +208,7 @@ def _read(
         "trials": len(done),
         "trials_per_hour": 3600 * len(done) / seconds,
         **{state: states.count(state) for state in ("complete", "pruned", "fail")},
-        "fidelity": dict(
-            collections.Counter(str(t.user_attrs.get("fidelity", "full")) for t in done)
-        ),
+        "fidelity": dict(collections.Counter(fidelity_of(t).value for t in done)),
         "controls": len(parents),
         "steps_trained": sum(steps),
         "steps_per_trial": sum(steps) / max(1, len(done)),

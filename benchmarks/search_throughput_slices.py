@@ -83,11 +83,14 @@ def _slice_figures(done: list[Any], wall_s: float) -> dict[str, Any]:
     """Candidates, full-budget candidates and steps per hour of `done` (counted trials)."""
     import optuna
 
+    from nas.search.fidelity import Fidelity, fidelity_of
+    from nas.study.inheritance import INHERITED_FROM
+
     complete = [t for t in done if t.state == optuna.trial.TrialState.COMPLETE]
-    inherited = [t for t in complete if t.user_attrs.get("fidelity") == "inherited"]
+    inherited = [t for t in complete if fidelity_of(t) is Fidelity.INHERITED]
     full = [t for t in complete if t not in inherited]
     # each parent's control (study.fidelity=inherited) trains as many steps as a child, once
-    controls = {t.user_attrs["inherited_from"]: int(t.user_attrs["steps"]) for t in inherited}
+    controls = {t.user_attrs[INHERITED_FROM]: int(t.user_attrs["steps"]) for t in inherited}
     steps = sum(int(t.user_attrs.get("steps", 0)) for t in done) + sum(controls.values())
     hours = wall_s / 3600
     return {

@@ -7,9 +7,11 @@ Entry points: `python -m nas` (Hydra, `nas.cli`), `nas.study.run.run_study(setti
 classes of `nas.export.pretrained`).
 
 Where a new part goes: a task subclasses `nas.tasks.Task` (`nas/tasks/base.py`), a tracker
-`nas.tracking.Tracker` (`nas/tracking/base.py`), a sampler `optuna.samplers.BaseSampler`;
-each is named by import path in the config (`task.name=`, `tracker.name=`, `sampler.name=`,
-`nas.plugins`) or added to its group's registry (`TASKS`, `TRACKERS`, `SAMPLERS`).
+`nas.tracking.Tracker` (`nas/tracking/base.py`), a sampler `optuna.samplers.BaseSampler`, a
+pruner `optuna.pruners.BasePruner`, a search space `search_spaces.SearchSpace`; each is
+named by import path in the config (`task.name=my_pkg.tasks:MyTask`) or registered in its
+kind's `pipeline.pure.registry.Registry` (`TASKS`, `TRACKERS`, `SAMPLERS`, `PRUNERS`,
+`search_spaces.SPACES`).
 
 `load_model` is imported on first use (module `__getattr__`), so `import nas` costs nothing
 and loading a model imports only the core install (`nas.export.pretrained`).

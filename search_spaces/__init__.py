@@ -30,15 +30,19 @@ standard library, torch, numpy and `pipeline`.
 
 from __future__ import annotations
 
+from pipeline.pure.registry import Registry
 from search_spaces.evolved_transformer_space import EvolvedTransformerSpace
 from search_spaces.space import SearchSpace
 from search_spaces.transformer_space import TransformerSpace
 
 __all__ = ["SPACES", "SearchSpace", "get_space", "space_names"]
 
-SPACES: dict[str, type[SearchSpace]] = {
-    space.name: space for space in (EvolvedTransformerSpace, TransformerSpace)
-}
+# Every space by name; a user's `SearchSpace` subclass is found by import path as well.
+SPACES: Registry[type[SearchSpace]] = Registry(
+    "search space",
+    {space.name: space for space in (EvolvedTransformerSpace, TransformerSpace)},
+    base=SearchSpace,
+)
 
 
 def space_names() -> tuple[str, ...]:
@@ -47,10 +51,6 @@ def space_names() -> tuple[str, ...]:
 
 
 def get_space(name: str) -> type[SearchSpace]:
-    """The space registered as `name`, to configure with its options; ValueError naming
-    `name` and the known names otherwise."""
-    if name not in SPACES:
-        raise ValueError(
-            f"search space {name!r} is not known; known spaces: {', '.join(space_names())}"
-        )
-    return SPACES[name]
+    """The space registered as `name`, or a `SearchSpace` subclass by import path, to
+    configure with its options; `UnknownName` (a ValueError) naming the valid ones otherwise."""
+    return SPACES.find(name)

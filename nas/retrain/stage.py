@@ -66,9 +66,9 @@ from nas.retrain.results import (
 )
 from nas.retrain.track import track
 from nas.retrain.trainer import stage_main
+from nas.search.fidelity import Fidelity, is_measured
 from nas.settings import NasSettings, lower_is_better
 from nas.study import shape, workers
-from nas.study.inherited import is_measured
 from nas.study.space import architecture_of, configured_space
 from search_spaces.architecture import from_json, functional_key, to_json
 
@@ -208,13 +208,13 @@ def _shaped(settings: NasSettings, models: Sequence[Model]) -> NasSettings:
 def select_models(study: optuna.Study, settings: NasSettings) -> list[Model]:
     """Step 1: the `top_k` best complete trials, one per network (then the seeds); of a
     study at inherited fidelity that promotes, those measured at the full budget (its best
-    estimates were measured again: `nas.study.inherited`, 4.)."""
+    estimates were measured again: `nas.study.judging`, 4.)."""
     space = configured_space(settings)
     seeds = space.seeds() if settings.retrain.seed_models else {}
     taken = {identity(to_json(arch)) for arch in seeds.values()}
     complete = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
     measured = [t for t in complete if is_measured(t)]
-    if settings.study.fidelity == "inherited" and settings.study.promote and measured:
+    if settings.study.fidelity == Fidelity.INHERITED and settings.study.promote and measured:
         complete = measured
     fitness = settings.study.fitness
     ranked = sorted(complete, key=lambda t: (lower_is_better(fitness, t.values[0]), t.number))

@@ -3,8 +3,8 @@
 A candidate trains in stages, up rungs b_1 < b_2 < ... < b_top steps. At each rung below the
 top it trains on only if its fitness there beats the hurdle, a statistic of the fitness that
 the population reached at that rung; otherwise it stops there. The top rung is the full
-training length (`nas.study.trials.pruner_options` appends `train.steps` to the configured
-budgets when they do not end with it): a trial that clears every rung below
+training length (`max_resource`: the harness passes `train.steps`, appended to the
+configured budgets when they do not end with it): a trial that clears every rung below
 trains to the end and completes. Hurdles thus spend the training budget on promising
 candidates, comparing models only at equal step counts (fitness grows with steps), and they
 rise as evolution improves the population: each is recomputed at every decision. Optuna has
@@ -12,9 +12,10 @@ no such pruner, hence this module:
 
 * `ProgressiveDynamicHurdles`, an `optuna.pruners.BasePruner`, for single-objective studies
   (`trial.report(value, budget)`, then `trial.should_prune()`);
-* `record` / `passes` for multi-objective studies, where Optuna 5 raises on `report` and
-  `should_prune`: the harness stores the validation metric per budget in the trial's user
-  attribute `pdh:<budget>` (`record`), asks `passes`, and ends a failing trial as pruned;
+* `prune_on_fitness` (the `FitnessPruner` interface) for multi-objective studies, where
+  Optuna 5 raises on `report` and `should_prune`: the validation metric per budget is
+  stored in the trial's user attribute `pdh:<budget>` (`record`), judged by `passes`, and
+  the harness ends a failing trial as pruned;
 * `hurdle` and `clears`, the two pure rules, for anyone who holds the values already.
 
 The rule, numbered:
@@ -50,7 +51,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import optuna
 from optuna.pruners import BasePruner
@@ -66,6 +67,7 @@ __all__ = [
     "PRUNED_AT",
     "PRUNED_HURDLE",
     "VALUE_KEY",
+    "FitnessPruner",
     "ProgressiveDynamicHurdles",
     "clears",
     "hurdle",
@@ -79,6 +81,19 @@ HURDLE_STATISTICS = ("mean", "quantile")
 
 _FINISHED = (TrialState.COMPLETE, TrialState.PRUNED)
 _COUNTED = (TrialState.RUNNING, *_FINISHED)
+
+
+@runtime_checkable
+class FitnessPruner(Protocol):
+    """A pruner that judges a trial on its fitness alone, whatever the study's number of
+    objectives: what the harness asks of a pruner in a multi-objective study (Optuna's
+    `report` and `should_prune` take one objective). A pruner without it prunes
+    single-objective studies only, and the study says so when it starts."""
+
+    def prune_on_fitness(self, study: Study, trial: optuna.Trial, step: int, value: float) -> bool:
+        """Whether `trial`, whose fitness at `step` is `value`, stops there (the decision
+        written on the trial, as `prune` writes it)."""
+        ...
 
 
 def _direction(direction: StudyDirection | str) -> StudyDirection:
@@ -198,8 +213,8 @@ class ProgressiveDynamicHurdles(BasePruner):
     returns True when the trial's value does not beat it, writing the decision on the trial.
     At other steps, and at the top budget (the full training length), it returns False, so
     report at exactly the budgets. Single-objective studies only (Optuna raises on
-    `should_prune` otherwise); multi-objective harnesses call `record` and `passes`, which
-    read and write the same state.
+    `should_prune` otherwise); multi-objective harnesses call `prune_on_fitness`
+    (`record`, then `passes`), which reads and writes the same state.
     """
 
     def __init__(
@@ -208,7 +223,12 @@ class ProgressiveDynamicHurdles(BasePruner):
         min_trials: int = 5,
         hurdle: str = "mean",
         quantile: float | None = None,
+        max_resource: int | None = None,
     ) -> None:
+        """`max_resource`: the full training length, the top rung, appended to `budgets`
+        when they do not end with it (as Optuna's Hyperband names it)."""
+        if max_resource is not None and (not budgets or list(budgets)[-1] != max_resource):
+            budgets = [*budgets, max_resource]
         self.budgets: tuple[int, ...] = _check_budgets(budgets)
         if not is_int(min_trials) or min_trials < 1:
             raise ValueError(f"min_trials must be a positive integer, got {min_trials!r}")
@@ -237,6 +257,14 @@ class ProgressiveDynamicHurdles(BasePruner):
         return not self.passes(study, step, trial.intermediate_values[step], trial=trial)
 
     # --- the harness's interface (any number of objectives) ---------------------------
+
+    def prune_on_fitness(self, study: Study, trial: optuna.Trial, step: int, value: float) -> bool:
+        """`FitnessPruner`: at a budget, `value` recorded (`record`) and judged (`passes`);
+        elsewhere nothing is decided."""
+        if step not in self.budgets:
+            return False
+        self.record(trial, step, value)
+        return not self.passes(study, step, value, trial=trial)
 
     @staticmethod
     def record(trial: optuna.Trial, budget: int, value: float) -> None:

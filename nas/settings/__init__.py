@@ -32,13 +32,12 @@ from nas.settings.parts import (
 from nas.settings.pipeline import PipelineSettings
 from nas.settings.retrain import RetrainSettings
 from nas.settings.run import STAGES, NasSettings
-from nas.settings.study import FIDELITIES, StudySettings
+from nas.settings.study import StudySettings
 from nas.settings.train import TrainSettings
 
 __all__ = [
     "AUTO",
     "DIRECTIONS",
-    "FIDELITIES",
     "RUNTIME_OBJECTIVES",
     "STAGES",
     "NasSettings",

@@ -15,8 +15,8 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Any
 
-from nas.plugins import is_import_path
 from pipeline.pure.checks import is_int, is_number
+from pipeline.pure.registry import Registry, UnknownName
 
 __all__ = [
     "AUTO",
@@ -31,6 +31,7 @@ __all__ = [
     "OneOf",
     "OrAuto",
     "OrNone",
+    "Registered",
     "Subsequence",
     "Text",
     "Verified",
@@ -120,21 +121,39 @@ def seconds(why: str) -> Number:
 
 @dataclass(frozen=True)
 class OneOf(Constraint):
-    """One of the names in `choices`, a registry read when the value is checked (so a name
-    registered later is valid); `or_class`: or a user's class by import path
-    (`nas.plugins`)."""
+    """One of the names in `choices`."""
 
     choices: Collection[str]
-    or_class: bool = False
 
     def holds(self, value: Any) -> bool:
-        if self.or_class and isinstance(value, str) and is_import_path(value):
-            return True
         return isinstance(value, str) and value in tuple(self.choices)
 
     def advice(self) -> str:
-        plug_in = ", or a class as 'package.module:ClassName'" if self.or_class else ""
-        return f"valid values: {', '.join(self.choices)}{plug_in}"
+        return f"valid values: {', '.join(self.choices)}"
+
+
+@dataclass(frozen=True, eq=False)  # a registry compares by identity here, never by members
+class Registered(Constraint):
+    """A member's name in `registry`, read when the value is checked (a member registered
+    later is valid), or, where its kind takes users' classes, one by import path: imported
+    and checked here, so a typo or a wrong class is refused with the settings."""
+
+    registry: Registry[Any]
+
+    def holds(self, value: Any) -> bool:
+        return self.problem("", value) is None
+
+    def advice(self) -> str:
+        return self.registry.advice()
+
+    def problem(self, key: str, value: Any) -> str | None:
+        if not (isinstance(value, str) and self.registry.accepts(value)):
+            return f"{key}={shown(value)} is not valid; {self.advice()}"
+        try:
+            self.registry.find(value)
+        except UnknownName as error:
+            return f"{key}={shown(value)} is not valid: {error}"
+        return None
 
 
 @dataclass(frozen=True)

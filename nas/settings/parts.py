@@ -1,9 +1,10 @@
 """The swappable parts of a study: its task, search space, sampler, pruner and tracker.
 
 Each is a config group in `conf/` (`task=corpus`, `sampler=evolution`): a name, built-in or
-a user's class by import path (`nas.plugins`), and the options its constructor takes. The
-names are checked against the registries of `nas.tasks`, `nas.search` and `nas.tracking`;
-a task's options against what its constructor takes (`nas.tasks.bind_options`).
+a user's class by import path, and the options its constructor takes. The names are checked
+against the registries of `nas.tasks`, `nas.search`, `nas.tracking` and `search_spaces`
+(`Registered`), the options against what the chosen constructor takes (a task's through
+`nas.tasks.bind_options`, which knows its option groups).
 """
 
 from __future__ import annotations
@@ -14,9 +15,10 @@ from typing import Any, ClassVar
 
 from nas.search import PRUNERS, SAMPLERS
 from nas.settings.checks import Settings, setting
-from nas.settings.constraints import POSITIVE, Each, Flag, Integer, OneOf, OrNone, Verified
-from nas.tasks import bind_options, task_class
+from nas.settings.constraints import POSITIVE, Each, Flag, Integer, OneOf, OrNone, Registered
+from nas.tasks import TASKS, bind_options
 from nas.tracking import TRACKERS
+from pipeline.pure.registry import Registry, UnknownName
 from search_spaces import SPACES
 from search_spaces.evolved_transformer import PRIMITIVES, WINDOW_SEEDS
 
@@ -29,14 +31,27 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
-_TASKS = "use a built-in task's name, or a Task subclass as 'package.module:ClassName'"
+
+
+def _options_fit(
+    registry: Registry[Any], name: str, options: dict[str, Any], key: str
+) -> str | None:
+    """The problem with `options` for the member `name` of `registry` (one it does not
+    take), or None; a name the registry refuses is the name's problem, not this one."""
+    try:
+        registry.check_options(name, options)
+    except UnknownName:
+        return None
+    except TypeError as error:
+        return f"{key}.options: {error}"
+    return None
 
 
 @dataclass
 class TaskSettings(Settings):
     section: ClassVar[str] = "task"
 
-    name: str = setting("translation", Verified(task_class, _TASKS), key="task")
+    name: str = setting("translation", Registered(TASKS), key="task")
     options: dict[str, Any] = field(default_factory=dict)
 
     def rules(self) -> tuple[str | None, ...]:
@@ -56,7 +71,7 @@ class TaskSettings(Settings):
 class SearchSpaceSettings(Settings):
     section: ClassVar[str] = "search_space"
 
-    name: str = setting("evolved_transformer", OneOf(SPACES))  # search_spaces.SPACES
+    name: str = setting("evolved_transformer", Registered(SPACES))
     # None: as the task needs (translation: encoder-decoder)
     decoder_only: bool | None = setting(None, OrNone(Flag()))
     d_model: tuple[int, ...] = setting(
@@ -90,32 +105,49 @@ class SearchSpaceSettings(Settings):
 class SamplerSettings(Settings):
     section: ClassVar[str] = "sampler"
 
-    name: str = setting("tpe", OneOf(SAMPLERS, or_class=True), key="sampler")
+    name: str = setting("tpe", Registered(SAMPLERS), key="sampler")
     options: dict[str, Any] = field(default_factory=dict)
+
+    def rules(self) -> tuple[str | None, ...]:
+        return (_options_fit(SAMPLERS, self.name, self.options, "sampler"),)
 
 
 @dataclass
 class PrunerSettings(Settings):
     section: ClassVar[str] = "pruner"
 
-    name: str = setting("none", OneOf(PRUNERS), key="pruner")
+    name: str = setting("none", Registered(PRUNERS), key="pruner")
     options: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.name == "none" and self.options:
+        if self.options and PRUNERS.accepts(self.name) and not _takes_options(self.name):
             # an experiment's options for its pruner stay when only the group is swapped
             # (`experiment=search_2h pruner=none`), and Hydra cannot remove them
             logger.warning(
-                "pruner=none: ignoring pruner.options %s (options of another pruner)",
+                "pruner=%s takes no options: ignoring pruner.options %s (another pruner's)",
+                self.name,
                 sorted(self.options),
             )
             self.options = {}
+        super().__post_init__()
+
+    def rules(self) -> tuple[str | None, ...]:
+        return (_options_fit(PRUNERS, self.name, self.options, "pruner"),)
+
+
+def _takes_options(pruner: str) -> bool:
+    try:
+        return bool(PRUNERS.options_of(pruner))
+    except UnknownName:  # refused with the settings
+        return True
 
 
 @dataclass
 class TrackerSettings(Settings):
     section: ClassVar[str] = "tracker"
 
-    name: str = setting("jsonl", OneOf(TRACKERS, or_class=True), key="tracker")
+    name: str = setting("jsonl", Registered(TRACKERS), key="tracker")
     options: dict[str, Any] = field(default_factory=dict)
+
+    def rules(self) -> tuple[str | None, ...]:
+        return (_options_fit(TRACKERS, self.name, self.options, "tracker"),)

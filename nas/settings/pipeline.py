@@ -18,9 +18,9 @@ from nas.settings.constraints import (
     Flag,
     KnownKeys,
     Number,
-    OneOf,
     OrAuto,
     OrNone,
+    Registered,
 )
 from pipeline.local.pipemare import PipeMareConfig
 from pipeline.pure.planner import PLANNERS
@@ -45,10 +45,10 @@ class PipelineSettings(Settings):
     # processes (a process per core) shared by the study's workers (`nas.study.pooled`);
     # n_stages, when set, is the most a candidate may take
     per_candidate: bool = setting(False, Flag())
-    schedule: str = setting("1f1b", OneOf(SCHEDULES))
+    schedule: str = setting("1f1b", Registered(SCHEDULES))
     n_microbatches: int | str = setting(AUTO, OrAuto())
     memory_budget: int | None = setting(None, OrNone(POSITIVE))  # bytes per stage process
-    planner: str = setting("time", OneOf(PLANNERS))
+    planner: str = setting("time", Registered(PLANNERS))
     rebalance_every: int | None = setting(None, OrNone(POSITIVE))
     threads_per_stage: int | str | None = setting(AUTO, OrNone(OrAuto()))  # None: cores / stages
     timeout_s: float = setting(300.0, Number(0, open_low=True))

@@ -2,9 +2,8 @@
 
 Each part checks its own keys (`nas.settings.study`, `train`, `pipeline`, `parts`,
 `retrain`); what depends on two parts is checked here: objectives the task measures,
-decoding for the objectives that need it, a pruner that fits the objectives and the
-evaluation steps, a schedule that fits the learning rate, micro-batches that divide the
-batch.
+decoding for the objectives that need it, a pruner's rungs at evaluation steps, a
+schedule that fits the learning rate, micro-batches that divide the batch.
 """
 
 from __future__ import annotations
@@ -67,7 +66,6 @@ class NasSettings(Settings):
             self._space_fits_the_task(),
             self._objectives_measured(),
             self._decoding_for_the_objectives(),
-            self._pruner_fits_the_objectives(),
             self._hurdles_at_evaluations(),
             self._rate_under_pipemare(),
             self._microbatches_divide_the_batch(),
@@ -107,29 +105,17 @@ class NasSettings(Settings):
                 )
         return None
 
-    def _pruner_fits_the_objectives(self) -> str | None:
-        """Several objectives allow only the hurdles (Optuna refuses the others there)."""
-        name = self.pruner.name
-        if name in ("median", "sha") and len(self.study.objectives) > 1:
-            return (
-                f"pruner={name} is not valid with several study.objectives (Optuna 5 "
-                "refuses report/should_prune there); valid: pdh (applied to "
-                "validation_loss), none"
-            )
-        return None
-
     def _hurdles_at_evaluations(self) -> str | None:
-        """Pruners decide at evaluations: the hurdles' rungs are evaluation steps, their top
-        rung the full training length (`nas.study.strategies.pruner_options` adds `train.steps`)."""
-        if self.pruner.name != "pdh":
-            return None
-        budgets, steps = list(self.pruner.options.get("budgets", [])), self.train.steps
-        bad = [b for b in budgets if b > steps or (b % self.train.eval_every and b != steps)]
+        """Pruners decide at evaluations: a pruner's rungs (`budgets`) are evaluation steps,
+        its top rung the full training length (`nas.study.strategies.pruner_options`)."""
+        budgets = list(self.pruner.options.get("budgets", []))
+        steps, every = self.train.steps, self.train.eval_every
+        bad = [b for b in budgets if b > steps or (b % every and b != steps)]
         if bad:
             return (
                 f"pruner.options.budgets={budgets} has {bad}, not an evaluation step; "
-                f"valid: multiples of train.eval_every={self.train.eval_every} "
-                f"up to train.steps={steps}, and train.steps"
+                f"valid: multiples of train.eval_every={every} up to train.steps={steps}, "
+                "and train.steps"
             )
         return None
 

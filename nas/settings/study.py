@@ -1,7 +1,7 @@
 """`study.*`: the study itself, its storage, its workers, its objectives and its time.
 
 Run by `nas.study.run` (trials, workers, restarts, heartbeats, time limits) on the storage
-`nas.storage` opens; `fidelity` and `inherit_steps` are `nas.study.inherited`'s.
+`nas.storage` opens; `fidelity` and `inherit_steps` are `nas.study.judging`'s.
 """
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
+from nas.search.fidelity import Fidelity
 from nas.settings.checks import Settings, setting
 from nas.settings.constraints import (
     AUTO,
@@ -29,9 +30,8 @@ from nas.settings.constraints import (
 from nas.settings.objectives import direction, objectives
 from nas.storage import url as storage_url
 
-__all__ = ["FIDELITIES", "StudySettings"]
+__all__ = ["StudySettings"]
 
-FIDELITIES = ("full", "inherited")  # study.fidelity (`nas.study.inherited`)
 _STORAGE_URLS = (
     "use sqlite:///path.db, postgresql://user:password@host:port/database (any SQLAlchemy "
     "URL), grpc://host:port, journal:///path/to/file.log, or null (SQLite under studies_dir)"
@@ -61,13 +61,14 @@ class StudySettings(Settings):
     )
     enqueue_seeds: bool = setting(True, Flag())
     inherit_weights: bool = setting(False, Flag())
-    # how a child of a trained evolution parent is judged (`nas.study.inherited`): "full" trains it
-    # from scratch to train.steps; "inherited" starts it from its parent's trained weights
-    # (tensor by tensor, its edited branch afresh), trains it `inherit_steps` steps and scores
-    # it as the parent's fitness plus its difference from the parent continued those steps
-    # on the same batches (`benchmarks/fidelity.py` measures how well that ranks); children
-    # without a trained parent train from scratch; weights kept in Optuna's artifact store
-    fidelity: str = setting("full", OneOf(FIDELITIES))
+    # how a child of a trained evolution parent is judged (`nas.search.fidelity`,
+    # `nas.study.judging`): "full" trains it from scratch to train.steps; "inherited" starts
+    # it from its parent's trained weights (tensor by tensor), trains it `inherit_steps`
+    # steps and scores it as the parent's fitness plus its difference from the parent
+    # continued those steps on the same batches (`benchmarks/fidelity.py` measures how well
+    # that ranks); children without a trained parent train from scratch; weights kept in
+    # Optuna's artifact store
+    fidelity: str = setting(Fidelity.FULL.value, OneOf(Fidelity.settable()))
     inherit_steps: int = setting(200, POSITIVE)
     # at inherited fidelity, the tensors a child's edit touches start afresh instead of from
     # the parent's (`benchmarks/fidelity.py`: that ranks worse than inheriting them all)
@@ -77,7 +78,7 @@ class StudySettings(Settings):
     # is trained again from scratch to the full budget in the same trial, which then records
     # that measurement (its estimate kept as `estimated_<metric>`): estimates chained over
     # generations drift, and a short continuation judges every edit a little worse than
-    # full training does, so this measures the best ones (`nas.study.inherited`, 4.)
+    # full training does, so this measures the best ones (`nas.study.judging`, 4.)
     promote: bool = setting(True, Flag())
     promote_window: int | None = setting(
         20, OrNone(Integer(2, words="use a whole number >= 2, or null (only past the best)"))
@@ -112,7 +113,7 @@ class StudySettings(Settings):
         return (self._one_way_to_inherit(), self._objectives_known())
 
     def _one_way_to_inherit(self) -> str | None:
-        if self.fidelity == "inherited" and self.inherit_weights:
+        if self.fidelity == Fidelity.INHERITED and self.inherit_weights:
             return (
                 "study.inherit_weights=true trains a child to the full budget from its "
                 "parent's weights; study.fidelity=inherited trains it study.inherit_steps "

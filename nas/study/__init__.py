@@ -15,8 +15,8 @@ Owned here, above storage, search, tracking, tasks and settings:
     trials          what a trial records, which trials count, the time searched
     orphans         trials left running by dead processes: failed and asked again
     training        training and scoring one candidate on the pipeline
-    inherited       a child judged from its parent's weights (Optuna's artifact store)
-    inheritance     the trained weights a later candidate may start from
+    judging         a child judged from its parent's weights, and promoted to a measurement
+    inheritance     trained weights a later candidate starts from (in memory, or the store)
     shape           the pipeline shape (stages, threads, micro-batches) chosen for a machine
     tracker_setup   the tracker a study or a retraining writes to, from the settings
     workers         several local worker processes sharing one study

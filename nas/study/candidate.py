@@ -4,7 +4,7 @@ Steps 3 and 4 of a study (`nas.study.run`): every rank compiles the trial's arch
 layers and reconfigures the one pipeline it keeps (planned from the cost cache; weights
 inherited when asked), trains `train.steps` steps and evaluates every `train.eval_every`
 steps, where rank 0 logs, reports the fitness and decides pruning (`Decisions`). A child
-judged at inherited fidelity continues its parent instead (`nas.study.inherited`). The
+judged at inherited fidelity continues its parent instead (`nas.study.judging`). The
 result is the trial's `Outcome`: its objective values and everything it measured, or the
 cause of its failure, the same on every rank.
 """
@@ -20,10 +20,11 @@ from typing import Any
 
 from nas.errors import LeaderError
 from nas.learning_rate import LrSchedule
+from nas.search.fidelity import Fidelity, record
 from nas.settings import NasSettings, direction, task_metrics
-from nas.study import inherited, training
+from nas.study import judging, training
 from nas.study.decisions import Decisions
-from nas.study.inheritance import WeightBank
+from nas.study.inheritance import WeightBank, inherited_attrs, save_weights
 from nas.study.leader import Leader, TrialOrder
 from nas.study.trials import Outcome
 from nas.tasks import Task
@@ -66,11 +67,11 @@ class CandidateTrainer:
             "short_name": short_name(arch),
             "parameters": parameters,
         }
-        if settings.study.fidelity == "inherited":
-            attrs["fidelity"] = "full"  # unless judged from a trained parent
+        if settings.study.fidelity == Fidelity.INHERITED:
+            attrs |= record(Fidelity.FULL)  # unless judged from a trained parent
         source = self.bank.source(order.parent) if settings.study.inherit_weights else None
         if source is not None:
-            attrs["inherited_from"] = source
+            attrs |= inherited_attrs(source)
         started = time.perf_counter()
         try:
             pipe, evaluation, steps, pruned = self._train_order(pipe, order, specs, source, attrs)
@@ -86,7 +87,7 @@ class CandidateTrainer:
         if order.weights_to is not None:  # its children are judged from these
             weights = pipe.full_state_dict()  # on rank 0
             if weights:
-                inherited.save_weights(weights, Path(order.weights_to))
+                save_weights(weights, Path(order.weights_to))
         values = [_objective(attrs, name) for name in settings.study.objectives]
         return pipe, Outcome(TrialEnd.COMPLETE, attrs, values)
 
@@ -102,7 +103,8 @@ class CandidateTrainer:
         promoted, trained again in full) or built (from `source`'s weights, if any) and
         trained in full."""
         if order.inherit is None:
-            built = self._build(pipe, specs, self.bank.inherited(source, order))
+            start = self.bank.inherited(source, order.parent, order.edited)
+            built = self._build(pipe, specs, start)
             return built, *self._train(built)
         pipe, evaluation = self._judge(pipe, order, specs, attrs)
         steps = self.settings.study.inherit_steps
@@ -110,8 +112,8 @@ class CandidateTrainer:
             "decide a promotion", Leader.promotes, evaluation
         ):
             return pipe, evaluation, steps, False
-        # nas.study.inherited, 4.: trained again from scratch, the measurement its fitness
-        attrs |= inherited.promoted(evaluation, task_metrics(self.settings.task.name))
+        # nas.study.judging, 4.: trained again from scratch, the measurement its fitness
+        attrs |= judging.promoted(evaluation, task_metrics(self.settings.task.name))
         built = self._build(pipe, specs, None)
         evaluation, trained, _ = self._train(built, prunable=False)  # promoted: never pruned
         return built, evaluation, steps + trained, False
@@ -123,13 +125,13 @@ class CandidateTrainer:
         specs: list[LayerSpec],
         attrs: dict[str, Any],
     ) -> tuple[ElasticPipeline, dict[str, float]]:
-        """A child judged at inherited fidelity (`nas.study.inherited`): the pipeline and
+        """A child judged at inherited fidelity (`nas.study.judging`): the pipeline and
         its evaluation with the estimates; what else it measured added to `attrs`."""
         assert order.inherit is not None
         record_control = functools.partial(
             self.decide, "record a control", Leader.record_control, order.inherit.parent
         )
-        pipe, evaluation, judged = inherited.judge(
+        pipe, evaluation, judged = judging.judge(
             self.settings,
             self.task,
             pipe,
@@ -188,10 +190,11 @@ class CandidateTrainer:
                 **pipeline_metrics(pipe.stats().to_dict()),
                 **evaluation,
             }
-            if decide(f"report step {step}", Leader.evaluated, step, metrics) and prunable:
-                return evaluation, step, True  # 4.
-            if final:
+            prune = decide(f"report step {step}", Leader.evaluated, step, metrics)
+            if final:  # trained in full: a measurement, whatever a pruner would say
                 return evaluation, step, False
+            if prune and prunable:
+                return evaluation, step, True  # 4.
 
     def _measured(self, pipe: ElasticPipeline, steps: int, seconds: float) -> dict[str, Any]:
         """What the trained pipeline measured, and what this worker's shape predicted."""

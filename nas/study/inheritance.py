@@ -1,27 +1,72 @@
-"""Incremental candidates (vPipe's NAS scenario): which trained weights a candidate starts from.
+"""A child takes trained weights: from a stage process's memory, or from the study's store.
 
-With `study.inherit_weights=true`, a candidate's layers that share a key with the trial it
-came from keep that trial's trained weights, tensor by tensor where names and shapes match,
-migrated to wherever the new plan puts them, instead of starting from scratch; when that
-trial is its evolution parent, the tensors its one edit touches start afresh
-(`search_spaces.edited`). The trial it came from is the evolution parent
-when the sampler names one (regularized evolution mutates one choice of it), else the
-previous trial this worker trained.
+A study inherits weights one of two ways (`nas.settings.study` refuses both at once):
 
-Every stage process keeps a `WeightBank`: a `pipeline.WeightSnapshot` of its own layers per
-recently trained trial (complete or pruned), at most `keep` of them, oldest dropped first.
-The bank's contents are the same list of trial numbers on every rank (each rank adds after
-every trained trial), so every rank picks the same source without a message.
+1. `study.inherit_weights=true` (vPipe's incremental candidates): a candidate's layers that
+   share a key with the trial it came from keep that trial's trained weights, tensor by
+   tensor where names and shapes match, migrated to wherever the new plan puts them,
+   instead of starting from scratch; when that trial is its evolution parent, the tensors
+   its one edit touches start afresh (`search_spaces.edited`). The trial it came from is
+   the evolution parent when the sampler names one, else the previous trial this worker
+   trained. Every stage process keeps a `WeightBank`: a `pipeline.WeightSnapshot` of its
+   own layers per recently trained trial (complete or pruned), at most `keep` of them,
+   oldest dropped first. The bank's contents are the same list of trial numbers on every
+   rank (each rank adds after every trained trial), so every rank picks the same source
+   without a message.
+2. `study.fidelity=inherited` (`nas.study.judging`): every complete trial keeps its final
+   weights (one safetensors file of the whole model, `save_weights`) in Optuna's artifact
+   store (`FileSystemArtifactStore` at `<studies_dir>/artifacts`), its id in the trial's
+   `weights_artifact` attribute, so any worker on the study's storage finds them, after a
+   restart too (`TrialWeights`); a child's stage processes load its parent's
+   (`load_snapshot`).
+
+Either way, a trial that started from another's weights says which (`inherited_attrs`).
 """
 
 from __future__ import annotations
 
+import json
+import shutil
+import tempfile
 from collections import OrderedDict
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
 
-from nas.study.leader import TrialOrder
+import optuna
+import torch
+from optuna.artifacts import FileSystemArtifactStore, download_artifact, upload_artifact
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from nas.settings import NasSettings
 from pipeline import ElasticPipeline, WeightSnapshot
 
-__all__ = ["WeightBank"]
+__all__ = [
+    "INHERITED_FROM",
+    "WEIGHTS_ARTIFACT",
+    "TrialWeights",
+    "WeightBank",
+    "artifact_store",
+    "inherited_attrs",
+    "keep_weights",
+    "load_snapshot",
+    "save_weights",
+    "weights_file",
+]
+
+INHERITED_FROM = "inherited_from"  # a trial's user attribute: the trial whose weights it took
+WEIGHTS_ARTIFACT = "weights_artifact"  # a trial's user attribute: its weights' artifact id
+_SEPARATOR = "::"  # layer key and tensor name in a flat safetensors name
+
+
+def inherited_attrs(source: int, fresh_tensors: int | None = None) -> dict[str, Any]:
+    """What a trial that started from trial `source`'s weights records; `fresh_tensors`:
+    how many of its tensors started afresh instead (its edit's, where counted)."""
+    attrs: dict[str, Any] = {INHERITED_FROM: source}
+    if fresh_tensors is not None:
+        attrs["inherited_fresh_tensors"] = fresh_tensors
+    return attrs
 
 
 class WeightBank:
@@ -47,14 +92,17 @@ class WeightBank:
     def get(self, number: int | None) -> WeightSnapshot | None:
         return None if number is None else self._kept.get(number)
 
-    def inherited(self, number: int | None, order: TrialOrder) -> WeightSnapshot | None:
-        """What trial `order` starts from when it inherits from trial `number`: its weights,
-        tensor by tensor where names and shapes match, less the tensors the child's edit
-        touches when `number` is its parent (they start afresh, as from scratch)."""
+    def inherited(
+        self, number: int | None, parent: int | None, edited: tuple[str, ...]
+    ) -> WeightSnapshot | None:
+        """What a child of `parent` whose edit touches the tensors `edited` starts from when
+        it inherits from trial `number`: its weights, tensor by tensor where names and shapes
+        match, less the edited tensors when `number` is its parent (they start afresh, as
+        from scratch)."""
         kept = self.get(number)
-        if kept is None or number != order.parent or not order.edited:
+        if kept is None or number != parent or not edited:
             return kept
-        return kept.without(order.edited)
+        return kept.without(edited)
 
     def add(self, number: int, pipe: ElasticPipeline) -> None:
         """Keep the weights `pipe` holds now as trial `number`'s (on every rank)."""
@@ -66,3 +114,85 @@ class WeightBank:
         self._kept[number] = snapshot
         while len(self._kept) > self.keep:
             self._kept.popitem(last=False)
+
+
+def artifact_store(settings: NasSettings) -> FileSystemArtifactStore:
+    """The study's artifact store: `<studies_dir>/artifacts` (shared by the workers that
+    share the study's storage on one machine or one file system)."""
+    base = Path(settings.studies_dir) / "artifacts"
+    base.mkdir(parents=True, exist_ok=True)
+    return FileSystemArtifactStore(str(base))
+
+
+def save_weights(state: Mapping[str, Mapping[str, torch.Tensor]], path: Path) -> Path:
+    """`{layer key: state dict}` (`ElasticPipeline.full_state_dict`) as one safetensors file,
+    the layer order in its metadata."""
+    flat = {
+        f"{key}{_SEPARATOR}{name}": tensor.detach().cpu().contiguous().clone()
+        for key, layer in state.items()
+        for name, tensor in layer.items()
+    }
+    save_file(flat, str(path), metadata={"keys": json.dumps(list(state))})
+    return path
+
+
+def load_snapshot(path: str | Path, rank: int, world_size: int) -> WeightSnapshot:
+    """A `WeightSnapshot` of the weights in `path` for the pipeline's rank `rank`: as if
+    stage 0 held every layer (it sends each to its owner when a model inherits them)."""
+    with safe_open(str(path), framework="pt") as f:
+        keys = tuple(json.loads((f.metadata() or {})["keys"]))
+        states: dict[str, dict[str, torch.Tensor]] = {}
+        if rank == 0:
+            states = {key: {} for key in keys}
+            for flat in f.keys():  # noqa: SIM118 (safe_open is not a mapping)
+                key, name = flat.split(_SEPARATOR, 1)
+                states[key][name] = f.get_tensor(flat)
+    sizes = (len(keys),) + (0,) * (world_size - 1)
+    return WeightSnapshot(keys, sizes, states)
+
+
+def keep_weights(trial: optuna.Trial, store: FileSystemArtifactStore, path: Path) -> str:
+    """Upload `path` as `trial`'s weights (before it is told); its artifact id."""
+    artifact = upload_artifact(artifact_store=store, file_path=str(path), study_or_trial=trial)
+    trial.set_user_attr(WEIGHTS_ARTIFACT, artifact)
+    return artifact
+
+
+def weights_file(folder: Path, number: int) -> Path:
+    """Where a worker keeps trial `number`'s weights file in `folder`."""
+    return folder / f"trial-{number}.safetensors"
+
+
+class TrialWeights:
+    """Rank 0's weights at inherited fidelity: the study's artifact store (complete trials
+    keep their weights there) and a local folder where each trial's weights are written,
+    and parents' downloaded, until `remove`."""
+
+    def __init__(self, settings: NasSettings) -> None:
+        self._store = artifact_store(settings)
+        self._folder = Path(tempfile.mkdtemp(prefix="nas-weights-"))
+
+    def file(self, number: int) -> Path:
+        """Where trial `number`'s weights are written (and a parent's downloaded)."""
+        return weights_file(self._folder, number)
+
+    def download(self, trial: optuna.trial.FrozenTrial) -> Path | None:
+        """The local file of a trial's kept weights (downloaded once), or None when it kept
+        none."""
+        artifact = trial.user_attrs.get(WEIGHTS_ARTIFACT)
+        if artifact is None:
+            return None
+        path = self.file(trial.number)
+        if not path.exists():
+            download_artifact(artifact_store=self._store, file_path=str(path), artifact_id=artifact)
+        return path
+
+    def keep(self, trial: optuna.Trial) -> None:
+        """Keep a complete trial's weights in the store, if it wrote them."""
+        weights = self.file(trial.number)
+        if weights.exists():
+            keep_weights(trial, self._store, weights)
+
+    def remove(self) -> None:
+        """Remove the local folder (the store keeps what counts)."""
+        shutil.rmtree(self._folder, ignore_errors=True)

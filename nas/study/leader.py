@@ -26,7 +26,7 @@ returns what went wrong, so the first error of a study is never replaced by a la
 The leader is composed of parts that each own their state: the asks (`nas.study.asking`),
 the trial training now with its heartbeat (`nas.study.running`), the progress bars
 (`nas.study.bars`) and, at inherited fidelity, the trials' weights
-(`nas.study.inherited.TrialWeights`).
+(`nas.study.inheritance.TrialWeights`).
 """
 
 from __future__ import annotations
@@ -42,13 +42,15 @@ import optuna
 
 from nas import storage
 from nas.errors import HeartbeatError, LeaderError, describe
-from nas.search import ProgressiveDynamicHurdles
+from nas.search import FitnessPruner
+from nas.search.fidelity import Fidelity
 from nas.search.lineage import KEY_MUTATED, KEY_PARENT
 from nas.settings import NasSettings, lower_is_better
-from nas.study import inherited
+from nas.study import judging
 from nas.study.asking import Asker
 from nas.study.bars import StudyBars
-from nas.study.inherited import InheritFrom
+from nas.study.inheritance import TrialWeights
+from nas.study.judging import InheritFrom
 from nas.study.opening import open_study
 from nas.study.running import RunningTrial
 from nas.study.space import configured_space
@@ -73,7 +75,7 @@ class TrialOrder:
     # the tensors the child's edit of its parent touches (`search_spaces.edited`): inheriting
     # from the parent, they start afresh
     edited: tuple[str, ...] = ()
-    # study.fidelity=inherited (`nas.study.inherited`): the trained parent it is judged from (None:
+    # study.fidelity=inherited (`nas.study.judging`): the trained parent it is judged from (None:
     # from scratch), and where rank 0 writes its weights for its own children
     inherit: InheritFrom | None = None
     weights_to: str | None = None
@@ -109,7 +111,7 @@ class Leader:
         self.end: StudyEnd | None = None  # set by close()
         self.tracker = study_tracker(settings)
         self.weights = (
-            inherited.TrialWeights(settings) if settings.study.fidelity == "inherited" else None
+            TrialWeights(settings) if settings.study.fidelity == Fidelity.INHERITED else None
         )
         self.bars = StudyBars(
             settings.study.name,
@@ -162,14 +164,13 @@ class Leader:
         if len(self.settings.study.objectives) == 1:
             trial.report(value, step)
             return bool(trial.should_prune())
-        # Optuna 5 refuses report/should_prune with several objectives: the hurdles are
-        # applied to the fitness itself, the decision written on the trial, which a failing
-        # one ends as pruned
+        # Optuna 5 refuses report/should_prune with several objectives: a pruner that can
+        # judges the fitness itself, the decision written on the trial, which a failing one
+        # ends as pruned; another prunes nothing here (said when the study opened)
         pruner = self.study.pruner
-        if not isinstance(pruner, ProgressiveDynamicHurdles) or step not in pruner.budgets:
+        if not isinstance(pruner, FitnessPruner):
             return False
-        pruner.record(trial, step, value)
-        return not pruner.passes(self.study, step, value, trial=trial)
+        return pruner.prune_on_fitness(self.study, trial, step, value)
 
     def finish(self, number: int, outcome: Outcome) -> None:
         """Record how trial `number` ended; its tracker run ends whatever storage says."""
@@ -201,24 +202,24 @@ class Leader:
             self.bars.trial_ends()
 
     def record_control(self, parent: int, metrics: dict[str, float]) -> None:
-        """The control of `parent` measured (`nas.study.inherited`): kept for its later children."""
-        inherited.record_control(self.study, parent, self.settings.study.inherit_steps, metrics)
+        """The control of `parent` measured (`nas.study.judging`): kept for its later children."""
+        judging.record_control(self.study, parent, self.settings.study.inherit_steps, metrics)
 
     def promotes(self, estimates: dict[str, float]) -> bool:
         """Whether a child judged at inherited fidelity is trained again in full: its
         estimated fitness beats the best one measured at the full budget, or those of the
-        `study.promote_window - 1` children judged before it (`nas.study.inherited`, 4.)."""
+        `study.promote_window - 1` children judged before it (`nas.study.judging`, 4.)."""
         fitness, window = self.settings.study.fitness, self.settings.study.promote_window
         if fitness not in estimates:
             return False
         key = lower_is_better(fitness, estimates[fitness])
         trials = self.study.get_trials(deepcopy=False)
-        best = inherited.best_measured(trials, fitness)
+        best = judging.best_measured(trials, fitness)
         if best is not None and key < lower_is_better(fitness, best):
             return True
         if window is None:
             return False
-        recent = inherited.recent_estimates(trials, fitness, window - 1)
+        recent = judging.recent_estimates(trials, fitness, window - 1)
         return len(recent) == window - 1 and all(key < lower_is_better(fitness, r) for r in recent)
 
     def close(self, error: BaseException | None = None) -> StudyEnd:
@@ -273,7 +274,10 @@ class Leader:
         parent, edited = self._lineage(trial, arch)
         if self.weights is None:
             return TrialOrder(trial.number, arch_json, parent, edited)
-        source, weights_to = self.weights.order(self.study, trial.number, parent)
+        source = None
+        if parent is not None:
+            source = judging.parent_of(self.study, parent, self.settings, self.weights)
+        weights_to = str(self.weights.file(trial.number))
         return TrialOrder(trial.number, arch_json, parent, edited, source, weights_to)
 
     def _lineage(

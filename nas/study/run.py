@@ -63,6 +63,7 @@ from nas.study.inheritance import WeightBank
 from nas.study.leader import Leader, StudyEnd
 from nas.study.opening import open_study
 from nas.study.orphans import fail_running
+from nas.study.strategies import no_pruning
 from nas.tasks import get_task
 from pipeline import ElasticPipeline, PoolClient, PoolService, StageContext
 from pipeline.distributed.comm import Comm
@@ -101,6 +102,8 @@ def run_study(
     """
     Path(settings.studies_dir).mkdir(parents=True, exist_ok=True)
     Path(settings.output_dir).mkdir(parents=True, exist_ok=True)
+    if (unpruned := no_pruning(settings)) and worker is None and pipeline.lead_process():
+        logger.warning("study %s: %s", settings.study.name, unpruned)
     if settings.pipeline.per_candidate:  # each worker keeps its own owner and deadline
         return _on_pool(settings, open_study(settings))
     owner = storage.this_owner()  # the trials this harness asks carry it (nas.storage.opening)

@@ -1,9 +1,12 @@
 """The study's search strategies from the settings: its sampler and its pruner.
 
-`nas.search` builds a strategy from a name and options; this module gives it what only the
-harness knows: the seed, a user's sampler class by import path (`nas.plugins`), the
-pruner's top rung (`train.steps`), and for regularized evolution a proposal check that
-knows the study's space and trials (`TrainableProposals`).
+`nas.search` builds a strategy from a name (or a user's class by import path) and options;
+this module gives it what only the harness knows, where the strategy says it takes it
+(`Registry.takes`): the seed; a proposal check that knows the study's space and trials
+(`TrainableProposals`, for a sampler taking `proposal_check`: regularized evolution); the
+top rung, `train.steps` (for a pruner taking `max_resource`: the hurdles, Hyperband). It
+also says when a multi-objective study's pruner cannot prune it (`no_pruning`): only a
+`FitnessPruner` can.
 """
 
 from __future__ import annotations
@@ -13,8 +16,7 @@ from typing import Any
 
 import optuna
 
-from nas.plugins import is_import_path, load_class
-from nas.search import SAMPLERS, RegularizedEvolutionSampler, make_pruner, make_sampler
+from nas.search import PRUNERS, SAMPLERS, FitnessPruner, make_pruner, make_sampler
 from nas.search.edits import complete, inside
 from nas.search.records import trial_id
 from nas.settings import NasSettings
@@ -22,19 +24,18 @@ from nas.study.space import configured_space
 from nas.study.trials import MODEL_DIGEST, model_digest
 from search_spaces.architecture import functional_key
 
-__all__ = ["TrainableProposals", "pruner_options", "study_pruner", "study_sampler"]
+__all__ = ["TrainableProposals", "no_pruning", "pruner_options", "study_pruner", "study_sampler"]
+
+PROPOSAL_CHECK = "proposal_check"  # a sampler's option: which children it may propose
+TOP_RUNG = "max_resource"  # a pruner's option: the full training length, as Optuna names it
 
 
 def study_sampler(settings: NasSettings) -> optuna.samplers.BaseSampler:
-    """The configured sampler: a built-in by name, or a user's `BaseSampler` subclass by
-    import path (`nas.plugins`), built with `seed=` and the sampler's options. Evolution
-    proposes only children the study would train (`TrainableProposals`)."""
-    name, options = settings.sampler.name, settings.sampler.options
-    if is_import_path(name):
-        cls = load_class("sampler", name, optuna.samplers.BaseSampler)  # type: ignore[type-abstract]
-        return cls(seed=settings.seed, **options)  # type: ignore[call-arg]
-    if SAMPLERS.get(name) is RegularizedEvolutionSampler:
-        options = {"proposal_check": TrainableProposals(settings), **options}
+    """The configured sampler, built with `seed=` and the sampler's options; one that takes
+    a proposal check proposes only children the study would train (`TrainableProposals`)."""
+    name, options = settings.sampler.name, dict(settings.sampler.options)
+    if SAMPLERS.takes(name, PROPOSAL_CHECK) and PROPOSAL_CHECK not in options:
+        options[PROPOSAL_CHECK] = TrainableProposals(settings)
     return make_sampler(name, seed=settings.seed, **options)
 
 
@@ -44,13 +45,28 @@ def study_pruner(settings: NasSettings) -> optuna.pruners.BasePruner:
 
 
 def pruner_options(settings: NasSettings) -> dict[str, Any]:
-    """The configured pruner's options; for the hurdles ("pdh") the budgets end with the top
-    rung, `train.steps`, so a trial that clears every hurdle completes at the full budget."""
+    """The configured pruner's options; a pruner that takes its top rung (`max_resource`)
+    is given `train.steps`, so a trial that clears every rung completes at the full budget."""
     options = dict(settings.pruner.options)
-    budgets = list(options.get("budgets", []))
-    if settings.pruner.name == "pdh" and budgets and budgets[-1] != settings.train.steps:
-        options["budgets"] = [*budgets, settings.train.steps]
+    if PRUNERS.takes(settings.pruner.name, TOP_RUNG):
+        options.setdefault(TOP_RUNG, settings.train.steps)
     return options
+
+
+def no_pruning(settings: NasSettings) -> str | None:
+    """What a study says when it starts where its pruner cannot judge it (it then prunes no
+    trial); None where it can: any pruner prunes a single-objective study, only a
+    `FitnessPruner` (on the fitness) a multi-objective one."""
+    name, objectives = settings.pruner.name, settings.study.objectives
+    found = PRUNERS.find(name)
+    if len(objectives) == 1 or (isinstance(found, type) and issubclass(found, FitnessPruner)):
+        return None
+    able = [n for n, p in PRUNERS.items() if isinstance(p, type) and issubclass(p, FitnessPruner)]
+    return (
+        f"pruner {name} judges one objective and this study has {len(objectives)} "
+        f"({', '.join(objectives)}): no trial is pruned (pruners that judge the fitness, "
+        f"{settings.study.fitness}, alone: {', '.join(able)})"
+    )
 
 
 class TrainableProposals:

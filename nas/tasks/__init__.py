@@ -35,7 +35,6 @@ import inspect
 from collections.abc import Mapping
 from typing import Any
 
-from nas.plugins import is_import_path, load_class
 from nas.tasks.base import (
     BOS,
     EOS,
@@ -61,6 +60,7 @@ from nas.tasks.parallel import ParallelCorpus
 from nas.tasks.textfile import TextFile
 from nas.tasks.tokenizing import TokenizerOptions
 from nas.tasks.translation import Translation, greedy_decode
+from pipeline.pure.registry import Registry
 
 __all__ = [
     "BOS",
@@ -100,36 +100,29 @@ __all__ = [
     "task_class",
 ]
 
-TASKS: dict[str, type[Task]] = {
-    "translation": Translation,
-    "charlm": CharLM,
-    "textfile": TextFile,
-    "corpus": Corpus,
-    "messages": Messages,
-}
-
-
-_PLUG_INS: dict[str, type[Task]] = {}  # the users' tasks loaded so far, by import path
+# Every task by name; a user's `Task` subclass is found by import path as well.
+TASKS: Registry[type[Task]] = Registry(
+    "task",
+    {
+        "translation": Translation,
+        "charlm": CharLM,
+        "textfile": TextFile,
+        "corpus": Corpus,
+        "messages": Messages,
+    },
+    base=Task,
+)
 
 
 def known_tasks() -> dict[str, type[Task]]:
     """The built-in tasks, then every user's task `task_class` has loaded (by import path)."""
-    return {**TASKS, **_PLUG_INS}
+    return TASKS.known()
 
 
 def task_class(name: str) -> type[Task]:
     """The built-in task called `name`, or a user's `Task` subclass by import path
-    ("package.module:ClassName", `nas.plugins`), which is then known by that path."""
-    if name in TASKS:
-        return TASKS[name]
-    if is_import_path(name):
-        if name not in _PLUG_INS:
-            _PLUG_INS[name] = load_class("task", name, Task)  # type: ignore[type-abstract]
-        return _PLUG_INS[name]
-    raise ValueError(
-        f"unknown task {name!r}; valid tasks: {', '.join(sorted(TASKS))}, or a Task subclass "
-        "as 'package.module:ClassName'"
-    )
+    ("package.module:ClassName"), which is then known by that path."""
+    return TASKS.find(name)
 
 
 def bind_options(name: str, options: Mapping[str, Any]) -> dict[str, Any]:

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from nas.plugins import is_import_path, load_class
 from nas.tracking.base import (
     TRACKER_RUN_ID,
     TRIAL_STATES,
@@ -39,6 +38,7 @@ from nas.tracking.base import (
 )
 from nas.tracking.jsonl import JsonlTracker, read_jsonl
 from nas.tracking.pipeline_stats import pipeline_metrics
+from pipeline.pure.registry import Registry
 
 __all__ = [
     "TRACKERS",
@@ -58,26 +58,21 @@ __all__ = [
     "read_jsonl",
 ]
 
-TRACKERS = ("wandb", "jsonl", "none")
+# Every tracker by name ("wandb" by import path: wandb is imported only when one is built);
+# a user's `Tracker` subclass is found by import path as well.
+TRACKERS: Registry[type[Tracker]] = Registry(
+    "tracker",
+    {"wandb": "nas.tracking.wandb:WandbTracker", "jsonl": JsonlTracker, "none": NoneTracker},
+    base=Tracker,
+)
 
 
 def make_tracker(name: str, **options: Any) -> Tracker:
-    """The tracker called `name` ("wandb", "jsonl" or "none"), built with `options`.
+    """The tracker called `name` (`TRACKERS`), built with `options`.
 
     "wandb" takes `WandbTracker`'s arguments (project, mode, directory, entity, tags, ...),
     "jsonl" takes `JsonlTracker`'s (directory, fsync), "none" takes none. A user's own
-    `Tracker` subclass is named by import path, "package.module:ClassName" (`nas.plugins`).
+    `Tracker` subclass is named by import path, "package.module:ClassName".
     """
-    if is_import_path(name):
-        return load_class("tracker", name, Tracker)(**options)
-    if name == "none":
-        if options:
-            raise TypeError(f"the 'none' tracker takes no options, got {sorted(options)}")
-        return NoneTracker()
-    if name == "jsonl":
-        return JsonlTracker(**options)
-    if name == "wandb":
-        from nas.tracking.wandb import WandbTracker
-
-        return WandbTracker(**options)
-    raise ValueError(f"unknown tracker {name!r}; valid trackers: {', '.join(TRACKERS)}")
+    tracker: Tracker = TRACKERS.build(name, **options)
+    return tracker

@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from enum import StrEnum
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, ClassVar
 
 from pipeline.distributed.events import plain as json_safe  # one converter for both
 from pipeline.pure.checks import is_int
@@ -108,7 +108,12 @@ class Tracker:
       table, lets a tracker draw the front).
     * `close`: releases files and processes; a trial still open is ended as failed.
       Idempotent. A tracker is also a context manager that closes on exit.
+
+    `mirrored`: a tracker whose records live in a service (W&B) is given a JSON-lines mirror
+    beside it by the harness (`nas.study.tracker_setup`), readable with no service.
     """
+
+    mirrored: ClassVar[bool] = False
 
     def start_study(self, study_name: str, config: Mapping[str, Any]) -> None:
         """A study begins (or resumes): its name and resolved configuration."""

@@ -8,5 +8,6 @@ model (`costs`), stage sizes (`partition`), pictures (`timeline`) and the planne
 
 Where a new part goes: a schedule is a `schedule_spec.ScheduleSpec` added with
 `schedule.register_schedule`; a planner subclasses `planner.base.Planner` (its lifecycle
-is stated there) and joins `planner.PLANNERS`, or is passed as an instance.
+is stated there) and joins `planner.PLANNERS`, or is passed as an instance. Every kind of
+part found by name is kept in a `registry.Registry`.
 """

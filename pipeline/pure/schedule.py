@@ -99,6 +99,7 @@ from pipeline.pure.list_checks import check_stage, check_versions
 from pipeline.pure.multi_stage import check_ranks, lower_ranks
 from pipeline.pure.pipemare import pipemare
 from pipeline.pure.placement import Placement
+from pipeline.pure.registry import Registry
 from pipeline.pure.schedule_spec import ScheduleSpec, resolve_schedule_name
 from pipeline.pure.two_bw import pipedream_2bw
 from pipeline.pure.wire_order import check_order
@@ -176,10 +177,13 @@ gpipe = ScheduleSpec("gpipe", _gpipe)
 one_f_one_b = ScheduleSpec("1f1b", _one_f_one_b)
 
 # Every schedule by name: what `get_schedule`, the planners and the runtime look up.
-SCHEDULES: dict[str, ScheduleSpec] = {
-    spec.name: spec
-    for spec in (gpipe, one_f_one_b, zbh1, pipedream_2bw, pipemare, interleaved_1f1b, zbv)
-}
+SCHEDULES: Registry[ScheduleSpec] = Registry(
+    "schedule",
+    {
+        spec.name: spec
+        for spec in (gpipe, one_f_one_b, zbh1, pipedream_2bw, pipemare, interleaved_1f1b, zbv)
+    },
+)
 
 
 def register_schedule(spec: ScheduleSpec, *, replace: bool = False) -> ScheduleSpec:
@@ -187,10 +191,7 @@ def register_schedule(spec: ScheduleSpec, *, replace: bool = False) -> ScheduleS
     existing name needs `replace=True`. Returns `spec`."""
     if not isinstance(spec, ScheduleSpec):
         raise TypeError(f"register_schedule takes a ScheduleSpec, got {type(spec).__name__}")
-    name = spec.name.lower()
-    if name in SCHEDULES and not replace:
-        raise ValueError(f"a schedule named {name!r} is registered; pass replace=True")
-    SCHEDULES[name] = spec
+    SCHEDULES.register(spec.name.lower(), spec, replace=replace)
     return spec
 
 

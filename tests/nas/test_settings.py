@@ -9,7 +9,7 @@ import pytest
 
 from nas import settings
 from nas.settings.pipeline import PIPEMARE_OPTIONS
-from nas.study.strategies import pruner_options
+from nas.study.strategies import no_pruning, pruner_options, study_pruner
 from pipeline.local.pipemare import PipeMareConfig
 from pipeline.pure.planner import PLANNERS
 from pipeline.pure.schedule import SCHEDULES
@@ -19,11 +19,11 @@ from search_spaces.evolved_transformer import PRIMITIVES
 def test_every_schedule_and_planner_of_the_runtime_can_be_configured() -> None:
     for planner in PLANNERS:
         assert settings.PipelineSettings(planner=planner).planner == planner
-    valid = f"valid values: {', '.join(PLANNERS)}$"
+    valid = f"valid planners: {', '.join(PLANNERS)}, or a class as 'package.module:ClassName'$"
     with pytest.raises(ValueError, match=f"pipeline.planner='greedy' is not valid; {valid}"):
         settings.PipelineSettings(planner="greedy")
     listed = settings.what_is_valid(settings.NasSettings, "pipeline.schedule")
-    assert listed == f"valid values: {', '.join(SCHEDULES)}"
+    assert listed == f"valid schedules: {', '.join(SCHEDULES)}"
 
 
 @pytest.mark.parametrize("schedule", sorted(SCHEDULES))
@@ -63,7 +63,8 @@ def test_the_top_rung_of_the_hurdles_is_the_full_training_length() -> None:
         train=train, pruner=settings.PrunerSettings("pdh", {"budgets": [20]})
     )
     assert made.pruner.options["budgets"] == [20]  # the settings keep what the user wrote
-    assert pruner_options(made)["budgets"] == [20, 60]
+    assert pruner_options(made) == {"budgets": [20], "max_resource": 60}
+    assert study_pruner(made).budgets == (20, 60)  # type: ignore[attr-defined]
     with pytest.raises(ValueError, match=r"budgets=\[20, 80\] has \[80\]"):
         settings.NasSettings(
             train=train, pruner=settings.PrunerSettings("pdh", {"budgets": [20, 80]})
@@ -90,12 +91,15 @@ def test_the_window_is_relative_to_a_seed_the_space_has() -> None:
         settings.SearchSpaceSettings(window_reference="vit")
 
 
-def test_the_median_pruner_needs_a_single_objective() -> None:
-    with pytest.raises(ValueError, match="pruner=median is not valid with several"):
-        settings.NasSettings(
-            study=settings.StudySettings(objectives=("validation_loss", "tokens_per_s")),
-            pruner=settings.PrunerSettings("median"),
-        )
+def test_a_multi_objective_study_says_when_its_pruner_cannot_prune_it() -> None:
+    two = settings.StudySettings(objectives=("validation_loss", "tokens_per_s"))
+    median = settings.PrunerSettings("median")
+    said = no_pruning(settings.NasSettings(study=two, pruner=median))
+    assert said is not None and said.startswith("pruner median judges one objective")
+    assert said.endswith("alone: pdh, none)")  # those that can, read from the registry
+    hurdles = settings.PrunerSettings("pdh", {"budgets": [20]})
+    assert no_pruning(settings.NasSettings(study=two, pruner=hurdles)) is None
+    assert no_pruning(settings.NasSettings(pruner=median)) is None  # one objective: any pruner
 
 
 @pytest.mark.parametrize(

@@ -146,5 +146,5 @@ def test_bad_options_are_refused_naming_the_option(name: str) -> None:
 def test_the_registry_names_each_space_once_and_refuses_an_unknown_name() -> None:
     assert space_names()[0] == "evolved_transformer" and "transformer" in space_names()
     assert all(SPACES[name].name == name for name in space_names())
-    with pytest.raises(ValueError, match="search space 'nope' is not known; known spaces: "):
+    with pytest.raises(ValueError, match="unknown search space 'nope'; valid search spaces: "):
         get_space("nope")

@@ -34,7 +34,7 @@ import os
 import shlex
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal, get_args
+from typing import Any, ClassVar, Literal, get_args
 
 from nas.tracking.base import Metrics, Rows, Summary, TrialEnd, clean_metrics, json_safe
 from nas.tracking.lifecycle import LifecycleTracker
@@ -139,6 +139,8 @@ class WandbTracker(LifecycleTracker):
     and in `run_directories` (all, in order); `sync_command()` uploads them. `run_id` is
     the open trial's W&B run id.
     """
+
+    mirrored: ClassVar[bool] = True  # the harness writes a JSON-lines mirror beside it
 
     def __init__(
         self,

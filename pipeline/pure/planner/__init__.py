@@ -40,6 +40,7 @@ from pipeline.pure.planner.choose import AUTO_CANDIDATES, Candidate, choose_sche
 from pipeline.pure.planner.memory import MemoryPlanner
 from pipeline.pure.planner.payback import Replan, moved_layers, replan
 from pipeline.pure.planner.time import TimePlanner
+from pipeline.pure.registry import Registry, is_import_path
 
 __all__ = [
     "AUTO_CANDIDATES",
@@ -60,17 +61,18 @@ __all__ = [
     "replan",
 ]
 
-PLANNERS: dict[str, type[Planner]] = {
-    "time": TimePlanner,
-    "memory": MemoryPlanner,
-    "bipartition": BiPartitionPlanner,
-}
+# Every planner by name; a user's `Planner` subclass is found by import path as well.
+PLANNERS: Registry[type[Planner]] = Registry(
+    "planner",
+    {"time": TimePlanner, "memory": MemoryPlanner, "bipartition": BiPartitionPlanner},
+    base=Planner,
+)
 
 
 def get_planner(name: str, **options: Any) -> Planner:
-    """A planner by name, constructed with `options` (e.g. allow_swap=True for "time")."""
-    try:
-        cls = PLANNERS[name.lower()]
-    except (KeyError, AttributeError):
-        raise ValueError(f"unknown planner {name!r}; valid planners: {sorted(PLANNERS)}") from None
-    return cls(**options)
+    """A planner by name (any case) or a `Planner` subclass by import path
+    ("package.module:ClassName"), built with `options` (e.g. allow_swap=True for "time")."""
+    if not isinstance(name, str):
+        raise TypeError(f"a planner is named by a string, got {name!r}")
+    planner: Planner = PLANNERS.build(name if is_import_path(name) else name.lower(), **options)
+    return planner

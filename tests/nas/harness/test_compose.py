@@ -192,7 +192,7 @@ def test_swapping_an_experiments_pruner_for_none_drops_its_options(
         (["pipeline.n_stages=1.5"], "pipeline.n_stages=1.5 is not valid; use a positive integer"),
         (["train.stepz=4"], "train.stepz is not a setting; valid keys of train: steps, batch_size"),
         (["sampler=annealing"], "Could not find 'sampler/annealing'; valid options of sampler: "),
-        (["sampler.name=annealing"], "sampler='annealing' is not valid; valid values: tpe, "),
+        (["sampler.name=annealing"], "sampler='annealing' is not valid; valid samplers: tpe, "),
         (["task.options.sed=1"], "task.options.sed is not in the composed config; to add it, "),
         (["+task.options.sed=1"], "task.options: bad options for task 'translation': unknown"),
         (["task=corpus"], "task.options.path has no value (??? in its option file); set it"),

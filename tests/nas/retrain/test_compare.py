@@ -21,6 +21,7 @@ from rich.console import Console
 from nas.report import _report_retrained
 from nas.retrain.results import headline_objectives
 from nas.retrain.stage import Model, RetrainResult, RetrainRun, compare, select_models
+from nas.search.fidelity import Fidelity, record
 from nas.study import training
 from nas.study.space import architecture_of, configured_space
 from nas.tasks import get_task
@@ -67,13 +68,14 @@ def test_a_promoting_study_at_inherited_fidelity_retrains_measured_trials_only(
     tmp_path: Path,
 ) -> None:
     """An estimate beside measurements is not a pick: the promoted and the full trials are
-    ranked, the better estimate is passed over (`nas.study.inherited`, 4.)."""
+    ranked, the better estimate is passed over (`nas.study.judging`, 4.)."""
     settings = tiny_settings(tmp_path, "retrain.top_k=2", "study.fidelity=inherited")
     study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
     for value, fidelity in ((3.0, "full"), (1.0, "inherited"), (2.0, "promoted"), (4.0, "full")):
         trial = study.ask()
         configured_space(settings).sample(trial)
-        trial.set_user_attr("fidelity", fidelity)
+        for key, recorded in record(Fidelity(fidelity)).items():
+            trial.set_user_attr(key, recorded)
         study.tell(trial, value)
     assert [m.trial for m in select_models(study, settings)] == [2, 0]
     unpromoted = replace(settings, study=replace(settings.study, promote=False))

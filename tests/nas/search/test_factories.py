@@ -156,18 +156,30 @@ def test_make_sampler_rejects_an_unknown_name() -> None:
 
 
 def test_make_pruner_builds_each_named_pruner() -> None:
-    assert list(PRUNERS) == ["pdh", "median", "none", "sha"]
+    assert list(PRUNERS) == ["pdh", "median", "none", "sha", "hyperband"]
     pdh = make_pruner("pdh", budgets=[10, 30], min_trials=2)
     assert isinstance(pdh, ProgressiveDynamicHurdles)
     assert (pdh.budgets, pdh.min_trials) == ((10, 30), 2)
+    topped = make_pruner("pdh", budgets=[10], max_resource=30)  # the top rung appended
+    assert isinstance(topped, ProgressiveDynamicHurdles) and topped.budgets == (10, 30)
     assert type(make_pruner("median", n_startup_trials=2)) is MedianPruner
-    assert type(make_pruner("none")) is NopPruner
+    assert isinstance(make_pruner("none"), NopPruner)
 
 
 def test_make_pruner_rejects_bad_names_and_options() -> None:
-    with pytest.raises(ValueError, match=r"unknown pruner 'hyperband'.*pdh, median, none"):
-        make_pruner("hyperband")
-    with pytest.raises(ValueError, match="pruner 'none' takes no options"):
+    with pytest.raises(ValueError, match=r"unknown pruner 'patient'.*pdh, median, none"):
+        make_pruner("patient")
+    with pytest.raises(TypeError, match="bad options for pruner 'none'.*valid options: none"):
         make_pruner("none", n_startup_trials=3)
     with pytest.raises(ValueError, match="budgets"):
         make_pruner("pdh", budgets=[])
+
+
+def test_a_users_sampler_and_pruner_are_found_by_import_path() -> None:
+    sampler = make_sampler("optuna.samplers:RandomSampler", seed=3)
+    assert type(sampler) is RandomSampler
+    assert type(make_pruner("optuna.pruners:PercentilePruner", percentile=25.0)).__name__ == (
+        "PercentilePruner"
+    )
+    with pytest.raises(ValueError, match="is not a subclass of optuna.samplers._base.BaseSampler"):
+        make_sampler("optuna.pruners:MedianPruner", seed=0)

@@ -8,7 +8,8 @@ from pathlib import Path
 import optuna
 import pytest
 
-from nas.study.inherited import WEIGHTS_ARTIFACT
+from nas.search.fidelity import Fidelity, fidelity_of
+from nas.study.inheritance import INHERITED_FROM, WEIGHTS_ARTIFACT
 from nas.study.run import run_study
 from tests.nas.harness.common import tiny_settings
 
@@ -38,16 +39,16 @@ def test_children_are_judged_from_their_parents_weights_and_the_best_trained_in_
     store = tmp_path / "studies" / "artifacts"
     for t in done:  # every complete trial keeps its weights for its children
         assert (store / t.user_attrs[WEIGHTS_ARTIFACT]).is_file()
-    scratch = [t for t in done if t.user_attrs["fidelity"] == "full"]
-    children = [t for t in done if t.user_attrs["fidelity"] != "full"]
-    promoted = [t for t in children if t.user_attrs["fidelity"] == "promoted"]
+    scratch = [t for t in done if fidelity_of(t) is Fidelity.FULL]
+    children = [t for t in done if fidelity_of(t) is not Fidelity.FULL]
+    promoted = [t for t in children if fidelity_of(t) is Fidelity.PROMOTED]
     assert [t.number for t in scratch[:2]] == [0, 1]  # the seeds have no parent
     assert all(t.user_attrs["steps"] == first.train.steps for t in scratch)
-    assert children, [t.user_attrs["fidelity"] for t in done]
-    assert any(t.number >= 4 and t.user_attrs["inherited_from"] < 4 for t in children)
+    assert children, [fidelity_of(t) for t in done]
+    assert any(t.number >= 4 and t.user_attrs[INHERITED_FROM] < 4 for t in children)
     controls: dict[int, set[float]] = {}
     for t in children:
-        parent = trials[t.user_attrs["inherited_from"]]
+        parent = trials[t.user_attrs[INHERITED_FROM]]
         assert parent.number == t.system_attrs["evolution:parent"]
         assert t.user_attrs["steps"] == STEPS + (first.train.steps if t in promoted else 0)
         assert t.user_attrs["inherited_fresh_tensors"] == 0  # study.edited_afresh=false
@@ -64,7 +65,7 @@ def test_children_are_judged_from_their_parents_weights_and_the_best_trained_in_
         controls.setdefault(parent.number, set()).add(control)
     assert all(len(values) == 1 for values in controls.values())
     _promotions_anchor_the_best(study, first.train.steps)
-    assert {t.user_attrs["fidelity"] for t in done} == {"full", "inherited", "promoted"}
+    assert {fidelity_of(t) for t in done} == set(Fidelity)
 
 
 def _promotions_anchor_the_best(study: optuna.Study, full_steps: int) -> None:
@@ -74,14 +75,14 @@ def _promotions_anchor_the_best(study: optuna.Study, full_steps: int) -> None:
     best = math.inf
     promoted = 0
     for t in study.trials:
-        fidelity = t.user_attrs["fidelity"]
-        if fidelity == "inherited":
+        fidelity = fidelity_of(t)
+        if fidelity is Fidelity.INHERITED:
             assert t.values[0] >= best, (t.number, t.values[0], best)
-        elif fidelity == "promoted":
+        elif fidelity is Fidelity.PROMOTED:
             promoted += 1
             assert t.user_attrs["estimated_validation_loss"] < best
             assert t.values[0] == t.user_attrs["validation_loss"]
             assert full_steps in t.intermediate_values  # reported, never pruned
-        if fidelity in ("full", "promoted"):
+        if fidelity.measured:
             best = min(best, t.values[0])
     assert promoted >= 1, "the seed was chosen so that some child is promoted"

@@ -36,7 +36,9 @@ def test_a_setting_the_space_has_no_option_for_is_refused_unless_at_its_default(
 
 
 def test_an_unknown_space_is_refused_naming_the_known_ones() -> None:
-    with pytest.raises(ValueError, match="search_space.name='nope' is not valid; valid values: ev"):
+    with pytest.raises(
+        ValueError, match="search_space.name='nope' is not valid; valid search spaces: ev"
+    ):
         composed("search_space.name=nope")
-    with pytest.raises(ValueError, match="search space 'nope' is not known; known spaces: evol"):
+    with pytest.raises(ValueError, match="unknown search space 'nope'; valid search spaces: evol"):
         get_space("nope")

@@ -6,6 +6,7 @@ stage processes kept for the whole study, the translation task's data, the JSONL
 
 from __future__ import annotations
 
+import logging
 import math
 from pathlib import Path
 
@@ -78,7 +79,7 @@ def test_a_study_runs_resumes_and_records_failures(
 @pytest.mark.parametrize(
     "override,message",
     [
-        ("sampler.name=foo", "sampler='foo' is not valid; valid values: tpe, nsga2"),
+        ("sampler.name=foo", "sampler='foo' is not valid; valid samplers: tpe, nsga2"),
         ("pipeline.schedule=zigzag", "pipeline.schedule='zigzag' is not valid"),
         ("study.objectives=[tokens_per_s]", "must start with a validation metric"),
         ("study.objectives=[validation_bits_per_char]", "which task=translation does not measure"),
@@ -127,6 +128,30 @@ def test_a_diverging_trial_fails_with_its_cause_and_the_study_goes_on(tmp_path: 
     assert all("NonFiniteLossError" in t.user_attrs["fail_reason"] for t in failed), [
         t.user_attrs["fail_reason"] for t in failed
     ]
+
+
+def test_a_multi_objective_study_says_its_pruner_cannot_judge_it_and_prunes_no_trial(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Optuna's median pruner judges one objective: a study of two runs, unpruned, and says
+    so when it starts (`nas.study.strategies.no_pruning`)."""
+    config = settings(
+        tmp_path,
+        "study.name=median",
+        "study.n_trials=3",
+        "objective=chrf_params",
+        "train.decode_pairs=4",
+        "pruner=median",
+        "pruner.options.n_startup_trials=1",
+        "pruner.options.n_warmup_steps=0",
+    )
+    with caplog.at_level(logging.WARNING, logger="nas.study.run"):
+        run_study(config)
+    said = "study median: pruner median judges one objective and this study has 2"
+    assert said in caplog.text and "alone: pdh, none)" in caplog.text
+    study = optuna.load_study(study_name="median", storage=config.storage_url)
+    trials = [t for t in study.trials if counted(t)]
+    assert [t.state for t in trials] == [optuna.trial.TrialState.COMPLETE] * 3
 
 
 def test_a_multi_objective_study_with_hurdles_a_budget_and_inherited_weights(
@@ -223,7 +248,7 @@ def test_a_task_loaded_by_import_path_runs_a_study_ranked_by_its_own_metric(
     [
         ("tests.nas.harness.plugin_task:NotATask", "is not a subclass of nas.tasks.base.Task"),
         ("tests.nas.harness.no_such_module:Task", "cannot be imported"),
-        ("charlmm", "unknown task 'charlmm'; valid tasks: charlm, "),
+        ("charlmm", "task='charlmm' is not valid; valid tasks: translation, charlm, "),
     ],
 )
 def test_a_task_that_is_not_one_is_refused_naming_the_key(

@@ -76,7 +76,7 @@ def test_token_stats_uniform_logits_and_shape_errors() -> None:
 
 def test_get_task_names_and_options() -> None:
     with pytest.raises(
-        ValueError, match="valid tasks: charlm, corpus, messages, textfile, translation"
+        ValueError, match="valid tasks: translation, charlm, textfile, corpus, messages, or a"
     ):
         get_task("wmt14")
     with pytest.raises(TypeError, match="bad options for task 'charlm'"):

@@ -19,9 +19,10 @@ KINDS = (*TRACKERS, COMPOSITE)
 
 
 def _registered(name: str, folder: Path) -> Tracker:
-    """The registered tracker `name`, writing under `folder` where it writes at all (the
-    "none" tracker takes no options)."""
-    return make_tracker(name) if name == "none" else make_tracker(name, directory=folder / name)
+    """The registered tracker `name`, writing under `folder` where it writes at all."""
+    if not TRACKERS.takes(name, "directory"):
+        return make_tracker(name)
+    return make_tracker(name, directory=folder / name)
 
 
 def _tracker(kind: str, folder: Path) -> Tracker:

@@ -1,49 +1,15 @@
-"""Inherited fidelity's pure parts: weights files, estimates, settings (no processes)."""
+"""Inherited fidelity's pure parts: estimates, promotion's bars, settings (no processes)."""
 
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import optuna
 import pytest
-import torch
 
-from nas.study.inherited import (
-    best_measured,
-    estimate,
-    load_snapshot,
-    promoted,
-    recent_estimates,
-    save_weights,
-)
+from nas.search.fidelity import Fidelity, record
+from nas.study.judging import best_measured, estimate, promoted, recent_estimates
 from tests.nas.harness.common import composed
-
-
-def state() -> dict[str, dict[str, torch.Tensor]]:
-    g = torch.Generator().manual_seed(0)
-    return {
-        "embed": {"weight": torch.randn(5, 3, generator=g)},
-        "enc.block0.left": {
-            "linear.weight": torch.randn(3, 3, generator=g),
-            "linear.bias": torch.zeros(3),
-        },
-        "head": {"weight": torch.randn(5, 3, generator=g)[:, :2]},  # a non-contiguous view
-    }
-
-
-def test_weights_round_trip_as_stage_zero_of_any_pipeline(tmp_path: Path) -> None:
-    path = save_weights(state(), tmp_path / "w.safetensors")
-    first = load_snapshot(path, rank=0, world_size=3)
-    assert first.keys == ("embed", "enc.block0.left", "head")  # the model's layer order
-    assert first.sizes == (3, 0, 0)  # stage 0 sends each layer to its owner
-    for key, layer in state().items():
-        for name, tensor in layer.items():
-            assert torch.equal(first.states[key][name], tensor), (key, name)
-    other = load_snapshot(path, rank=2, world_size=3)
-    assert (other.keys, other.sizes, dict(other.states)) == (first.keys, first.sizes, {})
-    kept = first.without(["enc.block0.left.linear."])  # an edited branch: afresh
-    assert kept.states["enc.block0.left"] == {} and "weight" in kept.states["embed"]
 
 
 def test_an_estimate_is_the_parents_metric_moved_by_the_childs_paired_difference() -> None:
@@ -55,8 +21,10 @@ def test_an_estimate_is_the_parents_metric_moved_by_the_childs_paired_difference
     )
 
 
-def _trial(value: float, fidelity: str | None, state: str = "COMPLETE") -> optuna.trial.FrozenTrial:
-    attrs = {} if fidelity is None else {"fidelity": fidelity}
+def _trial(
+    value: float, fidelity: Fidelity | None, state: str = "COMPLETE"
+) -> optuna.trial.FrozenTrial:
+    attrs = {} if fidelity is None else record(fidelity)
     done = state == "COMPLETE"
     return optuna.trial.create_trial(
         state=optuna.trial.TrialState[state],
@@ -67,20 +35,24 @@ def _trial(value: float, fidelity: str | None, state: str = "COMPLETE") -> optun
 
 def test_an_estimate_is_promoted_only_past_the_best_full_budget_measurement() -> None:
     trials = [
-        _trial(0.70, "full"),
-        _trial(0.60, "inherited"),  # an estimate: never the bar
-        _trial(0.65, "promoted"),  # measured in full after its estimate beat 0.70
+        _trial(0.70, Fidelity.FULL),
+        _trial(0.60, Fidelity.INHERITED),  # an estimate: never the bar
+        _trial(0.65, Fidelity.PROMOTED),  # measured in full after its estimate beat 0.70
         _trial(0.50, None, "PRUNED"),
-        _trial(math.inf, "full"),  # a failed evaluation counts as the worst
+        _trial(math.inf, Fidelity.FULL),  # a failed evaluation counts as the worst
         _trial(0.68, None),  # a study at full fidelity records none: measured
     ]
     assert best_measured(trials, "validation_loss") == 0.65
     assert best_measured(trials[1:2], "validation_loss") is None
-    accuracies = [_trial(0.80, "full"), _trial(0.90, "inherited"), _trial(0.85, "promoted")]
+    accuracies = [
+        _trial(0.80, Fidelity.FULL),
+        _trial(0.90, Fidelity.INHERITED),
+        _trial(0.85, Fidelity.PROMOTED),
+    ]
     assert best_measured(accuracies, "validation_accuracy") == 0.85  # higher is better
     estimates = {"validation_loss": 0.62, "validation_chrf": 41.0}
     assert promoted(estimates, ["validation_loss", "validation_chrf", "validation_bleu"]) == {
-        "fidelity": "promoted",
+        **record(Fidelity.PROMOTED),
         "estimated_validation_loss": 0.62,
         "estimated_validation_chrf": 41.0,
     }
@@ -88,14 +60,15 @@ def test_an_estimate_is_promoted_only_past_the_best_full_budget_measurement() ->
 
 def test_recent_estimates_are_the_last_childrens_promoted_ones_by_their_estimate() -> None:
     trials = [
-        _trial(0.70, "inherited"),
-        _trial(0.65, "full"),  # measured, not an estimate
-        _trial(0.60, "inherited"),
+        _trial(0.70, Fidelity.INHERITED),
+        _trial(0.65, Fidelity.FULL),  # measured, not an estimate
+        _trial(0.60, Fidelity.INHERITED),
         _trial(0.50, None, "PRUNED"),
         optuna.trial.create_trial(
-            value=0.66, user_attrs={"fidelity": "promoted", "estimated_validation_loss": 0.58}
+            value=0.66,
+            user_attrs={**record(Fidelity.PROMOTED), "estimated_validation_loss": 0.58},
         ),
-        _trial(0.62, "inherited"),
+        _trial(0.62, Fidelity.INHERITED),
     ]
     assert recent_estimates(trials, "validation_loss", 3) == [0.60, 0.58, 0.62]
     assert recent_estimates(trials, "validation_loss", 10) == [0.70, 0.60, 0.58, 0.62]

@@ -8,10 +8,8 @@ short continuation of its parent, paired with the parent's own:
     estimate(metric) = parent(metric) + child_k(metric) - control_k(metric)
 
 1. **The parent's weights.** Every complete trial of such a study keeps its final weights
-   (one safetensors file of the whole model, `save_weights`) in Optuna's artifact store
-   (`optuna.artifacts.FileSystemArtifactStore` at `<studies_dir>/artifacts`), its id in the
-   trial's `weights_artifact` attribute: any worker on the study's storage finds them,
-   after a restart too.
+   in Optuna's artifact store, where any worker on the study's storage finds them, after a
+   restart too (`nas.study.inheritance.TrialWeights`).
 2. **The control.** The parent continued `k = study.inherit_steps` steps from those
    weights, at a k-step schedule, on the batches of the continuation seed (the study's
    seed and the parent's number), scored on `train.eval_batches` batches. It is measured
@@ -29,7 +27,7 @@ short continuation of its parent, paired with the parent's own:
    training does (`benchmarks/fidelity.py`: +0.002 to +0.007 on mutants that full training
    finds better), so a child rarely beats its measured parent on its estimate. A child is
    trained again from scratch to the full budget in the same trial, and that measurement
-   is its fitness (`fidelity` "promoted", the estimates kept as `estimated_<metric>`), when
+   is its fitness (`Fidelity.PROMOTED`, the estimates kept as `estimated_<metric>`), when
    its estimate beats the best fitness *measured* at the full budget (`best_measured`), or
    every estimate of the `study.promote_window - 1` children judged before it
    (`recent_estimates`): about one child in that many, the best of its time, is measured.
@@ -42,24 +40,18 @@ failed trial) train from scratch to the full budget as in `study.fidelity=full`.
 
 from __future__ import annotations
 
-import json
 import math
-import shutil
-import tempfile
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import optuna
-import torch
-from optuna.artifacts import FileSystemArtifactStore, download_artifact, upload_artifact
 from optuna.trial import FrozenTrial, TrialState
-from safetensors import safe_open
-from safetensors.torch import save_file
 
+from nas.search.fidelity import Fidelity, fidelity_of, is_measured, record
 from nas.settings import NasSettings, lower_is_better, task_metrics
 from nas.study import training
+from nas.study.inheritance import TrialWeights, inherited_attrs, load_snapshot
 from nas.study.space import architecture_of
 from nas.tasks import Task
 from pipeline import CostCache, ElasticPipeline, LayerSpec, WeightSnapshot
@@ -67,31 +59,19 @@ from pipeline.distributed.comm import Comm
 from search_spaces.architecture import from_json
 
 __all__ = [
-    "MEASURED",
-    "WEIGHTS_ARTIFACT",
     "InheritFrom",
-    "TrialWeights",
-    "artifact_store",
     "best_measured",
     "continuation_seed",
     "estimate",
-    "is_measured",
     "judge",
-    "keep_weights",
-    "load_snapshot",
     "parent_of",
     "promoted",
     "recent_estimates",
     "record_control",
-    "save_weights",
     "scored",
-    "weights_file",
 ]
 
-MEASURED = ("full", "promoted")  # `fidelity` of a trial whose fitness is a full-budget run
-WEIGHTS_ARTIFACT = "weights_artifact"  # a trial's user attribute: its weights' artifact id
 _CONTROL = "inherited_control"  # study user attribute prefix: `<prefix>:<parent>:<k>`
-_SEPARATOR = "::"  # layer key and tensor name in a flat safetensors name
 
 
 @dataclass(frozen=True)
@@ -105,70 +85,21 @@ class InheritFrom:
     control: dict[str, float] | None  # the parent continued k steps, if measured already
 
 
-def artifact_store(settings: NasSettings) -> FileSystemArtifactStore:
-    """The study's artifact store: `<studies_dir>/artifacts` (shared by the workers that
-    share the study's storage on one machine or one file system)."""
-    base = Path(settings.studies_dir) / "artifacts"
-    base.mkdir(parents=True, exist_ok=True)
-    return FileSystemArtifactStore(str(base))
-
-
 def continuation_seed(seed: int, parent: int) -> int:
     """The data order of a parent's continuation: shared by its control and every child,
     different from every from-scratch run's (`seed`)."""
     return (seed + 1) * 1_000_003 + parent
 
 
-def save_weights(state: Mapping[str, Mapping[str, torch.Tensor]], path: Path) -> Path:
-    """`{layer key: state dict}` (`ElasticPipeline.full_state_dict`) as one safetensors file,
-    the layer order in its metadata."""
-    flat = {
-        f"{key}{_SEPARATOR}{name}": tensor.detach().cpu().contiguous().clone()
-        for key, layer in state.items()
-        for name, tensor in layer.items()
-    }
-    save_file(flat, str(path), metadata={"keys": json.dumps(list(state))})
-    return path
-
-
-def load_snapshot(path: str | Path, rank: int, world_size: int) -> WeightSnapshot:
-    """A `WeightSnapshot` of the weights in `path` for the pipeline's rank `rank`: as if
-    stage 0 held every layer (it sends each to its owner when a model inherits them)."""
-    with safe_open(str(path), framework="pt") as f:
-        keys = tuple(json.loads((f.metadata() or {})["keys"]))
-        states: dict[str, dict[str, torch.Tensor]] = {}
-        if rank == 0:
-            states = {key: {} for key in keys}
-            for flat in f.keys():  # noqa: SIM118 (safe_open is not a mapping)
-                key, name = flat.split(_SEPARATOR, 1)
-                states[key][name] = f.get_tensor(flat)
-    sizes = (len(keys),) + (0,) * (world_size - 1)
-    return WeightSnapshot(keys, sizes, states)
-
-
-def keep_weights(trial: optuna.Trial, store: FileSystemArtifactStore, path: Path) -> str:
-    """Upload `path` as `trial`'s weights (before it is told); its artifact id."""
-    artifact = upload_artifact(artifact_store=store, file_path=str(path), study_or_trial=trial)
-    trial.set_user_attr(WEIGHTS_ARTIFACT, artifact)
-    return artifact
-
-
 def parent_of(
-    study: optuna.Study,
-    parent: int,
-    settings: NasSettings,
-    store: FileSystemArtifactStore,
-    folder: Path,
+    study: optuna.Study, parent: int, settings: NasSettings, weights: TrialWeights
 ) -> InheritFrom | None:
-    """Trial `parent`'s weights (downloaded into `folder`), metrics and control, or None
-    when it did not complete or kept no weights: its child trains from scratch."""
+    """Trial `parent`'s weights (downloaded by `weights`), metrics and control, or None when
+    it did not complete or kept no weights: its child trains from scratch."""
     stored = study.get_trials(deepcopy=False)[parent]
-    artifact = stored.user_attrs.get(WEIGHTS_ARTIFACT)
-    if stored.state != optuna.trial.TrialState.COMPLETE or artifact is None:
+    path = weights.download(stored) if stored.state == TrialState.COMPLETE else None
+    if path is None:
         return None
-    path = weights_file(folder, parent)
-    if not path.exists():
-        download_artifact(artifact_store=store, file_path=str(path), artifact_id=artifact)
     control = study.user_attrs.get(_control_key(parent, settings.study.inherit_steps))
     return InheritFrom(
         parent,
@@ -177,42 +108,6 @@ def parent_of(
         scored(stored.user_attrs, task_metrics(settings.task.name)),
         None if control is None else {k: float(v) for k, v in control.items()},
     )
-
-
-def weights_file(folder: Path, number: int) -> Path:
-    """Where a worker keeps trial `number`'s weights file in `folder`."""
-    return folder / f"trial-{number}.safetensors"
-
-
-class TrialWeights:
-    """Rank 0's weights at inherited fidelity: the study's artifact store (complete trials
-    keep their weights there) and a local folder where each trial's weights are written,
-    and parents' downloaded, until `remove`."""
-
-    def __init__(self, settings: NasSettings) -> None:
-        self._settings = settings
-        self._store = artifact_store(settings)
-        self._folder = Path(tempfile.mkdtemp(prefix="nas-weights-"))
-
-    def order(
-        self, study: optuna.Study, number: int, parent: int | None
-    ) -> tuple[InheritFrom | None, str]:
-        """For trial `number` (a child of `parent`, if any): what it is judged from (None:
-        from scratch) and where its weights are written."""
-        source = None
-        if parent is not None:
-            source = parent_of(study, parent, self._settings, self._store, self._folder)
-        return source, str(weights_file(self._folder, number))
-
-    def keep(self, trial: optuna.Trial) -> None:
-        """Keep a complete trial's weights in the store, if it wrote them."""
-        weights = weights_file(self._folder, trial.number)
-        if weights.exists():
-            keep_weights(trial, self._store, weights)
-
-    def remove(self) -> None:
-        """Remove the local folder (the store keeps what counts)."""
-        shutil.rmtree(self._folder, ignore_errors=True)
 
 
 def record_control(
@@ -232,11 +127,6 @@ def estimate(
         for name in parent
         if name in child and name in control
     }
-
-
-def is_measured(trial: FrozenTrial) -> bool:
-    """Whether `trial`'s fitness was measured at the full budget (not an estimate)."""
-    return str(trial.user_attrs.get("fidelity", "full")) in MEASURED
 
 
 def best_measured(trials: Iterable[FrozenTrial], fitness: str) -> float | None:
@@ -260,17 +150,17 @@ def recent_estimates(trials: Sequence[FrozenTrial], fitness: str, count: int) ->
             break
         if t.state != TrialState.COMPLETE:
             continue
-        fidelity = t.user_attrs.get("fidelity")
-        if fidelity == "inherited" and t.values:
+        fidelity = fidelity_of(t)
+        if fidelity is Fidelity.INHERITED and t.values:
             found.append(t.values[0])
-        elif fidelity == "promoted" and f"estimated_{fitness}" in t.user_attrs:
+        elif fidelity is Fidelity.PROMOTED and f"estimated_{fitness}" in t.user_attrs:
             found.append(float(t.user_attrs[f"estimated_{fitness}"]))
     return found[::-1]
 
 
 def promoted(estimates: Mapping[str, float], names: Iterable[str]) -> dict[str, Any]:
     """What a promoted trial records beside its full-budget measurement: its estimates."""
-    return {"fidelity": "promoted"} | {
+    return record(Fidelity.PROMOTED) | {
         f"estimated_{name}": float(estimates[name]) for name in names if name in estimates
     }
 
@@ -317,9 +207,8 @@ def judge(
     pipe, evaluation = _continued(settings, task, pipe, child, start, source, cost_cache)
     measured = scored(evaluation, names)
     attrs = {
-        "fidelity": "inherited",
-        "inherited_from": source.parent,
-        "inherited_fresh_tensors": len(afresh),
+        **record(Fidelity.INHERITED),
+        **inherited_attrs(source.parent, len(afresh)),
         **{f"measured_{name}": value for name, value in measured.items()},
         **{f"control_{name}": value for name, value in control.items()},
     }
