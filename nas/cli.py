@@ -94,6 +94,7 @@ def run(cfg: DictConfig) -> None:
     from nas.retrain.stage import retrain  # after composing: --help and --cfg stay fast
     from nas.storage.opening import StorageError
     from nas.study.run import run_study
+    from nas.study.space import SeedError, seed_models
     from nas.tasks import TaskInputError, check_task
     from pipeline import lead_process
 
@@ -105,6 +106,7 @@ def run(cfg: DictConfig) -> None:
     )
     try:
         check_task(settings.task.name, settings.task.options)  # the user's data, read once
+        seed_models(settings)  # the seed models listed, an exported one's file read
         result = run_study(settings) if "search" in settings.stages else None
         if result is not None:
             logger.info(
@@ -125,7 +127,7 @@ def run(cfg: DictConfig) -> None:
             from nas.report import report_study
 
             report_study(settings, result, retrained)
-    except (StorageError, TaskInputError) as error:  # unreachable storage, a bad corpus
+    except (StorageError, TaskInputError, SeedError) as error:  # storage, corpus, seed file
         logger.error("%s", error)  # file or task option: one line, no traceback
         sys.exit(1)
 

@@ -28,7 +28,7 @@ from nas.settings import NasSettings, task_metrics
 from nas.storage.opening import dashboard_target, make_storage
 from nas.study import trials
 from nas.study.run import StudyResult
-from nas.study.space import configured_space
+from nas.study.space import seed_models
 from nas.tasks import task_class
 from nas.tracking.plots import (
     plot_history,
@@ -279,7 +279,7 @@ def _reference_parameters(
 ) -> int | None:
     """The Evolved Transformer seed's parameters as its trial recorded them (None when the
     study has no such trial): every model's size is shown against it."""
-    seed = configured_space(settings).seeds().get(REFERENCE)
+    seed = seed_models(settings).get(REFERENCE)
     if seed is None:
         return None
     digest = trials.model_digest(functional_key(seed))

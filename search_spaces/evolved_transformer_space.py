@@ -25,10 +25,13 @@ from search_spaces.evolved_transformer import (
     transformer,
     validate,
 )
+from search_spaces.primer import with_primitives
 from search_spaces.space import SearchSpace, check_shared_options
 from search_spaces.suggest import CategoricalChoice, Suggest
 
-__all__ = ["EvolvedTransformerSpace"]
+__all__ = ["PRIMER_SEED", "EvolvedTransformerSpace"]
+
+PRIMER_SEED = "evolved_transformer_primer"  # the ET with both of Primer's edits
 
 
 @dataclass(frozen=True)
@@ -100,6 +103,15 @@ class EvolvedTransformerSpace(SearchSpace):
             "transformer": transformer(d, n_heads=heads, n_enc=2 * n_enc, n_dec=2 * cells),
             "evolved_transformer": evolved_transformer(d, n_heads=heads, n_enc=n_enc, n_dec=cells),
         }
+
+    def named_seeds(self) -> dict[str, Architecture]:
+        """`seeds()`, and with both of Primer's primitives offered, the Evolved Transformer
+        with both in place (`PRIMER_SEED`: squared ReLU and multi-DConv-head attention,
+        `search_spaces.primer`), the best known hand edit of it."""
+        seeds = self.seeds()
+        if set(PRIMITIVES) <= set(self.offered):
+            seeds[PRIMER_SEED] = with_primitives(seeds["evolved_transformer"], PRIMITIVES)
+        return seeds
 
     def seed_params(self, arch: Architecture) -> dict[str, CategoricalChoice]:
         return seed_params(arch, primitives=self.offered)

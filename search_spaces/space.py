@@ -34,8 +34,10 @@ class SearchSpace(ABC):
        settings' `search_space` values the space has as options. A setting the space has
        no option for is refused by the harness when it is not at its default; an unknown
        option or a bad value is refused here (ValueError naming it and what is valid).
-    2. Seed: a new study enqueues `seed_params(arch)` for each of `seeds()`, in order, so
-       its first trials train the seeds (the baselines, trained whatever `validate` says).
+    2. Seed: a new study enqueues `seed_params(arch)` for each of `seeds()` (or of those it
+       names among `named_seeds()`, or architectures of its own that the space holds), in
+       order, so its first trials train the seeds (the baselines, trained whatever
+       `validate` says).
     3. Ask: a trial's architecture is `sample(trial)`: every choice asked through the
        `Suggest` under a stable name, whose choices never change within a configured space
        (Optuna requires it). Then `validate(arch)`: an `InvalidArchitecture` (outside the
@@ -79,6 +81,12 @@ class SearchSpace(ABC):
     @abstractmethod
     def seeds(self) -> dict[str, Architecture]:
         """The seed architectures by name, in the order a new study trains them (step 2)."""
+
+    def named_seeds(self) -> dict[str, Architecture]:
+        """Every seed the configured space offers by name: `seeds()`, and any others a
+        study may name instead (the harness's `search_space.seeds`); each replays through
+        `seed_params` (step 2). By default the same as `seeds()`."""
+        return self.seeds()
 
     @abstractmethod
     def seed_params(self, arch: Architecture) -> dict[str, CategoricalChoice]:

@@ -69,7 +69,7 @@ from nas.retrain.trainer import stage_main
 from nas.search.fidelity import Fidelity, is_measured
 from nas.settings import NasSettings, lower_is_better
 from nas.study import shape, workers
-from nas.study.space import architecture_of, configured_space
+from nas.study.space import architecture_of, configured_space, seed_models
 from search_spaces.architecture import from_json, functional_key, to_json
 
 __all__ = [
@@ -210,7 +210,7 @@ def select_models(study: optuna.Study, settings: NasSettings) -> list[Model]:
     study at inherited fidelity that promotes, those measured at the full budget (its best
     estimates were measured again: `nas.study.judging`, 4.)."""
     space = configured_space(settings)
-    seeds = space.seeds() if settings.retrain.seed_models else {}
+    seeds = seed_models(settings, space) if settings.retrain.seed_models else {}
     taken = {identity(to_json(arch)) for arch in seeds.values()}
     complete = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
     measured = [t for t in complete if is_measured(t)]

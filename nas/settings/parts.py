@@ -15,7 +15,17 @@ from typing import Any, ClassVar
 
 from nas.search import PRUNERS, SAMPLERS
 from nas.settings.checks import Settings, setting
-from nas.settings.constraints import POSITIVE, Each, Flag, Integer, OneOf, OrNone, Registered
+from nas.settings.constraints import (
+    POSITIVE,
+    Distinct,
+    Each,
+    Flag,
+    Integer,
+    OneOf,
+    OrNone,
+    Registered,
+    Text,
+)
 from nas.tasks import TASKS, bind_options
 from nas.tracking import TRACKERS
 from pipeline.pure.registry import Registry, UnknownName
@@ -88,6 +98,14 @@ class SearchSpaceSettings(Settings):
     window_reference: str = setting("transformer", OneOf(WINDOW_SEEDS))
     # Primer's primitives added to the choices (search_spaces.evolved_transformer.PRIMITIVES)
     primitives: tuple[str, ...] = setting((), Each(OneOf(PRIMITIVES)))
+    # the seed models a new study trains first, in order, and the retraining judges the
+    # winner against: seeds the space names (`SearchSpace.named_seeds`: the Transformer, the
+    # ET, with both primitives offered the ET with Primer's edits), or an architecture a
+    # user exported (an export folder, its config.json, or an architecture JSON file);
+    # None: the space's own seeds (`nas.study.space.seed_models`)
+    seeds: tuple[str, ...] | None = setting(
+        None, OrNone(Each(Text(), non_empty=True)), OrNone(Distinct("names a seed twice"))
+    )
 
     def rules(self) -> tuple[str | None, ...]:
         return (self._cells_in_order(),)

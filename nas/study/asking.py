@@ -29,6 +29,7 @@ from nas import storage
 from nas.errors import describe
 from nas.settings import NasSettings
 from nas.study.orphans import ORPHANED, fail_running
+from nas.study.space import seed_models
 from nas.study.trials import (
     DUPLICATE_OF,
     INVALID,
@@ -105,7 +106,7 @@ class Asker:
     ) -> None:
         self._settings, self._study, self._space = settings, study, space
         self.owner, self.deadline = owner, deadline
-        self._seeds = {to_json(arch) for arch in space.seeds().values()}
+        self._seeds = {to_json(arch) for arch in seed_models(settings, space).values()}
         self._models = TrainedModels(study, space)
 
     def next(self) -> tuple[optuna.Trial, Architecture] | None:

@@ -14,7 +14,7 @@ import optuna
 
 from nas import storage
 from nas.settings import NasSettings
-from nas.study.space import configured_space
+from nas.study.space import configured_space, seed_models
 from nas.study.strategies import study_pruner, study_sampler
 
 __all__ = ["open_study"]
@@ -45,6 +45,6 @@ def open_study(settings: NasSettings) -> optuna.Study:
             study.set_metric_names(list(settings.study.objectives))
     if settings.study.enqueue_seeds and not study.trials:
         space = configured_space(settings)
-        for arch in space.seeds().values():
+        for arch in seed_models(settings, space).values():
             study.enqueue_trial(space.seed_params(arch), skip_if_exists=True)
     return study

@@ -34,7 +34,7 @@ import torch
 
 from nas.settings import AUTO, NasSettings
 from nas.study import training
-from nas.study.space import configured_space
+from nas.study.space import seed_models
 from nas.tasks import get_task
 from pipeline import CostCache, StageContext, launch, under_torchrun
 from pipeline.distributed.overheads import measure_overheads
@@ -236,7 +236,7 @@ def resolve(
         max_workers=max_workers,
     )
     if architectures is None:
-        architectures = list(configured_space(settings).seeds().values())
+        architectures = list(seed_models(settings).values())
     options = [
         choose_shape(
             get_planner(p.planner),

@@ -83,6 +83,16 @@ def test_the_seeds_are_valid_and_their_params_replay_them_exactly(
 
 
 @NAMES
+@SIDES
+def test_the_named_seeds_hold_the_seeds_and_replay_exactly(name: str, decoder_only: bool) -> None:
+    space = configured(name, decoder_only)
+    named = space.named_seeds()
+    assert {k: named[k] for k in space.seeds()} == space.seeds()  # the seeds, by their names
+    for arch in named.values():
+        assert space.replay(space.seed_params(arch)) == arch
+
+
+@NAMES
 def test_a_bad_or_missing_answer_is_refused_naming_its_parameter(name: str) -> None:
     space = configured(name)
     suggest = RandomSuggest(0)
