@@ -62,8 +62,9 @@ class RetrainRun:
 
 @dataclass(frozen=True)
 class RetrainResult:
-    """Every run, the folder each model was exported to, the model chosen, and each other
-    model against the reference seed model: `paired[model][metric]` (step 5)."""
+    """Every run, the folder each model was exported to, the model chosen, each other model
+    against the reference seed model (`paired[model][metric]`), and each searched model
+    against every seed model (`against`, step 5)."""
 
     study_name: str
     runs: tuple[RetrainRun, ...]
@@ -73,6 +74,8 @@ class RetrainResult:
     run_dirs: tuple[str, ...] = ()
     reference: str | None = None
     paired: dict[str, dict[str, PairedDifference]] = field(default_factory=dict)
+    # every searched model against every retrained seed model: `against[seed][model][metric]`
+    against: dict[str, dict[str, dict[str, PairedDifference]]] = field(default_factory=dict)
     # with `retrain.selection_seeds`: the retraining that chose among the top-k on those
     # seeds (its `selected` went on to be judged here, on `retrain.seeds`)
     selection: RetrainResult | None = None
@@ -124,6 +127,24 @@ def compare(
         row["model"]: paired_metrics(runs, row["model"], reference, metrics)
         for row in rows
         if row["model"] != reference
+    }
+
+
+def against_seed_models(
+    runs: Sequence[RetrainRun], fitness: str, *, headline: Sequence[str]
+) -> dict[str, dict[str, dict[str, PairedDifference]]]:
+    """Step 5, the winner judged against every seed model, not one reference: for each
+    retrained seed model (`against[seed][model][metric]`), every searched model's paired
+    difference from it on `fitness` and the `headline` metrics the runs have."""
+    rows = model_table(runs, fitness)
+    seeds = [r["model"] for r in rows if r["trial"] is None and math.isfinite(r[f"{fitness}_mean"])]
+    searched = [r["model"] for r in rows if r["trial"] is not None]
+    metrics = [
+        m for m in dict.fromkeys((fitness, *headline)) if any(m in run.metrics for run in runs)
+    ]
+    return {
+        seed: {model: paired_metrics(runs, model, seed, metrics) for model in searched}
+        for seed in seeds
     }
 
 

@@ -59,6 +59,7 @@ from nas.retrain.results import (
     Model,
     RetrainResult,
     RetrainRun,
+    against_seed_models,
     compare,
     headline_objectives,
     model_table,
@@ -141,8 +142,10 @@ def retrain_models(
     fitness = settings.study.fitness
     table = model_table(runs, fitness)
     selected = table[0]["model"] if table and math.isfinite(table[0][f"{fitness}_mean"]) else None
-    reference, paired = compare(runs, fitness, headline=headline_objectives(settings.task.name))
-    comparison = {"reference": reference, "vs_reference": paired}
+    headline = headline_objectives(settings.task.name)
+    reference, paired = compare(runs, fitness, headline=headline)
+    against = against_seed_models(runs, fitness, headline=headline)
+    comparison = {"reference": reference, "vs_reference": paired, "vs_seed_models": against}
     # A run is tracked by the worker that trained it (not by one that read its record), or,
     # recorded but not tracked by an earlier retraining, by the one that finds it so.
     # Under torchrun every rank gets here with rank 0's runs; one of them tracks.
@@ -166,6 +169,7 @@ def retrain_models(
         tuple(run_dirs),
         reference,
         paired,
+        against,
     )
 
 

@@ -19,7 +19,7 @@ import torch
 from rich.console import Console
 
 from nas.report import _report_retrained
-from nas.retrain.results import headline_objectives
+from nas.retrain.results import against_seed_models, headline_objectives
 from nas.retrain.stage import Model, RetrainResult, RetrainRun, compare, select_models
 from nas.search.fidelity import Fidelity, record
 from nas.study import training
@@ -163,11 +163,27 @@ def test_without_the_evolved_transformer_the_best_seed_model_is_the_reference() 
     assert compare(searched, "validation_loss", headline=HEADLINE) == (None, {})
 
 
+def test_each_searched_model_is_judged_against_every_seed_model() -> None:
+    against = against_seed_models(RUNS, "validation_loss", headline=HEADLINE)
+    assert list(against) == ["evolved_transformer", "transformer"]  # best mean first
+    assert all(list(models) == ["trial-3"] for models in against.values())
+    vs_et = against["evolved_transformer"]["trial-3"]
+    assert vs_et == compare(RUNS, "validation_loss", headline=HEADLINE)[1]["trial-3"]
+    vs_transformer = against["transformer"]["trial-3"]["validation_loss"]
+    assert vs_transformer.diffs == (-0.75, -0.75) and vs_transformer.wins == 2
+    assert against["transformer"]["trial-3"]["validation_chrf"].diffs == (10.0, 11.0)
+    searched = [run for run in RUNS if run.trial is not None]
+    assert against_seed_models(searched, "validation_loss", headline=HEADLINE) == {}
+
+
 def test_the_report_prints_the_paired_differences_between_validation_and_test(
     tmp_path: Path,
 ) -> None:
     reference, paired = compare(RUNS, "validation_loss", headline=HEADLINE)
-    result = RetrainResult("s", RUNS, {}, "trial-3", "validation_loss", (), reference, paired)
+    against = against_seed_models(RUNS, "validation_loss", headline=HEADLINE)
+    result = RetrainResult(
+        "s", RUNS, {}, "trial-3", "validation_loss", (), reference, paired, against
+    )
     console = Console(record=True, width=250)
     _report_retrained(tiny_settings(tmp_path), result, console)
     text = console.export_text()
@@ -177,6 +193,9 @@ def test_the_report_prints_the_paired_differences_between_validation_and_test(
     assert "+5.5 ± 0.5 (2/2 better)" in lines["Δ val chrf vs evolved_transformer"]
     order = [text.index(s) for s in ("validation loss", "Δ val loss", "test loss")]
     assert order == sorted(order)
+    vs_transformer = next(line for line in text.splitlines() if "trial-3 vs transformer:" in line)
+    assert "val loss -0.75 ± 0 (2/2 better)" in vs_transformer
+    assert "val chrf +10.5 ± 0.5 (2/2 better)" in vs_transformer
 
 
 def _benchmark() -> ModuleType:
