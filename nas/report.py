@@ -24,9 +24,10 @@ from rich.table import Table
 
 from nas.paired import REFERENCE, PairedDifference
 from nas.retrain.results import RetrainResult, model_table
+from nas.search.fidelity import Fidelity
 from nas.settings import NasSettings, task_metrics
 from nas.storage.opening import dashboard_target, make_storage
-from nas.study import trials
+from nas.study import promotion, trials
 from nas.study.run import StudyResult
 from nas.study.space import seed_models
 from nas.tasks import task_class
@@ -64,6 +65,8 @@ def report_study(
             f"{escape(top.user_attrs.get('architecture', '?'))}",
             soft_wrap=True,
         )
+    if settings.study.fidelity == Fidelity.INHERITED and settings.study.promote:
+        _report_promotion(settings, study, console)
     skipped = [t.user_attrs for t in study.trials if t.user_attrs.get(trials.INVALID)]
     repeats = sum(trials.DUPLICATE_OF in attrs for attrs in skipped)
     if skipped:
@@ -169,6 +172,20 @@ def _listing(headers: list[str], cells: list[list[str]], names: list[str]) -> Ta
     for row, text in zip(cells, names, strict=True):
         listing.add_row(*row, escape(text))
     return listing
+
+
+def _report_promotion(settings: NasSettings, study: optuna.Study, console: Console) -> None:
+    """How the promoted children's estimates ranked against their measurements
+    (`nas.study.promotion.agreement`)."""
+    said = promotion.agreement(study.get_trials(deepcopy=False), settings.study.fitness)
+    if not said.promoted:
+        return
+    tau = "-" if math.isnan(said.kendall_tau) else f"{said.kendall_tau:.2f}"
+    console.print(
+        f"promotion: {said.promoted} children measured in full; their paired differences "
+        f"and measured differences rank at Kendall tau {tau} over the {said.paired} with a "
+        "measured parent"
+    )
 
 
 def _report_retrained(settings: NasSettings, retrained: RetrainResult, console: Console) -> None:

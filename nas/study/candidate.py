@@ -22,7 +22,7 @@ from nas.errors import LeaderError
 from nas.learning_rate import LrSchedule
 from nas.search.fidelity import Fidelity, record
 from nas.settings import NasSettings, direction, task_metrics
-from nas.study import judging, training
+from nas.study import judging, promotion, training
 from nas.study.decisions import Decisions
 from nas.study.inheritance import WeightBank, inherited_attrs, save_weights
 from nas.study.leader import Leader, TrialOrder
@@ -108,12 +108,13 @@ class CandidateTrainer:
             return built, *self._train(built)
         pipe, evaluation = self._judge(pipe, order, specs, attrs)
         steps = self.settings.study.inherit_steps
+        difference = attrs.get(f"difference_{self.settings.study.fitness}", math.nan)
         if not self.settings.study.promote or not self.decide(
-            "decide a promotion", Leader.promotes, evaluation
+            "decide a promotion", Leader.promotes, difference, order.inherit.parent
         ):
             return pipe, evaluation, steps, False
-        # nas.study.judging, 4.: trained again from scratch, the measurement its fitness
-        attrs |= judging.promoted(evaluation, task_metrics(self.settings.task.name))
+        # nas.study.promotion: trained again from scratch, the measurement its fitness
+        attrs |= promotion.promoted(evaluation, task_metrics(self.settings.task.name))
         built = self._build(pipe, specs, None)
         evaluation, trained, _ = self._train(built, prunable=False)  # promoted: never pruned
         return built, evaluation, steps + trained, False

@@ -19,20 +19,9 @@ short continuation of its parent, paired with the parent's own:
    start as from scratch: `search_spaces.edited`); it trains the same k steps on the same
    batches and is scored the same way. Its metrics are the estimates; the measured ones
    are kept beside them (`measured_<metric>`).
-4. **Promotion** (`study.promote`). A child's estimate adds its paired difference to its
-   parent's fitness, which may itself be an estimate: chained over generations the errors
-   add up, and evolution keeps the children whose error came out low (a 2-hour study slid
-   0.08 below its seed over ~80 generations, its pick then 0.02 worse than the seed when
-   retrained). And a short continuation judges every edit a little worse than full
-   training does (`benchmarks/fidelity.py`: +0.002 to +0.007 on mutants that full training
-   finds better), so a child rarely beats its measured parent on its estimate. A child is
-   trained again from scratch to the full budget in the same trial, and that measurement
-   is its fitness (`Fidelity.PROMOTED`, the estimates kept as `estimated_<metric>`), when
-   its estimate beats the best fitness *measured* at the full budget (`best_measured`), or
-   every estimate of the `study.promote_window - 1` children judged before it
-   (`recent_estimates`): about one child in that many, the best of its time, is measured.
-   The study's best is always a measured trial, and chains are anchored again where they
-   lead.
+4. **Promotion** (`study.promote`): a child whose own paired difference says it may be
+   among the best is trained again from scratch to the full budget in the same trial, that
+   measurement its fitness (`nas.study.promotion`).
 
 Children without a trained parent (the seeds, the first population, a child of a pruned or
 failed trial) train from scratch to the full budget as in `study.fidelity=full`.
@@ -41,17 +30,18 @@ failed trial) train from scratch to the full budget as in `study.fidelity=full`.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import optuna
-from optuna.trial import FrozenTrial, TrialState
+from optuna.trial import TrialState
 
-from nas.search.fidelity import Fidelity, fidelity_of, is_measured, record
-from nas.settings import NasSettings, lower_is_better, task_metrics
+from nas.search.fidelity import Fidelity, record
+from nas.settings import NasSettings, task_metrics
 from nas.study import training
 from nas.study.inheritance import TrialWeights, inherited_attrs, load_snapshot
+from nas.study.promotion import difference_attrs
 from nas.study.space import architecture_of
 from nas.tasks import Task
 from pipeline import CostCache, ElasticPipeline, LayerSpec, WeightSnapshot
@@ -60,13 +50,10 @@ from search_spaces.architecture import from_json
 
 __all__ = [
     "InheritFrom",
-    "best_measured",
     "continuation_seed",
     "estimate",
     "judge",
     "parent_of",
-    "promoted",
-    "recent_estimates",
     "record_control",
     "scored",
 ]
@@ -129,42 +116,6 @@ def estimate(
     }
 
 
-def best_measured(trials: Iterable[FrozenTrial], fitness: str) -> float | None:
-    """The best first objective `fitness` among complete trials measured at the full budget
-    (None: none yet): what an estimate must beat to be promoted (module doc, 4.)."""
-    values = [
-        t.values[0]
-        for t in trials
-        if t.state == TrialState.COMPLETE and t.values and is_measured(t)
-    ]
-    finite = [v for v in values if math.isfinite(lower_is_better(fitness, v))]
-    return min(finite, key=lambda v: lower_is_better(fitness, v), default=None)
-
-
-def recent_estimates(trials: Sequence[FrozenTrial], fitness: str, count: int) -> list[float]:
-    """The estimated `fitness` of the last `count` complete trials judged at inherited
-    fidelity (promoted ones by their estimate), most recent last."""
-    found: list[float] = []
-    for t in reversed(trials):
-        if len(found) == count:
-            break
-        if t.state != TrialState.COMPLETE:
-            continue
-        fidelity = fidelity_of(t)
-        if fidelity is Fidelity.INHERITED and t.values:
-            found.append(t.values[0])
-        elif fidelity is Fidelity.PROMOTED and f"estimated_{fitness}" in t.user_attrs:
-            found.append(float(t.user_attrs[f"estimated_{fitness}"]))
-    return found[::-1]
-
-
-def promoted(estimates: Mapping[str, float], names: Iterable[str]) -> dict[str, Any]:
-    """What a promoted trial records beside its full-budget measurement: its estimates."""
-    return record(Fidelity.PROMOTED) | {
-        f"estimated_{name}": float(estimates[name]) for name in names if name in estimates
-    }
-
-
 def scored(evaluation: Mapping[str, float], names: Iterable[str]) -> dict[str, float]:
     """The finite metrics `names` of an evaluation (those an estimate adds up)."""
     return {
@@ -211,6 +162,7 @@ def judge(
         **inherited_attrs(source.parent, len(afresh)),
         **{f"measured_{name}": value for name, value in measured.items()},
         **{f"control_{name}": value for name, value in control.items()},
+        **difference_attrs(measured, control),
     }
     return pipe, evaluation | estimate(source.metrics, measured, control), attrs
 

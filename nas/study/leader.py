@@ -45,8 +45,8 @@ from nas.errors import HeartbeatError, LeaderError, describe
 from nas.search import FitnessPruner
 from nas.search.fidelity import Fidelity
 from nas.search.lineage import KEY_MUTATED, KEY_PARENT
-from nas.settings import NasSettings, lower_is_better
-from nas.study import judging
+from nas.settings import NasSettings
+from nas.study import judging, promotion
 from nas.study.asking import Asker
 from nas.study.bars import StudyBars
 from nas.study.inheritance import TrialWeights
@@ -205,22 +205,12 @@ class Leader:
         """The control of `parent` measured (`nas.study.judging`): kept for its later children."""
         judging.record_control(self.study, parent, self.settings.study.inherit_steps, metrics)
 
-    def promotes(self, estimates: dict[str, float]) -> bool:
-        """Whether a child judged at inherited fidelity is trained again in full: its
-        estimated fitness beats the best one measured at the full budget, or those of the
-        `study.promote_window - 1` children judged before it (`nas.study.judging`, 4.)."""
-        fitness, window = self.settings.study.fitness, self.settings.study.promote_window
-        if fitness not in estimates:
-            return False
-        key = lower_is_better(fitness, estimates[fitness])
+    def promotes(self, difference: float, parent: int) -> bool:
+        """Whether a child of `parent` judged at inherited fidelity, whose paired difference
+        on the fitness is `difference`, is trained again in full (`nas.study.promotion`)."""
+        study = self.settings.study
         trials = self.study.get_trials(deepcopy=False)
-        best = judging.best_measured(trials, fitness)
-        if best is not None and key < lower_is_better(fitness, best):
-            return True
-        if window is None:
-            return False
-        recent = judging.recent_estimates(trials, fitness, window - 1)
-        return len(recent) == window - 1 and all(key < lower_is_better(fitness, r) for r in recent)
+        return promotion.promotes(trials, study.fitness, difference, parent, study.promote_window)
 
     def close(self, error: BaseException | None = None) -> StudyEnd:
         """End the study run: its summary to the tracker, every tracker run finished.
@@ -325,8 +315,13 @@ class Leader:
         table = trials_table(self.study)
         best = {t.number for t in self.study.best_trials} if finished(self.study) else set()
         front = [row for row in table if row["number"] in best]
-        self.tracker.end_study(
-            table,
-            front,
-            {"finished": finished(self.study), "objectives": list(self.settings.study.objectives)},
-        )
+        summary: dict[str, Any] = {
+            "finished": finished(self.study),
+            "objectives": list(self.settings.study.objectives),
+        }
+        if self.weights is not None and self.settings.study.promote:  # nas.study.promotion
+            trials = self.study.get_trials(deepcopy=False)
+            summary["promotion"] = promotion.agreement(
+                trials, self.settings.study.fitness
+            ).to_dict()
+        self.tracker.end_study(table, front, summary)
