@@ -73,12 +73,12 @@ class StudySettings(Settings):
     # at inherited fidelity, the tensors a child's edit touches start afresh instead of from
     # the parent's (`benchmarks/fidelity.py`: that ranks worse than inheriting them all)
     edited_afresh: bool = setting(False, Flag())
-    # at inherited fidelity, a child whose estimate beats the best fitness measured at the
-    # full budget, or every estimate of the `promote_window - 1` children judged before it,
-    # is trained again from scratch to the full budget in the same trial, which then records
-    # that measurement (its estimate kept as `estimated_<metric>`): estimates chained over
-    # generations drift, and a short continuation judges every edit a little worse than
-    # full training does, so this measures the best ones (`nas.study.judging`, 4.)
+    # at inherited fidelity, a child whose own paired difference, added to its measured
+    # parent's fitness, beats the best fitness measured at the full budget, or beats the
+    # differences of the `promote_window - 1` children judged before it, is trained again
+    # from scratch to the full budget in the same trial, which then records that
+    # measurement (its estimate kept as `estimated_<metric>`): estimates chained over
+    # generations drift, so this measures the best ones (`nas.study.promotion`)
     promote: bool = setting(True, Flag())
     promote_window: int | None = setting(
         20, OrNone(Integer(2, words="use a whole number >= 2, or null (only past the best)"))
