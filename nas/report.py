@@ -27,7 +27,7 @@ from nas.retrain.results import RetrainResult, model_table
 from nas.search.fidelity import Fidelity
 from nas.settings import NasSettings, task_metrics
 from nas.storage.opening import dashboard_target, make_storage
-from nas.study import promotion, trials
+from nas.study import leading, promotion, trials
 from nas.study.run import StudyResult
 from nas.study.space import seed_models
 from nas.tasks import task_class
@@ -58,7 +58,7 @@ def report_study(
     console.print(_trials_table(settings, study, console.width))
     complete = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
     if complete:
-        top = study.best_trials[0]
+        top = _best(settings, study)
         console.print(
             f"best architecture (trial {top.number}, "
             f"{top.user_attrs.get('parameters', '?')} parameters): "
@@ -172,6 +172,17 @@ def _listing(headers: list[str], cells: list[list[str]], names: list[str]) -> Ta
     for row, text in zip(cells, names, strict=True):
         listing.add_row(*row, escape(text))
     return listing
+
+
+def _best(settings: NasSettings, study: optuna.Study) -> optuna.trial.FrozenTrial:
+    """The study's best: the leader (`nas.study.leading`: the best mean over the seeds it
+    was measured on), or with several objectives the first of the Pareto front."""
+    if len(study.directions) == 1:
+        trials = study.get_trials(deepcopy=False)
+        top = leading.leader(trials, study.user_attrs, settings.seed, settings.study.fitness)
+        if top is not None:
+            return top
+    return study.best_trials[0]
 
 
 def _report_promotion(settings: NasSettings, study: optuna.Study, console: Console) -> None:

@@ -68,8 +68,8 @@ from nas.retrain.results import (
 from nas.retrain.track import track
 from nas.retrain.trainer import stage_main
 from nas.search.fidelity import Fidelity, is_measured
-from nas.settings import NasSettings, lower_is_better
-from nas.study import shape, workers
+from nas.settings import NasSettings
+from nas.study import leading, shape, workers
 from nas.study.space import architecture_of, configured_space, seed_models
 from search_spaces.architecture import from_json, functional_key, to_json
 
@@ -221,7 +221,10 @@ def select_models(study: optuna.Study, settings: NasSettings) -> list[Model]:
     if settings.study.fidelity == Fidelity.INHERITED and settings.study.promote and measured:
         complete = measured
     fitness = settings.study.fitness
-    ranked = sorted(complete, key=lambda t: (lower_is_better(fitness, t.values[0]), t.number))
+    attrs = study.user_attrs  # a leader's later seeds (`nas.study.leading`): its mean ranks
+    ranked = sorted(
+        complete, key=lambda t: (leading.standing(t, attrs, settings.seed, fitness), t.number)
+    )
     chosen: list[Model] = []
     for trial in ranked:
         if len(chosen) == settings.retrain.top_k:

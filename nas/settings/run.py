@@ -67,6 +67,7 @@ class NasSettings(Settings):
             self._objectives_measured(),
             self._decoding_for_the_objectives(),
             self._hurdles_at_evaluations(),
+            self._study_seeds_apart_from_the_judges(),
             self._rate_under_pipemare(),
             self._microbatches_divide_the_batch(),
         )
@@ -116,6 +117,23 @@ class NasSettings(Settings):
                 f"pruner.options.budgets={budgets} has {bad}, not an evaluation step; "
                 f"valid: multiples of train.eval_every={every} up to train.steps={steps}, "
                 "and train.steps"
+            )
+        return None
+
+    def _study_seeds_apart_from_the_judges(self) -> str | None:
+        """The seeds a study measures its leaders on never judge the winner
+        (`nas.study.leading`, 3.)."""
+        second = self.study.confirm_seed
+        if second is None:
+            return None
+        if second == self.seed:
+            return f"study.confirm_seed={second} is the study's seed; valid: another seed"
+        judges = self.retrain.seeds
+        if second in judges or self.seed in judges:
+            return (
+                f"study.confirm_seed={second} with seed={self.seed}: the seeds the study "
+                f"measures on must not judge the winner (retrain.seeds={list(judges)}); "
+                "valid: seeds outside retrain.seeds"
             )
         return None
 

@@ -83,6 +83,10 @@ class StudySettings(Settings):
     promote_window: int | None = setting(
         20, OrNone(Integer(2, words="use a whole number >= 2, or null (only past the best)"))
     )
+    # a second training seed: a trial measured at the full budget that would lead the study
+    # is measured again on it (the leader too, paired), and leads on its mean over both
+    # (`nas.study.leading`); never one of `retrain.seeds`; None: one seed, `seed`
+    confirm_seed: int | None = setting(None, OrNone(Integer(low=None)))
     # stage processes restarted after a death, per study run
     max_restarts: int = setting(2, Integer(0))
     # a trial whose worker died (stage processes, or a heartbeat that stopped) is tried again

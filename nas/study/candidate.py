@@ -20,12 +20,13 @@ from typing import Any
 
 from nas.errors import LeaderError
 from nas.learning_rate import LrSchedule
-from nas.search.fidelity import Fidelity, record
+from nas.search.fidelity import Fidelity, fidelity_of, record
 from nas.settings import NasSettings, direction, task_metrics
 from nas.study import judging, promotion, training
 from nas.study.decisions import Decisions
 from nas.study.inheritance import WeightBank, inherited_attrs, save_weights
 from nas.study.leader import Leader, TrialOrder
+from nas.study.leading import SEED_VALUES, mean_value
 from nas.study.trials import Outcome
 from nas.tasks import Task
 from nas.tracking import TrialEnd, pipeline_metrics
@@ -88,7 +89,12 @@ class CandidateTrainer:
             weights = pipe.full_state_dict()  # on rank 0
             if weights:
                 save_weights(weights, Path(order.weights_to))
-        values = [_objective(attrs, name) for name in settings.study.objectives]
+        if settings.study.confirm_seed is not None and fidelity_of(attrs).measured:
+            pipe, confirmed = self._confirm(pipe, specs, float(attrs[settings.study.fitness]))
+            attrs |= confirmed
+        values = [_objective(float(attrs[name]), name) for name in settings.study.objectives]
+        if SEED_VALUES in attrs:  # nas.study.leading, 2.: its standing, the mean over seeds
+            values[0] = _objective(mean_value(attrs[SEED_VALUES]), settings.study.fitness)
         return pipe, Outcome(TrialEnd.COMPLETE, attrs, values)
 
     def _train_order(
@@ -118,6 +124,59 @@ class CandidateTrainer:
         built = self._build(pipe, specs, None)
         evaluation, trained, _ = self._train(built, prunable=False)  # promoted: never pruned
         return built, evaluation, steps + trained, False
+
+    def _confirm(
+        self, pipe: ElasticPipeline, specs: list[LayerSpec], value: float
+    ) -> tuple[ElasticPipeline, dict[str, Any]]:
+        """A trial measured at the full budget with fitness `value` on the study's seed:
+        when it would lead (`nas.study.leading`), trained again from scratch on the second
+        seed, and the leader on it where the leader lacks it; what it records."""
+        settings = self.settings
+        seed, second = settings.seed, settings.study.confirm_seed
+        assert second is not None
+        values = {str(seed): value}
+        challenge = self.decide("decide a challenge", Leader.challenge, value)
+        if challenge is None:
+            return pipe, {SEED_VALUES: values}
+        pipe, evaluation = self._measure_quietly(pipe, specs, second)
+        values[str(second)] = float(evaluation[settings.study.fitness])
+        steps = settings.train.steps
+        if challenge.architecture is not None:  # the leader, paired on the second seed
+            arch = from_json(challenge.architecture)
+            leader = training.compile_model(arch, self.task, settings.train.dropout)[0]
+            pipe, evaluation = self._measure_quietly(pipe, leader, second)
+            measured = float(evaluation[settings.study.fitness])
+            self.decide(
+                "record the leader's second seed",
+                Leader.record_seed_value,
+                challenge.leader,
+                second,
+                measured,
+            )
+            steps *= 2
+        return pipe, {SEED_VALUES: values, "confirmation_steps": steps}
+
+    def _measure_quietly(
+        self, pipe: ElasticPipeline, specs: list[LayerSpec], seed: int
+    ) -> tuple[ElasticPipeline, dict[str, float]]:
+        """`specs` from scratch at the full budget with training seed `seed` (its weights and
+        its data order), evaluated once at the end; nothing reported: the trial's own
+        measurement is the one its pruner and tracker follow."""
+        train = self.settings.train
+        pipe = training.build(
+            self.settings,
+            self.task,
+            specs,
+            self.schedule,
+            seed=seed,
+            pipe=pipe,
+            snapshot=None,
+            cost_cache=self.costs,
+        )
+        batches = training.batches(self.task, train.batch_size, seed)
+        for _ in training.steps(pipe, batches, start=0, count=train.steps):
+            pass
+        return pipe, training.evaluate(train, self.task, pipe, final=True)
 
     def _judge(
         self,
@@ -229,9 +288,8 @@ def _shape_name(settings: NasSettings) -> str:
     )
 
 
-def _objective(attrs: dict[str, Any], name: str) -> float:
-    """The objective `name` of a trained trial; NaN (nothing to measure) counts as worst."""
-    value = float(attrs[name])
+def _objective(value: float, name: str) -> float:
+    """The value of objective `name` as told; NaN (nothing to measure) counts as worst."""
     if math.isfinite(value):
         return value
     return math.inf if direction(name) == "minimize" else -math.inf

@@ -45,15 +45,15 @@ from nas.errors import HeartbeatError, LeaderError, describe
 from nas.search import FitnessPruner
 from nas.search.fidelity import Fidelity
 from nas.search.lineage import KEY_MUTATED, KEY_PARENT
-from nas.settings import NasSettings
-from nas.study import judging, promotion
+from nas.settings import NasSettings, lower_is_better
+from nas.study import judging, leading, promotion
 from nas.study.asking import Asker
 from nas.study.bars import StudyBars
 from nas.study.inheritance import TrialWeights
 from nas.study.judging import InheritFrom
 from nas.study.opening import open_study
 from nas.study.running import RunningTrial
-from nas.study.space import configured_space
+from nas.study.space import architecture_of, configured_space
 from nas.study.tracker_setup import run_directories, study_tracker
 from nas.study.trials import Outcome, finished, trials_table
 from nas.tracking.base import TRACKER_RUN_ID, TrialEnd
@@ -211,6 +211,25 @@ class Leader:
         study = self.settings.study
         trials = self.study.get_trials(deepcopy=False)
         return promotion.promotes(trials, study.fitness, difference, parent, study.promote_window)
+
+    def challenge(self, value: float) -> leading.Challenge | None:
+        """Whether a trial measured at the full budget, its fitness `value` on the study's
+        seed, would lead the study (`nas.study.leading`): the leader to pair it with on the
+        second seed, or None (it would not lead, or nothing leads yet)."""
+        settings, study = self.settings, self.settings.study
+        trials, attrs = self.study.get_trials(deepcopy=False), self.study.user_attrs
+        best = leading.leader(trials, attrs, settings.seed, study.fitness)
+        if best is None or lower_is_better(study.fitness, value) >= leading.standing(
+            best, attrs, settings.seed, study.fitness
+        ):
+            return None
+        known = leading.seed_values(best, attrs, settings.seed)
+        lacking = study.confirm_seed not in known
+        return leading.Challenge(best.number, architecture_of(best, settings) if lacking else None)
+
+    def record_seed_value(self, number: int, seed: int, value: float) -> None:
+        """Finished trial `number`'s fitness on `seed`, measured later (`nas.study.leading`)."""
+        self.study.set_user_attr(leading.study_attr(number, seed), float(value))
 
     def close(self, error: BaseException | None = None) -> StudyEnd:
         """End the study run: its summary to the tracker, every tracker run finished.
