@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import math
+import statistics
 from pathlib import Path
 
 import optuna
@@ -128,6 +129,40 @@ def test_a_diverging_trial_fails_with_its_cause_and_the_study_goes_on(tmp_path: 
     assert all("NonFiniteLossError" in t.user_attrs["fail_reason"] for t in failed), [
         t.user_attrs["fail_reason"] for t in failed
     ]
+
+
+def test_a_trial_that_would_lead_is_measured_again_paired_with_the_leader(tmp_path: Path) -> None:
+    """`study.confirm_seed` (`nas.study.leading`): a trial whose fitness on the study's seed
+    beats the leader's standing is trained again on the second seed, the leader too where it
+    lacks it, and stands on its mean; any other keeps its one seed (one worker: the trials
+    end in number order)."""
+    config = settings(
+        tmp_path, "study.name=lead", "study.n_trials=4", "study.confirm_seed=7", "retrain.seeds=[1]"
+    )
+    run_study(config)
+    study = optuna.load_study(study_name="lead", storage=config.storage_url)
+    first: dict[int, float] = {}  # trial -> its fitness on the study's seed
+    seven: dict[int, float] = {}  # trial -> on the second seed (its own, or measured later)
+
+    def standing(number: int) -> float:
+        return statistics.fmean([first[number], *([seven[number]] if number in seven else [])])
+
+    confirmed = 0
+    for t in [t for t in study.trials if counted(t)]:
+        values = {int(k): v for k, v in t.user_attrs["seed_values"].items()}
+        best = min(first, key=lambda n: (standing(n), n), default=None)
+        challenger = best is not None and values[0] < standing(best)
+        assert sorted(values) == ([0, 7] if challenger else [0]), (t.number, values, best)
+        if challenger:
+            assert best is not None
+            confirmed += 1
+            if best not in seven:  # the leader, measured on the second seed for this challenge
+                seven[best] = study.user_attrs[f"seed_value:{best}:7"]
+            assert t.user_attrs["confirmation_steps"] in (6, 12)
+            assert t.values[0] == pytest.approx(statistics.fmean(values.values()))
+            seven[t.number] = values[7]
+        first[t.number] = values[0]
+    assert confirmed >= 1, "the seed was chosen so that some trial challenges the leader"
 
 
 def test_a_multi_objective_study_says_its_pruner_cannot_judge_it_and_prunes_no_trial(
