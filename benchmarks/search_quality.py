@@ -83,7 +83,8 @@ from nas.retrain.stage import (
     select_models,
 )
 from nas.settings import NasSettings
-from nas.study.space import configured_space
+from nas.study.leading import leader
+from nas.study.space import configured_space, seed_models
 from search_spaces.architecture import summary, to_json
 from search_spaces.evolved_transformer import PRIMITIVES, seed_params
 from search_spaces.primer import with_primitives
@@ -302,8 +303,10 @@ def _retrain(
 
 def _study_best(run: dict[str, Any], settings: NasSettings) -> dict[str, Any]:
     """The best trial of the headline study `run`, and whether it is one of the seeds."""
-    top = optuna.load_study(study_name=run["study_name"], storage=run["storage"]).best_trial
-    seeds = {summary(arch) for arch in configured_space(settings).seeds().values()}
+    study = optuna.load_study(study_name=run["study_name"], storage=run["storage"])
+    trials, fitness = study.get_trials(deepcopy=False), settings.study.fitness
+    top = leader(trials, study.user_attrs, settings.seed, fitness) or study.best_trial
+    seeds = {summary(arch) for arch in seed_models(settings).values()}
     return {
         "trial": top.number,
         "value": top.values[0],

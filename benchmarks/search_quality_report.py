@@ -131,14 +131,15 @@ def proxy_figures(experiment: str) -> dict[str, Any] | None:
 
 
 def plot(runs: dict[str, dict[str, Any]], path: Path, fitness: str) -> None:
-    """Best-so-far against minutes: the headline study on the left, the comparisons (one
-    colour per variant, one line per study seed) on the right; each panel its own budget."""
+    """Best measured so far against minutes: the headline study on the left (`headline`),
+    the comparisons (one colour per variant, one line per study seed) on the right; each
+    panel its own budget."""
     panels = [
         ("headline", {k: r for k, r in runs.items() if k == "headline"}),
         ("equal wall-clock", {k: r for k, r in runs.items() if k != "headline"}),
     ]
     panels = [(title, chosen) for title, chosen in panels if chosen]
-    fig, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 4.2), squeeze=False)
+    fig, axes = plt.subplots(1, len(panels), figsize=(6.5 * len(panels), 4.4), squeeze=False)
     for ax, (title, chosen) in zip(axes[0], panels, strict=True):
         colours: dict[str, Any] = {}
         for run in chosen.values():
@@ -153,18 +154,54 @@ def plot(runs: dict[str, dict[str, Any]], path: Path, fitness: str) -> None:
                 where="post",
                 color=colours.get(variant),
                 alpha=0.85,
-                label=None if variant in colours else variant,
+                label=None if variant in colours else f"{variant}: best measured so far",
             )[0]
             colours.setdefault(variant, line.get_color())
+        if title == "headline":
+            headline(ax, next(iter(chosen.values())))
         ax.set(
             xlabel="wall-clock minutes",
             title=title,
-            ylabel=f"best {fitness.replace('_', ' ')} so far",
+            ylabel=f"{fitness.replace('_', ' ')} (full budget)",
         )
-        ax.legend(fontsize=8)
+        ax.legend(fontsize=7, loc="upper right")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def headline(ax: Any, run: dict[str, Any]) -> None:
+    """On the headline panel: each seed model's measured fitness as a dashed line, each
+    promoted child as its estimate (hollow) joined to its measurement (filled), and a y
+    axis on the differences that matter: from just below the best measured to just above
+    the best seed model (a seed model above it is named at the top edge)."""
+    seeds: dict[str, float] = run.get("seed_models") or {}
+    promotions: list[list[float]] = run.get("promotions") or []
+    for minutes, estimate, measured in promotions:
+        ax.plot([minutes, minutes], [estimate, measured], color="0.6", lw=0.8)
+        ax.plot(minutes, estimate, "o", mfc="none", mec="tab:orange", ms=4)
+        ax.plot(minutes, measured, "o", color="tab:orange", ms=4)
+    if promotions:
+        ax.plot([], [], "o", color="tab:orange", ms=4, label="promoted: estimate (o), measured")
+    lows = [p[1] for p in run["curve"]] + [p[2] for p in promotions] + list(seeds.values())
+    if not lows or not seeds:
+        return
+    low, top = min(lows), min(seeds.values())
+    margin = max(0.005, 0.3 * (top - low))
+    bottom, ceiling = low - margin, top + 2 * margin
+    ax.set_ylim(bottom, ceiling)
+    for name, value in sorted(seeds.items(), key=lambda item: item[1]):
+        if value <= ceiling:
+            ax.axhline(value, ls="--", lw=1, color="0.35")
+            ax.annotate(name, (0, value), xytext=(2, 2), textcoords="offset points", fontsize=7)
+        else:
+            ax.annotate(
+                f"{name} {value:.3f} (above)",
+                (0, ceiling),
+                xytext=(2, -10),
+                textcoords="offset points",
+                fontsize=7,
+            )
 
 
 def brief(retrain: dict[str, Any]) -> Any:

@@ -20,12 +20,14 @@ from typing import Any
 import optuna
 from scipy.stats import kendalltau
 
-from nas.search.fidelity import fidelity_of
+from nas.search.fidelity import Fidelity, fidelity_of, is_measured
 from nas.settings import NasSettings, PrunerSettings, SamplerSettings, lower_is_better
 from nas.study.inheritance import INHERITED_FROM
 from nas.study.opening import open_study
 from nas.study.run import run_study
+from nas.study.space import seed_models
 from nas.study.trials import INVALID, counted, finished, seconds_searched
+from search_spaces.architecture import summary
 
 # a study's variant: what it changes in the experiment's settings (typed: an override like
 # `sampler=random` would keep the experiment's evolution options)
@@ -153,15 +155,47 @@ def run_studies(
 def _best_so_far(
     done: Sequence[optuna.trial.FrozenTrial], fitness: str, start: datetime, ended: dict[int, Any]
 ) -> tuple[float | None, list[list[float]]]:
-    """The study's best fitness and its best-so-far curve against minutes since `start`."""
+    """The study's best *measured* fitness (full budget: never an estimate) and its
+    best-so-far curve against minutes since `start`."""
     curve: list[list[float]] = []
     best, best_key = None, math.inf  # the best fitness so far and its lower-is-better key
     for t in done:
-        key = lower_is_better(fitness, t.values[0]) if t.values else math.inf
-        if t.state == optuna.trial.TrialState.COMPLETE and key < best_key:
+        if t.state != optuna.trial.TrialState.COMPLETE or not t.values or not is_measured(t):
+            continue
+        key = lower_is_better(fitness, t.values[0])
+        if key < best_key:
             best, best_key = t.values[0], key
             curve.append([(ended[t.number] - start).total_seconds() / 60, best])
     return best, curve
+
+
+def _promotions(
+    done: Sequence[optuna.trial.FrozenTrial], fitness: str, start: datetime, ended: dict[int, Any]
+) -> list[list[float]]:
+    """Each promoted child: [minutes since `start`, its estimate, its measurement]."""
+    return [
+        [
+            (ended[t.number] - start).total_seconds() / 60,
+            float(t.user_attrs[f"estimated_{fitness}"]),
+            t.values[0],
+        ]
+        for t in done
+        if fidelity_of(t) is Fidelity.PROMOTED
+        and t.values
+        and f"estimated_{fitness}" in t.user_attrs
+    ]
+
+
+def _seed_values(
+    done: Sequence[optuna.trial.FrozenTrial], settings: NasSettings
+) -> dict[str, float]:
+    """Each seed model's measured fitness in the study, by name (the trials that trained it)."""
+    names = {summary(arch): name for name, arch in seed_models(settings).items()}
+    return {
+        names[t.user_attrs["architecture"]]: t.values[0]
+        for t in done
+        if t.values and t.user_attrs.get("architecture") in names
+    }
 
 
 def _steps_trained(
@@ -225,6 +259,8 @@ def _read(
         ),
         "best": best,
         "curve": curve,
+        "promotions": _promotions(done, settings.study.fitness, start, ended),
+        "seed_models": _seed_values(done, settings),
         "rank_by_step": _rank_by_step(done, settings.train.steps),
         "shapes": dict(collections.Counter(str(t.user_attrs.get("shape")) for t in done)),
         "refused": sum(bool(t.user_attrs.get(INVALID)) for t in study.trials),
