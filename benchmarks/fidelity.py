@@ -1,38 +1,48 @@
-"""Which cheap estimate ranks the Evolved Transformer's one-edit mutants as full training does?
+"""Which cheap estimate ranks mutants of the best seed models as full training does?
 
-Why it exists (issue 42): a search judges many candidates cheaply and trusts that the cheap
-figure orders them as the full budget would. Near the ET, the PDH rungs of `search_2h` did
-not (Kendall tau 0.10 at 100 steps). Before a search is built on an estimate, it is measured:
+Why it exists (issues 42, 52): a search judges many candidates cheaply and trusts that the
+cheap figure orders them as the full budget would. Near the ET, the PDH rungs of `search_2h`
+did not (Kendall tau 0.10 at 100 steps). Before a search is built on an estimate, it is
+measured, with the power to choose between estimates:
 
-* **the truth**: the ET and `--mutants` one-edit mutants of it inside the experiment's
-  parameter window (`nas.search.edits`; half of them edits of an activation, an input or a
-  combiner, half of a layer, a width, a norm or a skip), each trained from scratch to the
-  full budget with training seeds `--seeds` shared by every model (a seed fixes the
-  initialisation and the data order), through the harness's retraining
-  (`nas.retrain.stage.retrain_models`, on the machine's shape: one run per core); each mutant's
-  paired difference from the ET in whole-split validation loss (`nas.paired`);
-* **from-scratch rungs** (`--rungs`, steps): the validation loss (`train.eval_batches`) of the
-  same runs at that step (on the full schedule, as PDH's rungs are), minus the ET's;
-  **extrapolated**: a learning curve `a + b t^-c` fitted to the evaluations up to the last
-  rung, read at the full budget, minus the ET's;
-* **inherited** (`--inherit-steps` k): the child starts from the ET trained to the full
-  budget on that seed, tensor by tensor where names and shapes match, its edited branch
+* **the candidates**: `--mutants` mutants (24) shared among `--parents`, seed models the
+  space names (the ET and the ET with Primer's edits); of each parent's, `--two-edit-share`
+  two edits away (a mutant edited once more), the rest one edit away, half of those keeping
+  shapes (an activation, an input, a combiner) and half changing them (a layer, a width, a
+  norm, a skip), all inside the experiment's parameter window (`nas.search.edits`);
+* **the truth**: every candidate and parent trained from scratch to the full budget with
+  training seeds `--seeds` (three) shared by every model (a seed fixes the initialisation
+  and the data order), through the harness's retraining (`nas.retrain.stage.retrain_models`,
+  on the machine's shape: one run per core); each candidate's paired difference from its
+  parent in whole-split validation loss (`nas.paired`);
+* **from-scratch rungs** (`--rungs`, steps): the validation loss (`train.eval_batches`) of
+  the same runs at that step (on the full schedule, as PDH's rungs are), minus the
+  parent's; **extrapolated**: a learning curve `a + b t^-c` fitted to the evaluations up to
+  the last rung, read at the full budget, minus the parent's;
+* **inherited** (`--inherit-steps` k): the child starts from its parent trained to the full
+  budget on that seed, tensor by tensor where names and shapes match, its edited branches
   afresh (`search_spaces.edited`, `WeightSnapshot.without`), trains k steps (a k-step
   schedule) on batches no run trained on, and is scored on `train.eval_batches`, minus the
-  ET continued the same k steps from the same weights on the same batches (the control,
-  once per parent); **inherited-all**: the same with nothing left afresh.
+  parent continued the same k steps from the same weights on the same batches (the
+  control, once per parent): what a study at inherited fidelity promotes by
+  (`nas.study.promotion`); **inherited-all**: the same with nothing left afresh.
 
 Each estimate is read against the truth by `nas.search.agreement.agreement`: Kendall tau with
-a bootstrap interval, sign accuracy on the mutants whose truth is beyond 2 paired standard
-errors, top-1 and top-3 agreement, and its cost as a share of a full trial. The noise
-ceiling is the tau between the truth measured on one seed and on another. The inherited
-runs of each seed are one worker process pinned to a core, side by side.
+a bootstrap interval, sign accuracy on the candidates whose truth is beyond 2 paired
+standard errors, top-1 and top-3 agreement; within each parent and each kind of mutant
+(`agreement_by_kind`); and its cost, as a share of a full trial and in core-seconds per
+candidate (`seconds_per_candidate`), so that the estimate ranking best per second of
+compute can be chosen. The noise ceiling is the tau between the truth measured on one seed
+and on another. The inherited runs of each seed are one worker process pinned to a core,
+side by side.
 
 Run it alone on an idle machine: the JSON records the load average before and after. The
 inherited runs are in `fidelity_inherited.py`.
 
-    python benchmarks/fidelity.py [--mutants 12] [--seeds 1 2] [--inherit-steps 50 200]
-        [--rungs 100 300 500] [--experiment search_2h] [overrides ...]
+    python benchmarks/fidelity.py [--mutants 24] [--parents evolved_transformer
+        evolved_transformer_primer] [--two-edit-share 0.25] [--seeds 1 2 3]
+        [--inherit-steps 50 200] [--rungs 100 300 500] [--experiment search_2h]
+        [overrides ...]
 """
 
 from __future__ import annotations
@@ -45,7 +55,7 @@ import os
 import statistics
 import tempfile
 import time
-from dataclasses import asdict, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -55,40 +65,88 @@ from fidelity_inherited import inherited, inherited_worker
 
 from nas.paired import REFERENCE, PairedDifference, paired_difference
 from nas.retrain.stage import Model, RetrainRun, retrain_models
-from nas.search.agreement import agreement, noise_ceiling
-from nas.search.edits import Mutant, mutants
+from nas.search.agreement import agreement, kendall_tau, noise_ceiling
+from nas.search.edits import Edit, Mutant, mutants
 from nas.settings import NasSettings
 from nas.study.space import configured_space
 from search_spaces.architecture import to_json
+from search_spaces.evolved_transformer_space import PRIMER_SEED
 
 OUT = RESULTS / "fidelity.json"
 KEEPS_SHAPES = ("activation", "input", "combiner")  # the edits drawn as "keeping shapes"
 
 
-def draw(settings: NasSettings, count: int, seed: int) -> tuple[Model, list[tuple[Model, Mutant]]]:
-    """The ET and `count` distinct one-edit mutants of it, half of each kind (module doc)."""
+@dataclass(frozen=True)
+class Drawn:
+    """A candidate: its model, the seed model it was drawn from (every difference is from
+    it), and its one or two edits of that parent."""
+
+    model: Model
+    parent: str
+    edits: tuple[Edit, ...]
+
+    @property
+    def kind(self) -> str:
+        if len(self.edits) > 1:
+            return "two edits"
+        keeps = self.edits[0].name.rsplit(".", 1)[-1] in KEEPS_SHAPES
+        return "keeps shapes" if keeps else "changes shapes"
+
+
+def draw(
+    settings: NasSettings, count: int, seed: int, parents: list[str], two_edit_share: float
+) -> tuple[dict[str, Model], list[Drawn]]:
+    """The parents (seed models by name) and `count` distinct mutants shared out among
+    them: of each parent's, `two_edit_share` two edits away, the rest one edit away, half of
+    those keeping shapes (an activation, an input, a combiner), half changing them."""
     space = configured_space(settings)
-    et = space.seeds()["evolved_transformer"]
-    params = space.seed_params(et)
+    offered = space.named_seeds()
+    unknown = [name for name in parents if name not in offered]
+    if unknown:
+        raise SystemExit(f"--parents {unknown}: not seeds of the space ({', '.join(offered)})")
+    models = {
+        name: Model(name, None, space.seed_params(offered[name]), to_json(offered[name]))
+        for name in parents
+    }
+    seen = {to_json(offered[name]) for name in parents}
+    drawn: list[Drawn] = []
+    for i, name in enumerate(parents):
+        share = count // len(parents) + (1 if i < count % len(parents) else 0)
+        two = round(share * two_edit_share)
+        for mutant, edits in _mutants_of(space, models[name].params, share - two, two, seed):
+            text = to_json(mutant.architecture)
+            if text not in seen:
+                seen.add(text)
+                label = f"m{len(drawn):02d} {name}: " + "; ".join(str(e) for e in edits)
+                drawn.append(Drawn(Model(label, None, dict(mutant.params), text), name, edits))
+    return models, drawn
+
+
+def _mutants_of(
+    space: Any, params: dict[str, Any], one: int, two: int, seed: int
+) -> list[tuple[Mutant, tuple[Edit, ...]]]:
+    """`one` one-edit mutants of the answers `params` (half of each kind) and `two`
+    two-edit ones (a one-edit mutant edited once more), with their edits."""
 
     def kind(keeps: bool) -> Any:
         return lambda name: (name.rsplit(".", 1)[-1] in KEEPS_SHAPES) == keeps
 
-    half = count // 2
-    drawn = mutants(params, space, half, names=kind(True), seed=seed)
-    drawn += mutants(params, space, 2 * (count - half), names=kind(False), seed=seed)
-    unique = {to_json(m.architecture): m for m in drawn}  # the two draws may meet
-    chosen = list(unique.values())[:count]
-    reference = Model(REFERENCE, None, dict(params), to_json(et))
-    named = [
-        (Model(f"m{i:02d} {m.edit}", None, dict(m.params), to_json(m.architecture)), m)
-        for i, m in enumerate(chosen)
-    ]
-    return reference, named
+    found: list[tuple[Mutant, tuple[Edit, ...]]] = []
+    if one:
+        half = one // 2
+        singles = mutants(params, space, max(1, half), names=kind(True), seed=seed)[:half]
+        singles += mutants(params, space, one - half, names=kind(False), seed=seed)
+        found += [(m, (m.edit,)) for m in singles]
+    if two:
+        firsts = mutants(params, space, two, seed=seed + 1)
+        for i, first in enumerate(firsts):
+            second = mutants(first.params, space, 1, seed=seed + 2 + i)[0]
+            found.append((second, (first.edit, second.edit)))
+    return found
 
 
 def truth_and_rungs(
-    settings: NasSettings, reference: Model, named: list[tuple[Model, Mutant]], rungs: list[int]
+    settings: NasSettings, parents: dict[str, Model], drawn: list[Drawn], rungs: list[int]
 ) -> tuple[
     list[RetrainRun],
     dict[str, PairedDifference],
@@ -96,9 +154,9 @@ def truth_and_rungs(
     list[dict[str, dict[str, float]]],
 ]:
     """Every model trained to the full budget per seed; each mutant's paired difference from
-    the ET; and each rung's estimate (the mean over seeds of mutant - ET at that step, and
-    each seed's)."""
-    models = [reference, *(model for model, _ in named)]
+    its parent; and each rung's estimate (the mean over seeds of mutant - parent at that
+    step, and each seed's)."""
+    models = [*parents.values(), *(d.model for d in drawn)]
     runs = list(retrain_models(settings, models).runs)
     by = {(r.model, r.seed): r for r in runs if r.error is None}
     seeds = settings.retrain.seeds
@@ -130,19 +188,20 @@ def truth_and_rungs(
     per_seed: list[dict[str, dict[str, float]]] = [
         {label: {} for label in estimates} for _ in seeds
     ]
-    for model, _ in named:
-        truth[model.name] = paired_difference(final(model.name), final(REFERENCE))
+    for candidate in drawn:
+        name, parent = candidate.model.name, candidate.parent
+        truth[name] = paired_difference(final(name), final(parent))
         looks = [(f"rung@{r}", functools.partial(at, step=r)) for r in rungs]
         looks.append((f"extrapolated@{max(rungs)}", functools.partial(curve, upto=max(rungs))))
         for label, look in looks:
             diffs = []
             for i, s in enumerate(seeds):
-                mine, theirs = look(model.name, s), look(REFERENCE, s)
+                mine, theirs = look(name, s), look(parent, s)
                 if mine is not None and theirs is not None:
                     diffs.append(mine - theirs)
-                    per_seed[i][label][model.name] = mine - theirs
+                    per_seed[i][label][name] = mine - theirs
             if diffs:
-                estimates[label][model.name] = statistics.fmean(diffs)
+                estimates[label][name] = statistics.fmean(diffs)
     return runs, truth, estimates, per_seed
 
 
@@ -169,7 +228,7 @@ def extrapolate(points: list[tuple[int, float]], step: int) -> float | None:
 
 def held_out(
     final: dict[tuple[str, int], float],
-    models: list[Model],
+    drawn: list[Drawn],
     seeds: list[int],
     per_seed: list[dict[str, dict[str, float]]],
     costs: dict[str, float],
@@ -180,8 +239,10 @@ def held_out(
     for seed, estimates in zip(seeds, per_seed, strict=True):
         others = [s for s in seeds if s != seed]
         truth = {
-            m.name: paired_difference(_on(final, m.name, others), _on(final, REFERENCE, others))
-            for m in models
+            d.model.name: paired_difference(
+                _on(final, d.model.name, others), _on(final, d.parent, others)
+            )
+            for d in drawn
         }
         for label, values in estimates.items():
             taus[label].append(report(truth, {label: values}, costs)[label]["kendall_tau"])
@@ -231,9 +292,21 @@ def report(
 def _arguments() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=first_paragraph(__doc__))
     parser.add_argument("--experiment", default="search_2h")
-    parser.add_argument("--mutants", type=int, default=12)
+    parser.add_argument("--mutants", type=int, default=24)
     parser.add_argument("--mutant-seed", type=int, default=0)
-    parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2])
+    parser.add_argument(
+        "--parents",
+        nargs="+",
+        default=[REFERENCE, PRIMER_SEED],
+        help="the seed models the mutants are drawn from (the space's named seeds)",
+    )
+    parser.add_argument(
+        "--two-edit-share",
+        type=float,
+        default=0.25,
+        help="of each parent's mutants, the share two edits away",
+    )
+    parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
     parser.add_argument("--rungs", type=int, nargs="+", default=[100, 300, 500])
     parser.add_argument("--inherit-steps", type=int, nargs="+", default=[50, 200])
     parser.add_argument("--out", type=Path, default=OUT)
@@ -267,13 +340,14 @@ def _settings(args: argparse.Namespace, root: Path) -> NasSettings:
     return replace(settings, retrain=retrain)
 
 
-def _costs(args: argparse.Namespace, full: int, mutants: int) -> dict[str, float]:
-    """Each estimate's cost as a share of a full trial."""
+def _costs(args: argparse.Namespace, full: int, mutants: int, parents: int) -> dict[str, float]:
+    """Each estimate's cost as a share of a full trial (an inherited one shares its
+    parent's control with the parent's other children)."""
     return (
         {f"rung@{r}": r / full for r in args.rungs}
         | {f"extrapolated@{max(args.rungs)}": max(args.rungs) / full}
         | {
-            f"{v}@{k}": k / full * (1 + 1 / mutants)  # the control, once per parent, shared
+            f"{v}@{k}": k / full * (1 + parents / mutants)
             for v in ("inherited", "inherited-all")
             for k in args.inherit_steps
         }
@@ -281,25 +355,62 @@ def _costs(args: argparse.Namespace, full: int, mutants: int) -> dict[str, float
 
 
 def _mutants(
-    named: list[tuple[Model, Mutant]],
+    drawn: list[Drawn],
     runs: list[RetrainRun],
     truth: dict[str, PairedDifference],
     estimates: dict[str, dict[str, float]],
 ) -> list[dict[str, Any]]:
-    """The JSON's `mutants`: each one's edit, size, truth and estimates."""
+    """The JSON's `mutants`: each one's parent, edits, size, truth and estimates."""
     return [
         {
-            "name": model.name,
-            "edit": str(m.edit),
-            "kind": "keeps shapes"
-            if m.edit.name.rsplit(".", 1)[-1] in KEEPS_SHAPES
-            else "changes shapes",
-            "params": next((r.parameters for r in runs if r.model == model.name), None),
-            "truth": truth[model.name].to_dict(),
-            "estimates": {label: values.get(model.name) for label, values in estimates.items()},
+            "name": d.model.name,
+            "parent": d.parent,
+            "edits": [str(e) for e in d.edits],
+            "kind": d.kind,
+            "params": next((r.parameters for r in runs if r.model == d.model.name), None),
+            "truth": truth[d.model.name].to_dict(),
+            "estimates": {label: values.get(d.model.name) for label, values in estimates.items()},
         }
-        for model, m in named
+        for d in drawn
     ]
+
+
+def _by_kind(
+    drawn: list[Drawn], truth: dict[str, PairedDifference], estimates: dict[str, dict[str, float]]
+) -> dict[str, dict[str, Any]]:
+    """Each estimate's Kendall tau within each parent and each kind of mutant."""
+    groups: dict[str, list[str]] = {}
+    for d in drawn:
+        groups.setdefault(f"parent {d.parent}", []).append(d.model.name)
+        groups.setdefault(d.kind, []).append(d.model.name)
+    return {
+        group: {
+            label: kendall_tau(
+                [values[n] for n in names if n in values],
+                [truth[n].mean for n in names if n in values],
+            )
+            for label, values in estimates.items()
+        }
+        | {"mutants": len(names)}
+        for group, names in groups.items()
+    }
+
+
+def _seconds_per_candidate(
+    costs: dict[str, float],
+    truth_s: float,
+    truth_runs: int,
+    inherited: dict[str, float],
+    candidates: int,
+) -> dict[str, float]:
+    """Seconds of one core per candidate for each estimate: a rung or an extrapolation as
+    its share of a full run (the truth's runs, two at a time on two cores); an inherited
+    estimate as its workers measured it (its parents' controls shared out)."""
+    full_run_s = 2 * truth_s / max(1, truth_runs)  # the runs train side by side, one per core
+    rows = {label: share * full_run_s for label, share in costs.items() if "@" in label}
+    rows |= {label: spent / max(1, candidates) for label, spent in inherited.items()}
+    rows["full budget"] = full_run_s
+    return rows
 
 
 def main() -> None:
@@ -311,28 +422,45 @@ def main() -> None:
     clock = Clock()
     root = args.work or Path(tempfile.mkdtemp(prefix="fidelity_"))
     settings = _settings(args, root)
-    reference, named = draw(settings, args.mutants, args.mutant_seed)
-    print(f"{len(named)} mutants: " + "; ".join(model.name for model, _ in named), flush=True)
+    parents, drawn = draw(
+        settings, args.mutants, args.mutant_seed, args.parents, args.two_edit_share
+    )
+    print(f"{len(drawn)} mutants: " + "; ".join(d.model.name for d in drawn), flush=True)
     truth_started = time.perf_counter()
-    runs, truth, estimates, per_seed = truth_and_rungs(settings, reference, named, args.rungs)
+    runs, truth, estimates, per_seed = truth_and_rungs(settings, parents, drawn, args.rungs)
     truth_s = time.perf_counter() - truth_started
-    means, seeds = inherited(settings, reference, named, args.inherit_steps, root / "inherited")
+    inherited_started = time.perf_counter()
+    means, seeds, seconds = inherited(
+        settings, parents, drawn, args.inherit_steps, root / "inherited"
+    )
+    inherited_s = time.perf_counter() - inherited_started
     estimates |= means
     per_seed = [rungs | inheriting for rungs, inheriting in zip(per_seed, seeds, strict=True)]
     full = settings.retrain.steps or settings.train.steps
-    costs = _costs(args, full, len(named))
+    costs = _costs(args, full, len(drawn), len(parents))
     final = {(r.model, r.seed): r.metrics["validation_loss"] for r in runs if r.error is None}
     truth_by_seed = [
-        {m.name: final[m.name, s] - final[REFERENCE, s] for m, _ in named if (m.name, s) in final}
+        {
+            d.model.name: final[d.model.name, s] - final[d.parent, s]
+            for d in drawn
+            if (d.model.name, s) in final and (d.parent, s) in final
+        }
         for s in args.seeds
-        if (REFERENCE, s) in final
     ]
     document = {
         "experiment": args.experiment,
         "overrides": args.overrides,
         "seeds": args.seeds,
+        "parents": list(parents),
+        "two_edit_share": args.two_edit_share,
         "full_budget_steps": full,
         "truth_seconds": truth_s,
+        "inherited_seconds": inherited_s,
+        # what each estimate costs per candidate, in seconds of one core (the inherited
+        # ones as their workers measured them; a rung as its share of a full run's)
+        "seconds_per_candidate": _seconds_per_candidate(
+            costs, truth_s, len(runs), seconds, len(drawn)
+        ),
         "noise_ceiling_tau": noise_ceiling(*truth_by_seed[:2]) if len(truth_by_seed) >= 2 else None,
         "noise_ceiling_tau_pairs": [
             noise_ceiling(a, b) for a, b in itertools.combinations(truth_by_seed, 2)
@@ -340,11 +468,13 @@ def main() -> None:
         "agreement": report(truth, estimates, costs),
         # what a study sees: an estimate from one training seed, against the truth measured
         # on the other seeds (a rung and the truth of one seed share that seed's noise)
-        "agreement_held_out": held_out(final, [m for m, _ in named], args.seeds, per_seed, costs),
-        "mutants": _mutants(named, runs, truth, estimates),
-        "reference_validation_loss": [
-            r.metrics.get("validation_loss") for r in runs if r.model == REFERENCE
-        ],
+        "agreement_held_out": held_out(final, drawn, args.seeds, per_seed, costs),
+        "agreement_by_kind": _by_kind(drawn, truth, estimates),
+        "mutants": _mutants(drawn, runs, truth, estimates),
+        "parents_validation_loss": {
+            name: [r.metrics.get("validation_loss") for r in runs if r.model == name]
+            for name in parents
+        },
         "train": asdict(settings.train),
         "wall_s": clock.seconds(),
         **clock.load_average(),

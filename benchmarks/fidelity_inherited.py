@@ -1,6 +1,6 @@
 """The inherited estimates of `fidelity.py`: one worker process per training seed, pinned
-to a core, trains the ET to the full budget, then the control and every child k steps from
-its weights.
+to a core, trains each parent (a seed model) to the full budget, then its control and each
+of its children k steps from its weights.
 
 Why it exists: `fidelity.py` is the entry point (the truth, the rungs, the agreement); the
 inherited runs run in processes of their own (`fidelity.py --inherited-worker FOLDER SEED`)
@@ -17,6 +17,7 @@ import pickle
 import statistics
 import subprocess
 import sys
+import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -24,7 +25,6 @@ from typing import Any
 from _run import usable_cores
 
 from nas.retrain.stage import Model
-from nas.search.edits import Mutant
 from nas.settings import NasSettings
 from search_spaces.architecture import from_json
 from search_spaces.edited import edited_tensors
@@ -35,19 +35,21 @@ CONTINUATION_SEED = 1000  # the inherited runs' batches: seed + this, an order n
 
 def inherited(
     settings: NasSettings,
-    reference: Model,
-    named: list[tuple[Model, Mutant]],
+    parents: dict[str, Model],
+    drawn: list[Any],
     ks: list[int],
     folder: Path,
-) -> tuple[dict[str, dict[str, float]], list[dict[str, dict[str, float]]]]:
-    """The inherited estimates (the mean over seeds, and each seed's), one worker process
-    per training seed, side by side; a seed whose figures `folder` holds is not run again."""
+) -> tuple[dict[str, dict[str, float]], list[dict[str, dict[str, float]]], dict[str, float]]:
+    """The inherited estimates (the mean over seeds, and each seed's: child - its parent's
+    control), one worker process per training seed, side by side, and the core-seconds
+    each estimate took per seed; a seed whose figures `folder` holds is not run again.
+    `drawn`: `fidelity.Drawn`s (a model, its parent's name, its edits)."""
     folder.mkdir(parents=True, exist_ok=True)
     one = replace(settings.pipeline, n_stages=1, threads_per_stage=1, n_microbatches=1)
     job = {
         "settings": replace(settings, pipeline=one),  # one stage process on one core
-        "reference": reference,
-        "children": [(model, m.edit.name, m.edit.old, m.edit.new) for model, m in named],
+        "parents": parents,
+        "children": [(d.model, d.parent, [(e.name, e.old, e.new) for e in d.edits]) for d in drawn],
         "ks": ks,
     }
     (folder / "job.pkl").write_bytes(pickle.dumps(job))
@@ -64,11 +66,12 @@ def inherited(
     per_seed = [
         json.loads((folder / f"seed-{seed}.json").read_text()) for seed in settings.retrain.seeds
     ]
+    labels = [f"{variant}@{k}" for variant in ("inherited", "inherited-all") for k in ks]
     seeds: list[dict[str, dict[str, float]]] = [
         {
             f"{variant}@{k}": {
-                model.name: s[variant][str(k)][model.name] - s["control"][str(k)]
-                for model, _ in named
+                d.model.name: s[variant][str(k)][d.model.name] - s["control"][str(k)][d.parent]
+                for d in drawn
             }
             for variant in ("inherited", "inherited-all")
             for k in ks
@@ -79,7 +82,8 @@ def inherited(
         label: {name: statistics.fmean(seed[label][name] for seed in seeds) for name in rows}
         for label, rows in seeds[0].items()
     }
-    return estimates, seeds
+    seconds = {label: statistics.fmean(s["seconds"][label] for s in per_seed) for label in labels}
+    return estimates, seeds, seconds
 
 
 def inherited_worker(folder: Path, seed: int) -> None:
@@ -97,36 +101,60 @@ def inherited_worker(folder: Path, seed: int) -> None:
 
 
 def _continue(ctx: Any, job: dict[str, Any], seed: int) -> dict[str, Any]:
-    """(In the stage process) train the ET to the full budget with `seed`, then the control
-    and every child k steps from its weights (module doc); their validation losses."""
+    """(In the stage process) train each parent to the full budget with `seed`, then its
+    control and each of its children k steps from its weights (module doc); their
+    validation losses, and the seconds each estimate took (its parents' controls included;
+    the parents' full runs are the truth's)."""
     from nas.study import training
     from nas.tasks import get_task
 
     settings: NasSettings = job["settings"]
     task = get_task(settings.task.name, **settings.task.options)
-    reference: Model = job["reference"]
-    parent = _build(settings, task, reference, seed, settings.train.steps)
-    source = training.batches(task, settings.train.batch_size, seed)
-    for _ in training.steps(parent, source, start=0, count=settings.train.steps):
-        pass
-    snapshot = parent.snapshot()
-    parent.close()
-    out: dict[str, Any] = {"control": {}, "inherited": {}, "inherited-all": {}}
+    out: dict[str, Any] = {"control": {}, "inherited": {}, "inherited-all": {}, "seconds": {}}
     for k in job["ks"]:
-        pipe = _build(settings, task, reference, seed, k)
-        out["control"][str(k)] = _score(pipe, settings, task, reference, snapshot, seed, k)
-        out["inherited"][str(k)], out["inherited-all"][str(k)] = {}, {}
-        for model, name, old, new in job["children"]:
-            fresh = edited_tensors(name, old, new, from_json(model.architecture))
-            kept = snapshot.without(fresh)
-            out["inherited"][str(k)][model.name] = _score(
-                pipe, settings, task, model, kept, seed, k
-            )
-            out["inherited-all"][str(k)][model.name] = _score(
-                pipe, settings, task, model, snapshot, seed, k
-            )
-        pipe.close()
+        for variant in ("control", "inherited", "inherited-all"):
+            out[variant][str(k)] = {}
+        out["seconds"] |= {f"inherited@{k}": 0.0, f"inherited-all@{k}": 0.0}
+    for name, parent in job["parents"].items():
+        trained = _build(settings, task, parent, seed, settings.train.steps)
+        source = training.batches(task, settings.train.batch_size, seed)
+        for _ in training.steps(trained, source, start=0, count=settings.train.steps):
+            pass
+        snapshot = trained.snapshot()
+        trained.close()
+        children = [c for c in job["children"] if c[1] == name]
+        for k in job["ks"]:
+            pipe = _build(settings, task, parent, seed, k)
+            started = time.perf_counter()
+            out["control"][str(k)][name] = _score(pipe, settings, task, parent, snapshot, seed, k)
+            control_s = time.perf_counter() - started
+            for variant in ("inherited", "inherited-all"):
+                out["seconds"][f"{variant}@{k}"] += control_s
+            for model, _, edits in children:
+                fresh = _fresh(edits, from_json(model.architecture))
+                for variant, weights in (
+                    ("inherited", snapshot.without(fresh)),
+                    ("inherited-all", snapshot),
+                ):
+                    started = time.perf_counter()
+                    out[variant][str(k)][model.name] = _score(
+                        pipe, settings, task, model, weights, seed, k
+                    )
+                    out["seconds"][f"{variant}@{k}"] += time.perf_counter() - started
+            pipe.close()
     return out
+
+
+def _fresh(edits: list[tuple[str, Any, Any]], child: Any) -> list[str]:
+    """The tensors of `child` its edits touch (those start afresh); an edit whose parameter
+    the child no longer asks (its second edit removed it) touches none."""
+    fresh: list[str] = []
+    for edit in edits:
+        try:
+            fresh += edited_tensors(*edit, child)
+        except ValueError:
+            continue
+    return fresh
 
 
 def _build(settings: NasSettings, task: Any, model: Model, seed: int, steps: int) -> Any:
