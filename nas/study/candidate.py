@@ -130,31 +130,40 @@ class CandidateTrainer:
     ) -> tuple[ElasticPipeline, dict[str, Any]]:
         """A trial measured at the full budget with fitness `value` on the study's seed:
         when it would lead (`nas.study.leading`), trained again from scratch on the second
-        seed, and the leader on it where the leader lacks it; what it records."""
+        seed, and the leader on it where the leader lacks it; what it records. The pipeline
+        returned holds the trial's own weights again (what a pool keeps resident)."""
         settings = self.settings
         seed, second = settings.seed, settings.study.confirm_seed
         assert second is not None
         values = {str(seed): value}
-        challenge = self.decide("decide a challenge", Leader.challenge, value)
-        if challenge is None:
-            return pipe, {SEED_VALUES: values}
-        pipe, evaluation = self._measure_quietly(pipe, specs, second)
-        values[str(second)] = float(evaluation[settings.study.fitness])
-        steps = settings.train.steps
-        if challenge.architecture is not None:  # the leader, paired on the second seed
-            arch = from_json(challenge.architecture)
-            leader = training.compile_model(arch, self.task, settings.train.dropout)[0]
-            pipe, evaluation = self._measure_quietly(pipe, leader, second)
-            measured = float(evaluation[settings.study.fitness])
-            self.decide(
-                "record the leader's second seed",
-                Leader.record_seed_value,
-                challenge.leader,
-                second,
-                measured,
-            )
-            steps *= 2
-        return pipe, {SEED_VALUES: values, "confirmation_steps": steps}
+        own: WeightSnapshot | None = None
+        try:
+            challenge = self.decide("decide a challenge", Leader.challenge, value)
+            if challenge is None:
+                return pipe, {SEED_VALUES: values}
+            own = pipe.snapshot()
+            pipe, evaluation = self._measure_quietly(pipe, specs, second)
+            values[str(second)] = float(evaluation[settings.study.fitness])
+            steps = settings.train.steps
+            if challenge.architecture is not None:  # the leader, paired on the second seed
+                arch = from_json(challenge.architecture)
+                leader = training.compile_model(arch, self.task, settings.train.dropout)[0]
+                pipe, evaluation = self._measure_quietly(pipe, leader, second)
+                measured = float(evaluation[settings.study.fitness])
+                self.decide(
+                    "record the leader's second seed",
+                    Leader.record_seed_value,
+                    challenge.leader,
+                    second,
+                    measured,
+                )
+                steps *= 2
+        except (LeaderError, *training.RUN_ERRORS) as error:  # raised on every rank
+            reason, _ = training.failure(error)  # measured once: it stands on that seed
+            confirmed = {SEED_VALUES: {str(seed): value}, "confirmation_failed": reason}
+        else:
+            confirmed = {SEED_VALUES: values, "confirmation_steps": steps}
+        return (pipe if own is None else self._build(pipe, specs, own)), confirmed
 
     def _measure_quietly(
         self, pipe: ElasticPipeline, specs: list[LayerSpec], seed: int
