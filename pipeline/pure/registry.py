@@ -92,6 +92,12 @@ class Registry(Mapping[str, T], Generic[T]):
             raise ValueError(f"a {self.kind} named {name!r} is registered; pass replace=True")
         self._members[name] = member
 
+    def unregister(self, name: str) -> None:
+        """Remove the member called `name` (a test's own member, once it is done)."""
+        if name not in self._members:
+            raise UnknownName(self._unknown(name))
+        del self._members[name]
+
     def find(self, name: str) -> T:
         """The member called `name`, or a user's class by import path (module docstring);
         `UnknownName` naming the valid ones otherwise."""

@@ -36,6 +36,8 @@ def test_members_are_found_by_name_in_the_order_registered() -> None:
         registry.register("tri", Square)
     registry.register("tri", Square, replace=True)
     assert registry["tri"] is Square
+    registry.unregister("tri")
+    assert "tri" not in registry
     with pytest.raises(ValueError, match="needs a plain name"):
         registry.register("pkg.mod:Thing", Shape)
 

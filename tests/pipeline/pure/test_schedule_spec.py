@@ -36,7 +36,7 @@ def _gpipe_backwards_reversed(n_stages: int, n_microbatches: int, stage: int) ->
 def registered() -> Iterator[ScheduleSpec]:
     spec = register_schedule(ScheduleSpec("reversed_gpipe", _gpipe_backwards_reversed))
     yield spec
-    SCHEDULES.pop("reversed_gpipe")
+    SCHEDULES.unregister("reversed_gpipe")
 
 
 def test_a_registered_spec_validates_simulates_and_plans_like_a_built_in_one(
@@ -132,7 +132,7 @@ def test_a_registered_name_wins_over_an_alias() -> None:
     try:
         assert get_schedule("ScheduleGPipe") is mine
     finally:
-        SCHEDULES.pop("schedulegpipe")
+        SCHEDULES.unregister("schedulegpipe")
     assert get_schedule("ScheduleGPipe") is SCHEDULES["gpipe"]
 
 
