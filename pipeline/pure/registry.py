@@ -68,7 +68,9 @@ class Registry(Mapping[str, T], Generic[T]):
             raise UnknownName(self._unknown(name))
         member = self._members[name]
         if isinstance(member, str):  # registered by import path: imported now, once
-            self._members[name] = member = self._import(name, member)
+            loaded = self._import(name, member)
+            self._members[name] = loaded
+            return loaded
         return member
 
     def __contains__(self, name: object) -> bool:
