@@ -148,7 +148,7 @@ def test_a_trial_that_would_lead_is_measured_again_paired_with_the_leader(tmp_pa
         return statistics.fmean([first[number], *([seven[number]] if number in seven else [])])
 
     confirmed = 0
-    for t in [t for t in study.trials if counted(t)]:
+    for t in study.get_trials(states=(optuna.trial.TrialState.COMPLETE,)):
         values = {int(k): v for k, v in t.user_attrs["seed_values"].items()}
         best = min(first, key=lambda n: (standing(n), n), default=None)
         challenger = best is not None and values[0] < standing(best)
