@@ -160,7 +160,10 @@ class CandidateTrainer:
                 steps *= 2
         except (LeaderError, *training.RUN_ERRORS) as error:  # raised on every rank
             reason, _ = training.failure(error)  # measured once: it stands on that seed
-            confirmed = {SEED_VALUES: {str(seed): value}, "confirmation_failed": reason}
+            confirmed: dict[str, Any] = {
+                SEED_VALUES: {str(seed): value},
+                "confirmation_failed": reason,
+            }
         else:
             confirmed = {SEED_VALUES: values, "confirmation_steps": steps}
         return (pipe if own is None else self._build(pipe, specs, own)), confirmed

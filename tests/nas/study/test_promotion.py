@@ -38,10 +38,10 @@ def _trial(
 
 
 def _child(value: float, difference: float, parent: int, *, promoted: bool = False) -> Any:
+    """A child judged at inherited fidelity (promoted: then measured in full)."""
     fidelity = Fidelity.PROMOTED if promoted else Fidelity.INHERITED
-    return _trial(
-        value, fidelity, difference_validation_loss=difference, **{INHERITED_FROM: parent}
-    )
+    attrs: dict[str, Any] = {"difference_validation_loss": difference, INHERITED_FROM: parent}
+    return _trial(value, fidelity, **attrs)
 
 
 def test_the_best_measurement_is_the_bar_and_an_estimate_never_is() -> None:
