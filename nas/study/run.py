@@ -180,7 +180,7 @@ def _on_pool(settings: NasSettings, study: optuna.Study) -> StudyResult:
             size,
             threads_per_process=shape.pool_threads(settings),
             timeout_s=p.timeout_s,
-            keep_resident=max(_KEEP, int(settings.sampler.options.get("population_size", 0))),
+            keep_resident=_weights_kept(settings),
         ) as pool,
         PoolService(pool) as service,
     ):
@@ -253,7 +253,7 @@ def _stage_main(
             settings,
             task,
             decide,
-            WeightBank(keep=max(_KEEP, int(settings.sampler.options.get("population_size", 0)))),
+            WeightBank(keep=_weights_kept(settings)),
             training.rates(settings.train),  # one schedule: the pipeline keeps it
             shape.load_cache(),
             overheads,
@@ -315,3 +315,9 @@ def _merged(
         sum(r.restarts for r in results),
         tuple(d for r in results for d in r.run_dirs),
     )
+
+
+def _weights_kept(settings: NasSettings) -> int:
+    """How many trained trials' weights a worker keeps for later children: its sampler's
+    population, where it has one, at least `_KEEP`."""
+    return max(_KEEP, int(settings.sampler.options.get("population_size", 0)))

@@ -58,15 +58,19 @@ def no_pruning(settings: NasSettings) -> str | None:
     trial); None where it can: any pruner prunes a single-objective study, only a
     `FitnessPruner` (on the fitness) a multi-objective one."""
     name, objectives = settings.pruner.name, settings.study.objectives
-    found = PRUNERS.find(name)
-    if len(objectives) == 1 or (isinstance(found, type) and issubclass(found, FitnessPruner)):
+    if len(objectives) == 1 or _judges_fitness(PRUNERS.find(name)):
         return None
-    able = [n for n, p in PRUNERS.items() if isinstance(p, type) and issubclass(p, FitnessPruner)]
+    able = [n for n, member in PRUNERS.items() if _judges_fitness(member)]
     return (
         f"pruner {name} judges one objective and this study has {len(objectives)} "
         f"({', '.join(objectives)}): no trial is pruned (pruners that judge the fitness, "
         f"{settings.study.fitness}, alone: {', '.join(able)})"
     )
+
+
+def _judges_fitness(member: object) -> bool:
+    """Whether a pruner class offers `prune_on_fitness` (`FitnessPruner`)."""
+    return isinstance(member, type) and issubclass(member, FitnessPruner)
 
 
 class TrainableProposals:
