@@ -93,10 +93,11 @@ def run(cfg: DictConfig) -> None:
     job_log.publish()  # the stage processes log to this job's log file too
     from nas.retrain.stage import retrain  # after composing: --help and --cfg stay fast
     from nas.storage.opening import StorageError
+    from nas.study.opening import StudyMismatchError
     from nas.study.run import run_study
     from nas.study.space import SeedError, seed_models
     from nas.tasks import TaskInputError, check_task
-    from pipeline import lead_process
+    from pipeline import StageFailedError, lead_process
 
     logger.info(
         "study %s: stages %s, run folder %s",
@@ -127,8 +128,15 @@ def run(cfg: DictConfig) -> None:
             from nas.report import report_study
 
             report_study(settings, result, retrained)
-    except (StorageError, TaskInputError, SeedError) as error:  # storage, corpus, seed file
+    # storage, a stored study of another search, corpus, seed file
+    except (StorageError, StudyMismatchError, TaskInputError, SeedError) as error:
         logger.error("%s", error)  # file or task option: one line, no traceback
+        sys.exit(1)
+    except StageFailedError as error:  # a stage process killed (or out of memory) mid-run
+        logger.error(
+            "%s; the same command again resumes (finished trials and retraining runs are kept)",
+            " ".join(str(error).split()),
+        )
         sys.exit(1)
 
 

@@ -17,6 +17,7 @@ benchmarks): `conf/` of the checkout under an editable install, the copy in
 
 from __future__ import annotations
 
+import dataclasses
 from importlib.resources import files
 
 from hydra.core.config_store import ConfigStore
@@ -46,10 +47,38 @@ def register() -> None:
 
 def to_settings(cfg: DictConfig) -> NasSettings:
     """The typed settings of a composed config (validated on the way)."""
+    unknown = _unknown_keys(cfg)
+    if unknown:
+        key = unknown[0]
+        part = key.rpartition(".")[0]
+        where = f"valid keys of {part}" if part else "valid top-level keys"
+        raise ValueError(
+            f"{key} is not a setting; {where}: {', '.join(keys_of(NasSettings, part))}"
+        )
     settings = OmegaConf.to_object(cfg)
     if not isinstance(settings, NasSettings):
         raise TypeError(f"the composed config is a {type(settings).__name__}, not NasSettings")
     return settings
+
+
+def _unknown_keys(node: DictConfig, where: str = "") -> list[str]:
+    """The keys of `node` (a settings part) and its parts that no settings field names: a
+    key added with `+` that the settings would drop unread. Free-form mappings (a task's or
+    a sampler's `options`) may hold any key."""
+    kind = OmegaConf.get_type(node)
+    if not dataclasses.is_dataclass(kind):
+        return []
+    names = {f.name for f in dataclasses.fields(kind)}
+    found = []
+    for key in node:
+        path = f"{where}{key!s}"
+        if key not in names:
+            found.append(path)
+            continue
+        child = None if OmegaConf.is_missing(node, key) else node[key]
+        if isinstance(child, DictConfig):
+            found.extend(_unknown_keys(child, f"{path}."))
+    return found
 
 
 def one_line(error: BaseException) -> str:

@@ -213,7 +213,10 @@ class ExportedModel(nn.Module):
             raise ModelFolderError(
                 f"{found.config_file} does not describe a model: {error}"
             ) from error
-        found.load_into(model)
+        try:
+            found.load_into(model)
+        except ModelFolderError as error:
+            raise ModelFolderError(f"{error}{_vocabulary_note(model)}") from None
         model.folder = folder
         return model.to(map_location).eval()
 
@@ -310,6 +313,15 @@ class TranslationModel(ExportedModel):
             width=self.max_length if self.fixed_length else None,
             device=next(self.parameters()).device,
         )
+
+
+def _vocabulary_note(model: ExportedModel) -> str:
+    """What a weights file at odds with its folder's tokenizer files may mean: a tokenizer
+    copied from another model ("" for a character vocabulary, kept in config.json)."""
+    files = ", ".join(model.config.tokenizers)
+    if not files:
+        return ""
+    return f" (the vocabulary read from {files} has {len(model.vocab)} pieces: another model's?)"
 
 
 def load_model(path: str | Path, *, map_location: str | torch.device = "cpu") -> ExportedModel:

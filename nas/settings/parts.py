@@ -108,7 +108,19 @@ class SearchSpaceSettings(Settings):
     )
 
     def rules(self) -> tuple[str | None, ...]:
-        return (self._cells_in_order(),)
+        return (self._cells_in_order(), self._window_in_order())
+
+    def _window_in_order(self) -> str | None:
+        window = self.param_window
+        if window is None:
+            return None
+        if len(window) != 2 or not 0 <= window[0] < window[1]:
+            return (
+                f"search_space.param_window={list(window)} holds no model; valid: [low, high] "
+                "with 0 <= low < high, fractions of the reference's body parameters, e.g. "
+                "[0.3, 1.02]"
+            )
+        return None
 
     def _cells_in_order(self) -> str | None:
         if self.min_cells > self.max_cells:

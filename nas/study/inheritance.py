@@ -21,11 +21,26 @@ A study inherits weights one of two ways (`nas.settings.study` refuses both at o
    (`load_snapshot`).
 
 Either way, a trial that started from another's weights says which (`inherited_attrs`).
+
+The store is a folder that can fail like any other (`benchmarks/soak.py` makes it so): a
+disk that fills, a folder made read-only, a file truncated or changed after it was written.
+None of these stops a study:
+
+    keep      a weights file that cannot be written to the store is logged and recorded on
+              its trial (`weights_not_kept`); the trial completes and its children train
+              from scratch
+    fetch     a parent's file is downloaded beside its final name and moved there once
+              whole, then checked against the SHA-256 recorded when it was kept
+              (`weights_sha256`) and opened; one that cannot be read or does not match
+              raises `WeightsError` naming the trial and the artifact, and the child trains
+              from scratch with that cause recorded (`inherit_refused`)
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import logging
 import shutil
 import tempfile
 from collections import OrderedDict
@@ -36,7 +51,8 @@ from typing import Any
 import optuna
 import torch
 from optuna.artifacts import FileSystemArtifactStore, download_artifact, upload_artifact
-from safetensors import safe_open
+from optuna.artifacts.exceptions import ArtifactNotFound
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
 from nas.settings import NasSettings
@@ -44,20 +60,35 @@ from pipeline import ElasticPipeline, WeightSnapshot
 
 __all__ = [
     "INHERITED_FROM",
+    "INHERIT_REFUSED",
     "WEIGHTS_ARTIFACT",
+    "WEIGHTS_NOT_KEPT",
+    "WEIGHTS_SHA256",
     "TrialWeights",
     "WeightBank",
+    "WeightsError",
     "artifact_store",
+    "check_weights",
     "inherited_attrs",
     "keep_weights",
     "load_snapshot",
     "save_weights",
+    "sha256_of",
     "weights_file",
 ]
 
 INHERITED_FROM = "inherited_from"  # a trial's user attribute: the trial whose weights it took
 WEIGHTS_ARTIFACT = "weights_artifact"  # a trial's user attribute: its weights' artifact id
+WEIGHTS_SHA256 = "weights_sha256"  # a trial's user attribute: its weights file's SHA-256
+WEIGHTS_NOT_KEPT = "weights_not_kept"  # a trial's user attribute: why the store lacks them
+INHERIT_REFUSED = "inherit_refused"  # a child's: why it did not take its parent's weights
 _SEPARATOR = "::"  # layer key and tensor name in a flat safetensors name
+
+logger = logging.getLogger(__name__)
+
+
+class WeightsError(RuntimeError):
+    """A trial's kept weights cannot be fetched from the store, or are damaged."""
 
 
 def inherited_attrs(source: int, fresh_tensors: int | None = None) -> dict[str, Any]:
@@ -118,9 +149,13 @@ class WeightBank:
 
 def artifact_store(settings: NasSettings) -> FileSystemArtifactStore:
     """The study's artifact store: `<studies_dir>/artifacts` (shared by the workers that
-    share the study's storage on one machine or one file system)."""
+    share the study's storage on one machine or one file system). A folder that cannot be
+    made now is logged: each weights file is then not kept, with its cause (module doc)."""
     base = Path(settings.studies_dir) / "artifacts"
-    base.mkdir(parents=True, exist_ok=True)
+    try:
+        base.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        logger.warning("the artifact store %s cannot be made now: %s", base, error)
     return FileSystemArtifactStore(str(base))
 
 
@@ -152,10 +187,36 @@ def load_snapshot(path: str | Path, rank: int, world_size: int) -> WeightSnapsho
 
 
 def keep_weights(trial: optuna.Trial, store: FileSystemArtifactStore, path: Path) -> str:
-    """Upload `path` as `trial`'s weights (before it is told); its artifact id."""
+    """Upload `path` as `trial`'s weights (before it is told), its SHA-256 beside; its
+    artifact id."""
+    digest = sha256_of(path)
     artifact = upload_artifact(artifact_store=store, file_path=str(path), study_or_trial=trial)
+    trial.set_user_attr(WEIGHTS_SHA256, digest)
     trial.set_user_attr(WEIGHTS_ARTIFACT, artifact)
     return artifact
+
+
+def sha256_of(path: Path) -> str:
+    """The SHA-256 of the file at `path`, hexadecimal."""
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def check_weights(path: Path, sha256: str | None) -> None:
+    """Raise `ValueError` unless the weights file at `path` has the SHA-256 `sha256` (when
+    one was recorded) and opens as the weights `save_weights` writes, every tensor read."""
+    if sha256 is not None and (found := sha256_of(path)) != sha256:
+        raise ValueError(f"its SHA-256 is {found[:12]}..., {sha256[:12]}... was recorded")
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            json.loads((f.metadata() or {})["keys"])
+            for name in f.keys():  # noqa: SIM118 (safe_open is not a mapping)
+                f.get_tensor(name)
+    except (SafetensorError, KeyError, json.JSONDecodeError) as error:
+        raise ValueError(f"it is not a whole weights file ({error})") from error
 
 
 def weights_file(folder: Path, number: int) -> Path:
@@ -177,21 +238,39 @@ class TrialWeights:
         return weights_file(self._folder, number)
 
     def download(self, trial: optuna.trial.FrozenTrial) -> Path | None:
-        """The local file of a trial's kept weights (downloaded once), or None when it kept
-        none."""
+        """The local file of a trial's kept weights (downloaded and checked once), or None
+        when it kept none; `WeightsError` when they cannot be fetched or are damaged
+        (module doc: fetch)."""
         artifact = trial.user_attrs.get(WEIGHTS_ARTIFACT)
         if artifact is None:
             return None
         path = self.file(trial.number)
-        if not path.exists():
-            download_artifact(artifact_store=self._store, file_path=str(path), artifact_id=artifact)
+        if path.exists():
+            return path
+        part = path.with_name(path.name + ".part")
+        part.unlink(missing_ok=True)
+        try:
+            download_artifact(artifact_store=self._store, file_path=str(part), artifact_id=artifact)
+            check_weights(part, trial.user_attrs.get(WEIGHTS_SHA256))
+        except (OSError, ArtifactNotFound, ValueError) as error:
+            part.unlink(missing_ok=True)
+            raise WeightsError(
+                f"trial {trial.number}'s weights (artifact {artifact}) cannot be used: {error}"
+            ) from error
+        part.replace(path)
         return path
 
     def keep(self, trial: optuna.Trial) -> None:
-        """Keep a complete trial's weights in the store, if it wrote them."""
+        """Keep a complete trial's weights in the store, if it wrote them; a store that
+        cannot take them is logged and recorded on the trial (module doc: keep)."""
         weights = self.file(trial.number)
-        if weights.exists():
+        if not weights.exists():
+            return
+        try:
             keep_weights(trial, self._store, weights)
+        except OSError as error:
+            logger.warning("trial %d's weights are not kept: %s", trial.number, error)
+            trial.set_user_attr(WEIGHTS_NOT_KEPT, f"{type(error).__name__}: {error}")
 
     def remove(self) -> None:
         """Remove the local folder (the store keeps what counts)."""

@@ -82,7 +82,8 @@ def parent_of(
     study: optuna.Study, parent: int, settings: NasSettings, weights: TrialWeights
 ) -> InheritFrom | None:
     """Trial `parent`'s weights (downloaded by `weights`), metrics and control, or None when
-    it did not complete or kept no weights: its child trains from scratch."""
+    it did not complete or kept no weights: its child trains from scratch
+    (`nas.study.inheritance.WeightsError` when its kept weights cannot be used)."""
     stored = study.get_trials(deepcopy=False)[parent]
     path = weights.download(stored) if stored.state == TrialState.COMPLETE else None
     if path is None:

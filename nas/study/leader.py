@@ -49,7 +49,7 @@ from nas.settings import NasSettings, lower_is_better
 from nas.study import judging, leading, promotion
 from nas.study.asking import Asker
 from nas.study.bars import StudyBars
-from nas.study.inheritance import TrialWeights
+from nas.study.inheritance import INHERIT_REFUSED, TrialWeights, WeightsError
 from nas.study.judging import InheritFrom
 from nas.study.opening import open_study
 from nas.study.running import RunningTrial
@@ -285,7 +285,11 @@ class Leader:
             return TrialOrder(trial.number, arch_json, parent, edited)
         source = None
         if parent is not None:
-            source = judging.parent_of(self.study, parent, self.settings, self.weights)
+            try:
+                source = judging.parent_of(self.study, parent, self.settings, self.weights)
+            except WeightsError as error:  # the child trains from scratch, saying why
+                logger.warning("trial %d trains from scratch: %s", trial.number, error)
+                trial.set_user_attr(INHERIT_REFUSED, str(error))
         weights_to = str(self.weights.file(trial.number))
         return TrialOrder(trial.number, arch_json, parent, edited, source, weights_to)
 

@@ -3,7 +3,10 @@
 Every process that reads or writes a study opens it here: the caller of `run_study`, each
 worker's leader (`nas.study.leader`), the report and the retraining. A study is its name
 on its storage; the sampler, the pruner and the seeds come from the settings
-(`nas.study.strategies`, `nas.study.space`).
+(`nas.study.strategies`, `nas.study.space`). A stored study of another search (other
+directions, or trials whose answers the configured space cannot replay: a study another
+program made under that name, or this space configured otherwise) is refused before
+anything is written to it (`StudyMismatchError`).
 """
 
 from __future__ import annotations
@@ -14,10 +17,15 @@ import optuna
 
 from nas import storage
 from nas.settings import NasSettings
+from nas.storage.url import masked
 from nas.study.space import configured_space, seed_models
 from nas.study.strategies import study_pruner, study_sampler
 
-__all__ = ["open_study"]
+__all__ = ["StudyMismatchError", "open_study"]
+
+
+class StudyMismatchError(ValueError):
+    """The stored study of that name was made by another search: which, and why."""
 
 
 def open_study(settings: NasSettings) -> optuna.Study:
@@ -39,6 +47,7 @@ def open_study(settings: NasSettings) -> optuna.Study:
         sampler=study_sampler(settings),
         pruner=study_pruner(settings),
     )
+    _same_search(study, settings)
     if study.metric_names is None:  # the dashboard and `trials_dataframe` show them
         with warnings.catch_warnings():  # "experimental" in Optuna 5
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
@@ -48,3 +57,26 @@ def open_study(settings: NasSettings) -> optuna.Study:
         for arch in seed_models(settings, space).values():
             study.enqueue_trial(space.seed_params(arch), skip_if_exists=True)
     return study
+
+
+def _same_search(study: optuna.Study, settings: NasSettings) -> None:
+    """`StudyMismatchError` unless the stored `study` is this search's (module doc)."""
+    where = f"study {study.study_name!r} in {masked(settings.storage_url)}"
+    fix = "choose another study.name, or the settings the study was made with"
+    wanted = [d.lower() for d in settings.study.directions]
+    stored = [d.name.lower() for d in study.directions]
+    if stored != wanted:
+        raise StudyMismatchError(
+            f"{where} was made to {', '.join(stored)}, not to {', '.join(wanted)} "
+            f"(study.objectives={list(settings.study.objectives)}); {fix}"
+        )
+    answered = next((t for t in study.get_trials(deepcopy=False) if t.params), None)
+    if answered is None:
+        return
+    try:
+        configured_space(settings).replay(answered.params)
+    except (KeyError, ValueError) as error:
+        raise StudyMismatchError(
+            f"{where} holds trials of another search: the configured space cannot replay "
+            f"trial {answered.number}'s answers ({error}); {fix}"
+        ) from None

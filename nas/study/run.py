@@ -100,7 +100,7 @@ def run_study(
     trial or record one. Under torchrun every process calls this: each is one stage, rank 0
     alone opens the study, and a death is torchrun's to handle (restart the job: it resumes).
     """
-    Path(settings.studies_dir).mkdir(parents=True, exist_ok=True)
+    _make_folder(settings.studies_dir, "studies_dir")
     Path(settings.output_dir).mkdir(parents=True, exist_ok=True)
     if (unpruned := no_pruning(settings)) and worker is None and pipeline.lead_process():
         logger.warning("study %s: %s", settings.study.name, unpruned)
@@ -292,6 +292,17 @@ def _open(
 def _as_worker(settings: NasSettings, number: int) -> StudyResult:
     """What worker `number` of `_on_workers` runs (module-level: pickled by name)."""
     return run_study(settings, progress=False, worker=number)
+
+
+def _make_folder(folder: str, key: str) -> None:
+    """`folder` made where missing; `StorageError` naming `key` when it cannot be."""
+    try:
+        Path(folder).mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise storage.StorageError(
+            f"{key}={folder} cannot be made ({error.strerror}); valid: a folder this user "
+            "can create and write"
+        ) from None
 
 
 def _on_workers(settings: NasSettings, study: optuna.Study) -> StudyResult:

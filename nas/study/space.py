@@ -86,6 +86,18 @@ def seed_models(settings: NasSettings, space: SearchSpace | None = None) -> dict
     return models
 
 
+def _loads_whole(entry: str, folder: Path) -> None:
+    """`SeedError` naming the file unless the exported model in `folder` loads whole: a
+    folder whose weights or tokenizer are damaged or another model's is no seed to start
+    from (its config.json alone may be given for the architecture)."""
+    from nas.export.pretrained import ModelFolderError, load_model
+
+    try:
+        load_model(folder)
+    except ModelFolderError as error:
+        raise SeedError(f"search_space.seeds has {entry!r}: {error}") from None
+
+
 def _exported(
     entry: str, space: SearchSpace, named: dict[str, Architecture]
 ) -> tuple[str, Architecture]:
@@ -99,6 +111,8 @@ def _exported(
             "its config.json, or a JSON file of an architecture)"
         )
     file = path / "config.json" if path.is_dir() else path
+    if path.is_dir() and (path / "model.safetensors").exists():  # weights too: all of it
+        _loads_whole(entry, path)
     try:
         data = json.loads(file.read_text(encoding="utf-8"))
         written = data.get("architecture", data) if isinstance(data, dict) else data

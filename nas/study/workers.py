@@ -11,15 +11,18 @@ say what): its (model, seed) runs are claimed one by one (`nas.retrain.claims`).
       │ 1. opens the study once (seeds enqueued), so workers do not race to create it
       │ 2. writes the job (`WorkerJob`: its label, the settings with the shape chosen, the
       │    work: `run_study` or `retrain_models` as worker k) to <run>/workers/<label>.pkl
-      ├─ python -m nas.study.workers <job.pkl> 0   cores 0..k-1   run folder <run>/worker-0
-      ├─ python -m nas.study.workers <job.pkl> 1   cores k..2k-1  run folder <run>/worker-1
+      ├─ python -m nas.study.workers <job.pkl> 0 <pid>  cores 0..k-1   run folder <run>/worker-0
+      ├─ python -m nas.study.workers <job.pkl> 1 <pid>  cores k..2k-1  run folder <run>/worker-1
       │ 3. while they run: one bar counts the finished trials (or recorded runs) on disk
       └ 4. each worker writes its result (or its error) to <run>/workers/<label>-<k>.pkl;
            the caller merges them; the first error of a worker is raised once all ended
 
 A worker that dies leaves its trial RUNNING: the others fail it and retry it (the heartbeat,
 `nas.storage.opening`), so the study goes on and nothing recorded is lost; a run it retrained and
-recorded is kept, one it claimed and left is trained by the next retraining.
+recorded is kept, one it claimed and left is trained by the next retraining. A caller that
+dies (killed, or its machine's supervisor stopped it) takes its workers with it: each watches
+its caller and ends at once when it is gone (`pipeline.distributed.processes.watch_caller`),
+so a command started again never finds the last one's workers still training beside it.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ from typing import Generic, TypeVar
 from nas import job_log
 from nas.progress import progress_bars
 from nas.settings import NasSettings
+from pipeline.distributed.processes import watch_caller
 
 __all__ = ["WorkerJob", "main", "run_workers"]
 
@@ -81,6 +85,7 @@ def run_workers(job: WorkerJob[R], bar: tuple[str, int, Callable[[], int]]) -> l
         (folder / f"{job.label}-{k}.pkl").unlink(missing_ok=True)  # an earlier round's
         mine = available[k * cores_each : (k + 1) * cores_each]
         command = [sys.executable, "-m", "nas.study.workers", str(job_path), str(k)]
+        command += [str(os.getpid())]  # the caller the worker watches: it ends with it
         command += [",".join(map(str, mine))] if mine and len(mine) == cores_each else []
         procs.append(subprocess.Popen(command))
     logger.info("%s: %d workers started", bar[0], n_workers)
@@ -125,8 +130,11 @@ def _outcomes(job: WorkerJob[R], folder: Path, procs: list[subprocess.Popen[byte
     return results
 
 
-def _worker(job_path: Path, number: int, cpus: list[int]) -> None:
-    """One worker: its own run folder, cores and stage processes; no bars (the caller's)."""
+def _worker(job_path: Path, number: int, caller: int, cpus: list[int]) -> None:
+    """One worker: its own run folder, cores and stage processes; no bars (the caller's).
+    It watches its caller by the pid the caller gave (by the time it looks, the caller may
+    be gone and its parent another)."""
+    watch_caller(caller)  # the caller gone, this worker and its stage processes end
     if cpus and hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, cpus)  # the stage processes inherit it
     job: WorkerJob[object] = pickle.loads(job_path.read_bytes())
@@ -147,8 +155,10 @@ def _worker(job_path: Path, number: int, cpus: list[int]) -> None:
 
 
 def main(argv: Sequence[str]) -> None:
-    """`python -m nas.study.workers <job.pkl> <k> [<cpu>,<cpu>...]`: run worker k of the job."""
-    _worker(Path(argv[0]), int(argv[1]), [int(c) for c in argv[2].split(",")] if argv[2:] else [])
+    """`python -m nas.study.workers <job.pkl> <k> <caller pid> [<cpu>,<cpu>...]`: run worker k
+    of the job."""
+    cpus = [int(c) for c in argv[3].split(",")] if argv[3:] else []
+    _worker(Path(argv[0]), int(argv[1]), int(argv[2]), cpus)
 
 
 if __name__ == "__main__":

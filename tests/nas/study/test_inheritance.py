@@ -1,15 +1,24 @@
-"""`nas.study.inheritance`'s pure parts: the weights file every stage process reads, and the
-bank of trained weights a stage process keeps (no processes)."""
+"""`nas.study.inheritance`'s pure parts: the weights file every stage process reads, the
+bank of trained weights a stage process keeps, and the study's store of them under faults
+(no processes)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import optuna
+import pytest
 import torch
 
+from nas.settings import NasSettings
 from nas.study.inheritance import (
     INHERITED_FROM,
+    WEIGHTS_ARTIFACT,
+    WEIGHTS_NOT_KEPT,
+    WEIGHTS_SHA256,
+    TrialWeights,
     WeightBank,
+    WeightsError,
     inherited_attrs,
     load_snapshot,
     save_weights,
@@ -62,3 +71,67 @@ def test_the_bank_keeps_the_last_trials_and_a_child_of_its_parent_takes_all_but_
     assert other is not None and "w" in other.states["enc.left"]
     assert inherited_attrs(8) == {INHERITED_FROM: 8}
     assert inherited_attrs(5, 1) == {INHERITED_FROM: 5, "inherited_fresh_tensors": 1}
+
+
+# -- the study's store of trained weights, as faults leave it (`benchmarks/soak.py`) ----------
+
+
+def _study_with_kept_weights(tmp_path: Path) -> tuple[optuna.Study, TrialWeights, Path]:
+    """A study whose trial 0 completed, its weights kept in the store by one worker."""
+    settings = NasSettings(studies_dir=str(tmp_path / "studies"))
+    study = optuna.create_study(storage=f"sqlite:///{tmp_path / 'study.db'}")
+    trial = study.ask()
+    mine = TrialWeights(settings)
+    save_weights(state(), mine.file(trial.number))
+    mine.keep(trial)
+    study.tell(trial, 0.5)
+    store = tmp_path / "studies" / "artifacts" / trial.user_attrs[WEIGHTS_ARTIFACT]
+    return study, TrialWeights(settings), store  # the other: another worker's
+
+
+def test_kept_weights_come_back_whole_to_another_worker(tmp_path: Path) -> None:
+    study, theirs, _ = _study_with_kept_weights(tmp_path)
+    parent = study.get_trials()[0]
+    assert len(parent.user_attrs[WEIGHTS_SHA256]) == 64
+    path = theirs.download(parent)
+    assert path is not None and theirs.download(parent) == path  # fetched once
+    back = load_snapshot(path, rank=0, world_size=1)
+    assert torch.equal(back.states["embed"]["weight"], state()["embed"]["weight"])
+
+
+@pytest.mark.parametrize("damage", ["truncated", "overwritten", "removed"])
+def test_damaged_weights_are_refused_naming_the_trial_and_nothing_is_left(
+    tmp_path: Path, damage: str
+) -> None:
+    study, theirs, store = _study_with_kept_weights(tmp_path)
+    size = store.stat().st_size
+    if damage == "truncated":
+        with store.open("r+b") as f:
+            f.truncate(size // 2)
+    elif damage == "overwritten":  # the same size: only the checksum tells
+        with store.open("r+b") as f:
+            f.seek(size // 2)
+            f.write(bytes(64))
+    else:
+        store.unlink()
+    parent = study.get_trials()[0]
+    with pytest.raises(WeightsError, match=f"trial 0's weights \\(artifact {store.name}\\)"):
+        theirs.download(parent)
+    assert list(theirs.file(0).parent.iterdir()) == []  # no partial file to be taken later
+
+
+def test_a_store_that_cannot_take_weights_is_recorded_and_the_trial_completes(
+    tmp_path: Path,
+) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("the studies folder is a file")  # the store cannot be made there
+    weights = TrialWeights(NasSettings(studies_dir=str(blocker)))
+    study = optuna.create_study(storage=f"sqlite:///{tmp_path / 'study.db'}")
+    trial = study.ask()
+    save_weights(state(), weights.file(trial.number))
+    weights.keep(trial)
+    study.tell(trial, 0.5)
+    done = study.get_trials()[0]
+    assert done.state == optuna.trial.TrialState.COMPLETE
+    assert "Not a directory" in done.user_attrs[WEIGHTS_NOT_KEPT]
+    assert weights.download(done) is None  # its children train from scratch

@@ -1,0 +1,84 @@
+"""`nas.study.workers`: the local workers of one command end with it."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from nas.settings import NasSettings
+
+pytestmark = pytest.mark.multiprocess
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def wait_forever(settings: NasSettings, number: int) -> None:
+    """A worker's work that never ends on its own (module-level: pickled by name)."""
+    time.sleep(600)
+
+
+CALLER = """
+import dataclasses, sys
+from nas.settings import NasSettings
+from nas.study.workers import WorkerJob, run_workers
+from tests.nas.study.test_workers import wait_forever
+plain = NasSettings(output_dir=sys.argv[1])
+shape = dataclasses.replace(plain.pipeline, n_stages=1, threads_per_stage=1, n_microbatches=1)
+study = dataclasses.replace(plain.study, workers=1)
+settings = dataclasses.replace(plain, study=study, pipeline=shape)
+run_workers(WorkerJob("wait", settings, wait_forever), ("waiting", 1, lambda: 0))
+"""
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(stat[1]) == pid:
+                found.append(int(entry.name))
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return False
+    return stat[0] != "Z"
+
+
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="reads the process tree from /proc")
+def test_the_workers_of_a_killed_command_end_with_it(tmp_path: Path) -> None:
+    """SIGKILL to the command (as a supervisor or a user's kill -9 sends it): its workers
+    see their caller gone and end, so a command started again trains beside no ghost."""
+    caller = subprocess.Popen(
+        [sys.executable, "-c", CALLER, str(tmp_path), ""],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while not (workers := _children(caller.pid)) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert workers, "the command started no worker"
+        time.sleep(2)  # the worker is running its work
+        caller.send_signal(signal.SIGKILL)
+        caller.wait()
+        deadline = time.monotonic() + 10
+        while any(_alive(w) for w in workers) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not any(_alive(w) for w in workers), "a worker outlived its command"
+    finally:
+        caller.kill()
+        for worker in _children(caller.pid):
+            os.kill(worker, signal.SIGKILL)
