@@ -70,7 +70,10 @@ def _same_search(study: optuna.Study, settings: NasSettings) -> None:
             f"{where} was made to {', '.join(stored)}, not to {', '.join(wanted)} "
             f"(study.objectives={list(settings.study.objectives)}); {fix}"
         )
-    answered = next((t for t in study.get_trials(deepcopy=False) if t.params), None)
+    # a finished trial's answers are whole (one still asking, or failed while asking, may
+    # hold some of them)
+    done = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)
+    answered = next(iter(study.get_trials(deepcopy=False, states=done)), None)
     if answered is None:
         return
     try:
