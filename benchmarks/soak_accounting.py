@@ -83,7 +83,7 @@ def candidates_per_hour(study: optuna.Study) -> dict[str, float]:
 
 
 def _trials(trials: list[FrozenTrial]) -> dict[str, Any]:
-    named = {t.user_attrs.get("retry_of") for t in trials}
+    named = {t.user_attrs.get(storage.RETRY_OF) for t in trials}
     violations = [
         f"trial {t.number} is still RUNNING" for t in trials if t.state == TrialState.RUNNING
     ]
@@ -118,7 +118,7 @@ def _retries(trials: list[FrozenTrial], max_retries: int) -> dict[str, Any]:
                 f"trials {[t.number for t in group]}: one architecture, trained "
                 f"{len(group)} times (the cap: {1 + max_retries})"
             )
-        unnamed = [t.number for t in group[1:] if "retry_of" not in t.user_attrs]
+        unnamed = [t.number for t in group[1:] if storage.RETRY_OF not in t.user_attrs]
         if unnamed:
             violations.append(f"trials {unnamed} repeat trial {group[0].number} naming no retry")
     repeated = [g for g in by_architecture.values() if len(g) > 1]
@@ -144,10 +144,10 @@ def _inherited(
             continue
         inherited += 1
         parent = trials[int(source)]
-        if child.system_attrs.get(KEY_PARENT) != parent.number:
+        if _parent(trials, child) != parent.number:
             violations.append(
                 f"trial {child.number} took trial {parent.number}'s weights, "
-                f"not its parent's ({child.system_attrs.get(KEY_PARENT)})"
+                f"not its parent's ({_parent(trials, child)})"
             )
         artifact = parent.user_attrs.get(WEIGHTS_ARTIFACT)
         when = damage_at.get(artifact, math.inf)
@@ -167,7 +167,7 @@ def _inherited(
             continue
         for child in trials:
             later = child.datetime_start is not None and child.datetime_start.timestamp() > at
-            if not later or child.system_attrs.get(KEY_PARENT) != damaged_parent.number:
+            if not later or _parent(trials, child) != damaged_parent.number:
                 continue
             refused += INHERIT_REFUSED in child.user_attrs
     return {
@@ -178,6 +178,11 @@ def _inherited(
         "not_kept": sum("weights_not_kept" in t.user_attrs for t in trials),
         "violations": violations,
     }
+
+
+def _parent(trials: list[FrozenTrial], child: FrozenTrial) -> int | None:
+    """A child's evolution parent, as its first attempt recorded it (a retry's too)."""
+    return storage.first_attempt(trials, child.number).system_attrs.get(KEY_PARENT)
 
 
 def _whole(store: Path, trial: FrozenTrial) -> bool:

@@ -143,6 +143,14 @@ def _mount(*args: str) -> None:
     subprocess.run(["mount", *args], check=True, capture_output=True)
 
 
+@dataclass(frozen=True)
+class _Action:
+    """A kind's injection (False: no target now) and, for a lasting kind, its healing."""
+
+    inject: Callable[[Fault], bool]
+    heal: Callable[[], object] | None = None
+
+
 class Nemesis:
     """Injects the schedule's faults on time and heals the lasting ones (module doc)."""
 
@@ -190,45 +198,49 @@ class Nemesis:
             fault.skipped = "after the soak's end"
         self._pending.clear()
 
-    def _inject(self, fault: Fault) -> bool:
-        kind = fault.kind
-        part = _PART.get(kind)
-        if part is not None:
-            if part in self._down:
-                return False
-            self._down.add(part)
-            logger.info("fault %s: %s down for %.0f s", kind, part, fault.duration_s)
-        if kind in (FaultKind.DATABASE_RESTART, FaultKind.DATABASE_SIGKILL):
-            if kind == FaultKind.DATABASE_RESTART:
-                self._database.stop()
-            else:
-                fault.detail["pid"] = _postmaster(self._database)
-                os.kill(fault.detail["pid"], signal.SIGKILL)
-            return True
-        injectors: dict[FaultKind, Callable[[Fault], bool]] = {
-            FaultKind.WORKER_SIGKILL: self._kill_worker,
-            FaultKind.STAGE_SIGKILL: self._kill_stage,
-            FaultKind.STORE_READ_ONLY: lambda f: _do(lambda: self._store.read_only(True)),
-            FaultKind.STORE_FULL: lambda f: _do(lambda: f.detail.update(bytes=self._store.fill())),
-            FaultKind.ARTIFACT_DAMAGED: self._damage,
+    def _actions(self) -> dict[FaultKind, _Action]:
+        """How each kind is injected, and how a lasting one is healed."""
+        database, store = self._database, self._store
+        return {
+            FaultKind.WORKER_SIGKILL: _Action(self._kill_worker),
+            FaultKind.STAGE_SIGKILL: _Action(self._kill_stage),
+            FaultKind.DATABASE_RESTART: _Action(lambda f: _do(database.stop), database.start),
+            FaultKind.DATABASE_SIGKILL: _Action(self._kill_database, database.start),
+            FaultKind.STORE_READ_ONLY: _Action(
+                lambda f: _do(lambda: store.read_only(True)), lambda: store.read_only(False)
+            ),
+            FaultKind.STORE_FULL: _Action(
+                lambda f: _do(lambda: f.detail.update(bytes=store.fill())), store.drain
+            ),
+            FaultKind.ARTIFACT_DAMAGED: _Action(self._damage),
         }
-        return injectors[kind](fault)
+
+    def _inject(self, fault: Fault) -> bool:
+        part = _PART.get(fault.kind)
+        if part in self._down or not self._actions()[fault.kind].inject(fault):
+            return False
+        if part is not None:
+            self._down.add(part)
+            logger.info("fault %s: %s down for %.0f s", fault.kind, part, fault.duration_s)
+        return True
 
     def _heal(self, fault: Fault, now_s: float) -> None:
-        if fault.kind in (FaultKind.DATABASE_RESTART, FaultKind.DATABASE_SIGKILL):
-            try:
-                self._database.start()
-            except PostgresError as error:  # a killed server's backends still ending
-                fault.detail.setdefault("start_retries", []).append(str(error)[:200])
-                return
-        elif fault.kind == FaultKind.STORE_READ_ONLY:
-            self._store.read_only(False)
-        elif fault.kind == FaultKind.STORE_FULL:
-            self._store.drain()
+        heal = self._actions()[fault.kind].heal
+        assert heal is not None, f"{fault.kind} does not last"
+        try:
+            heal()
+        except PostgresError as error:  # a killed server's backends still ending
+            fault.detail.setdefault("start_retries", []).append(str(error)[:200])
+            return
         fault.healed_s = now_s
         self._lasting.remove(fault)
         self._down.discard(_PART[fault.kind])
         logger.info("fault %s healed", fault.kind)
+
+    def _kill_database(self, fault: Fault) -> bool:
+        fault.detail["pid"] = _postmaster(self._database)
+        os.kill(fault.detail["pid"], signal.SIGKILL)
+        return True
 
     def _kill_worker(self, fault: Fault) -> bool:
         alive = [c for c in self._commands if c.pid is not None]

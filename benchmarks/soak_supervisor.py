@@ -12,7 +12,7 @@ soak (`soak.py`):
                  is sent SIGTERM, then SIGKILL after `grace_s`; what had to be stopped is
                  reported (a command that had to be stopped is a hang)
 
-`descendants` and `stage_processes` find a command's stage processes (the fault injector kills one).
+`stage_processes` finds a command's stage processes (the fault injector kills one).
 """
 
 from __future__ import annotations
@@ -26,7 +26,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["Command", "Supervisor", "descendants", "stage_processes"]
+from pipeline.distributed import procfs
+
+__all__ = ["Command", "Supervisor", "stage_processes"]
 
 logger = logging.getLogger(__name__)
 
@@ -116,43 +118,16 @@ def _signal_group(pid: int, number: signal.Signals) -> None:
         os.killpg(pid, number)
 
 
-def _children() -> dict[int, list[int]]:
-    """Every process's children, from /proc."""
-    tree: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        tree.setdefault(int(fields[1]), []).append(int(entry.name))
-    return tree
-
-
-def descendants(pid: int) -> list[int]:
-    """Every process below `pid` (children, their children, ...)."""
-    tree, found, todo = _children(), [], [pid]
-    while todo:
-        for child in tree.get(todo.pop(), []):
-            found.append(child)
-            todo.append(child)
-    return found
-
-
 def stage_processes(pid: int) -> list[int]:
-    """A worker command's stage processes: below `pid`, the children of its fork server
-    (`pipeline.distributed.processes` forks every stage process from one)."""
-    tree = _children()
-    found: list[int] = []
-    for child in descendants(pid):
-        if _command_line(child).find(b"forkserver") >= 0 and child != pid:
-            found.extend(grandchild for grandchild in tree.get(child, []))
-    return found
+    """A worker command's stage processes: below `pid`, the children of its fork servers
+    (`pipeline.distributed.processes` forks every stage process from one). A stage forked
+    from a server carries the server's command line, so a server is one whose parent is
+    not one: the stage's own children (W&B's service process) are not stages."""
+    parents = procfs.parents()
 
+    def serves(p: int | None) -> bool:
+        return p is not None and "forkserver" in procfs.command_line(p)
 
-def _command_line(pid: int) -> bytes:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
-    except OSError:
-        return b""
+    below = procfs.descendants(pid)
+    servers = {p for p in below if serves(p) and not serves(parents.get(p))}
+    return [p for p in below if parents.get(p) in servers]

@@ -45,8 +45,7 @@ import socket
 import threading
 import time
 import warnings
-from collections.abc import Callable
-from pathlib import Path
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import optuna
@@ -67,6 +66,7 @@ from nas.storage import url as storage_url
 from nas.storage.retrying import RetryingStorage, StorageError, root_cause
 from nas.storage.sqlite import SQLITE_BUSY_S, SQLiteStorage
 from nas.storage.url import JOURNAL, StorageKind
+from pipeline.distributed import procfs
 
 __all__ = [
     "CONNECT_S",
@@ -77,6 +77,7 @@ __all__ = [
     "StorageError",
     "dashboard_target",
     "fail_stale",
+    "first_attempt",
     "heartbeat_every",
     "make_storage",
     "on_wait",
@@ -93,6 +94,7 @@ CONNECT_S = 10  # a database server or gRPC proxy that does not answer by then i
 KEEPALIVE_S = 30  # a PostgreSQL server that vanished mid-query is noticed within about this
 MAX_RETRIES = 2  # `study.max_retries`'s default
 ATTEMPT = "attempt"  # a retried trial's user attr: which retry of its architecture it is
+RETRY_OF = "retry_of"  # a retried trial's user attr: the number of the trial it repeats
 
 logger = logging.getLogger(__name__)
 
@@ -300,8 +302,21 @@ def retry(study: optuna.Study, trial: optuna.trial.FrozenTrial, max_retries: int
     if retried_enough(trial, max_retries):
         return False
     attempt = int(trial.user_attrs.get(ATTEMPT, 0)) + 1
-    study.enqueue_trial(trial.params, user_attrs={"retry_of": trial.number, ATTEMPT: attempt})
+    study.enqueue_trial(trial.params, user_attrs={RETRY_OF: trial.number, ATTEMPT: attempt})
     return True
+
+
+def first_attempt(
+    trials: Sequence[optuna.trial.FrozenTrial], number: int
+) -> optuna.trial.FrozenTrial:
+    """The trial that trial `number` repeats, through every retry (itself when it is not a
+    retry); `trials` are the study's, numbers as indices. A retry is enqueued with its
+    parameters alone: what its sampler recorded of the first attempt (an evolution
+    parent, the edit) is read there."""
+    trial = trials[number]
+    while (repeated := trial.user_attrs.get(RETRY_OF)) is not None:
+        trial = trials[int(repeated)]
+    return trial
 
 
 def retried_enough(trial: optuna.trial.FrozenTrial, max_retries: int) -> bool:
@@ -327,18 +342,9 @@ def owner_alive(owner: str | None) -> bool:
         return False
     except PermissionError:  # someone else's process with that pid
         return True
-    return not _zombie(int(pid))
-
-
-def _zombie(pid: int) -> bool:
-    """Whether `pid` has exited and only waits for its parent to reap it (Linux: its state
-    in /proc is Z or X). A killed worker stays so until its parent polls it, and signal 0
-    still reaches it: without this, its trial would look alive until then."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:  # no /proc (not Linux), or it is gone meanwhile
-        return False
-    return stat.rpartition(")")[2].split()[:1] in (["Z"], ["X"])
+    # exited but not reaped yet: a killed worker stays so until its parent polls it and
+    # signal 0 still reaches it; without this its trial would look alive until then
+    return not procfs.has_exited(int(pid))
 
 
 class Heartbeat:

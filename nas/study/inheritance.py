@@ -26,9 +26,12 @@ The store is a folder that can fail like any other (`benchmarks/soak.py` makes i
 disk that fills, a folder made read-only, a file truncated or changed after it was written.
 None of these stops a study:
 
-    keep      a weights file that cannot be written to the store is logged and recorded on
-              its trial (`weights_not_kept`); the trial completes and its children train
-              from scratch
+    keep      a weights file that cannot be written to the store is tried again, with
+              backoff, for up to `study.storage_wait_s` (a store full or read-only for a
+              while is waited out, as a database restarting is: every child of a trial
+              whose weights are lost trains from scratch, to the full budget); past the
+              wait it is logged and recorded on its trial (`weights_not_kept`) and the
+              trial completes
     fetch     a parent's file is downloaded beside its final name and moved there once
               whole, then checked against the SHA-256 recorded when it was kept
               (`weights_sha256`) and opened; one that cannot be read or does not match
@@ -43,6 +46,7 @@ import json
 import logging
 import shutil
 import tempfile
+import time
 from collections import OrderedDict
 from collections.abc import Mapping
 from pathlib import Path
@@ -232,6 +236,7 @@ class TrialWeights:
     def __init__(self, settings: NasSettings) -> None:
         self._store = artifact_store(settings)
         self._folder = Path(tempfile.mkdtemp(prefix="nas-weights-"))
+        self._wait_s = settings.study.storage_wait_s
 
     def file(self, number: int) -> Path:
         """Where trial `number`'s weights are written (and a parent's downloaded)."""
@@ -262,15 +267,31 @@ class TrialWeights:
 
     def keep(self, trial: optuna.Trial) -> None:
         """Keep a complete trial's weights in the store, if it wrote them; a store that
-        cannot take them is logged and recorded on the trial (module doc: keep)."""
+        cannot take them is tried again for a while, then the loss is logged and recorded
+        on the trial (module doc: keep)."""
         weights = self.file(trial.number)
         if not weights.exists():
             return
-        try:
-            keep_weights(trial, self._store, weights)
-        except OSError as error:
-            logger.warning("trial %d's weights are not kept: %s", trial.number, error)
-            trial.set_user_attr(WEIGHTS_NOT_KEPT, f"{type(error).__name__}: {error}")
+        deadline, pause = time.monotonic() + self._wait_s, 0.5
+        while True:
+            try:
+                keep_weights(trial, self._store, weights)
+                return
+            except OSError as error:
+                if time.monotonic() + pause > deadline:
+                    logger.warning("trial %d's weights are not kept: %s", trial.number, error)
+                    trial.set_user_attr(WEIGHTS_NOT_KEPT, f"{type(error).__name__}: {error}")
+                    return
+                if pause == 0.5:
+                    logger.warning(
+                        "the artifact store cannot take trial %d's weights (%s); trying again "
+                        "for up to %.0f s (study.storage_wait_s)",
+                        trial.number,
+                        error,
+                        self._wait_s,
+                    )
+            time.sleep(pause)
+            pause = min(2 * pause, 8.0)
 
     def remove(self) -> None:
         """Remove the local folder (the store keeps what counts)."""

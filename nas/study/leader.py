@@ -301,7 +301,7 @@ class Leader:
         one the space does not name): they start afresh when it inherits the parent's
         weights."""
         stored = self.study.get_trials(deepcopy=False)  # numbers are indices
-        attrs = stored[trial.number].system_attrs
+        attrs = storage.first_attempt(stored, trial.number).system_attrs  # a retry's too
         parent, name = attrs.get(KEY_PARENT), attrs.get(KEY_MUTATED)
         if parent is None:
             return None, ()

@@ -26,10 +26,11 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
+
+from pipeline.distributed import procfs
 
 __all__ = [
     "PEER_FAILURE",
@@ -173,7 +174,7 @@ def watch_caller(pid: int) -> None:
             return True
         except PermissionError:  # alive (only a reused pid of another user: rare)
             return False
-        return _zombie(pid)
+        return procfs.has_exited(pid)
 
     def watch() -> None:
         while not gone():
@@ -181,12 +182,3 @@ def watch_caller(pid: int) -> None:
         leave_now()
 
     threading.Thread(target=watch, daemon=True, name="caller-watch").start()
-
-
-def _zombie(pid: int) -> bool:
-    """Whether `pid` has exited and waits to be reaped (Linux's /proc; elsewhere False)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[-1].split()[0] == "Z"

@@ -23,18 +23,27 @@ WANDB_ERROR_REPORTING is set); `wandb sync <run folders>` uploads later (`sync_c
 `wandb login`): the tracker never prompts for a key, it raises instead. W&B's console
 capture and informational messages are off; its warnings and errors still print.
 
+W&B writes through its service process (`wandb-core`), which can die under the study (killed,
+out of memory). A call that finds it gone (`_service_lost_errors`) does not end the study:
+the tracker warns, tears W&B down (`_lose_service`), and the next run it starts starts a new
+service (the study run again too, its counts kept); the runs that were open end incomplete,
+and the study's record stays Optuna's storage and the JSON-lines mirror.
+
 wandb is imported when a tracker is created, never when this module is imported, so the
 harness imports and runs (`tracker=none`, `tracker=jsonl`) without wandb installed.
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import json
+import logging
 import os
 import shlex
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, ClassVar, Literal, get_args
+from typing import Any, ClassVar, Concatenate, Literal, ParamSpec, get_args
 
 from nas.tracking.base import Metrics, Rows, Summary, TrialEnd, clean_metrics, json_safe
 from nas.tracking.lifecycle import LifecycleTracker
@@ -50,6 +59,7 @@ __all__ = [
     "sync_command",
 ]
 
+logger = logging.getLogger(__name__)
 MODES = ("offline", "online", "disabled")
 Direction = Literal["minimize", "maximize"]
 STEP_METRIC = "step"  # logged in every trial row: the x axis of the trial's metrics
@@ -109,6 +119,39 @@ def _columns(rows: Sequence[Mapping[str, Any]]) -> list[str]:
     for row in rows:
         columns.update(dict.fromkeys(str(k) for k in row))
     return list(columns)
+
+
+def _service_lost_errors() -> tuple[type[BaseException], ...]:
+    """What W&B raises when its service process is gone: the socket's ConnectionError, or
+    its mailbox closed (a request made after the loss)."""
+    try:
+        from wandb.sdk.mailbox import MailboxClosedError
+    except ImportError:  # a W&B without it: the socket's error alone
+        return (ConnectionError,)
+    return (ConnectionError, MailboxClosedError)
+
+
+_P = ParamSpec("_P")
+_Hook = Callable[Concatenate["WandbTracker", _P], None]
+
+
+def _survives_service_loss(*, retry: bool = False) -> Callable[[_Hook[_P]], _Hook[_P]]:
+    """A hook that, when it finds W&B's service gone, loses the service (`_lose_service`)
+    instead of raising; with `retry`, it is tried once more, on a new service."""
+
+    def wrap(hook: _Hook[_P]) -> _Hook[_P]:
+        @functools.wraps(hook)
+        def guarded(self: WandbTracker, *args: _P.args, **kwargs: _P.kwargs) -> None:
+            try:
+                hook(self, *args, **kwargs)
+            except self._service_lost as error:
+                self._lose_service(hook.__name__, error)
+                if retry:
+                    hook(self, *args, **kwargs)
+
+        return guarded
+
+    return wrap
 
 
 def _set_last(run: Any, key: str, value: Any) -> None:
@@ -195,6 +238,9 @@ class WandbTracker(LifecycleTracker):
         self._ended: dict[str, int] = {"complete": 0, "pruned": 0, "failed": 0}
         self._set_up = False
         self._service = False
+        self._service_lost = _service_lost_errors()
+        self._study_config: Mapping[str, Any] = {}
+        self._study_run_lost = False
 
     # -- W&B plumbing -------------------------------------------------------------------------
     def _setup(self) -> None:
@@ -238,6 +284,32 @@ class WandbTracker(LifecycleTracker):
             self.run_directories.append(directory)
         return run, directory
 
+    def _lose_service(self, where: str, error: BaseException) -> None:
+        """W&B's service process is gone (module doc): the open runs are dropped, W&B torn
+        down, so that the next run starts a new service."""
+        logger.warning(
+            "W&B's service process is gone (%s in %s: %s): the open runs end incomplete, "
+            "the next run starts a new service",
+            type(error).__name__,
+            where,
+            error,
+        )
+        self._study_run_lost = self._study_run_lost or self._study_run is not None
+        self._trial_run = self._study_run = None
+        with contextlib.suppress(Exception):  # it raises the same loss, having reset W&B
+            self._wandb.teardown()
+        self._set_up = self._service = False
+
+    def _start_study_run(self, study_name: str) -> None:
+        self._study_run, self.study_directory = self._init(
+            name=f"{study_name}-study",
+            group=study_name,
+            job_type="study",
+            config=self._study_config,
+        )
+        self._study_run.define_metric("trials/ended", hidden=True)
+        self._study_run.define_metric("trials/*", step_metric="trials/ended")
+
     def _table(self, rows: Sequence[Mapping[str, Any]]) -> Any:
         columns = _columns(rows)
         data = [[_cell(row.get(c)) for c in columns] for row in rows]
@@ -245,19 +317,19 @@ class WandbTracker(LifecycleTracker):
 
     # -- the lifecycle (checked by LifecycleTracker) ---------------------------------------------
     def _on_start_study(self, study_name: str, config: Mapping[str, Any]) -> None:
+        self._study_config, self._study_run_lost = config, False
         if self.make_study_run:
-            self._study_run, self.study_directory = self._init(
-                name=f"{study_name}-study", group=study_name, job_type="study", config=config
-            )
-            self._study_run.define_metric("trials/ended", hidden=True)
-            self._study_run.define_metric("trials/*", step_metric="trials/ended")
+            self._start_study_run(study_name)
         else:
             self._setup()
         self._ended = dict.fromkeys(self._ended, 0)
 
+    @_survives_service_loss(retry=True)
     def _on_start_trial(
         self, number: int, params: Mapping[str, Any], config: Mapping[str, Any]
     ) -> None:
+        if self._study_run_lost and self._study_run is None:  # again, on a new service
+            self._start_study_run(str(self._study))
         run_config = {**config, "study": self._study, "trial": number, "params": dict(params)}
         job_type = str(config.get("job_type", "trial"))
         name = str(config.get("run_name", f"trial-{number}"))
@@ -279,9 +351,12 @@ class WandbTracker(LifecycleTracker):
         """The open trial's W&B run id; None outside a trial."""
         return None if self._trial_run is None else str(self._trial_run.id)
 
+    @_survives_service_loss()
     def _on_step(self, step: int, metrics: Metrics) -> None:
         """One history row with `step` in it, flushed at once (so the end-of-trial summary
         comes after every row); a metric seen first gets its summary defined."""
+        if self._trial_run is None:  # its service was lost
+            return
         row = clean_metrics(metrics)
         for key in row.keys() - self._seen:
             self._seen.add(key)
@@ -291,9 +366,12 @@ class WandbTracker(LifecycleTracker):
                 self._summarised.add(key)
         self._trial_run.log({**row, STEP_METRIC: step}, step=step, commit=True)
 
+    @_survives_service_loss()
     def _on_model(self, name: str, folder: Path, metadata: Mapping[str, Any]) -> None:
         """The folder as an artifact of type "model" of the open run (offline: staged
         beside W&B's data and uploaded by `wandb sync`)."""
+        if self._trial_run is None:  # its service was lost
+            return
         artifact = self._wandb.Artifact(name, type="model", metadata=json_safe(dict(metadata)))
         artifact.add_dir(str(folder))
         self._trial_run.log_artifact(artifact)
@@ -303,8 +381,23 @@ class WandbTracker(LifecycleTracker):
         so the step history holds step metrics only)."""
         self._events.append({"step": step, **json_safe(dict(event))})
 
+    @_survives_service_loss()
     def _on_end_trial(self, state: TrialEnd, summary: Summary, error: str | None) -> None:
+        self._ended[state.value] += 1
         run = self._trial_run
+        if run is not None:
+            self._finish_trial_run(run, state, summary, error)
+        self._events, self._summarised, self._seen = [], set(), set()
+        if self._study_run is not None:
+            ended = sum(self._ended.values())
+            self._study_run.log(
+                {f"trials/{k}": v for k, v in self._ended.items()} | {"trials/ended": ended},
+                step=ended,
+            )
+
+    def _finish_trial_run(
+        self, run: Any, state: TrialEnd, summary: Summary, error: str | None
+    ) -> None:
         try:
             text = state.value  # W&B writes an enum by its name
             final: dict[str, Any] = {**json_safe(dict(summary)), "state": text, "error": error}
@@ -319,14 +412,8 @@ class WandbTracker(LifecycleTracker):
         finally:
             self._trial_run, self._events, self._summarised, self._seen = None, [], set(), set()
             run.finish(exit_code=1 if state == TrialEnd.FAILED else 0)
-        self._ended[state.value] += 1
-        if self._study_run is not None:
-            ended = sum(self._ended.values())
-            self._study_run.log(
-                {f"trials/{k}": v for k, v in self._ended.items()} | {"trials/ended": ended},
-                step=ended,
-            )
 
+    @_survives_service_loss()
     def _on_end_study(self, trials_table: Rows, pareto_front: Rows, summary: Summary) -> None:
         run, self._study_run = self._study_run, None
         if run is None:
@@ -358,6 +445,7 @@ class WandbTracker(LifecycleTracker):
         finally:
             run.finish(exit_code=0)
 
+    @_survives_service_loss()
     def _on_close(self) -> None:
         """Finish an unfinished study run (exit code 1) and shut down W&B's service process
         (`teardown=True`)."""

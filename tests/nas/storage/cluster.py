@@ -27,6 +27,7 @@ import sqlalchemy
 
 from nas.storage.opening import make_storage
 from nas.storage.postgres import Postgres
+from pipeline.distributed import procfs
 
 # a study as cheap as it gets: a character LM, 2 steps a trial, no tracker
 CHEAP = (
@@ -226,21 +227,11 @@ def wait_until(condition: Callable[[], bool], what: str, timeout_s: float = 300)
 def stage_processes(pid: int) -> set[int]:
     """The processes multiprocessing started under `pid`: its forkserver and the stage
     processes forked from it (or spawned stages), its resource tracker (Linux /proc)."""
-    children: dict[int, set[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            parent = int(stat.read_text().rsplit(")", 1)[1].split()[1])
-            if b"multiprocessing" in (stat.parent / "cmdline").read_bytes():
-                children.setdefault(parent, set()).add(int(stat.parent.name))
-        except (OSError, IndexError, ValueError):
-            continue
-    found: set[int] = set()
-    parents = [pid]
-    while parents:
-        below = children.get(parents.pop(), set()) - found
-        found |= below
-        parents += below
-    return found
+    return {
+        below
+        for below in procfs.descendants(pid)
+        if "multiprocessing" in procfs.command_line(below)
+    }
 
 
 def all_gone(pids: set[int], timeout_s: float = 10.0) -> bool:

@@ -23,7 +23,9 @@ from nas.errors import HeartbeatError
 from nas.search.records import StudyRecords
 from nas.storage.url import StorageKind, kind, masked, without_password
 from nas.study.leader import Leader, TrialOrder
-from nas.study.trials import DUPLICATE_OF, OWNER, counted
+from nas.study.trials import DUPLICATE_OF, OWNER, Outcome, counted
+from nas.tracking.base import TrialEnd
+from pipeline.distributed import procfs
 from tests.nas.harness.common import composed, locked, tiny_settings
 from tests.nas.storage.common import SPACE, dead_owner, open_study, silence
 
@@ -141,6 +143,34 @@ def test_each_ask_first_takes_over_the_trials_of_dead_peers(tmp_path: Path) -> N
     assert taken.architecture == next(o.architecture for o in left if o.number == retry_of)
 
 
+def test_a_retried_child_keeps_its_evolution_parent(tmp_path: Path) -> None:
+    """A child whose worker died is asked again from its parameters alone; the retry is
+    still its parent's child with the same edit, so at inherited fidelity it inherits, in
+    seconds, instead of training from scratch to the full budget (the soak found that)."""
+    settings = tiny_settings(tmp_path, "tracker=none")
+    Path(settings.studies_dir).mkdir(parents=True)
+    peer, live = Leader(settings, owner="peer:1"), Leader(settings, owner=storage.this_owner())
+    try:
+        while (child := peer.next_trial()) is not None and child.parent is None:
+            peer.finish(child.number, Outcome(TrialEnd.COMPLETE, {}, [1.0 + child.number]))
+        assert child is not None and peer.heartbeat is not None
+        peer.heartbeat.stop()
+        records = StudyRecords(live.study)
+        records.set_trial_user_attr(records.trial_by_number(child.number), OWNER, dead_owner())
+        retried = _left_running(live)
+    finally:
+        for leader in (peer, live):
+            leader.close()
+    trials = live.study.get_trials()
+    assert trials[retried.number].user_attrs[storage.RETRY_OF] == child.number
+    assert storage.first_attempt(trials, retried.number).number == child.number
+    assert (retried.architecture, retried.parent, retried.edited) == (
+        child.architecture,
+        child.parent,
+        child.edited,
+    )
+
+
 def test_workers_started_with_one_seed_do_not_propose_the_same_architecture(
     tmp_path: Path,
 ) -> None:
@@ -197,7 +227,7 @@ def test_an_owner_killed_but_not_yet_reaped_is_gone() -> None:
         assert storage.owner_alive(owner)
         child.kill()
         deadline = time.monotonic() + 10
-        while "Z" not in Path(f"/proc/{child.pid}/stat").read_text().rpartition(")")[2][:3]:
+        while not procfs.has_exited(child.pid):
             assert time.monotonic() < deadline, "the killed child never became a zombie"
             time.sleep(0.01)
         assert not storage.owner_alive(owner)  # not reaped yet, and gone

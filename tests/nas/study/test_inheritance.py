@@ -4,13 +4,15 @@ bank of trained weights a stage process keeps, and the study's store of them und
 
 from __future__ import annotations
 
+import shutil
+import threading
 from pathlib import Path
 
 import optuna
 import pytest
 import torch
 
-from nas.settings import NasSettings
+from nas.settings import NasSettings, StudySettings
 from nas.study.inheritance import (
     INHERITED_FROM,
     WEIGHTS_ARTIFACT,
@@ -125,7 +127,7 @@ def test_a_store_that_cannot_take_weights_is_recorded_and_the_trial_completes(
 ) -> None:
     blocker = tmp_path / "a-file"
     blocker.write_text("the studies folder is a file")  # the store cannot be made there
-    weights = TrialWeights(NasSettings(studies_dir=str(blocker)))
+    weights = TrialWeights(NasSettings(studies_dir=str(blocker), study=waiting(0.2)))
     study = optuna.create_study(storage=f"sqlite:///{tmp_path / 'study.db'}")
     trial = study.ask()
     save_weights(state(), weights.file(trial.number))
@@ -135,3 +137,38 @@ def test_a_store_that_cannot_take_weights_is_recorded_and_the_trial_completes(
     assert done.state == optuna.trial.TrialState.COMPLETE
     assert "Not a directory" in done.user_attrs[WEIGHTS_NOT_KEPT]
     assert weights.download(done) is None  # its children train from scratch
+
+
+def test_a_store_that_heals_within_the_wait_keeps_the_weights(tmp_path: Path) -> None:
+    """A store full or read-only for a while (the soak's store faults) is waited out, as a
+    database restarting is: the weights are kept, and the trial's children inherit."""
+    studies = tmp_path / "studies"
+    studies.mkdir()
+    weights = TrialWeights(NasSettings(studies_dir=str(studies), study=waiting(30.0)))
+    folder = studies / "artifacts"
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.write_text("in the way for a second")  # every write into the store fails
+
+    def heal() -> None:
+        folder.unlink()
+        folder.mkdir()
+
+    study = optuna.create_study(storage=f"sqlite:///{tmp_path / 'study.db'}")
+    trial = study.ask()
+    save_weights(state(), weights.file(trial.number))
+    healer = threading.Timer(1.0, heal)
+    healer.start()
+    try:
+        weights.keep(trial)
+    finally:
+        healer.join()
+    study.tell(trial, 0.5)
+    done = study.get_trials()[0]
+    assert WEIGHTS_NOT_KEPT not in done.user_attrs
+    assert (folder / done.user_attrs[WEIGHTS_ARTIFACT]).is_file()
+    assert TrialWeights(NasSettings(studies_dir=str(studies))).download(done) is not None
+
+
+def waiting(seconds: float) -> StudySettings:
+    """Study settings whose store (and storage) outages are waited out for `seconds`."""
+    return StudySettings(storage_wait_s=seconds)

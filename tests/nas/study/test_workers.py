@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from nas.settings import NasSettings
+from pipeline.distributed import procfs
 
 pytestmark = pytest.mark.multiprocess
 
@@ -36,27 +37,6 @@ run_workers(WorkerJob("wait", settings, wait_forever), ("waiting", 1, lambda: 0)
 """
 
 
-def _children(pid: int) -> list[int]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                stat = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if int(stat[1]) == pid:
-                found.append(int(entry.name))
-    return found
-
-
-def _alive(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return False
-    return stat[0] != "Z"
-
-
 @pytest.mark.skipif(not Path("/proc").is_dir(), reason="reads the process tree from /proc")
 def test_the_workers_of_a_killed_command_end_with_it(tmp_path: Path) -> None:
     """SIGKILL to the command (as a supervisor or a user's kill -9 sends it): its workers
@@ -68,17 +48,17 @@ def test_the_workers_of_a_killed_command_end_with_it(tmp_path: Path) -> None:
     )
     try:
         deadline = time.monotonic() + 30
-        while not (workers := _children(caller.pid)) and time.monotonic() < deadline:
+        while not (workers := procfs.children(caller.pid)) and time.monotonic() < deadline:
             time.sleep(0.2)
         assert workers, "the command started no worker"
         time.sleep(2)  # the worker is running its work
         caller.send_signal(signal.SIGKILL)
         caller.wait()
         deadline = time.monotonic() + 10
-        while any(_alive(w) for w in workers) and time.monotonic() < deadline:
+        while any(procfs.running(w) for w in workers) and time.monotonic() < deadline:
             time.sleep(0.2)
-        assert not any(_alive(w) for w in workers), "a worker outlived its command"
+        assert not any(procfs.running(w) for w in workers), "a worker outlived its command"
     finally:
         caller.kill()
-        for worker in _children(caller.pid):
+        for worker in procfs.children(caller.pid):
             os.kill(worker, signal.SIGKILL)

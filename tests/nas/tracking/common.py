@@ -17,7 +17,9 @@ from typing import Any
 
 import pytest
 
-__all__ = ["child_wandb_processes", "manifest_of", "model_folder", "seal_wandb"]
+from pipeline.distributed import procfs
+
+__all__ = ["child_wandb_pids", "child_wandb_processes", "manifest_of", "model_folder", "seal_wandb"]
 
 
 def seal_wandb(monkeypatch: pytest.MonkeyPatch, root: Path) -> list[Any]:
@@ -51,21 +53,14 @@ def seal_wandb(monkeypatch: pytest.MonkeyPatch, root: Path) -> list[Any]:
     return attempts
 
 
+def child_wandb_pids() -> list[int]:
+    """This process's children that are W&B's (Linux /proc)."""
+    return [c for c in procfs.children(os.getpid()) if "wandb" in procfs.command_line(c)]
+
+
 def child_wandb_processes() -> list[str]:
-    """Command lines of this process's children that are W&B's (Linux /proc)."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
-        except OSError:
-            continue
-        parent = int(stat.rsplit(")", 1)[1].split()[1])
-        if parent == os.getpid() and "wandb" in cmdline:
-            found.append(cmdline)
-    return found
+    """The command lines of this process's children that are W&B's."""
+    return [procfs.command_line(pid) for pid in child_wandb_pids()]
 
 
 def model_folder(path: Path) -> Path:

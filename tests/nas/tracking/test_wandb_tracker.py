@@ -12,7 +12,9 @@ the Python side opens no network connection, and W&B's service process is gone a
 from __future__ import annotations
 
 import math
+import os
 import shutil
+import signal
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -23,7 +25,14 @@ import pytest
 
 from nas.tracking import CompositeTracker, JsonlTracker, json_safe, read_jsonl
 from nas.tracking.wandb import WandbRunData, WandbTracker, metric_summary, read_run, sync_command
-from tests.nas.tracking.common import child_wandb_processes, manifest_of, model_folder, seal_wandb
+from pipeline.distributed import procfs
+from tests.nas.tracking.common import (
+    child_wandb_pids,
+    child_wandb_processes,
+    manifest_of,
+    model_folder,
+    seal_wandb,
+)
 
 pytest.importorskip("wandb")
 
@@ -372,3 +381,40 @@ def test_disabled_mode_writes_nothing(tmp_path: Path, sealed_wandb: list[Any]) -
     tracker.end_study([{"a": 1}], [], {"objectives": ["a", "b"]})
     tracker.close()
     assert tracker.run_directories == [] and not (tmp_path / "d" / "wandb").exists()
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="finds W&B's service in Linux's /proc")
+def test_a_killed_service_ends_its_runs_and_the_next_trial_starts_a_new_one(
+    tmp_path: Path, sealed_wandb: list[Any], caplog: pytest.LogCaptureFixture
+) -> None:
+    """W&B's service process killed mid-trial (as the soak's stage kills once did, or an
+    out-of-memory killer would): no call raises, the next trial's run and the study run
+    start on a new service and are whole on disk (issue 53)."""
+    tracker = WandbTracker("elastic-nas-test", directory=tmp_path)
+    with tracker:
+        tracker.start_study("survives", {"n_trials": 2})
+        tracker.start_trial(0, {}, {})
+        tracker.log_step(1, {"loss": 1.0})
+        services = child_wandb_pids()
+        assert services, "no W&B service process under this one"
+        for pid in services:
+            os.kill(pid, signal.SIGKILL)
+        while any(procfs.running(pid) for pid in services):
+            time.sleep(0.01)
+        tracker.log_step(2, {"loss": 0.9})  # the service is found gone here
+        tracker.end_trial("complete", {"loss": 0.9})
+        tracker.start_trial(1, {}, {})
+        tracker.log_step(1, {"loss": 0.8})
+        tracker.end_trial("complete", {"loss": 0.8})
+        tracker.end_study([{"number": 0}, {"number": 1}], [], {"objectives": ["loss"]})
+    assert "W&B's service process is gone" in caplog.text
+    trial = read_run(tracker.trial_directories[1])
+    assert trial.exit_code == 0 and trial.metrics() == [{"_step": 1, "loss": 0.8}]
+    assert (
+        tracker.study_directory is not None
+        and tracker.study_directory != (tracker.run_directories[0])
+    )  # the study run started again
+    study = read_run(tracker.study_directory)
+    assert study.exit_code == 0 and study.metrics()[-1]["trials/ended"] == 2
+    assert read_run(tracker.trial_directories[0]).exit_code is None  # ended with its service

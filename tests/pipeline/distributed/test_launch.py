@@ -21,6 +21,7 @@ from torch import nn
 
 import pipeline
 from pipeline import ElasticPipeline, LayerSpec, PlanOptions, StageContext, StageFailedError
+from pipeline.distributed import procfs
 from pipeline.local.models import mlp_stack
 
 pytestmark = pytest.mark.multiprocess
@@ -67,14 +68,6 @@ if __name__ == "__main__":
 """
 
 
-def alive(pid: int) -> bool:
-    """Running, not a zombie waiting to be reaped."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[-1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
 @pytest.mark.skipif(not Path("/proc").is_dir(), reason="reads process states from /proc")
 def test_stages_leave_when_their_caller_is_killed(tmp_path: Path) -> None:
     """Under the forkserver a stage's parent is the server, which outlives the caller while
@@ -88,14 +81,14 @@ def test_stages_leave_when_their_caller_is_killed(tmp_path: Path) -> None:
         while not all(f.exists() for f in files) and time.monotonic() < deadline:
             time.sleep(0.1)
         pids = [int(f.read_text()) for f in files]
-        assert all(alive(pid) for pid in pids)
+        assert all(procfs.running(pid) for pid in pids)
     finally:
         caller.kill()  # no cleanup of its own: only the stages' watch can end them
         caller.wait()
     deadline = time.monotonic() + 15
-    while any(alive(pid) for pid in pids) and time.monotonic() < deadline:
+    while any(procfs.running(pid) for pid in pids) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert not any(alive(pid) for pid in pids)
+    assert not any(procfs.running(pid) for pid in pids)
 
 
 def die_on_stage_zero(ctx: StageContext) -> None:
