@@ -410,7 +410,7 @@ class WandbTracker(LifecycleTracker):
                 _set_last(run, key, value)
             run.tags = (*tuple(run.tags or ()), text)
         finally:
-            self._trial_run, self._events, self._summarised, self._seen = None, [], set(), set()
+            self._trial_run = None
             run.finish(exit_code=1 if state == TrialEnd.FAILED else 0)
 
     @_survives_service_loss()

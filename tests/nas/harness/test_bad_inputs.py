@@ -1,20 +1,24 @@
-"""Every bad input of `bad_inputs.CASES`, run as a user runs it: one line naming the value
-or file, exit status 1, no traceback, and the recorded study beside it unchanged."""
+"""Every bad input of `bad_inputs.CASES`, run as a user runs it (`python -m`, each in a
+process of its own, forked from a warm interpreter: `tests.nas.harness.warm`): one line
+naming the value or file, exit status 1, no traceback, and the recorded study beside it
+unchanged."""
 
 from __future__ import annotations
 
 import hashlib
-import subprocess
-import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import optuna
 import pytest
 
 from tests.nas.harness.bad_inputs import CASES, Case, markdown
+from tests.nas.harness.warm import WarmPython
 
 STUDY = "kept"
 DOCS = Path(__file__).resolve().parents[3] / "docs" / "bad-inputs.md"
+# what `python -m nas` imports before it refuses an input, paid once by the warm interpreter
+WARM_IMPORTS = ["torch", "optuna", "hydra", "nas.cli", "nas.study.run", "nas.retrain.stage"]
 
 
 @pytest.fixture(scope="module")
@@ -49,28 +53,29 @@ def _recorded(folder: Path) -> tuple[object, ...]:
     return trials, study.user_attrs, files
 
 
-def _command(case: Case, made: Path, recorded: Path, run: Path) -> list[str]:
+@pytest.fixture(scope="module")
+def python(tmp_path_factory: pytest.TempPathFactory) -> Iterator[WarmPython]:
+    """`python -m` with the CLI's imports paid once (each case still its own process)."""
+    warm = WarmPython(WARM_IMPORTS, tmp_path_factory.mktemp("warm"))
+    yield warm
+    warm.close()
+
+
+def _argv(case: Case, made: Path, recorded: Path, run: Path) -> list[str]:
     argv = case.argv(made)
     if case.module != "nas":
-        return [sys.executable, "-m", case.module, *argv]
+        return argv
     given = {arg.split("=", 1)[0].lstrip("+~") for arg in argv}
     ours = {"studies_dir": str(recorded), "study.name": STUDY, "hydra.run.dir": str(run)}
-    return [
-        sys.executable,
-        "-m",
-        "nas",
-        *argv,
-        *(f"{k}={v}" for k, v in ours.items() if k not in given),
-    ]
+    return [*argv, *(f"{k}={v}" for k, v in ours.items() if k not in given)]
 
 
 @pytest.mark.parametrize("case", CASES, ids=[case.id for case in CASES])
 def test_a_bad_input_ends_in_one_line_naming_it(
-    case: Case, made: Path, recorded: Path, tmp_path: Path
+    case: Case, made: Path, recorded: Path, tmp_path: Path, python: WarmPython
 ) -> None:
     before = _recorded(recorded)
-    command = _command(case, made, recorded, tmp_path / "run")
-    done = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    done = python.run(case.module, _argv(case, made, recorded, tmp_path / "run"), tmp_path)
     printed = done.stdout + done.stderr
     assert done.returncode == 1 and "Traceback" not in printed, printed[-3000:]
     if case.module == "nas":

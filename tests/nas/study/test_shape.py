@@ -62,15 +62,33 @@ def test_a_model_over_the_memory_budget_stays_pipelined(machine: Path) -> None:
     _, alone = shape.resolve(one)
     assert alone is not None
     peak = alone.tried[0]["predicted_peak_bytes"]
-    # lower budgets until one stage cannot hold a seed even recomputing its activations
-    for fraction in (0.75 * 0.8**k for k in range(12)):
-        budget = int(fraction * peak)
-        chosen, choice = shape.resolve(small(f"pipeline.memory_budget={budget}"))
+    budgets = [int(0.75 * 0.8**k * peak) for k in range(12)]  # down to 6% of it
+
+    def resolved(budget: int) -> tuple[tuple[NasSettings, shape.ShapeChoice] | None, bool]:
+        """The shape chosen under `budget` (None: no shape fits it), and whether one stage
+        still holds a seed there (recomputing its activations): fewer fit as it falls."""
+        try:
+            chosen, choice = shape.resolve(small(f"pipeline.memory_budget={budget}"))
+        except ValueError:
+            return None, False
         assert choice is not None
-        if all(row["reason"] for row in choice.tried if row["n_stages"] == 1):
-            break
-    else:
+        return (chosen, choice), not all(r["reason"] for r in choice.tried if r["n_stages"] == 1)
+
+    # the largest budget one stage cannot meet, by bisection over the falling budgets
+    low, high = 0, len(budgets) - 1
+    found, alone = resolved(budgets[high])
+    if alone:
         pytest.fail(f"one stage fits every budget down to 6% of its {peak:,} bytes")
+    while low < high:
+        middle = (low + high) // 2
+        shaped, alone = resolved(budgets[middle])
+        if alone:
+            low = middle + 1
+        else:
+            high, found = middle, shaped
+    budget = budgets[high]
+    assert found is not None, f"no shape fits {budget:,} bytes, where one stage first fails"
+    chosen, choice = found
     assert choice.shape.n_stages >= 2
     assert 0 < choice.predicted_peak_bytes <= budget
     assert chosen.pipeline.memory_budget == budget
