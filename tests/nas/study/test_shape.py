@@ -76,13 +76,13 @@ def test_a_model_over_the_memory_budget_stays_pipelined(machine: Path) -> None:
 
     # the largest budget one stage cannot meet, by bisection over the falling budgets
     low, high = 0, len(budgets) - 1
-    found, alone = resolved(budgets[high])
-    if alone:
+    found, holds = resolved(budgets[high])
+    if holds:
         pytest.fail(f"one stage fits every budget down to 6% of its {peak:,} bytes")
     while low < high:
         middle = (low + high) // 2
-        shaped, alone = resolved(budgets[middle])
-        if alone:
+        shaped, holds = resolved(budgets[middle])
+        if holds:
             low = middle + 1
         else:
             high, found = middle, shaped
