@@ -42,11 +42,10 @@ import optuna
 
 from nas import storage
 from nas.errors import HeartbeatError, LeaderError, describe
-from nas.search import FitnessPruner
 from nas.search.fidelity import Fidelity
 from nas.search.lineage import KEY_MUTATED, KEY_PARENT
 from nas.settings import NasSettings, lower_is_better
-from nas.study import judging, leading, promotion
+from nas.study import judging, leading, promotion, strategies
 from nas.study.asking import Asker
 from nas.study.bars import StudyBars
 from nas.study.inheritance import INHERIT_REFUSED, TrialWeights, WeightsError
@@ -164,13 +163,7 @@ class Leader:
         if len(self.settings.study.objectives) == 1:
             trial.report(value, step)
             return bool(trial.should_prune())
-        # Optuna 5 refuses report/should_prune with several objectives: a pruner that can
-        # judges the fitness itself, the decision written on the trial, which a failing one
-        # ends as pruned; another prunes nothing here (said when the study opened)
-        pruner = self.study.pruner
-        if not isinstance(pruner, FitnessPruner):
-            return False
-        return pruner.prune_on_fitness(self.study, trial, step, value)
+        return strategies.prune_on_fitness(self.study, trial, step, value)
 
     def finish(self, number: int, outcome: Outcome) -> None:
         """Record how trial `number` ended; its tracker run ends whatever storage says."""

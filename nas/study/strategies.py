@@ -12,7 +12,7 @@ also says when a multi-objective study's pruner cannot prune it (`no_pruning`): 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, TypeGuard
 
 import optuna
 
@@ -68,9 +68,18 @@ def no_pruning(settings: NasSettings) -> str | None:
     )
 
 
-def _judges_fitness(member: object) -> bool:
-    """Whether a pruner class offers `prune_on_fitness` (`FitnessPruner`)."""
-    return isinstance(member, type) and issubclass(member, FitnessPruner)
+def prune_on_fitness(study: optuna.Study, trial: optuna.Trial, step: int, value: float) -> bool:
+    """Whether a multi-objective study's `trial` stops at `step` (Optuna refuses `report`
+    with several objectives): its pruner judges the fitness `value` where it can, the
+    decision written on the trial; another prunes nothing (`no_pruning` said so)."""
+    pruner = study.pruner
+    return _judges_fitness(pruner) and pruner.prune_on_fitness(study, trial, step, value)
+
+
+def _judges_fitness(member: object) -> TypeGuard[FitnessPruner]:
+    """Whether a pruner, or a pruner class, offers `prune_on_fitness` (`FitnessPruner`)."""
+    kind = member if isinstance(member, type) else type(member)
+    return issubclass(kind, FitnessPruner)
 
 
 class TrainableProposals:

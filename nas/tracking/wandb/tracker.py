@@ -37,18 +37,25 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import json
 import logging
 import os
-import shlex
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, ClassVar, Concatenate, Literal, ParamSpec, get_args
+from typing import Any, ClassVar, Concatenate, ParamSpec, get_args
 
 from nas.tracking.base import Metrics, Rows, Summary, TrialEnd, clean_metrics, json_safe
 from nas.tracking.lifecycle import LifecycleTracker
 from nas.tracking.plots import save_pareto_plot
 from nas.tracking.pool_plot import save_pool_plot
+from nas.tracking.wandb.values import (
+    STEP_METRIC,
+    Direction,
+    cell,
+    columns,
+    metric_summary,
+    set_last,
+    sync_command,
+)
 
 __all__ = [
     "MODES",
@@ -61,10 +68,6 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 MODES = ("offline", "online", "disabled")
-Direction = Literal["minimize", "maximize"]
-STEP_METRIC = "step"  # logged in every trial row: the x axis of the trial's metrics
-_SPLITS = ("validation_", "test_", "train_")
-_RISING = ("accuracy",)  # by name, when no direction is declared (every task has it)
 
 # W&B settings the tracker applies unless `settings=` overrides them: no console capture,
 # no informational output (warnings and errors still print), no system-metrics sampler
@@ -77,48 +80,6 @@ QUIET_SETTINGS: dict[str, Any] = {
     "x_save_requirements": False,
     "save_code": False,
 }
-
-
-def sync_command(directories: Iterable[str | Path]) -> str:
-    """The shell command that uploads offline runs: `wandb sync <run folder> ...`."""
-    paths = [str(d) for d in directories]
-    if not paths:
-        raise ValueError("sync_command needs at least one run folder")
-    return shlex.join(["wandb", "sync", *paths])
-
-
-def metric_summary(name: str, directions: Mapping[str, Direction] | None = None) -> str | None:
-    """How W&B summarises metric `name`: "min,last" when lower is better, "max,last" when
-    higher is, None when neither is known (W&B's default: the last value).
-
-    The direction is `directions[name]`, else that of its validation twin
-    (`directions["validation_<metric>"]` for "loss", "test_loss", "stage0/train_loss"...), else
-    the name's: a loss ("loss", "*_loss") is minimised, accuracy maximised; any other
-    metric of a task needs its declared direction."""
-    base = name.rsplit("/", 1)[-1]
-    for split in _SPLITS:
-        base = base.removeprefix(split)
-    way = (directions or {}).get(name) or (directions or {}).get(f"validation_{base}")
-    if way is None and (base == "loss" or base.endswith("_loss")):
-        way = "minimize"
-    if way is None and base in _RISING:
-        way = "maximize"
-    return None if way is None else ("min,last" if way == "minimize" else "max,last")
-
-
-def _cell(value: Any) -> Any:
-    """A table cell: scalars as they are, lists and dicts as JSON text."""
-    value = json_safe(value)
-    if isinstance(value, dict | list):
-        return json.dumps(value, sort_keys=True)
-    return value
-
-
-def _columns(rows: Sequence[Mapping[str, Any]]) -> list[str]:
-    columns: dict[str, None] = {}
-    for row in rows:
-        columns.update(dict.fromkeys(str(k) for k in row))
-    return list(columns)
 
 
 def _service_lost_errors() -> tuple[type[BaseException], ...]:
@@ -152,15 +113,6 @@ def _survives_service_loss(*, retry: bool = False) -> Callable[[_Hook[_P]], _Hoo
         return guarded
 
     return wrap
-
-
-def _set_last(run: Any, key: str, value: Any) -> None:
-    """`value` as the "last" of `key`'s summary {"min"|"max", "last"}, keeping its best;
-    written plainly when W&B holds no such summary for `key`."""
-    try:
-        run.summary[key]["last"] = value
-    except (KeyError, TypeError):
-        run.summary[key] = value
 
 
 class WandbTracker(LifecycleTracker):
@@ -311,9 +263,9 @@ class WandbTracker(LifecycleTracker):
         self._study_run.define_metric("trials/*", step_metric="trials/ended")
 
     def _table(self, rows: Sequence[Mapping[str, Any]]) -> Any:
-        columns = _columns(rows)
-        data = [[_cell(row.get(c)) for c in columns] for row in rows]
-        return self._wandb.Table(columns=columns, data=data, allow_mixed_types=True)
+        names = columns(rows)
+        data = [[cell(row.get(c)) for c in names] for row in rows]
+        return self._wandb.Table(columns=names, data=data, allow_mixed_types=True)
 
     # -- the lifecycle (checked by LifecycleTracker) ---------------------------------------------
     def _on_start_study(self, study_name: str, config: Mapping[str, Any]) -> None:
@@ -407,7 +359,7 @@ class WandbTracker(LifecycleTracker):
             summarised = {k: final.pop(k) for k in self._summarised & final.keys()}
             run.summary.update(final)
             for key, value in summarised.items():
-                _set_last(run, key, value)
+                set_last(run, key, value)
             run.tags = (*tuple(run.tags or ()), text)
         finally:
             self._trial_run = None
