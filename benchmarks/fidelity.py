@@ -51,6 +51,7 @@ import argparse
 import functools
 import itertools
 import json
+import math
 import os
 import statistics
 import tempfile
@@ -326,15 +327,16 @@ def _by_kind(
 
 def _seconds_per_candidate(
     costs: dict[str, float],
-    truth_s: float,
-    truth_runs: int,
+    run_seconds: list[float],
     inherited: dict[str, float],
     candidates: int,
 ) -> dict[str, float]:
     """Seconds of one core per candidate for each estimate: a rung or an extrapolation as
-    its share of a full run (the truth's runs, two at a time on two cores); an inherited
-    estimate as its workers measured it (its parents' controls shared out)."""
-    full_run_s = 2 * truth_s / max(1, truth_runs)  # the runs train side by side, one per core
+    its share of a full run (the median of the truth's runs as each measured itself, one
+    core each: a run read back from an earlier start of this benchmark, or resumed from its
+    checkpoint, counts as it was measured); an inherited estimate as its workers measured
+    it (its parents' controls shared out)."""
+    full_run_s = statistics.median(run_seconds) if run_seconds else math.nan
     rows = {label: share * full_run_s for label, share in costs.items() if "@" in label}
     rows |= {label: spent / max(1, candidates) for label, spent in inherited.items()}
     rows["full budget"] = full_run_s
@@ -387,7 +389,7 @@ def main() -> None:
         # what each estimate costs per candidate, in seconds of one core (the inherited
         # ones as their workers measured them; a rung as its share of a full run's)
         "seconds_per_candidate": _seconds_per_candidate(
-            costs, truth_s, len(runs), seconds, len(drawn)
+            costs, [r.seconds for r in runs if r.error is None and r.seconds], seconds, len(drawn)
         ),
         "noise_ceiling_tau": noise_ceiling(*truth_by_seed[:2]) if len(truth_by_seed) >= 2 else None,
         "noise_ceiling_tau_pairs": [

@@ -30,6 +30,7 @@ from nas.retrain.records import model_folder, model_records, run_digest
 from nas.retrain.results import Model, RetrainRun, score
 from nas.settings import NasSettings, TrainSettings
 from nas.study import shape, training
+from nas.study.checkpoints import RunCheckpoints
 from nas.tasks import Task, get_task
 from pipeline import ElasticPipeline, StageContext
 from pipeline.distributed.comm import Comm
@@ -147,7 +148,7 @@ def _train(
 
     With `retrain.checkpoint_every` the run saves a checkpoint every N steps and resumes from
     its latest one (a killed retraining's) with its history, skipping the batches trained
-    already (`nas.retrain.runs.RunCheckpoints`)."""
+    already (`nas.study.checkpoints.RunCheckpoints`)."""
     arch = from_json(model.architecture)
     specs, parameters = training.compile_model(arch, task, settings.train.dropout)
     run = RetrainRun(model.name, seed, model.trial, model.params, parameters)
@@ -155,8 +156,12 @@ def _train(
         progress[0].update(progress[1], description=f"retrain {model.name} seed {seed}")
     schedule = training.rates(settings.train, steps)
     every = settings.retrain.checkpoint_every
-    saves = retrain_runs.RunCheckpoints(
-        model_folder(settings, model), seed, run_digest(settings, model), every, steps
+    saves = RunCheckpoints(
+        retrain_runs.checkpoint_folder(model_folder(settings, model), seed),
+        run_digest(settings, model),
+        every,
+        steps,
+        label=f"retrain {model.name} seed {seed}",
     )
     pipe: ElasticPipeline | None = None
     started = time.perf_counter()
@@ -188,7 +193,7 @@ def _train_steps(
     task: Task,
     pipe: ElasticPipeline,
     run: RetrainRun,
-    saves: retrain_runs.RunCheckpoints,
+    saves: RunCheckpoints,
     schedule: LrSchedule,
     progress: tuple[Progress, Any] | None,
 ) -> None:

@@ -87,6 +87,15 @@ class StudySettings(Settings):
     # is measured again on it (the leader too, paired), and leads on its mean over both
     # (`nas.study.leading`); never one of `retrain.seeds`; None: one seed, `seed`
     confirm_seed: int | None = setting(None, OrNone(Integer(low=None)))
+    # a trial trained at the full budget (a seed, a promoted child, any trial at fidelity
+    # full) saves a checkpoint every N steps into <studies_dir>/checkpoints/<name>/trial-<n>/
+    # (n: its first attempt), so that its retry after its worker died goes on from there
+    # with its reports (`nas.study.checkpoints`); the folder goes when the trial is
+    # recorded; 0 or null: none (a retry trains from scratch)
+    checkpoint_every: int | None = setting(
+        100,
+        OrNone(Integer(0, words="use a step count > 0, or 0 or null for no checkpoints")),
+    )
     # stage processes restarted after a death, per study run
     max_restarts: int = setting(2, Integer(0))
     # a trial whose worker died (stage processes, or a heartbeat that stopped) is tried again

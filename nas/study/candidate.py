@@ -12,9 +12,10 @@ cause of its failure, the same on every rank.
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,7 @@ from nas.learning_rate import LrSchedule
 from nas.search.fidelity import Fidelity, fidelity_of, record
 from nas.settings import NasSettings, direction, task_metrics
 from nas.study import judging, promotion, training
+from nas.study.checkpoints import RunCheckpoints, fingerprint
 from nas.study.decisions import Decisions
 from nas.study.inheritance import WeightBank, inherited_attrs, save_weights
 from nas.study.leader import Leader, TrialOrder
@@ -30,7 +32,7 @@ from nas.study.leading import SEED_VALUES, mean_value
 from nas.study.trials import Outcome
 from nas.tasks import Task
 from nas.tracking import TrialEnd, pipeline_metrics
-from pipeline import CostCache, ElasticPipeline, LayerSpec, WeightSnapshot
+from pipeline import CheckpointOptions, CostCache, ElasticPipeline, LayerSpec, WeightSnapshot
 from pipeline.pure.planner import Plan
 from pipeline.pure.shape import RuntimeOverheads, Shape, predicted_step_s
 from search_spaces.architecture import from_json, short_name, summary
@@ -109,9 +111,12 @@ class CandidateTrainer:
         promoted, trained again in full) or built (from `source`'s weights, if any) and
         trained in full."""
         if order.inherit is None:
-            start = self.bank.inherited(source, order.parent, order.edited)
-            built = self._build(pipe, specs, start)
-            return built, *self._train(built)
+            saves = self._saves(order)
+            resume = saves.options() if saves is not None else None
+            start = None if resume else self.bank.inherited(source, order.parent, order.edited)
+            built = self._build(pipe, specs, start, resume)
+            _note_resumed(built, attrs)
+            return built, *self._train(built, saves=saves)
         pipe, evaluation = self._judge(pipe, order, specs, attrs)
         steps = self.settings.study.inherit_steps
         difference = attrs.get(f"difference_{self.settings.study.fitness}", math.nan)
@@ -121,9 +126,30 @@ class CandidateTrainer:
             return pipe, evaluation, steps, False
         # nas.study.promotion: trained again from scratch, the measurement its fitness
         attrs |= promotion.promoted(evaluation, task_metrics(self.settings.task.name))
-        built = self._build(pipe, specs, None)
-        evaluation, trained, _ = self._train(built, prunable=False)  # promoted: never pruned
+        saves = self._saves(order)
+        built = self._build(pipe, specs, None, saves.options() if saves is not None else None)
+        _note_resumed(built, attrs)
+        evaluation, trained, _ = self._train(built, prunable=False, saves=saves)  # never pruned
         return built, evaluation, steps + trained, False
+
+    def _saves(self, order: TrialOrder) -> RunCheckpoints | None:
+        """The checkpoints of `order`'s training at the full budget (None: it keeps none)."""
+        if order.checkpoints is None:
+            return None
+        settings = self.settings
+        steps = settings.train.steps
+        how = {
+            "train": asdict(settings.train),
+            "task": asdict(settings.task),
+            "seed": settings.seed,
+        }
+        return RunCheckpoints(
+            Path(order.checkpoints),
+            fingerprint(order.architecture, steps, how),
+            settings.study.checkpoint_every,
+            steps,
+            label=f"trial {order.number}",
+        )
 
     def _confirm(
         self, pipe: ElasticPipeline, specs: list[LayerSpec], value: float
@@ -218,10 +244,15 @@ class CandidateTrainer:
         return pipe, evaluation
 
     def _build(
-        self, pipe: ElasticPipeline | None, specs: list[LayerSpec], snapshot: WeightSnapshot | None
+        self,
+        pipe: ElasticPipeline | None,
+        specs: list[LayerSpec],
+        snapshot: WeightSnapshot | None,
+        resume: CheckpointOptions | None = None,
     ) -> ElasticPipeline:
         """`specs` on `pipe` (planned from the cost cache) at the full budget's schedule,
-        from `snapshot`'s weights where names and shapes match, the rest from scratch."""
+        from `snapshot`'s weights where names and shapes match, the rest from scratch; or
+        going on from the checkpoint `resume` names."""
         return training.build(
             self.settings,
             self.task,
@@ -230,43 +261,75 @@ class CandidateTrainer:
             seed=self.settings.seed,
             pipe=pipe,
             snapshot=snapshot,
+            checkpoint=resume,
             cost_cache=self.costs,
         )
 
     def _train(
-        self, pipe: ElasticPipeline, *, prunable: bool = True
+        self, pipe: ElasticPipeline, *, prunable: bool = True, saves: RunCheckpoints | None = None
     ) -> tuple[dict[str, float], int, bool]:
         """(the last evaluation's metrics, steps trained, pruned?).
 
         The steps between two evaluations are one `pipe.train` stream (no flush between them
         under "2bw"); the stream drains before each evaluation. Each evaluation is reported
-        (pruners learn from it); only a `prunable` run stops where the pruner says.
+        (pruners learn from it); only a `prunable` run stops where the pruner says. With
+        `saves`, each step goes to the run's history and a checkpoint every N steps; a run
+        resumed from one (`pipe.step` > 0) reports its history again first, then goes on
+        from the first batch it has not trained.
         """
-        train, decide = self.settings.train, self.decide
+        train = self.settings.train
+        step, history = saves.resumed(pipe) if saves is not None else (0, [])
+        replayed = self._replay(history, prunable)
+        if replayed is not None:
+            return replayed
         source = training.batches(self.task, train.batch_size, self.settings.seed)
-        step = 0
+        source = itertools.islice(source, step, None)  # from the first batch not trained
         while True:
-            segment = min(train.eval_every - step % train.eval_every, train.steps - step)
-            last_loss = None
-            for done, loss in training.steps(pipe, source, start=step, count=segment):
-                if last_loss is not None:  # all but the segment's last: no decision
-                    decide.log_step(done - 1, {"loss": last_loss})
-                step, last_loss = done, loss
-            if last_loss is None:
+            end = min(step + train.eval_every - step % train.eval_every, train.steps)
+            for done, loss in training.steps(pipe, source, start=step, count=end - step):
+                step = done
+                if step < end:  # all but the segment's last: no decision
+                    self._stepped(pipe, saves, {"step": step, "loss": loss})
+            if step < end:
                 raise ValueError(f"task {self.settings.task.name!r} yielded no training batches")
             final = step == train.steps  # every rank evaluates
             evaluation = training.evaluate(train, self.task, pipe, final=final)
             metrics = {
-                "loss": last_loss,
+                "loss": loss,
                 "lr": self.schedule.rate(step - 1),
                 **pipeline_metrics(pipe.stats().to_dict()),
                 **evaluation,
             }
-            prune = decide(f"report step {step}", Leader.evaluated, step, metrics)
+            prune = self.decide(f"report step {step}", Leader.evaluated, step, metrics)
+            if saves is not None:
+                saves.stepped(pipe, {"step": step, "metrics": metrics, "evaluation": evaluation})
             if final:  # trained in full: a measurement, whatever a pruner would say
                 return evaluation, step, False
             if prune and prunable:
                 return evaluation, step, True  # 4.
+
+    def _stepped(
+        self, pipe: ElasticPipeline, saves: RunCheckpoints | None, entry: dict[str, Any]
+    ) -> None:
+        """A step between evaluations: rank 0 logs it; into the run's history with `saves`."""
+        self.decide.log_step(entry["step"], {"loss": entry["loss"]})
+        if saves is not None:
+            saves.stepped(pipe, entry)
+
+    def _replay(
+        self, history: list[dict[str, Any]], prunable: bool
+    ) -> tuple[dict[str, float], int, bool] | None:
+        """A resumed run's history logged and reported again, as the trial trained it;
+        (its evaluation, step, pruned) where the pruner stops it there, else None."""
+        for entry in history:
+            step = int(entry["step"])
+            if "metrics" not in entry:
+                self.decide.log_step(step, {"loss": entry["loss"]})
+                continue
+            prune = self.decide(f"report step {step}", Leader.evaluated, step, entry["metrics"])
+            if prune and prunable:
+                return dict(entry["evaluation"]), step, True
+        return None
 
     def _measured(self, pipe: ElasticPipeline, steps: int, seconds: float) -> dict[str, Any]:
         """What the trained pipeline measured, and what this worker's shape predicted."""
@@ -305,6 +368,13 @@ def _objective(value: float, name: str) -> float:
     if math.isfinite(value):
         return value
     return math.inf if direction(name) == "minimize" else -math.inf
+
+
+def _note_resumed(pipe: ElasticPipeline, attrs: dict[str, Any]) -> None:
+    """A run built from its checkpoint (`study.checkpoint_every`) records the step it went
+    on from."""
+    if pipe.step:
+        attrs["resumed_at_step"] = pipe.step
 
 
 def _inheritance(pipe: ElasticPipeline) -> dict[str, int]:

@@ -34,8 +34,10 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, TypeVar
 
 import optuna
@@ -78,6 +80,9 @@ class TrialOrder:
     # from scratch), and where rank 0 writes its weights for its own children
     inherit: InheritFrom | None = None
     weights_to: str | None = None
+    # study.checkpoint_every: the folder its full-budget training checkpoints into (its
+    # first attempt's: a retry goes on from there; `nas.study.checkpoints`)
+    checkpoints: str | None = None
 
 
 @dataclass(frozen=True)
@@ -177,6 +182,7 @@ class Leader:
             except (LeaderError, HeartbeatError) as error:
                 outcome = Outcome(TrialEnd.FAILED, outcome.attrs | {"fail_reason": describe(error)})
             self._tell(running.trial, outcome)
+            self._forget_checkpoints(number)  # recorded: nothing left to resume
         finally:
             self.tracker.end_trial(outcome.state, outcome.attrs, outcome.attrs.get("fail_reason"))
             self.bars.trial_ends()
@@ -274,8 +280,9 @@ class Leader:
         if run_id is not None:
             trial.set_user_attr(TRACKER_RUN_ID, run_id)
         parent, edited = self._lineage(trial, arch)
+        checkpoints = self._checkpoints(trial.number)
         if self.weights is None:
-            return TrialOrder(trial.number, arch_json, parent, edited)
+            return TrialOrder(trial.number, arch_json, parent, edited, checkpoints=checkpoints)
         source = None
         if parent is not None:
             try:
@@ -284,7 +291,21 @@ class Leader:
                 logger.warning("trial %d trains from scratch: %s", trial.number, error)
                 trial.set_user_attr(INHERIT_REFUSED, str(error))
         weights_to = str(self.weights.file(trial.number))
-        return TrialOrder(trial.number, arch_json, parent, edited, source, weights_to)
+        return TrialOrder(trial.number, arch_json, parent, edited, source, weights_to, checkpoints)
+
+    def _checkpoints(self, number: int) -> str | None:
+        """Where trial `number` and every retry of it keep their checkpoints (None: it
+        keeps none, `study.checkpoint_every`)."""
+        if not self.settings.study.checkpoint_every:
+            return None
+        first = storage.first_attempt(self.study.get_trials(deepcopy=False), number).number
+        folder = Path(self.settings.studies_dir) / "checkpoints" / self.settings.study.name
+        return str(folder / f"trial-{first}")
+
+    def _forget_checkpoints(self, number: int) -> None:
+        folder = self._checkpoints(number)
+        if folder is not None:
+            shutil.rmtree(folder, ignore_errors=True)
 
     def _lineage(
         self, trial: optuna.Trial, arch: Architecture

@@ -33,6 +33,7 @@ step with the layers. The package docstring draws which part owns what.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -326,6 +327,7 @@ class ElasticPipeline(ModelViews, OptionViews):
         loss_fn: LossFn | None = None,
         optimizer: OptimizerFactory | None = None,
         lr_scheduler: LrSchedulerFactory | None = None,
+        checkpoint: CheckpointOptions | None = None,
     ) -> None:
         """Take the next model on the same processes and process group; call on every rank.
 
@@ -341,16 +343,25 @@ class ElasticPipeline(ModelViews, OptionViews):
         `loss_fn`, `optimizer` and `lr_scheduler`, when given, replace the current ones (a
         new `lr_scheduler` needs the pipeline built with one: a schedule of the new model's
         length, say).
+        `checkpoint`, when given, replaces the checkpoint options for the new model: where it
+        saves automatically, and a checkpoint of this model to go on from (`resume_from`): its
+        weights, optimizer and lr schedule state and step, exactly as a new pipeline built
+        with it would (the starting weights then come from there: no inheritance).
         """
         scheduler = checked_scheduler(
             lr_scheduler, optimizer or self.recipe.optimizer, self.pipemare
         )
-        new_specs, source = elasticity.next_model(self, specs, inherit_weights, inherit_from)
+        new_specs, source = elasticity.next_model(
+            self, specs, inherit_weights, inherit_from, checkpoint
+        )
         self.recipe = self.recipe.changed(optimizer=optimizer, loss_fn=loss_fn)
         self.generation += 1
         self.model.close()  # free the old layers before building the new ones
         self.model = ModelHolder(new_specs, None)  # a Plan may carry a handoff
         self.checkpoints.reset(scheduler)
+        if checkpoint is not None:
+            self.options = dataclasses.replace(self.options, checkpoint=checkpoint)
+            partition = self.checkpoints.start(self, partition)  # resume_from?
         build.setup(self, partition)
         self.checkpoints.built(self)
         self.event_log.record("reconfigure", layers=[s.key for s in new_specs])

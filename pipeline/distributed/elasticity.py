@@ -24,6 +24,7 @@ from pipeline.distributed import build, weights
 from pipeline.distributed import handoff as handoff_cut
 from pipeline.distributed.inheritance import WeightSnapshot
 from pipeline.distributed.migration import MigrationError, MigrationRecord, migrate
+from pipeline.distributed.options import CheckpointOptions
 from pipeline.distributed.parts import ElasticPipelineParts
 from pipeline.local.spec import LayerSpec, check_specs
 from pipeline.pure.partition import bounds
@@ -169,16 +170,24 @@ def next_model(
     specs: Sequence[LayerSpec],
     inherit_weights: bool,
     inherit_from: WeightSnapshot | None,
+    checkpoint: CheckpointOptions | None = None,
 ) -> tuple[list[LayerSpec], WeightSnapshot | None]:
     """`ElasticPipeline.reconfigure`'s checks, before the old model goes: the new specs
-    (the same on every rank) and the weights the new model is to inherit, if any."""
+    (the same on every rank) and the weights the new model is to inherit, if any (none
+    where it resumes a checkpoint)."""
     new_specs = check_specs(specs)
+    resumes = checkpoint is not None and checkpoint.resume_from is not None
+    if resumes and inherit_weights:
+        raise ValueError(
+            "inherit_weights=True and CheckpointOptions(resume_from=...) both give the "
+            "starting weights; pass one of them"
+        )
     pipe.drain()
     requests = pipe.comm.all_gather_object([s.key for s in new_specs])
     if any(r != requests[0] for r in requests):
         raise ValueError("ranks passed different models to reconfigure")
     if inherit_from is not None:
-        weights.checked_source(inherit_from)
+        weights.checked_source(inherit_from, resumes)
     if inherit_from is None and inherit_weights and pipe.model.built:
         # references: the old layers are freed before the new ones load them
         return new_specs, weights.snapshot(pipe.model, copy=False)

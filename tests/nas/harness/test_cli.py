@@ -171,10 +171,12 @@ def test_stages_started_by_torchrun_run_the_study(tmp_path: Path) -> None:
 def test_a_study_killed_in_a_top_rung_trial_resumes_with_every_completed_rung(
     tmp_path: Path,
 ) -> None:
-    """Hurdles at 5 and 10 steps, the top rung at 30: SIGKILL the harness (and its stage
-    processes) while a trial trains past its last hurdle, once a trial is complete. The
-    re-run keeps every rung already recorded (the killed trial's too, on its failed record),
-    asks the killed architecture again and finishes the rest of the trials, no more."""
+    """Hurdles at 5 and 10 steps, the top rung at 30, a checkpoint every 5 steps: SIGKILL
+    the harness (and its stage processes) while a trial trains past its last hurdle, once a
+    trial is complete. The re-run keeps every rung already recorded (the killed trial's too,
+    on its failed record), asks the killed architecture again, which goes on from the
+    killed attempt's last checkpoint with its rungs reported again, and finishes the rest of
+    the trials, no more; no checkpoint is left."""
     overrides = [
         "study.name=rungs",
         "study.n_trials=3",
@@ -186,6 +188,7 @@ def test_a_study_killed_in_a_top_rung_trial_resumes_with_every_completed_rung(
         "pruner.options.min_trials=2",
         "train.steps=30",
         "train.eval_every=5",
+        "study.checkpoint_every=5",
         "train.eval_batches=1",
         "train.decode_pairs=0",
         "train.final_decode_pairs=4",
@@ -223,6 +226,12 @@ def test_a_study_killed_in_a_top_rung_trial_resumes_with_every_completed_rung(
     again = [t for t in after[len(before) :] if t.params == interrupted.params]
     assert again and again[0].state != optuna.trial.TrialState.RUNNING
     assert "left running" in interrupted.user_attrs["fail_reason"]
+    resumed = again[0].user_attrs["resumed_at_step"]  # step 5's checkpoint at least
+    assert resumed in (5, 10, 15, 20, 25)
+    replayed = {s: v for s, v in interrupted.intermediate_values.items() if s <= resumed}
+    shared = {s: v for s, v in again[0].intermediate_values.items() if s in replayed}
+    assert 5 in shared and shared == {s: replayed[s] for s in shared}  # a hurdle may stop it
+    assert not any((tmp_path / "studies" / "checkpoints").glob("*/trial-*"))
     assert sum(map(counted, after)) == 3
     assert not any(t.state == optuna.trial.TrialState.RUNNING for t in after)
 

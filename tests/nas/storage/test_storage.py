@@ -54,7 +54,7 @@ def test_a_bad_storage_url_says_what_is_valid(url: str, message: str) -> None:
         composed(f"study.storage={url}")
 
 
-def test_storage_wait_s_and_max_retries_are_checked() -> None:
+def test_storage_wait_s_max_retries_and_checkpoint_every_are_checked() -> None:
     assert composed("study.storage_wait_s=5").study.storage_wait_s == 5
     for bad in ("0", "-1", "inf"):
         with pytest.raises(ValueError, match=rf"study.storage_wait_s={bad}.* is not valid"):
@@ -62,6 +62,9 @@ def test_storage_wait_s_and_max_retries_are_checked() -> None:
     assert composed("study.max_retries=0").study.max_retries == 0
     with pytest.raises(ValueError, match=r"study.max_retries=-1 is not valid"):
         composed("study.max_retries=-1")
+    assert composed("study.checkpoint_every=null").study.checkpoint_every is None
+    with pytest.raises(ValueError, match=r"study.checkpoint_every=-5 is not valid.* step count"):
+        composed("study.checkpoint_every=-5")
 
 
 def test_heartbeat_grace_s_is_checked_and_sets_the_beat(tmp_path: Path) -> None:

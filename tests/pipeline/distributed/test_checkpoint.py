@@ -3,9 +3,10 @@
 Three launches share one folder. The first (2 ranks) trains a Transformer stack with
 dropout, Adam and a StepLR schedule for 6 steps without interruption (a live repartition
 before step 2, a checkpoint after step 3) and resumes that checkpoint under another
-partition and schedule, with recompute, with two stages per rank and with partition="auto";
-a 2BW stream the same way (automatic saves every 2 steps); then the faults: a corrupt and
-a missing shard, another model's checkpoint, a save that fails mid-write. The second
+partition and schedule, with recompute, with two stages per rank, with partition="auto"
+and into a pipeline that trained another model (`reconfigure(checkpoint=...)`); a 2BW
+stream the same way (automatic saves every 2 steps); then the faults: a corrupt and a
+missing shard, another model's checkpoint, a save that fails mid-write. The second
 (2 ranks) saves every 2 steps and loses a rank to SIGKILL at step 5. The third (3 ranks)
 resumes the first's checkpoint and the killed run's newest. Every resumed run must end
 within 1e-6 of the uninterrupted one (losses and full state), which equals
@@ -117,6 +118,18 @@ def resumed(folder: Path, partition: Any, schedule: Any = "1f1b") -> dict[str, A
     return finish(pipe, losses, resumed_at=step)
 
 
+def reconfigured(folder: Path) -> dict[str, Any]:
+    """Another model trains a step, then the pipeline takes this one from checkpoint "a"."""
+    pipe = make([2, 2], model=specs(32))
+    pipe.train_step(torch.randn(8, 6, 32), torch.randn(8, 6, 32))
+    pipe.reconfigure(
+        specs(), partition=[3, 1], checkpoint=CheckpointOptions(resume_from=folder / "a")
+    )
+    step = pipe.step
+    losses = [pipe.train_step(x, y) for x, y in batches()[step:]]
+    return finish(pipe, losses, resumed_at=step)
+
+
 def stream(folder: Path) -> dict[str, Any]:
     """2BW: a stream of 3 steps, a checkpoint, a stream of 3 (saves every 2 as well)."""
     auto = CheckpointOptions(directory=folder / "auto", every=2, keep_last=2)
@@ -219,6 +232,7 @@ def first_launch(ctx: StageContext, folder: Path) -> dict[str, Any]:
         "zbh1 recompute": resumed(folder, recompute, "zbh1"),
         "interleaved": resumed(folder, [1, 1, 1, 1], four_stages),
         "auto": resumed(folder, "auto"),
+        "reconfigured": reconfigured(folder),
         "2bw": stream(folder),
         "2bw [3, 1]": stream_resumed(folder),
     }
@@ -302,7 +316,16 @@ def test_uninterrupted_runs_equal_the_reference_with_its_lr_schedule(
 
 @pytest.mark.parametrize(
     "name",
-    ["same", "gpipe [3, 1]", "zbh1 recompute", "interleaved", "auto", "3 ranks", "after kill"],
+    [
+        "same",
+        "gpipe [3, 1]",
+        "zbh1 recompute",
+        "interleaved",
+        "auto",
+        "reconfigured",
+        "3 ranks",
+        "after kill",
+    ],
 )
 def test_a_resumed_run_goes_on_exactly(runs: dict[str, Any], name: str) -> None:
     run, whole = runs[name], runs["uninterrupted"]
