@@ -9,10 +9,12 @@ violations (empty: it holds):
                 naming it: a trial Optuna's heartbeat check failed has no reason of its own)
     retries     no architecture trained more often than the retry cap allows
                 (1 + `study.max_retries`), and every repeat names the trial it retries
-    inherited   every child that took weights took them from its own evolution parent, from
-                an artifact that was whole when it started (checked now, or damaged by the
-                nemesis only after); every child of a parent whose artifact the nemesis
-                damaged, started after the damage, refused it and trained from scratch
+    inherited   every child that took weights took them from its own evolution parent: from
+                its worker's own copy (written or checked before), or from an artifact (kept
+                with the trial, or late on the study) that was whole when it started (checked
+                now, or damaged by the nemesis only after); every child of a parent whose
+                artifact the nemesis damaged, started after the damage, refused it and
+                trained from scratch, unless its worker had its own copy
     results     every trial a worker logged as told is in the storage in that state with
                 that value, and the study's best is the best of those logged
     retraining  every model folder's export loads (`nas.load_model`), every run record
@@ -36,10 +38,13 @@ from nas import load_model, storage
 from nas.search.lineage import KEY_PARENT
 from nas.study.inheritance import (
     INHERIT_REFUSED,
+    INHERITED_COPY,
     INHERITED_FROM,
     WEIGHTS_ARTIFACT,
+    WEIGHTS_NOT_KEPT,
     WEIGHTS_SHA256,
     check_weights,
+    late_weights_key,
 )
 from nas.study.trials import INVALID, counted
 
@@ -61,7 +66,7 @@ def account(
     checks = {
         "trials": _trials(trials),
         "retries": _retries(trials, max_retries),
-        "inherited": _inherited(trials, store, damaged),
+        "inherited": _inherited(trials, store, damaged, _kept_late(study, trials)),
         "results": _results(study, trials, logs),
     }
     if models is not None:
@@ -131,13 +136,17 @@ def _retries(trials: list[FrozenTrial], max_retries: int) -> dict[str, Any]:
 
 
 def _inherited(
-    trials: list[FrozenTrial], store: Path, damaged: list[dict[str, Any]]
+    trials: list[FrozenTrial],
+    store: Path,
+    damaged: list[dict[str, Any]],
+    late: dict[int, tuple[str, str]],
 ) -> dict[str, Any]:
-    by_artifact = {t.user_attrs.get(WEIGHTS_ARTIFACT): t for t in trials}
+    kept = {t.number: found for t in trials if (found := _kept(t, late)) is not None}
+    by_artifact = {artifact: trials[number] for number, (artifact, _) in kept.items()}
     damage_at = {d["artifact"]: d["at"] for d in damaged}
     whole: dict[int, bool] = {}
     violations: list[str] = []
-    inherited = refused = 0
+    inherited = refused = own = 0
     for child in trials:
         source = child.user_attrs.get(INHERITED_FROM)
         if source is None or child.datetime_start is None:
@@ -149,14 +158,19 @@ def _inherited(
                 f"trial {child.number} took trial {parent.number}'s weights, "
                 f"not its parent's ({_parent(trials, child)})"
             )
-        artifact = parent.user_attrs.get(WEIGHTS_ARTIFACT)
+        if child.user_attrs.get(INHERITED_COPY) == "own":
+            own += 1  # its worker's copy, whole when written or fetched
+            continue
+        artifact, sha256 = kept.get(parent.number, (None, None))
         when = damage_at.get(artifact, math.inf)
         if when < child.datetime_start.timestamp():
             violations.append(
                 f"trial {child.number} took trial {parent.number}'s weights, "
                 "damaged before it started"
             )
-        elif when == math.inf and not whole.setdefault(parent.number, _whole(store, parent)):
+        elif when == math.inf and not whole.setdefault(
+            parent.number, _whole(store, artifact, sha256)
+        ):
             violations.append(
                 f"trial {child.number} took trial {parent.number}'s weights, "
                 "which no longer load, and the nemesis did not damage them"
@@ -172,12 +186,32 @@ def _inherited(
             refused += INHERIT_REFUSED in child.user_attrs
     return {
         "children_inherited": inherited,
+        "from_own_copy": own,
         "damaged_artifacts": len(damage_at),
         "damaged_refused": refused,
         "refusals": sum(INHERIT_REFUSED in t.user_attrs for t in trials),
-        "not_kept": sum("weights_not_kept" in t.user_attrs for t in trials),
+        "not_kept": sum(WEIGHTS_NOT_KEPT in t.user_attrs for t in trials),
+        "kept_late": len(late),
         "violations": violations,
     }
+
+
+def _kept_late(study: optuna.Study, trials: list[FrozenTrial]) -> dict[int, tuple[str, str]]:
+    """{trial: (artifact, SHA-256)} of the weights kept after their trial was told."""
+    attrs, late = study.user_attrs, {}
+    for trial in trials:
+        found = attrs.get(late_weights_key(trial.number))
+        if found:
+            late[trial.number] = (found["artifact"], found["sha256"])
+    return late
+
+
+def _kept(trial: FrozenTrial, late: dict[int, tuple[str, str]]) -> tuple[str, str] | None:
+    """Where a trial's weights are in the store, and their SHA-256 (None: nowhere)."""
+    artifact = trial.user_attrs.get(WEIGHTS_ARTIFACT)
+    if artifact is not None:
+        return artifact, trial.user_attrs.get(WEIGHTS_SHA256, "")
+    return late.get(trial.number)
 
 
 def _parent(trials: list[FrozenTrial], child: FrozenTrial) -> int | None:
@@ -185,12 +219,12 @@ def _parent(trials: list[FrozenTrial], child: FrozenTrial) -> int | None:
     return storage.first_attempt(trials, child.number).system_attrs.get(KEY_PARENT)
 
 
-def _whole(store: Path, trial: FrozenTrial) -> bool:
+def _whole(store: Path, artifact: str | None, sha256: str | None) -> bool:
+    if artifact is None:
+        return False
     try:
-        check_weights(
-            store / trial.user_attrs[WEIGHTS_ARTIFACT], trial.user_attrs.get(WEIGHTS_SHA256)
-        )
-    except (OSError, ValueError, KeyError):
+        check_weights(store / artifact, sha256 or None)
+    except (OSError, ValueError):
         return False
     return True
 

@@ -28,15 +28,20 @@ None of these stops a study:
 
     keep      a weights file that cannot be written to the store is tried again, with
               backoff, for up to `study.storage_wait_s` (a store full or read-only for a
-              while is waited out, as a database restarting is: every child of a trial
-              whose weights are lost trains from scratch, to the full budget); past the
+              while is waited out, as a database restarting is: a child of a trial whose
+              weights no worker has trains from scratch, to the full budget); past the
               wait it is logged and recorded on its trial (`weights_not_kept`) and the
               trial completes
+    late      the worker keeps the file and tries the store again before each of its next
+              trials (`keep_late`); once it takes them, the study records where (its user
+              attribute `weights:<trial>`: artifact and SHA-256) and every worker's children
+              of that trial inherit again; meanwhile this worker's children use its own copy
     fetch     a parent's file is downloaded beside its final name and moved there once
               whole, then checked against the SHA-256 recorded when it was kept
               (`weights_sha256`) and opened; one that cannot be read or does not match
               raises `WeightsError` naming the trial and the artifact, and the child trains
-              from scratch with that cause recorded (`inherit_refused`)
+              from scratch with that cause recorded (`inherit_refused`); a worker that
+              wrote or fetched a trial's file already uses that copy
 """
 
 from __future__ import annotations
@@ -63,6 +68,7 @@ from nas.settings import NasSettings
 from pipeline import ElasticPipeline, WeightSnapshot
 
 __all__ = [
+    "INHERITED_COPY",
     "INHERITED_FROM",
     "INHERIT_REFUSED",
     "WEIGHTS_ARTIFACT",
@@ -75,6 +81,7 @@ __all__ = [
     "check_weights",
     "inherited_attrs",
     "keep_weights",
+    "late_weights_key",
     "load_snapshot",
     "save_weights",
     "sha256_of",
@@ -86,6 +93,9 @@ WEIGHTS_ARTIFACT = "weights_artifact"  # a trial's user attribute: its weights' 
 WEIGHTS_SHA256 = "weights_sha256"  # a trial's user attribute: its weights file's SHA-256
 WEIGHTS_NOT_KEPT = "weights_not_kept"  # a trial's user attribute: why the store lacks them
 INHERIT_REFUSED = "inherit_refused"  # a child's: why it did not take its parent's weights
+# a child's: which copy of its parent's weights it took: "own" (its worker wrote or fetched
+# and checked them before) or "store" (fetched now)
+INHERITED_COPY = "inherited_copy"
 _SEPARATOR = "::"  # layer key and tensor name in a flat safetensors name
 
 logger = logging.getLogger(__name__)
@@ -223,6 +233,12 @@ def check_weights(path: Path, sha256: str | None) -> None:
         raise ValueError(f"it is not a whole weights file ({error})") from error
 
 
+def late_weights_key(number: int) -> str:
+    """The study's user attribute where trial `number`'s weights, kept after it was told,
+    are found: {"artifact": id, "sha256": digest} (module doc: late)."""
+    return f"weights:{number}"
+
+
 def weights_file(folder: Path, number: int) -> Path:
     """Where a worker keeps trial `number`'s weights file in `folder`."""
     return folder / f"trial-{number}.safetensors"
@@ -237,26 +253,42 @@ class TrialWeights:
         self._store = artifact_store(settings)
         self._folder = Path(tempfile.mkdtemp(prefix="nas-weights-"))
         self._wait_s = settings.study.storage_wait_s
+        self._late: list[int] = []  # trials whose weights the store could not take yet
+
+    @property
+    def not_kept(self) -> tuple[int, ...]:
+        """The trials whose weights this worker still has to keep (module doc: late)."""
+        return tuple(self._late)
 
     def file(self, number: int) -> Path:
         """Where trial `number`'s weights are written (and a parent's downloaded)."""
         return weights_file(self._folder, number)
 
-    def download(self, trial: optuna.trial.FrozenTrial) -> Path | None:
-        """The local file of a trial's kept weights (downloaded and checked once), or None
-        when it kept none; `WeightsError` when they cannot be fetched or are damaged
+    def copy_of(self, number: int) -> str:
+        """Which copy of trial `number`'s weights `download` gives (`INHERITED_COPY`)."""
+        return "own" if self.file(number).exists() else "store"
+
+    def download(
+        self, trial: optuna.trial.FrozenTrial, late: Mapping[str, str] | None = None
+    ) -> Path | None:
+        """The local file of a trial's weights: this worker's own copy, or its kept weights
+        (`late`: where they were kept after the trial was told) downloaded and checked once;
+        None when there are none; `WeightsError` when they cannot be fetched or are damaged
         (module doc: fetch)."""
-        artifact = trial.user_attrs.get(WEIGHTS_ARTIFACT)
-        if artifact is None:
-            return None
         path = self.file(trial.number)
         if path.exists():
             return path
+        artifact = trial.user_attrs.get(WEIGHTS_ARTIFACT)
+        sha256 = trial.user_attrs.get(WEIGHTS_SHA256)
+        if artifact is None and late is not None:
+            artifact, sha256 = late["artifact"], late["sha256"]
+        if artifact is None:
+            return None
         part = path.with_name(path.name + ".part")
         part.unlink(missing_ok=True)
         try:
             download_artifact(artifact_store=self._store, file_path=str(part), artifact_id=artifact)
-            check_weights(part, trial.user_attrs.get(WEIGHTS_SHA256))
+            check_weights(part, sha256)
         except (OSError, ArtifactNotFound, ValueError) as error:
             part.unlink(missing_ok=True)
             raise WeightsError(
@@ -279,8 +311,14 @@ class TrialWeights:
                 return
             except OSError as error:
                 if time.monotonic() + pause > deadline:
-                    logger.warning("trial %d's weights are not kept: %s", trial.number, error)
+                    logger.warning(
+                        "trial %d's weights are not kept now (tried again before the next "
+                        "trial): %s",
+                        trial.number,
+                        error,
+                    )
                     trial.set_user_attr(WEIGHTS_NOT_KEPT, f"{type(error).__name__}: {error}")
+                    self._late.append(trial.number)
                     return
                 if pause == 0.5:
                     logger.warning(
@@ -292,6 +330,23 @@ class TrialWeights:
                     )
             time.sleep(pause)
             pause = min(2 * pause, 8.0)
+
+    def keep_late(self, study: optuna.Study) -> None:
+        """Try the store once more with the weights it could not take (module doc: late);
+        those it takes now are recorded on the study, the others wait for the next try."""
+        for number in list(self._late):
+            path = self.file(number)
+            try:
+                digest = sha256_of(path)
+                artifact = upload_artifact(
+                    artifact_store=self._store, file_path=str(path), study_or_trial=study
+                )
+            except OSError as error:
+                logger.debug("trial %d's weights are not kept yet: %s", number, error)
+                continue
+            study.set_user_attr(late_weights_key(number), {"artifact": artifact, "sha256": digest})
+            self._late.remove(number)
+            logger.info("trial %d's weights are kept now (artifact %s)", number, artifact)
 
     def remove(self) -> None:
         """Remove the local folder (the store keeps what counts)."""

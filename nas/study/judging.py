@@ -40,7 +40,7 @@ from optuna.trial import TrialState
 from nas.search.fidelity import Fidelity, record
 from nas.settings import NasSettings, task_metrics
 from nas.study import training
-from nas.study.inheritance import TrialWeights, inherited_attrs, load_snapshot
+from nas.study.inheritance import TrialWeights, inherited_attrs, late_weights_key, load_snapshot
 from nas.study.promotion import difference_attrs
 from nas.study.space import architecture_of
 from nas.tasks import Task
@@ -84,11 +84,13 @@ def parent_of(
     """Trial `parent`'s weights (downloaded by `weights`), metrics and control, or None when
     it did not complete or kept no weights: its child trains from scratch
     (`nas.study.inheritance.WeightsError` when its kept weights cannot be used)."""
-    stored = study.get_trials(deepcopy=False)[parent]
-    path = weights.download(stored) if stored.state == TrialState.COMPLETE else None
+    stored, attrs = study.get_trials(deepcopy=False)[parent], study.user_attrs
+    if stored.state != TrialState.COMPLETE:
+        return None
+    path = weights.download(stored, attrs.get(late_weights_key(parent)))
     if path is None:
         return None
-    control = study.user_attrs.get(_control_key(parent, settings.study.inherit_steps))
+    control = attrs.get(_control_key(parent, settings.study.inherit_steps))
     return InheritFrom(
         parent,
         architecture_of(stored, settings),

@@ -50,7 +50,7 @@ from nas.settings import NasSettings, lower_is_better
 from nas.study import judging, leading, promotion, strategies
 from nas.study.asking import Asker
 from nas.study.bars import StudyBars
-from nas.study.inheritance import INHERIT_REFUSED, TrialWeights, WeightsError
+from nas.study.inheritance import INHERIT_REFUSED, INHERITED_COPY, TrialWeights, WeightsError
 from nas.study.judging import InheritFrom
 from nas.study.opening import open_study
 from nas.study.running import RunningTrial
@@ -283,13 +283,17 @@ class Leader:
         checkpoints = self._checkpoints(trial.number)
         if self.weights is None:
             return TrialOrder(trial.number, arch_json, parent, edited, checkpoints=checkpoints)
+        self.weights.keep_late(self.study)  # the store may take what it could not before
         source = None
         if parent is not None:
+            copy = self.weights.copy_of(parent)
             try:
                 source = judging.parent_of(self.study, parent, self.settings, self.weights)
             except WeightsError as error:  # the child trains from scratch, saying why
                 logger.warning("trial %d trains from scratch: %s", trial.number, error)
                 trial.set_user_attr(INHERIT_REFUSED, str(error))
+            if source is not None:
+                trial.set_user_attr(INHERITED_COPY, copy)
         weights_to = str(self.weights.file(trial.number))
         return TrialOrder(trial.number, arch_json, parent, edited, source, weights_to, checkpoints)
 

@@ -22,8 +22,10 @@ from nas.study.inheritance import (
     WeightBank,
     WeightsError,
     inherited_attrs,
+    late_weights_key,
     load_snapshot,
     save_weights,
+    sha256_of,
 )
 from pipeline import WeightSnapshot
 
@@ -136,7 +138,42 @@ def test_a_store_that_cannot_take_weights_is_recorded_and_the_trial_completes(
     done = study.get_trials()[0]
     assert done.state == optuna.trial.TrialState.COMPLETE
     assert "Not a directory" in done.user_attrs[WEIGHTS_NOT_KEPT]
-    assert weights.download(done) is None  # its children train from scratch
+    assert weights.not_kept == (0,)  # tried again before this worker's next trial
+    assert weights.download(done) == weights.file(0)  # this worker's children: its own copy
+    other = TrialWeights(NasSettings(studies_dir=str(tmp_path / "elsewhere")))
+    assert other.download(done) is None  # another worker's children train from scratch
+
+
+def test_weights_the_store_could_not_take_are_kept_before_the_next_trial(
+    tmp_path: Path,
+) -> None:
+    """The store still down when the wait ends: the trial completes without its weights
+    kept; once the store heals, the worker keeps them before its next trial, on the study,
+    and another worker's children inherit them, checked."""
+    studies = tmp_path / "studies"
+    studies.mkdir()
+    weights = TrialWeights(NasSettings(studies_dir=str(studies), study=waiting(0.2)))
+    folder = studies / "artifacts"
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.write_text("in the way")  # every write into the store fails
+    study = optuna.create_study(storage=f"sqlite:///{tmp_path / 'study.db'}")
+    trial = study.ask()
+    save_weights(state(), weights.file(trial.number))
+    weights.keep(trial)
+    study.tell(trial, 0.5)
+    weights.keep_late(study)  # still down: it waits for the next try
+    assert weights.not_kept == (0,) and late_weights_key(0) not in study.user_attrs
+    folder.unlink()
+    folder.mkdir()
+    weights.keep_late(study)
+    assert weights.not_kept == ()
+    late = study.user_attrs[late_weights_key(0)]
+    assert (folder / late["artifact"]).is_file()
+    other = TrialWeights(NasSettings(studies_dir=str(studies)))
+    done = study.get_trials()[0]
+    assert other.download(done) is None  # the trial itself names no artifact
+    fetched = other.download(done, late)
+    assert fetched is not None and sha256_of(fetched) == late["sha256"]
 
 
 def test_a_store_that_heals_within_the_wait_keeps_the_weights(tmp_path: Path) -> None:
