@@ -11,10 +11,11 @@ violations (empty: it holds):
                 (1 + `study.max_retries`), and every repeat names the trial it retries
     inherited   every child that took weights took them from its own evolution parent: from
                 its worker's own copy (written or checked before), or from an artifact (kept
-                with the trial, or late on the study) that was whole when it started (checked
-                now, or damaged by the nemesis only after); every child of a parent whose
-                artifact the nemesis damaged, started after the damage, refused it and
-                trained from scratch, unless its worker had its own copy
+                with the trial, or late or again on the study) that was whole when it
+                started (checked now, or damaged by the nemesis only after); every child of
+                a parent whose artifact the nemesis damaged, started after the damage,
+                refused it and trained from scratch, unless its worker had its own copy or
+                the weights were kept again
     results     every trial a worker logged as told is in the storage in that state with
                 that value, and the study's best is the best of those logged
     retraining  every model folder's export loads (`nas.load_model`), every run record
@@ -142,7 +143,8 @@ def _inherited(
     late: dict[int, tuple[str, str]],
 ) -> dict[str, Any]:
     kept = {t.number: found for t in trials if (found := _kept(t, late)) is not None}
-    by_artifact = {artifact: trials[number] for number, (artifact, _) in kept.items()}
+    by_artifact = {t.user_attrs.get(WEIGHTS_ARTIFACT): t for t in trials}
+    by_artifact |= {artifact: trials[number] for number, (artifact, _) in late.items()}
     damage_at = {d["artifact"]: d["at"] for d in damaged}
     whole: dict[int, bool] = {}
     violations: list[str] = []
@@ -197,7 +199,8 @@ def _inherited(
 
 
 def _kept_late(study: optuna.Study, trials: list[FrozenTrial]) -> dict[int, tuple[str, str]]:
-    """{trial: (artifact, SHA-256)} of the weights kept after their trial was told."""
+    """{trial: (artifact, SHA-256)} of the weights kept after their trial was told (late, or
+    again after a child refused them as damaged)."""
     attrs, late = study.user_attrs, {}
     for trial in trials:
         found = attrs.get(late_weights_key(trial.number))
@@ -207,11 +210,12 @@ def _kept_late(study: optuna.Study, trials: list[FrozenTrial]) -> dict[int, tupl
 
 
 def _kept(trial: FrozenTrial, late: dict[int, tuple[str, str]]) -> tuple[str, str] | None:
-    """Where a trial's weights are in the store, and their SHA-256 (None: nowhere)."""
+    """Where a trial's weights are in the store, and their SHA-256, as a child fetches them
+    (kept late or again: those; None: nowhere)."""
+    if trial.number in late:
+        return late[trial.number]
     artifact = trial.user_attrs.get(WEIGHTS_ARTIFACT)
-    if artifact is not None:
-        return artifact, trial.user_attrs.get(WEIGHTS_SHA256, "")
-    return late.get(trial.number)
+    return None if artifact is None else (artifact, trial.user_attrs.get(WEIGHTS_SHA256, ""))
 
 
 def _parent(trials: list[FrozenTrial], child: FrozenTrial) -> int | None:

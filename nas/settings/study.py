@@ -87,11 +87,12 @@ class StudySettings(Settings):
     # is measured again on it (the leader too, paired), and leads on its mean over both
     # (`nas.study.leading`); never one of `retrain.seeds`; None: one seed, `seed`
     confirm_seed: int | None = setting(None, OrNone(Integer(low=None)))
-    # a trial trained at the full budget (a seed, a promoted child, any trial at fidelity
-    # full) saves a checkpoint every N steps into <studies_dir>/checkpoints/<name>/trial-<n>/
-    # (n: its first attempt), so that its retry after its worker died goes on from there
-    # with its reports (`nas.study.checkpoints`); the folder goes when the trial is
-    # recorded; 0 or null: none (a retry trains from scratch)
+    # each run of a trial at the full budget (a seed, a promoted child, any trial at
+    # fidelity full, a confirmation on `confirm_seed` and the leader's beside it) saves a
+    # checkpoint every N steps under <studies_dir>/checkpoints/<name>/trial-<n>/ (n: its
+    # first attempt), so that its retry after its worker died goes on from there with its
+    # reports (`nas.study.checkpoints`); the folder goes when the trial is recorded; 0 or
+    # null: none (a retry trains from scratch)
     checkpoint_every: int | None = setting(
         100,
         OrNone(Integer(0, words="use a step count > 0, or 0 or null for no checkpoints")),

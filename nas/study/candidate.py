@@ -92,7 +92,8 @@ class CandidateTrainer:
             if weights:
                 save_weights(weights, Path(order.weights_to))
         if settings.study.confirm_seed is not None and fidelity_of(attrs).measured:
-            pipe, confirmed = self._confirm(pipe, specs, float(attrs[settings.study.fitness]))
+            value = float(attrs[settings.study.fitness])
+            pipe, confirmed = self._confirm(pipe, order, specs, value)
             attrs |= confirmed
         values = [_objective(float(attrs[name]), name) for name in settings.study.objectives]
         if SEED_VALUES in attrs:  # nas.study.leading, 2.: its standing, the mean over seeds
@@ -132,31 +133,38 @@ class CandidateTrainer:
         evaluation, trained, _ = self._train(built, prunable=False, saves=saves)  # never pruned
         return built, evaluation, steps + trained, False
 
-    def _saves(self, order: TrialOrder) -> RunCheckpoints | None:
-        """The checkpoints of `order`'s training at the full budget (None: it keeps none)."""
+    def _saves(
+        self,
+        order: TrialOrder,
+        architecture: str | None = None,
+        seed: int | None = None,
+        run: str = "",
+    ) -> RunCheckpoints | None:
+        """The checkpoints of one run at the full budget in `order`'s trial (None: it keeps
+        none): of `architecture` (default: the trial's) with training seed `seed` (default:
+        the study's), in its subfolder `run` (default: the trial's own run)."""
         if order.checkpoints is None:
             return None
         settings = self.settings
+        seed = settings.seed if seed is None else seed
         steps = settings.train.steps
-        how = {
-            "train": asdict(settings.train),
-            "task": asdict(settings.task),
-            "seed": settings.seed,
-        }
+        how = {"train": asdict(settings.train), "task": asdict(settings.task), "seed": seed}
+        digest = fingerprint(architecture or order.architecture, steps, how)
         return RunCheckpoints(
-            Path(order.checkpoints),
-            fingerprint(order.architecture, steps, how),
+            Path(order.checkpoints) / (run or f"seed-{seed}"),
+            digest,
             settings.study.checkpoint_every,
             steps,
-            label=f"trial {order.number}",
+            label=f"trial {order.number}" + (f" ({run})" if run else ""),
         )
 
     def _confirm(
-        self, pipe: ElasticPipeline, specs: list[LayerSpec], value: float
+        self, pipe: ElasticPipeline, order: TrialOrder, specs: list[LayerSpec], value: float
     ) -> tuple[ElasticPipeline, dict[str, Any]]:
         """A trial measured at the full budget with fitness `value` on the study's seed:
         when it would lead (`nas.study.leading`), trained again from scratch on the second
-        seed, and the leader on it where the leader lacks it; what it records. The pipeline
+        seed, and the leader on it where the leader lacks it (each checkpointed as the
+        trial's own run: a retry goes on from there); what it records. The pipeline
         returned holds the trial's own weights again (what a pool keeps resident)."""
         settings = self.settings
         seed, second = settings.seed, settings.study.confirm_seed
@@ -168,13 +176,16 @@ class CandidateTrainer:
             if challenge is None:
                 return pipe, {SEED_VALUES: values}
             own = pipe.snapshot()
-            pipe, evaluation = self._measure_quietly(pipe, specs, second)
+            saves = self._saves(order, seed=second)
+            pipe, evaluation = self._measure_quietly(pipe, specs, second, saves)
             values[str(second)] = float(evaluation[settings.study.fitness])
             steps = settings.train.steps
             if challenge.architecture is not None:  # the leader, paired on the second seed
                 arch = from_json(challenge.architecture)
                 leader = training.compile_model(arch, self.task, settings.train.dropout)[0]
-                pipe, evaluation = self._measure_quietly(pipe, leader, second)
+                run = f"leader-{challenge.leader}-seed-{second}"
+                saves = self._saves(order, challenge.architecture, second, run)
+                pipe, evaluation = self._measure_quietly(pipe, leader, second, saves)
                 measured = float(evaluation[settings.study.fitness])
                 self.decide(
                     "record the leader's second seed",
@@ -195,11 +206,16 @@ class CandidateTrainer:
         return (pipe if own is None else self._build(pipe, specs, own)), confirmed
 
     def _measure_quietly(
-        self, pipe: ElasticPipeline, specs: list[LayerSpec], seed: int
+        self,
+        pipe: ElasticPipeline,
+        specs: list[LayerSpec],
+        seed: int,
+        saves: RunCheckpoints | None,
     ) -> tuple[ElasticPipeline, dict[str, float]]:
         """`specs` from scratch at the full budget with training seed `seed` (its weights and
-        its data order), evaluated once at the end; nothing reported: the trial's own
-        measurement is the one its pruner and tracker follow."""
+        its data order), or from its checkpoint in `saves`, evaluated once at the end;
+        nothing reported: the trial's own measurement is the one its pruner and tracker
+        follow."""
         train = self.settings.train
         pipe = training.build(
             self.settings,
@@ -209,11 +225,14 @@ class CandidateTrainer:
             seed=seed,
             pipe=pipe,
             snapshot=None,
+            checkpoint=saves.options() if saves is not None else None,
             cost_cache=self.costs,
         )
-        batches = training.batches(self.task, train.batch_size, seed)
-        for _ in training.steps(pipe, batches, start=0, count=train.steps):
-            pass
+        start = saves.resumed(pipe)[0] if saves is not None else 0
+        batches = itertools.islice(training.batches(self.task, train.batch_size, seed), start, None)
+        for step, loss in training.steps(pipe, batches, start=start, count=train.steps - start):
+            if saves is not None:
+                saves.stepped(pipe, {"step": step, "loss": loss})
         return pipe, training.evaluate(train, self.task, pipe, final=True)
 
     def _judge(

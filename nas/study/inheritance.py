@@ -36,6 +36,11 @@ None of these stops a study:
               trials (`keep_late`); once it takes them, the study records where (its user
               attribute `weights:<trial>`: artifact and SHA-256) and every worker's children
               of that trial inherit again; meanwhile this worker's children use its own copy
+    repair    a child that refused its parent's damaged weights says so on the study
+              (`weights_refused:<trial>`: the artifact); a worker holding a whole copy of
+              them (it wrote them, or fetched and checked them before the damage) keeps
+              that copy again before its next trial, as late weights, which every worker
+              prefers from then on
     fetch     a parent's file is downloaded beside its final name and moved there once
               whole, then checked against the SHA-256 recorded when it was kept
               (`weights_sha256`) and opened; one that cannot be read or does not match
@@ -83,6 +88,7 @@ __all__ = [
     "keep_weights",
     "late_weights_key",
     "load_snapshot",
+    "refused_weights_key",
     "save_weights",
     "sha256_of",
     "weights_file",
@@ -102,7 +108,12 @@ logger = logging.getLogger(__name__)
 
 
 class WeightsError(RuntimeError):
-    """A trial's kept weights cannot be fetched from the store, or are damaged."""
+    """A trial's kept weights cannot be fetched from the store, or are damaged: `trial`'s
+    weights, kept as `artifact`."""
+
+    def __init__(self, message: str, trial: int, artifact: str) -> None:
+        super().__init__(message)
+        self.trial, self.artifact = trial, artifact
 
 
 def inherited_attrs(source: int, fresh_tensors: int | None = None) -> dict[str, Any]:
@@ -239,6 +250,12 @@ def late_weights_key(number: int) -> str:
     return f"weights:{number}"
 
 
+def refused_weights_key(number: int) -> str:
+    """The study's user attribute naming the artifact of trial `number`'s weights that a
+    child refused as damaged (module doc: repair)."""
+    return f"weights_refused:{number}"
+
+
 def weights_file(folder: Path, number: int) -> Path:
     """Where a worker keeps trial `number`'s weights file in `folder`."""
     return folder / f"trial-{number}.safetensors"
@@ -280,7 +297,7 @@ class TrialWeights:
             return path
         artifact = trial.user_attrs.get(WEIGHTS_ARTIFACT)
         sha256 = trial.user_attrs.get(WEIGHTS_SHA256)
-        if artifact is None and late is not None:
+        if late is not None:  # kept after the trial was told, or kept again: the newer
             artifact, sha256 = late["artifact"], late["sha256"]
         if artifact is None:
             return None
@@ -292,7 +309,9 @@ class TrialWeights:
         except (OSError, ArtifactNotFound, ValueError) as error:
             part.unlink(missing_ok=True)
             raise WeightsError(
-                f"trial {trial.number}'s weights (artifact {artifact}) cannot be used: {error}"
+                f"trial {trial.number}'s weights (artifact {artifact}) cannot be used: {error}",
+                trial.number,
+                artifact,
             ) from error
         part.replace(path)
         return path
@@ -331,9 +350,19 @@ class TrialWeights:
             time.sleep(pause)
             pause = min(2 * pause, 8.0)
 
+    def refused(self, study: optuna.Study, error: WeightsError) -> None:
+        """A child refused the damaged weights `error` names: say so on the study, for a
+        worker with a whole copy to keep them again (module doc: repair)."""
+        study.set_user_attr(refused_weights_key(error.trial), error.artifact)
+
     def keep_late(self, study: optuna.Study) -> None:
-        """Try the store once more with the weights it could not take (module doc: late);
+        """Try the store once more with the weights it could not take (module doc: late)
+        and with this worker's copies of weights refused as damaged (module doc: repair);
         those it takes now are recorded on the study, the others wait for the next try."""
+        attrs = study.user_attrs
+        for number in self._repairable(attrs):
+            if number not in self._late:
+                self._late.append(number)
         for number in list(self._late):
             path = self.file(number)
             try:
@@ -347,6 +376,18 @@ class TrialWeights:
             study.set_user_attr(late_weights_key(number), {"artifact": artifact, "sha256": digest})
             self._late.remove(number)
             logger.info("trial %d's weights are kept now (artifact %s)", number, artifact)
+
+    def _repairable(self, attrs: Mapping[str, Any]) -> list[int]:
+        """The trials whose weights a child refused as damaged, not kept again since, of
+        which this worker holds a whole copy."""
+        found = []
+        for path in self._folder.glob("trial-*.safetensors"):
+            number = int(path.stem.removeprefix("trial-"))
+            refused = attrs.get(refused_weights_key(number))
+            late = attrs.get(late_weights_key(number))
+            if refused is not None and (late is None or late["artifact"] == refused):
+                found.append(number)
+        return found
 
     def remove(self) -> None:
         """Remove the local folder (the store keeps what counts)."""

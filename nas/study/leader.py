@@ -292,6 +292,7 @@ class Leader:
             except WeightsError as error:  # the child trains from scratch, saying why
                 logger.warning("trial %d trains from scratch: %s", trial.number, error)
                 trial.set_user_attr(INHERIT_REFUSED, str(error))
+                self.weights.refused(self.study, error)  # a worker with a copy repairs them
             if source is not None:
                 trial.set_user_attr(INHERITED_COPY, copy)
         weights_to = str(self.weights.file(trial.number))

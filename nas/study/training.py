@@ -99,15 +99,16 @@ def build(
     cost_cache: CostCache | None = None,
 ) -> ElasticPipeline:
     """A new pipeline for `specs` trained at `schedule`, or `pipe` reconfigured to them;
-    either way with weights from `snapshot` where keys and shapes match, and `schedule`
-    starting at step 0, or (`checkpoint`'s `resume_from`) going on from a checkpoint.
+    either way with training seed `seed` (initial weights, dropout), weights from
+    `snapshot` where keys and shapes match, and `schedule` starting at step 0, or
+    (`checkpoint`'s `resume_from`) going on from a checkpoint.
     `cost_cache`: layer costs already measured on this machine (`nas.study.shape`)."""
     p = settings.pipeline
     if pipe is not None or snapshot is not None:
         pipe = pipe or build(settings, task, specs, schedule, seed=seed, cost_cache=cost_cache)
         scheduler = _scheduler(schedule, p.schedule)
         pipe.reconfigure(
-            specs, inherit_from=snapshot, lr_scheduler=scheduler, checkpoint=checkpoint
+            specs, inherit_from=snapshot, lr_scheduler=scheduler, checkpoint=checkpoint, seed=seed
         )
     else:
         pipe = _new_pipeline(settings, task, specs, schedule, seed, checkpoint, cost_cache)

@@ -328,6 +328,7 @@ class ElasticPipeline(ModelViews, OptionViews):
         optimizer: OptimizerFactory | None = None,
         lr_scheduler: LrSchedulerFactory | None = None,
         checkpoint: CheckpointOptions | None = None,
+        seed: int | None = None,
     ) -> None:
         """Take the next model on the same processes and process group; call on every rank.
 
@@ -340,8 +341,9 @@ class ElasticPipeline(ModelViews, OptionViews):
         earlier model, taken on every rank; `snapshot.without(prefixes)` leaves tensors
         fresh on purpose), from that model's weights instead. An "inherit" event records
         what was taken.
-        `loss_fn`, `optimizer` and `lr_scheduler`, when given, replace the current ones (a
-        new `lr_scheduler` needs the pipeline built with one: a schedule of the new model's
+        `loss_fn`, `optimizer`, `lr_scheduler` and `seed` (initial weights and dropout),
+        when given, replace the current ones for this model and the next (a new
+        `lr_scheduler` needs the pipeline built with one: a schedule of the new model's
         length, say).
         `checkpoint`, when given, replaces the checkpoint options for the new model: where it
         saves automatically, and a checkpoint of this model to go on from (`resume_from`): its
@@ -354,7 +356,7 @@ class ElasticPipeline(ModelViews, OptionViews):
         new_specs, source = elasticity.next_model(
             self, specs, inherit_weights, inherit_from, checkpoint
         )
-        self.recipe = self.recipe.changed(optimizer=optimizer, loss_fn=loss_fn)
+        self.recipe = self.recipe.changed(optimizer=optimizer, loss_fn=loss_fn, seed=seed)
         self.generation += 1
         self.model.close()  # free the old layers before building the new ones
         self.model = ModelHolder(new_specs, None)  # a Plan may carry a handoff

@@ -30,10 +30,14 @@ class TrainingRecipe:
         return cls(seed, optimizer, loss_fn, optimizer_state_ratio(optimizer))
 
     def changed(
-        self, optimizer: OptimizerFactory | None = None, loss_fn: LossFn | None = None
+        self,
+        optimizer: OptimizerFactory | None = None,
+        loss_fn: LossFn | None = None,
+        seed: int | None = None,
     ) -> TrainingRecipe:
-        """This recipe with a new optimizer and/or loss (None: keep the current one)."""
+        """This recipe with a new optimizer, loss and/or seed (None: keep the current one)."""
         loss_fn = self.loss_fn if loss_fn is None else loss_fn
+        seed = self.seed if seed is None else seed
         if optimizer is None:
-            return replace(self, loss_fn=loss_fn)
-        return TrainingRecipe.of(self.seed, optimizer, loss_fn)  # a new state ratio
+            return replace(self, loss_fn=loss_fn, seed=seed)
+        return TrainingRecipe.of(seed, optimizer, loss_fn)  # a new state ratio

@@ -24,6 +24,7 @@ from nas.study.inheritance import (
     inherited_attrs,
     late_weights_key,
     load_snapshot,
+    refused_weights_key,
     save_weights,
     sha256_of,
 )
@@ -122,6 +123,37 @@ def test_damaged_weights_are_refused_naming_the_trial_and_nothing_is_left(
     with pytest.raises(WeightsError, match=f"trial 0's weights \\(artifact {store.name}\\)"):
         theirs.download(parent)
     assert list(theirs.file(0).parent.iterdir()) == []  # no partial file to be taken later
+
+
+def test_weights_refused_as_damaged_are_kept_again_by_a_worker_with_a_whole_copy(
+    tmp_path: Path,
+) -> None:
+    """The repair: a child on another worker refuses its parent's damaged weights and says
+    so on the study; the worker that wrote them keeps its copy again before its next trial,
+    and from then on every worker's children take that copy, whole."""
+    settings = NasSettings(studies_dir=str(tmp_path / "studies"))
+    study = optuna.create_study(storage=f"sqlite:///{tmp_path / 'study.db'}")
+    trial = study.ask()
+    mine, theirs = TrialWeights(settings), TrialWeights(settings)
+    save_weights(state(), mine.file(trial.number))
+    mine.keep(trial)
+    study.tell(trial, 0.5)
+    parent = study.get_trials()[0]
+    store = tmp_path / "studies" / "artifacts" / parent.user_attrs[WEIGHTS_ARTIFACT]
+    store.write_bytes(store.read_bytes()[:100])  # truncated
+    with pytest.raises(WeightsError) as refused:
+        theirs.download(parent)
+    theirs.refused(study, refused.value)
+    assert study.user_attrs[refused_weights_key(0)] == store.name
+    theirs.keep_late(study)  # no copy of its own: nothing to keep
+    assert late_weights_key(0) not in study.user_attrs
+    mine.keep_late(study)
+    again = study.user_attrs[late_weights_key(0)]
+    assert again["artifact"] != store.name and mine.not_kept == ()
+    fetched = theirs.download(parent, again)
+    assert fetched is not None and sha256_of(fetched) == parent.user_attrs[WEIGHTS_SHA256]
+    mine.keep_late(study)  # kept again once: not again
+    assert study.user_attrs[late_weights_key(0)] == again
 
 
 def test_a_store_that_cannot_take_weights_is_recorded_and_the_trial_completes(

@@ -135,11 +135,18 @@ def test_a_trial_that_would_lead_is_measured_again_paired_with_the_leader(tmp_pa
     """`study.confirm_seed` (`nas.study.leading`): a trial whose fitness on the study's seed
     beats the leader's standing is trained again on the second seed, the leader too where it
     lacks it, and stands on its mean; any other keeps its one seed (one worker: the trials
-    end in number order)."""
+    end in number order). Every run checkpoints every 2 steps (a retry would go on from
+    there); a trial told leaves none behind."""
     config = settings(
-        tmp_path, "study.name=lead", "study.n_trials=4", "study.confirm_seed=7", "retrain.seeds=[1]"
+        tmp_path,
+        "study.name=lead",
+        "study.n_trials=4",
+        "study.confirm_seed=7",
+        "retrain.seeds=[1]",
+        "study.checkpoint_every=2",
     )
     run_study(config)
+    assert not any((Path(config.studies_dir) / "checkpoints").glob("*/trial-*"))
     study = optuna.load_study(study_name="lead", storage=config.storage_url)
     first: dict[int, float] = {}  # trial -> its fitness on the study's seed
     seven: dict[int, float] = {}  # trial -> on the second seed (its own, or measured later)

@@ -76,9 +76,17 @@ def candidates(ctx: StageContext) -> dict[str, Any]:
         "generation": pipe.generation,
         "step": pipe.step,
     }
+    # the same model with another seed (its initial weights and dropout): as a fresh one
+    pipe.reconfigure(mlp(), partition=[2, 1], seed=SEED + 1)
+    out["reseeded"] = [pipe.train_step(x, y) for x, y in flat(4)]
+    out["reseeded_state"] = pipe.full_state_dict()
     # four layers of the six-layer model, from its snapshot, on another partition
     pipe.reconfigure(
-        transformer_stack(4, 16, 2), partition=[1, 3], inherit_from=snapshot, loss_fn=F.mse_loss
+        transformer_stack(4, 16, 2),
+        partition=[1, 3],
+        inherit_from=snapshot,
+        loss_fn=F.mse_loss,
+        seed=SEED,
     )
     out["from_snapshot"] = pipe.full_state_dict()
     # the same, block1's first linear layer edited (left fresh), on yet another partition
@@ -117,6 +125,21 @@ def test_reconfigured_model_matches_a_fresh_reference() -> None:
         for name, value in state.items():
             assert torch.allclose(value.double(), ref_state[key][name].double(), atol=1e-6)
     assert (r["generation"], r["step"]) == (2, 4)
+
+
+def test_a_reconfigured_model_with_another_seed_trains_as_a_fresh_one_with_it() -> None:
+    torch.set_num_threads(1)
+    ref = ReferenceTrainer(
+        mlp(), optimizer=ADAM, loss_fn=F.cross_entropy, n_microbatches=2, seed=SEED + 1
+    )
+    ref_losses = [ref.train_step(x, y) for x, y in flat(4)]
+    r = results()
+    assert r["reseeded"] == pytest.approx(ref_losses, abs=1e-6)
+    assert r["reseeded"] != pytest.approx(r["losses"], abs=1e-6)  # the seed changed them
+    ref_state = ref.full_state_dict()
+    for key, state in r["reseeded_state"].items():
+        for name, value in state.items():
+            assert torch.allclose(value.double(), ref_state[key][name].double(), atol=1e-6)
 
 
 def test_inherit_weights_where_keys_and_shapes_match() -> None:
