@@ -182,12 +182,7 @@ def test_weights_the_store_could_not_take_are_kept_before_the_next_trial(
     """The store still down when the wait ends: the trial completes without its weights
     kept; once the store heals, the worker keeps them before its next trial, on the study,
     and another worker's children inherit them, checked."""
-    studies = tmp_path / "studies"
-    studies.mkdir()
-    weights = TrialWeights(NasSettings(studies_dir=str(studies), study=waiting(0.2)))
-    folder = studies / "artifacts"
-    shutil.rmtree(folder, ignore_errors=True)
-    folder.write_text("in the way")  # every write into the store fails
+    studies, weights, folder = _blocked_store(tmp_path, wait_s=0.2)
     study = optuna.create_study(storage=f"sqlite:///{tmp_path / 'study.db'}")
     trial = study.ask()
     save_weights(state(), weights.file(trial.number))
@@ -211,12 +206,7 @@ def test_weights_the_store_could_not_take_are_kept_before_the_next_trial(
 def test_a_store_that_heals_within_the_wait_keeps_the_weights(tmp_path: Path) -> None:
     """A store full or read-only for a while (the soak's store faults) is waited out, as a
     database restarting is: the weights are kept, and the trial's children inherit."""
-    studies = tmp_path / "studies"
-    studies.mkdir()
-    weights = TrialWeights(NasSettings(studies_dir=str(studies), study=waiting(30.0)))
-    folder = studies / "artifacts"
-    shutil.rmtree(folder, ignore_errors=True)
-    folder.write_text("in the way for a second")  # every write into the store fails
+    studies, weights, folder = _blocked_store(tmp_path, wait_s=30.0)
 
     def heal() -> None:
         folder.unlink()
@@ -236,6 +226,18 @@ def test_a_store_that_heals_within_the_wait_keeps_the_weights(tmp_path: Path) ->
     assert WEIGHTS_NOT_KEPT not in done.user_attrs
     assert (folder / done.user_attrs[WEIGHTS_ARTIFACT]).is_file()
     assert TrialWeights(NasSettings(studies_dir=str(studies))).download(done) is not None
+
+
+def _blocked_store(tmp_path: Path, wait_s: float) -> tuple[Path, TrialWeights, Path]:
+    """A studies folder whose artifact store refuses every write (a file is in its way
+    until the test heals it), a worker's weights waiting `wait_s` on it, the store folder."""
+    studies = tmp_path / "studies"
+    studies.mkdir()
+    weights = TrialWeights(NasSettings(studies_dir=str(studies), study=waiting(wait_s)))
+    folder = studies / "artifacts"
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.write_text("in the way")
+    return studies, weights, folder
 
 
 def waiting(seconds: float) -> StudySettings:
