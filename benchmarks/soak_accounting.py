@@ -5,8 +5,8 @@ database, the weights from the artifact store, the retraining from its model fol
 what the workers said from their job logs. Each check returns its figures and a list of
 violations (empty: it holds):
 
-    trials      no trial left RUNNING; every FAIL has its cause (`fail_reason`, or a retry
-                naming it: a trial Optuna's heartbeat check failed has no reason of its own)
+    trials      no trial left RUNNING; every FAIL has its cause (`nas.study.trials.fail_reason`:
+                its own, or for one Optuna's heartbeat check failed, the study's record)
     retries     no architecture trained more often than the retry cap allows
                 (1 + `study.max_retries`), and every repeat names the trial it retries
     inherited   every child that took weights took them from its own evolution parent: from
@@ -47,7 +47,7 @@ from nas.study.inheritance import (
     check_weights,
     late_weights_key,
 )
-from nas.study.trials import INVALID, counted
+from nas.study.trials import INVALID, counted, fail_reason
 
 __all__ = ["account", "candidates_per_hour"]
 
@@ -65,7 +65,7 @@ def account(
     """Every check of the module doc: {check: {figures..., "violations": [...]}}."""
     trials = study.get_trials(deepcopy=False)
     checks = {
-        "trials": _trials(trials),
+        "trials": _trials(trials, study.user_attrs),
         "retries": _retries(trials, max_retries),
         "inherited": _inherited(trials, store, damaged, _kept_late(study, trials)),
         "results": _results(study, trials, logs),
@@ -88,28 +88,20 @@ def candidates_per_hour(study: optuna.Study) -> dict[str, float]:
     return {"candidates": candidates, "hours": hours, "per_hour": candidates / hours}
 
 
-def _trials(trials: list[FrozenTrial]) -> dict[str, Any]:
-    named = {t.user_attrs.get(storage.RETRY_OF) for t in trials}
+def _trials(trials: list[FrozenTrial], study_attrs: dict[str, Any]) -> dict[str, Any]:
     violations = [
         f"trial {t.number} is still RUNNING" for t in trials if t.state == TrialState.RUNNING
     ]
-    silent = 0
-    for t in trials:
-        if t.state == TrialState.FAIL and "fail_reason" not in t.user_attrs:
-            silent += 1
-            if t.number not in named:
-                violations.append(f"trial {t.number} failed with no cause and no retry")
+    causes = {t.number: fail_reason(t, study_attrs) for t in trials if t.state == TrialState.FAIL}
+    violations += [f"trial {n} failed with no cause" for n, c in causes.items() if c is None]
     return {
         "states": dict(Counter(t.state.name for t in trials)),
-        "failed_by_heartbeat": silent,
-        "causes": dict(Counter(_cause(t) for t in trials if t.state == TrialState.FAIL)),
+        "failed_by_heartbeat": sum(
+            "fail_reason" not in t.user_attrs for t in trials if t.state == TrialState.FAIL
+        ),
+        "causes": dict(Counter(re.sub(r"\d+", "N", str(c))[:120] for c in causes.values())),
         "violations": violations,
     }
-
-
-def _cause(trial: FrozenTrial) -> str:
-    reason = str(trial.user_attrs.get("fail_reason", "heartbeat stopped (retried)"))
-    return re.sub(r"\d+", "N", reason)[:120]
 
 
 def _retries(trials: list[FrozenTrial], max_retries: int) -> dict[str, Any]:

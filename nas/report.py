@@ -27,7 +27,7 @@ from nas.retrain.results import RetrainResult, model_table
 from nas.search.fidelity import Fidelity
 from nas.settings import NasSettings, task_metrics
 from nas.storage.opening import dashboard_target, make_storage
-from nas.study import leading, promotion, trials
+from nas.study import leading, phases, promotion, trials
 from nas.study.run import StudyResult
 from nas.study.space import seed_models
 from nas.tasks import task_class
@@ -75,6 +75,7 @@ def report_study(
             f"window and {repeats} repeated one already trained; they were skipped (failed "
             "trials, their cause in the storage)"
         )
+    _report_time(study, console)
     out = Path(settings.output_dir)
     plots = [plot_history(study, out / "optimization_history.png", settings.study.fitness)]
     if len(study.directions) > 1 and complete:
@@ -101,6 +102,16 @@ def report_study(
         console.print(f"W&B (offline): wandb sync {' '.join(run_dirs)}", soft_wrap=True)
 
 
+def _report_time(study: optuna.Study, console: Console) -> None:
+    """Where the trials' seconds went (`nas.study.phases`): training steps and fixed costs."""
+    total, by_phase = phases.shares(t.user_attrs for t in study.get_trials(deepcopy=False))
+    if total > 0:
+        parts = ", ".join(f"{name} {share:.0%}" for name, share in by_phase.items())
+        console.print(
+            f"the trials' {total / 60:.1f} min: {parts} (before: start-up and between trials)"
+        )
+
+
 def _trials_table(settings: NasSettings, study: optuna.Study, width: int = 100) -> Group:
     """One line per trial: state, objectives, the task's metrics, size, speed, memory (a
     metric no trial recorded is left out); the architecture's short name (or the failure's
@@ -119,13 +130,14 @@ def _trials_table(settings: NasSettings, study: optuna.Study, width: int = 100) 
     base = _reference_parameters(settings, shown)
     recorded = [m for m in (*measured, *extra) if any(m in t.user_attrs for t in shown)]
     rows, names = [], []
+    study_attrs = study.user_attrs
     for t in sorted(shown, key=lambda t: t.number):
         values = [f"{v:.4g}" for v in t.values] if t.values else ["-"] * len(study.directions)
         others = [_cell(t.user_attrs.get(m), m, base) for m in recorded]
         state = t.state.name.lower() + (" *" if t.number in best else "")
         rows.append([str(t.number), state, *values, *others])
         names.append(
-            t.user_attrs.get("fail_reason")
+            trials.fail_reason(t, study_attrs)
             or t.user_attrs.get("short_name")
             or t.user_attrs.get("architecture", "")
         )

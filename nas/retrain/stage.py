@@ -7,7 +7,9 @@ training seeds, on the same pipeline runtime, scored on whole splits and exporte
 after the search (`stages: [search, retrain]`) or alone against a stored study
 (`stages: [retrain]`). In order:
 
-    1. select  (caller)     the `retrain.top_k` complete trials with the best fitness, one
+    1. select  (caller)     once the trials of every worker searching the study are told
+                            (`nas.study.orphans.settle`: two workers then choose alike),
+                            the `retrain.top_k` complete trials with the best fitness, one
                             per network: two trials whose architectures compile to the same
                             network (`identity`) are one model, the better trial's, named
                             `trial-<number>`; with `retrain.seed_models` also `transformer`
@@ -69,7 +71,7 @@ from nas.retrain.track import track
 from nas.retrain.trainer import stage_main
 from nas.search.fidelity import Fidelity, is_measured
 from nas.settings import NasSettings
-from nas.study import leading, shape, workers
+from nas.study import leading, orphans, shape, workers
 from nas.study.space import architecture_of, configured_space, seed_models
 from search_spaces.architecture import from_json, functional_key, to_json
 
@@ -95,6 +97,8 @@ def retrain(settings: NasSettings) -> RetrainResult:
     on, with the seed models, to `retrain.seeds`: the seeds that judge it played no part in
     any choice (`RetrainResult.selection` holds the choosing retraining)."""
     study = load_study(settings)
+    if "search" in settings.stages:  # the peers searching it too end their trials first
+        orphans.settle(study, settings.retrain.claim_wait_s, settings.study.max_retries)
     models = select_models(study, settings)
     if not models:
         raise ValueError(f"study {settings.study.name!r} has no complete trial to retrain")

@@ -56,6 +56,7 @@ from nas.search.lineage import (
     KEY_ROLE,
     KEY_TOURNAMENT,
     improving_edits,
+    passed_over,
 )
 from nas.search.mutation import other_value
 from nas.search.records import StudyRecords, contains, trial_id
@@ -114,7 +115,8 @@ class RegularizedEvolutionSampler(BaseSampler):
     1. `before_trial`: decides the trial's role. An enqueued trial (fixed parameters) is a
        "seed"; while fewer than `population_size` trials have completed it is "warmup"
        (with `warmup="mutate"`: while none has); otherwise it is a "child": the
-       tournament is drawn, the parent chosen, and the name to
+       tournament is drawn, the parent chosen (a member the study passes over,
+       `lineage.passed_over_key`, only when every member is), and the name to
        mutate picked uniformly among the parent's parameters that have more than one legal
        value. The decision is written to the trial's system attributes (`evolution:role`,
        `evolution:parent`, `evolution:mutated`, `evolution:tournament`). With a
@@ -236,7 +238,9 @@ class RegularizedEvolutionSampler(BaseSampler):
         size = min(self.sample_size, len(population))
         drawn = self._rng.choice(len(population), size=size, replace=False)
         tournament = [population[int(i)] for i in drawn]
-        parent = self.select_parent(study, tournament)
+        attrs = study.user_attrs
+        eligible = [t for t in tournament if not passed_over(attrs, t.number)]
+        parent = self.select_parent(study, eligible or tournament)
         plan = self._propose(study, trial, parent)
         self._plans[trial_id(trial)] = plan
         self._set(study, trial, KEY_ROLE, "child")

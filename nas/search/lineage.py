@@ -32,6 +32,8 @@ __all__ = [
     "KEY_TOURNAMENT",
     "Graft",
     "improving_edits",
+    "passed_over",
+    "passed_over_key",
 ]
 
 # Trial system attributes the evolution sampler writes.
@@ -42,6 +44,19 @@ KEY_TOURNAMENT = "evolution:tournament"  # trial numbers of the tournament, in d
 KEY_MUTATION_APPLIED = "evolution:mutation_applied"  # whether the child asked the mutated name
 KEY_PROPOSAL = "evolution:proposal"  # a checked child's every answer (`ProposalCheck`)
 KEY_GRAFT = "evolution:graft"  # a grafted edit's {"source": trial, "value": its value}
+
+
+def passed_over_key(number: int) -> str:
+    """The study's user attribute that, True, asks evolution to pass over trial `number` as
+    a parent while another member of its tournament can be one: whoever trains its children
+    cannot start them from its weights for now (lost, or refused as damaged), so a child of
+    it would train from scratch at the full budget; False once they can again."""
+    return f"evolution:passed_over:{number}"
+
+
+def passed_over(study_attrs: dict[str, Any], number: int) -> bool:
+    """Whether the study's attributes `study_attrs` pass over trial `number` as a parent."""
+    return bool(study_attrs.get(passed_over_key(number)))
 
 
 @dataclass(frozen=True)

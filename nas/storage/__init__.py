@@ -18,6 +18,7 @@ from nas.storage.opening import (
     ATTEMPT,
     MAX_RETRIES,
     RETRY_OF,
+    STALE,
     Heartbeat,
     StorageError,
     dashboard_target,
@@ -29,6 +30,7 @@ from nas.storage.opening import (
     owner_alive,
     retried_enough,
     retry,
+    stale_cause_key,
     this_owner,
 )
 from nas.storage.sqlite import one_check_at_a_time
@@ -39,6 +41,7 @@ __all__ = [
     "JOURNAL",
     "MAX_RETRIES",
     "RETRY_OF",
+    "STALE",
     "Heartbeat",
     "StorageError",
     "StorageKind",
@@ -52,5 +55,6 @@ __all__ = [
     "owner_alive",
     "retried_enough",
     "retry",
+    "stale_cause_key",
     "this_owner",
 ]

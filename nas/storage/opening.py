@@ -32,7 +32,10 @@ out an outage of up to `study.storage_wait_s` seconds (`nas.storage.retrying`); 
 cannot be reached at all when a worker starts is a one-line `StorageError`.
 
 A trial failed either way is asked again (`retry`), at most `study.max_retries` times per
-architecture: one that kills its worker every time ends failed, and the study goes on.
+architecture: one that kills its worker every time ends failed, and the study goes on. A
+trial failed by the heartbeat check is closed by Optuna before anyone can write why: its
+cause is kept on the study instead, under `stale_cause_key(number)` (`STALE`, and at the
+cap, that it is not retried again).
 """
 
 from __future__ import annotations
@@ -72,6 +75,7 @@ __all__ = [
     "CONNECT_S",
     "GRACE_S",
     "HEARTBEAT_S",
+    "STALE",
     "STORAGE_WAIT_S",
     "Heartbeat",
     "StorageError",
@@ -84,6 +88,7 @@ __all__ = [
     "owner_alive",
     "retried_enough",
     "retry",
+    "stale_cause_key",
     "this_owner",
 ]
 
@@ -95,6 +100,7 @@ KEEPALIVE_S = 30  # a PostgreSQL server that vanished mid-query is noticed withi
 MAX_RETRIES = 2  # `study.max_retries`'s default
 ATTEMPT = "attempt"  # a retried trial's user attr: which retry of its architecture it is
 RETRY_OF = "retry_of"  # a retried trial's user attr: the number of the trial it repeats
+STALE = "its worker stopped beating"  # the recorded cause of a trial the heartbeat failed
 
 logger = logging.getLogger(__name__)
 
@@ -282,17 +288,23 @@ def fail_stale(study: optuna.Study) -> None:
 
 
 def _ask_again(study: optuna.Study, trial: optuna.trial.FrozenTrial, max_retries: int) -> None:
-    """A stale trial is failed by Optuna (no reason recorded: it does not count); its
-    architecture is enqueued again so that the study still evaluates it, up to the cap.
+    """A stale trial is failed by Optuna (it does not count); its cause goes on the study
+    (`stale_cause_key`) and its architecture is enqueued again so that the study still
+    evaluates it, up to the cap.
 
     Not Optuna's `RetryHeartbeatStaleTrialCallback`: it copies the dead trial's user attrs
     (owner, model digest) and counts retries apart from `retry`'s `attempt`/`retry_of`."""
-    if not retry(study, trial, max_retries):
-        logger.warning(
-            "trial %d's worker stopped beating; not retried again (%d retries)",
-            trial.number,
-            max_retries,
-        )
+    retried = retry(study, trial, max_retries)
+    cause = STALE if retried else f"{STALE} (retried {max_retries} times: not again)"
+    study.set_user_attr(stale_cause_key(trial.number), cause)
+    if not retried:
+        logger.warning("trial %d: %s", trial.number, cause)
+
+
+def stale_cause_key(number: int) -> str:
+    """The study's user attribute holding why the heartbeat check failed trial `number`
+    (the trial itself is closed to writes by then: module doc)."""
+    return f"fail_reason:{number}"
 
 
 def retry(study: optuna.Study, trial: optuna.trial.FrozenTrial, max_retries: int) -> bool:

@@ -15,7 +15,7 @@ import functools
 import itertools
 import math
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +29,7 @@ from nas.study.decisions import Decisions
 from nas.study.inheritance import WeightBank, inherited_attrs, save_weights
 from nas.study.leader import Leader, TrialOrder
 from nas.study.leading import SEED_VALUES, mean_value
+from nas.study.phases import Phase, TrialClock, timed
 from nas.study.trials import Outcome
 from nas.tasks import Task
 from nas.tracking import TrialEnd, pipeline_metrics
@@ -58,10 +59,21 @@ class CandidateTrainer:
     overheads: RuntimeOverheads | None
 
     def run(
-        self, pipe: ElasticPipeline | None, order: TrialOrder
+        self, pipe: ElasticPipeline | None, order: TrialOrder, before_s: float = 0.0
     ) -> tuple[ElasticPipeline | None, Outcome]:
         """Build and train the candidate of `order` on `pipe` (None: the first), on every
-        rank; the pipeline kept and how the trial ended."""
+        rank; the pipeline kept and how the trial ended, with where its time went
+        (`nas.study.phases`; `before_s`: the seconds since this worker's previous trial
+        ended, or since it started)."""
+        clock = TrialClock()
+        clock.charge(Phase.BEFORE, before_s)
+        with clock.running():
+            pipe, outcome = self._run(pipe, order)
+        return pipe, replace(outcome, attrs=outcome.attrs | clock.attrs())
+
+    def _run(
+        self, pipe: ElasticPipeline | None, order: TrialOrder
+    ) -> tuple[ElasticPipeline | None, Outcome]:
         settings = self.settings
         arch = from_json(order.architecture)
         specs, parameters = training.compile_model(arch, self.task, settings.train.dropout)
@@ -82,15 +94,16 @@ class CandidateTrainer:
             reason, detail = training.failure(error)
             return pipe, Outcome(TrialEnd.FAILED, attrs | {"fail_reason": reason, "detail": detail})
         attrs |= evaluation | self._measured(pipe, steps, time.perf_counter() - started)
-        if settings.study.inherit_weights:
-            attrs |= _inheritance(pipe)
-            self.bank.add(order.number, pipe)
+        with timed(Phase.WEIGHTS):
+            if settings.study.inherit_weights:
+                attrs |= _inheritance(pipe)
+                self.bank.add(order.number, pipe)
+            if order.weights_to is not None and not pruned:  # its children start from these
+                weights = pipe.full_state_dict()  # on rank 0
+                if weights:
+                    save_weights(weights, Path(order.weights_to))
         if pruned:
             return pipe, Outcome(TrialEnd.PRUNED, attrs)
-        if order.weights_to is not None:  # its children are judged from these
-            weights = pipe.full_state_dict()  # on rank 0
-            if weights:
-                save_weights(weights, Path(order.weights_to))
         if settings.study.confirm_seed is not None and fidelity_of(attrs).measured:
             value = float(attrs[settings.study.fitness])
             pipe, confirmed = self._confirm(pipe, order, specs, value)
@@ -177,7 +190,7 @@ class CandidateTrainer:
                 return pipe, {SEED_VALUES: values}
             own = pipe.snapshot()
             saves = self._saves(order, seed=second)
-            pipe, evaluation = self._measure_quietly(pipe, specs, second, saves)
+            pipe, evaluation = self._measure(pipe, specs, second, saves)
             values[str(second)] = float(evaluation[settings.study.fitness])
             steps = settings.train.steps
             if challenge.architecture is not None:  # the leader, paired on the second seed
@@ -185,7 +198,7 @@ class CandidateTrainer:
                 leader = training.compile_model(arch, self.task, settings.train.dropout)[0]
                 run = f"leader-{challenge.leader}-seed-{second}"
                 saves = self._saves(order, challenge.architecture, second, run)
-                pipe, evaluation = self._measure_quietly(pipe, leader, second, saves)
+                pipe, evaluation = self._measure(pipe, leader, second, saves)
                 measured = float(evaluation[settings.study.fitness])
                 self.decide(
                     "record the leader's second seed",
@@ -205,35 +218,17 @@ class CandidateTrainer:
             confirmed = {SEED_VALUES: values, "confirmation_steps": steps}
         return (pipe if own is None else self._build(pipe, specs, own)), confirmed
 
-    def _measure_quietly(
+    def _measure(
         self,
         pipe: ElasticPipeline,
         specs: list[LayerSpec],
         seed: int,
         saves: RunCheckpoints | None,
     ) -> tuple[ElasticPipeline, dict[str, float]]:
-        """`specs` from scratch at the full budget with training seed `seed` (its weights and
-        its data order), or from its checkpoint in `saves`, evaluated once at the end;
-        nothing reported: the trial's own measurement is the one its pruner and tracker
-        follow."""
-        train = self.settings.train
-        pipe = training.build(
-            self.settings,
-            self.task,
-            specs,
-            self.schedule,
-            seed=seed,
-            pipe=pipe,
-            snapshot=None,
-            checkpoint=saves.options() if saves is not None else None,
-            cost_cache=self.costs,
+        """`training.measure` on this worker's pipeline, schedule and costs."""
+        return training.measure(
+            self.settings, self.task, self.schedule, pipe, specs, seed, saves, self.costs
         )
-        start = saves.resumed(pipe)[0] if saves is not None else 0
-        batches = itertools.islice(training.batches(self.task, train.batch_size, seed), start, None)
-        for step, loss in training.steps(pipe, batches, start=start, count=train.steps - start):
-            if saves is not None:
-                saves.stepped(pipe, {"step": step, "loss": loss})
-        return pipe, training.evaluate(train, self.task, pipe, final=True)
 
     def _judge(
         self,

@@ -33,6 +33,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from nas.study.phases import Phase, timed
 from pipeline import CheckpointOptions, ElasticPipeline
 from pipeline.distributed.comm import Comm
 from pipeline.pure.checkpoint_format import checkpoint_name
@@ -86,15 +87,16 @@ class RunCheckpoints:
         save before the entry is logged), then rank 0 removes the checkpoint before."""
         if not self.every:
             return
-        if pipe.rank == 0:
-            with (self.folder / _HISTORY).open("a", encoding="utf-8") as file:
-                file.write(_line(entry))
-        if pipe.step % self.every == 0 and pipe.step < self.steps:
-            saved = pipe.save_checkpoint(self.folder / checkpoint_name(pipe.step))
+        with timed(Phase.CHECKPOINT):
             if pipe.rank == 0:
-                for path in self.folder.glob("step-*"):
-                    if path != saved and path.is_dir():
-                        shutil.rmtree(path, ignore_errors=True)
+                with (self.folder / _HISTORY).open("a", encoding="utf-8") as file:
+                    file.write(_line(entry))
+            if pipe.step % self.every == 0 and pipe.step < self.steps:
+                saved = pipe.save_checkpoint(self.folder / checkpoint_name(pipe.step))
+                if pipe.rank == 0:
+                    for path in self.folder.glob("step-*"):
+                        if path != saved and path.is_dir():
+                            shutil.rmtree(path, ignore_errors=True)
 
     def remove(self) -> None:
         """(Rank 0) The run is recorded: nothing of it is left to resume."""

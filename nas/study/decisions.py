@@ -3,7 +3,8 @@
 Only rank 0 holds the study (`nas.study.leader.Leader`); every rank waits in the same
 broadcast for each of its decisions (`nas.study.run`'s numbered steps) and receives the
 decision, or, if rank 0 raised while making it, the same `LeaderError`: no rank is left
-waiting, and every rank stops the same way.
+waiting, and every rank stops the same way. The time a decision takes is the trial's
+`Phase.DECIDE` (`nas.study.phases`).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from collections.abc import Callable
 from typing import Any, Protocol, TypeVar
 
 from nas.errors import LeaderError
+from nas.study.phases import Phase, timed
 from pipeline.distributed.comm import Comm
 
 __all__ = ["Decider", "Decisions"]
@@ -49,8 +51,10 @@ class Decisions:
             except Exception as error:
                 raise LeaderError.of(what, error) from error
 
-        return self.comm.agree(make)
+        with timed(Phase.DECIDE):
+            return self.comm.agree(make)
 
     def log_step(self, step: int, metrics: dict[str, Any]) -> None:
         if self.leader is not None:
-            self.leader.log_step(step, metrics)
+            with timed(Phase.TRACK):
+                self.leader.log_step(step, metrics)

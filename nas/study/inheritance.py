@@ -26,12 +26,10 @@ The store is a folder that can fail like any other (`benchmarks/soak.py` makes i
 disk that fills, a folder made read-only, a file truncated or changed after it was written.
 None of these stops a study:
 
-    keep      a weights file that cannot be written to the store is tried again, with
-              backoff, for up to `study.storage_wait_s` (a store full or read-only for a
-              while is waited out, as a database restarting is: a child of a trial whose
-              weights no worker has trains from scratch, to the full budget); past the
-              wait it is logged and recorded on its trial (`weights_not_kept`) and the
-              trial completes
+    keep      a weights file that the store cannot take now (full, read-only) is not
+              waited for, since the worker would idle for as long as the outage lasts: it
+              is logged and recorded on its trial (`weights_not_kept`), the trial completes,
+              and evolution passes it over as a parent until it is kept (pass over)
     late      the worker keeps the file and tries the store again before each of its next
               trials (`keep_late`); once it takes them, the study records where (its user
               attribute `weights:<trial>`: artifact and SHA-256) and every worker's children
@@ -47,6 +45,11 @@ None of these stops a study:
               raises `WeightsError` naming the trial and the artifact, and the child trains
               from scratch with that cause recorded (`inherit_refused`); a worker that
               wrote or fetched a trial's file already uses that copy
+    pass over a parent whose weights could not be kept, or that a child found refused or
+              missing, is passed over by evolution while another member of its tournament
+              can be a parent (`nas.search.lineage.passed_over_key`): a child of it would
+              train from scratch, to the full budget; once kept, it is a parent like any
+              other
 """
 
 from __future__ import annotations
@@ -56,7 +59,6 @@ import json
 import logging
 import shutil
 import tempfile
-import time
 from collections import OrderedDict
 from collections.abc import Mapping
 from pathlib import Path
@@ -69,6 +71,7 @@ from optuna.artifacts.exceptions import ArtifactNotFound
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
+from nas.search.lineage import passed_over, passed_over_key
 from nas.settings import NasSettings
 from pipeline import ElasticPipeline, WeightSnapshot
 
@@ -269,7 +272,6 @@ class TrialWeights:
     def __init__(self, settings: NasSettings) -> None:
         self._store = artifact_store(settings)
         self._folder = Path(tempfile.mkdtemp(prefix="nas-weights-"))
-        self._wait_s = settings.study.storage_wait_s
         self._late: list[int] = []  # trials whose weights the store could not take yet
 
     @property
@@ -318,42 +320,34 @@ class TrialWeights:
 
     def keep(self, trial: optuna.Trial) -> None:
         """Keep a complete trial's weights in the store, if it wrote them; a store that
-        cannot take them is tried again for a while, then the loss is logged and recorded
-        on the trial (module doc: keep)."""
+        cannot take them now is not waited for: the loss is logged and recorded on the
+        trial, evolution passes it over as a parent, and the worker tries again before its
+        next trial (module doc: keep, late)."""
         weights = self.file(trial.number)
         if not weights.exists():
             return
-        deadline, pause = time.monotonic() + self._wait_s, 0.5
-        while True:
-            try:
-                keep_weights(trial, self._store, weights)
-                return
-            except OSError as error:
-                if time.monotonic() + pause > deadline:
-                    logger.warning(
-                        "trial %d's weights are not kept now (tried again before the next "
-                        "trial): %s",
-                        trial.number,
-                        error,
-                    )
-                    trial.set_user_attr(WEIGHTS_NOT_KEPT, f"{type(error).__name__}: {error}")
-                    self._late.append(trial.number)
-                    return
-                if pause == 0.5:
-                    logger.warning(
-                        "the artifact store cannot take trial %d's weights (%s); trying again "
-                        "for up to %.0f s (study.storage_wait_s)",
-                        trial.number,
-                        error,
-                        self._wait_s,
-                    )
-            time.sleep(pause)
-            pause = min(2 * pause, 8.0)
+        try:
+            keep_weights(trial, self._store, weights)
+        except OSError as error:
+            logger.warning(
+                "trial %d's weights are not kept now (tried again before the next trial): %s",
+                trial.number,
+                error,
+            )
+            trial.set_user_attr(WEIGHTS_NOT_KEPT, f"{type(error).__name__}: {error}")
+            self._late.append(trial.number)
+            self.pass_over(trial.study, trial.number)
 
     def refused(self, study: optuna.Study, error: WeightsError) -> None:
         """A child refused the damaged weights `error` names: say so on the study, for a
         worker with a whole copy to keep them again (module doc: repair)."""
         study.set_user_attr(refused_weights_key(error.trial), error.artifact)
+        self.pass_over(study, error.trial)
+
+    def pass_over(self, study: optuna.Study, number: int) -> None:
+        """No child can start from trial `number`'s weights for now: evolution passes it
+        over as a parent until they are kept again (`nas.search.lineage.passed_over_key`)."""
+        study.set_user_attr(passed_over_key(number), True)
 
     def keep_late(self, study: optuna.Study) -> None:
         """Try the store once more with the weights it could not take (module doc: late)
@@ -374,6 +368,8 @@ class TrialWeights:
                 logger.debug("trial %d's weights are not kept yet: %s", number, error)
                 continue
             study.set_user_attr(late_weights_key(number), {"artifact": artifact, "sha256": digest})
+            if passed_over(attrs, number):  # its children can start from them again
+                study.set_user_attr(passed_over_key(number), False)
             self._late.remove(number)
             logger.info("trial %d's weights are kept now (artifact %s)", number, artifact)
 

@@ -293,6 +293,9 @@ class Leader:
                 logger.warning("trial %d trains from scratch: %s", trial.number, error)
                 trial.set_user_attr(INHERIT_REFUSED, str(error))
                 self.weights.refused(self.study, error)  # a worker with a copy repairs them
+            else:
+                if source is None:  # no weights kept: its later children come from others
+                    self.weights.pass_over(self.study, parent)
             if source is not None:
                 trial.set_user_attr(INHERITED_COPY, copy)
         weights_to = str(self.weights.file(trial.number))

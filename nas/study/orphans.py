@@ -5,9 +5,16 @@ in between, nobody tells it. Whoever finds such an orphan fails it as `interrupt
 does not count) and enqueues its answers again, so that the study trains it after all:
 the caller of `run_study` after its stage processes died (`nas.study.run`), and every
 worker's leader before each ask (`nas.study.asking`), which finds a dead peer's trials.
+
+A worker whose search is over waits (`settle`) until its peers' trials are told before a
+later stage reads the study's results: otherwise two workers sharing a study could pick
+different best trials, one before and one after a peer's last trial ended.
 """
 
 from __future__ import annotations
+
+import logging
+import time
 
 import optuna
 
@@ -15,9 +22,12 @@ from nas import storage
 from nas.search.records import StudyRecords
 from nas.study.trials import INTERRUPTED, OWNER
 
-__all__ = ["ORPHANED", "fail_running"]
+__all__ = ["ORPHANED", "SETTLE_POLL_S", "fail_running", "settle"]
 
 ORPHANED = "left running by a worker that stopped"  # fail_reason of a dead worker's trial
+SETTLE_POLL_S = 2.0  # how often `settle` looks at the trials still running
+
+logger = logging.getLogger(__name__)
 
 
 def fail_running(
@@ -58,3 +68,31 @@ def _fail_orphan(
     except optuna.exceptions.UpdateFinishedTrialError:  # finished, or failed by a peer, meanwhile
         return False
     return storage.retry(study, trial, max_retries)
+
+
+def settle(
+    study: optuna.Study,
+    wait_s: float,
+    max_retries: int = storage.MAX_RETRIES,
+    poll_s: float = SETTLE_POLL_S,
+) -> list[int]:
+    """Wait until no trial of `study` is RUNNING: live peers' trials are told, dead peers'
+    are failed (`fail_running`, as before an ask). After `wait_s` seconds it stops waiting
+    and returns the trials still running (a trial on another machine whose storage has no
+    heartbeat cannot be told from a slow one), logged as a warning; [] once settled."""
+    deadline, told = time.monotonic() + wait_s, False
+    while True:
+        fail_running(study, ORPHANED, max_retries=max_retries)
+        states = (optuna.trial.TrialState.RUNNING,)
+        running = [t.number for t in study.get_trials(deepcopy=False, states=states)]
+        if not running:
+            return []
+        if time.monotonic() >= deadline:
+            logger.warning(
+                "trials %s are still running after %g s; going on without them", running, wait_s
+            )
+            return running
+        if not told:
+            logger.info("waiting for trials %s of other workers to end", running)
+            told = True
+        time.sleep(poll_s)

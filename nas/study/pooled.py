@@ -247,7 +247,7 @@ def trial_job(
         costs.overheads,
     )
     try:
-        pipe, outcome = trainer.run(None, order)  # 4., 5.
+        pipe, outcome = trainer.run(None, order, time.time() - started)  # 4., 5.
         if pipe is not None:
             if ctx.keep_as is not None and outcome.state != TrialEnd.FAILED:  # 6.
                 ctx.keep(pipe.snapshot())

@@ -100,6 +100,7 @@ def run_study(
     trial or record one. Under torchrun every process calls this: each is one stage, rank 0
     alone opens the study, and a death is torchrun's to handle (restart the job: it resumes).
     """
+    started = time.time()  # its first trial's `Phase.BEFORE` counts from here
     _make_folder(settings.studies_dir, "studies_dir")
     Path(settings.output_dir).mkdir(parents=True, exist_ok=True)
     if (unpruned := no_pruning(settings)) and worker is None and pipeline.lead_process():
@@ -111,7 +112,7 @@ def run_study(
     if pipeline.under_torchrun():
         settings, choice = shape.resolve_one(settings)
         overheads = choice.overheads if choice is not None else None
-        end = _launch(settings, owner, deadline, overheads, progress)
+        end = _launch(settings, owner, deadline, overheads, progress, started)
         return StudyResult(settings.study.name, settings.storage_url, end.finished, 0, end.run_dirs)
     study = open_study(settings)
     settings, choice = shape.resolve(
@@ -128,12 +129,14 @@ def run_study(
         and trials.time_left(study, settings)
     ):
         try:
-            run_dirs.extend(_launch(settings, owner, deadline, overheads, progress).run_dirs)
+            launched = _launch(settings, owner, deadline, overheads, progress, started)
+            run_dirs.extend(launched.run_dirs)
         except LeaderError as error:  # the study stopped on every rank: its trial is retried
             with contextlib.suppress(Exception):  # the storage may be what failed
                 fail_running(study, f"the study stopped: {error}", owner, retries)
             raise
         except pipeline.StageFailedError as error:
+            started = time.time()  # the next launch's first trial counts from here
             cause = f"stage {error.stage} died: {error.detail[-2000:]}"
             logger.warning("study %s: %s", settings.study.name, cause.strip().splitlines()[-1])
             if not fail_running(study, cause, owner, retries):
@@ -202,9 +205,11 @@ def _launch(
     deadline: float,
     overheads: RuntimeOverheads | None,
     progress: bool,
+    started: float,
 ) -> StudyEnd:
     """Start the stage processes (or join torchrun's) and run trials until none are left;
-    rank 0's account of the run. A study stopped by an error raises it here."""
+    rank 0's account of the run. A study stopped by an error raises it here. `started`:
+    when this launch began (`time.time()`), what its first trial's fixed costs count from."""
     main = functools.partial(
         _stage_main,
         settings=settings,
@@ -212,6 +217,7 @@ def _launch(
         deadline=deadline,
         overheads=overheads,
         progress=progress,
+        started=started,
     )
     results = pipeline.launch(
         main,
@@ -234,6 +240,7 @@ def _stage_main(
     deadline: float,
     overheads: RuntimeOverheads | None,
     progress: bool,
+    started: float,
 ) -> tuple[StudyEnd | None, BaseException | None]:
     """The study loop on one rank; rank 0 returns (its account, the error that stopped it)."""
     job_log.attach()  # this process logs to the CLI's job log too
@@ -258,8 +265,10 @@ def _stage_main(
             shape.load_cache(),
             overheads,
         )
+        ended = started  # this worker's previous trial ended (its first: when it started)
         while (order := decide("ask for a trial", Leader.next_trial)) is not None:  # 2.
-            pipe, outcome = trainer.run(pipe, order)  # 3., 4.
+            pipe, outcome = trainer.run(pipe, order, time.time() - ended)  # 3., 4.
+            ended = time.time()
             decide(f"record trial {order.number}", Leader.finish, order.number, outcome)  # 5.
     except LeaderError as error:  # agreed on every rank: the study stops here, cleanly
         stopped = error

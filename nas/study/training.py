@@ -19,6 +19,8 @@ from typing import Any
 from nas.errors import describe
 from nas.learning_rate import LrSchedule
 from nas.settings import NasSettings, TrainSettings
+from nas.study.checkpoints import RunCheckpoints
+from nas.study.phases import Phase, hand_over, timed
 from nas.tasks import Task
 from pipeline import (
     CheckpointOptions,
@@ -42,6 +44,7 @@ __all__ = [
     "evaluate",
     "failure",
     "max_len",
+    "measure",
     "planning_input",
     "rates",
     "steps",
@@ -104,16 +107,21 @@ def build(
     (`checkpoint`'s `resume_from`) going on from a checkpoint.
     `cost_cache`: layer costs already measured on this machine (`nas.study.shape`)."""
     p = settings.pipeline
-    if pipe is not None or snapshot is not None:
-        pipe = pipe or build(settings, task, specs, schedule, seed=seed, cost_cache=cost_cache)
-        scheduler = _scheduler(schedule, p.schedule)
-        pipe.reconfigure(
-            specs, inherit_from=snapshot, lr_scheduler=scheduler, checkpoint=checkpoint, seed=seed
-        )
-    else:
-        pipe = _new_pipeline(settings, task, specs, schedule, seed, checkpoint, cost_cache)
-    if p.memory_budget is not None:  # planned now, for the largest batch (`planning_input`)
-        pipe.plan_for(planning_input(settings, task))
+    with timed(Phase.BUILD):
+        if pipe is not None or snapshot is not None:
+            pipe = pipe or _new_pipeline(settings, task, specs, schedule, seed, None, cost_cache)
+            scheduler = _scheduler(schedule, p.schedule)
+            pipe.reconfigure(
+                specs,
+                inherit_from=snapshot,
+                lr_scheduler=scheduler,
+                checkpoint=checkpoint,
+                seed=seed,
+            )
+        else:
+            pipe = _new_pipeline(settings, task, specs, schedule, seed, checkpoint, cost_cache)
+        if p.memory_budget is not None:  # planned now, for the largest batch (`planning_input`)
+            pipe.plan_for(planning_input(settings, task))
     return pipe
 
 
@@ -196,8 +204,12 @@ def steps(
     step's update (step 0 runs at the schedule's rate of step 0); under the stream schedules
     ("2bw") too.
     """
-    step = start
-    for loss in pipe.train(itertools.islice(source, count)):
+    step, stream = start, pipe.train(itertools.islice(source, count))
+    while True:
+        with timed(Phase.TRAIN):  # the step alone: not what its caller does between steps
+            loss = next(stream, None)
+        if loss is None:
+            return
         step += 1
         yield step, loss
 
@@ -214,12 +226,48 @@ def evaluate(
     batches and `train.decode_pairs` decoded pairs, or (final) on the whole split and
     `train.final_decode_pairs` pairs; `<split>_s` is what it cost. Every rank calls it."""
     started = time.perf_counter()
-    metrics = task.evaluate(
-        pipe.forward,
-        split,
-        batch_size=train.batch_size,
-        max_batches=None if final else train.eval_batches,
-        decode=train.final_decode_pairs if final else train.decode_pairs,
-    )
+    with timed(Phase.EVALUATE):
+        metrics = task.evaluate(
+            pipe.forward,
+            split,
+            batch_size=train.batch_size,
+            max_batches=None if final else train.eval_batches,
+            decode=train.final_decode_pairs if final else train.decode_pairs,
+        )
+        hand_over(metrics.get("decode_s", 0.0), Phase.DECODE)
     metrics["s"] = time.perf_counter() - started
     return {f"{split}_{name}": value for name, value in metrics.items()}
+
+
+def measure(
+    settings: NasSettings,
+    task: Task,
+    schedule: LrSchedule,
+    pipe: ElasticPipeline,
+    specs: list[LayerSpec],
+    seed: int,
+    saves: RunCheckpoints | None,
+    cost_cache: CostCache | None = None,
+) -> tuple[ElasticPipeline, dict[str, float]]:
+    """`specs` on `pipe` from scratch at the full budget with training seed `seed` (its
+    weights and its data order), or from its checkpoint in `saves`, evaluated once at the
+    end; nothing reported: a second measurement of a trial (`nas.study.leading`), whose
+    own measurement is the one its pruner and tracker follow."""
+    train = settings.train
+    checkpoint = saves.options() if saves is not None else None
+    pipe = build(
+        settings,
+        task,
+        specs,
+        schedule,
+        seed=seed,
+        pipe=pipe,
+        checkpoint=checkpoint,
+        cost_cache=cost_cache,
+    )
+    start = saves.resumed(pipe)[0] if saves is not None else 0
+    source = itertools.islice(batches(task, train.batch_size, seed), start, None)
+    for step, loss in steps(pipe, source, start=start, count=train.steps - start):
+        if saves is not None:
+            saves.stepped(pipe, {"step": step, "loss": loss})
+    return pipe, evaluate(train, task, pipe, final=True)

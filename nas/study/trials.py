@@ -4,7 +4,8 @@ Both sides of a study read these, on the same storage: the caller of `run_study`
 launches of the stage processes (`nas.study.run`), and rank 0's `nas.study.leader.Leader`
 inside them; the report and the retraining read them after.
 What a trial records in its user attributes beyond its values: `owner` (who asked it),
-`fail_reason` (why it failed), `invalid` (a proposal not trained: outside the space's
+`fail_reason` (why it failed; for a trial Optuna's heartbeat check failed, on the study:
+`fail_reason`), `invalid` (a proposal not trained: outside the space's
 limits, or with `duplicate_of`, the number of a finished trial that trained the same
 architecture), `interrupted` (its stage processes died; it is asked again), `model_digest`
 (what a trial that trains trains, for its peers).
@@ -19,6 +20,7 @@ from typing import Any
 
 import optuna
 
+from nas import storage
 from nas.settings import NasSettings
 from nas.tracking.base import TrialEnd
 
@@ -30,6 +32,7 @@ __all__ = [
     "OWNER",
     "Outcome",
     "counted",
+    "fail_reason",
     "finished",
     "model_digest",
     "remaining",
@@ -95,6 +98,16 @@ def counted(trial: optuna.trial.FrozenTrial) -> bool:
     if trial.state == optuna.trial.TrialState.FAIL and "fail_reason" not in attrs:
         return False
     return trial.state in _DONE and not attrs.get(INTERRUPTED) and not attrs.get(INVALID)
+
+
+def fail_reason(trial: optuna.trial.FrozenTrial, study_attrs: dict[str, Any]) -> str | None:
+    """Why `trial` failed: its own `fail_reason`, or, failed by Optuna's heartbeat check
+    (closed to writes by then), the cause kept in the study's attributes `study_attrs`
+    (`storage.stale_cause_key`); None if it did not fail or nothing says."""
+    if trial.state != optuna.trial.TrialState.FAIL:
+        return None
+    own = trial.user_attrs.get("fail_reason")
+    return str(own) if own is not None else study_attrs.get(storage.stale_cause_key(trial.number))
 
 
 def finished(study: optuna.Study) -> int:

@@ -66,19 +66,23 @@ def translate_ids(
     width: int | None = None,
     device: torch.device | None = None,
 ) -> list[str]:
-    """Greedy translations of encoded `sources`, decoded to text, in batches as evaluation
-    makes them: each padded to its longest source (or to `width`) and filled up to
-    `batch_size` rows with copies of its first source, so a model translates a source the
-    same way here as in `Translation.evaluate`. `device`: where the batches go (default:
-    the CPU)."""
+    """Greedy translations of encoded `sources`, decoded to text (in the order given), in
+    batches as evaluation makes them: sources of like length together (shortest first, so
+    a batch pads little and its rows end their translations at about the same step), each
+    batch padded to its longest source (or to `width`) and filled up to `batch_size` rows
+    with copies of its first source, so a model translates a source the same way here as
+    in `Translation.evaluate`. `device`: where the batches go (default: the CPU)."""
     check_batch_size(batch_size)
-    out: list[str] = []
-    for start in range(0, len(sources), batch_size):
-        rows = list(sources[start : start + batch_size])
+    order = sorted(range(len(sources)), key=lambda i: len(sources[i]))
+    out: list[str] = [""] * len(sources)
+    for start in range(0, len(order), batch_size):
+        chosen = order[start : start + batch_size]
+        rows = [sources[i] for i in chosen]
         src = torch.full((batch_size, width or max(len(r) for r in rows)), PAD, dtype=torch.long)
         for i in range(batch_size):
             row = rows[i] if i < len(rows) else rows[0]
             src[i, : len(row)] = torch.tensor(row, dtype=torch.long)
         ids = greedy_decode(step_fn, src.to(device), max_len)[: len(rows)]
-        out += [vocab.decode(row) for row in ids]
+        for index, row_ids in zip(chosen, ids, strict=True):
+            out[index] = vocab.decode(row_ids)
     return out

@@ -175,6 +175,30 @@ def test_the_tournament_picks_its_best_member(direction: Literal["minimize", "ma
         assert value(parent) == value(best(window, key=value))
 
 
+def test_a_member_the_study_passes_over_is_a_parent_only_when_every_member_is() -> None:
+    """A member whose weights its children cannot start from (`lineage.passed_over_key`:
+    lost or damaged for now) loses its tournaments to the next best member, unless every
+    member is passed over; once its weights are back (False), it wins again."""
+    sampler = RegularizedEvolutionSampler(population_size=5, sample_size=5, seed=4)
+    study = optuna.create_study(sampler=sampler)
+    study.optimize(mixed_objective, n_trials=5)  # the first population: the tournament
+
+    def parent_of_next() -> int:
+        trial = study.ask()
+        study.tell(trial, state=TrialState.FAIL)  # the population stays as it is
+        return int(study.trials[trial.number].system_attrs[lineage.KEY_PARENT])
+
+    ranked = sorted(study.trials, key=value)
+    study.set_user_attr(lineage.passed_over_key(ranked[0].number), True)
+    assert parent_of_next() == ranked[1].number
+    for member in ranked:
+        study.set_user_attr(lineage.passed_over_key(member.number), True)
+    assert parent_of_next() == ranked[0].number
+    for member in ranked:
+        study.set_user_attr(lineage.passed_over_key(member.number), member is not ranked[0])
+    assert parent_of_next() == ranked[0].number
+
+
 def test_multi_objective_studies_select_on_the_first_objective() -> None:
     sampler = RegularizedEvolutionSampler(population_size=6, sample_size=4, seed=5)
     study = optuna.create_study(directions=["maximize", "minimize"], sampler=sampler)

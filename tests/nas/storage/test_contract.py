@@ -5,8 +5,9 @@ serving an SQLite file (`python -m nas.storage.server serve`), each started once
 
 Everything goes through `make_storage`, as the harness opens a study: a study is created
 once and loaded back, trials and what they record round-trip, a dead worker's RUNNING trial
-is failed (by its owner on every kind, by its heartbeat on the RDB kinds) and its
-architecture asked again up to `max_retries`, two workers checking at once fail it once,
+is failed (by its owner on every kind, by its heartbeat on the RDB kinds, its cause kept) and
+its architecture asked again up to `max_retries`, two workers checking at once fail it once,
+a worker whose search is over waits for its peers' trials (`settle`),
 `dashboard_target` opens the study, and no error shows a password.
 """
 
@@ -27,8 +28,8 @@ from nas import storage
 from nas.search.records import StudyRecords
 from nas.storage.opening import CONNECT_S
 from nas.storage.url import StorageKind, masked
-from nas.study.orphans import fail_running
-from nas.study.trials import INTERRUPTED, OWNER, counted
+from nas.study.orphans import fail_running, settle
+from nas.study.trials import INTERRUPTED, OWNER, counted, fail_reason
 from tests.nas.storage.common import (
     SECRET,
     SPACE,
@@ -162,7 +163,7 @@ def test_a_silent_workers_trial_is_failed_by_its_heartbeat_where_trials_beat(
     backend: Backend, name: str
 ) -> None:
     """On the RDB kinds a trial that beats stays, and one silent longer than the grace is
-    failed (uncounted, no reason: Optuna's) and asked again, up to `max_retries`. A journal
+    failed (uncounted, its cause on the study) and asked again, up to `max_retries`. A journal
     file or the gRPC proxy has no heartbeat: a silent trial of another machine stays."""
     study = open_study(backend.url, name, heartbeat_s=1, grace_s=1, max_retries=1)
     interval = getattr(StudyRecords(study).storage, "get_heartbeat_interval", lambda: None)
@@ -194,7 +195,29 @@ def test_a_silent_workers_trial_is_failed_by_its_heartbeat_where_trials_beat(
     trials = study.get_trials()
     assert [t.number for t in trials] == [t.number for t in asked] and len(asked) == 2
     assert all(t.state == TrialState.FAIL and not counted(t) for t in trials)
-    assert not any("fail_reason" in t.user_attrs for t in trials)
+    assert not any("fail_reason" in t.user_attrs for t in trials)  # closed: on the study
+    causes = [fail_reason(t, study.user_attrs) for t in trials]
+    assert causes == [storage.STALE, f"{storage.STALE} (retried 1 times: not again)"]
+
+
+def test_settle_waits_for_a_peers_trial_fails_a_dead_ones_and_stops_at_its_wait(
+    backend: Backend, name: str
+) -> None:
+    """Before a stage reads the study's results (the retraining picks its best), a worker
+    whose search is over waits for its peers' trials: a live peer's trial until it is told,
+    a dead peer's failed at once; one still running after the wait is named, not waited
+    for forever (the soak's two workers once retrained different models)."""
+    study = open_study(backend.url, name)
+    peer, orphan = study.ask(SPACE), study.ask(SPACE)
+    peer.set_user_attr(OWNER, storage.this_owner())  # alive: this process
+    orphan.set_user_attr(OWNER, dead_owner())
+    assert settle(study, wait_s=0.2, poll_s=0.05) == [peer.number]
+    assert study.get_trials()[orphan.number].state == TrialState.FAIL
+    timer = threading.Timer(0.5, lambda: study.tell(peer, 0.25))
+    timer.start()
+    assert settle(study, wait_s=60, poll_s=0.05) == []
+    timer.join()
+    assert study.get_trials()[peer.number].state == TrialState.COMPLETE
 
 
 def test_workers_checking_at_once_fail_and_ask_again_each_orphan_once(

@@ -5,14 +5,14 @@ bank of trained weights a stage process keeps, and the study's store of them und
 from __future__ import annotations
 
 import shutil
-import threading
 from pathlib import Path
 
 import optuna
 import pytest
 import torch
 
-from nas.settings import NasSettings, StudySettings
+from nas.search.lineage import passed_over
+from nas.settings import NasSettings
 from nas.study.inheritance import (
     INHERITED_FROM,
     WEIGHTS_ARTIFACT,
@@ -145,10 +145,12 @@ def test_weights_refused_as_damaged_are_kept_again_by_a_worker_with_a_whole_copy
         theirs.download(parent)
     theirs.refused(study, refused.value)
     assert study.user_attrs[refused_weights_key(0)] == store.name
+    assert passed_over(study.user_attrs, 0)  # evolution picks other parents meanwhile
     theirs.keep_late(study)  # no copy of its own: nothing to keep
     assert late_weights_key(0) not in study.user_attrs
     mine.keep_late(study)
     again = study.user_attrs[late_weights_key(0)]
+    assert not passed_over(study.user_attrs, 0)  # a parent like any other again
     assert again["artifact"] != store.name and mine.not_kept == ()
     fetched = theirs.download(parent, again)
     assert fetched is not None and sha256_of(fetched) == parent.user_attrs[WEIGHTS_SHA256]
@@ -161,7 +163,7 @@ def test_a_store_that_cannot_take_weights_is_recorded_and_the_trial_completes(
 ) -> None:
     blocker = tmp_path / "a-file"
     blocker.write_text("the studies folder is a file")  # the store cannot be made there
-    weights = TrialWeights(NasSettings(studies_dir=str(blocker), study=waiting(0.2)))
+    weights = TrialWeights(NasSettings(studies_dir=str(blocker)))
     study = optuna.create_study(storage=f"sqlite:///{tmp_path / 'study.db'}")
     trial = study.ask()
     save_weights(state(), weights.file(trial.number))
@@ -179,21 +181,23 @@ def test_a_store_that_cannot_take_weights_is_recorded_and_the_trial_completes(
 def test_weights_the_store_could_not_take_are_kept_before_the_next_trial(
     tmp_path: Path,
 ) -> None:
-    """The store still down when the wait ends: the trial completes without its weights
-    kept; once the store heals, the worker keeps them before its next trial, on the study,
-    and another worker's children inherit them, checked."""
-    studies, weights, folder = _blocked_store(tmp_path, wait_s=0.2)
+    """A store full or read-only for a while (the soak's store faults) is not waited for:
+    the trial completes at once without its weights kept, and evolution passes it over as
+    a parent; once the store heals, the worker keeps them before its next trial, on the
+    study, and another worker's children inherit them, checked."""
+    studies, weights, folder = _blocked_store(tmp_path)
     study = optuna.create_study(storage=f"sqlite:///{tmp_path / 'study.db'}")
     trial = study.ask()
     save_weights(state(), weights.file(trial.number))
-    weights.keep(trial)
+    weights.keep(trial)  # returns at once: study.storage_wait_s (60) is not waited
     study.tell(trial, 0.5)
+    assert passed_over(study.user_attrs, 0)
     weights.keep_late(study)  # still down: it waits for the next try
     assert weights.not_kept == (0,) and late_weights_key(0) not in study.user_attrs
     folder.unlink()
     folder.mkdir()
     weights.keep_late(study)
-    assert weights.not_kept == ()
+    assert weights.not_kept == () and not passed_over(study.user_attrs, 0)
     late = study.user_attrs[late_weights_key(0)]
     assert (folder / late["artifact"]).is_file()
     other = TrialWeights(NasSettings(studies_dir=str(studies)))
@@ -203,43 +207,13 @@ def test_weights_the_store_could_not_take_are_kept_before_the_next_trial(
     assert fetched is not None and sha256_of(fetched) == late["sha256"]
 
 
-def test_a_store_that_heals_within_the_wait_keeps_the_weights(tmp_path: Path) -> None:
-    """A store full or read-only for a while (the soak's store faults) is waited out, as a
-    database restarting is: the weights are kept, and the trial's children inherit."""
-    studies, weights, folder = _blocked_store(tmp_path, wait_s=30.0)
-
-    def heal() -> None:
-        folder.unlink()
-        folder.mkdir()
-
-    study = optuna.create_study(storage=f"sqlite:///{tmp_path / 'study.db'}")
-    trial = study.ask()
-    save_weights(state(), weights.file(trial.number))
-    healer = threading.Timer(1.0, heal)
-    healer.start()
-    try:
-        weights.keep(trial)
-    finally:
-        healer.join()
-    study.tell(trial, 0.5)
-    done = study.get_trials()[0]
-    assert WEIGHTS_NOT_KEPT not in done.user_attrs
-    assert (folder / done.user_attrs[WEIGHTS_ARTIFACT]).is_file()
-    assert TrialWeights(NasSettings(studies_dir=str(studies))).download(done) is not None
-
-
-def _blocked_store(tmp_path: Path, wait_s: float) -> tuple[Path, TrialWeights, Path]:
+def _blocked_store(tmp_path: Path) -> tuple[Path, TrialWeights, Path]:
     """A studies folder whose artifact store refuses every write (a file is in its way
-    until the test heals it), a worker's weights waiting `wait_s` on it, the store folder."""
+    until the test heals it), a worker's weights on it, the store folder."""
     studies = tmp_path / "studies"
     studies.mkdir()
-    weights = TrialWeights(NasSettings(studies_dir=str(studies), study=waiting(wait_s)))
+    weights = TrialWeights(NasSettings(studies_dir=str(studies)))
     folder = studies / "artifacts"
     shutil.rmtree(folder, ignore_errors=True)
     folder.write_text("in the way")
     return studies, weights, folder
-
-
-def waiting(seconds: float) -> StudySettings:
-    """Study settings whose store (and storage) outages are waited out for `seconds`."""
-    return StudySettings(storage_wait_s=seconds)

@@ -10,11 +10,13 @@ import logging
 import math
 import statistics
 from pathlib import Path
+from typing import Any
 
 import optuna
 import pytest
 
 from nas.report import report_study
+from nas.study.phases import Phase
 from nas.study.run import run_study
 from nas.study.trials import DUPLICATE_OF, INTERRUPTED, INVALID, counted
 from nas.tracking import json_safe, read_jsonl
@@ -52,6 +54,7 @@ def test_a_study_runs_resumes_and_records_failures(
         assert 0 <= t.user_attrs["validation_chrf"] <= 100
         assert t.user_attrs["validation_decoded"] == 8
         assert t.values[0] == t.user_attrs["validation_loss"]
+        assert_time_accounted(t.user_attrs, trained=True)
     assert_wandb_history_equals_the_jsonl_mirror(tmp_path / "run" / "tracking", "t")
     assert len(result.run_dirs) == 5  # four trials and the study run, to `wandb sync`
     # re-running the same study continues toward the new total on fresh processes; a
@@ -74,7 +77,23 @@ def test_a_study_runs_resumes_and_records_failures(
     failed = optuna.load_study(study_name="tight", storage=tight.storage_url).trials
     assert [t.state for t in failed] == [optuna.trial.TrialState.FAIL] * 2
     assert all("InfeasibleBudgetError" in t.user_attrs["fail_reason"] for t in failed)
+    for t in failed:  # a failed trial's time is accounted for too
+        assert_time_accounted(t.user_attrs, trained=False)
     assert not any(t.user_attrs.get(INTERRUPTED) for t in failed)
+
+
+def assert_time_accounted(attrs: dict[str, Any], *, trained: bool) -> None:
+    """Where a trial's seconds went (`nas.study.phases`): every phase recorded, the ones a
+    `trained` trial did measured (its build, steps, evaluations, decoding, decisions), and
+    the parts adding up to its total."""
+    times = {k: float(v) for k, v in attrs.items() if k.startswith("time_")}
+    assert {f"time_{phase}_s" for phase in Phase} | {"time_other_s"} <= times.keys()
+    assert times["time_before_s"] > 0 and times["time_build_s"] > 0
+    measured = ("train", "evaluate", "decode", "decide", "track")
+    assert all((times[f"time_{name}_s"] > 0) == trained for name in measured), times
+    parts = sum(v for k, v in times.items() if k not in ("time_total_s", "time_fixed_share"))
+    assert parts == pytest.approx(times["time_total_s"])
+    assert (times["time_fixed_share"] < 1) == trained
 
 
 @pytest.mark.parametrize(
