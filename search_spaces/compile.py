@@ -41,6 +41,7 @@ from pipeline.local.spec import LayerSpec
 from search_spaces.architecture import Architecture, Cell
 from search_spaces.cells import CellModule
 from search_spaces.layers import Context
+from search_spaces.memo import Memo
 
 __all__ = [
     "DecoderCell",
@@ -110,13 +111,22 @@ class _CellLayer(nn.Module):
 
 
 class EncoderCell(_CellLayer):
-    """enc<i>: (enc, src, tgt) -> (enc, src, tgt); a bidirectional cell."""
+    """enc<i>: (enc, src, tgt) -> (enc, src, tgt); a bidirectional cell. Decoding, it
+    hands back what it computed for the same sources (`search_spaces.memo`)."""
 
     causal = False
 
+    def __init__(self, cell: Cell, d_model: int, dropout: float, pad_id: int | None) -> None:
+        super().__init__(cell, d_model, dropout, pad_id)
+        self.memo = Memo()
+
     def forward(self, carry: tuple[Tensor, Tensor, Tensor]) -> tuple[Tensor, Tensor, Tensor]:
         enc, src, tgt = carry
-        return self.cell(enc, Context(pad=self.pad(src))), src, tgt
+
+        def compute() -> Tensor:
+            return self.cell(enc, Context(pad=self.pad(src)))
+
+        return self.memo.output(self, (enc, src), compute), src, tgt
 
 
 class TargetEmbedding(_EmbeddingLayer):
