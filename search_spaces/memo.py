@@ -14,7 +14,8 @@ loaded or a migration changes them). Numbered:
        inputs (a forward's micro-batches), the oldest dropped
     4. kept, the input equal (`torch.equal`) and the parameters unchanged: the kept output
 
-The output is the very tensor computed before, so decoding gives what it gave without it.
+What is kept and handed back are copies (an input's buffer, or an output, may be reused and
+changed in place), equal to what was computed, so decoding gives what it gave without it.
 """
 
 from __future__ import annotations
@@ -74,10 +75,10 @@ class Memo:
         kept = self._kept.get(key)
         if kept is not None and all(_same(a, b) for a, b in zip(kept[0], inputs, strict=True)):
             self._kept.move_to_end(key)  # 4.
-            return kept[1]
+            return kept[1].clone()  # whoever takes it may change it in place
         out = compute()
-        if key in self._seen:  # 3.
-            self._kept[key] = (inputs, out)
+        if key in self._seen:  # 3. (copies: a receive buffer or a caller may be reused)
+            self._kept[key] = (tuple(x.clone() for x in inputs), out.clone())
             while len(self._kept) > SLOTS:
                 self._kept.popitem(last=False)
         self._seen[key] = None  # 2.

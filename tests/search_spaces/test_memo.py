@@ -32,7 +32,9 @@ def test_an_input_seen_twice_is_kept_and_handed_back_while_the_weights_stay() ->
         first = memo.output(layer, (x,), compute)  # seen once: computed, not kept
         second = memo.output(layer, (x,), compute)  # seen again: computed and kept
         third = memo.output(layer, (x.clone(),), compute)  # an equal input: handed back
-        assert compute.calls == 2 and third is second and torch.equal(first, third)
+        assert compute.calls == 2 and torch.equal(third, second) and torch.equal(first, third)
+        third.add_(1.0)  # whoever took it changed it: what is kept is not
+        assert torch.equal(memo.output(layer, (x,), compute), second)
         other = x + 1
         memo.output(layer, (other,), Counted(layer, other))  # another input: computed
         layer.weight.add_(1.0)  # an optimizer step changes the weights in place
