@@ -8,10 +8,12 @@ after the search (`stages: [search, retrain]`) or alone against a stored study
 (`stages: [retrain]`). In order:
 
     1. select  (caller)     once the trials of every worker searching the study are told
-                            (`nas.study.orphans.settle`: two workers then choose alike),
-                            the `retrain.top_k` complete trials with the best fitness, one
-                            per network: two trials whose architectures compile to the same
-                            network (`identity`) are one model, the better trial's, named
+                            (`nas.study.orphans.settle`: two workers then choose alike;
+                            meanwhile the seed models are retrained, judged whatever the
+                            search finds), the `retrain.top_k` complete trials with the
+                            best fitness, one per network: two trials whose architectures
+                            compile to the same network (`identity`) are one model, the
+                            better trial's, named
                             `trial-<number>`; with `retrain.seed_models` also `transformer`
                             and `evolved_transformer` (the trials skip their networks)
     2. train   (every rank) per model and training seed: a fresh pipeline seeded with it,
@@ -97,8 +99,8 @@ def retrain(settings: NasSettings) -> RetrainResult:
     on, with the seed models, to `retrain.seeds`: the seeds that judge it played no part in
     any choice (`RetrainResult.selection` holds the choosing retraining)."""
     study = load_study(settings)
-    if "search" in settings.stages:  # the peers searching it too end their trials first
-        orphans.settle(study, settings.retrain.claim_wait_s, settings.study.max_retries)
+    if "search" in settings.stages:  # peers may be searching it still (module doc, 1.)
+        _after_peers(study, settings)
     models = select_models(study, settings)
     if not models:
         raise ValueError(f"study {settings.study.name!r} has no complete trial to retrain")
@@ -113,6 +115,17 @@ def retrain(settings: NasSettings) -> RetrainResult:
     winner = [m for m in searched if m.name == selection.selected] or searched[:1]
     judged = retrain_models(settings, winner + [m for m in models if m.trial is None])
     return replace(judged, selection=selection)
+
+
+def _after_peers(study: optuna.Study, settings: NasSettings) -> None:
+    """Step 1's wait: while peers searching the same study still train trials, retrain the
+    seed models (judged whatever the search finds), then wait for those trials to end or
+    fail (`nas.study.orphans.settle`), so that every worker chooses the same models."""
+    running = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))
+    seeds = [m for m in select_models(study, settings) if m.trial is None]
+    if running and seeds:
+        retrain_models(settings, seeds)
+    orphans.settle(study, settings.retrain.claim_wait_s, settings.study.max_retries)
 
 
 def retrain_models(
