@@ -18,6 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import NoReturn
 
+import optuna
 import pytest
 
 from nas.job_log import JOB_LOG_ENV, JobLog
@@ -27,6 +28,7 @@ from nas.retrain.stage import RetrainRun, retrain
 from nas.settings import RetrainSettings
 from nas.storage.opening import owner_alive, this_owner
 from nas.study.run import run_study
+from nas.study.trials import OWNER
 from tests.nas.harness.common import tiny_settings
 
 
@@ -225,3 +227,35 @@ def test_two_retrainings_at_once_train_each_run_once_and_end_alike(
     metrics = json.loads((folder / "metrics.json").read_text())
     best = min(first.runs, key=lambda r: r.metrics["validation_loss"])
     assert metrics["seed"] == best.seed and [e["seed"] for e in metrics["per_seed"]] == [0, 1]
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(300)
+def test_a_worker_done_searching_chooses_after_its_peers_trial_ends(tmp_path: Path) -> None:
+    """The soak's two workers once retrained different models: one chose while the other
+    still trained a trial that then led. A worker whose search is over waits for its
+    peers' trials (`nas.study.orphans.settle`) and chooses the model that trial trained."""
+    settings = tiny_settings(
+        tmp_path,
+        "study.name=peers",
+        "study.n_trials=1",
+        "tracker=none",
+        "retrain.top_k=1",
+        "retrain.seeds=[0]",
+        "retrain.steps=2",
+        "retrain.seed_models=false",
+        "retrain.decode_pairs=2",
+        f"retrain.models_dir={tmp_path / 'models'}",
+    )
+    run_study(settings)
+    study = optuna.load_study(study_name="peers", storage=settings.storage_url)
+    [mine] = study.get_trials()
+    study.enqueue_trial(mine.params)
+    peer = study.ask()  # a peer's trial of the same architecture, training (a live owner)
+    peer.set_user_attr(OWNER, this_owner())
+    assert mine.value is not None
+    told = threading.Timer(1.0, lambda: study.tell(peer, mine.value - 1.0))  # it will lead
+    told.start()
+    result = retrain(settings)
+    told.join()
+    assert result.selected == f"trial-{peer.number}"
