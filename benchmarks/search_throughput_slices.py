@@ -85,6 +85,7 @@ def _slice_figures(done: list[Any], wall_s: float) -> dict[str, Any]:
 
     from nas.search.fidelity import Fidelity, fidelity_of
     from nas.study.inheritance import INHERITED_FROM
+    from nas.study.phases import shares
 
     complete = [t for t in done if t.state == optuna.trial.TrialState.COMPLETE]
     inherited = [t for t in complete if fidelity_of(t) is Fidelity.INHERITED]
@@ -93,6 +94,7 @@ def _slice_figures(done: list[Any], wall_s: float) -> dict[str, Any]:
     controls = {t.user_attrs[INHERITED_FROM]: int(t.user_attrs["steps"]) for t in inherited}
     steps = sum(int(t.user_attrs.get("steps", 0)) for t in done) + sum(controls.values())
     hours = wall_s / 3600
+    trial_s, by_phase = shares(t.user_attrs for t in done)
     return {
         "wall_s": wall_s,
         "shape": done[0].user_attrs.get("shape") if done else None,
@@ -107,6 +109,9 @@ def _slice_figures(done: list[Any], wall_s: float) -> dict[str, Any]:
         "steps_per_h": steps / hours,
         "best_validation_loss": min((t.values[0] for t in full), default=None),
         "best_estimate": min((t.values[0] for t in inherited), default=None),
+        # where the trials' seconds went (`nas.study.phases`): steps and fixed costs
+        "trial_seconds": trial_s,
+        "time_share_by_phase": by_phase,
     }
 
 
