@@ -47,6 +47,7 @@ from nas.study.inheritance import (
     check_weights,
     late_weights_key,
 )
+from nas.study.phases import shares
 from nas.study.trials import INVALID, counted, fail_reason
 
 __all__ = ["account", "candidates_per_hour"]
@@ -75,9 +76,10 @@ def account(
     return checks
 
 
-def candidates_per_hour(study: optuna.Study) -> dict[str, float]:
+def candidates_per_hour(study: optuna.Study) -> dict[str, Any]:
     """Counted trials (complete or pruned, not interrupted or invalid) per hour of the
-    search's wall time: from the first trial's start to the last one's end."""
+    search's wall time: from the first trial's start to the last one's end; and where the
+    trials' seconds went (`nas.study.phases`: a restart's cost is its next trial's "before")."""
     trials = [t for t in study.get_trials(deepcopy=False) if t.datetime_complete is not None]
     starts = [t.datetime_start for t in trials if t.datetime_start is not None]
     ends = [t.datetime_complete for t in trials if t.datetime_complete is not None]
@@ -85,7 +87,14 @@ def candidates_per_hour(study: optuna.Study) -> dict[str, float]:
         return {"candidates": 0, "hours": 0.0, "per_hour": 0.0}
     hours = (max(ends) - min(starts)).total_seconds() / 3600
     candidates = sum(counted(t) for t in trials)
-    return {"candidates": candidates, "hours": hours, "per_hour": candidates / hours}
+    trial_s, by_phase = shares(t.user_attrs for t in trials)
+    return {
+        "candidates": candidates,
+        "hours": hours,
+        "per_hour": candidates / hours,
+        "trial_seconds": trial_s,
+        "time_share_by_phase": by_phase,
+    }
 
 
 def _trials(trials: list[FrozenTrial], study_attrs: dict[str, Any]) -> dict[str, Any]:
