@@ -6,9 +6,9 @@ study's calls between two trials (the previous one told, the next one asked), bu
 pipeline (compile, plan, reconfigure, weights placed), evaluation and decoding (chrF and
 BLEU), checkpoints, the weights a parent keeps for its children, rank 0's decisions
 during the trial (each a call to the study, agreed by every rank) and its step records to
-the tracker. Each trial records them
-(`TrialClock.attrs`): `time_<phase>_s` for every `Phase`, `time_other_s` (the rest) and
-`time_total_s`; `time_fixed_share` is the share of the total that is not training steps.
+the tracker. Each trial records them (`TrialClock.attrs`): `time_s`, the seconds of every
+`Phase`, "other" (the rest) and "total", in one attribute (one call to the storage), and
+`time_fixed_share`, the share of the total that is not training steps.
 
 How it is counted, numbered:
 
@@ -36,7 +36,21 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
-__all__ = ["Phase", "TrialClock", "hand_over", "shares", "timed"]
+__all__ = [
+    "FIXED_SHARE",
+    "OTHER",
+    "TIME_S",
+    "TOTAL",
+    "Phase",
+    "TrialClock",
+    "hand_over",
+    "shares",
+    "timed",
+]
+
+TIME_S = "time_s"  # the trial's attribute: {phase: seconds, "other": ..., "total": ...}
+FIXED_SHARE = "time_fixed_share"  # the trial's attribute: the total's share not training
+OTHER, TOTAL = "other", "total"
 
 
 class Phase(enum.StrEnum):
@@ -118,11 +132,10 @@ class TrialClock:
         total = inside + spent[Phase.BEFORE]
         other = max(0.0, total - sum(spent.values()))
         fixed = total - spent[Phase.TRAIN]
+        seconds = {str(phase): value for phase, value in spent.items()}
         return {
-            **{f"time_{phase}_s": seconds for phase, seconds in spent.items()},
-            "time_other_s": other,
-            "time_total_s": total,
-            "time_fixed_share": fixed / total if total > 0 else 0.0,
+            TIME_S: seconds | {OTHER: other, TOTAL: total},
+            FIXED_SHARE: fixed / total if total > 0 else 0.0,
         }
 
     def _settle(self) -> None:
@@ -157,11 +170,11 @@ def hand_over(seconds: float, to: Phase) -> None:
 def shares(records: Iterable[Mapping[str, Any]]) -> tuple[float, dict[str, float]]:
     """Over the trials whose attributes `records` hold a breakdown (`TrialClock.attrs`):
     their total seconds, and each phase's share of it ("other" too), largest first."""
-    kept = [r for r in records if "time_total_s" in r]
-    total = sum(float(r["time_total_s"]) for r in kept)
+    kept = [r[TIME_S] for r in records if isinstance(r.get(TIME_S), Mapping)]
+    total = sum(float(k.get(TOTAL, 0.0)) for k in kept)
     if total <= 0:
         return 0.0, {}
-    names = [*(str(phase) for phase in Phase), "other"]
-    spent = {name: sum(float(r.get(f"time_{name}_s", 0.0)) for r in kept) for name in names}
+    names = [*(str(phase) for phase in Phase), OTHER]
+    spent = {name: sum(float(k.get(name, 0.0)) for k in kept) for name in names}
     ordered = sorted(spent.items(), key=lambda item: -item[1])
     return total, {name: seconds / total for name, seconds in ordered}
