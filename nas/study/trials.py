@@ -4,8 +4,8 @@ Both sides of a study read these, on the same storage: the caller of `run_study`
 launches of the stage processes (`nas.study.run`), and rank 0's `nas.study.leader.Leader`
 inside them; the report and the retraining read them after.
 What a trial records in its user attributes beyond its values: `owner` (who asked it),
-`fail_reason` (why it failed; for a trial Optuna's heartbeat check failed, on the study:
-`fail_reason`), `invalid` (a proposal not trained: outside the space's
+`fail_reason` (why it failed; for a trial Optuna's heartbeat check failed, the study's
+`fail_reason:<trial>`), `invalid` (a proposal not trained: outside the space's
 limits, or with `duplicate_of`, the number of a finished trial that trained the same
 architecture), `interrupted` (its stage processes died; it is asked again), `model_digest`
 (what a trial that trains trains, for its peers).
