@@ -58,6 +58,7 @@ class RetrainRun:
     metrics: dict[str, float] = field(default_factory=dict)  # validation_*, test_*
     history: list[dict[str, float]] = field(default_factory=list)  # per step
     error: str | None = None
+    time_s: dict[str, float] = field(default_factory=dict)  # by phase (`nas.study.phases`)
 
 
 @dataclass(frozen=True)

@@ -31,6 +31,7 @@ from nas.retrain.results import Model, RetrainRun, score
 from nas.settings import NasSettings, TrainSettings
 from nas.study import shape, training
 from nas.study.checkpoints import RunCheckpoints
+from nas.study.phases import TIME_S, TrialClock
 from nas.tasks import Task, get_task
 from pipeline import ElasticPipeline, StageContext
 from pipeline.distributed.comm import Comm
@@ -137,6 +138,22 @@ def _keep(
 
 
 def _train(
+    settings: NasSettings,
+    task: Task,
+    model: Model,
+    seed: int,
+    steps: int,
+    progress: tuple[Progress, Any] | None,
+) -> tuple[RetrainRun, dict[str, Any]]:
+    """`_run`, its seconds by phase recorded in the run (`nas.study.phases`)."""
+    clock = TrialClock()
+    with clock.running():
+        run, state = _run(settings, task, model, seed, steps, progress)
+    run.time_s = clock.attrs()[TIME_S]
+    return run, state
+
+
+def _run(
     settings: NasSettings,
     task: Task,
     model: Model,

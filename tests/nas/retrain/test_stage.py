@@ -110,6 +110,10 @@ def test_the_best_and_both_seeds_are_retrained_and_paired_on_the_headline_metric
         (m, s) for m in (best, "transformer", "evolved_transformer") for s in (0, 1)
     ]
     assert all(r.error is None and r.steps == 6 for r in result.runs)
+    for run in result.runs:  # where each run's seconds went (`nas.study.phases`)
+        spent = run.time_s
+        assert min(spent["build"], spent["train"], spent["evaluate"], spent["decode"]) > 0
+        assert sum(v for k, v in spent.items() if k != "total") == pytest.approx(spent["total"])
     assert result.selected in result.exported
     # each model against the Evolved Transformer, paired on both training seeds, on the
     # fitness and every headline metric of the task
