@@ -97,8 +97,9 @@ def switch_folder(comm: Comm, directory: str | os.PathLike[str] | None, step: in
     sees), else in a new temporary folder of this machine."""
 
     def make() -> Path:
-        base = Path(tempfile.mkdtemp(prefix="pipeline-switch-")) if directory is None else None
-        return (base or Path(directory or ".")).absolute() / f"switch-{step:08d}"
+        if directory is None:
+            return Path(tempfile.mkdtemp(prefix="pipeline-switch-")) / f"switch-{step:08d}"
+        return Path(directory).absolute() / f"switch-{step:08d}"
 
     return comm.agree(make)
 
