@@ -64,9 +64,11 @@ def single_process(ctx: StageContext, cfg: LMConfig, m: int) -> Step:
 def ours_run(
     cfg: LMConfig, name: str, m: int, cache: CostCache, steps: int, correction_steps: int
 ) -> tuple[Step, ElasticPipeline, float]:
-    """(step, pipeline, first loss); the first step plans, the next `correction_steps` let
-    the plan be corrected from measured costs (`ElasticOptions.correct_after`, on by
-    default) before anything is timed. 2bw trains a stream per round."""
+    """(step, pipeline, first loss); the first step plans, schedule="auto" tries the plans
+    its cost model cannot rank (`ElasticOptions.try_plans`) until it keeps one, and the next
+    `correction_steps` let the plan be corrected from measured costs
+    (`ElasticOptions.correct_after`, on by default) before anything is timed. 2bw trains a
+    stream per round."""
     pipe = ElasticPipeline(
         cfg.specs(),
         optimizer=OPTIMIZER,
@@ -78,6 +80,8 @@ def ours_run(
     x, y = cfg.data()
     first_loss = pipe.train_step(x, y)
     if name == "auto" or not is_stream(name):
+        while pipe.trying is not None:  # the plans tried first
+            pipe.train_step(x, y)
         for _ in range(correction_steps):
             pipe.train_step(x, y)
     calls = itertools.count()
@@ -100,6 +104,7 @@ def ours_record(pipe: ElasticPipeline, first_loss: float, ref_loss: float) -> di
         "partition": list(stats.partition),
         "partition_history": pipe.partition_history,
         "replans": [e.details for e in pipe.events if e.kind in ("trigger", "replan")],
+        "tryouts": [e.details for e in pipe.events if e.kind == "tryout"],
         "plan": stats.plan.to_dict() if stats.plan is not None else None,
         "first_step_loss": first_loss,
         "reference_first_step_loss": ref_loss,

@@ -138,6 +138,8 @@ def learn_costs(learned: CostCache) -> None:
     merged.update(learned.entries())
     if merged.overheads is None and learned.overheads is not None:
         merged.set_overheads(learned.overheads)
+    if learned.errors.to_dict():  # it started from the cache: what it holds is the newest
+        merged.set_errors(learned.errors)
     save_cache(merged)
 
 

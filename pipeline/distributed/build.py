@@ -13,13 +13,15 @@ is `pipeline.distributed.handoff`), and a model waiting for inherited weights ta
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Protocol
 
 from pipeline.distributed import handoff as handoff_cut
 from pipeline.distributed import weights
 from pipeline.distributed.agreement import profile_costs
 from pipeline.distributed.options import check_partition
-from pipeline.distributed.parts import BuiltPipeline
+from pipeline.distributed.parts import BuiltPipeline, TriedPipeline
+from pipeline.distributed.tryout import PlanTryout
+from pipeline.distributed.tryout import begin as begin_tryout
 from pipeline.local.stage import Stage
 from pipeline.pure.costs import LayerCost
 from pipeline.pure.partition import bounds, check_sizes, equal_sizes
@@ -27,6 +29,10 @@ from pipeline.pure.planner import Plan, choose_schedule
 from pipeline.pure.schedule import ScheduleSpec, is_stream
 
 __all__ = ["build", "checked_sizes", "plan_first", "planned_schedule", "set_handoff", "setup"]
+
+
+class TriedBuild(BuiltPipeline, TriedPipeline, Protocol):
+    """What a first plan needs: a build, and a tryout of the plans it cannot rank."""
 
 
 def setup(pipe: BuiltPipeline, partition: str | Sequence[int] | Plan) -> None:
@@ -101,9 +107,11 @@ def set_handoff(pipe: BuiltPipeline, handoff: Sequence[int] | None) -> None:
     model.set_handoff(cut)
 
 
-def plan_first(pipe: BuiltPipeline, example: Any) -> None:
+def plan_first(pipe: TriedBuild, example: Any) -> PlanTryout | None:
     """partition="auto": profile one micro-batch's shapes, plan on rank 0, build; a plan on
-    several stages is corrected from measured costs later (`ElasticOptions.correct_after`)."""
+    several stages is corrected from measured costs later (`ElasticOptions.correct_after`).
+    With schedule="auto", the plans the cost model cannot rank are tried on the next steps:
+    the tryout to run (`pipeline.distributed.tryout`), None when there is none."""
     costs, signatures = profile_costs(
         pipe.comm,
         pipe.model.specs,
@@ -113,8 +121,9 @@ def plan_first(pipe: BuiltPipeline, example: Any) -> None:
         cache=pipe.options.planning.cost_cache,
         source=pipe.options.planning.profile,
     )
+    tried: PlanTryout | None = None
     if pipe.auto_schedule:
-        plan = _choose_schedule(pipe, costs)
+        plan, tried = _choose_schedule(pipe, costs)
     else:
         schedule = planned_schedule(pipe)
         plan = pipe.comm.agree(
@@ -128,14 +137,17 @@ def plan_first(pipe: BuiltPipeline, example: Any) -> None:
         )
     build(pipe, list(plan.sizes), plan, costs)
     pipe.model.set_signatures(signatures)
-    if pipe.n_stages > 1:
+    if pipe.n_stages > 1 and tried is None:  # a tryout's plan awaits it once kept
         pipe.plan_age.await_correction(pipe.model.step, pipe.options.elastic.correct_after)
     weights.take_inheritance(pipe.comm, pipe.model, pipe.event_log)
+    return tried
 
 
-def _choose_schedule(pipe: BuiltPipeline, costs: list[LayerCost]) -> Plan:
-    """schedule="auto": every exact schedule planned on rank 0, the fastest adopted."""
-    best, tried = pipe.comm.agree(
+def _choose_schedule(pipe: TriedBuild, costs: list[LayerCost]) -> tuple[Plan, PlanTryout | None]:
+    """schedule="auto": every exact schedule planned on rank 0; the fastest predicted
+    (corrected by what earlier plans measured) adopted, and the tryout of those the model
+    cannot tell from it, if any."""
+    _, tried = pipe.comm.agree(
         lambda: choose_schedule(
             pipe.planner,
             costs,
@@ -144,10 +156,10 @@ def _choose_schedule(pipe: BuiltPipeline, costs: list[LayerCost]) -> Plan:
             memory_budget=pipe.options.planning.memory_budget,
         )
     )
-    pipe.event_log.record("schedule", chosen=best.schedule, candidates=[c.to_dict() for c in tried])
-    pipe.adopt_schedule(best.schedule)
-    assert best.plan is not None
-    return best.plan
+    plan, tryout = begin_tryout(pipe, [c.plan for c in tried if c.plan is not None])
+    pipe.event_log.record("schedule", chosen=plan.schedule, candidates=[c.to_dict() for c in tried])
+    pipe.adopt_schedule(plan.schedule)
+    return plan, tryout
 
 
 def planned_schedule(pipe: BuiltPipeline) -> ScheduleSpec:

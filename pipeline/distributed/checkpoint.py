@@ -120,11 +120,15 @@ class Checkpointer:
 
     # -- resuming ----------------------------------------------------------------------------
     def start(
-        self, pipe: CheckpointedPipeline, partition: str | Sequence[int] | Plan
+        self,
+        pipe: CheckpointedPipeline,
+        partition: str | Sequence[int] | Plan,
+        resume_from: Path | None = None,
     ) -> str | Sequence[int] | Plan:
-        """At construction: find the checkpoint to resume (if any), restore its step and cost
-        cache; the partition to build with (the checkpoint's, for "auto", where it fits)."""
-        resume = pipe.comm.agree(lambda: _find(pipe))
+        """At construction: find the checkpoint to resume (`resume_from`, else the options'
+        if any), restore its step and cost cache; the partition to build with (the
+        checkpoint's, for "auto", where it fits)."""
+        resume = pipe.comm.agree(lambda: _find(pipe, resume_from))
         if resume is None:
             return partition
         manifest = resume.manifest
@@ -191,10 +195,11 @@ class Checkpointer:
 
 
 # -- resuming: find, check, load ---------------------------------------------------------------
-def _find(pipe: CheckpointedPipeline) -> Resume | None:
-    """(Rank 0) The checkpoint `resume_from` names, checked against this model."""
+def _find(pipe: CheckpointedPipeline, resume_from: Path | None = None) -> Resume | None:
+    """(Rank 0) The checkpoint `resume_from` (default: the options') names, checked against
+    this model."""
     options = pipe.options.checkpoint
-    source = options.resume_from
+    source = options.resume_from if resume_from is None else resume_from
     if source is None:
         return None
     if source == LATEST:

@@ -34,13 +34,14 @@ step with the layers. The package docstring draws which part owns what.
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from pipeline.distributed import build, elasticity, report, steps, stream, weights
+from pipeline.distributed import build, elasticity, report, steps, stream, tryout, weights
 from pipeline.distributed.agreement import measured_costs
 from pipeline.distributed.checkpoint import Checkpointer, checked_scheduler
 from pipeline.distributed.comm import Comm
@@ -60,6 +61,7 @@ from pipeline.distributed.options import (
 from pipeline.distributed.parts import ActiveStream
 from pipeline.distributed.runner import StepRunner
 from pipeline.distributed.triggers import PlanAge, ReplanTriggers
+from pipeline.distributed.tryout import PlanTryout
 from pipeline.distributed.views import ModelViews
 from pipeline.local.lr_schedules import LrSchedulerFactory
 from pipeline.local.microbatch import split_microbatches
@@ -100,7 +102,9 @@ class ElasticPipeline(ModelViews, OptionViews):
             n_microbatches >= n_stages - 1), "pipemare" (asynchronous 1F1B without flushes,
             one weight copy updated every few micro-batches; see `pipemare`), or "auto"
             (with partition="auto": the first step plans 1f1b, zbh1, interleaved_1f1b and zbv
-            and keeps the fastest predicted; a "schedule" event says why).
+            and keeps the fastest predicted, or tries those the cost model cannot rank for a
+            few steps each and keeps the fastest measured, `ElasticOptions.try_plans`;
+            "schedule" and "tryout" events say why).
         n_microbatches: micro-batches per step; must divide the batch size.
         seed: with the layer keys, fixes the initial weights and the dropout masks.
         planning: a `PlanOptions`: the partition ("auto", sizes or a `Plan`), planner,
@@ -188,6 +192,7 @@ class ElasticPipeline(ModelViews, OptionViews):
         self.event_log = EventLog(lambda: (self.generation, self.model.step))  # builds...
         self._closed = False
         self.model = ModelHolder(check_specs(specs), planning.handoff)
+        self.trying: PlanTryout | None = None  # the plans tried on the first steps
         resumes = self.options.checkpoint.resume_from is not None
         source = None if inherit_from is None else weights.checked_source(inherit_from, resumes)
         build.setup(self, self.checkpoints.start(self, planning.partition))  # resume_from?
@@ -257,7 +262,7 @@ class ElasticPipeline(ModelViews, OptionViews):
     def plan_from(self, example: Any) -> None:
         """partition="auto": plan and build from one micro-batch's input, unless built."""
         if not self.model.built:
-            build.plan_first(self, example)
+            self.trying = build.plan_first(self, example)
             self.checkpoints.built(self)
 
     def train_step(self, x: Any, y: Any) -> float:
@@ -268,8 +273,13 @@ class ElasticPipeline(ModelViews, OptionViews):
             self.drain()
             loss = next(iter(list(stream.train(self, [(x, y)]))))
         else:
+            started = time.perf_counter()
             loss, measured = steps.train_step(self, x, y)
-            elasticity.maybe_rebalance(self, measured)
+            if self.trying is None:
+                elasticity.maybe_rebalance(self, measured)
+            else:  # the plans tried on the first steps (`pipeline.distributed.tryout`)
+                self.trying.after_step(self, time.perf_counter() - started, measured)
+                self.trying = None if self.trying.done else self.trying
         self.checkpoints.stepped(self)  # CheckpointOptions.every
         return loss
 
@@ -307,6 +317,25 @@ class ElasticPipeline(ModelViews, OptionViews):
         if record.bytes_moved and record.pause_s > 0:  # the link as this move measured it
             self.link = LinkCost(record.bytes_moved / record.pause_s)
         return record
+
+    def switch_plan(self, plan: Plan) -> None:
+        """Run this model under `plan` from the next step, exactly where it is: its schedule
+        (any exact one), partition and memory actions; call on every rank. The state goes
+        through a checkpoint in `CheckpointOptions.directory`, or in a temporary folder
+        (ranks on several machines need a directory they all see). What `try_plans`
+        does to choose among plans (`pipeline.distributed.tryout`)."""
+        directory = self.options.checkpoint.directory
+        saved = self.save_checkpoint(tryout.switch_folder(self.comm, directory, self.step))
+        old = self.model
+        old.close()
+        self.model = ModelHolder(old.specs, None)
+        self.adopt_schedule(plan.schedule)
+        self.checkpoints.reset()
+        build.setup(self, self.checkpoints.start(self, plan, resume_from=saved))
+        self.checkpoints.built(self)
+        self.model.set_signatures(old.signatures)
+        self.event_log.record("switch", plan=plan.to_dict())
+        tryout.forget_switch(self.comm, saved, temporary=directory is None)
 
     def rebalance(self, remaining_steps: int | None = None) -> MigrationRecord | None:
         """Re-plan from the costs measured while training; migrate if it pays back.
@@ -360,6 +389,7 @@ class ElasticPipeline(ModelViews, OptionViews):
         self.generation += 1
         self.model.close()  # free the old layers before building the new ones
         self.model = ModelHolder(new_specs, None)  # a Plan may carry a handoff
+        self.trying = None
         self.checkpoints.reset(scheduler)
         if checkpoint is not None:
             self.options = dataclasses.replace(self.options, checkpoint=checkpoint)

@@ -9,6 +9,11 @@ Kinds, and what `details` holds for each:
 
     schedule     schedule="auto" chose one (`choose_schedule`): chosen, candidates (each
                  schedule's stage count, predicted iteration, or why it was left out)
+    tryout       the plans the cost model could not rank, tried on the first steps
+                 (`pipeline.distributed.tryout`): kept (the schedule kept, None when it
+                 begins), tried (each one's schedule, sizes, predicted, corrected and
+                 measured iteration)
+    switch       the model went on under another plan (`switch_plan`): plan
     build        a stage was built: sizes, plan (a `Plan.to_dict()`, or None)
     handoff      Bi-Partition's cut was put in force or taken back: handoff (per boundary,
                  the last layers of the stage before it whose backward runs after it)
@@ -45,6 +50,8 @@ __all__ = ["EVENT_KINDS", "EventKind", "EventLog", "PipelineEvent", "plain"]
 
 EventKind = Literal[
     "schedule",
+    "tryout",
+    "switch",
     "build",
     "handoff",
     "migration",
@@ -60,6 +67,8 @@ EVENT_KINDS: tuple[EventKind, ...] = get_args(EventKind)
 logger = logging.getLogger(__name__)
 _LEVELS: dict[EventKind, int] = {
     "schedule": logging.INFO,
+    "tryout": logging.INFO,
+    "switch": logging.INFO,
     "build": logging.INFO,
     "migration": logging.INFO,
     "replan": logging.INFO,

@@ -133,6 +133,12 @@ class ElasticOptions:
             steps (and on the first step of every plan); measuring costs a hook per saved
             tensor and an autograd call per layer, so the other steps run each stage's
             layers as one graph (`pipeline.local.fused`). 1: measure every step.
+        try_plans: with schedule="auto", the most plans tried on the first steps when the
+            cost model cannot tell them apart (their predictions, corrected by what earlier
+            plans measured, within the model's measured error of the best): each runs
+            `try_steps` measured steps and the fastest is kept (`pipeline.distributed.tryout`;
+            1: the best predicted, untried). What they measured corrects the cost cache.
+        try_steps: the measured steps of each plan tried (after one warm-up step).
     """
 
     rebalance_every: int | None = None
@@ -141,12 +147,16 @@ class ElasticOptions:
     rebalance_settle: int = 3
     measure_memory_every: int = 10
     correct_after: int | None = 10
+    try_plans: int = 3
+    try_steps: int = 3
 
     def __post_init__(self) -> None:
         _positive("rebalance_every", self.rebalance_every, optional=True)
         _positive("correct_after", self.correct_after, optional=True)
         _positive("rebalance_horizon", self.rebalance_horizon)
         _positive("measure_memory_every", self.measure_memory_every)
+        _positive("try_plans", self.try_plans)
+        _positive("try_steps", self.try_steps)
         settle = self.rebalance_settle
         if not is_int(settle) or settle < 0:
             raise ValueError(f"rebalance_settle must be an int >= 0, got {settle!r}")

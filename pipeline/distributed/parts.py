@@ -13,6 +13,7 @@ its model, recipe, link or stream in flight.
     stream (2BW, PipeMare) StreamedPipeline      + comm, plan_for, hold_stream (its segment)
     build (plan, build)    BuiltPipeline         comm, schedule, recipe, planner, device
     elasticity             ElasticPipelineParts  + placement, triggers, link, rebalance...
+    tryout                 TriedPipeline         + comm, n_stages, switch_plan
     report (stats)         ReportedPipeline      (alone) model, comm, schedule, generation
     checkpoint             CheckpointedPipeline  (alone) + recipe, pipemare, optimizers
     weights                (explicit arguments: comm, model, seed, event log)
@@ -39,7 +40,7 @@ from pipeline.local.pipemare import PipeMareConfig
 from pipeline.local.recipe import TrainingRecipe
 from pipeline.pure.costs import LayerCost, LinkCost
 from pipeline.pure.placement import Placement
-from pipeline.pure.planner import Planner
+from pipeline.pure.planner import Plan, Planner
 from pipeline.pure.schedule import ScheduleLike, ScheduleSpec
 
 __all__ = [
@@ -51,6 +52,7 @@ __all__ = [
     "ReportedPipeline",
     "SteppedPipeline",
     "StreamedPipeline",
+    "TriedPipeline",
 ]
 
 
@@ -156,6 +158,13 @@ class ElasticPipelineParts(BuiltPipeline, _Draining, Protocol):
     def repartition(
         self, sizes: Any, actions: Any = None, handoff: Any = None
     ) -> MigrationRecord: ...
+
+
+class TriedPipeline(PipelineCore, _Talking, _Scheduled, Protocol):
+    """What trying several plans on the first steps uses (`pipeline.distributed.tryout`)."""
+
+    def switch_plan(self, plan: Plan) -> None:
+        """Run the model under `plan` from the next step, exactly where it is."""
 
 
 class ReportedPipeline(_Holding, _Talking, _Scheduled, Protocol):

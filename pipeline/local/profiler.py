@@ -41,6 +41,7 @@ from pipeline.local.carry import Carry, as_carry, floating, leaf, nbytes, unwrap
 from pipeline.local.separable import is_separable
 from pipeline.local.spec import LayerSpec, build_layer
 from pipeline.pure.costs import LayerCost
+from pipeline.pure.planner.tryout import PredictionErrors
 from pipeline.pure.shape import RuntimeOverheads
 
 __all__ = [
@@ -297,11 +298,22 @@ class CostCache:
         self,
         entries: Mapping[str, Mapping[str, float]] | None = None,
         overheads: RuntimeOverheads | None = None,
+        errors: PredictionErrors | None = None,
     ) -> None:
         self._entries: dict[str, dict[str, float]] = {
             signature: dict(entry) for signature, entry in (entries or {}).items()
         }
         self._overheads = overheads
+        self._errors = errors if errors is not None else PredictionErrors()
+
+    @property
+    def errors(self) -> PredictionErrors:
+        """What the cost model's predictions of whole plans were worth on this machine: the
+        plans that ran, measured against predicted (`pipeline.pure.planner.tryout`)."""
+        return self._errors
+
+    def set_errors(self, errors: PredictionErrors) -> None:
+        self._errors = errors
 
     @property
     def overheads(self) -> RuntimeOverheads | None:
@@ -351,6 +363,8 @@ class CostCache:
         data: dict[str, Any] = {"version": 1, "entries": self._entries}
         if self._overheads is not None:
             data["overheads"] = self._overheads.to_dict()
+        if self._errors.to_dict():
+            data["prediction_errors"] = self._errors.to_dict()
         Path(path).write_text(json.dumps(data, indent=1))
 
     @classmethod
@@ -359,7 +373,11 @@ class CostCache:
         if data.get("version") != 1:
             raise ValueError(f"{path}: unknown cost cache version {data.get('version')!r}")
         overheads = data.get("overheads")
-        return cls(data["entries"], RuntimeOverheads.from_dict(overheads) if overheads else None)
+        return cls(
+            data["entries"],
+            RuntimeOverheads.from_dict(overheads) if overheads else None,
+            PredictionErrors.from_dict(data.get("prediction_errors", {})),
+        )
 
 
 def sandbox(

@@ -1,0 +1,112 @@
+"""Trying, on the running pipeline, the plans its cost model cannot rank; keeping the fastest.
+
+`pipeline.pure.planner.tryout` decides; this module runs it on every rank, numbered:
+
+    1. begin   schedule="auto" plans every exact schedule on the first step
+               (`pipeline.distributed.build.plan_first`); rank 0 ranks their plans by
+               prediction corrected with the cost cache's `PredictionErrors` and keeps those
+               within the model's error of the best (`ElasticOptions.try_plans` at most).
+               One: it is the plan, untried. Several: a `PlanTryout` starts on the first
+    2. time    after each step rank 0's wall time of it (from the batch to the agreed loss:
+               the iteration) is shared with every rank (`Comm.agree`), so every rank's
+               `Tryout` takes the same seconds and makes the same move. A step that
+               measures memory and per-layer times (the first of each plan, every
+               `measure_memory_every`) is slower by design: it does not count
+    3. switch  to the next contender (`ElasticPipeline.switch_plan`): through a checkpoint,
+               so the next step computes exactly what it would have under the plan before
+    4. keep    after the last, the fastest measured is switched back to if another ran
+               last; every contender's measurement teaches the cost cache's errors, a
+               "tryout" event records them, and the plan kept awaits its correction from
+               measured costs (`ElasticOptions.correct_after`), as any first plan does
+
+While a tryout runs, the re-plan triggers wait (a re-plan would change the plan being timed).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+from pipeline.distributed.comm import Comm
+from pipeline.distributed.parts import TriedPipeline
+from pipeline.pure.planner import Plan
+from pipeline.pure.planner.tryout import Move, PredictionErrors, Tryout, contenders
+
+__all__ = ["PlanTryout", "begin", "forget_switch", "switch_folder"]
+
+WARMUP = 1  # steps of each contender not timed (its build, its first allocations)
+
+
+class PlanTryout:
+    """A `Tryout` on a running pipeline (module doc); the same on every rank."""
+
+    def __init__(self, tryout: Tryout) -> None:
+        self._tryout = tryout
+
+    @property
+    def plan(self) -> Plan:
+        """The plan the tryout runs now (once over: the one kept)."""
+        return self._tryout.current.plan
+
+    @property
+    def done(self) -> bool:
+        return self._tryout.done
+
+    def after_step(self, pipe: TriedPipeline, seconds: float, measured: bool) -> None:
+        """2.-4. after a step that took `seconds` here (rank 0's count); every rank."""
+        agreed = pipe.comm.agree(lambda: seconds)
+        if measured:  # slower by design (module doc, 2.)
+            return
+        move = self._tryout.stepped(agreed)
+        if move is Move.SWITCH:
+            pipe.switch_plan(self.plan)
+        elif move is Move.KEEP:
+            self._keep(pipe)
+
+    def _keep(self, pipe: TriedPipeline) -> None:
+        """4.: the fastest in force, the cost cache taught, the event recorded."""
+        if self._tryout.ran_last is not self._tryout.current:
+            pipe.switch_plan(self.plan)
+        errors = pipe.options.planning.cost_cache.errors
+        for contender, measured in self._tryout.results():
+            errors.learn(contender.plan, measured)
+        pipe.event_log.record("tryout", **self._tryout.to_dict())
+        if pipe.n_stages > 1:
+            pipe.plan_age.await_correction(pipe.model.step, pipe.options.elastic.correct_after)
+
+
+def begin(pipe: TriedPipeline, plans: Sequence[Plan]) -> tuple[Plan, PlanTryout | None]:
+    """1.: the plan to build first, and the tryout that starts with it (None: no other
+    plan is close enough to try, or `try_plans` is 1); every rank, agreed on rank 0."""
+    elastic = pipe.options.elastic
+    errors: PredictionErrors = pipe.options.planning.cost_cache.errors
+    chosen = pipe.comm.agree(lambda: contenders(plans, errors, elastic.try_plans))
+    if len(chosen) < 2:
+        return chosen[0].plan, None
+    tryout = Tryout(chosen, warmup=WARMUP, steps=elastic.try_steps)
+    pipe.event_log.record("tryout", **tryout.to_dict())
+    return chosen[0].plan, PlanTryout(tryout)
+
+
+def switch_folder(comm: Comm, directory: str | os.PathLike[str] | None, step: int) -> Path:
+    """Where `switch_plan` saves the state it goes on from, the same on every rank:
+    `<directory>/switch-<step>` beside the automatic checkpoints (a folder every rank
+    sees), else in a new temporary folder of this machine."""
+
+    def make() -> Path:
+        if directory is None:
+            return Path(tempfile.mkdtemp(prefix="pipeline-switch-")) / f"switch-{step:08d}"
+        return Path(directory).absolute() / f"switch-{step:08d}"
+
+    return comm.agree(make)
+
+
+def forget_switch(comm: Comm, folder: Path, temporary: bool) -> None:
+    """Once every rank loaded it, rank 0 deletes the switch's checkpoint (and its
+    temporary parent)."""
+    comm.barrier()
+    if comm.rank == 0:
+        shutil.rmtree(folder.parent if temporary else folder, ignore_errors=True)

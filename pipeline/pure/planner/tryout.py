@@ -1,0 +1,209 @@
+"""Plans chosen among measured alternatives, where the cost model cannot tell them apart.
+
+A plan's predicted iteration is off by the cost model's error: its layers were profiled
+alone and run in the pipeline beside their neighbours, and the simulator idealises the
+waits. Where the best plans are predicted within that error of each other, the model cannot
+rank them and a few measured steps can (a language model on 2 ranks: ZB-V predicted at
+1.98 s an iteration ran 2.14 s, while 1F1B, ranked second, runs 1.83 s). Numbered:
+
+    1. `PredictionErrors`: what the model's predictions were worth on this machine. Every
+       plan that ran records its measured / predicted iteration, per schedule (the last
+       `KEEP`). `corrected(plan)` scales a prediction by its schedule's median ratio (a
+       schedule whose plans run 8% slower than predicted is predicted 8% slower from then
+       on); `error` is how far apart two corrected predictions must be to rank them: the
+       largest distance of a ratio from its schedule's median, at least `FLOOR`, and
+       `UNKNOWN` while fewer than `LEARNED` plans ran
+    2. `contenders(plans, errors, most)`: the plans in order of corrected prediction, those
+       within (1 + error) of the best, at most `most` of them, the best first
+    3. `Tryout`: the pipeline runs them in turn, each for `warmup` steps (not measured: its
+       build, first allocations) and then `steps` measured steps, whose median is its
+       measurement; after the last, the fastest measured is kept (switched back to if
+       another ran last), and each one tried is what `PredictionErrors.learn` takes
+
+Pure: plans and seconds in, decisions out. `pipeline.distributed.tryout` runs it.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from pipeline.pure.planner.base import Plan
+
+__all__ = [
+    "FLOOR",
+    "KEEP",
+    "LEARNED",
+    "UNKNOWN",
+    "Contender",
+    "Move",
+    "PredictionErrors",
+    "Tryout",
+    "contenders",
+]
+
+KEEP = 32  # ratios kept per schedule, newest last
+LEARNED = 2  # plans measured before the model's error is its own
+FLOOR = 0.03  # the least error: a few per cent is a step's own noise
+UNKNOWN = 0.15  # the error assumed before anything was measured
+
+
+class PredictionErrors:
+    """Measured / predicted iteration of the plans that ran, per schedule (1.)."""
+
+    def __init__(self, ratios: Mapping[str, Sequence[float]] | None = None) -> None:
+        self._ratios: dict[str, list[float]] = {
+            name: [float(r) for r in values][-KEEP:] for name, values in (ratios or {}).items()
+        }
+
+    def learn(self, plan: Plan, measured_s: float) -> None:
+        """`plan` ran at `measured_s` seconds an iteration."""
+        if plan.predicted_iteration_s <= 0 or not math.isfinite(measured_s) or measured_s <= 0:
+            return
+        ratios = self._ratios.setdefault(plan.schedule, [])
+        ratios.append(measured_s / plan.predicted_iteration_s)
+        del ratios[:-KEEP]
+
+    def bias(self, schedule: str) -> float:
+        """The median measured / predicted of `schedule`'s plans (1.0: none measured)."""
+        ratios = self._ratios.get(schedule)
+        return statistics.median(ratios) if ratios else 1.0
+
+    def corrected(self, plan: Plan) -> float:
+        """`plan`'s predicted iteration, corrected by its schedule's bias."""
+        return plan.predicted_iteration_s * self.bias(plan.schedule)
+
+    @property
+    def error(self) -> float:
+        """How far apart (as a fraction) two corrected predictions must be to rank them."""
+        spread = [
+            abs(ratio / self.bias(name) - 1)
+            for name, ratios in self._ratios.items()
+            for ratio in ratios
+        ]
+        if len(spread) < LEARNED:
+            return UNKNOWN
+        return max(FLOOR, max(spread))
+
+    def to_dict(self) -> dict[str, list[float]]:
+        return {name: list(ratios) for name, ratios in self._ratios.items()}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Sequence[float]]) -> PredictionErrors:
+        return cls(data)
+
+
+@dataclass(frozen=True)
+class Contender:
+    """A plan tried by the `Tryout`, with its corrected prediction."""
+
+    plan: Plan
+    corrected_s: float
+
+    @property
+    def schedule(self) -> str:
+        return self.plan.schedule
+
+
+def contenders(plans: Sequence[Plan], errors: PredictionErrors, most: int) -> list[Contender]:
+    """The plans the model cannot tell from the best (2.), the best first."""
+    if most < 1:
+        raise ValueError(f"most must be >= 1, got {most!r}")
+    ranked = sorted((Contender(p, errors.corrected(p)) for p in plans), key=lambda c: c.corrected_s)
+    if not ranked:
+        return []
+    limit = ranked[0].corrected_s * (1 + errors.error)
+    return [c for c in ranked if c.corrected_s <= limit][:most]
+
+
+class Move(enum.Enum):
+    """What the pipeline does after a step of a `Tryout` (3.)."""
+
+    STAY = "stay"  # go on with the plan in force
+    SWITCH = "switch"  # switch to `Tryout.current`, the next one to try
+    KEEP = "keep"  # over: `Tryout.current` is kept (switched back to if another ran last)
+
+
+@dataclass
+class _Tried:
+    contender: Contender
+    seconds: list[float] = field(default_factory=list)
+
+
+class Tryout:
+    """The contenders run in turn; the fastest measured kept (module doc, 3.)."""
+
+    def __init__(self, tried: Sequence[Contender], *, warmup: int = 1, steps: int = 3) -> None:
+        if len(tried) < 2:
+            raise ValueError(f"a tryout needs at least 2 contenders, got {len(tried)}")
+        if warmup < 0 or steps < 1:
+            raise ValueError(f"warmup must be >= 0 and steps >= 1, got {warmup!r}, {steps!r}")
+        self._tried = [_Tried(c) for c in tried]
+        self._warmup, self._steps = warmup, steps
+        self._index = 0  # the contender in force (once done: the one kept)
+        self._last = 0  # the contender that ran last
+        self._seen = 0  # its steps so far, warm-up included
+        self._done = False
+
+    @property
+    def current(self) -> Contender:
+        """The contender in force (after `KEEP`: the one kept)."""
+        return self._tried[self._index].contender
+
+    @property
+    def ran_last(self) -> Contender:
+        """The contender that ran last: the plan in force until the one kept replaces it."""
+        return self._tried[self._last].contender
+
+    @property
+    def done(self) -> bool:
+        return self._done
+
+    def stepped(self, seconds: float) -> Move:
+        """The plan in force ran one more step in `seconds`: what to do next."""
+        if self._done:
+            return Move.STAY
+        self._seen += 1
+        if self._seen <= self._warmup:
+            return Move.STAY
+        tried = self._tried[self._index]
+        tried.seconds.append(seconds)
+        if len(tried.seconds) < self._steps:
+            return Move.STAY
+        if self._index + 1 < len(self._tried):
+            self._index, self._seen = self._index + 1, 0
+            self._last = self._index
+            return Move.SWITCH
+        self._done = True
+        self._last = self._index
+        self._index = min(range(len(self._tried)), key=lambda i: self.measured_s(i))
+        return Move.KEEP
+
+    def measured_s(self, index: int) -> float:
+        """Contender `index`'s measurement: the median of its measured steps (inf: none)."""
+        seconds = self._tried[index].seconds
+        return statistics.median(seconds) if seconds else math.inf
+
+    def results(self) -> list[tuple[Contender, float]]:
+        """Every contender with its measurement, in the order tried."""
+        return [(t.contender, self.measured_s(i)) for i, t in enumerate(self._tried)]
+
+    def to_dict(self) -> dict[str, Any]:
+        """What the tryout event records."""
+        return {
+            "kept": self.current.schedule if self._done else None,
+            "tried": [
+                {
+                    "schedule": c.schedule,
+                    "sizes": list(c.plan.sizes),
+                    "predicted_iteration_s": c.plan.predicted_iteration_s,
+                    "corrected_s": c.corrected_s,
+                    "measured_s": None if math.isinf(measured) else measured,
+                }
+                for c, measured in self.results()
+            ],
+        }

@@ -1,0 +1,108 @@
+"""`pipeline.pure.planner.tryout`: the plans the cost model cannot rank are tried, the
+fastest measured is kept, and what each one measured corrects the next predictions."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from pipeline.pure.costs import LayerCost
+from pipeline.pure.planner import choose_schedule, get_planner
+from pipeline.pure.planner.base import Plan
+from pipeline.pure.planner.tryout import (
+    FLOOR,
+    KEEP,
+    UNKNOWN,
+    Contender,
+    Move,
+    PredictionErrors,
+    Tryout,
+    contenders,
+)
+
+
+def plan(schedule: str, predicted_s: float, sizes: tuple[int, ...] = (2, 2)) -> Plan:
+    return Plan(
+        sizes=sizes,
+        actions=("keep",) * sum(sizes),
+        schedule=schedule,
+        n_microbatches=4,
+        predicted_iteration_s=predicted_s,
+        predicted_stage_s=(predicted_s / 8,) * len(sizes),
+        predicted_stage_bytes=(1,) * len(sizes),
+    )
+
+
+def test_errors_correct_each_schedules_bias_and_learn_their_spread() -> None:
+    errors = PredictionErrors()
+    assert errors.error == UNKNOWN and errors.bias("zbv") == 1.0
+    errors.learn(plan("zbv", 2.0), 2.16)  # 8% slow
+    errors.learn(plan("zbv", 1.0), 1.08)
+    errors.learn(plan("1f1b", 2.0), 1.9)  # 5% fast
+    assert errors.bias("zbv") == pytest.approx(1.08) and errors.bias("1f1b") == pytest.approx(0.95)
+    assert errors.corrected(plan("zbv", 1.98)) == pytest.approx(1.98 * 1.08)
+    assert errors.error == FLOOR  # every ratio at its schedule's median: only the floor
+    errors.learn(plan("1f1b", 1.0), 1.15)  # now 1f1b's plans spread
+    assert errors.error == pytest.approx(abs(1.15 / errors.bias("1f1b") - 1))
+    errors.learn(plan("1f1b", 1.0), math.nan)  # nothing measured: nothing learned
+    assert PredictionErrors.from_dict(errors.to_dict()).to_dict() == errors.to_dict()
+    for _ in range(2 * KEEP):
+        errors.learn(plan("gpipe", 1.0), 1.0)
+    assert len(errors.to_dict()["gpipe"]) == KEEP
+
+
+def test_contenders_are_the_plans_within_the_error_of_the_best_corrected() -> None:
+    errors = PredictionErrors({"zbv": [1.08, 1.08], "1f1b": [0.95, 0.95]})  # error: FLOOR
+    plans = [plan("zbv", 1.98), plan("1f1b", 2.0), plan("zbh1", 2.2), plan("gpipe", 3.0)]
+    chosen = contenders(plans, errors, most=3)
+    # corrected: 1f1b 1.90, zbv 2.14, zbh1 2.20, gpipe 3.00; within 3% of 1.90: 1f1b alone
+    assert [c.schedule for c in chosen] == ["1f1b"]
+    unsure = PredictionErrors()  # nothing learned: within 15% of the best
+    assert [c.schedule for c in contenders(plans, unsure, most=3)] == ["zbv", "1f1b", "zbh1"]
+    assert [c.schedule for c in contenders(plans, unsure, most=2)] == ["zbv", "1f1b"]
+    assert contenders([], unsure, most=2) == []
+    with pytest.raises(ValueError, match="most must be >= 1"):
+        contenders(plans, unsure, most=0)
+
+
+def test_a_tryout_measures_each_after_its_warmup_and_keeps_the_fastest() -> None:
+    tried = [Contender(plan("zbv", 1.98), 1.98), Contender(plan("1f1b", 2.0), 2.0)]
+    tryout = Tryout(tried, warmup=1, steps=3)
+    moves = [tryout.stepped(s) for s in (9.0, 2.1, 2.2, 2.14)]  # zbv: warm-up, then 3
+    assert moves == [Move.STAY, Move.STAY, Move.STAY, Move.SWITCH]
+    assert tryout.current.schedule == "1f1b" and not tryout.done
+    moves = [tryout.stepped(s) for s in (5.0, 1.8, 1.85, 1.83)]
+    assert moves == [Move.STAY, Move.STAY, Move.STAY, Move.KEEP]
+    assert tryout.done and tryout.current.schedule == "1f1b"  # the fastest, ran last
+    assert tryout.ran_last is tryout.current  # nothing to switch back to
+    assert [m for _, m in tryout.results()] == [2.14, 1.83]
+    assert tryout.stepped(1.0) == Move.STAY  # over: nothing more
+    record = tryout.to_dict()
+    assert record["kept"] == "1f1b" and [t["measured_s"] for t in record["tried"]] == [2.14, 1.83]
+
+
+def test_a_tryout_switches_back_to_an_earlier_contender_that_was_faster() -> None:
+    tried = [Contender(plan(s, 1.0), 1.0) for s in ("zbv", "1f1b", "zbh1")]
+    tryout = Tryout(tried, warmup=0, steps=1)
+    assert [tryout.stepped(s) for s in (1.0, 2.0, 3.0)] == [Move.SWITCH, Move.SWITCH, Move.KEEP]
+    assert tryout.current.schedule == "zbv" and tryout.ran_last.schedule == "zbh1"
+
+
+def test_a_tryout_needs_two_contenders_and_sane_counts() -> None:
+    one = [Contender(plan("zbv", 1.0), 1.0)]
+    with pytest.raises(ValueError, match="at least 2 contenders"):
+        Tryout(one)
+    with pytest.raises(ValueError, match="warmup must be >= 0 and steps >= 1"):
+        Tryout(one * 2, steps=0)
+
+
+def test_the_auto_schedules_plans_feed_the_contenders() -> None:
+    """`choose_schedule`'s candidates are what a tryout chooses among: here equal layers,
+    where every exact schedule's prediction is close."""
+    costs = [LayerCost(f"l{i}", 0.01, 0.02, 1000, 1000) for i in range(8)]
+    best, tried = choose_schedule(get_planner("time"), costs, 2, n_microbatches=4)
+    plans = [c.plan for c in tried if c.plan is not None]
+    chosen = contenders(plans, PredictionErrors(), most=4)
+    assert chosen[0].plan == best.plan
+    assert all(c.corrected_s <= chosen[0].corrected_s * (1 + UNKNOWN) for c in chosen)
