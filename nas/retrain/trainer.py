@@ -31,7 +31,7 @@ from nas.retrain.results import Model, RetrainRun, score
 from nas.settings import NasSettings, TrainSettings
 from nas.study import shape, training
 from nas.study.checkpoints import RunCheckpoints
-from nas.study.phases import TIME_S, TrialClock
+from nas.study.phases import TrialClock
 from nas.tasks import Task, get_task
 from pipeline import ElasticPipeline, StageContext
 from pipeline.distributed.comm import Comm
@@ -145,23 +145,8 @@ def _train(
     steps: int,
     progress: tuple[Progress, Any] | None,
 ) -> tuple[RetrainRun, dict[str, Any]]:
-    """`_run`, its seconds by phase recorded in the run (`nas.study.phases`)."""
-    clock = TrialClock()
-    with clock.running():
-        run, state = _run(settings, task, model, seed, steps, progress)
-    run.time_s = clock.attrs()[TIME_S]
-    return run, state
-
-
-def _run(
-    settings: NasSettings,
-    task: Task,
-    model: Model,
-    seed: int,
-    steps: int,
-    progress: tuple[Progress, Any] | None,
-) -> tuple[RetrainRun, dict[str, Any]]:
-    """Steps 2 and 3 for one (model, seed): the run, and rank 0's weights ({} elsewhere).
+    """Steps 2 and 3 for one (model, seed): the run, and rank 0's weights ({} elsewhere);
+    the run records its seconds by phase (`nas.study.phases`).
 
     With `retrain.checkpoint_every` the run saves a checkpoint every N steps and resumes from
     its latest one (a killed retraining's) with its history, skipping the batches trained
@@ -181,26 +166,28 @@ def _run(
         label=f"retrain {model.name} seed {seed}",
     )
     pipe: ElasticPipeline | None = None
-    started = time.perf_counter()
+    started, clock = time.perf_counter(), TrialClock()
     try:
-        pipe = training.build(
-            settings,
-            task,
-            specs,
-            schedule,
-            seed=seed,
-            checkpoint=saves.options(),
-            cost_cache=shape.load_cache(),
-        )
-        _train_steps(settings, task, pipe, run, saves, schedule, progress)
-        run.steps, run.seconds = steps, time.perf_counter() - started
-        _score(settings, task, pipe, run)
+        with clock.running():
+            pipe = training.build(
+                settings,
+                task,
+                specs,
+                schedule,
+                seed=seed,
+                checkpoint=saves.options(),
+                cost_cache=shape.load_cache(),
+            )
+            _train_steps(settings, task, pipe, run, saves, schedule, progress)
+            run.steps, run.seconds = steps, time.perf_counter() - started
+            _score(settings, task, pipe, run)
         return run, pipe.full_state_dict()
     except training.RUN_ERRORS as error:  # raised on every rank by the runtime
         reason, detail = training.failure(error)
         run.error = f"{reason}\n{detail[-2000:]}"
         return run, {}
     finally:
+        run.time_s = clock.seconds()
         if pipe is not None:
             pipe.close()
 

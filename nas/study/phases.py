@@ -123,20 +123,21 @@ class TrialClock:
         self._settle()
         return dict(self._spent)
 
-    def attrs(self) -> dict[str, float]:
-        """What the trial records (module doc), once its run ended."""
+    def seconds(self) -> dict[str, float]:
+        """Seconds by phase, "other" (the rest) and "total", once its run ended."""
         if self._ended is None:
             raise RuntimeError("the trial's clock is still running")
         spent = self.spent()
-        inside = self._ended - self._began
-        total = inside + spent[Phase.BEFORE]
+        total = self._ended - self._began + spent[Phase.BEFORE]
         other = max(0.0, total - sum(spent.values()))
-        fixed = total - spent[Phase.TRAIN]
-        seconds = {str(phase): value for phase, value in spent.items()}
-        return {
-            TIME_S: seconds | {OTHER: other, TOTAL: total},
-            FIXED_SHARE: fixed / total if total > 0 else 0.0,
-        }
+        return {str(phase): value for phase, value in spent.items()} | {OTHER: other, TOTAL: total}
+
+    def attrs(self) -> dict[str, Any]:
+        """What the trial records (module doc), once its run ended."""
+        seconds = self.seconds()
+        total = seconds[TOTAL]
+        fixed = total - seconds[str(Phase.TRAIN)]
+        return {TIME_S: seconds, FIXED_SHARE: fixed / total if total > 0 else 0.0}
 
     def _settle(self) -> None:
         """Charge the time since the last mark to the innermost open phase (2.)."""
