@@ -254,7 +254,8 @@ def test_a_worker_done_searching_chooses_after_its_peers_trial_ends(tmp_path: Pa
     peer = study.ask()  # a peer's trial of the same architecture, training (a live owner)
     peer.set_user_attr(OWNER, this_owner())
     assert mine.value is not None
-    told = threading.Timer(1.0, lambda: study.tell(peer, mine.value - 1.0))  # it will lead
+    better = mine.value - 1.0
+    told = threading.Timer(1.0, lambda: study.tell(peer, better))  # it will lead
     told.start()
     result = retrain(settings)
     told.join()

@@ -3,6 +3,8 @@ phase hands over what it learns was another's; nothing is timed without an activ
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from nas.study.phases import Phase, TrialClock, hand_over, shares, timed
@@ -69,7 +71,7 @@ def test_a_phase_left_out_of_order_is_an_error_and_a_hand_over_is_bounded() -> N
 
 
 def test_shares_sum_the_trials_that_recorded_a_breakdown() -> None:
-    records = [
+    records: list[dict[str, Any]] = [
         {"time_s": {"total": 8.0, "train": 6.0, "before": 2.0}},
         {"time_s": {"total": 2.0, "train": 1.0, "other": 1.0}},
         {"state": "no breakdown"},
