@@ -19,7 +19,8 @@ violations (empty: it holds):
     results     every trial a worker logged as told is in the storage in that state with
                 that value, and the study's best is the best of those logged
     retraining  every model folder's export loads (`nas.load_model`), every run record
-                reads, and no claim, partial record or checkpoint of a recorded run is left
+                reads, no claim, partial record or checkpoint of a recorded run is left, and
+                every worker's last retraining selected the same model (its job log)
 """
 
 from __future__ import annotations
@@ -65,6 +66,7 @@ def account(
 ) -> dict[str, Any]:
     """Every check of the module doc: {check: {figures..., "violations": [...]}}."""
     trials = study.get_trials(deepcopy=False)
+    logs = list(logs)
     checks = {
         "trials": _trials(trials, study.user_attrs),
         "retries": _retries(trials, max_retries),
@@ -72,7 +74,7 @@ def account(
         "results": _results(study, trials, logs),
     }
     if models is not None:
-        checks["retraining"] = _retraining(models)
+        checks["retraining"] = _retraining(models, logs)
     return checks
 
 
@@ -272,8 +274,12 @@ def _results(
     return {"told": len(told), "best_told": best, "violations": violations}
 
 
-def _retraining(models: Path) -> dict[str, Any]:
+def _retraining(models: Path, logs: Iterable[Path]) -> dict[str, Any]:
     violations: list[str] = []
+    said = [re.findall(r"retrain done, \d+ runs, selected (\S+)", log.read_text()) for log in logs]
+    chosen = {found[-1] for found in said if found}  # each worker's last retraining
+    if len(chosen) > 1:
+        violations.append(f"the workers retrained to different choices: {sorted(chosen)}")
     exports = records = 0
     for folder in sorted(p for p in models.iterdir() if p.is_dir()) if models.is_dir() else []:
         runs = folder / "runs"
@@ -294,4 +300,9 @@ def _retraining(models: Path) -> dict[str, Any]:
                 load_model(folder)
             except Exception as error:
                 violations.append(f"{folder}'s export does not load: {error}")
-    return {"exports": exports, "records": records, "violations": violations}
+    return {
+        "exports": exports,
+        "records": records,
+        "selected": sorted(chosen),
+        "violations": violations,
+    }
