@@ -239,6 +239,7 @@ def test_a_worker_done_searching_chooses_after_its_peers_trial_ends(tmp_path: Pa
         tmp_path,
         "study.name=peers",
         "study.n_trials=1",
+        "search_space.seeds=[evolved_transformer]",  # one seed: none left waiting
         "tracker=none",
         "retrain.top_k=1",
         "retrain.seeds=[0]",
@@ -251,7 +252,7 @@ def test_a_worker_done_searching_chooses_after_its_peers_trial_ends(tmp_path: Pa
     study = optuna.load_study(study_name="peers", storage=settings.storage_url)
     [mine] = study.get_trials()
     study.enqueue_trial(mine.params)
-    peer = study.ask()  # a peer's trial of the same architecture, training (a live owner)
+    peer = study.ask(mine.distributions)  # a peer's trial of this architecture, training
     peer.set_user_attr(OWNER, this_owner())
     assert mine.value is not None
     better = mine.value - 1.0
