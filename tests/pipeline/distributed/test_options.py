@@ -34,6 +34,8 @@ GROUPS: dict[str, Any] = {
         ("elastic", "rebalance_every", 0, "rebalance_every must be a positive int"),
         ("elastic", "rebalance_horizon", True, "rebalance_horizon must be a positive int"),
         ("elastic", "measure_memory_every", 0, "measure_memory_every must be a positive int"),
+        ("elastic", "try_plans", 0, "try_plans must be a positive int, got 0"),
+        ("elastic", "try_steps", 1.5, "try_steps must be a positive int, got 1.5"),
         ("elastic", "rebalance_settle", -1, "rebalance_settle must be an int >= 0, got -1"),
         ("elastic", "rebalance_on_drift", 0.0, "rebalance_on_drift must be a fraction > 0"),
     ],
@@ -69,6 +71,8 @@ def test_defaults_are_documented_values_and_frozen() -> None:
         "rebalance_settle": 3,
         "measure_memory_every": 10,
         "correct_after": 10,
+        "try_plans": 3,
+        "try_steps": 3,
     }
     plan = options.planning
     assert (plan.partition, plan.planner, plan.memory_budget, plan.profile, plan.handoff) == (
