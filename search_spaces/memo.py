@@ -4,7 +4,7 @@ Greedy decoding (`nas.text.decoding.greedy_decode`) runs the whole model once pe
 token, on the same sources every time, so the encoder's share of each run repeats the one
 before. An encoder layer keeps, in a `Memo`, what it computed for an input it has seen
 twice in eval mode without gradients, and hands it back for an equal input while its
-parameters are the same tensors at the same version (an optimizer step, a checkpoint
+parameters are the same tensors with the same values (an optimizer step, a checkpoint
 loaded or a migration changes them). Numbered:
 
     1. in training, or with gradients: computed, nothing kept (what was kept is dropped)
@@ -40,9 +40,10 @@ def _fingerprint(x: Tensor) -> tuple[object, ...]:
     return (tuple(x.shape), x.dtype, float(flat.sum()), float(flat[::7].sum()))
 
 
-def _state(module: nn.Module) -> tuple[tuple[int, int], ...]:
-    """Which parameter tensors `module` holds and their versions (in-place changes)."""
-    return tuple((id(p), p._version) for p in module.parameters())
+def _state(module: nn.Module) -> tuple[tuple[object, ...], ...]:
+    """Which parameter tensors `module` holds and their values' fingerprints (an in-place
+    change, an optimizer step or a load, changes them)."""
+    return tuple((id(p), *_fingerprint(p)) for p in module.parameters())
 
 
 class Memo:
@@ -52,7 +53,7 @@ class Memo:
         self._kept: OrderedDict[tuple[object, ...], tuple[tuple[Tensor, ...], Tensor]]
         self._kept = OrderedDict()
         self._seen: OrderedDict[tuple[object, ...], None] = OrderedDict()
-        self._state: tuple[tuple[int, int], ...] = ()
+        self._state: tuple[tuple[object, ...], ...] = ()
 
     @property
     def kept(self) -> int:
