@@ -33,8 +33,8 @@ standard errors, top-1 and top-3 agreement; within each parent and each kind of 
 (`agreement_by_kind`); and its cost, as a share of a full trial and in core-seconds per
 candidate (`seconds_per_candidate`), so that the estimate ranking best per second of
 compute can be chosen. The noise ceiling is the tau between the truth measured on one seed
-and on another. The inherited runs of each seed are one worker process pinned to a core,
-side by side.
+and on another. The inherited runs of each seed are one worker process pinned to a core
+that no other worker runs on at the same time.
 
 Run it alone on an idle machine: the JSON records the load average before and after. The
 inherited runs are in `fidelity_inherited.py`.

@@ -1,6 +1,6 @@
 """The inherited estimates of `fidelity.py`: one worker process per training seed, pinned
-to a core, trains each parent (a seed model) to the full budget, then its control and each
-of its children k steps from its weights.
+to a core of its own (at most one per core at a time), trains each parent (a seed model) to
+the full budget, then its control and each of its children k steps from its weights.
 
 Why it exists: `fidelity.py` is the entry point (the truth, the rungs, the agreement); the
 inherited runs run in processes of their own (`fidelity.py --inherited-worker FOLDER SEED`)
@@ -41,7 +41,7 @@ def inherited(
     folder: Path,
 ) -> tuple[dict[str, dict[str, float]], list[dict[str, dict[str, float]]], dict[str, float]]:
     """The inherited estimates (the mean over seeds, and each seed's: child - its parent's
-    control), one worker process per training seed, side by side, and the core-seconds
+    control), one worker process per training seed on a core of its own, and the core-seconds
     each estimate took per seed; a seed whose figures `folder` holds is not run again.
     `drawn`: `fidelity.Drawn`s (a model, its parent's name, its edits)."""
     folder.mkdir(parents=True, exist_ok=True)
@@ -53,16 +53,8 @@ def inherited(
         "ks": ks,
     }
     (folder / "job.pkl").write_bytes(pickle.dumps(job))
-    cores = usable_cores()
-    procs = []
-    for i, seed in enumerate(settings.retrain.seeds):
-        if (folder / f"seed-{seed}.json").exists():
-            continue
-        command = [sys.executable, str(ENTRY), "--inherited-worker", str(folder), str(seed)]
-        env = dict(os.environ, FIDELITY_CORE=str(cores[i % len(cores)]))
-        procs.append(subprocess.Popen(command, env=env))
-    if any(p.wait() != 0 for p in procs):
-        raise SystemExit("an inherited worker failed (its traceback is above)")
+    left = [s for s in settings.retrain.seeds if not (folder / f"seed-{s}.json").exists()]
+    _run_seeds(folder, left, usable_cores())
     per_seed = [
         json.loads((folder / f"seed-{seed}.json").read_text()) for seed in settings.retrain.seeds
     ]
@@ -84,6 +76,34 @@ def inherited(
     }
     seconds = {label: statistics.fmean(s["seconds"][label] for s in per_seed) for label in labels}
     return estimates, seeds, seconds
+
+
+def _run_seeds(folder: Path, seeds: list[int], cores: list[int]) -> None:
+    """A worker process per seed, each pinned to a core no other worker runs on: at most one
+    per core at a time (a seed waits for a free core), so each seed's seconds are one
+    core's."""
+    free, running = list(cores), dict[subprocess.Popen[bytes], int]()
+    for seed in seeds:
+        if not free:
+            free.append(_one_ended(running))
+        command = [sys.executable, str(ENTRY), "--inherited-worker", str(folder), str(seed)]
+        env = dict(os.environ, FIDELITY_CORE=str(free[0]))
+        running[subprocess.Popen(command, env=env)] = free.pop(0)
+    while running:
+        _one_ended(running)
+
+
+def _one_ended(running: dict[subprocess.Popen[bytes], int]) -> int:
+    """Wait for one of the `running` workers to end; its core. Raises SystemExit if it
+    failed."""
+    while True:
+        for proc, core in running.items():
+            if proc.poll() is not None:
+                del running[proc]
+                if proc.returncode != 0:
+                    raise SystemExit("an inherited worker failed (its traceback is above)")
+                return core
+        time.sleep(1.0)
 
 
 def inherited_worker(folder: Path, seed: int) -> None:

@@ -4,7 +4,9 @@ With `pipeline.per_candidate=true` no worker starts stage processes of its own: 
 starts one `pipeline.StagePool` (a process per core) and serves it to the study's workers
 (`pipeline.distributed.pool_service`), and each worker trains every trial it asks as one
 pool job sized for that trial's candidate, while the other workers' jobs train on the
-processes left. Per trial, numbered as it happens:
+processes left. The pool's first job (`warm_up`, on every process while the workers
+start) loads the imports and the task a trial's job needs. Per trial, numbered as it
+happens:
 
     worker (holds the study: Leader)                the job's pool processes
     1. ask     leader.next_trial()
@@ -57,7 +59,7 @@ from pipeline import CostCache, PoolClient, PoolContext, StageFailedError
 from pipeline.distributed.comm import Comm
 from search_spaces.architecture import from_json
 
-__all__ = ["max_stages", "run_worker", "trial_job"]
+__all__ = ["max_stages", "run_worker", "trial_job", "warm_up"]
 
 logger = logging.getLogger(__name__)
 
@@ -209,6 +211,14 @@ def _task(settings: NasSettings) -> Task:
     if key not in _TASKS:
         _TASKS[key] = get_task(settings.task.name, **settings.task.options)
     return _TASKS[key]
+
+
+def warm_up(ctx: PoolContext, settings: NasSettings) -> int:
+    """The pool's first job, on every process while the workers start: the imports a trial's
+    job needs and the task, loaded once per process (`_task`), so the first trials do not
+    wait for them. Its pool process."""
+    _task(settings)
+    return ctx.process
 
 
 def trial_job(

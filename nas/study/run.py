@@ -47,6 +47,7 @@ import logging
 import math
 import sys
 import time
+from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -187,8 +188,16 @@ def _on_pool(settings: NasSettings, study: optuna.Study) -> StudyResult:
         ) as pool,
         PoolService(pool) as service,
     ):
+        warming = pool.submit(functools.partial(pooled.warm_up, settings=settings), size)
+        warming.add_done_callback(_warmed)
         work = functools.partial(_as_pooled_worker, client=service.client())
         return _merged(settings, study, workers.WorkerJob("search", settings, work))
+
+
+def _warmed(warming: Future[list[int]]) -> None:
+    """A warm-up that failed costs its processes (the pool starts others), not the study."""
+    if (error := warming.exception()) is not None:
+        logger.warning("the stage pool's warm-up failed (trials load for themselves): %s", error)
 
 
 def _as_pooled_worker(settings: NasSettings, number: int, client: PoolClient) -> StudyResult:

@@ -30,30 +30,53 @@ def greedy_decode(step_fn: StepFn, src_ids: torch.Tensor, max_len: int) -> list[
     """Greedy generation: ids per row, without BOS and EOS, at most `max_len` tokens.
 
     `step_fn(src_ids, tgt_in_ids)` returns logits (B, V, T) for tgt_in (B, T); the next token
-    is the argmax at the last position. Rows that have emitted EOS are fed PAD afterwards.
+    is the argmax at the last position. It is called on the rows still translating: once
+    half the rows it was fed have emitted EOS, the next call feeds half as many (every row
+    still translating, the rest rows that have ended, whose tokens are ignored), so a
+    batch whose rows end at different steps costs what its long rows need, in batches of
+    the same sizes every time (`_narrowed`). A `step_fn` must therefore treat each row on
+    its own, as a model does.
     """
     if src_ids.dim() != 2:
         raise ValueError(f"src_ids must be (batch, seq), got shape {tuple(src_ids.shape)}")
     rows = src_ids.shape[0]
-    tgt = torch.full((rows, 1), BOS, dtype=torch.long, device=src_ids.device)
+    tgt = torch.full((rows, max_len + 1), PAD, dtype=torch.long, device=src_ids.device)
+    tgt[:, 0] = BOS
     done = torch.zeros(rows, dtype=torch.bool, device=src_ids.device)
-    for _ in range(max_len):
-        logits = step_fn(src_ids, tgt)
-        if logits.dim() != 3 or logits.shape[0] != rows or logits.shape[2] != tgt.shape[1]:
+    fed, src = torch.arange(rows, device=src_ids.device), src_ids
+    for length in range(1, max_len + 1):
+        logits = step_fn(src, tgt[fed, :length])
+        if logits.dim() != 3 or logits.shape[0] != len(fed) or logits.shape[2] != length:
             raise ValueError(
-                f"step_fn must return logits (B, V, T) = ({rows}, V, "
-                f"{tgt.shape[1]}), got {tuple(logits.shape)}"
+                f"step_fn must return logits (B, V, T) = ({len(fed)}, V, {length}), got "
+                f"{tuple(logits.shape)}"
             )
-        token = logits[:, :, -1].argmax(1).masked_fill(done, PAD)
-        tgt = torch.cat([tgt, token[:, None]], dim=1)
-        done |= token == EOS
+        token = logits[:, :, -1].argmax(1).masked_fill(done[fed], PAD)
+        tgt[fed, length] = token
+        done[fed] |= token == EOS
         if bool(done.all()):
             break
+        narrowed = _narrowed(fed, done)
+        if len(narrowed) < len(fed):
+            fed, src = narrowed, src_ids[narrowed]
     out = []
     for row in tgt[:, 1:].tolist():
         ids = row[: row.index(EOS)] if EOS in row else row
         out.append([i for i in ids if i != PAD])
     return out
+
+
+def _narrowed(fed: torch.Tensor, done: torch.Tensor) -> torch.Tensor:
+    """The rows to feed next: `fed` halved (again) while the rows of it still translating
+    fit in half, those rows first, then as many ended rows as make up the size."""
+    ended = done[fed]
+    still = fed[~ended]
+    size = len(fed)
+    while size > 1 and len(still) <= size // 2:
+        size //= 2
+    if size == len(fed):
+        return fed
+    return torch.cat([still, fed[ended][: size - len(still)]])
 
 
 def translate_ids(

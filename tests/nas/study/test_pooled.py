@@ -6,6 +6,7 @@ nothing and its trial is trained again."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import io
 import os
 import signal
@@ -18,10 +19,12 @@ import optuna
 import pytest
 from rich.console import Console
 
+import pipeline
 from nas.report import report_study
 from nas.settings import NasSettings
 from nas.study import shape
 from nas.study.opening import open_study
+from nas.study.pooled import warm_up
 from nas.study.run import StudyResult, run_study
 from nas.study.space import architecture_of, configured_space
 from nas.study.trials import OWNER, counted
@@ -121,6 +124,14 @@ def test_the_report_draws_the_pool_over_time(pooled: Pooled) -> None:
     report_study(pooled.settings, pooled.result, console=Console(file=out, width=200))
     picture = Path(pooled.settings.output_dir) / "stage_pool.png"
     assert str(picture) in out.getvalue() and picture.read_bytes().startswith(b"\x89PNG")
+
+
+def test_the_pools_first_job_warms_every_process(tmp_path: Path) -> None:
+    """`warm_up` (what a pooled study submits first) runs on every process of the pool and
+    leaves them ready for a trial's job."""
+    settings = tiny_settings(tmp_path, *POOLED)
+    with pipeline.StagePool(2, timeout_s=60) as pool:
+        assert pool.run(functools.partial(warm_up, settings=settings), 2) == [0, 1]
 
 
 def kill_when_training(study: optuna.Study, killed: list[int]) -> None:

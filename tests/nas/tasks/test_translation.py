@@ -130,24 +130,48 @@ def test_greedy_decode_and_generation_metrics(task: Translation) -> None:
 
 
 def test_greedy_decode_stops_at_eos_and_max_len() -> None:
+    fed: list[list[int]] = []
+
     def counting(src: torch.Tensor, tgt_in: torch.Tensor) -> torch.Tensor:
-        # row 0 emits 5, 6, EOS; row 1 always emits 7
-        logits = torch.zeros(2, 10, tgt_in.shape[1])
-        script = [5, 6, EOS]
-        logits[0, script[min(tgt_in.shape[1] - 1, 2)], -1] = 1.0
-        logits[1, 7, -1] = 1.0
+        # source 0 emits 5, 6, EOS; source 1 always emits 7 (the rows it is fed, named by
+        # their sources: rows that ended are dropped once half the batch has)
+        fed.append(src[:, 0].tolist())
+        logits = torch.zeros(src.shape[0], 10, tgt_in.shape[1])
+        for row, source in enumerate(src[:, 0].tolist()):
+            token = [5, 6, EOS][min(tgt_in.shape[1] - 1, 2)] if source == 0 else 7
+            logits[row, token, -1] = 1.0
         return logits
 
-    assert greedy_decode(counting, torch.zeros(2, 3, dtype=torch.long), 6) == [
-        [5, 6],
-        [7, 7, 7, 7, 7, 7],
-    ]
+    src = torch.tensor([[0, 0, 0], [1, 1, 1]])
+    assert greedy_decode(counting, src, 6) == [[5, 6], [7, 7, 7, 7, 7, 7]]
+    assert fed == [[0, 1]] * 3 + [[1]] * 3  # one row left of two: fed alone
 
     def wrong(src: torch.Tensor, tgt_in: torch.Tensor) -> torch.Tensor:
         return torch.zeros(2, tgt_in.shape[1], 10)
 
     with pytest.raises(ValueError, match=r"logits \(B, V, T\)"):
         greedy_decode(wrong, torch.zeros(2, 3, dtype=torch.long), 4)
+
+
+def test_greedy_decode_feeds_fewer_rows_as_they_end_and_translates_the_same() -> None:
+    """Source k emits k tokens, then EOS: rows end one after another; the batch fed halves
+    whenever its rows still translating fit in half, and every row's translation is what
+    it is decoded alone."""
+    sizes: list[int] = []
+
+    def emits_its_length(src: torch.Tensor, tgt_in: torch.Tensor) -> torch.Tensor:
+        sizes.append(src.shape[0])
+        logits = torch.zeros(src.shape[0], 12, tgt_in.shape[1])
+        for row, length in enumerate(src[:, 0].tolist()):
+            logits[row, EOS if tgt_in.shape[1] > length else 4 + length % 8, -1] = 1.0
+        return logits
+
+    src = torch.arange(8)[:, None].repeat(1, 2)
+    together = greedy_decode(emits_its_length, src, 10)
+    assert together == [[4 + k % 8] * k for k in range(8)]
+    assert sizes == [8, 8, 8, 8, 4, 4, 2, 1]
+    alone = [greedy_decode(emits_its_length, src[k : k + 1], 10)[0] for k in range(8)]
+    assert alone == together
 
 
 def test_metrics_and_unigram_baseline(task: Translation) -> None:
@@ -209,7 +233,7 @@ def test_decoding_sizes_its_batches_to_the_pairs_in_multiples_of_the_batch(
         return step_fn(*x)
 
     few = task.evaluate(forward, batch_size=8, max_batches=1, decode=4)
-    assert few["decoded"] == 4 and set(rows) == {8}  # not 128 rows for 4 pairs
-    rows.clear()
+    assert few["decoded"] == 4 and max(rows) == 8  # not 128 rows for 4 pairs
+    rows.clear()  # (fewer rows once the rows that ended fill half: greedy_decode)
     assert task.evaluate(forward, batch_size=8, max_batches=1, decode=4, decode_batch_size=24)
-    assert set(rows) == {8, 24}
+    assert rows[:2] == [8, 24] and max(rows) == 24
