@@ -31,7 +31,6 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
-from scipy.stats import bootstrap, kendalltau
 
 from nas.paired import PairedDifference
 
@@ -67,6 +66,8 @@ def kendall_tau(x: list[float], y: list[float]) -> float:
         raise ValueError(f"kendall_tau needs lists of one length, got {len(x)} and {len(y)}")
     if len(x) < 2:
         return math.nan
+    from scipy.stats import kendalltau  # here: scipy.stats takes a second to import
+
     return float(kendalltau(x, y).statistic)
 
 
@@ -130,6 +131,7 @@ def _tau_interval(
     fewer than 3 candidates leave nothing to resample."""
     if len(x) < 3:
         return math.nan, math.nan
+    from scipy.stats import bootstrap, kendalltau  # here: see kendall_tau
 
     def tau(a: np.ndarray, b: np.ndarray) -> float:
         value = kendalltau(a, b).statistic
