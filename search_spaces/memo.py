@@ -1,11 +1,12 @@
 """Encoder outputs reused while decoding: the same sources and weights give the same result.
 
 Greedy decoding (`nas.text.decoding.greedy_decode`) runs the whole model once per generated
-token, on the same sources every time, so the encoder's share of each run repeats the one
-before. An encoder layer keeps, in a `Memo`, what it computed for an input it has seen
-twice in eval mode without gradients, and hands it back for an equal input while its
-parameters are the same tensors with the same values (an optimizer step, a checkpoint
-loaded or a migration changes them). Numbered:
+token, on the same sources every time (until half of them have ended their translations:
+then on the rest, as often), so the encoder's share of each run repeats the one before.
+An encoder layer keeps, in a `Memo`, what it computed for an input it has seen twice in
+eval mode without gradients, and hands it back for an equal input while its parameters are
+the same tensors with the same values (an optimizer step, a checkpoint loaded or a
+migration changes them). Numbered:
 
     1. in training, or with gradients: computed, nothing kept (what was kept is dropped)
     2. an input seen for the first time: computed, only its fingerprint kept (an
