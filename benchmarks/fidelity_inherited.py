@@ -14,10 +14,12 @@ import itertools
 import json
 import os
 import pickle
+import queue
 import statistics
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -81,29 +83,22 @@ def inherited(
 def _run_seeds(folder: Path, seeds: list[int], cores: list[int]) -> None:
     """A worker process per seed, each pinned to a core no other worker runs on: at most one
     per core at a time (a seed waits for a free core), so each seed's seconds are one
-    core's."""
-    free, running = list(cores), dict[subprocess.Popen[bytes], int]()
-    for seed in seeds:
-        if not free:
-            free.append(_one_ended(running))
-        command = [sys.executable, str(ENTRY), "--inherited-worker", str(folder), str(seed)]
-        env = dict(os.environ, FIDELITY_CORE=str(free[0]))
-        running[subprocess.Popen(command, env=env)] = free.pop(0)
-    while running:
-        _one_ended(running)
+    core's. SystemExit if a worker failed."""
+    free: queue.Queue[int] = queue.Queue()
+    for core in cores:
+        free.put(core)
 
+    def run(seed: int) -> int:
+        core = free.get()
+        try:
+            command = [sys.executable, str(ENTRY), "--inherited-worker", str(folder), str(seed)]
+            return subprocess.run(command, env=dict(os.environ, FIDELITY_CORE=str(core))).returncode
+        finally:
+            free.put(core)
 
-def _one_ended(running: dict[subprocess.Popen[bytes], int]) -> int:
-    """Wait for one of the `running` workers to end; its core. Raises SystemExit if it
-    failed."""
-    while True:
-        for proc, core in running.items():
-            if proc.poll() is not None:
-                del running[proc]
-                if proc.returncode != 0:
-                    raise SystemExit("an inherited worker failed (its traceback is above)")
-                return core
-        time.sleep(1.0)
+    with ThreadPoolExecutor(len(cores)) as pool:
+        if any(pool.map(run, seeds)):
+            raise SystemExit("an inherited worker failed (its traceback is above)")
 
 
 def inherited_worker(folder: Path, seed: int) -> None:
