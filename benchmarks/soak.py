@@ -16,7 +16,10 @@ Side by side, in the same run: the same study without faults (`--arms clean faul
 search alone, for the candidates per hour a fault costs.
 
     python benchmarks/soak.py [--minutes 45] [--every 60 120] [--seed 0]
-        [--arms clean faults] [--deadline-minutes 240] [--work DIR] [overrides ...]
+        [--arms clean faults] [--reuse] [--deadline-minutes 240] [--work DIR] [overrides ...]
+
+Each arm's record is kept as `<work>/<arm>.json` once it ends; `--reuse` reads an arm
+recorded there instead of running it again (the arm that ran before a soak was stopped).
 
 Run it alone on an idle machine, as root (the store is a tmpfs it mounts and remounts):
 the JSON (`results/soak.json`) holds the schedule, what each fault hit, the accounting
@@ -116,6 +119,18 @@ def run_arm(name: str, args: argparse.Namespace, faults: bool) -> dict[str, Any]
     }
 
 
+def recorded_arm(name: str, args: argparse.Namespace) -> dict[str, Any]:
+    """The arm's record: read from `<work>/<name>.json` with `--reuse`, else run and kept."""
+    kept = args.work / f"{name}.json"
+    if args.reuse and kept.exists():
+        logger.info("%s: the arm recorded in %s", name, kept)
+        record: dict[str, Any] = json.loads(kept.read_text())
+        return record
+    record = run_arm(name, args, faults=name == "faults")
+    kept.write_text(json.dumps(record, indent=1, default=str))
+    return record
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=first_paragraph(__doc__))
     parser.add_argument("--minutes", type=float, default=45.0, help="search budget of each arm")
@@ -123,6 +138,9 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0, help="the fault schedule's seed")
     parser.add_argument(
         "--arms", nargs="+", default=["clean", "faults"], choices=["clean", "faults"]
+    )
+    parser.add_argument(
+        "--reuse", action="store_true", help="read arms recorded under --work, not run them"
     )
     parser.add_argument("--deadline-minutes", type=float, default=240.0)
     parser.add_argument("--experiment", default="search_2h")
@@ -133,7 +151,7 @@ def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     args.work = args.work or Path(tempfile.mkdtemp(prefix="soak-"))
     clock = Clock()
-    arms = {name: run_arm(name, args, faults=name == "faults") for name in args.arms}
+    arms = {name: recorded_arm(name, args) for name in args.arms}
     document: dict[str, Any] = {
         "what": first_paragraph(__doc__),
         "command": " ".join(sys.argv),

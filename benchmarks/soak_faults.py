@@ -26,6 +26,7 @@ and full are what a real file system says (EROFS, ENOSPC), to root too.
 from __future__ import annotations
 
 import enum
+import errno
 import logging
 import os
 import random
@@ -117,13 +118,24 @@ class Store:
     def read_only(self, on: bool) -> None:
         _mount("-o", f"remount,{'ro' if on else 'rw'}", str(self.folder))
 
-    def fill(self) -> int:
-        """Fill the file system with a ballast file; its size in bytes."""
-        stats = os.statvfs(self.folder)
-        size = stats.f_bavail * stats.f_frsize
+    def fill(self, tries: int = 8) -> int:
+        """Fill the file system with a ballast file; its size in bytes. A worker writing
+        meanwhile can take the space measured a moment before (ENOSPC): then the ballast
+        grows to what is free now, until nothing is (a full disk is the aim)."""
         with (self.folder / _BALLAST).open("wb") as ballast:
-            os.posix_fallocate(ballast.fileno(), 0, max(1, size))
-        return size
+            for _ in range(tries):
+                stats = os.statvfs(self.folder)
+                free = stats.f_bavail * stats.f_frsize
+                if free == 0:
+                    break
+                try:
+                    os.posix_fallocate(
+                        ballast.fileno(), 0, os.fstat(ballast.fileno()).st_size + free
+                    )
+                except OSError as error:
+                    if error.errno != errno.ENOSPC:
+                        raise
+            return os.fstat(ballast.fileno()).st_size
 
     def drain(self) -> None:
         (self.folder / _BALLAST).unlink(missing_ok=True)
