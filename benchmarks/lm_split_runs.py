@@ -67,8 +67,8 @@ def ours_run(
     """(step, pipeline, first loss); the first step plans, schedule="auto" tries the plans
     its cost model cannot rank (`ElasticOptions.try_plans`) until it keeps one, and the next
     `correction_steps` let the plan be corrected from measured costs
-    (`ElasticOptions.correct_after`, on by default) before anything is timed. 2bw trains a
-    stream per round."""
+    (`ElasticOptions.correct_after`, on by default), and the other schedules' plans tried at
+    the correction run, before anything is timed. 2bw trains a stream per round."""
     pipe = ElasticPipeline(
         cfg.specs(),
         optimizer=OPTIMIZER,
@@ -83,6 +83,8 @@ def ours_run(
         while pipe.trying is not None:  # the plans tried first
             pipe.train_step(x, y)
         for _ in range(correction_steps):
+            pipe.train_step(x, y)
+        while pipe.trying is not None:  # the plans tried at the correction
             pipe.train_step(x, y)
     calls = itertools.count()
 

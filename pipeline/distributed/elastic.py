@@ -103,7 +103,8 @@ class ElasticPipeline(ModelViews, OptionViews):
             one weight copy updated every few micro-batches; see `pipemare`), or "auto"
             (with partition="auto": the first step plans 1f1b, zbh1, interleaved_1f1b and zbv
             and keeps the fastest predicted, or tries those the cost model cannot rank for a
-            few steps each and keeps the fastest measured, `ElasticOptions.try_plans`;
+            few steps each and keeps the fastest measured, `ElasticOptions.try_plans`,
+            and again at the first correction with the plans from measured costs;
             "schedule" and "tryout" events say why).
         n_microbatches: micro-batches per step; must divide the batch size.
         seed: with the layer keys, fixes the initial weights and the dropout masks.
@@ -192,7 +193,7 @@ class ElasticPipeline(ModelViews, OptionViews):
         self.event_log = EventLog(lambda: (self.generation, self.model.step))  # builds...
         self._closed = False
         self.model = ModelHolder(check_specs(specs), planning.handoff)
-        self.trying: PlanTryout | None = None  # the plans tried on the first steps
+        self.trying: PlanTryout | None = None  # plans tried (first steps, the correction)
         resumes = self.options.checkpoint.resume_from is not None
         source = None if inherit_from is None else weights.checked_source(inherit_from, resumes)
         build.setup(self, self.checkpoints.start(self, planning.partition))  # resume_from?
@@ -275,8 +276,8 @@ class ElasticPipeline(ModelViews, OptionViews):
         else:
             started = time.perf_counter()
             loss, measured = steps.train_step(self, x, y)
-            if self.trying is None:
-                elasticity.maybe_rebalance(self, measured)
+            if self.trying is None:  # a first plan's correction may try other schedules
+                self.trying = elasticity.maybe_rebalance(self, measured)
             else:  # the plans tried on the first steps (`pipeline.distributed.tryout`)
                 self.trying.after_step(self, time.perf_counter() - started, measured)
                 self.trying = None if self.trying.done else self.trying
@@ -344,7 +345,7 @@ class ElasticPipeline(ModelViews, OptionViews):
         `rebalance_horizon`) exceeds the time to move its layers (or when the current plan
         breaks the memory budget). Returns the migration, or None when the current plan stays.
         """
-        return elasticity.rebalance(self, remaining_steps)
+        return elasticity.rebalance(self, remaining_steps)[0]
 
     def reconfigure(
         self,

@@ -9,7 +9,10 @@ ranks call it, in the same order), and the three below first drain a `train` str
     rebalance    re-plans from the measured costs (`pipeline.pure.planner.replan`, agreed
                  on rank 0) and repartitions when the new plan pays back its migration;
                  `maybe_rebalance` runs it after a step when a trigger fires
-                 (`pipeline.distributed.triggers`)
+                 (`pipeline.distributed.triggers`); at a first plan's correction under
+                 schedule="auto" it also weighs the other schedules' plans from the same
+                 costs and returns the tryout of those it cannot rank
+                 (`pipeline.distributed.tryout`, 5.)
     next_model   reconfigure's checks and the weights to inherit; the facade then swaps in
                  the next model (`pipeline.distributed.build`) and loads them
                  (`pipeline.distributed.weights`)
@@ -26,6 +29,7 @@ from pipeline.distributed.inheritance import WeightSnapshot
 from pipeline.distributed.migration import MigrationError, MigrationRecord, migrate
 from pipeline.distributed.options import CheckpointOptions
 from pipeline.distributed.parts import ElasticPipelineParts
+from pipeline.distributed.tryout import PlanTryout, challenge
 from pipeline.local.spec import LayerSpec, check_specs
 from pipeline.pure.partition import bounds
 from pipeline.pure.planner import InfeasibleBudgetError, Plan, Replan, evaluate, replan
@@ -75,8 +79,12 @@ def repartition(
     return record
 
 
-def rebalance(pipe: ElasticPipelineParts, remaining_steps: int | None) -> MigrationRecord | None:
-    """Re-plan from measured costs; migrate if it pays back (`ElasticPipeline.rebalance`)."""
+def rebalance(
+    pipe: ElasticPipelineParts, remaining_steps: int | None, *, rivals: bool = False
+) -> tuple[MigrationRecord | None, PlanTryout | None]:
+    """Re-plan from measured costs; migrate if it pays back (`ElasticPipeline.rebalance`).
+    `rivals`: also the tryout of the other schedules' plans from these costs (None: none
+    is close enough)."""
     pipe.drain()
     horizon = pipe.options.elastic.rebalance_horizon if remaining_steps is None else remaining_steps
     costs, actions = pipe.layer_costs()
@@ -119,11 +127,11 @@ def rebalance(pipe: ElasticPipelineParts, remaining_steps: int | None) -> Migrat
     )
     pipe.model.replanned(decision.plan)
     pipe.plan_age.restart(pipe.model.step, measure=False)
+    tryout = challenge(pipe, costs, budget, decision.plan) if rivals else None
     if not decision.changed:
-        return None
-    return pipe.repartition(
-        decision.plan.sizes, decision.plan.actions, decision.plan.handoff or None
-    )
+        return None, tryout
+    plan = decision.plan
+    return pipe.repartition(plan.sizes, plan.actions, plan.handoff or None), tryout
 
 
 def calibrated_budget(pipe: ElasticPipelineParts, current: Plan) -> int | None:
@@ -148,9 +156,12 @@ def calibrated_budget(pipe: ElasticPipelineParts, current: Plan) -> int | None:
     return budget if worst <= 1.0 else int(budget / worst)
 
 
-def maybe_rebalance(pipe: ElasticPipelineParts, measured: bool) -> None:
-    """After a step: rebalance when a trigger fires (`pipeline.distributed.triggers`)."""
+def maybe_rebalance(pipe: ElasticPipelineParts, measured: bool) -> PlanTryout | None:
+    """After a step: rebalance when a trigger fires (`pipeline.distributed.triggers`); at a
+    first plan's correction under schedule="auto", the tryout of other schedules' plans to
+    run next, if any."""
     model = pipe.model
+    correcting = measured and pipe.plan_age.correction_due(model.step)
     reason = pipe.triggers.reason(
         pipe.comm,
         model.step,
@@ -159,10 +170,11 @@ def maybe_rebalance(pipe: ElasticPipelineParts, measured: bool) -> None:
         measured,
         pipe.plan_age,
     )
-    if reason is not None:
-        pipe.event_log.record("trigger", reason=reason)
-        pipe.plan_age.corrected()  # any re-plan from measured costs is the correction
-        pipe.rebalance()
+    if reason is None:
+        return None
+    pipe.event_log.record("trigger", reason=reason)
+    pipe.plan_age.corrected()  # any re-plan from measured costs is the correction
+    return rebalance(pipe, None, rivals=correcting and pipe.auto_schedule)[1]
 
 
 def next_model(

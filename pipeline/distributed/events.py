@@ -9,10 +9,10 @@ Kinds, and what `details` holds for each:
 
     schedule     schedule="auto" chose one (`choose_schedule`): chosen, candidates (each
                  schedule's stage count, predicted iteration, or why it was left out)
-    tryout       the plans the cost model could not rank, tried on the first steps
-                 (`pipeline.distributed.tryout`): kept (the schedule kept, None when it
-                 begins), tried (each one's schedule, sizes, predicted, corrected and
-                 measured iteration)
+    tryout       the plans the cost model could not rank, tried on the first steps or at
+                 the first correction (`pipeline.distributed.tryout`): kept (the schedule
+                 kept, None when it begins), tried (each one's schedule, sizes, predicted,
+                 corrected and measured iteration)
     switch       the model went on under another plan (`switch_plan`): plan
     build        a stage was built: sizes, plan (a `Plan.to_dict()`, or None)
     handoff      Bi-Partition's cut was put in force or taken back: handoff (per boundary,

@@ -138,6 +138,8 @@ class ElasticOptions:
             plans measured, within the model's measured error of the best): each runs
             `try_steps` measured steps and the fastest is kept (`pipeline.distributed.tryout`;
             1: the best predicted, untried). What they measured corrects the cost cache.
+            At the first correction (`correct_after`) the other schedules' plans from the
+            measured costs are weighed against the plan in force, and tried the same way.
         try_steps: the measured steps of each plan tried (after one warm-up step).
     """
 

@@ -14,6 +14,7 @@ its model, recipe, link or stream in flight.
     build (plan, build)    BuiltPipeline         comm, schedule, recipe, planner, device
     elasticity             ElasticPipelineParts  + placement, triggers, link, rebalance...
     tryout                 TriedPipeline         + comm, n_stages, switch_plan
+    tryout at a correction ChallengedPipeline    TriedPipeline + planner
     report (stats)         ReportedPipeline      (alone) model, comm, schedule, generation
     checkpoint             CheckpointedPipeline  (alone) + recipe, pipemare, optimizers
     weights                (explicit arguments: comm, model, seed, event log)
@@ -46,6 +47,7 @@ from pipeline.pure.schedule import ScheduleLike, ScheduleSpec
 __all__ = [
     "ActiveStream",
     "BuiltPipeline",
+    "ChallengedPipeline",
     "CheckpointedPipeline",
     "ElasticPipelineParts",
     "PipelineCore",
@@ -141,7 +143,21 @@ class BuiltPipeline(PipelineCore, _Talking, _Scheduled, Protocol):
     def adopt_schedule(self, schedule: ScheduleLike) -> None: ...
 
 
-class ElasticPipelineParts(BuiltPipeline, _Draining, Protocol):
+class TriedPipeline(PipelineCore, _Talking, _Scheduled, Protocol):
+    """What trying several plans on the first steps uses (`pipeline.distributed.tryout`)."""
+
+    def switch_plan(self, plan: Plan) -> None:
+        """Run the model under `plan` from the next step, exactly where it is."""
+
+
+class ChallengedPipeline(TriedPipeline, Protocol):
+    """What trying other schedules' plans at a correction uses (`pipeline.distributed.tryout`)."""
+
+    @property
+    def planner(self) -> Planner: ...
+
+
+class ElasticPipelineParts(BuiltPipeline, _Draining, TriedPipeline, Protocol):
     """What repartition, rebalance and reconfigure use (`pipeline.distributed.elasticity`)."""
 
     @property
@@ -158,13 +174,6 @@ class ElasticPipelineParts(BuiltPipeline, _Draining, Protocol):
     def repartition(
         self, sizes: Any, actions: Any = None, handoff: Any = None
     ) -> MigrationRecord: ...
-
-
-class TriedPipeline(PipelineCore, _Talking, _Scheduled, Protocol):
-    """What trying several plans on the first steps uses (`pipeline.distributed.tryout`)."""
-
-    def switch_plan(self, plan: Plan) -> None:
-        """Run the model under `plan` from the next step, exactly where it is."""
 
 
 class ReportedPipeline(_Holding, _Talking, _Scheduled, Protocol):

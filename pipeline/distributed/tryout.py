@@ -18,6 +18,13 @@
                last; every contender's measurement teaches the cost cache's errors, a
                "tryout" event records them, and the plan kept awaits its correction from
                measured costs (`ElasticOptions.correct_after`), as any first plan does
+    5. rivals  at that correction (`pipeline.distributed.elasticity.maybe_rebalance`), the
+               plan in force re-planned from the costs its stages measured is weighed
+               against every other exact schedule's plan from the same costs
+               (`pipeline.pure.planner.tryout.rivals`); those the model cannot tell from it,
+               or predicts faster, are tried against it as in 2.-4. (`challenge`). Their
+               predictions come from measured costs, not the profile a next model starts
+               from, so they teach no error, and the plan kept awaits no other correction
 
 While a tryout runs, the re-plan triggers wait (a re-plan would change the plan being timed).
 """
@@ -31,20 +38,31 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from pipeline.distributed.comm import Comm
-from pipeline.distributed.parts import TriedPipeline
-from pipeline.pure.planner import Plan
-from pipeline.pure.planner.tryout import Move, PredictionErrors, Tryout, contenders
+from pipeline.distributed.parts import ChallengedPipeline, TriedPipeline
+from pipeline.pure.costs import LayerCost
+from pipeline.pure.planner import Plan, choose_schedule
+from pipeline.pure.planner.tryout import (
+    Contender,
+    Move,
+    PredictionErrors,
+    Tryout,
+    contenders,
+    rivals,
+)
 
-__all__ = ["PlanTryout", "begin", "forget_switch", "switch_folder"]
+__all__ = ["PlanTryout", "begin", "challenge", "forget_switch", "switch_folder"]
 
 WARMUP = 1  # steps of each contender not timed (its build, its first allocations)
 
 
 class PlanTryout:
-    """A `Tryout` on a running pipeline (module doc); the same on every rank."""
+    """A `Tryout` on a running pipeline (module doc); the same on every rank. `teaches`:
+    its plans' predictions came from the first step's profile, so what they measure teaches
+    the cost cache's errors and the plan kept awaits its correction (not so for 5.)."""
 
-    def __init__(self, tryout: Tryout) -> None:
+    def __init__(self, tryout: Tryout, *, teaches: bool = True) -> None:
         self._tryout = tryout
+        self._teaches = teaches
 
     @property
     def plan(self) -> Plan:
@@ -70,10 +88,12 @@ class PlanTryout:
         """4.: the fastest in force, the cost cache taught, the event recorded."""
         if self._tryout.ran_last is not self._tryout.current:
             pipe.switch_plan(self.plan)
+        pipe.event_log.record("tryout", **self._tryout.to_dict())
+        if not self._teaches:
+            return
         errors = pipe.options.planning.cost_cache.errors
         for contender, measured in self._tryout.results():
             errors.learn(contender.plan, measured)
-        pipe.event_log.record("tryout", **self._tryout.to_dict())
         if pipe.n_stages > 1:
             pipe.plan_age.await_correction(pipe.model.step, pipe.options.elastic.correct_after)
 
@@ -89,6 +109,40 @@ def begin(pipe: TriedPipeline, plans: Sequence[Plan]) -> tuple[Plan, PlanTryout 
     tryout = Tryout(chosen, warmup=WARMUP, steps=elastic.try_steps)
     pipe.event_log.record("tryout", **tryout.to_dict())
     return chosen[0].plan, PlanTryout(tryout)
+
+
+def challenge(
+    pipe: ChallengedPipeline,
+    costs: Sequence[LayerCost],
+    memory_budget: int | None,
+    in_force: Plan,
+) -> PlanTryout | None:
+    """5.: the tryout of `in_force` (the correction's plan, from the measured `costs`)
+    against the other schedules' plans from them that the model cannot rank below it; None
+    when there is none. Every rank, agreed on rank 0."""
+    elastic = pipe.options.elastic
+    error = pipe.options.planning.cost_cache.errors.error
+
+    def decide() -> list[Contender]:
+        try:
+            _, tried = choose_schedule(
+                pipe.planner,
+                costs,
+                pipe.comm.world_size,
+                n_microbatches=pipe.options.n_microbatches,
+                memory_budget=memory_budget,
+            )
+        except ValueError:  # no schedule fits: the plan in force is the only one
+            return []
+        others = [c.plan for c in tried if c.plan is not None]
+        return rivals(in_force, others, error, elastic.try_plans)
+
+    chosen = pipe.comm.agree(decide)
+    if not chosen:
+        return None
+    tryout = Tryout(chosen, warmup=WARMUP, steps=elastic.try_steps)
+    pipe.event_log.record("tryout", **tryout.to_dict())
+    return PlanTryout(tryout, teaches=False)
 
 
 def switch_folder(comm: Comm, directory: str | os.PathLike[str] | None, step: int) -> Path:

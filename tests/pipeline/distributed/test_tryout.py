@@ -6,6 +6,11 @@ plans that ran at once and three times their prediction), so every exact schedul
 for equal layers is within its error of the best: each runs a few measured steps, the
 fastest measured is kept, the cache learns what each one measured, and a "tryout" event
 records them (`pipeline.distributed.tryout`).
+
+At the first plan's correction the same happens with the plans from the measured costs:
+the cache also says 1F1B's plans ran at half their prediction, so 1F1B alone is planned on
+the first step, untried; the correction re-plans it and tries the other schedules' plans
+from the same costs against it (`pipeline.distributed.tryout`, 5.).
 """
 
 from __future__ import annotations
@@ -32,7 +37,7 @@ from pipeline.pure.planner.tryout import PredictionErrors
 
 pytestmark = pytest.mark.multiprocess
 
-WIDTH, BATCH, MICROBATCHES, STEPS, LAYERS = 32, 16, 4, 24, 8
+WIDTH, BATCH, MICROBATCHES, STEPS, LAYERS = 32, 16, 4, 28, 8
 ADAM = functools.partial(torch.optim.Adam, lr=1e-3)
 
 
@@ -48,8 +53,10 @@ def batches() -> list[tuple[torch.Tensor, torch.Tensor]]:
     ]
 
 
-def tried(ctx: StageContext) -> dict[str, Any]:
-    cache = CostCache(errors=PredictionErrors({"made-up": [1.0, 3.0]}))  # error: 50%
+def tried(
+    ctx: StageContext, errors: dict[str, list[float]], elastic: ElasticOptions
+) -> dict[str, Any]:
+    cache = CostCache(errors=PredictionErrors(errors))
     pipe = ElasticPipeline(
         specs(),
         optimizer=ADAM,
@@ -58,7 +65,7 @@ def tried(ctx: StageContext) -> dict[str, Any]:
         n_microbatches=MICROBATCHES,
         seed=3,
         planning=PlanOptions(cost_cache=cache),
-        elastic=ElasticOptions(try_plans=4, try_steps=2, measure_memory_every=50),
+        elastic=elastic,
     )
     losses = [pipe.train_step(x, y) for x, y in batches()]
     out = {
@@ -73,9 +80,27 @@ def tried(ctx: StageContext) -> dict[str, Any]:
     return out
 
 
-def test_the_plans_the_model_cannot_rank_are_tried_and_the_fastest_kept_exactly() -> None:
+def run_tried(errors: dict[str, list[float]], elastic: ElasticOptions) -> dict[str, Any]:
     torch.set_num_threads(1)
-    run = pipeline.launch(tried, 2, threads_per_stage=1, timeout_s=180)[0]
+    work = functools.partial(tried, errors=errors, elastic=elastic)
+    return pipeline.launch(work, 2, threads_per_stage=1, timeout_s=180)[0]
+
+
+def assert_exact(run: dict[str, Any]) -> None:
+    """The losses and the final weights are the single process's."""
+    reference = ReferenceTrainer(
+        specs(), optimizer=ADAM, loss_fn=F.mse_loss, n_microbatches=MICROBATCHES, seed=3
+    )
+    expected = [reference.train_step(x, y) for x, y in batches()]
+    assert run["losses"] == pytest.approx(expected, abs=1e-5)
+    for key, tensors in reference.full_state_dict().items():
+        for name, tensor in tensors.items():
+            torch.testing.assert_close(run["state"][key][name], tensor, atol=1e-5, rtol=0)
+
+
+def test_the_plans_the_model_cannot_rank_are_tried_and_the_fastest_kept_exactly() -> None:
+    elastic = ElasticOptions(try_plans=4, try_steps=2, measure_memory_every=50)
+    run = run_tried({"made-up": [1.0, 3.0]}, elastic)  # error: 50%
     begun, ended = run["tryouts"]
     assert begun["kept"] is None and len(begun["tried"]) >= 2, begun
     contenders = [t["schedule"] for t in ended["tried"]]
@@ -87,11 +112,19 @@ def test_the_plans_the_model_cannot_rank_are_tried_and_the_fastest_kept_exactly(
     assert run["switches"][: len(contenders) - 1] == contenders[1:]  # each tried in turn
     assert run["switches"][len(contenders) - 1 :] in ([], [fastest])  # then back to the best
     assert set(contenders) <= set(run["learned"]), run["learned"]  # the cache learned them
-    reference = ReferenceTrainer(
-        specs(), optimizer=ADAM, loss_fn=F.mse_loss, n_microbatches=MICROBATCHES, seed=3
-    )
-    expected = [reference.train_step(x, y) for x, y in batches()]
-    assert run["losses"] == pytest.approx(expected, abs=1e-5)
-    for key, tensors in reference.full_state_dict().items():
-        for name, tensor in tensors.items():
-            torch.testing.assert_close(run["state"][key][name], tensor, atol=1e-5, rtol=0)
+    assert_exact(run)
+
+
+def test_a_correction_tries_the_other_schedules_plans_from_measured_costs_exactly() -> None:
+    errors = {"made-up": [1.0, 3.0], "1f1b": [0.5, 0.5]}  # error 50%; 1f1b twice as fast
+    elastic = ElasticOptions(try_plans=3, try_steps=2, correct_after=4, measure_memory_every=4)
+    run = run_tried(errors, elastic)
+    begun, ended = run["tryouts"]  # none on the first step: 1f1b alone was planned
+    tried = [t["schedule"] for t in ended["tried"]]
+    assert tried[0] == "1f1b" and len(tried) >= 2 and "1f1b" not in tried[1:], ended
+    assert [t["schedule"] for t in begun["tried"]] == tried and begun["kept"] is None
+    measured = {t["schedule"]: t["measured_s"] for t in ended["tried"]}
+    assert ended["kept"] == min(measured, key=lambda name: measured[name]) == run["schedule"]
+    assert run["switches"][: len(tried) - 1] == tried[1:]
+    assert run["learned"] == errors  # predictions from measured costs teach no error
+    assert_exact(run)

@@ -19,6 +19,7 @@ from pipeline.pure.planner.tryout import (
     PredictionErrors,
     Tryout,
     contenders,
+    rivals,
 )
 
 
@@ -106,3 +107,29 @@ def test_the_auto_schedules_plans_feed_the_contenders() -> None:
     chosen = contenders(plans, PredictionErrors(), most=4)
     assert chosen[0].plan == best.plan
     assert all(c.corrected_s <= chosen[0].corrected_s * (1 + UNKNOWN) for c in chosen)
+
+
+def test_rivals_are_the_plan_in_force_and_the_others_it_cannot_be_told_from() -> None:
+    """At a correction: the plan in force first, then other schedules' plans within the
+    error of the fastest prediction (the plan in force's included), fastest first."""
+    in_force = plan("interleaved_1f1b", 1.44, (1, 1, 7, 1))
+    others = [plan("zbv", 1.50, (1, 1, 7, 1)), plan("zbh1", 1.10), plan("1f1b", 1.13)]
+    chosen = rivals(in_force, others, error=0.15, most=3)
+    # fastest 1.10; within 15%: zbh1 1.10, 1f1b 1.13 (zbv 1.50 is not); the plan in force
+    # leads although it is predicted slower: it is what runs now
+    assert [c.schedule for c in chosen] == ["interleaved_1f1b", "zbh1", "1f1b"]
+    assert chosen[0].corrected_s == 1.44
+    assert [c.schedule for c in rivals(in_force, others, error=0.15, most=2)] == [
+        "interleaved_1f1b",
+        "zbh1",
+    ]
+    ahead = plan("1f1b", 1.0)
+    assert rivals(ahead, others, error=0.05, most=3) == []  # every other one far behind
+    # 1f1b's other plan is the correction's to weigh, not a rival
+    assert [c.schedule for c in rivals(ahead, others, error=0.15, most=3)] == ["1f1b", "zbh1"]
+    assert rivals(in_force, [], error=0.5, most=3) == []
+    assert rivals(in_force, others, error=0.5, most=1) == []  # room for the plan in force only
+    with pytest.raises(ValueError, match="most must be >= 1"):
+        rivals(in_force, others, error=0.1, most=0)
+    with pytest.raises(ValueError, match="error must be >= 0"):
+        rivals(in_force, others, error=-0.1, most=2)
