@@ -61,14 +61,18 @@ def single_process(ctx: StageContext, cfg: LMConfig, m: int) -> Step:
     return optimizer_step(accumulate(model, cfg.data(), m, lm_loss), optimizer)
 
 
+CORRECTION_WAIT = 40  # steps at most after `correction_steps` until the correction ran
+
+
 def ours_run(
     cfg: LMConfig, name: str, m: int, cache: CostCache, steps: int, correction_steps: int
 ) -> tuple[Step, ElasticPipeline, float]:
     """(step, pipeline, first loss); the first step plans, schedule="auto" tries the plans
     its cost model cannot rank (`ElasticOptions.try_plans`) until it keeps one, and the next
     `correction_steps` let the plan be corrected from measured costs
-    (`ElasticOptions.correct_after`, on by default), and the other schedules' plans tried at
-    the correction run, before anything is timed. 2bw trains a stream per round."""
+    (`ElasticOptions.correct_after`, on by default; after a tryout it comes later: up to
+    `CORRECTION_WAIT` more steps), and the other schedules' plans tried at the correction
+    run, before anything is timed. 2bw trains a stream per round."""
     pipe = ElasticPipeline(
         cfg.specs(),
         optimizer=OPTIMIZER,
@@ -83,6 +87,10 @@ def ours_run(
         while pipe.trying is not None:  # the plans tried first
             pipe.train_step(x, y)
         for _ in range(correction_steps):
+            pipe.train_step(x, y)
+        for _ in range(CORRECTION_WAIT):  # a plan kept by a tryout is corrected later
+            if any(e.kind == "replan" for e in pipe.events):
+                break
             pipe.train_step(x, y)
         while pipe.trying is not None:  # the plans tried at the correction
             pipe.train_step(x, y)
