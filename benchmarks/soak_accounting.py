@@ -38,10 +38,10 @@ from optuna.trial import FrozenTrial, TrialState
 
 from nas import load_model, storage
 from nas.search.lineage import KEY_PARENT
-from nas.study.inheritance import (
+from nas.study.inheritance import INHERITED_FROM
+from nas.study.kept_weights import (
     INHERIT_REFUSED,
     INHERITED_COPY,
-    INHERITED_FROM,
     WEIGHTS_ARTIFACT,
     WEIGHTS_NOT_KEPT,
     WEIGHTS_SHA256,

@@ -116,7 +116,8 @@ class RegularizedEvolutionSampler(BaseSampler):
        "seed"; while fewer than `population_size` trials have completed it is "warmup"
        (with `warmup="mutate"`: while none has); otherwise it is a "child": the
        tournament is drawn, the parent chosen (a member the study passes over,
-       `lineage.passed_over_key`, only when every member is), and the name to
+       `lineage.passed_over_key`, only when every member of the population is: a
+       tournament of passed-over members is drawn again among the others), and the name to
        mutate picked uniformly among the parent's parameters that have more than one legal
        value. The decision is written to the trial's system attributes (`evolution:role`,
        `evolution:parent`, `evolution:mutated`, `evolution:tournament`). With a
@@ -235,11 +236,7 @@ class RegularizedEvolutionSampler(BaseSampler):
         if len(population) < self.population_size and not growing:
             self._set(study, trial, KEY_ROLE, "warmup")
             return
-        size = min(self.sample_size, len(population))
-        drawn = self._rng.choice(len(population), size=size, replace=False)
-        tournament = [population[int(i)] for i in drawn]
-        attrs = study.user_attrs
-        eligible = [t for t in tournament if not passed_over(attrs, t.number)]
+        tournament, eligible = self._tournament(population, study.user_attrs)
         parent = self.select_parent(study, eligible or tournament)
         plan = self._propose(study, trial, parent)
         self._plans[trial_id(trial)] = plan
@@ -251,6 +248,25 @@ class RegularizedEvolutionSampler(BaseSampler):
             self._set(study, trial, KEY_PROPOSAL, plan.proposal)
         if plan.graft is not None:
             self._set(study, trial, KEY_GRAFT, plan.graft)
+
+    def _tournament(
+        self, population: list[FrozenTrial], attrs: dict[str, Any]
+    ) -> tuple[list[FrozenTrial], list[FrozenTrial]]:
+        """A tournament drawn from `population`, and its members the study does not pass
+        over; when it passes over every one, the tournament is drawn again from those it
+        does not pass over, if any (a child of a passed-over member trains from scratch)."""
+        tournament = self._draw(population)
+        eligible = [t for t in tournament if not passed_over(attrs, t.number)]
+        if not eligible:
+            others = [t for t in population if not passed_over(attrs, t.number)]
+            if others:
+                tournament = eligible = self._draw(others)
+        return tournament, eligible
+
+    def _draw(self, members: list[FrozenTrial]) -> list[FrozenTrial]:
+        size = min(self.sample_size, len(members))
+        drawn = self._rng.choice(len(members), size=size, replace=False)
+        return [members[int(i)] for i in drawn]
 
     def infer_relative_search_space(
         self, study: Study, trial: FrozenTrial

@@ -16,7 +16,8 @@ Owned here, above storage, search, tracking, tasks and settings:
     orphans         trials left running by dead processes: failed and asked again
     training        training and scoring one candidate on the pipeline
     judging         a child judged from its parent's weights, and promoted to a measurement
-    inheritance     trained weights a later candidate starts from (in memory, or the store)
+    inheritance     trained weights a later candidate starts from (in memory, or a file)
+    kept_weights    the study's store of trained weights and this machine's copies of them
     shape           the pipeline shape (stages, threads, micro-batches) chosen for a machine
     tracker_setup   the tracker a study or a retraining writes to, from the settings
     workers         several local worker processes sharing one study

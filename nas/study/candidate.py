@@ -26,7 +26,8 @@ from nas.settings import NasSettings, direction, task_metrics
 from nas.study import judging, promotion, training
 from nas.study.checkpoints import RunCheckpoints, fingerprint
 from nas.study.decisions import Decisions
-from nas.study.inheritance import WeightBank, inherited_attrs, save_weights
+from nas.study.inheritance import WeightBank, inherited_attrs
+from nas.study.kept_weights import write_copy
 from nas.study.leader import Leader, TrialOrder
 from nas.study.leading import SEED_VALUES, mean_value
 from nas.study.phases import Phase, TrialClock, timed
@@ -101,7 +102,7 @@ class CandidateTrainer:
             if order.weights_to is not None and not pruned:  # its children start from these
                 weights = pipe.full_state_dict()  # on rank 0
                 if weights:
-                    save_weights(weights, Path(order.weights_to))
+                    attrs |= write_copy(weights, Path(order.weights_to))
         if pruned:
             return pipe, Outcome(TrialEnd.PRUNED, attrs)
         if settings.study.confirm_seed is not None and fidelity_of(attrs).measured:

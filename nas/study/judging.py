@@ -9,7 +9,7 @@ short continuation of its parent, paired with the parent's own:
 
 1. **The parent's weights.** Every complete trial of such a study keeps its final weights
    in Optuna's artifact store, where any worker on the study's storage finds them, after a
-   restart too (`nas.study.inheritance.TrialWeights`).
+   restart too (`nas.study.kept_weights.TrialWeights`).
 2. **The control.** The parent continued `k = study.inherit_steps` steps from those
    weights, at a k-step schedule, on the batches of the continuation seed (the study's
    seed and the parent's number), scored on `train.eval_batches` batches. It is measured
@@ -40,7 +40,8 @@ from optuna.trial import TrialState
 from nas.search.fidelity import Fidelity, record
 from nas.settings import NasSettings, task_metrics
 from nas.study import training
-from nas.study.inheritance import TrialWeights, inherited_attrs, late_weights_key, load_snapshot
+from nas.study.inheritance import inherited_attrs, load_snapshot
+from nas.study.kept_weights import TrialWeights, late_weights_key
 from nas.study.promotion import difference_attrs
 from nas.study.space import architecture_of
 from nas.tasks import Task
@@ -83,7 +84,7 @@ def parent_of(
 ) -> InheritFrom | None:
     """Trial `parent`'s weights (downloaded by `weights`), metrics and control, or None when
     it did not complete or kept no weights: its child trains from scratch
-    (`nas.study.inheritance.WeightsError` when its kept weights cannot be used)."""
+    (`nas.study.kept_weights.WeightsError` when its kept weights cannot be used)."""
     stored, attrs = study.get_trials(deepcopy=False)[parent], study.user_attrs
     if stored.state != TrialState.COMPLETE:
         return None

@@ -26,7 +26,7 @@ returns what went wrong, so the first error of a study is never replaced by a la
 The leader is composed of parts that each own their state: the asks (`nas.study.asking`),
 the trial training now with its heartbeat (`nas.study.running`), the progress bars
 (`nas.study.bars`) and, at inherited fidelity, the trials' weights
-(`nas.study.inheritance.TrialWeights`).
+(`nas.study.kept_weights.TrialWeights`).
 """
 
 from __future__ import annotations
@@ -50,8 +50,8 @@ from nas.settings import NasSettings, lower_is_better
 from nas.study import judging, leading, promotion, strategies
 from nas.study.asking import Asker
 from nas.study.bars import StudyBars
-from nas.study.inheritance import INHERIT_REFUSED, INHERITED_COPY, TrialWeights, WeightsError
 from nas.study.judging import InheritFrom
+from nas.study.kept_weights import INHERIT_REFUSED, INHERITED_COPY, TrialWeights, WeightsError
 from nas.study.opening import open_study
 from nas.study.running import RunningTrial
 from nas.study.space import architecture_of, configured_space
@@ -286,7 +286,6 @@ class Leader:
         self.weights.keep_late(self.study)  # the store may take what it could not before
         source = None
         if parent is not None:
-            copy = self.weights.copy_of(parent)
             try:
                 source = judging.parent_of(self.study, parent, self.settings, self.weights)
             except WeightsError as error:  # the child trains from scratch, saying why
@@ -297,7 +296,7 @@ class Leader:
                 if source is None:  # no weights kept: its later children come from others
                     self.weights.pass_over(self.study, parent)
             if source is not None:
-                trial.set_user_attr(INHERITED_COPY, copy)
+                trial.set_user_attr(INHERITED_COPY, self.weights.copy_of(parent))
         weights_to = str(self.weights.file(trial.number))
         return TrialOrder(trial.number, arch_json, parent, edited, source, weights_to, checkpoints)
 

@@ -199,6 +199,21 @@ def test_a_member_the_study_passes_over_is_a_parent_only_when_every_member_is() 
     assert parent_of_next() == ranked[0].number
 
 
+def test_a_tournament_of_passed_over_members_is_drawn_again_among_the_others() -> None:
+    """With every member but one passed over, every child descends from that one: a
+    tournament without it is drawn again among the members not passed over."""
+    sampler = RegularizedEvolutionSampler(population_size=6, sample_size=2, seed=7)
+    study = optuna.create_study(sampler=sampler)
+    study.optimize(mixed_objective, n_trials=6)
+    keeper = max(study.trials, key=value)  # the worst: it wins no tournament on its merits
+    for member in study.trials:
+        study.set_user_attr(lineage.passed_over_key(member.number), member.number != keeper.number)
+    for _ in range(8):
+        trial = study.ask()
+        study.tell(trial, state=TrialState.FAIL)  # the population stays as it is
+        assert study.trials[trial.number].system_attrs[lineage.KEY_PARENT] == keeper.number
+
+
 def test_multi_objective_studies_select_on_the_first_objective() -> None:
     sampler = RegularizedEvolutionSampler(population_size=6, sample_size=4, seed=5)
     study = optuna.create_study(directions=["maximize", "minimize"], sampler=sampler)

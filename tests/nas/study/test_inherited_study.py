@@ -9,7 +9,8 @@ import optuna
 import pytest
 
 from nas.search.fidelity import Fidelity, fidelity_of
-from nas.study.inheritance import INHERITED_FROM, WEIGHTS_ARTIFACT
+from nas.study.inheritance import INHERITED_FROM
+from nas.study.kept_weights import WEIGHTS_ARTIFACT
 from nas.study.run import run_study
 from tests.nas.harness.common import tiny_settings
 
