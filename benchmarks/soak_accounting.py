@@ -6,7 +6,9 @@ what the workers said from their job logs. Each check returns its figures and a 
 violations (empty: it holds):
 
     trials      no trial left RUNNING; every FAIL has its cause (`nas.study.trials.fail_reason`:
-                its own, or for one Optuna's heartbeat check failed, the study's record)
+                its own, or for one Optuna's heartbeat check failed, the study's record);
+                a trial left WAITING is a retry enqueued after the workers' last ask (the
+                budget ran out), which a rerun trains first
     retries     no architecture trained more often than the retry cap allows
                 (1 + `study.max_retries`), and every repeat names the trial it retries
     inherited   every child that took weights took them from its own evolution parent: from
@@ -105,8 +107,15 @@ def _trials(trials: list[FrozenTrial], study_attrs: dict[str, Any]) -> dict[str,
     ]
     causes = {t.number: fail_reason(t, study_attrs) for t in trials if t.state == TrialState.FAIL}
     violations += [f"trial {n} failed with no cause" for n, c in causes.items() if c is None]
+    waiting = [t for t in trials if t.state == TrialState.WAITING]
+    violations += [  # a retry queued after the last ask is a rerun's first trial
+        f"trial {t.number} waits and retries no trial"
+        for t in waiting
+        if storage.RETRY_OF not in t.user_attrs
+    ]
     return {
         "states": dict(Counter(t.state.name for t in trials)),
+        "waiting_retries": len(waiting),
         "failed_by_heartbeat": sum(
             "fail_reason" not in t.user_attrs for t in trials if t.state == TrialState.FAIL
         ),

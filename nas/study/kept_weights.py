@@ -222,8 +222,7 @@ class TrialWeights:
         sha256 = trial.user_attrs.get(WEIGHTS_SHA256)
         if late is not None:  # kept after the trial was told, or kept again: the newer
             artifact, sha256 = late["artifact"], late["sha256"]
-        if _is_copy(path, sha256):
-            os.utime(path)  # the newest again: no worker prunes it before its child loads it
+        if _is_copy(path, sha256, touch=True):  # the newest again: pruned after its child
             self._copies[trial.number] = "own"
             return path
         if artifact is None:
@@ -351,12 +350,17 @@ def _refused_not_kept_again(attrs: Mapping[str, Any], number: int) -> bool:
     return refused is not None and (late is None or late["artifact"] == refused)
 
 
-def _is_copy(path: Path, sha256: str | None) -> bool:
-    """Whether `path` holds the weights whose SHA-256 is `sha256` (None: none recorded)."""
+def _is_copy(path: Path, sha256: str | None, touch: bool = False) -> bool:
+    """Whether `path` holds the weights whose SHA-256 is `sha256` (None: none recorded);
+    `touch`: if so, its time made now (the newest of the copies, `TrialWeights._prune`)."""
     try:
-        return sha256 is not None and sha256_of(path) == sha256
+        if sha256 is None or sha256_of(path) != sha256:
+            return False
+        if touch:
+            os.utime(path)
     except OSError:  # absent, or pruned meanwhile
         return False
+    return True
 
 
 def _modified(path: Path) -> float:
