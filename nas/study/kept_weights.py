@@ -307,9 +307,7 @@ class TrialWeights:
         """The trials whose weights this machine holds a whole copy of (the SHA-256 their
         trial recorded) that no worker kept: refused as damaged and not kept again since;
         and once, when this worker starts, complete but not kept in the store."""
-        local = [
-            int(p.stem.removeprefix("trial-")) for p in self._folder.glob("trial-*.safetensors")
-        ]
+        local = list(self._local())
         wanted = [n for n in local if _refused_not_kept_again(attrs, n)]
         if not self._taken_over:
             self._taken_over = True
@@ -332,10 +330,17 @@ class TrialWeights:
     def _prune(self) -> None:
         """Keep the newest `COPIES_KEPT` weights files of this machine (module doc: copies)
         and every file this worker has still to keep."""
-        files = sorted(self._folder.glob("trial-*.safetensors"), key=_modified, reverse=True)
-        for path in files[COPIES_KEPT:]:
-            if int(path.stem.removeprefix("trial-")) not in self._late:
+        files = sorted(self._local().items(), key=lambda item: _modified(item[1]), reverse=True)
+        for number, path in files[COPIES_KEPT:]:
+            if number not in self._late:
                 path.unlink(missing_ok=True)
+
+    def _local(self) -> dict[int, Path]:
+        """This machine's weights files, by trial (`weights_file`'s names)."""
+        return {
+            int(path.stem.removeprefix("trial-")): path
+            for path in self._folder.glob("trial-*.safetensors")
+        }
 
     def remove(self) -> None:
         """Remove this worker's own folder, if it had to make one (this machine's copies

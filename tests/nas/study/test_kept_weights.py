@@ -4,6 +4,7 @@ machines have different copies folders; on one machine, the same."""
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
@@ -15,6 +16,7 @@ from nas.search.lineage import passed_over
 from nas.settings import NasSettings
 from nas.study.inheritance import load_snapshot, save_weights
 from nas.study.kept_weights import (
+    COPIES_KEPT,
     WEIGHTS_ARTIFACT,
     WEIGHTS_NOT_KEPT,
     WEIGHTS_SHA256,
@@ -218,3 +220,17 @@ def test_a_disk_that_cannot_take_the_weights_file_fails_no_trial(tmp_path: Path)
     assert WEIGHTS_NOT_KEPT in write_copy(state(), tmp_path / "copies" / "trial-0.safetensors")
     assert write_copy(state(), tmp_path / "trial-0.safetensors") == {}
     assert sorted(p.name for p in tmp_path.iterdir()) == ["copies", "trial-0.safetensors"]
+
+
+def test_a_machines_copies_keep_the_newest_files(tmp_path: Path) -> None:
+    weights = TrialWeights(NasSettings(studies_dir=str(tmp_path / "studies")), tmp_path / "m")
+    for number in range(COPIES_KEPT + 2):  # older copies, oldest first
+        weights.file(number).write_bytes(b"")
+        os.utime(weights.file(number), (number, number))
+    study = optuna.create_study(storage=f"sqlite:///{tmp_path / 'study.db'}")
+    for _ in range(COPIES_KEPT + 3):
+        trial = study.ask()
+    save_weights(state(), weights.file(trial.number))
+    weights.keep(trial)  # the newest: the 3 oldest go
+    left = sorted(int(p.stem.removeprefix("trial-")) for p in (tmp_path / "m").iterdir())
+    assert left == [*range(3, COPIES_KEPT + 2), trial.number]
