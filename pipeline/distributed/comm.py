@@ -7,7 +7,7 @@ right by construction:
 * **Devices.** Two planes, each on the device its backend accepts::
 
       control plane   CPU tensors and pickled objects: plans, carry headers, status words,
-                      migration buffers, trigger flags, losses, errors
+                      migration buffers, trigger flags, losses, errors, inference outputs
       data plane      activations and gradients: CUDA tensors over NCCL when the stages
                       have GPUs, CPU tensors over gloo otherwise
 
@@ -29,6 +29,7 @@ Every operation times out after the process group's timeout, so a dead peer rais
 from __future__ import annotations
 
 import enum
+import math
 import pickle
 import traceback
 from collections.abc import Callable, Sequence
@@ -99,6 +100,39 @@ class Comm:
         work = dist.all_reduce(t, op=_OPS[op], group=self._control, async_op=True)
         assert work is not None, "an async all_reduce returns a Work"
         return PendingReduce(work, t)
+
+    def broadcast_tensors(
+        self,
+        tensors: Sequence[torch.Tensor] | None,
+        layout: Sequence[tuple[tuple[int, ...], torch.dtype]],
+        src: int,
+    ) -> tuple[torch.Tensor, ...]:
+        """`src`'s CPU `tensors` on every rank, as one message of their bytes; the other
+        ranks pass None and know their `layout` (shape, dtype) already. Any dtype travels:
+        the bytes go as uint8, which every backend accepts."""
+        sizes = [
+            math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+            for shape, dtype in layout
+        ]
+        if self.rank == src:
+            assert tensors is not None, "the source rank sends its tensors"
+            payload = (
+                torch.cat([_bytes_of(t) for t in tensors])
+                if tensors
+                else torch.empty(0, dtype=torch.uint8)
+            )
+        else:
+            payload = torch.empty(sum(sizes), dtype=torch.uint8)
+        if payload.numel():
+            dist.broadcast(payload, src=src, group=self._control)
+        if self.rank == src:
+            assert tensors is not None
+            return tuple(tensors)
+        parts = torch.split(payload, sizes)
+        return tuple(
+            part.view(dtype).reshape(shape)
+            for part, (shape, dtype) in zip(parts, layout, strict=True)
+        )
 
     def all_gather_tensor(self, t: torch.Tensor) -> list[torch.Tensor]:
         out = [torch.empty_like(t) for _ in range(self.world_size)]
@@ -267,6 +301,11 @@ class PendingReduce:
     def wait(self) -> list[float]:
         self._work.wait()
         return [float(v) for v in self._values.tolist()]
+
+
+def _bytes_of(t: torch.Tensor) -> torch.Tensor:
+    """A CPU tensor's bytes as one flat uint8 tensor (a view when it is contiguous)."""
+    return t.detach().contiguous().reshape(-1).view(torch.uint8)
 
 
 def raise_first(

@@ -6,7 +6,7 @@ that walk in a flushed step lives here, apart from the walk itself: the Bi-Parti
 weight and gradient exchanges (step 0, `pipeline.distributed.handoff`), the all_reduce at
 OPTIMIZER_STEP that decides for every rank whether the step is applied (step 3), the
 optimizer steps and the agreement on their errors (step 4), and the forward-only `infer`,
-whose outputs every rank gathers. `sum_losses` and `merged_times` reduce a step's
+whose outputs the last stage's rank broadcasts. `sum_losses` and `merged_times` reduce a step's
 micro-batch losses and its stages' times (a stream, `pipeline.distributed.stream`, sums
 its losses the same way).
 """
@@ -134,10 +134,13 @@ def infer(
     step: int,
     inputs: Sequence[Carry] | None,
     last_rank: int,
-) -> list[Carry] | None:
-    """Forward-only actions in eval mode; the last stage's outputs (on CPU) on every rank.
+) -> Carry:
+    """Forward-only actions in eval mode; the last stage's outputs, its micro-batches
+    concatenated (on CPU), on every rank.
 
-    `last_rank` holds the last stage, whose outputs every rank returns."""
+    `last_rank` holds the last stage. It concatenates the outputs, every rank learns their
+    layout (or the failure) in one small gather, and then their bytes in one broadcast
+    (`Comm.broadcast_tensors`), rather than pickled to and from every rank."""
     run = Run(stages, edges, comm, step, inputs, None)
     run.inference = True
     with contextlib.ExitStack() as modes:
@@ -145,15 +148,13 @@ def infer(
             modes.enter_context(stage.evaluating(step))
         run.execute(actions)
     run.wait_sends()
-    mine = None
+    mine: Carry | None = None
     if comm.rank == last_rank and not run.failed:
         last = [k for k, (_, nxt) in edges.items() if nxt is None]
-        mine = [
-            tuple(t.cpu() for t in run.outputs[key])
-            for key in sorted(key for key in run.outputs if key[0] in last)
-        ]
-    gathered = comm.all_gather_object((run.failed, run.failure, mine))
+        chunks = [run.outputs[key] for key in sorted(key for key in run.outputs if key[0] in last)]
+        mine = tuple(torch.cat(parts).cpu() for parts in zip(*chunks, strict=True))
+    layout = None if mine is None else [(tuple(t.shape), t.dtype) for t in mine]
+    gathered = comm.all_gather_object((run.failed, run.failure, layout))
     if any(failed for failed, _, _ in gathered):
         raise_first([failure for _, failure, _ in gathered], comm.rank, run.failure)
-    outputs: list[Carry] | None = gathered[last_rank][2]
-    return outputs
+    return comm.broadcast_tensors(mine, gathered[last_rank][2], last_rank)

@@ -73,10 +73,9 @@ class StepRunner:
             on_nonfinite=on_nonfinite,
         )
 
-    def infer(
-        self, stages: Sequence[Stage], step: int, chunks: Sequence[Carry]
-    ) -> list[Carry] | None:
-        """The forward-only list over `len(chunks)` micro-batches (`flushed_step.infer`)."""
+    def infer(self, stages: Sequence[Stage], step: int, chunks: Sequence[Carry]) -> Carry:
+        """The forward-only list over `len(chunks)` micro-batches: their outputs,
+        concatenated, on every rank (`flushed_step.infer`)."""
         actions = self._forward_actions(len(chunks))
         return flushed_step.infer(
             self._by_key(stages), self._edges, self.comm, actions, step, chunks, self.last_rank

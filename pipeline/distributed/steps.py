@@ -66,6 +66,4 @@ def forward(pipe: SteppedPipeline, x: Any) -> Any:
     m = max(k for k in range(1, pipe.options.n_microbatches + 1) if size % k == 0)
     chunks = [as_carry(c, "the batch input") for c in split_microbatches(x, m, "x")]
     pipe.plan_from(chunks[0])
-    outputs = pipe.runner.infer(pipe.model.live_stages(), pipe.model.step, chunks)
-    assert outputs is not None
-    return unwrap(tuple(torch.cat(parts) for parts in zip(*outputs, strict=True)))
+    return unwrap(pipe.runner.infer(pipe.model.live_stages(), pipe.model.step, chunks))

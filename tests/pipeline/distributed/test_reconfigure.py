@@ -8,10 +8,11 @@ from typing import Any
 import pytest
 import torch
 import torch.nn.functional as F
+from torch import nn
 from torch.optim.lr_scheduler import LambdaLR
 
 import pipeline
-from pipeline import ElasticPipeline, PlanOptions, StageContext
+from pipeline import ElasticPipeline, LayerSpec, PlanOptions, StageContext
 from pipeline.local.models import mlp_stack, transformer_stack
 from pipeline.local.reference import ReferenceTrainer
 from tests.pipeline.distributed.common import ADAM
@@ -156,6 +157,22 @@ def test_inherit_weights_where_keys_and_shapes_match() -> None:
     )
 
 
+class MixedOutputs(nn.Module):
+    """A last layer whose outputs are of three dtypes: every one must reach every rank."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(16, 4)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        y = self.linear(x)
+        return y.half(), y.argmax(-1), y > 0
+
+
+def mixed_stack() -> list[LayerSpec]:
+    return [*transformer_stack(4, 16, 2, dropout=0.5), LayerSpec("mixed", MixedOutputs)]
+
+
 def inference(ctx: StageContext) -> dict[str, Any]:
     pipe = ElasticPipeline(
         transformer_stack(4, 16, 2, dropout=0.5),
@@ -168,6 +185,8 @@ def inference(ctx: StageContext) -> dict[str, Any]:
     before = pipe.forward(x[:3])  # batch 3: split into 3 micro-batches; plans the pipeline
     pipe.train_step(x, y)
     out = {"before": before, "after": pipe.forward(x[:3]), "again": pipe.forward(x[:3])}
+    pipe.reconfigure(mixed_stack(), partition=[2, 3])
+    out["mixed"] = pipe.forward(x)
     pipe.close()
     return out
 
@@ -193,6 +212,20 @@ def test_forward_is_inference_on_every_rank() -> None:
     assert torch.allclose(results[0]["before"], expected, atol=1e-5)
     assert torch.equal(results[0]["after"], results[0]["again"])  # eval mode: no dropout
     assert not torch.allclose(results[0]["after"], results[0]["before"])  # it trained
+    # outputs of any dtype, the micro-batches concatenated, the same on every rank
+    mixed = ReferenceTrainer(
+        mixed_stack(), optimizer=ADAM, loss_fn=F.mse_loss, n_microbatches=4, seed=SEED
+    )
+    with torch.no_grad():
+        expected = seq(1)[0][0]
+        for layer in mixed.layers:
+            expected = layer.eval()(expected)
+    for got, other, want in zip(results[0]["mixed"], results[1]["mixed"], expected, strict=True):
+        assert got.dtype == other.dtype == want.dtype and got.shape == want.shape
+        assert torch.equal(got, other)
+    half, argmax, positive = results[0]["mixed"]
+    assert torch.allclose(half.float(), expected[0].float(), atol=1e-3)
+    assert torch.equal(argmax, expected[1]) and torch.equal(positive, expected[2])
 
 
 def planned_candidates(ctx: StageContext) -> dict[str, Any]:
