@@ -13,10 +13,11 @@ happens:
     2. size    the candidate's layers profiled (the
                cost cache first): the fewest stages
                within pipeline.memory_budget, more only
-               where predicted faster per process
-    3. submit  run(trial_job, n, take=<the trial it   4. build  on the job's n ranks, from
-               inherits from>, keep=<this trial>)                the weights it took (live,
-                                                                 where still resident)
+               where predicted faster per process, and
+               the fewer it may start on at once
+    3. submit  run(trial_job, (n, fewer...),         4. build  on the n ranks lent, from
+               take=<the trial it inherits from>,                the weights it took (live,
+               keep=<this trial>)                                where still resident)
                (serves the job's rank 0 meanwhile:   5. train  CandidateTrainer, as on
                nas.study.remote)                                 launched stages; rank 0 asks
                                                                  the worker for decisions
@@ -39,6 +40,7 @@ import dataclasses
 import functools
 import logging
 import time
+from collections.abc import Mapping
 from typing import Any
 
 from nas import job_log
@@ -145,7 +147,7 @@ class _Worker:
         """2.-6.: the trial's outcome, or None when its job died (it is asked again)."""
         arch = from_json(order.architecture)
         try:
-            option = shape.per_candidate(
+            options = shape.per_candidate(
                 self.settings, arch, self.task, self.costs, self.max_stages
             )
         except training.RUN_ERRORS as error:  # no pipeline of the pool fits it: refused
@@ -159,16 +161,20 @@ class _Worker:
             trial_job,
             settings=self.settings,
             order=order,
-            n_microbatches=option.shape.n_microbatches,
+            microbatches={o.shape.n_stages: o.shape.n_microbatches for o in options},
             link=service.link(),
             source=source,
         )
-        n = option.shape.n_stages
-        logger.info("trial %d on %d stage%s", order.number, n, "s" * (n > 1))
+        counts = tuple(o.shape.n_stages for o in options)
+        logger.info(
+            "trial %d on %s stage(s): the first count free",
+            order.number,
+            " or ".join(map(str, counts)),
+        )
         try:
             results = self.client.run(
                 job,
-                n,
+                counts,
                 take=None if source is None else _resident_name(source),
                 keep=_resident_name(order.number) if inherits else None,
             )
@@ -225,12 +231,13 @@ def trial_job(
     ctx: PoolContext,
     settings: NasSettings,
     order: TrialOrder,
-    n_microbatches: int,
+    microbatches: Mapping[int, int],
     link: LeaderLink,
     source: int | None,
 ) -> tuple[Outcome | None, int, tuple[float, float]]:
     """4.-6. on each process of the job: (the trial's outcome on rank 0, else None; the
-    pool process; when the job began and ended here)."""
+    pool process; when the job began and ended here). `microbatches` holds the
+    micro-batches of each stage count the job may have been lent."""
     started = time.time()
     job_log.attach()  # the pool's processes log to the job's log too
     shaped = dataclasses.replace(
@@ -238,7 +245,7 @@ def trial_job(
         pipeline=dataclasses.replace(
             settings.pipeline,
             n_stages=ctx.world_size,
-            n_microbatches=n_microbatches,
+            n_microbatches=microbatches[ctx.world_size],
             threads_per_stage=shape.pool_threads(settings),
         ),
     )

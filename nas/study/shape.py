@@ -50,6 +50,7 @@ from pipeline.pure.shape import (
     choose_shape,
     preference,
     stages_for,
+    with_fallbacks,
 )
 from search_spaces.architecture import Architecture
 
@@ -156,16 +157,18 @@ def machine_costs() -> CostCache:
 
 def per_candidate(
     settings: NasSettings, arch: Architecture, task: Any, costs: CostCache, max_stages: int
-) -> ShapeOption:
-    """The pipeline one candidate trains on from a pool of `max_stages` processes
-    (`pipeline.per_candidate`): the fewest stages whose plan fits `pipeline.memory_budget`,
-    more only where predicted faster per process (`pipeline.pure.shape.stages_for`), from
-    its layers' costs (profiled here unless `costs` has them: it keeps what it measures).
+) -> list[ShapeOption]:
+    """The pipelines one candidate can train on from a pool of `max_stages` processes
+    (`pipeline.per_candidate`), preferred first: the fewest stages whose plan fits
+    `pipeline.memory_budget`, more only where predicted faster per process
+    (`pipeline.pure.shape.stages_for`), then the fewer stages it may start on at once
+    rather than wait for more processes (`pipeline.pure.shape.with_fallbacks`); from its
+    layers' costs (profiled here unless `costs` has them: it keeps what it measures).
     ValueError naming the budget when no pipeline of at most `max_stages` fits it."""
     assert costs.overheads is not None, "machine_costs() measures the overheads"
     p = settings.pipeline
     [profile] = _profiles(settings, [arch], costs, task)
-    best, _ = stages_for(
+    best, tried = stages_for(
         get_planner(p.planner),
         profile.costs_at,
         costs.overheads,
@@ -176,7 +179,7 @@ def per_candidate(
         schedule=p.schedule,
         memory_budget=p.memory_budget,
     )
-    return best
+    return with_fallbacks(best, tried)
 
 
 def least_stage_bytes(

@@ -19,8 +19,8 @@ budget) re-plans from measured costs and migrates live (`pipeline.distributed.mi
 flush (`pipeline.distributed.stream`); any other call first drains a stream in flight.
 
 Methods that gather (`train`, `train_step`, `repartition`, `rebalance`, `reconfigure`, `stats`,
-`full_state_dict`, `save_timeline`, `save_checkpoint`) are collectives: call them on every
-rank in order.
+`full_state_dict`, `replica`, `save_timeline`, `save_checkpoint`) are collectives: call them
+on every rank in order.
 
 This module is the facade: it composes the parts and documents the methods. The work is
 done by the parts and by helper modules typed against `pipeline.distributed.parts`: `build`
@@ -67,6 +67,7 @@ from pipeline.local.lr_schedules import LrSchedulerFactory
 from pipeline.local.microbatch import split_microbatches
 from pipeline.local.pipemare import PipeMareConfig, check_pipemare
 from pipeline.local.recipe import TrainingRecipe
+from pipeline.local.replica import Replica
 from pipeline.local.spec import LayerSpec, check_specs
 from pipeline.local.stage import LossFn, OptimizerFactory, Stage
 from pipeline.pure.costs import HOST_LINK, LayerCost, LinkCost
@@ -453,6 +454,17 @@ class ElasticPipeline(ModelViews, OptionViews):
             raise RuntimeError("this ElasticPipeline is closed")
         self.drain()
         return weights.full_state_dict(self.comm, self.model, self.recipe.seed)
+
+    def replica(self) -> Replica:
+        """The whole model on this rank, in eval mode, with the current weights: a collective,
+        every rank gets its own (`pipeline.local.replica`), e.g. to decode a share of the
+        examples each, without the pipeline. It holds every parameter of the model."""
+        if self._closed:
+            raise RuntimeError("this ElasticPipeline is closed")
+        self.drain()
+        seed = self.recipe.seed
+        states = weights.full_state_dict(self.comm, self.model, seed, everywhere=True)
+        return Replica(self.specs, states, seed, self.device)
 
     def layer_costs(self) -> tuple[list[LayerCost], list[str]]:
         """Every layer's measured costs and memory action, in layer order (a collective)."""

@@ -12,6 +12,7 @@ and lends each job the number of stages it asks for::
     a.result(); b.result()
     pool.run(train_child, 3, take="parent", keep="child")   # grows live: 1 -> 3 stages
     pool.run(train_child, 1, take="child")                  # shrinks live: 3 -> 1
+    pool.submit(train_any, (2, 1))  # 2 stages when 2 are free; else 1, as soon as 1 is
 
 A job runs `fn(ctx)` on each of its processes with a `PoolContext` (a `StageContext` plus the
 weights it took, `ctx.resident`, and `ctx.keep(snapshot)`); `run` returns the results in rank
@@ -41,7 +42,7 @@ import os
 import pickle
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from concurrent.futures import Future
 from typing import Any
 
@@ -145,10 +146,20 @@ class StagePool:
             return {n: m.processes for n, m in self._ledger.resident.items()}
 
     def submit(
-        self, fn: Job, n_stages: int, *, take: str | None = None, keep: str | None = None
+        self,
+        fn: Job,
+        n_stages: int | Sequence[int],
+        *,
+        take: str | None = None,
+        keep: str | None = None,
     ) -> Future[list[Any]]:
         """Run `fn(ctx)` on `n_stages` of the pool's processes once they are free (first
         come, first served): a future of the results in rank order.
+
+        n_stages: a count, or the counts the job can run on, preferred first: it starts on
+            the first one free, so a job that prefers 2 stages but can run on 1 takes the
+            one process that is free rather than leave it idle while it waits (the job reads
+            its count from `ctx.world_size`).
 
         take: the name a finished job kept its weights under: they reach `ctx.resident`
             regrouped onto this job's ranks, live where their holders are free (else None).
@@ -158,10 +169,7 @@ class StagePool:
             raise RuntimeError("this StagePool is closed")
         if self._broken is not None:
             raise self._broken
-        if not is_int(n_stages) or not 1 <= n_stages <= self.size:
-            raise ValueError(
-                f"n_stages={n_stages!r}: a job of this pool runs on 1 to {self.size} processes"
-            )
+        counts = self._counts(n_stages)
         for name, value in (("take", take), ("keep", keep)):
             if value is not None and not (isinstance(value, str) and value):
                 raise ValueError(f"{name}={value!r}: a resident model's name is a non-empty str")
@@ -172,17 +180,35 @@ class StagePool:
                 f"fn must pickle to reach the pool's processes (a module-level function or a "
                 f"functools.partial of one), got {fn!r}: {error}"
             ) from error
-        request = Request(fn, n_stages, take, keep)
+        request = Request(fn, counts, take, keep)
         with self._lock:
             self._waiting.append(request)
             self._wake_writer.send_bytes(b"")
         return request.future
 
     def run(
-        self, fn: Job, n_stages: int, *, take: str | None = None, keep: str | None = None
+        self,
+        fn: Job,
+        n_stages: int | Sequence[int],
+        *,
+        take: str | None = None,
+        keep: str | None = None,
     ) -> list[Any]:
         """`submit(...)` and wait: the results in rank order, or its `StageFailedError`."""
         return self.submit(fn, n_stages, take=take, keep=keep).result()
+
+    def _counts(self, n_stages: int | Sequence[int]) -> tuple[int, ...]:
+        """`submit`'s n_stages as the counts in order; ValueError unless each is 1..size."""
+        counts: tuple[Any, ...] = (n_stages,)
+        if isinstance(n_stages, Sequence) and not isinstance(n_stages, str):
+            counts = tuple(n_stages)
+        valid = f"a job of this pool runs on 1 to {self.size} processes"
+        if not counts or len(set(counts)) < len(counts):
+            raise ValueError(f"n_stages={n_stages!r}: give a count, or distinct counts; {valid}")
+        for count in counts:
+            if not is_int(count) or not 1 <= count <= self.size:
+                raise ValueError(f"n_stages={count!r}: {valid}")
+        return counts
 
     def close(self) -> None:
         """Stop the processes; jobs not finished fail with a RuntimeError."""
@@ -246,7 +272,14 @@ class StagePool:
                 if not self._waiting:
                     return
                 request = self._waiting[0]
-                lending = self._ledger.lend(request.n_stages, request.take)
+                lending = next(
+                    (
+                        lent
+                        for n in request.n_stages
+                        if (lent := self._ledger.lend(n, request.take)) is not None
+                    ),
+                    None,
+                )
                 if lending is None:
                     return
                 self._waiting.popleft()

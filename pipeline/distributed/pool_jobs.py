@@ -29,10 +29,11 @@ Job = Callable[[PoolContext], Any]
 
 @dataclass
 class Request:
-    """A job as it was submitted: what runs, on how many stages, what it takes and keeps."""
+    """A job as it was submitted: what runs, on how many stages (the counts it can run on,
+    preferred first), what it takes and keeps."""
 
     fn: Job
-    n_stages: int
+    n_stages: tuple[int, ...]
     take: str | None
     keep: str | None
     future: Future[list[Any]] = field(default_factory=Future)

@@ -42,7 +42,7 @@ class RemoteJob:
     """What a client asks of the pool: `StagePool.submit`'s arguments."""
 
     fn: Job
-    n_stages: int
+    n_stages: int | tuple[int, ...]
     take: str | None = None
     keep: str | None = None
 
@@ -100,7 +100,12 @@ class PoolClient:
     size: int  # the pool's processes: a job runs on 1 to `size` of them
 
     def run(
-        self, fn: Job, n_stages: int, *, take: str | None = None, keep: str | None = None
+        self,
+        fn: Job,
+        n_stages: int | tuple[int, ...],
+        *,
+        take: str | None = None,
+        keep: str | None = None,
     ) -> list[Any]:
         """`StagePool.run` on the served pool: the results in rank order, or the job's
         `StageFailedError` (or the pool's refusal, as it raised it). A service that is

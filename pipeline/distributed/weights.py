@@ -4,7 +4,8 @@ Kept apart from `pipeline.distributed.elastic` so the facade stays short. Each r
 only its own layers, so every way of reading or seeding the weights as a whole is a
 collective or a per-rank part of one:
 
-    full_state_dict   every layer's state on rank 0 (`ElasticPipeline.full_state_dict`);
+    full_state_dict   every layer's state on rank 0 (`ElasticPipeline.full_state_dict`),
+                      or on every rank (`ElasticPipeline.replica`);
                       before a planned model's first step, the ranks build the layers in
                       turns (their initial weights depend only on the seed and the key)
     snapshot          this rank's layers' states with the model's keys and partition, a
@@ -31,12 +32,13 @@ __all__ = ["checked_source", "full_state_dict", "snapshot", "start_from", "take_
 
 
 def full_state_dict(
-    comm: Comm, model: ModelHolder, seed: int
+    comm: Comm, model: ModelHolder, seed: int, everywhere: bool = False
 ) -> dict[str, dict[str, torch.Tensor]]:
-    """{layer key: its state dict on CPU}, in layer order, on rank 0; {} on other ranks.
-    Layers not built yet are built from `seed` (the recipe's), a share on every rank."""
+    """{layer key: its state dict on CPU}, in layer order, on rank 0 (`everywhere`: on every
+    rank); {} on the other ranks. Layers not built yet are built from `seed` (the recipe's),
+    a share on every rank."""
     mine = comm.together(lambda: _own_states(comm, model, seed))
-    gathered = comm.gather_object(mine, dst=0)
+    gathered = comm.all_gather_object(mine) if everywhere else comm.gather_object(mine, dst=0)
     if gathered is None:
         return {}
     merged = {k: v for part in gathered for k, v in part.items()}

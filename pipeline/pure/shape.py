@@ -45,6 +45,7 @@ __all__ = [
     "preference",
     "shapes",
     "stages_for",
+    "with_fallbacks",
 ]
 
 # (threads per stage, micro-batch size) -> the model's per-layer costs measured there
@@ -287,6 +288,35 @@ def stages_for(
         key=lambda o: preference(o.shape, o.predicted_samples_per_s / o.shape.n_stages),
     )
     return best, tried
+
+
+FEWER_STAGES_SHARE = 0.75  # `with_fallbacks`: what a job gives up per process to start now
+
+
+def with_fallbacks(
+    best: ShapeOption, tried: Sequence[ShapeOption], least_share: float = FEWER_STAGES_SHARE
+) -> list[ShapeOption]:
+    """What a pool job of `stages_for`'s model can run on, preferred first: `best`, then for
+    each smaller stage count its fastest planned option, where that trains at least
+    `least_share` of `best`'s samples/s per process (`StagePool.submit` with several
+    counts). A job that waits for more processes than are free leaves the free ones idle
+    until the others end; on fewer stages it starts at once and keeps them busy, at most
+    1 - least_share less productive per process."""
+    if not 0.0 < least_share <= 1.0:
+        raise ValueError(f"least_share={least_share!r}: a share in (0, 1]")
+    rate = best.predicted_samples_per_s / best.shape.n_stages
+    fewer: dict[int, ShapeOption] = {}
+    for option in tried:
+        stages = option.shape.n_stages
+        if option.plan is None or stages >= best.shape.n_stages:
+            continue
+        option_rate = option.predicted_samples_per_s / stages
+        held = fewer.get(stages)
+        if option_rate >= least_share * rate and (
+            held is None or option.predicted_samples_per_s > held.predicted_samples_per_s
+        ):
+            fewer[stages] = option
+    return [best, *(fewer[n] for n in sorted(fewer, reverse=True))]
 
 
 def _unhindered(option: ShapeOption) -> bool:

@@ -197,6 +197,29 @@ def wait_for_go(ctx: PoolContext, folder: str, data_seed: int) -> dict[str, Any]
     return train(ctx, 4, [4], data_seed)
 
 
+def train_on_any(ctx: PoolContext, data_seed: int) -> dict[str, Any]:
+    """Train on whatever stage count the pool lent: one stage, or two of two layers."""
+    return train(ctx, 4, [4] if ctx.world_size == 1 else [2, 2], data_seed)
+
+
+def test_a_job_that_can_run_on_fewer_stages_takes_the_processes_free_now(
+    pool: StagePool, tmp_path: Path
+) -> None:
+    blocker = pool.submit(functools.partial(wait_for_go, folder=str(tmp_path), data_seed=8), 1)
+    deadline = time.monotonic() + 60
+    while not (tmp_path / "started").exists():  # it holds one process of the two
+        assert time.monotonic() < deadline, "the blocking job never started"
+        time.sleep(0.01)
+    narrow = pool.run(functools.partial(train_on_any, data_seed=10), (2, 1))
+    assert not blocker.done()  # it ran beside the blocking job, on the one process free
+    (tmp_path / "go").touch()
+    blocker.result(timeout=120)
+    wide = pool.run(functools.partial(train_on_any, data_seed=10), (2, 1))  # both free: 2
+    assert (len(narrow), len(wide)) == (1, 2)
+    assert_same(narrow[0], reference(4, 10, None))
+    assert_same(wide[0], reference(4, 10, None))
+
+
 def as_client(client: PoolClient, folder: str) -> None:
     """Another process's job on the served pool (killed before it ends, in the test)."""
     client.run(functools.partial(wait_for_go, folder=folder, data_seed=8), 1)
@@ -238,6 +261,11 @@ def test_bad_jobs_are_refused_at_the_door(pool: StagePool) -> None:
         pool.submit(lambda ctx: None, 1)
     with pytest.raises(ValueError, match="take=''"):
         pool.submit(die_on_rank_one, 1, take="")
+    with pytest.raises(ValueError, match=r"n_stages=3: a job of this pool runs on 1 to 2"):
+        pool.submit(die_on_rank_one, (2, 3))
+    for counts in ((), (1, 1)):
+        with pytest.raises(ValueError, match="give a count, or distinct counts"):
+            pool.submit(die_on_rank_one, counts)
 
 
 def test_a_closed_pool_leaves_no_process_behind() -> None:

@@ -185,13 +185,14 @@ def inference(ctx: StageContext) -> dict[str, Any]:
     before = pipe.forward(x[:3])  # batch 3: split into 3 micro-batches; plans the pipeline
     pipe.train_step(x, y)
     out = {"before": before, "after": pipe.forward(x[:3]), "again": pipe.forward(x[:3])}
+    out["replica"] = pipe.replica()(x[:3])  # the whole trained model on this rank
     pipe.reconfigure(mixed_stack(), partition=[2, 3])
     out["mixed"] = pipe.forward(x)
     pipe.close()
     return out
 
 
-def test_forward_is_inference_on_every_rank() -> None:
+def test_forward_and_replicas_are_inference_on_every_rank() -> None:
     results = pipeline.launch(inference, 2, threads_per_stage=1, timeout_s=60)
     assert torch.equal(results[0]["after"], results[1]["after"])  # every rank gets it
     torch.set_num_threads(1)
@@ -211,6 +212,8 @@ def test_forward_is_inference_on_every_rank() -> None:
             expected = layer(expected)
     assert torch.allclose(results[0]["before"], expected, atol=1e-5)
     assert torch.equal(results[0]["after"], results[0]["again"])  # eval mode: no dropout
+    for rank in (0, 1):  # each rank's replica computes what the pipeline does
+        assert torch.allclose(results[rank]["replica"], results[0]["after"], atol=1e-6)
     assert not torch.allclose(results[0]["after"], results[0]["before"])  # it trained
     # outputs of any dtype, the micro-batches concatenated, the same on every rank
     mixed = ReferenceTrainer(

@@ -14,10 +14,12 @@ from pipeline.pure.shape import (
     RuntimeOverheads,
     Shape,
     ShapeLimits,
+    ShapeOption,
     choose_shape,
     predicted_step_s,
     shapes,
     stages_for,
+    with_fallbacks,
 )
 
 OVERHEADS = RuntimeOverheads(microbatch_s=4e-4, message_s=8e-4, step_s=1e-3)
@@ -215,6 +217,35 @@ def test_on_a_pool_a_small_model_takes_one_process_and_a_large_one_the_fewest_th
     fits = [o for o in tried if o.plan is not None]
     per_process = {o.shape: o.predicted_samples_per_s / o.shape.n_stages for o in fits}
     assert per_process[best.shape] == max(per_process.values())  # brute force agrees
+
+
+def test_a_pool_job_may_start_on_fewer_stages_that_lose_at_most_its_share_per_process() -> None:
+    large = costs_at_for(model(6, 2e-3, 8 << 20))
+    _, tried = stages_for(TimePlanner(), large, OVERHEADS, max_stages=3, batch_size=BATCH)
+    planned = tried[0]
+    assert planned.plan is not None
+
+    def option(stages: int, microbatches: int, per_process: float) -> ShapeOption:
+        return dataclasses.replace(
+            planned,
+            shape=Shape(1, stages, 1, microbatches),
+            predicted_samples_per_s=per_process * stages,
+        )
+
+    best = option(3, 4, 100.0)
+    options = [
+        option(1, 4, 70.0),
+        option(1, 8, 80.0),  # the fastest single stage
+        option(2, 2, 90.0),
+        dataclasses.replace(option(2, 8, 99.0), plan=None),  # not planned: never a fallback
+        best,
+        option(3, 8, 95.0),  # as many stages as the best: no fallback
+    ]
+    assert with_fallbacks(best, options, least_share=0.75) == [best, options[2], options[1]]
+    assert with_fallbacks(best, options, least_share=0.85) == [best, options[2]]
+    assert with_fallbacks(best, options, least_share=1.0) == [best]
+    with pytest.raises(ValueError, match="least_share=0"):
+        with_fallbacks(best, options, least_share=0)
 
 
 @pytest.mark.parametrize("activation_share", [0.3, 0.6, 1.0])
