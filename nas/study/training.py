@@ -21,7 +21,7 @@ from nas.learning_rate import LrSchedule
 from nas.settings import NasSettings, TrainSettings
 from nas.study.checkpoints import RunCheckpoints
 from nas.study.phases import Phase, hand_over, timed
-from nas.tasks import Task
+from nas.tasks import DecodeShare, Task
 from pipeline import (
     CheckpointOptions,
     CostCache,
@@ -226,17 +226,37 @@ def evaluate(
     batches and `train.decode_pairs` decoded pairs, or (final) on the whole split and
     `train.final_decode_pairs` pairs; `<split>_s` is what it cost. Every rank calls it."""
     started = time.perf_counter()
+    decode = train.final_decode_pairs if final else train.decode_pairs
     with timed(Phase.EVALUATE):
+        with timed(Phase.DECODE):
+            share = decode_share(task, pipe, decode)
         metrics = task.evaluate(
             pipe.forward,
             split,
             batch_size=train.batch_size,
             max_batches=None if final else train.eval_batches,
-            decode=train.final_decode_pairs if final else train.decode_pairs,
+            decode=decode,
+            share=share,
         )
         hand_over(metrics.get("decode_s", 0.0), Phase.DECODE)
     metrics["s"] = time.perf_counter() - started
     return {f"{split}_{name}": value for name, value in metrics.items()}
+
+
+def decode_share(task: Task, pipe: ElasticPipeline, decode: int | None) -> DecodeShare | None:
+    """How the ranks share an evaluation's decoding: each its share of the pairs, with its
+    own replica of the model (`ElasticPipeline.replica`), rather than every pair through
+    the pipeline, where each call (one per generated token) waits on every stage. None
+    where nothing decodes, on one rank, or where the model's weights do not fit one
+    process's `memory_budget`. Every rank calls it."""
+    comm = pipe.comm
+    if decode == 0 or not task.decoded_metrics or comm.world_size == 1:
+        return None
+    held = sum(p.numel() * p.element_size() for m in pipe.layers.values() for p in m.parameters())
+    [weights] = comm.all_reduce([float(held)])
+    if pipe.memory_budget is not None and weights > pipe.memory_budget:
+        return None
+    return DecodeShare(pipe.replica(), comm.rank, comm.world_size, comm.all_gather_object)
 
 
 def measure(

@@ -19,7 +19,7 @@ import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal, TypeVar
 
 import torch
 import torch.nn.functional as F
@@ -36,6 +36,7 @@ __all__ = [
     "SPLITS",
     "UNK",
     "Batch",
+    "DecodeShare",
     "Direction",
     "Forward",
     "Task",
@@ -55,8 +56,32 @@ SPLITS = ("train", "validation", "test")
 
 # x is a tensor (decoder-only) or a tuple of tensors (encoder-decoder); y is (batch, seq).
 Batch = tuple[torch.Tensor | tuple[torch.Tensor, ...], torch.Tensor]
+T = TypeVar("T")
 # The model in evaluation mode: a batch's x -> logits (B, V, T) (e.g. `pipe.forward`).
 Forward = Callable[[Any], torch.Tensor]
+
+
+@dataclass(frozen=True)
+class DecodeShare:
+    """Generation spread over the callers of a collective evaluation (a pipeline's ranks):
+    this one generates from every `world`-th example, from the `rank`-th on, with `forward`
+    (its own copy of the model: `ElasticPipeline.replica`), and `gather` hands each
+    caller's outputs to every caller, in rank order (a collective)."""
+
+    forward: Forward
+    rank: int
+    world: int
+    gather: Callable[[list[str]], list[list[str]]]
+
+    def mine(self, items: Sequence[T]) -> list[T]:
+        """This caller's share of `items`."""
+        return list(items[self.rank :: self.world])
+
+    def merged(self, outputs: list[str]) -> list[str]:
+        """Every caller's outputs (this one's are `outputs`) in the order of the items."""
+        parts = self.gather(outputs)
+        count = sum(len(part) for part in parts)
+        return [parts[i % self.world][i // self.world] for i in range(count)]
 
 
 class TaskInputError(ValueError):
@@ -245,13 +270,15 @@ class Task(ABC):
         batch_size: int,
         max_batches: int | None = None,
         decode: int | None = None,
+        share: DecodeShare | None = None,
     ) -> dict[str, float]:
         """The task's metrics of the model `forward` on `split` (`summarise`'s keys).
 
         Token statistics come from the split's first `max_batches` batches (None: all of it).
         `decode`: how many examples to generate from and score (tasks that generate; None:
-        all, 0: none); the others ignore it. Every call with the same arguments reads the
-        same examples, so evaluations of different models compare.
+        all, 0: none), spread over the callers by `share` (default: all with `forward`); the
+        others ignore both. Every call with the same arguments reads the same examples, so
+        evaluations of different models compare.
         """
         check_split(split)
         stats = TokenStats()

@@ -41,6 +41,7 @@ from nas.tasks.base import (
     PAD,
     SPECIALS,
     SPLITS,
+    DecodeShare,
     Direction,
     Forward,
     Task,
@@ -279,11 +280,19 @@ class ParallelCorpus(Task):
         *,
         batch_size: int = 64,
         pairs: int | None = None,
+        share: DecodeShare | None = None,
     ) -> dict[str, float]:
         """Exact match, corpus chrF and BLEU of greedy translations of `pairs` pairs of `split`
-        (`decode_subset`; None: all) against their references, both as text."""
+        (`decode_subset`; None: all) against their references, both as text; with `share`,
+        each caller translates its share of them (then every caller holds them all)."""
         indices = self.decode_subset(split, pairs)
-        hypotheses = self.generate(step_fn, split, batch_size=batch_size, indices=indices)
+        if share is None:
+            hypotheses = self.generate(step_fn, split, batch_size=batch_size, indices=indices)
+        else:
+            mine = share.mine(indices)
+            hypotheses = share.merged(
+                self.generate(step_fn, split, batch_size=batch_size, indices=mine)
+            )
         references = [self.splits[split][i][1] for i in indices]
         return decode_metrics(hypotheses, references)
 
@@ -296,20 +305,24 @@ class ParallelCorpus(Task):
         max_batches: int | None = None,
         decode: int | None = None,
         decode_batch_size: int | None = None,
+        share: DecodeShare | None = None,
     ) -> dict[str, float]:
         """Loss and token accuracy (teacher forcing), then, unless `decode=0`, greedy
         decoding of `decode` pairs (None: all) in batches of `decode_batch_size` rows (one
         forward per generated token, so few large batches cost least; default
-        `decode_rows`): `chrf`, `bleu`, `exact_match`, `decoded` (pairs) and `decode_s` (what
-        decoding cost, in seconds)."""
+        `decode_rows`), each caller its share with its own model where `share` says so:
+        `chrf`, `bleu`, `exact_match`, `decoded` (pairs) and `decode_s` (what decoding cost,
+        in seconds)."""
         metrics = super().evaluate(forward, split, batch_size=batch_size, max_batches=max_batches)
         if decode == 0:
             return metrics
         started = time.perf_counter()
-        pairs = len(self.decode_subset(split, decode))
+        subset = self.decode_subset(split, decode)
+        pairs = len(subset if share is None else share.mine(subset))
         rows = decode_rows(pairs, batch_size) if decode_batch_size is None else decode_batch_size
+        model = forward if share is None else share.forward
         decoded = self.generation_metrics(
-            lambda src, tgt: forward((src, tgt)), split, batch_size=rows, pairs=decode
+            lambda src, tgt: model((src, tgt)), split, batch_size=rows, pairs=decode, share=share
         )
         return metrics | {
             "chrf": decoded["chrf"],

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import math
+import threading
 
 import pytest
 import torch
 
-from nas.tasks import BOS, EOS, PAD, SPLITS, Translation, get_task, greedy_decode
+from nas.tasks import BOS, EOS, PAD, SPLITS, DecodeShare, Translation, get_task, greedy_decode
 from nas.tasks.translation import DECODE_ROWS, StepFn, decode_rows, load_pairs, split_pairs
 
 
@@ -237,3 +238,47 @@ def test_decoding_sizes_its_batches_to_the_pairs_in_multiples_of_the_batch(
     rows.clear()  # (fewer rows once the rows that ended fill half: greedy_decode)
     assert task.evaluate(forward, batch_size=8, max_batches=1, decode=4, decode_batch_size=24)
     assert rows[:2] == [8, 24] and max(rows) == 24
+
+
+def test_decoding_shared_among_callers_scores_what_one_caller_scores(task: Translation) -> None:
+    """Three callers (threads, gathering at a barrier) each decode a third of the pairs with
+    their own model, as a pipeline's ranks do with replicas: every caller gets the metrics
+    one caller gets decoding every pair."""
+    _, oracle_fn = oracle(task)
+
+    def flawed(src: torch.Tensor, tgt_in: torch.Tensor) -> torch.Tensor:
+        logits = oracle_fn(src, tgt_in)  # every third source's translation ends early
+        cut = (src != PAD).sum(1) % 3 == 0
+        if tgt_in.shape[1] > 2:
+            logits[cut, :, -1] = torch.nn.functional.one_hot(
+                torch.tensor(EOS), len(task.vocab)
+            ).float()
+        return logits
+
+    def forward(x: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        return flawed(*x)
+
+    alone = task.evaluate(forward, batch_size=16, max_batches=2, decode=50)
+    assert 0 < alone["exact_match"] < 1
+    world, barrier = 3, threading.Barrier(3)
+    posted: dict[int, list[str]] = {}
+    results: dict[int, dict[str, float]] = {}
+
+    def caller(rank: int) -> None:
+        def gather(outputs: list[str]) -> list[list[str]]:
+            posted[rank] = outputs
+            barrier.wait(timeout=60)
+            return [posted[r] for r in range(world)]
+
+        share = DecodeShare(forward, rank, world, gather)
+        results[rank] = task.evaluate(forward, batch_size=16, max_batches=2, decode=50, share=share)
+
+    threads = [threading.Thread(target=caller, args=(rank,)) for rank in range(world)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    assert sorted(len(part) for part in posted.values()) == [16, 17, 17]
+    for rank in range(world):
+        shared = {k: v for k, v in results[rank].items() if k != "decode_s"}
+        assert shared == {k: v for k, v in alone.items() if k != "decode_s"}
