@@ -140,7 +140,10 @@ class ElasticOptions:
             1: the best predicted, untried). What they measured corrects the cost cache.
             At the first correction (`correct_after`) the other schedules' plans from the
             measured costs are weighed against the plan in force, and tried the same way.
-        try_steps: the measured steps of each plan tried (after one warm-up step).
+        try_steps: the measured steps of each plan tried per visit (after one warm-up step).
+        try_rounds: how many times the plans tried are visited in turn (A B A B: 2); each
+            is measured by the median of all its steps, so a spell of a slower machine
+            weighs on every plan rather than on the one that ran then.
     """
 
     rebalance_every: int | None = None
@@ -151,6 +154,7 @@ class ElasticOptions:
     correct_after: int | None = 10
     try_plans: int = 3
     try_steps: int = 3
+    try_rounds: int = 2
 
     def __post_init__(self) -> None:
         _positive("rebalance_every", self.rebalance_every, optional=True)
@@ -159,6 +163,7 @@ class ElasticOptions:
         _positive("measure_memory_every", self.measure_memory_every)
         _positive("try_plans", self.try_plans)
         _positive("try_steps", self.try_steps)
+        _positive("try_rounds", self.try_rounds)
         settle = self.rebalance_settle
         if not is_int(settle) or settle < 0:
             raise ValueError(f"rebalance_settle must be an int >= 0, got {settle!r}")

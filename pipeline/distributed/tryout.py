@@ -106,7 +106,7 @@ def begin(pipe: TriedPipeline, plans: Sequence[Plan]) -> tuple[Plan, PlanTryout 
     chosen = pipe.comm.agree(lambda: contenders(plans, errors, elastic.try_plans))
     if len(chosen) < 2:
         return chosen[0].plan, None
-    tryout = Tryout(chosen, warmup=WARMUP, steps=elastic.try_steps)
+    tryout = Tryout(chosen, warmup=WARMUP, steps=elastic.try_steps, rounds=elastic.try_rounds)
     pipe.event_log.record("tryout", **tryout.to_dict())
     return chosen[0].plan, PlanTryout(tryout)
 
@@ -140,7 +140,7 @@ def challenge(
     chosen = pipe.comm.agree(decide)
     if not chosen:
         return None
-    tryout = Tryout(chosen, warmup=WARMUP, steps=elastic.try_steps)
+    tryout = Tryout(chosen, warmup=WARMUP, steps=elastic.try_steps, rounds=elastic.try_rounds)
     pipe.event_log.record("tryout", **tryout.to_dict())
     return PlanTryout(tryout, teaches=False)
 

@@ -99,7 +99,7 @@ def assert_exact(run: dict[str, Any]) -> None:
 
 
 def test_the_plans_the_model_cannot_rank_are_tried_and_the_fastest_kept_exactly() -> None:
-    elastic = ElasticOptions(try_plans=4, try_steps=2, measure_memory_every=50)
+    elastic = ElasticOptions(try_plans=4, try_steps=2, try_rounds=2, measure_memory_every=50)
     run = run_tried({"made-up": [1.0, 3.0]}, elastic)  # error: 50%
     begun, ended = run["tryouts"]
     assert begun["kept"] is None and len(begun["tried"]) >= 2, begun
@@ -109,15 +109,18 @@ def test_the_plans_the_model_cannot_rank_are_tried_and_the_fastest_kept_exactly(
     assert all(s is not None and s > 0 for s in measured.values()), measured
     fastest = min(measured, key=lambda name: measured[name])
     assert ended["kept"] == fastest == run["schedule"]
-    assert run["switches"][: len(contenders) - 1] == contenders[1:]  # each tried in turn
-    assert run["switches"][len(contenders) - 1 :] in ([], [fastest])  # then back to the best
+    turns = contenders[1:] + contenders  # each tried in turn, twice over (A B C A B C)
+    assert run["switches"][: len(turns)] == turns
+    assert run["switches"][len(turns) :] in ([], [fastest])  # then back to the best
     assert set(contenders) <= set(run["learned"]), run["learned"]  # the cache learned them
     assert_exact(run)
 
 
 def test_a_correction_tries_the_other_schedules_plans_from_measured_costs_exactly() -> None:
     errors = {"made-up": [1.0, 3.0], "1f1b": [0.5, 0.5]}  # error 50%; 1f1b twice as fast
-    elastic = ElasticOptions(try_plans=3, try_steps=2, correct_after=4, measure_memory_every=4)
+    elastic = ElasticOptions(
+        try_plans=3, try_steps=2, try_rounds=1, correct_after=4, measure_memory_every=4
+    )
     run = run_tried(errors, elastic)
     begun, ended = run["tryouts"]  # none on the first step: 1f1b alone was planned
     tried = [t["schedule"] for t in ended["tried"]]

@@ -90,12 +90,40 @@ def test_a_tryout_switches_back_to_an_earlier_contender_that_was_faster() -> Non
     assert tryout.current.schedule == "zbv" and tryout.ran_last.schedule == "zbh1"
 
 
+def test_a_tryout_in_rounds_visits_each_in_turn_and_weighs_every_step() -> None:
+    """A B A B: a slow spell in A's first visit does not lose it the tryout."""
+    tried = [Contender(plan(s, 1.0), 1.0) for s in ("zbh1", "1f1b")]
+    tryout = Tryout(tried, warmup=1, steps=2, rounds=2)
+    visits = [
+        ("zbh1", (5.0, 1.22, 1.23)),  # warm-up, then a slow spell of the machine
+        ("1f1b", (5.0, 1.10, 1.11)),
+        ("zbh1", (5.0, 0.95, 0.96)),  # the spell is over
+        ("1f1b", (5.0, 1.10, 1.12)),
+    ]
+    moves = []
+    for schedule, seconds in visits:
+        assert tryout.current.schedule == schedule and not tryout.done
+        moves += [tryout.stepped(s) for s in seconds]
+    assert moves == [Move.STAY] * 2 + [Move.SWITCH] + [Move.STAY] * 2 + [Move.SWITCH] + [
+        Move.STAY
+    ] * 2 + [Move.SWITCH] + [Move.STAY] * 2 + [Move.KEEP]
+    assert [m for _, m in tryout.results()] == [(0.96 + 1.22) / 2, (1.10 + 1.11) / 2]  # of 4
+    assert tryout.done and tryout.current.schedule == "zbh1"  # switched back to
+    assert tryout.ran_last.schedule == "1f1b"
+    one_round = Tryout(tried, warmup=1, steps=2)  # its first visit alone: zbh1 looks slower
+    for s in (5.0, 1.22, 1.23, 5.0, 1.10, 1.11):
+        one_round.stepped(s)
+    assert one_round.done and one_round.current.schedule == "1f1b"
+
+
 def test_a_tryout_needs_two_contenders_and_sane_counts() -> None:
     one = [Contender(plan("zbv", 1.0), 1.0)]
     with pytest.raises(ValueError, match="at least 2 contenders"):
         Tryout(one)
-    with pytest.raises(ValueError, match="warmup must be >= 0 and steps >= 1"):
+    with pytest.raises(ValueError, match="warmup must be >= 0, steps and rounds >= 1"):
         Tryout(one * 2, steps=0)
+    with pytest.raises(ValueError, match="warmup must be >= 0, steps and rounds >= 1"):
+        Tryout(one * 2, rounds=0)
 
 
 def test_the_auto_schedules_plans_feed_the_contenders() -> None:
