@@ -107,6 +107,8 @@ def train(schedule: str, m: int, partition: Any, move: Move | None) -> dict[str,
         "tryouts": [e.details for e in pipe.events if e.kind == "tryout"],
         "running": pipe.schedule.name,
         "n_stages": pipe.n_stages,
+        # a tryout may switch plans after the last step: the plan in force then trained none
+        "trained_in_force": not any(e.kind == "switch" and e.step >= STEPS for e in pipe.events),
     }
     pipe.close()
     return result
@@ -146,7 +148,8 @@ def test_several_stages_per_rank_match_single_process(n_ranks: int) -> None:
         assert max_state_diff(result["state"], ref_state) <= 1e-5, what
         assert torch.allclose(result["output"], ref_output, atol=1e-5), what
         assert result["losses"][-1] != result["losses"][0], what
-        assert result["lanes"] == list(range(result["n_stages"])), what  # a row per stage
+        if result["trained_in_force"]:  # its last step drew a row per stage
+            assert result["lanes"] == list(range(result["n_stages"])), what
 
 
 @pytest.mark.parametrize(

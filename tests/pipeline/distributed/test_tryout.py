@@ -37,7 +37,7 @@ from pipeline.pure.planner.tryout import PredictionErrors
 
 pytestmark = pytest.mark.multiprocess
 
-WIDTH, BATCH, MICROBATCHES, STEPS, LAYERS = 32, 16, 4, 28, 8
+WIDTH, BATCH, MICROBATCHES, STEPS, LAYERS = 32, 16, 4, 40, 8
 ADAM = functools.partial(torch.optim.Adam, lr=1e-3)
 
 
