@@ -29,6 +29,7 @@ Every operation times out after the process group's timeout, so a dead peer rais
 from __future__ import annotations
 
 import enum
+import itertools
 import math
 import pickle
 import traceback
@@ -45,6 +46,7 @@ __all__ = ["Comm", "PendingReduce", "Posted", "leave_group", "raise_first"]
 T = TypeVar("T")
 
 _OPS = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}
+_ALIGN = 16  # bytes: `broadcast_tensors` starts each tensor at a multiple of it
 _CONTROL_GROUPS: dict[int, Any] = {}  # id(default group) -> its gloo group (NCCL-only groups)
 _DATA_PLANES: set[int] = set()  # id(default group) of groups whose NCCL communicator exists
 
@@ -109,29 +111,29 @@ class Comm:
     ) -> tuple[torch.Tensor, ...]:
         """`src`'s CPU `tensors` on every rank, as one message of their bytes; the other
         ranks pass None and know their `layout` (shape, dtype) already. Any dtype travels:
-        the bytes go as uint8, which every backend accepts."""
+        the bytes go as uint8, which every backend accepts, each tensor's padded to a
+        multiple of `_ALIGN` so that every one starts where its dtype may be viewed."""
         sizes = [
             math.prod(shape) * torch.empty((), dtype=dtype).element_size()
             for shape, dtype in layout
         ]
+        padded = [size + (-size) % _ALIGN for size in sizes]
+        starts = list(itertools.accumulate(padded, initial=0))[: len(padded)]
         if self.rank == src:
             assert tensors is not None, "the source rank sends its tensors"
-            payload = (
-                torch.cat([_bytes_of(t) for t in tensors])
-                if tensors
-                else torch.empty(0, dtype=torch.uint8)
-            )
+            payload = torch.zeros(sum(padded), dtype=torch.uint8)
+            for t, start, size in zip(tensors, starts, sizes, strict=True):
+                payload[start : start + size] = _bytes_of(t)
         else:
-            payload = torch.empty(sum(sizes), dtype=torch.uint8)
+            payload = torch.empty(sum(padded), dtype=torch.uint8)
         if payload.numel():
             dist.broadcast(payload, src=src, group=self._control)
         if self.rank == src:
             assert tensors is not None
             return tuple(tensors)
-        parts = torch.split(payload, sizes)
         return tuple(
-            part.view(dtype).reshape(shape)
-            for part, (shape, dtype) in zip(parts, layout, strict=True)
+            payload[start : start + size].view(dtype).reshape(shape)
+            for start, size, (shape, dtype) in zip(starts, sizes, layout, strict=True)
         )
 
     def all_gather_tensor(self, t: torch.Tensor) -> list[torch.Tensor]:
