@@ -75,7 +75,7 @@ from nas.export.folder import (
 )
 from nas.text.decoding import translate_ids
 from nas.text.vocab import SPECIALS, TokenVocab, Vocab
-from pipeline.local.carry import as_carry, unwrap
+from pipeline.local.carry import through
 from search_spaces.architecture import Architecture
 from search_spaces.compile import compile as compile_arch
 
@@ -161,10 +161,7 @@ class ExportedModel(nn.Module):
         self.layers = nn.ModuleDict(layers)  # in order: the keys are the layer keys
 
     def forward(self, x: Any) -> Any:
-        carry = as_carry(x, "the model input")
-        for key, layer in self.layers.items():
-            carry = as_carry(layer(unwrap(carry)), key)
-        return unwrap(carry)
+        return through(self.layers.items(), x)
 
     @classmethod
     def class_for(cls, config: ModelConfig, where: str = "the config") -> type[Self]:

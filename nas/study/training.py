@@ -252,10 +252,13 @@ def decode_share(task: Task, pipe: ElasticPipeline, decode: int | None) -> Decod
     comm = pipe.comm
     if decode == 0 or not task.decoded_metrics or comm.world_size == 1:
         return None
-    held = sum(p.numel() * p.element_size() for m in pipe.layers.values() for p in m.parameters())
-    [weights] = comm.all_reduce([float(held)])
-    if pipe.memory_budget is not None and weights > pipe.memory_budget:
-        return None
+    if pipe.memory_budget is not None:
+        held = sum(
+            p.numel() * p.element_size() for m in pipe.layers.values() for p in m.parameters()
+        )
+        [weights] = comm.all_reduce([float(held)])
+        if weights > pipe.memory_budget:
+            return None
     return DecodeShare(pipe.replica(), comm.rank, comm.world_size, comm.all_gather_object)
 
 

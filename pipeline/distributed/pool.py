@@ -169,18 +169,7 @@ class StagePool:
             raise RuntimeError("this StagePool is closed")
         if self._broken is not None:
             raise self._broken
-        counts = self._counts(n_stages)
-        for name, value in (("take", take), ("keep", keep)):
-            if value is not None and not (isinstance(value, str) and value):
-                raise ValueError(f"{name}={value!r}: a resident model's name is a non-empty str")
-        try:
-            pickle.dumps(fn)
-        except Exception as error:
-            raise TypeError(
-                f"fn must pickle to reach the pool's processes (a module-level function or a "
-                f"functools.partial of one), got {fn!r}: {error}"
-            ) from error
-        request = Request(fn, counts, take, keep)
+        request = Request.checked(fn, n_stages, take, keep, self.size)
         with self._lock:
             self._waiting.append(request)
             self._wake_writer.send_bytes(b"")
@@ -196,19 +185,6 @@ class StagePool:
     ) -> list[Any]:
         """`submit(...)` and wait: the results in rank order, or its `StageFailedError`."""
         return self.submit(fn, n_stages, take=take, keep=keep).result()
-
-    def _counts(self, n_stages: int | Sequence[int]) -> tuple[int, ...]:
-        """`submit`'s n_stages as the counts in order; ValueError unless each is 1..size."""
-        counts: tuple[Any, ...] = (n_stages,)
-        if isinstance(n_stages, Sequence) and not isinstance(n_stages, str):
-            counts = tuple(n_stages)
-        valid = f"a job of this pool runs on 1 to {self.size} processes"
-        if not counts or len(set(counts)) < len(counts):
-            raise ValueError(f"n_stages={n_stages!r}: give a count, or distinct counts; {valid}")
-        for count in counts:
-            if not is_int(count) or not 1 <= count <= self.size:
-                raise ValueError(f"n_stages={count!r}: {valid}")
-        return counts
 
     def close(self) -> None:
         """Stop the processes; jobs not finished fail with a RuntimeError."""

@@ -10,8 +10,9 @@ processes had their moment to report.
 from __future__ import annotations
 
 import logging
+import pickle
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,6 +20,7 @@ from typing import Any
 from pipeline.distributed.pool_member import Kept, PoolContext
 from pipeline.distributed.processes import PEER_FAILURE
 from pipeline.errors import StageFailedError
+from pipeline.pure.checks import is_int
 from pipeline.pure.pool import Lending, Residency
 
 __all__ = ["Job", "Request", "Running"]
@@ -37,6 +39,38 @@ class Request:
     take: str | None
     keep: str | None
     future: Future[list[Any]] = field(default_factory=Future)
+
+    @classmethod
+    def checked(
+        cls,
+        fn: Job,
+        n_stages: int | Sequence[int],
+        take: str | None,
+        keep: str | None,
+        pool_size: int,
+    ) -> Request:
+        """`StagePool.submit`'s arguments as a request, or the error that names the bad one:
+        each count 1..`pool_size` (distinct, at least one), names non-empty, `fn` pickles."""
+        counts: tuple[Any, ...] = (n_stages,)
+        if isinstance(n_stages, Sequence) and not isinstance(n_stages, str):
+            counts = tuple(n_stages)
+        valid = f"a job of this pool runs on 1 to {pool_size} processes"
+        if not counts or len(set(counts)) < len(counts):
+            raise ValueError(f"n_stages={n_stages!r}: give a count, or distinct counts; {valid}")
+        for count in counts:
+            if not is_int(count) or not 1 <= count <= pool_size:
+                raise ValueError(f"n_stages={count!r}: {valid}")
+        for name, value in (("take", take), ("keep", keep)):
+            if value is not None and not (isinstance(value, str) and value):
+                raise ValueError(f"{name}={value!r}: a resident model's name is a non-empty str")
+        try:
+            pickle.dumps(fn)
+        except Exception as error:
+            raise TypeError(
+                f"fn must pickle to reach the pool's processes (a module-level function or a "
+                f"functools.partial of one), got {fn!r}: {error}"
+            ) from error
+        return cls(fn, counts, take, keep)
 
 
 @dataclass

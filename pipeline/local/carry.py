@@ -7,11 +7,12 @@ the edges and say which tensors carry gradients (exactly the floating-point ones
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
 
-__all__ = ["Carry", "as_carry", "floating", "leaf", "nbytes", "unwrap"]
+__all__ = ["Carry", "as_carry", "floating", "leaf", "nbytes", "through", "unwrap"]
 
 Carry = tuple[torch.Tensor, ...]
 
@@ -31,6 +32,15 @@ def as_carry(value: object, what: str) -> Carry:
 def unwrap(carry: Carry) -> Any:
     """What a layer or a loss function receives: the tensor itself when there is one."""
     return carry[0] if len(carry) == 1 else carry
+
+
+def through(layers: Iterable[tuple[str, Callable[[Any], Any]]], x: Any) -> Any:
+    """`x` through the (key, layer) pairs in order, as one process runs a whole model: each
+    output checked as a carry named by its layer's key; the last one unwrapped."""
+    carry = as_carry(x, "the batch input")
+    for key, layer in layers:
+        carry = as_carry(layer(unwrap(carry)), f"the output of layer {key!r}")
+    return unwrap(carry)
 
 
 def floating(carry: Carry) -> list[torch.Tensor]:

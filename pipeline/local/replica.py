@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from pipeline.local.carry import as_carry, unwrap
+from pipeline.local.carry import through
 from pipeline.local.spec import LayerSpec, build_layer
 
 __all__ = ["Replica"]
@@ -42,8 +42,5 @@ class Replica(nn.Module):
         self.eval()
 
     def forward(self, x: Any) -> Any:
-        carry = as_carry(x, "the batch input")
         with torch.no_grad():
-            for key, layer in zip(self.keys, self.layers, strict=True):
-                carry = as_carry(layer(unwrap(carry)), f"the output of layer {key!r}")
-        return unwrap(carry)
+            return through(zip(self.keys, self.layers, strict=True), x)
