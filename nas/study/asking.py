@@ -138,17 +138,18 @@ class Asker:
         """Whether another trial is wanted now (a dead peer's trials enqueued again first)."""
         self.fail_orphans()
         return (
-            self._left() > 0
+            self.left() > 0
             and time.time() < self.deadline
             and time_left(self._study, self._settings)
         )
 
-    def _left(self) -> int:
+    def left(self) -> int:
         """Trials still to start: `study.n_trials` less the finished ones and those peers
         train now, so that workers on one study stop together at `n_trials` (a peer's trial
         that then fails is asked again by that peer, which goes on asking). A running trial
-        of this worker's own (it trains none while it asks) was left by an earlier run of it
-        that stopped: the heartbeat fails it, so it does not count here."""
+        of this worker's own counts as one to start: asked, it is the one this worker is
+        about to train (or, before the ask, one an earlier run of it left: the heartbeat
+        fails it). So right after an ask, 1 says it is the study's last to start."""
         peers = [t for t in running_trials(self._study) if t.user_attrs.get(OWNER) != self.owner]
         return remaining(self._study, self._settings.study.n_trials) - len(peers)
 
@@ -169,7 +170,7 @@ class Asker:
     def surplus(self, trial: optuna.Trial) -> bool:
         """Whether the study already has `study.n_trials` without `trial`: those that count,
         and peers' running trials asked before it. Two workers that both saw one trial left
-        (`_left`) before either asked are ordered by when they asked (then by number): the
+        (`left`) before either asked are ordered by when they asked (then by number): the
         later one stands down, so a study never trains more than `n_trials`."""
         stored = self._study.get_trials(deepcopy=False)
         mine = _asked(next(t for t in stored if t.number == trial.number))

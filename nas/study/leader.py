@@ -83,6 +83,9 @@ class TrialOrder:
     # study.checkpoint_every: the folder its full-budget training checkpoints into (its
     # first attempt's: a retry goes on from there; `nas.study.checkpoints`)
     checkpoints: str | None = None
+    # no other trial is to start after it (`study.n_trials` is reached with it): the pool
+    # lends it the processes no one else will want (`nas.study.pooled`)
+    last: bool = False
 
 
 @dataclass(frozen=True)
@@ -150,7 +153,8 @@ class Leader:
         if asked is None:
             return None
         trial, arch = asked
-        return self._begin(trial, arch)
+        order = self._begin(trial, arch)
+        return dataclasses.replace(order, last=self.asker.left() <= 1)
 
     def log_step(self, step: int, metrics: dict[str, Any]) -> None:
         """A training step between evaluations: no decision; an error waits for the next."""

@@ -14,7 +14,9 @@ happens:
                cost cache first): the fewest stages
                within pipeline.memory_budget, more only
                where predicted faster per process, and
-               the fewer it may start on at once
+               the fewer it may start on at once (the
+               study's last trial: the fastest first,
+               as no other trial will want the pool)
     3. submit  run(trial_job, (n, fewer...),         4. build  on the n ranks lent, from
                take=<the trial it inherits from>,                the weights it took (live,
                keep=<this trial>)                                where still resident)
@@ -148,7 +150,7 @@ class _Worker:
         arch = from_json(order.architecture)
         try:
             options = shape.per_candidate(
-                self.settings, arch, self.task, self.costs, self.max_stages
+                self.settings, arch, self.task, self.costs, self.max_stages, alone=order.last
             )
         except training.RUN_ERRORS as error:  # no pipeline of the pool fits it: refused
             reason, detail = training.failure(error)

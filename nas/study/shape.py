@@ -48,6 +48,7 @@ from pipeline.pure.shape import (
     ShapeLimits,
     ShapeOption,
     choose_shape,
+    fastest_first,
     preference,
     stages_for,
     with_fallbacks,
@@ -156,7 +157,13 @@ def machine_costs() -> CostCache:
 
 
 def per_candidate(
-    settings: NasSettings, arch: Architecture, task: Any, costs: CostCache, max_stages: int
+    settings: NasSettings,
+    arch: Architecture,
+    task: Any,
+    costs: CostCache,
+    max_stages: int,
+    *,
+    alone: bool = False,
 ) -> list[ShapeOption]:
     """The pipelines one candidate can train on from a pool of `max_stages` processes
     (`pipeline.per_candidate`), preferred first: the fewest stages whose plan fits
@@ -164,6 +171,8 @@ def per_candidate(
     (`pipeline.pure.shape.stages_for`), then the fewer stages it may start on at once
     rather than wait for more processes (`pipeline.pure.shape.with_fallbacks`); from its
     layers' costs (profiled here unless `costs` has them: it keeps what it measures).
+    `alone`: no other trial will want the pool (the study's last): the fastest first,
+    more stages where free (`pipeline.pure.shape.fastest_first`).
     ValueError naming the budget when no pipeline of at most `max_stages` fits it."""
     assert costs.overheads is not None, "machine_costs() measures the overheads"
     p = settings.pipeline
@@ -178,8 +187,9 @@ def per_candidate(
         n_microbatches=None if p.n_microbatches == AUTO else int(p.n_microbatches),
         schedule=p.schedule,
         memory_budget=p.memory_budget,
+        exhaustive=alone,
     )
-    return with_fallbacks(best, tried)
+    return fastest_first(tried) if alone else with_fallbacks(best, tried)
 
 
 def least_stage_bytes(

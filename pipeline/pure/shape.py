@@ -41,6 +41,7 @@ __all__ = [
     "ShapeLimits",
     "ShapeOption",
     "choose_shape",
+    "fastest_first",
     "predicted_step_s",
     "preference",
     "shapes",
@@ -247,6 +248,7 @@ def stages_for(
     n_microbatches: int | None = None,
     schedule: str = "1f1b",
     memory_budget: int | None = None,
+    exhaustive: bool = False,
 ) -> tuple[ShapeOption, list[ShapeOption]]:
     """One model's own pipeline on a pool of processes (`pipeline.pure.pool`): (the stage
     count and micro-batches it trains on, every option tried); ValueError if none fits.
@@ -263,7 +265,8 @@ def stages_for(
     and the micro-batches are split further only where memory needs it (profiling a model
     at every micro-batch size costs a pool more than the few percent its per-sample cost
     varies among them). Each option profiles the model at its micro-batch size
-    (`costs_at`), so a model that fits one process is profiled once."""
+    (`costs_at`), so a model that fits one process is profiled once. `exhaustive`: every
+    option is tried (a job the pool runs alone wants the fastest: `fastest_first`)."""
     limits = ShapeLimits(
         cores=max_stages * threads,
         batch_size=batch_size,
@@ -277,7 +280,7 @@ def stages_for(
         tried.append(
             _option(planner, costs_at, shape, batch_size, overheads, schedule, memory_budget)
         )
-        if _unhindered(tried[-1]):
+        if _unhindered(tried[-1]) and not exhaustive:
             break
     planned = [o for o in tried if o.plan is not None]
     if not planned:
@@ -317,6 +320,22 @@ def with_fallbacks(
         ):
             fewer[stages] = option
     return [best, *(fewer[n] for n in sorted(fewer, reverse=True))]
+
+
+def fastest_first(tried: Sequence[ShapeOption]) -> list[ShapeOption]:
+    """What a pool job of `stages_for`'s model can run on when no other job will want the
+    pool's processes (a study's last trial): for each stage count its fastest planned
+    option, the fastest first. The share per process `stages_for` weighs no longer matters
+    then, only how soon the job ends: it starts on the first count that is free, so more
+    stages where they are free and predicted faster, fewer where they are not."""
+    fastest: dict[int, ShapeOption] = {}
+    for option in tried:
+        held = fastest.get(option.shape.n_stages)
+        if option.plan is not None and (
+            held is None or option.predicted_samples_per_s > held.predicted_samples_per_s
+        ):
+            fastest[option.shape.n_stages] = option
+    return sorted(fastest.values(), key=lambda o: -o.predicted_samples_per_s)
 
 
 def _unhindered(option: ShapeOption) -> bool:

@@ -35,3 +35,24 @@ def test_of_two_workers_that_both_saw_one_trial_left_the_later_asker_stands_down
     study.tell(asked[0], 1.0)
     assert second.surplus(asked[1]) and finished(study) == 3
     assert first.next() is None and second.next() is None  # the study has its trials
+
+
+def test_right_after_an_ask_one_left_says_the_trial_is_the_studys_last_to_start(
+    tmp_path: Path,
+) -> None:
+    settings = NasSettings(
+        study=StudySettings(name="last", n_trials=3, enqueue_seeds=False),
+        studies_dir=str(tmp_path),
+    )
+    study, space = open_study(settings), configured_space(settings)
+    a, b = (Asker(settings, study, space, owner, math.inf) for owner in ("a", "b"))
+    asked_a = a.next()
+    assert asked_a is not None and a.left() == 3  # its own trial counts as one to start
+    asked_b = b.next()
+    assert asked_b is not None and b.left() == 2  # and a's, running, as started
+    study.tell(asked_a[0], 1.0)
+    again = a.next()
+    assert again is not None and a.left() == 1  # one finished, b's running: the last
+    study.tell(again[0], 1.0)
+    study.tell(asked_b[0], 1.0)
+    assert a.left() == 0 and a.next() is None

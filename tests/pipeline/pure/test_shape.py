@@ -16,6 +16,7 @@ from pipeline.pure.shape import (
     ShapeLimits,
     ShapeOption,
     choose_shape,
+    fastest_first,
     predicted_step_s,
     shapes,
     stages_for,
@@ -246,6 +247,25 @@ def test_a_pool_job_may_start_on_fewer_stages_that_lose_at_most_its_share_per_pr
     assert with_fallbacks(best, options, least_share=1.0) == [best]
     with pytest.raises(ValueError, match="least_share=0"):
         with_fallbacks(best, options, least_share=0)
+
+
+def test_a_job_alone_on_the_pool_tries_every_count_and_takes_the_fastest_first() -> None:
+    small = costs_at_for(model(6, 2e-3, 1 << 16))
+    best, tried = stages_for(TimePlanner(), small, OVERHEADS, max_stages=3, batch_size=BATCH)
+    assert [o.shape.n_stages for o in tried] == [1]  # one stage fits: nothing else sized
+    best, tried = stages_for(
+        TimePlanner(), small, OVERHEADS, max_stages=3, batch_size=BATCH, exhaustive=True
+    )
+    assert best.shape.n_stages == 1  # still the best per process
+    assert {o.shape.n_stages for o in tried} == {1, 2, 3}
+    alone = fastest_first(tried)
+    speeds = [o.predicted_samples_per_s for o in alone]
+    assert speeds == sorted(speeds, reverse=True)  # the fastest first
+    assert sorted(o.shape.n_stages for o in alone) == [1, 2, 3]  # one option per count
+    for option in alone:  # each count's fastest planned option (brute force)
+        same = [o for o in tried if o.shape.n_stages == option.shape.n_stages and o.plan]
+        assert option.predicted_samples_per_s == max(o.predicted_samples_per_s for o in same)
+    assert alone[0].shape.n_stages > 1  # six equal layers: more stages end sooner
 
 
 @pytest.mark.parametrize("activation_share", [0.3, 0.6, 1.0])
