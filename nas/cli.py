@@ -91,6 +91,9 @@ def run(cfg: DictConfig) -> None:
         logger.error("invalid settings: %s", one_line(error))
         sys.exit(1)
     job_log.publish()  # the stage processes log to this job's log file too
+    from pipeline.distributed.processes import prestart
+
+    prestart()  # the stage processes' server imports torch meanwhile, on another core
     from nas.retrain.stage import retrain  # after composing: --help and --cfg stay fast
     from nas.storage.opening import StorageError
     from nas.study.opening import StudyMismatchError

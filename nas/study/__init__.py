@@ -34,8 +34,7 @@ __all__ = ["StudyResult", "run_study"]
 
 
 def __getattr__(name: str) -> Any:
-    # On first use: `python -m nas.study.workers` imports this package first, and the
-    # worker module must not be imported (through `run`) before it runs as __main__.
+    # On first use: importing the package (`nas.study.workers`, say) loads no study code.
     if name in __all__:
         from nas.study import run
 

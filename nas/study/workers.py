@@ -3,16 +3,18 @@
 A small candidate trains fastest on one stage process per core, so the machine trains several
 candidates side by side: W workers, each its own Python process with its own stage processes
 on its own cores, all asking the same Optuna storage for trials (as the README's "Many
-machines" workers do, here started for the user). The retraining after the search is shared
-the same way (this module runs either; its callers, `nas.study.run` and `nas.retrain.stage`,
-say what): its (model, seed) runs are claimed one by one (`nas.retrain.claims`).
+machines" workers do, here started for the user: forked from the stage processes' server,
+`pipeline.distributed.processes`, with torch imported already). The retraining after the
+search is shared the same way (this module runs either; its callers, `nas.study.run` and
+`nas.retrain.stage`, say what): its (model, seed) runs are claimed one by one
+(`nas.retrain.claims`).
 
     caller (the CLI: one progress bar, one report)
       │ 1. opens the study once (seeds enqueued), so workers do not race to create it
       │ 2. writes the job (`WorkerJob`: its label, the settings with the shape chosen, the
       │    work: `run_study` or `retrain_models` as worker k) to <run>/workers/<label>.pkl
-      ├─ python -m nas.study.workers <job.pkl> 0 <pid>  cores 0..k-1   run folder <run>/worker-0
-      ├─ python -m nas.study.workers <job.pkl> 1 <pid>  cores k..2k-1  run folder <run>/worker-1
+      ├─ worker 0 (job.pkl, caller pid)  cores 0..k-1   run folder <run>/worker-0
+      ├─ worker 1 (job.pkl, caller pid)  cores k..2k-1  run folder <run>/worker-1
       │ 3. while they run: one bar counts the finished trials (or recorded runs) on disk
       └ 4. each worker writes its result (or its error) to <run>/workers/<label>-<k>.pkl;
            the caller merges them; the first error of a worker is raised once all ended
@@ -31,19 +33,18 @@ import dataclasses
 import logging
 import os
 import pickle
-import subprocess
-import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 from nas import job_log
 from nas.progress import progress_bars
 from nas.settings import NasSettings
+from pipeline.distributed import processes
 from pipeline.distributed.processes import watch_caller
 
-__all__ = ["WorkerJob", "main", "run_workers"]
+__all__ = ["WorkerJob", "run_workers"]
 
 logger = logging.getLogger(__name__)
 _POLL_S = 1.0
@@ -80,21 +81,27 @@ def run_workers(job: WorkerJob[R], bar: tuple[str, int, Callable[[], int]]) -> l
     job_path = folder / f"{job.label}.pkl"
     job_path.write_bytes(pickle.dumps(job))  # 2.
     available = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    context, caller = processes.start_context(), processes.Caller.here()
     procs = []
     for k in range(n_workers):
         (folder / f"{job.label}-{k}.pkl").unlink(missing_ok=True)  # an earlier round's
         mine = available[k * cores_each : (k + 1) * cores_each]
-        command = [sys.executable, "-m", "nas.study.workers", str(job_path), str(k)]
-        command += [str(os.getpid())]  # the caller the worker watches: it ends with it
-        command += [",".join(map(str, mine))] if mine and len(mine) == cores_each else []
-        procs.append(subprocess.Popen(command))
+        cpus = mine if mine and len(mine) == cores_each else []
+        procs.append(
+            context.Process(
+                target=_worker,
+                args=(caller, job_path, k, cpus),
+                name=f"{job.label}-worker-{k}",
+            )
+        )
+        procs[-1].start()
     logger.info("%s: %d workers started", bar[0], n_workers)
     description, total, done = bar
     with progress_bars() as progress:  # 3.
         task = progress.add_task(description, total=total)
         # every worker polled each round: one that died is reaped at once, so that its
         # peers see its trial's owner gone (a zombie still answers signal 0)
-        while None in [p.poll() for p in procs]:
+        while any([p.is_alive() for p in procs]):
             _show(progress.update, task, done)
             time.sleep(_POLL_S)
         _show(progress.update, task, done)
@@ -110,13 +117,13 @@ def _show(update: Callable[..., None], task: object, done: Callable[[], int]) ->
         logger.debug("bar not updated: %s", error)
 
 
-def _outcomes(job: WorkerJob[R], folder: Path, procs: list[subprocess.Popen[bytes]]) -> list[R]:
+def _outcomes(job: WorkerJob[R], folder: Path, procs: list[Any]) -> list[R]:
     results: list[R] = []
     errors: list[BaseException] = []
     for k, proc in enumerate(procs):
         path = folder / f"{job.label}-{k}.pkl"
         if not path.exists():
-            errors.append(RuntimeError(f"worker {k} ended with exit code {proc.returncode}"))
+            errors.append(RuntimeError(f"worker {k} ended with exit code {proc.exitcode}"))
             continue
         failed, outcome = pickle.loads(path.read_bytes())
         if failed:
@@ -130,11 +137,13 @@ def _outcomes(job: WorkerJob[R], folder: Path, procs: list[subprocess.Popen[byte
     return results
 
 
-def _worker(job_path: Path, number: int, caller: int, cpus: list[int]) -> None:
+def _worker(caller: processes.Caller, job_path: Path, number: int, cpus: list[int]) -> None:
     """One worker: its own run folder, cores and stage processes; no bars (the caller's).
-    It watches its caller by the pid the caller gave (by the time it looks, the caller may
-    be gone and its parent another)."""
-    watch_caller(caller)  # the caller gone, this worker and its stage processes end
+    Forked from the stage processes' server (`pipeline.distributed.processes`), it has torch
+    and the runtime imported already, and takes the caller's environment and folder. It
+    watches the caller by its pid (its parent is the server)."""
+    caller.adopt()
+    watch_caller(caller.pid)  # the caller gone, this worker and its stage processes end
     if cpus and hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, cpus)  # the stage processes inherit it
     job: WorkerJob[object] = pickle.loads(job_path.read_bytes())
@@ -152,18 +161,3 @@ def _worker(job_path: Path, number: int, caller: int, cpus: list[int]) -> None:
     except Exception:  # an error that does not pickle: its text
         data = pickle.dumps((True, RuntimeError(f"worker {number}: {outcome[1]}")))
     (job_path.parent / f"{job.label}-{number}.pkl").write_bytes(data)
-
-
-def main(argv: Sequence[str]) -> None:
-    """`python -m nas.study.workers <job.pkl> <k> <caller pid> [<cpu>,<cpu>...]`: run worker k
-    of the job."""
-    cpus = [int(c) for c in argv[3].split(",")] if argv[3:] else []
-    _worker(Path(argv[0]), int(argv[1]), int(argv[2]), cpus)
-
-
-if __name__ == "__main__":
-    # Through the module's import name, so that the job's class (pickled as
-    # `nas.study.workers.WorkerJob`) is the one this module defines.
-    from nas.study import workers
-
-    workers.main(sys.argv[1:])

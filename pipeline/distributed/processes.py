@@ -26,6 +26,7 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from multiprocessing import forkserver
 from typing import Any
 
 import torch
@@ -38,6 +39,7 @@ __all__ = [
     "StageContext",
     "group_backend",
     "leave_now",
+    "prestart",
     "report",
     "stage_context",
     "start_context",
@@ -78,6 +80,16 @@ def start_context() -> Any:
     context = mp.get_context("forkserver")
     context.set_forkserver_preload(_PRELOAD)  # read when the server starts: the first launch
     return context
+
+
+def prestart() -> None:
+    """Start the forkserver now rather than at the first launch: its imports (torch, the
+    runtime, `__main__`: seconds of CPU) then run on another core while the caller goes on
+    with its own work, and the first launch or pool forks its processes at once. Nothing
+    where the platform spawns; a server already running is kept."""
+    context = start_context()
+    if context.get_start_method() == "forkserver":
+        forkserver.ensure_running()
 
 
 # What torchrun sets for its ranks (and `launch` reads): a process started here is none of

@@ -225,7 +225,11 @@ def estimate(
 
 
 def sandbox_time(
-    spec: LayerSpec, shape: LayerShape, device: torch.device, repeats: int = 4
+    spec: LayerSpec,
+    shape: LayerShape,
+    device: torch.device,
+    repeats: int = 4,
+    flush: Callable[[], None] | None = None,
 ) -> tuple[float, float, int]:
     """(forward s, backward s, saved bytes) of one real layer, medians of `repeats` runs.
 
@@ -233,11 +237,12 @@ def sandbox_time(
     stage does. Before each timed pass the CPU caches are flushed: in training the other
     layers of the stage run in between and evict this one's weights (the warm-up's passes
     are not timed, so they skip the flush, which costs about as much as a small layer).
+    `flush`: a `_cache_flusher` to reuse (its buffer costs as much to allocate as to write).
     """
     module = build_layer(spec, 0, device)
     params = list(module.parameters())
     saved = [0]
-    flush = _cache_flusher(device)
+    flush = flush or _cache_flusher(device)
 
     def forward(count: bool, timed: bool = True) -> tuple[float, list[torch.Tensor]]:
         carry = _example(shape.inputs, device)
@@ -392,9 +397,12 @@ def sandbox(
     firsts: dict[str, int] = {}
     for position, shape in enumerate(shapes):
         firsts.setdefault(shape.signature, position)
+    flush = None  # one buffer for every layer timed here
     for index, (signature, position) in enumerate(firsts.items()):
         if signature not in cache and mine(index):
-            cache.put(signature, *sandbox_time(specs[position], shapes[position], device))
+            flush = flush or _cache_flusher(device)
+            timed = sandbox_time(specs[position], shapes[position], device, flush=flush)
+            cache.put(signature, *timed)
     costs = []
     for shape in shapes:
         entry = cache.get(shape.signature)

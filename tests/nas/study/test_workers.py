@@ -20,7 +20,11 @@ ROOT = Path(__file__).resolve().parents[3]
 
 
 def wait_forever(settings: NasSettings, number: int) -> None:
-    """A worker's work that never ends on its own (module-level: pickled by name)."""
+    """A worker's work that never ends on its own (module-level: pickled by name); it says
+    its pid in its run folder first."""
+    folder = Path(settings.output_dir)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "worker.pid").write_text(str(os.getpid()))
     time.sleep(600)
 
 
@@ -47,18 +51,21 @@ def test_the_workers_of_a_killed_command_end_with_it(tmp_path: Path) -> None:
         env={**os.environ, "PYTHONPATH": str(ROOT)},
     )
     try:
+        said = tmp_path / "worker-0" / "worker.pid"
         deadline = time.monotonic() + 30
-        while not (workers := procfs.children(caller.pid)) and time.monotonic() < deadline:
+        while not said.exists() and time.monotonic() < deadline:
             time.sleep(0.2)
-        assert workers, "the command started no worker"
-        time.sleep(2)  # the worker is running its work
+        assert said.exists(), "the command started no worker"
+        worker = int(said.read_text())
+        family = procfs.descendants(caller.pid)  # the worker, and the server it forked from
+        assert worker in family
         caller.send_signal(signal.SIGKILL)
         caller.wait()
         deadline = time.monotonic() + 10
-        while any(procfs.running(w) for w in workers) and time.monotonic() < deadline:
+        while any(procfs.running(p) for p in family) and time.monotonic() < deadline:
             time.sleep(0.2)
-        assert not any(procfs.running(w) for w in workers), "a worker outlived its command"
+        assert not any(procfs.running(p) for p in family), "a worker outlived its command"
     finally:
         caller.kill()
-        for worker in procfs.children(caller.pid):
-            os.kill(worker, signal.SIGKILL)
+        for process in procfs.descendants(caller.pid):
+            os.kill(process, signal.SIGKILL)
