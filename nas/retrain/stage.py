@@ -73,7 +73,7 @@ from nas.retrain.track import track
 from nas.retrain.trainer import stage_main
 from nas.search.fidelity import Fidelity, is_measured
 from nas.settings import NasSettings
-from nas.study import leading, orphans, shape, workers
+from nas.study import leading, orphans, shape, shape_trials, workers
 from nas.study.space import architecture_of, configured_space, seed_models
 from search_spaces.architecture import from_json, functional_key, to_json
 
@@ -218,12 +218,17 @@ def recorded_runs(settings: NasSettings, models: Sequence[Model]) -> int:
 
 def _shaped(settings: NasSettings, models: Sequence[Model]) -> NasSettings:
     """`settings` with its "auto" shape values chosen for `models`: at most one worker per
-    run left; under torchrun, its processes are the stages of one worker."""
+    run left (one worker: the shape among the predicted best that measures fastest,
+    `nas.study.shape_trials`); under torchrun, its processes are the stages of one worker."""
     if pipeline.under_torchrun():
         return shape.resolve_one(settings)[0]
     left = len(models) * len(settings.retrain.seeds) - recorded_runs(settings, models)
     architectures = [from_json(model.architecture) for model in models]
-    return shape.resolve(settings, max_workers=max(1, left), architectures=architectures)[0]
+    shaped, choice = shape.resolve(settings, max_workers=max(1, left), architectures=architectures)
+    if choice is None or choice.shape.workers != 1:
+        return shaped
+    # one pipeline on the whole machine: its leading shapes measured, the fastest kept
+    return shape.with_shape(settings, shape_trials.fastest(settings, choice, architectures[0])[0])
 
 
 def select_models(study: optuna.Study, settings: NasSettings) -> list[Model]:

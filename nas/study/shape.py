@@ -68,6 +68,7 @@ __all__ = [
     "resolve",
     "resolve_one",
     "save_cache",
+    "with_shape",
 ]
 
 logger = logging.getLogger(__name__)
@@ -271,10 +272,10 @@ def resolve(
         choice.predicted_samples_per_s,
         limits.cores,
     )
-    return _shaped(settings, choice.shape), choice
+    return with_shape(settings, choice.shape), choice
 
 
-def _shaped(settings: NasSettings, shape: Shape) -> NasSettings:
+def with_shape(settings: NasSettings, shape: Shape) -> NasSettings:
     """`settings` with the workers, stages, micro-batches and threads of `shape`."""
     return dataclasses.replace(
         settings,

@@ -1,0 +1,123 @@
+"""One pipeline's shape chosen among the cost model's leading ones by a few measured steps.
+
+The shape of a pipeline that has the machine to itself (a retraining) is predicted from its
+layers profiled one at a time (`nas.study.shape`), and on small models the errors between
+shapes exceed the differences it ranks them by. Measured on 2 cores, one 71k-parameter
+model under the small study's 1.6 MB budget:
+
+    shape                          predicted     measured (samples/s)
+    1 stage  x 2 threads, M=4      268           100-166   (ranked first)
+    2 stages x 1 thread,  M=2      228-235       210-248
+    1 stage  x 1 thread,  M=4      180           242
+
+So before a run long enough to pay for it, the shapes predicted within `SHARE` of the
+best (at most `CONTENDERS`, the best first) each train `STEPS` steps of the first model from
+scratch, one shape after the other, in stage processes of their own; the fastest median
+step after `WARMUP` (the first step measures memory and layers: slower by design) is kept:
+
+    resolve -> shapes by prediction -> contenders A, B, C
+            -> launch A: steps -> launch B: steps -> launch C: steps -> the fastest
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import logging
+import statistics
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from nas.settings import NasSettings
+from nas.study import shape, training
+from nas.study.shape import ShapeChoice
+from nas.tasks import get_task
+from pipeline import StageContext, launch
+from pipeline.pure.shape import Shape
+from search_spaces.architecture import Architecture, from_json, to_json
+
+__all__ = ["CONTENDERS", "SHARE", "STEPS", "WARMUP", "contenders", "fastest"]
+
+logger = logging.getLogger(__name__)
+
+SHARE = 0.5  # the cost model has been off by 2.7x between shapes: a wide window
+CONTENDERS = 3
+WARMUP, STEPS = 2, 8  # steps not timed, steps in all
+
+
+def contenders(choice: ShapeChoice, share: float = SHARE, most: int = CONTENDERS) -> list[Shape]:
+    """The one-worker shapes `choice` weighed that are predicted at least `share` of its
+    best's samples/s, the best first, at most `most` (module doc)."""
+    if not 0.0 < share <= 1.0:
+        raise ValueError(f"share={share!r}: a share in (0, 1]")
+    rows = [r for r in choice.tried if r["workers"] == 1 and r["predicted_samples_per_s"] > 0]
+    rows.sort(key=lambda r: -r["predicted_samples_per_s"])
+    best = choice.predicted_samples_per_s
+    kept = [r for r in rows if r["predicted_samples_per_s"] >= share * best][:most]
+    return [Shape(1, r["n_stages"], r["threads_per_stage"], r["n_microbatches"]) for r in kept]
+
+
+def fastest(
+    settings: NasSettings, choice: ShapeChoice, arch: Architecture
+) -> tuple[Shape, dict[str, float]]:
+    """`choice`'s contender that trains `arch` fastest when measured (module doc), and the
+    seconds a step each took; `choice.shape` untried when it has no rival."""
+    shapes = contenders(choice)
+    if len(shapes) < 2:
+        return choice.shape, {}
+    seconds: dict[str, float] = {}
+    for candidate in shapes:
+        seconds[str(candidate)] = _measure(shape.with_shape(settings, candidate), arch)
+    kept = min(shapes, key=lambda s: seconds[str(s)])
+    logger.info(
+        "shape: measured %s; kept %s",
+        ", ".join(f"{name} {s:.3f} s a step" for name, s in seconds.items()),
+        kept,
+    )
+    return kept, seconds
+
+
+def _measure(settings: NasSettings, arch: Architecture) -> float:
+    """The median step of `arch` on `settings`' shape, in processes started for it."""
+    p = settings.pipeline
+    assert isinstance(p.n_stages, int) and isinstance(p.threads_per_stage, int)
+    return launch(
+        functools.partial(_timed, settings=settings, arch=to_json(arch)),
+        p.n_stages,
+        threads_per_stage=p.threads_per_stage,
+        timeout_s=settings.pipeline.timeout_s,
+    )[0]
+
+
+def _timed(ctx: StageContext, settings: NasSettings, arch: str) -> float:
+    """Every rank: build the model from scratch and train `STEPS` steps; rank 0's median
+    step after `WARMUP` (module-level: pickled by name)."""
+    task = get_task(settings.task.name, **settings.task.options)
+    specs = training.compile_model(from_json(arch), task, settings.train.dropout)[0]
+    pipe = training.build(
+        settings,
+        task,
+        specs,
+        training.rates(settings.train, STEPS),
+        seed=settings.seed,
+        cost_cache=shape.load_cache(),
+    )
+    try:
+        seconds = [_step(pipe, batch) for batch in _batches(task, settings)]
+    finally:
+        pipe.close()
+    return statistics.median(seconds[WARMUP:])
+
+
+def _batches(task: Any, settings: NasSettings) -> Sequence[Any]:
+    """The first `STEPS` training batches (over as many epochs as a small split needs)."""
+    size, seed = settings.train.batch_size, settings.seed
+    epochs = (task.batches("train", size, seed=seed, epoch=e) for e in itertools.count())
+    return list(itertools.islice(itertools.chain.from_iterable(epochs), STEPS))
+
+
+def _step(pipe: Any, batch: Any) -> float:
+    started = time.perf_counter()
+    pipe.train_step(*batch)
+    return time.perf_counter() - started

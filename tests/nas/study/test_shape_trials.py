@@ -1,0 +1,66 @@
+"""A one-pipeline shape kept among the predicted best by measured steps
+(`nas.study.shape_trials`): which shapes contend (in-process), and the fastest measured
+kept (each contender trained in stage processes of its own)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from nas.settings import NasSettings
+from nas.study import shape, shape_trials
+from nas.study.space import configured_space
+from pipeline.pure.shape import RuntimeOverheads
+from tests.nas.harness.common import composed
+
+OVERHEADS = RuntimeOverheads(microbatch_s=4e-4, message_s=8e-4, step_s=1e-3)
+
+
+@pytest.fixture
+def machine(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A cost cache of the test's own, holding the runtime's overheads."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    cache = shape.load_cache()
+    cache.set_overheads(OVERHEADS)
+    shape.save_cache(cache)
+
+
+def small(*overrides: str) -> NasSettings:
+    return composed(
+        "search_space.d_model=[32]", "search_space.max_cells=1", "train.batch_size=16", *overrides
+    )
+
+
+def test_the_contenders_are_the_one_worker_shapes_predicted_near_the_best(machine: None) -> None:
+    _, choice = shape.resolve_one(small())
+    assert choice is not None
+    shapes = shape_trials.contenders(choice, share=0.01, most=100)
+    rates = {
+        (r["n_stages"], r["threads_per_stage"], r["n_microbatches"]): r["predicted_samples_per_s"]
+        for r in choice.tried
+    }
+    predicted = [rates[s.n_stages, s.threads_per_stage, s.n_microbatches] for s in shapes]
+    assert shapes[0] == choice.shape and predicted == sorted(predicted, reverse=True)
+    assert all(s.workers == 1 for s in shapes) and len(shapes) == len(set(shapes)) > 1
+    near = shape_trials.contenders(choice, share=0.9, most=2)
+    assert len(near) <= 2 and all(
+        rates[s.n_stages, s.threads_per_stage, s.n_microbatches] >= 0.9 * predicted[0] for s in near
+    )
+    assert shape_trials.contenders(choice, share=1.0) == [choice.shape]
+    with pytest.raises(ValueError, match="share=0"):
+        shape_trials.contenders(choice, share=0)
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(300)
+def test_the_fastest_measured_contender_is_kept(machine: None) -> None:
+    settings = small("pipeline.n_microbatches=auto")
+    _, choice = shape.resolve_one(settings)
+    assert choice is not None
+    arch = next(iter(configured_space(settings).seeds().values()))
+    kept, seconds = shape_trials.fastest(settings, choice, arch)
+    measured = [str(s) for s in shape_trials.contenders(choice)]
+    assert list(seconds) == measured and len(measured) >= 2
+    assert all(0 < s < 60 for s in seconds.values())
+    assert seconds[str(kept)] == min(seconds.values())
