@@ -5,18 +5,18 @@ layers profiled one at a time (`nas.study.shape`), and on small models the error
 shapes exceed the differences it ranks them by. Measured on 2 cores, one 71k-parameter
 model under the small study's 1.6 MB budget:
 
-    shape                          predicted     measured (samples/s)
-    1 stage  x 2 threads, M=4      268           100-166   (ranked first)
-    2 stages x 1 thread,  M=2      228-235       210-248
-    1 stage  x 1 thread,  M=4      180           242
+    shape                          predicted   measured (samples/s)
+    1 stage  x 2 threads, M=4      268         78-100 in the retraining, 166 alone
+    2 stages x 1 thread,  M=2      228-235     245 in the retraining, 248 alone
+    1 stage  x 1 thread,  M=4      180         242 alone
 
 So before a run long enough to pay for it, the shapes predicted within `SHARE` of the
 best (at most `CONTENDERS`, the best first) each train `STEPS` steps of the first model from
 scratch, one shape after the other, in stage processes of their own; the fastest median
 step after `WARMUP` (the first step measures memory and layers: slower by design) is kept:
 
-    resolve -> shapes by prediction -> contenders A, B, C
-            -> launch A: steps -> launch B: steps -> launch C: steps -> the fastest
+    resolve -> shapes by prediction -> contenders A, B
+            -> launch A: steps -> launch B: steps -> the faster
 """
 
 from __future__ import annotations
@@ -42,8 +42,8 @@ __all__ = ["CONTENDERS", "SHARE", "STEPS", "WARMUP", "contenders", "fastest"]
 logger = logging.getLogger(__name__)
 
 SHARE = 0.5  # the cost model has been off by 2.7x between shapes: a wide window
-CONTENDERS = 3
-WARMUP, STEPS = 2, 8  # steps not timed, steps in all
+CONTENDERS = 2  # the best and its runner-up: each costs a few steps of the run
+WARMUP, STEPS = 2, 6  # steps not timed, steps in all
 
 
 def contenders(choice: ShapeChoice, share: float = SHARE, most: int = CONTENDERS) -> list[Shape]:
