@@ -42,7 +42,6 @@ from nas import job_log
 from nas.progress import progress_bars
 from nas.settings import NasSettings
 from pipeline.distributed import processes
-from pipeline.distributed.processes import watch_caller
 
 __all__ = ["WorkerJob", "run_workers"]
 
@@ -99,8 +98,8 @@ def run_workers(job: WorkerJob[R], bar: tuple[str, int, Callable[[], int]]) -> l
     description, total, done = bar
     with progress_bars() as progress:  # 3.
         task = progress.add_task(description, total=total)
-        # every worker polled each round: one that died is reaped at once, so that its
-        # peers see its trial's owner gone (a zombie still answers signal 0)
+        # every worker polled each round (the server that forked them reaps one that died
+        # at once, so that its peers see its trial's owner gone: a zombie answers signal 0)
         while any([p.is_alive() for p in procs]):
             _show(progress.update, task, done)
             time.sleep(_POLL_S)
@@ -143,7 +142,7 @@ def _worker(caller: processes.Caller, job_path: Path, number: int, cpus: list[in
     and the runtime imported already, and takes the caller's environment and folder. It
     watches the caller by its pid (its parent is the server)."""
     caller.adopt()
-    watch_caller(caller.pid)  # the caller gone, this worker and its stage processes end
+    processes.watch_caller(caller.pid)  # the caller gone, this worker and its stage processes end
     if cpus and hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, cpus)  # the stage processes inherit it
     job: WorkerJob[object] = pickle.loads(job_path.read_bytes())
