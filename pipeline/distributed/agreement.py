@@ -50,7 +50,8 @@ def profile_costs(
     """
     if source not in ("estimate", "sandbox"):
         raise ValueError(f"profile source must be 'estimate' or 'sandbox', got {source!r}")
-    shapes = comm.together(lambda: trace_shapes(specs, example))
+    counted = source == "estimate"  # only an estimate reads the FLOPs
+    shapes = comm.together(lambda: trace_shapes(specs, example, count_flops=counted))
     signatures = [shape.signature for shape in shapes]
     ratio = opt_ratio  # optimizer-state bytes per parameter byte
     if source == "estimate":
