@@ -45,6 +45,11 @@ def test_shapes_and_bytes_of_a_linear_stack() -> None:
     assert shapes[0].flops == 2 * 16 * 8 * 32
     # layer b keeps its input (16 x 32 floats) for the weight gradient, and nothing else
     assert shapes[1].saved_bytes == 16 * 32 * 4
+    # the same trace without its FLOPs (what a timed profile needs): all else alike
+    uncounted = trace_shapes(specs, torch.zeros(16, 8), count_flops=False)
+    assert [dataclasses.replace(s, flops=None) for s in shapes] == uncounted
+    with pytest.raises(ValueError, match=r"without their FLOPs.*\['a', 'b'\]"):
+        estimate(uncounted, torch.device("cpu"), 2.0)
 
 
 def test_identical_layers_share_a_signature() -> None:
