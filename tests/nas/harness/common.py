@@ -11,6 +11,7 @@ from hydra import compose, initialize_config_dir
 
 from nas.config import CONFIG_DIR, register, to_settings
 from nas.settings import NasSettings
+from pipeline.pure.shape import RuntimeOverheads
 
 # A study that trains in seconds: one worker of 2 stages (the shape set by hand, not chosen
 # from a profile), d_model 32, one cell per side, few steps, 8 pairs decoded in the final
@@ -47,6 +48,29 @@ def tiny_settings(tmp_path: Path, *overrides: str) -> NasSettings:
     return composed(
         *TINY, f"studies_dir={tmp_path / 'studies'}", f"output_dir={tmp_path / 'run'}", *overrides
     )
+
+
+GIVEN_OVERHEADS = RuntimeOverheads(microbatch_s=4e-4, message_s=8e-4, step_s=1e-3)
+
+
+def small_space(*overrides: str) -> NasSettings:
+    """Settings whose seeds are small enough to profile in-process in seconds (the shape's
+    tests: `nas.study.shape`, `nas.study.shape_trials`)."""
+    return composed(
+        "search_space.d_model=[32]", "search_space.max_cells=1", "train.batch_size=16", *overrides
+    )
+
+
+def machine_cache(monkeypatch: pytest.MonkeyPatch, folder: Path) -> Path:
+    """This machine's cost cache under `folder`, holding given runtime overheads (their
+    measurement starts processes: the CLI test measures them); its path."""
+    from nas.study import shape
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(folder))
+    cache = shape.load_cache()
+    cache.set_overheads(GIVEN_OVERHEADS)
+    shape.save_cache(cache)
+    return shape.cache_path()
 
 
 def offline_wandb(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

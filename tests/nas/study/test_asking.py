@@ -6,6 +6,8 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+import optuna
+
 from nas.settings import NasSettings, StudySettings
 from nas.study.asking import Asker
 from nas.study.opening import open_study
@@ -13,17 +15,23 @@ from nas.study.space import configured_space
 from nas.study.trials import OWNER, finished
 
 
-def test_of_two_workers_that_both_saw_one_trial_left_the_later_asker_stands_down(
-    tmp_path: Path,
-) -> None:
+def two_askers(tmp_path: Path, name: str, n_trials: int) -> tuple[optuna.Study, list[Asker]]:
+    """A fresh SQLite study of `n_trials` (no seeds enqueued) and the askers of workers
+    "a" and "b" on it."""
     settings = NasSettings(
-        study=StudySettings(name="race", n_trials=3, enqueue_seeds=False),
+        study=StudySettings(name=name, n_trials=n_trials, enqueue_seeds=False),
         studies_dir=str(tmp_path),
     )
     study, space = open_study(settings), configured_space(settings)
+    return study, [Asker(settings, study, space, owner, math.inf) for owner in ("a", "b")]
+
+
+def test_of_two_workers_that_both_saw_one_trial_left_the_later_asker_stands_down(
+    tmp_path: Path,
+) -> None:
+    study, (first, second) = two_askers(tmp_path, "race", n_trials=3)
     for _ in range(2):  # two trials already count
         study.tell(study.ask(), 1.0)
-    first, second = (Asker(settings, study, space, owner, math.inf) for owner in ("a", "b"))
     # both saw one trial left, then asked: `first` a moment before `second`
     asked = []
     for asker in (first, second):
@@ -40,12 +48,7 @@ def test_of_two_workers_that_both_saw_one_trial_left_the_later_asker_stands_down
 def test_right_after_an_ask_one_left_says_the_trial_is_the_studys_last_to_start(
     tmp_path: Path,
 ) -> None:
-    settings = NasSettings(
-        study=StudySettings(name="last", n_trials=3, enqueue_seeds=False),
-        studies_dir=str(tmp_path),
-    )
-    study, space = open_study(settings), configured_space(settings)
-    a, b = (Asker(settings, study, space, owner, math.inf) for owner in ("a", "b"))
+    study, (a, b) = two_askers(tmp_path, "last", n_trials=3)
     asked_a = a.next()
     assert asked_a is not None and a.left() == 3  # its own trial counts as one to start
     asked_b = b.next()

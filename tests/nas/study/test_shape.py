@@ -16,10 +16,7 @@ import pytest
 
 from nas.settings import NasSettings
 from nas.study import shape
-from pipeline.pure.shape import RuntimeOverheads
-from tests.nas.harness.common import composed
-
-OVERHEADS = RuntimeOverheads(microbatch_s=4e-4, message_s=8e-4, step_s=1e-3)
+from tests.nas.harness.common import GIVEN_OVERHEADS, machine_cache, small_space
 
 
 @pytest.fixture(scope="module")
@@ -31,21 +28,11 @@ def profiled(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture
 def machine(profiled: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """A cost cache of the module's own, holding the runtime's overheads."""
-    monkeypatch.setenv("XDG_CACHE_HOME", str(profiled))
-    cache = shape.load_cache()
-    cache.set_overheads(OVERHEADS)
-    shape.save_cache(cache)
-    return shape.cache_path()
-
-
-def small(*overrides: str) -> NasSettings:
-    return composed(
-        "search_space.d_model=[32]", "search_space.max_cells=1", "train.batch_size=16", *overrides
-    )
+    return machine_cache(monkeypatch, profiled)
 
 
 def test_a_small_model_trains_on_one_single_stage_worker_per_core(machine: Path) -> None:
-    chosen, choice = shape.resolve(small())
+    chosen, choice = shape.resolve(small_space())
     assert choice is not None
     assert (choice.shape.n_stages, choice.shape.threads_per_stage) == (1, 1)
     assert choice.shape.workers == shape.cores()
@@ -54,11 +41,11 @@ def test_a_small_model_trains_on_one_single_stage_worker_per_core(machine: Path)
     rates = [row["predicted_samples_per_s"] for row in choice.tried]
     assert choice.predicted_samples_per_s == max(rates) > 0
     # what was profiled is kept for the stage processes and the next study
-    assert len(shape.load_cache()) > 0 and shape.load_cache().overheads == OVERHEADS
+    assert len(shape.load_cache()) > 0 and shape.load_cache().overheads == GIVEN_OVERHEADS
 
 
 def test_a_model_over_the_memory_budget_stays_pipelined(machine: Path) -> None:
-    one = small("pipeline.n_stages=1", "study.workers=1", "pipeline.n_microbatches=1")
+    one = small_space("pipeline.n_stages=1", "study.workers=1", "pipeline.n_microbatches=1")
     _, alone = shape.resolve(one)
     assert alone is not None
     peak = alone.tried[0]["predicted_peak_bytes"]
@@ -68,7 +55,7 @@ def test_a_model_over_the_memory_budget_stays_pipelined(machine: Path) -> None:
         """The shape chosen under `budget` (None: no shape fits it), and whether one stage
         still holds a seed there (recomputing its activations): fewer fit as it falls."""
         try:
-            chosen, choice = shape.resolve(small(f"pipeline.memory_budget={budget}"))
+            chosen, choice = shape.resolve(small_space(f"pipeline.memory_budget={budget}"))
         except ValueError:
             return None, False
         assert choice is not None
@@ -95,19 +82,19 @@ def test_a_model_over_the_memory_budget_stays_pipelined(machine: Path) -> None:
 
 
 def test_values_set_by_hand_are_kept(machine: Path) -> None:
-    chosen, choice = shape.resolve(small("pipeline.n_stages=2", "study.workers=1"))
+    chosen, choice = shape.resolve(small_space("pipeline.n_stages=2", "study.workers=1"))
     assert choice is not None
     assert (chosen.pipeline.stage_count, chosen.study.workers) == (2, 1)
     assert all(row["n_stages"] == 2 and row["workers"] == 1 for row in choice.tried)
 
 
 def test_nothing_auto_is_left_alone(machine: Path) -> None:
-    fixed = small("pipeline=cpu_2_stages", "study.workers=1")
+    fixed = small_space("pipeline=cpu_2_stages", "study.workers=1")
     assert shape.resolve(fixed) == (fixed, None)
 
 
 def test_one_worker_for_a_retraining(machine: Path) -> None:
-    chosen, _ = shape.resolve_one(small())
+    chosen, _ = shape.resolve_one(small_space())
     assert chosen.study.workers == 1
     assert chosen.pipeline.stage_count * (chosen.pipeline.thread_count or 1) <= shape.cores()
 

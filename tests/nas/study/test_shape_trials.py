@@ -8,32 +8,19 @@ from pathlib import Path
 
 import pytest
 
-from nas.settings import NasSettings
 from nas.study import shape, shape_trials
 from nas.study.space import configured_space
-from pipeline.pure.shape import RuntimeOverheads
-from tests.nas.harness.common import composed
-
-OVERHEADS = RuntimeOverheads(microbatch_s=4e-4, message_s=8e-4, step_s=1e-3)
+from tests.nas.harness.common import machine_cache, small_space
 
 
 @pytest.fixture
 def machine(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A cost cache of the test's own, holding the runtime's overheads."""
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    cache = shape.load_cache()
-    cache.set_overheads(OVERHEADS)
-    shape.save_cache(cache)
-
-
-def small(*overrides: str) -> NasSettings:
-    return composed(
-        "search_space.d_model=[32]", "search_space.max_cells=1", "train.batch_size=16", *overrides
-    )
+    """A cost cache of the test's own, holding given runtime overheads."""
+    machine_cache(monkeypatch, tmp_path / "cache")
 
 
 def test_the_contenders_are_the_one_worker_shapes_predicted_near_the_best(machine: None) -> None:
-    _, choice = shape.resolve_one(small())
+    _, choice = shape.resolve_one(small_space())
     assert choice is not None
     shapes = shape_trials.contenders(choice, share=0.01, most=100)
     rates = {
@@ -55,7 +42,7 @@ def test_the_contenders_are_the_one_worker_shapes_predicted_near_the_best(machin
 @pytest.mark.multiprocess
 @pytest.mark.timeout(300)
 def test_the_fastest_measured_contender_is_kept(machine: None) -> None:
-    settings = small("pipeline.n_microbatches=auto")
+    settings = small_space("pipeline.n_microbatches=auto")
     _, choice = shape.resolve_one(settings)
     assert choice is not None
     arch = next(iter(configured_space(settings).seeds().values()))
