@@ -44,7 +44,7 @@ from pipeline.errors import (
     StageError,
     StageFailedError,
 )
-from pipeline.local.profiler import CostCache
+from pipeline.local.cost_cache import CostCache
 from pipeline.local.reference import ReferenceTrainer
 from pipeline.local.separable import separable
 from pipeline.local.sequential import partition_from_split_points, specs_from_sequential

@@ -23,7 +23,8 @@ from typing import Any
 import torch
 
 from pipeline.distributed.comm import Comm
-from pipeline.local.profiler import CostCache, estimate, sandbox, trace_shapes
+from pipeline.local.cost_cache import CostCache
+from pipeline.local.profiler import estimate, sandbox, trace_shapes
 from pipeline.local.spec import LayerSpec
 from pipeline.local.stage import Stage
 from pipeline.pure.costs import LayerCost

@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, get_args
 
+from pipeline.local.cost_cache import CostCache
 from pipeline.local.pipemare import PipeMareConfig
-from pipeline.local.profiler import CostCache
 from pipeline.pure.checks import is_int
 from pipeline.pure.planner import Plan, Planner
 

@@ -18,8 +18,8 @@ import pipeline
 from pipeline import ElasticOptions, ElasticPipeline, PlanOptions, StageContext
 from pipeline.distributed.agreement import profile_costs
 from pipeline.distributed.comm import Comm
+from pipeline.local.cost_cache import CostCache
 from pipeline.local.models import transformer_stack
-from pipeline.local.profiler import CostCache
 from pipeline.local.reference import ReferenceTrainer
 from pipeline.pure.planner import evaluate
 from tests.pipeline.distributed.common import ADAM
