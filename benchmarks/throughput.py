@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from _run import print_json, rounds_parser, write_json
+from _run import Clock, print_json, rounds_parser, write_json
 from common import accumulate, on_ranks, optimizer_step, timed_rounds, torch_pipelining_step
 from torch import nn
 from torch.distributed.pipelining import Schedule1F1B, ScheduleGPipe
@@ -136,7 +136,7 @@ def single_process(ctx: StageContext, rounds: int, steps: int) -> list[float]:
 
 def main() -> None:
     args = rounds_parser(__doc__, rounds=5, steps=5, out="throughput.json").parse_args()
-
+    clock = Clock()
     single = on_ranks(single_process, 1, rounds=args.rounds, steps=args.steps)
     piped = on_ranks(run_pipelines, STAGES, rounds=args.rounds, steps=args.steps)
 
@@ -150,6 +150,8 @@ def main() -> None:
         "config": {
             **stack_config(MICROBATCHES, args),
             "torch": torch.__version__,
+            "wall_s": clock.seconds(),
+            **clock.load_average(),
         },
         "samples_per_s": {"single_process": single_sps, "ideal": ideal, **results},
         "median_step_s": {
