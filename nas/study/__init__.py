@@ -3,6 +3,8 @@
 Owned here, above storage, search, tracking, tasks and settings:
 
     run             `run_study`: the lifecycle, top to bottom, on long-lived stage processes
+    pooled          a study on the machine's stage pool: each candidate on the stages it needs
+    remote          a pooled trial's rank 0 asking its worker's leader over a connection
     decisions       rank 0's decisions, agreed on every stage process
     candidate       building, training and measuring one candidate on every rank
     leader          rank 0's half: the study, the tracker, composed of the parts below
@@ -13,12 +15,18 @@ Owned here, above storage, search, tracking, tasks and settings:
     strategies      the study's sampler and pruner, evolution's proposal check
     space           the search space `search_space.name` names, configured by the settings
     trials          what a trial records, which trials count, the time searched
+    leading         which trial leads: the best mean fitness over its training seeds
+    promotion       which children judged at inherited fidelity are measured in full
+    phases          where a trial's seconds go: its steps and the fixed costs around them
+    checkpoints     a training run's checkpoints and step history, to go on after a kill
     orphans         trials left running by dead processes: failed and asked again
     training        training and scoring one candidate on the pipeline
     judging         a child judged from its parent's weights, and promoted to a measurement
     inheritance     trained weights a later candidate starts from (in memory, or a file)
     kept_weights    the study's store of trained weights and this machine's copies of them
     shape           the pipeline shape (stages, threads, micro-batches) chosen for a machine
+    shape_trials    a retraining's shape chosen among its best predicted by a few steps each
+    profiles        candidates' layer costs, profiled at a size when first asked
     tracker_setup   the tracker a study or a retraining writes to, from the settings
     workers         several local worker processes sharing one study
 """

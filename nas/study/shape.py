@@ -33,14 +33,10 @@ from typing import Any
 import torch
 
 from nas.settings import AUTO, NasSettings
-from nas.study import training
+from nas.study.profiles import profile_candidates
 from nas.study.space import seed_models
-from nas.tasks import get_task
 from pipeline import CostCache, StageContext, launch, under_torchrun
 from pipeline.distributed.overheads import measure_overheads
-from pipeline.local.microbatch import split_microbatches
-from pipeline.local.profiler import optimizer_state_ratio, sandbox, trace_shapes
-from pipeline.pure.costs import LayerCost
 from pipeline.pure.planner import InfeasibleBudgetError, get_planner
 from pipeline.pure.shape import (
     RuntimeOverheads,
@@ -177,7 +173,7 @@ def per_candidate(
     ValueError naming the budget when no pipeline of at most `max_stages` fits it."""
     assert costs.overheads is not None, "machine_costs() measures the overheads"
     p = settings.pipeline
-    [profile] = _profiles(settings, [arch], costs, task)
+    [profile] = profile_candidates(settings, [arch], costs, task)
     best, tried = stages_for(
         get_planner(p.planner),
         profile.costs_at,
@@ -201,7 +197,7 @@ def least_stage_bytes(
     `pipeline.n_microbatches` (2 when "auto") and the pool's threads, for the task's
     largest batch (as a budget is planned)."""
     p = settings.pipeline
-    [profile] = _profiles(settings, [arch], costs, task, budgeted=True)
+    [profile] = profile_candidates(settings, [arch], costs, task, budgeted=True)
     microbatches = 2 if p.n_microbatches == AUTO else int(p.n_microbatches)
     layer_costs = profile.costs_at(
         pool_threads(settings), settings.train.batch_size // microbatches
@@ -262,7 +258,7 @@ def resolve(
             schedule=p.schedule,
             memory_budget=p.memory_budget,
         )[1]
-        for profile in _profiles(settings, architectures, costs)
+        for profile in profile_candidates(settings, architectures, costs)
     ]
     save_cache(costs)
     choice = _best(options, costs.overheads)
@@ -363,50 +359,3 @@ def _row(per_seed: Sequence[ShapeOption]) -> dict[str, Any]:
         ),
         "reason": "; ".join(o.reason for o in per_seed if o.reason),
     }
-
-
-@dataclass
-class _Profile:
-    """One model's layer costs at (threads, micro-batch size), profiled on demand, once."""
-
-    specs: list[Any]
-    batch: Any
-    opt_ratio: float
-    costs: CostCache
-    known: dict[tuple[int, int], list[LayerCost]] = dataclasses.field(default_factory=dict)
-
-    def costs_at(self, threads: int, microbatch: int) -> list[LayerCost]:
-        if (threads, microbatch) not in self.known:
-            self.known[threads, microbatch] = self._profile(threads, microbatch)
-        return self.known[threads, microbatch]
-
-    def _profile(self, threads: int, microbatch: int) -> list[LayerCost]:
-        """Time each distinct layer not in the cache on `threads` threads (`sandbox`); traced
-        on them too, as their signatures (the cache's keys) name the threads."""
-        first = self.batch[0] if isinstance(self.batch, tuple | list) else self.batch
-        n = int(first.shape[0]) // microbatch
-        example = split_microbatches(self.batch, n, "the example batch")[0]
-        before = torch.get_num_threads()
-        torch.set_num_threads(threads)
-        try:
-            shapes = trace_shapes(self.specs, example, count_flops=False)  # timed instead
-            return sandbox(self.specs, shapes, torch.device("cpu"), self.opt_ratio, self.costs)
-        finally:
-            torch.set_num_threads(before)
-
-
-def _profiles(
-    settings: NasSettings,
-    architectures: Sequence[Architecture],
-    costs: CostCache,
-    task: Any = None,
-    *,
-    budgeted: bool | None = None,
-) -> list[_Profile]:
-    task = task if task is not None else get_task(settings.task.name, **settings.task.options)
-    x = training.planning_input(settings, task, budgeted=budgeted)
-    ratio = optimizer_state_ratio(training.rates(settings.train).optimizer())
-    return [
-        _Profile(training.compile_model(arch, task, settings.train.dropout)[0], x, ratio, costs)
-        for arch in architectures
-    ]

@@ -20,11 +20,14 @@
                measured costs (`ElasticOptions.correct_after`), as any first plan does
     5. rivals  at that correction (`pipeline.distributed.elasticity.maybe_rebalance`), the
                plan in force re-planned from the costs its stages measured is weighed
-               against every other exact schedule's plan from the same costs
-               (`pipeline.pure.planner.tryout.rivals`); those the model cannot tell from it,
-               or predicts faster, are tried against it as in 2.-4. (`challenge`). Their
-               predictions come from measured costs, not the profile a next model starts
-               from, so they teach no error, and the plan kept awaits no other correction
+               against every other exact schedule's plan from the same costs and against
+               its own schedule on the cuts one layer from its own, each with its memory
+               actions, where they fit the budget (`pipeline.pure.planner.tryout.rivals`);
+               those the model cannot tell from it (within its error, `CHALLENGE_ERROR` at
+               least), or predicts faster, are tried against it as in 2.-4.
+               (`challenge`). Their predictions come from measured costs, not the profile a
+               next model starts from, so they teach no error, and the plan kept awaits no
+               other correction
 
 While a tryout runs, the re-plan triggers wait (a re-plan would change the plan being timed).
 """
@@ -41,12 +44,15 @@ from pipeline.distributed.comm import Comm
 from pipeline.distributed.parts import ChallengedPipeline, TriedPipeline
 from pipeline.pure.costs import LayerCost
 from pipeline.pure.planner import Plan, choose_schedule
+from pipeline.pure.planner.base import Problem
 from pipeline.pure.planner.tryout import (
+    CHALLENGE_ERROR,
     Contender,
     Move,
     PredictionErrors,
     Tryout,
     contenders,
+    neighbouring_cuts,
     rivals,
 )
 
@@ -121,7 +127,7 @@ def challenge(
     against the other schedules' plans from them that the model cannot rank below it; None
     when there is none. Every rank, agreed on rank 0."""
     elastic = pipe.options.elastic
-    error = pipe.options.planning.cost_cache.errors.error
+    error = max(CHALLENGE_ERROR, pipe.options.planning.cost_cache.errors.error)
 
     def decide() -> list[Contender]:
         try:
@@ -133,9 +139,10 @@ def challenge(
                 memory_budget=memory_budget,
             )
         except ValueError:  # no schedule fits: the plan in force is the only one
-            return []
+            tried = []
         others = [c.plan for c in tried if c.plan is not None]
-        return rivals(in_force, others, error, elastic.try_plans)
+        near = _neighbours(pipe, costs, memory_budget, in_force)
+        return rivals(in_force, [*others, *near], error, elastic.try_plans)
 
     chosen = pipe.comm.agree(decide)
     if not chosen:
@@ -143,6 +150,41 @@ def challenge(
     tryout = Tryout(chosen, warmup=WARMUP, steps=elastic.try_steps, rounds=elastic.try_rounds)
     pipe.event_log.record("tryout", **tryout.to_dict())
     return PlanTryout(tryout, teaches=False)
+
+
+def _neighbours(
+    pipe: ChallengedPipeline,
+    costs: Sequence[LayerCost],
+    memory_budget: int | None,
+    in_force: Plan,
+) -> list[Plan]:
+    """`in_force`'s schedule and memory actions on the cuts one layer from its own
+    (`neighbouring_cuts`), predicted from `costs` as the correction planned it (the
+    planner's link between stages), those that fit `memory_budget`; none under a
+    Bi-Partition handoff (its cut is its own)."""
+    if in_force.handoff:
+        return []
+    link = pipe.planner.default_link
+    problem = Problem(
+        costs,
+        in_force.n_stages,
+        in_force.schedule,
+        in_force.n_microbatches,
+        memory_budget,
+        link,
+    )
+    near = [
+        pipe.planner.evaluate(
+            costs,
+            sizes,
+            in_force.actions,
+            schedule=in_force.schedule,
+            n_microbatches=in_force.n_microbatches,
+            link=link,
+        )
+        for sizes in neighbouring_cuts(in_force.sizes)
+    ]
+    return [plan for plan in near if problem.fits(plan)]
 
 
 def switch_folder(comm: Comm, directory: str | os.PathLike[str] | None, step: int) -> Path:

@@ -30,6 +30,7 @@ import torch
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
+from pipeline.local.cache_flush import cache_flusher
 from pipeline.local.carry import Carry, as_carry, floating, leaf, nbytes, unwrap
 from pipeline.local.cost_cache import CostCache
 from pipeline.local.separable import is_separable
@@ -239,15 +240,15 @@ def sandbox_time(
     """(forward s, backward s, saved bytes) of one real layer, medians of `repeats` runs.
 
     After a warm-up, it runs `repeats` forwards and then their backwards, as a pipeline
-    stage does. Before each timed pass the CPU caches are flushed: in training the other
-    layers of the stage run in between and evict this one's weights (the warm-up's passes
-    are not timed, so they skip the flush, which costs about as much as a small layer).
-    `flush`: a `_cache_flusher` to reuse (its buffer costs as much to allocate as to write).
+    stage does. Before each timed pass the CPU caches are flushed (`pipeline.local.
+    cache_flush`): in training the other layers of the stage run in between and evict this
+    one's weights (the warm-up's passes are not timed, so they skip the flush).
+    `flush`: a `cache_flusher` to reuse (its buffer costs as much to allocate as to write).
     """
     module = build_layer(spec, 0, device)
     params = list(module.parameters())
     saved = [0]
-    flush = flush or _cache_flusher(device)
+    flush = flush or cache_flusher(device)
 
     def forward(count: bool, timed: bool = True) -> tuple[float, list[torch.Tensor]]:
         carry = _example(shape.inputs, device)
@@ -279,22 +280,6 @@ def sandbox_time(
     return statistics.median(t for t, _ in runs), statistics.median(backwards), saved[0]
 
 
-_FLUSH_BYTES = 64 << 20  # larger than the last-level cache of common CPUs
-
-
-def _cache_flusher(device: torch.device) -> Callable[[], None]:
-    """A function that evicts the CPU caches by writing a buffer larger than them (a no-op
-    on a GPU); the buffer lives as long as the function."""
-    if device.type != "cpu":
-        return lambda: None
-    buffer = torch.zeros(_FLUSH_BYTES // 4, dtype=torch.float32)
-
-    def flush() -> None:
-        buffer.add_(1.0)
-
-    return flush
-
-
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -315,7 +300,7 @@ def sandbox(
     flush = None  # one buffer for every layer timed here
     for index, (signature, position) in enumerate(firsts.items()):
         if signature not in cache and mine(index):
-            flush = flush or _cache_flusher(device)
+            flush = flush or cache_flusher(device)
             timed = sandbox_time(specs[position], shapes[position], device, flush=flush)
             cache.put(signature, *timed)
     costs = []

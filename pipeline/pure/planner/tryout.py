@@ -24,12 +24,17 @@ rank them and a few measured steps can (a language model on 2 ranks: ZB-V predic
        (switched back to if another ran last), and each one tried is what
        `PredictionErrors.learn` takes
     4. `rivals(in_force, others, error, most)`: at the correction of a plan from measured
-       costs, the other schedules' plans from the same costs that the model cannot tell
-       from the plan in force, or predicts faster; with the plan in force first (it runs
-       now), they are a `Tryout`'s contenders. The plan that runs is measured, not
-       predicted: a plan kept on the first step's profile may be slower than another
-       schedule's plan from what its stages measured (a language model at 8 micro-batches:
-       interleaved 1F1B kept at 1.05 s an iteration while 1F1B ran 0.94 s)
+       costs, the other plans from the same costs that the model cannot tell from the plan
+       in force, or predicts faster: the other schedules' plans, and the plan in force's
+       schedule on the cuts one layer from its own (`neighbouring_cuts`); with the plan in
+       force first (it runs now), they are a `Tryout`'s contenders. The plan that runs is
+       measured, not predicted: a plan kept on the first step's profile may be slower than
+       another schedule's plan from what its stages measured (a language model at 8
+       micro-batches: interleaved 1F1B kept at 1.05 s an iteration while 1F1B ran 0.94 s),
+       and a cut one layer over may run faster than the measured costs predict (the same
+       model at 4 micro-batches: ZB-H1 kept on [7, 3] ran 0.90 s an iteration and [8, 2]
+       0.82 s, where its slower stage's measured costs sum 6% higher). Their error is not
+       what the cache learned of the profile's predictions: `CHALLENGE_ERROR` at least
 
 Pure: plans and seconds in, decisions out. `pipeline.distributed.tryout` runs it.
 """
@@ -46,6 +51,7 @@ from typing import Any
 from pipeline.pure.planner.base import Plan
 
 __all__ = [
+    "CHALLENGE_ERROR",
     "FLOOR",
     "KEEP",
     "LEARNED",
@@ -55,6 +61,7 @@ __all__ = [
     "PredictionErrors",
     "Tryout",
     "contenders",
+    "neighbouring_cuts",
     "rivals",
 ]
 
@@ -62,6 +69,7 @@ KEEP = 32  # ratios kept per schedule, newest last
 LEARNED = 2  # plans measured before the model's error is its own
 FLOOR = 0.03  # the least error: a few per cent is a step's own noise
 UNKNOWN = 0.15  # the error assumed before anything was measured
+CHALLENGE_ERROR = 0.10  # the least error of predictions from measured costs (4.)
 
 
 class PredictionErrors:
@@ -132,18 +140,32 @@ def contenders(plans: Sequence[Plan], errors: PredictionErrors, most: int) -> li
     return [c for c in ranked if c.corrected_s <= limit][:most]
 
 
+def neighbouring_cuts(sizes: Sequence[int]) -> list[tuple[int, ...]]:
+    """The cuts one layer from `sizes`: each boundary between two neighbouring stages moved
+    by one layer, either way, no stage left empty; boundary by boundary, the later stage's
+    first layer moved earlier first."""
+    cuts = []
+    for i in range(len(sizes) - 1):
+        for moved in (1, -1):  # stage i + 1's first layer to stage i; stage i's last on
+            cut = list(sizes)
+            cut[i], cut[i + 1] = cut[i] + moved, cut[i + 1] - moved
+            if min(cut[i], cut[i + 1]) >= 1:
+                cuts.append(tuple(cut))
+    return cuts
+
+
 def rivals(in_force: Plan, others: Sequence[Plan], error: float, most: int) -> list[Contender]:
-    """The plan in force and the `others` (plans predicted from the same measured costs; one
-    of the plan in force's schedule is left out: the correction planned it) within `error`
-    of the fastest prediction of them all, at most `most` in all (4.): the plan in force
-    first, then the others fastest first; [] when none of the others is close enough to
-    try. One set of costs, so no schedule's bias is applied."""
+    """The plan in force and the `others` (plans predicted from the same measured costs;
+    one with the plan in force's schedule and cut is left out: it is the plan in force)
+    within `error` of the fastest prediction of them all, at most `most` in all (4.): the
+    plan in force first, then the others fastest first; [] when none of the others is close
+    enough to try. One set of costs, so no schedule's bias is applied."""
     if most < 1:
         raise ValueError(f"most must be >= 1, got {most!r}")
     if error < 0:
         raise ValueError(f"error must be >= 0, got {error!r}")
     ranked = sorted(
-        (p for p in others if p.schedule != in_force.schedule),
+        (p for p in others if (p.schedule, p.sizes) != (in_force.schedule, in_force.sizes)),
         key=lambda p: p.predicted_iteration_s,
     )
     best = min([in_force.predicted_iteration_s, *(p.predicted_iteration_s for p in ranked)])
@@ -236,6 +258,7 @@ class Tryout:
         """What the tryout event records."""
         return {
             "kept": self.current.schedule if self._done else None,
+            "kept_sizes": list(self.current.plan.sizes) if self._done else None,
             "tried": [
                 {
                     "schedule": c.schedule,

@@ -71,13 +71,18 @@ def tried(
     out = {
         "losses": losses,
         "tryouts": [e.details for e in pipe.events if e.kind == "tryout"],
-        "switches": [e.details["plan"]["schedule"] for e in pipe.events if e.kind == "switch"],
+        "switches": [plan_of(e.details["plan"]) for e in pipe.events if e.kind == "switch"],
         "schedule": pipe.schedule.name,
         "learned": cache.errors.to_dict(),
         "state": pipe.full_state_dict(),
     }
     pipe.close()
     return out
+
+
+def plan_of(details: dict[str, Any]) -> tuple[str, tuple[int, ...]]:
+    """A plan as an event records it: (schedule, sizes)."""
+    return details["schedule"], tuple(details["sizes"])
 
 
 def run_tried(errors: dict[str, list[float]], elastic: ElasticOptions) -> dict[str, Any]:
@@ -103,31 +108,42 @@ def test_the_plans_the_model_cannot_rank_are_tried_and_the_fastest_kept_exactly(
     run = run_tried({"made-up": [1.0, 3.0]}, elastic)  # error: 50%
     begun, ended = run["tryouts"]
     assert begun["kept"] is None and len(begun["tried"]) >= 2, begun
-    contenders = [t["schedule"] for t in ended["tried"]]
-    assert contenders == [t["schedule"] for t in begun["tried"]]
-    measured = {t["schedule"]: t["measured_s"] for t in ended["tried"]}
+    contenders = [plan_of(t) for t in ended["tried"]]
+    assert contenders == [plan_of(t) for t in begun["tried"]]
+    measured = {plan_of(t): t["measured_s"] for t in ended["tried"]}
     assert all(s is not None and s > 0 for s in measured.values()), measured
-    fastest = min(measured, key=lambda name: measured[name])
-    assert ended["kept"] == fastest == run["schedule"]
+    fastest = min(measured, key=lambda plan: measured[plan])
+    assert (ended["kept"], tuple(ended["kept_sizes"])) == fastest
+    assert fastest[0] == run["schedule"]
     turns = contenders[1:] + contenders  # each tried in turn, twice over (A B C A B C)
     assert run["switches"][: len(turns)] == turns
     assert run["switches"][len(turns) :] in ([], [fastest])  # then back to the best
-    assert set(contenders) <= set(run["learned"]), run["learned"]  # the cache learned them
+    learned = {schedule for schedule, _ in contenders}
+    assert learned <= set(run["learned"]), run["learned"]  # the cache learned them
     assert_exact(run)
 
 
-def test_a_correction_tries_the_other_schedules_plans_from_measured_costs_exactly() -> None:
+def test_a_correction_tries_other_schedules_and_cuts_from_measured_costs_exactly() -> None:
+    """The correction's rivals: the other schedules' plans and 1F1B on the cuts one layer
+    from the plan in force, switched to in turn (repartitions among them), exactly."""
     errors = {"made-up": [1.0, 3.0], "1f1b": [0.5, 0.5]}  # error 50%; 1f1b twice as fast
     elastic = ElasticOptions(
-        try_plans=3, try_steps=2, try_rounds=1, correct_after=4, measure_memory_every=4
+        try_plans=6, try_steps=2, try_rounds=1, correct_after=4, measure_memory_every=4
     )
     run = run_tried(errors, elastic)
     begun, ended = run["tryouts"]  # none on the first step: 1f1b alone was planned
-    tried = [t["schedule"] for t in ended["tried"]]
-    assert tried[0] == "1f1b" and len(tried) >= 2 and "1f1b" not in tried[1:], ended
-    assert [t["schedule"] for t in begun["tried"]] == tried and begun["kept"] is None
-    measured = {t["schedule"]: t["measured_s"] for t in ended["tried"]}
-    assert ended["kept"] == min(measured, key=lambda name: measured[name]) == run["schedule"]
+    tried = [plan_of(t) for t in ended["tried"]]
+    in_force = tried[0]
+    assert in_force[0] == "1f1b" and len(set(tried)) == len(tried) >= 3, ended
+    assert {schedule for schedule, _ in tried[1:]} - {"1f1b"}, "another schedule is tried"
+    cuts = [sizes for schedule, sizes in tried[1:] if schedule == "1f1b"]
+    assert cuts, "a cut one layer from the plan in force is tried"
+    assert all(sum(abs(a - b) for a, b in zip(c, in_force[1], strict=True)) == 2 for c in cuts)
+    assert [plan_of(t) for t in begun["tried"]] == tried and begun["kept"] is None
+    measured = {plan_of(t): t["measured_s"] for t in ended["tried"]}
+    kept = min(measured, key=lambda plan: measured[plan])
+    assert (ended["kept"], tuple(ended["kept_sizes"])) == kept and kept[0] == run["schedule"]
     assert run["switches"][: len(tried) - 1] == tried[1:]
+    assert run["switches"][len(tried) - 1 :] in ([], [kept])  # then back to the best
     assert run["learned"] == errors  # predictions from measured costs teach no error
     assert_exact(run)

@@ -19,6 +19,7 @@ from pipeline.pure.planner.tryout import (
     PredictionErrors,
     Tryout,
     contenders,
+    neighbouring_cuts,
     rivals,
 )
 
@@ -81,6 +82,7 @@ def test_a_tryout_measures_each_after_its_warmup_and_keeps_the_fastest() -> None
     assert tryout.stepped(1.0) == Move.STAY  # over: nothing more
     record = tryout.to_dict()
     assert record["kept"] == "1f1b" and [t["measured_s"] for t in record["tried"]] == [2.14, 1.83]
+    assert record["kept_sizes"] == [2, 2]
 
 
 def test_a_tryout_switches_back_to_an_earlier_contender_that_was_faster() -> None:
@@ -135,6 +137,38 @@ def test_the_auto_schedules_plans_feed_the_contenders() -> None:
     chosen = contenders(plans, PredictionErrors(), most=4)
     assert chosen[0].plan == best.plan
     assert all(c.corrected_s <= chosen[0].corrected_s * (1 + UNKNOWN) for c in chosen)
+
+
+def test_neighbouring_cuts_move_each_boundary_one_layer_either_way() -> None:
+    assert neighbouring_cuts((7, 3)) == [(8, 2), (6, 4)]
+    assert neighbouring_cuts((1, 3, 5, 1)) == [
+        (2, 2, 5, 1),
+        (1, 4, 4, 1),
+        (1, 2, 6, 1),
+        (1, 3, 4, 2),
+    ]
+    assert neighbouring_cuts((1, 1)) == []  # no stage is left empty
+    assert neighbouring_cuts((4,)) == []  # one stage: no boundary
+    for sizes in [(7, 3), (1, 3, 5, 1), (2, 2, 2)]:
+        for cut in neighbouring_cuts(sizes):
+            assert sum(cut) == sum(sizes) and min(cut) >= 1
+            assert sum(abs(a - b) for a, b in zip(cut, sizes, strict=True)) == 2
+
+
+def test_a_cut_one_layer_over_is_a_rival_the_plan_in_force_is_not() -> None:
+    """The plan in force's own schedule on another cut is a rival like another schedule's
+    plan; the same schedule on the same cut is the plan in force itself."""
+    in_force = plan("zbh1", 0.906, (7, 3))
+    near = [plan("zbh1", 0.95, (8, 2)), plan("zbh1", 1.2, (6, 4))]
+    others = [plan("zbv", 0.924, (1, 4, 4, 1)), plan("zbh1", 0.9, (7, 3))]
+    chosen = rivals(in_force, [*others, *near], error=0.1, most=4)
+    # fastest 0.906 (its twin at 0.9 is left out); within 10%: zbv 0.924, [8, 2] 0.95
+    assert [(c.schedule, c.plan.sizes) for c in chosen] == [
+        ("zbh1", (7, 3)),
+        ("zbv", (1, 4, 4, 1)),
+        ("zbh1", (8, 2)),
+    ]
+    assert rivals(in_force, near, error=0.03, most=4) == []  # [8, 2] 5% behind: told apart
 
 
 def test_rivals_are_the_plan_in_force_and_the_others_it_cannot_be_told_from() -> None:
