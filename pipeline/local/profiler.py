@@ -218,15 +218,12 @@ def estimate(
     shapes: Sequence[LayerShape], device: torch.device, opt_ratio: float
 ) -> list[LayerCost]:
     """Costs from FLOPs and shapes alone (no layer runs for real)."""
-    flops = [s.flops for s in shapes]
-    uncounted = [s.key for s, f in zip(shapes, flops, strict=True) if f is None]
+    uncounted = [s.key for s in shapes if s.flops is None]
     if uncounted:
         raise ValueError(f"layers traced without their FLOPs cannot be estimated: {uncounted}")
     rate = matmul_rate(device)
     return [
-        _cost(s, f / rate, 2 * f / rate, opt_ratio)
-        for s, f in zip(shapes, flops, strict=True)
-        if f is not None
+        _cost(s, f / rate, 2 * f / rate, opt_ratio) for s in shapes if (f := s.flops) is not None
     ]
 
 
