@@ -58,13 +58,26 @@ def worker_commands(arm: Path, url: str, args: argparse.Namespace, stages: str) 
     commands = []
     for k in range(2):
         argv = [
-            "taskset", "-c", str(k), sys.executable, "-m", "nas",
-            f"experiment={args.experiment}", f"study.name={STUDY}", f"study.storage={url}",
-            "study.workers=1", "pipeline.n_stages=1", "pipeline.threads_per_stage=1",
-            "pipeline.n_microbatches=2", f"study.time_budget_s={args.minutes * 60:g}",
-            f"studies_dir={arm / 'studies'}", f"retrain.models_dir={arm / 'models'}",
-            f"hydra.run.dir={arm / f'worker-{k}'}", f"stages=[{stages}]", *args.overrides,
-        ]  # fmt: skip
+            "taskset",
+            "-c",
+            str(k),
+            sys.executable,
+            "-m",
+            "nas",
+            f"experiment={args.experiment}",
+            f"study.name={STUDY}",
+            f"study.storage={url}",
+            "study.workers=1",
+            "pipeline.n_stages=1",
+            "pipeline.threads_per_stage=1",
+            "pipeline.n_microbatches=2",
+            f"study.time_budget_s={args.minutes * 60:g}",
+            f"studies_dir={arm / 'studies'}",
+            f"retrain.models_dir={arm / 'models'}",
+            f"hydra.run.dir={arm / f'worker-{k}'}",
+            f"stages=[{stages}]",
+            *args.overrides,
+        ]
         commands.append(Command(f"worker-{k}", argv, arm / f"worker-{k}.out"))
     return commands
 
