@@ -144,6 +144,9 @@ class ElasticOptions:
         try_rounds: how many times the plans tried are visited in turn (A B A B: 2); each
             is measured by the median of all its steps, so a spell of a slower machine
             weighs on every plan rather than on the one that ran then.
+        try_rounds_max: after `try_rounds`, more rounds (this many in all at most) while
+            the fastest measured has not beaten every other plan in every round both ran;
+            they visit it and the plans it has not beaten only.
     """
 
     rebalance_every: int | None = None
@@ -155,6 +158,7 @@ class ElasticOptions:
     try_plans: int = 3
     try_steps: int = 3
     try_rounds: int = 2
+    try_rounds_max: int = 4
 
     def __post_init__(self) -> None:
         _positive("rebalance_every", self.rebalance_every, optional=True)
@@ -164,6 +168,11 @@ class ElasticOptions:
         _positive("try_plans", self.try_plans)
         _positive("try_steps", self.try_steps)
         _positive("try_rounds", self.try_rounds)
+        if not is_int(self.try_rounds_max) or self.try_rounds_max < self.try_rounds:
+            raise ValueError(
+                f"try_rounds_max must be an int >= try_rounds ({self.try_rounds}), "
+                f"got {self.try_rounds_max!r}"
+            )
         settle = self.rebalance_settle
         if not is_int(settle) or settle < 0:
             raise ValueError(f"rebalance_settle must be an int >= 0, got {settle!r}")

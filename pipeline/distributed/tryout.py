@@ -41,6 +41,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from pipeline.distributed.comm import Comm
+from pipeline.distributed.options import ElasticOptions
 from pipeline.distributed.parts import ChallengedPipeline, TriedPipeline
 from pipeline.pure.costs import LayerCost
 from pipeline.pure.planner import Plan, choose_schedule
@@ -112,7 +113,7 @@ def begin(pipe: TriedPipeline, plans: Sequence[Plan]) -> tuple[Plan, PlanTryout 
     chosen = pipe.comm.agree(lambda: contenders(plans, errors, elastic.try_plans))
     if len(chosen) < 2:
         return chosen[0].plan, None
-    tryout = Tryout(chosen, warmup=WARMUP, steps=elastic.try_steps, rounds=elastic.try_rounds)
+    tryout = _tryout(chosen, elastic)
     pipe.event_log.record("tryout", **tryout.to_dict())
     return chosen[0].plan, PlanTryout(tryout)
 
@@ -147,7 +148,7 @@ def challenge(
     chosen = pipe.comm.agree(decide)
     if not chosen:
         return None
-    tryout = Tryout(chosen, warmup=WARMUP, steps=elastic.try_steps, rounds=elastic.try_rounds)
+    tryout = _tryout(chosen, elastic)
     pipe.event_log.record("tryout", **tryout.to_dict())
     return PlanTryout(tryout, teaches=False)
 
@@ -185,6 +186,16 @@ def _neighbours(
         for sizes in neighbouring_cuts(in_force.sizes)
     ]
     return [plan for plan in near if problem.fits(plan)]
+
+
+def _tryout(chosen: Sequence[Contender], elastic: ElasticOptions) -> Tryout:
+    return Tryout(
+        chosen,
+        warmup=WARMUP,
+        steps=elastic.try_steps,
+        rounds=elastic.try_rounds,
+        most_rounds=elastic.try_rounds_max,
+    )
 
 
 def switch_folder(comm: Comm, directory: str | os.PathLike[str] | None, step: int) -> Path:

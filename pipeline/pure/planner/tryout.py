@@ -20,9 +20,13 @@ rank them and a few measured steps can (a language model on 2 ranks: ZB-V predic
        measured steps; a contender's measurement is the median of all its measured steps,
        so a machine that slows for a while weighs on every contender, not on the one that
        ran then (a language model at 8 micro-batches: ZB-H1 measured 1.22 s in one visit,
-       1.09 s when timed over rounds). After the last visit the fastest measured is kept
-       (switched back to if another ran last), and each one tried is what
-       `PredictionErrors.learn` takes
+       1.09 s when timed over rounds). After the least rounds, while the fastest measured
+       has not beaten another in every round both ran (the visits of a round are minutes
+       apart at most, so a slow spell weighs on a round's visits alike: paired), another
+       round visits it and those only, up to `most_rounds` (a language model at 4
+       micro-batches: three plans 5% apart, on a machine whose steps spread 35% from one
+       visit to the next). Then the fastest measured is kept (switched back to if another
+       ran last), and each one tried is what `PredictionErrors.learn` takes
     4. `rivals(in_force, others, error, most)`: at the correction of a plan from measured
        costs, the other plans from the same costs that the model cannot tell from the plan
        in force, or predicts faster: the other schedules' plans, and the plan in force's
@@ -186,14 +190,29 @@ class Move(enum.Enum):
 @dataclass
 class _Tried:
     contender: Contender
-    seconds: list[float] = field(default_factory=list)
+    visits: dict[int, list[float]] = field(default_factory=dict)  # round -> measured steps
+
+    @property
+    def seconds(self) -> list[float]:
+        return [s for steps in self.visits.values() for s in steps]
+
+    def visit_s(self, round_: int) -> float:
+        """The median of its measured steps in round `round_` (inf: it did not run then)."""
+        steps = self.visits.get(round_)
+        return statistics.median(steps) if steps else math.inf
 
 
 class Tryout:
     """The contenders run in turn; the fastest measured kept (module doc, 3.)."""
 
     def __init__(
-        self, tried: Sequence[Contender], *, warmup: int = 1, steps: int = 3, rounds: int = 1
+        self,
+        tried: Sequence[Contender],
+        *,
+        warmup: int = 1,
+        steps: int = 3,
+        rounds: int = 1,
+        most_rounds: int | None = None,
     ) -> None:
         if len(tried) < 2:
             raise ValueError(f"a tryout needs at least 2 contenders, got {len(tried)}")
@@ -201,9 +220,14 @@ class Tryout:
             raise ValueError(
                 f"warmup must be >= 0, steps and rounds >= 1, got {warmup!r}, {steps!r}, {rounds!r}"
             )
+        most_rounds = rounds if most_rounds is None else most_rounds
+        if most_rounds < rounds:
+            raise ValueError(f"most_rounds must be >= rounds ({rounds}), got {most_rounds!r}")
         self._tried = [_Tried(c) for c in tried]
-        self._warmup, self._steps, self._rounds = warmup, steps, rounds
+        self._warmup, self._steps = warmup, steps
+        self._rounds, self._most_rounds = rounds, most_rounds
         self._round = 1  # the round under way (1-based)
+        self._playing = list(range(len(tried)))  # the contenders the round visits, in order
         self._index = 0  # the contender in force (once done: the one kept)
         self._last = 0  # the contender that ran last
         self._seen = 0  # its steps so far, warm-up included
@@ -223,6 +247,11 @@ class Tryout:
     def done(self) -> bool:
         return self._done
 
+    @property
+    def rounds_run(self) -> int:
+        """The rounds begun so far (once done: all it ran)."""
+        return self._round
+
     def stepped(self, seconds: float) -> Move:
         """The plan in force ran one more step in `seconds`: what to do next."""
         if self._done:
@@ -230,19 +259,50 @@ class Tryout:
         self._seen += 1
         if self._seen <= self._warmup:
             return Move.STAY
-        tried = self._tried[self._index]
-        tried.seconds.append(seconds)
-        if len(tried.seconds) < self._steps * self._round:
+        visit = self._tried[self._index].visits.setdefault(self._round, [])
+        visit.append(seconds)
+        if len(visit) < self._steps:
             return Move.STAY
-        if self._index + 1 < len(self._tried) or self._round < self._rounds:
-            if self._index + 1 == len(self._tried):  # the next round, from the first again
-                self._round += 1
-            self._index, self._seen = (self._index + 1) % len(self._tried), 0
-            self._last = self._index
-            return Move.SWITCH
+        following = self._playing.index(self._index) + 1
+        if following == len(self._playing):  # the round is over
+            if not self._another_round():
+                return self._keep()
+            self._round += 1
+            following = 0
+        self._index, self._seen = self._playing[following], 0
+        self._last = self._index
+        return Move.SWITCH
+
+    def _another_round(self) -> bool:
+        """After the least rounds, another (up to the most) while the fastest measured has
+        not beaten every other in every round both ran: of it and those (module doc, 3.)."""
+        if self._round >= self._most_rounds:
+            return False
+        if self._round < self._rounds:
+            return True
+        leader = self._fastest()
+        open_ = [
+            i
+            for i in range(len(self._tried))
+            if i == leader or (i in self._playing and not self._beats(leader, i))
+        ]
+        # the one in force last (a next round never begins with a switch to itself)
+        self._playing = sorted(open_, key=lambda i: i == self._index)
+        return len(self._playing) > 1
+
+    def _beats(self, leader: int, other: int) -> bool:
+        both = [r for r in self._tried[other].visits if r in self._tried[leader].visits]
+        return bool(both) and all(
+            self._tried[leader].visit_s(r) < self._tried[other].visit_s(r) for r in both
+        )
+
+    def _fastest(self) -> int:
+        return min(range(len(self._tried)), key=self.measured_s)
+
+    def _keep(self) -> Move:
         self._done = True
         self._last = self._index
-        self._index = min(range(len(self._tried)), key=lambda i: self.measured_s(i))
+        self._index = self._fastest()
         return Move.KEEP
 
     def measured_s(self, index: int) -> float:
@@ -259,6 +319,7 @@ class Tryout:
         return {
             "kept": self.current.schedule if self._done else None,
             "kept_sizes": list(self.current.plan.sizes) if self._done else None,
+            "rounds": self._round,
             "tried": [
                 {
                     "schedule": c.schedule,
@@ -266,7 +327,8 @@ class Tryout:
                     "predicted_iteration_s": c.plan.predicted_iteration_s,
                     "corrected_s": c.corrected_s,
                     "measured_s": None if math.isinf(measured) else measured,
+                    "visits_s": [t.visit_s(r) for r in sorted(t.visits)],
                 }
-                for c, measured in self.results()
+                for (c, measured), t in zip(self.results(), self._tried, strict=True)
             ],
         }

@@ -37,6 +37,7 @@ GROUPS: dict[str, Any] = {
         ("elastic", "try_plans", 0, "try_plans must be a positive int, got 0"),
         ("elastic", "try_steps", 1.5, "try_steps must be a positive int, got 1.5"),
         ("elastic", "try_rounds", 0, "try_rounds must be a positive int, got 0"),
+        ("elastic", "try_rounds_max", 1, r"try_rounds_max must be an int >= try_rounds \(2\)"),
         ("elastic", "rebalance_settle", -1, "rebalance_settle must be an int >= 0, got -1"),
         ("elastic", "rebalance_on_drift", 0.0, "rebalance_on_drift must be a fraction > 0"),
     ],
@@ -75,6 +76,7 @@ def test_defaults_are_documented_values_and_frozen() -> None:
         "try_plans": 3,
         "try_steps": 3,
         "try_rounds": 2,
+        "try_rounds_max": 4,
     }
     plan = options.planning
     assert (plan.partition, plan.planner, plan.memory_budget, plan.profile, plan.handoff) == (

@@ -118,6 +118,38 @@ def test_a_tryout_in_rounds_visits_each_in_turn_and_weighs_every_step() -> None:
     assert one_round.done and one_round.current.schedule == "1f1b"
 
 
+def test_a_tryout_goes_on_while_the_fastest_has_not_beaten_another_in_every_round() -> None:
+    """Three plans 5% apart on a noisy machine: after the least 2 rounds 1f1b leads; it beat
+    zbv in both rounds but zbh1 only in the first (zbh1's slow spell), so the next rounds
+    visit zbh1 and 1f1b only, up to the most (4); the fastest over all its steps is kept."""
+    tried = [Contender(plan(s, 1.0), 1.0) for s in ("zbv", "zbh1", "1f1b")]
+    tryout = Tryout(tried, warmup=0, steps=1, rounds=2, most_rounds=4)
+    visits = [
+        *[("zbv", 1.10), ("zbh1", 1.30), ("1f1b", 1.00)],  # round 1: zbh1 in a slow spell
+        *[("zbv", 1.20), ("zbh1", 0.90), ("1f1b", 1.05)],  # round 2
+        *[("zbh1", 0.85), ("1f1b", 1.02)],  # round 3: zbh1 leads, still lost round 1
+        *[("zbh1", 0.88), ("1f1b", 1.01)],  # round 4: the most
+    ]
+    moves = []
+    for schedule, seconds in visits:
+        assert tryout.current.schedule == schedule and not tryout.done
+        moves.append(tryout.stepped(seconds))
+    assert moves == [Move.SWITCH] * 9 + [Move.KEEP]
+    assert tryout.rounds_run == 4 and tryout.current.schedule == "zbh1"
+    assert tryout.ran_last.schedule == "1f1b"  # switched back to zbh1
+    record = tryout.to_dict()
+    assert record["rounds"] == 4
+    assert [len(t["visits_s"]) for t in record["tried"]] == [2, 4, 4]
+
+
+def test_a_tryout_whose_fastest_beat_every_other_in_every_round_stops_at_the_least() -> None:
+    tried = [Contender(plan(s, 1.0), 1.0) for s in ("zbv", "1f1b")]
+    tryout = Tryout(tried, warmup=1, steps=2, rounds=2, most_rounds=4)
+    for seconds in (5.0, 1.2, 1.3, 5.0, 1.0, 1.1, 5.0, 1.25, 1.2, 5.0, 1.05, 1.0):
+        move = tryout.stepped(seconds)
+    assert move == Move.KEEP and tryout.rounds_run == 2 and tryout.current.schedule == "1f1b"
+
+
 def test_a_tryout_needs_two_contenders_and_sane_counts() -> None:
     one = [Contender(plan("zbv", 1.0), 1.0)]
     with pytest.raises(ValueError, match="at least 2 contenders"):
@@ -126,6 +158,8 @@ def test_a_tryout_needs_two_contenders_and_sane_counts() -> None:
         Tryout(one * 2, steps=0)
     with pytest.raises(ValueError, match="warmup must be >= 0, steps and rounds >= 1"):
         Tryout(one * 2, rounds=0)
+    with pytest.raises(ValueError, match=r"most_rounds must be >= rounds \(2\), got 1"):
+        Tryout(one * 2, rounds=2, most_rounds=1)
 
 
 def test_the_auto_schedules_plans_feed_the_contenders() -> None:
