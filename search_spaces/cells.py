@@ -13,7 +13,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from search_spaces.architecture import Block, Branch, Cell, block_widths, cell_outputs
-from search_spaces.layers import Context, activation, make_layer
+from search_spaces.layers import activation, make_layer
+from search_spaces.sequence import Context
 
 __all__ = ["BlockModule", "BranchModule", "CellModule"]
 

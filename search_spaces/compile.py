@@ -40,8 +40,8 @@ from torch import nn
 from pipeline.local.spec import LayerSpec
 from search_spaces.architecture import Architecture, Cell
 from search_spaces.cells import CellModule
-from search_spaces.layers import Context
 from search_spaces.memo import Memo
+from search_spaces.sequence import Context
 
 __all__ = [
     "DecoderCell",

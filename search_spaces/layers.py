@@ -10,86 +10,49 @@ train whatever the search picks:
   input at a position > t (convolutions are padded on the left, attention is masked).
 
 Layers that work per position (identity, dense, GLU) need neither. `make_layer` builds a
-layer from its name in the search space; `LAYER_NAMES` lists them. Parameter counts follow
-tensor2tensor's NAS layers (`nas_layers.py`), except that attention projections have biases
-so that the Transformer seed counts exactly like `torch.nn.Transformer`.
+layer from its name in the search space; `LAYER_NAMES` lists them. What every layer shares
+(`SeqLayer`, `Context`, the padding helpers) is in `search_spaces.sequence`; the attention
+layers are in `search_spaces.attention`. Parameter counts follow tensor2tensor's NAS layers
+(`nas_layers.py`), except that attention projections have biases so that the Transformer
+seed counts exactly like `torch.nn.Transformer`.
 
 Two of Primer's primitives (So et al. 2021) are here too, for spaces that ask for them:
 squared ReLU (`relu(x)^2`, an activation) and multi-DConv-head attention (`mdha`,
-`encoder_mdha`): attention with a depthwise convolution of width 3 along the sequence after
-each of the Q, K and V projections, one kernel per channel and no bias (3 * 3 * d weights
-more than plain attention). The convolutions obey both rules: padded positions are zeroed
-before them, and on the decoder side (self-attention's Q, K and V; cross-attention's Q) they
-are causal; cross-attention's K and V mix source positions both ways, as the encoder does.
-Each kernel starts as the identity (1 on the current position), so MDHA begins as plain
-attention and learns its convolutions.
+`encoder_mdha`, in `search_spaces.attention`): attention with a depthwise convolution of
+width 3 along the sequence after each of the Q, K and V projections, one kernel per channel
+and no bias (3 * 3 * d weights more than plain attention).
 """
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from search_spaces.attention import (
+    DConvEncoderAttention,
+    DConvSelfAttention,
+    EncoderAttention,
+    SelfAttention,
+)
+from search_spaces.sequence import Context, SeqLayer, time_pad, zero_pad
 
 __all__ = [
     "ACTIVATIONS",
     "ATTENTION_LAYERS",
     "CROSS_LAYERS",
     "LAYER_NAMES",
-    "Context",
-    "DConvEncoderAttention",
-    "DConvSelfAttention",
     "Dead",
     "Dense",
-    "DepthwiseTimeConv",
-    "EncoderAttention",
     "GatedLinearUnit",
     "Identity",
     "LightweightConv",
-    "SelfAttention",
     "SeparableConv",
-    "SeqLayer",
     "SquaredReLU",
     "StandardConv",
     "activation",
     "make_layer",
 ]
-
-
-class Context(NamedTuple):
-    """What a layer may need besides its input; every field may be None."""
-
-    pad: torch.Tensor | None = None  # (batch, seq) bool, True at padding
-    memory: torch.Tensor | None = None  # (batch, src_seq, d_memory) encoder output
-    memory_pad: torch.Tensor | None = None  # (batch, src_seq) bool, True at padding
-
-
-class SeqLayer(nn.Module):
-    """Base class: forward(x (batch, seq, d_in), ctx) -> (batch, seq, d_out)."""
-
-    d_in: int
-    d_out: int
-
-    def forward(self, x: torch.Tensor, ctx: Context) -> torch.Tensor:
-        raise NotImplementedError
-
-
-QKV = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # an attention's queries, keys, values
-
-
-def _zero_pad(x: torch.Tensor, pad: torch.Tensor | None) -> torch.Tensor:
-    """Zero the padded positions of x (batch, seq, d) before a layer mixes positions."""
-    return x if pad is None else x.masked_fill(pad.unsqueeze(-1), 0.0)
-
-
-def _time_pad(x: torch.Tensor, width: int, causal: bool) -> torch.Tensor:
-    """Pad (batch, d, seq) in time for a 'valid' convolution of odd `width`: on the left
-    only when causal (output t sees t-width+1..t), else on both sides (t-k..t+k)."""
-    if causal:
-        return F.pad(x, (width - 1, 0))
-    return F.pad(x, ((width - 1) // 2, (width - 1) // 2))
 
 
 class Identity(SeqLayer):
@@ -134,8 +97,8 @@ class StandardConv(SeqLayer):
         self.conv = nn.Conv1d(d_in, d_out, width)
 
     def forward(self, x: torch.Tensor, ctx: Context) -> torch.Tensor:
-        x = _zero_pad(x, ctx.pad).transpose(1, 2)  # (B, d_in, T)
-        y = self.conv(_time_pad(x, self.width, self.causal))  # (B, d_out, T)
+        x = zero_pad(x, ctx.pad).transpose(1, 2)  # (B, d_in, T)
+        y = self.conv(time_pad(x, self.width, self.causal))  # (B, d_out, T)
         return y.transpose(1, 2)
 
 
@@ -150,8 +113,8 @@ class SeparableConv(SeqLayer):
         self.pointwise = nn.Conv1d(d_in, d_out, 1)
 
     def forward(self, x: torch.Tensor, ctx: Context) -> torch.Tensor:
-        x = _zero_pad(x, ctx.pad).transpose(1, 2)  # (B, d_in, T)
-        y = self.pointwise(self.depthwise(_time_pad(x, self.width, self.causal)))
+        x = zero_pad(x, ctx.pad).transpose(1, 2)  # (B, d_in, T)
+        y = self.pointwise(self.depthwise(time_pad(x, self.width, self.causal)))
         return y.transpose(1, 2)  # (B, T, d_out)
 
 
@@ -172,8 +135,8 @@ class LightweightConv(SeqLayer):
     def forward(self, x: torch.Tensor, ctx: Context) -> torch.Tensor:
         kernel = F.softmax(self.weight, dim=-1)  # (d_in/r, width), each row sums to 1
         kernel = kernel.repeat_interleave(self.reduction, dim=0).unsqueeze(1)  # (d_in, 1, w)
-        x = _zero_pad(x, ctx.pad).transpose(1, 2)  # (B, d_in, T)
-        y = F.conv1d(_time_pad(x, self.width, self.causal), kernel, groups=self.d_in)
+        x = zero_pad(x, ctx.pad).transpose(1, 2)  # (B, d_in, T)
+        y = F.conv1d(time_pad(x, self.width, self.causal), kernel, groups=self.d_in)
         return y.transpose(1, 2)
 
 
@@ -188,136 +151,6 @@ class GatedLinearUnit(SeqLayer):
 
     def forward(self, x: torch.Tensor, ctx: Context) -> torch.Tensor:
         return self.values(x) * torch.sigmoid(self.gates(x))
-
-
-def _attend(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, heads: int, allowed: torch.Tensor | None
-) -> torch.Tensor:
-    """Multi-head attention core: q (B, T, d), k and v (B, S, d) -> (B, T, d).
-
-    allowed: bool, broadcastable to (B, heads, T, S), True where a query may see a key.
-    """
-    B, T, d = q.shape
-    S = k.shape[1]
-    q = q.view(B, T, heads, d // heads).transpose(1, 2)  # (B, H, T, dh)
-    k = k.view(B, S, heads, d // heads).transpose(1, 2)  # (B, H, S, dh)
-    v = v.view(B, S, heads, d // heads).transpose(1, 2)  # (B, H, S, dh)
-    y = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed)  # (B, H, T, dh)
-    return y.transpose(1, 2).reshape(B, T, d)
-
-
-def _check_heads(d: int, heads: int) -> None:
-    if heads < 1 or d % heads:
-        raise ValueError(f"attention: {heads} heads do not divide the width {d}")
-
-
-class SelfAttention(SeqLayer):
-    """Multi-head self-attention, q/k/v in d_in, output projected to d_out; causal in the
-    decoder. Padded keys are masked; every position may always see itself, so a row is
-    never empty (no NaN) and a padded query sees only itself."""
-
-    def __init__(self, d_in: int, d_out: int, heads: int, *, causal: bool) -> None:
-        super().__init__()
-        _check_heads(d_in, heads)
-        self.d_in, self.d_out, self.heads, self.causal = d_in, d_out, heads, causal
-        self.q, self.k, self.v = (nn.Linear(d_in, d_in) for _ in range(3))
-        self.out = nn.Linear(d_in, d_out)
-
-    def forward(self, x: torch.Tensor, ctx: Context) -> torch.Tensor:
-        T = x.shape[1]
-        allowed: torch.Tensor | None = None  # (T, T) or (B, 1, T, T)
-        if self.causal:
-            allowed = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
-        if ctx.pad is not None:
-            keys = ~ctx.pad[:, None, None, :]  # (B, 1, 1, T)
-            allowed = keys if allowed is None else allowed & keys
-            allowed = allowed | torch.eye(T, dtype=torch.bool, device=x.device)
-        y = _attend(*self.project(x, ctx), self.heads, allowed)
-        return self.out(y)
-
-    def project(self, x: torch.Tensor, ctx: Context) -> QKV:
-        """The queries, keys and values of x."""
-        return self.q(x), self.k(x), self.v(x)
-
-
-class EncoderAttention(SeqLayer):
-    """Attention from the decoder (queries, d_in) to the encoder memory (keys and values,
-    d_memory); padded source positions are masked. A source made only of padding gives
-    the plain average over it rather than NaN."""
-
-    def __init__(self, d_in: int, d_out: int, heads: int, d_memory: int) -> None:
-        super().__init__()
-        _check_heads(d_in, heads)
-        self.d_in, self.d_out, self.heads = d_in, d_out, heads
-        self.q = nn.Linear(d_in, d_in)
-        self.k, self.v = nn.Linear(d_memory, d_in), nn.Linear(d_memory, d_in)
-        self.out = nn.Linear(d_in, d_out)
-
-    def forward(self, x: torch.Tensor, ctx: Context) -> torch.Tensor:
-        if ctx.memory is None:
-            raise ValueError("attention to the encoder needs the encoder memory in the context")
-        allowed = None
-        if ctx.memory_pad is not None:
-            allowed = ~ctx.memory_pad[:, None, None, :]  # (B, 1, 1, S)
-            allowed = allowed | ~allowed.any(dim=-1, keepdim=True)
-        y = _attend(*self.project(x, ctx.memory, ctx), self.heads, allowed)
-        return self.out(y)
-
-    def project(self, x: torch.Tensor, memory: torch.Tensor, ctx: Context) -> QKV:
-        """The queries of x, the keys and values of the encoder memory."""
-        return self.q(x), self.k(memory), self.v(memory)
-
-
-class DepthwiseTimeConv(nn.Module):
-    """Primer's DConv: one kernel of `width` positions per channel along the sequence, no
-    bias, starting as the identity; padded positions are zeroed first (causal: left-padded)."""
-
-    def __init__(self, d: int, width: int, *, causal: bool) -> None:
-        super().__init__()
-        self.width, self.causal = width, causal
-        self.conv = nn.Conv1d(d, d, width, groups=d, bias=False)
-        with torch.no_grad():
-            self.conv.weight.zero_()
-            self.conv.weight[:, :, width - 1 if causal else width // 2] = 1.0
-
-    def forward(self, x: torch.Tensor, pad: torch.Tensor | None) -> torch.Tensor:
-        x = _zero_pad(x, pad).transpose(1, 2)  # (B, d, T)
-        return self.conv(_time_pad(x, self.width, self.causal)).transpose(1, 2)
-
-
-DCONV_WIDTH = 3  # Primer: wider kernels did not help
-
-
-class DConvSelfAttention(SelfAttention):
-    """Multi-DConv-head self-attention (Primer): a depthwise conv of width 3 after each of
-    the Q, K and V projections; causal in the decoder."""
-
-    def __init__(self, d_in: int, d_out: int, heads: int, *, causal: bool) -> None:
-        super().__init__(d_in, d_out, heads, causal=causal)
-        self.dconv_q, self.dconv_k, self.dconv_v = (
-            DepthwiseTimeConv(d_in, DCONV_WIDTH, causal=causal) for _ in range(3)
-        )
-
-    def project(self, x: torch.Tensor, ctx: Context) -> QKV:
-        q, k, v = super().project(x, ctx)
-        return self.dconv_q(q, ctx.pad), self.dconv_k(k, ctx.pad), self.dconv_v(v, ctx.pad)
-
-
-class DConvEncoderAttention(EncoderAttention):
-    """Multi-DConv-head attention to the encoder: the queries' conv is causal (they are the
-    decoder's positions), the keys' and values' convs mix source positions both ways."""
-
-    def __init__(self, d_in: int, d_out: int, heads: int, d_memory: int) -> None:
-        super().__init__(d_in, d_out, heads, d_memory)
-        self.dconv_q = DepthwiseTimeConv(d_in, DCONV_WIDTH, causal=True)
-        self.dconv_k, self.dconv_v = (
-            DepthwiseTimeConv(d_in, DCONV_WIDTH, causal=False) for _ in range(2)
-        )
-
-    def project(self, x: torch.Tensor, memory: torch.Tensor, ctx: Context) -> QKV:
-        q, k, v = super().project(x, memory, ctx)
-        source_pad = ctx.memory_pad
-        return self.dconv_q(q, ctx.pad), self.dconv_k(k, source_pad), self.dconv_v(v, source_pad)
 
 
 class SquaredReLU(nn.Module):

@@ -7,12 +7,12 @@ import torch
 
 from search_spaces.layers import (
     LAYER_NAMES,
-    Context,
     LightweightConv,
     SeparableConv,
     StandardConv,
     make_layer,
 )
+from search_spaces.sequence import Context
 
 D_IN, B, T, S = 16, 2, 9, 6
 

@@ -17,6 +17,7 @@ from search_spaces.architecture import (
     functional_key,
     to_json,
 )
+from search_spaces.attention import DConvEncoderAttention
 from search_spaces.compile import compile, parameter_count
 from search_spaces.evolved_transformer import (
     PRIMITIVES,
@@ -26,14 +27,9 @@ from search_spaces.evolved_transformer import (
     transformer,
     validate,
 )
-from search_spaces.layers import (
-    Context,
-    DConvEncoderAttention,
-    SquaredReLU,
-    activation,
-    make_layer,
-)
+from search_spaces.layers import SquaredReLU, activation, make_layer
 from search_spaces.primer import with_primitives
+from search_spaces.sequence import Context
 from search_spaces.suggest import FixedSuggest, RandomSuggest
 from tests.search_spaces.common import MAX_LEN, PAD, VOCAB, D, build, run, tokens
 

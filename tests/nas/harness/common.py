@@ -1,4 +1,5 @@
-"""Helpers shared by the harness tests: composed settings, a text file, a locked SQLite file."""
+"""Helpers shared by the harness tests: composed settings, `python -m nas` in a subprocess, a
+text file, a locked SQLite file."""
 
 from __future__ import annotations
 
@@ -48,6 +49,32 @@ def tiny_settings(tmp_path: Path, *overrides: str) -> NasSettings:
     return composed(
         *TINY, f"studies_dir={tmp_path / 'studies'}", f"output_dir={tmp_path / 'run'}", *overrides
     )
+
+
+# What every command-line study in the tests shares: one evaluation batch, small batches,
+# the narrowest model, few decoded pairs.
+SMALL = (
+    "train.eval_batches=1",
+    "train.batch_size=16",
+    "search_space.d_model=[32]",
+    "search_space.max_cells=1",
+    *LITTLE_DECODING,
+)
+
+
+def run(
+    tmp_path: Path, *overrides: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """`python -m nas` with `overrides`, its run folder and studies under `tmp_path`."""
+    cmd = [
+        sys.executable,
+        "-m",
+        "nas",
+        *overrides,
+        f"hydra.run.dir={tmp_path / 'run'}",
+        f"studies_dir={tmp_path / 'studies'}",
+    ]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=tmp_path, env=env)
 
 
 GIVEN_OVERHEADS = RuntimeOverheads(microbatch_s=4e-4, message_s=8e-4, step_s=1e-3)

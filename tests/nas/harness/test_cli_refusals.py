@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.nas.harness.test_cli import run
+from tests.nas.harness.common import run
 
 
 def test_the_composed_config_prints(tmp_path: Path) -> None:

@@ -12,7 +12,7 @@ import pytest
 import nas
 from nas.export.pretrained import TranslationModel
 from tests.nas.corpora import write_tsv
-from tests.nas.harness.test_cli import SMALL, run
+from tests.nas.harness.common import SMALL, run
 
 pytestmark = pytest.mark.multiprocess
 
