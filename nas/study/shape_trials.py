@@ -13,10 +13,16 @@ model under the small study's 1.6 MB budget:
 So before a run long enough to pay for it, the shapes predicted within `SHARE` of the
 best (at most `CONTENDERS`, the best first) each train `STEPS` steps of the first model from
 scratch, one shape after the other, in stage processes of their own; the fastest median
-step after `WARMUP` (the first step measures memory and layers: slower by design) is kept:
+step after `WARMUP` (the first step measures memory and layers: slower by design) is kept.
+A measurement that overturns the prediction (another shape faster than the best predicted)
+is taken once more, every contender again, before it is believed: each contender's steps
+run within a second or two, and a spell of a slower machine then weighs on one shape alone
+(on 2 cores, 2 stages measured 0.164 s a step in one run and 0.101-0.108 in three others,
+and the 1-stage shape it lost to trained 50% slower):
 
     resolve -> shapes by prediction -> contenders A, B
-            -> launch A: steps -> launch B: steps -> the faster
+            -> launch A: steps -> launch B: steps -> B faster? -> A, B again
+            -> the fastest median over all its steps
 """
 
 from __future__ import annotations
@@ -26,7 +32,7 @@ import itertools
 import logging
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from nas.settings import NasSettings
@@ -37,7 +43,7 @@ from pipeline import StageContext, launch
 from pipeline.pure.shape import Shape
 from search_spaces.architecture import Architecture, from_json, to_json
 
-__all__ = ["CONTENDERS", "SHARE", "STEPS", "WARMUP", "contenders", "fastest"]
+__all__ = ["CONTENDERS", "SHARE", "STEPS", "WARMUP", "contenders", "fastest", "overturned"]
 
 logger = logging.getLogger(__name__)
 
@@ -62,13 +68,16 @@ def fastest(
     settings: NasSettings, choice: ShapeChoice, arch: Architecture
 ) -> tuple[Shape, dict[str, float]]:
     """`choice`'s contender that trains `arch` fastest when measured (module doc), and the
-    seconds a step each took; `choice.shape` untried when it has no rival."""
+    median seconds of a step each took; `choice.shape` untried when it has no rival."""
     shapes = contenders(choice)
     if len(shapes) < 2:
         return choice.shape, {}
-    seconds: dict[str, float] = {}
-    for candidate in shapes:
-        seconds[str(candidate)] = _measure(shape.with_shape(settings, candidate), arch)
+    steps = {s: _measure(shape.with_shape(settings, s), arch) for s in shapes}
+    if overturned(steps, shapes[0]):
+        logger.info("shape: the measurement overturns the prediction; measuring again")
+        for candidate in shapes:
+            steps[candidate] += _measure(shape.with_shape(settings, candidate), arch)
+    seconds = {str(s): statistics.median(steps[s]) for s in shapes}
     kept = min(shapes, key=lambda s: seconds[str(s)])
     logger.info(
         "shape: measured %s; kept %s",
@@ -78,8 +87,15 @@ def fastest(
     return kept, seconds
 
 
-def _measure(settings: NasSettings, arch: Architecture) -> float:
-    """The median step of `arch` on `settings`' shape, in processes started for it."""
+def overturned(steps: Mapping[Shape, Sequence[float]], predicted: Shape) -> bool:
+    """Whether another shape's median step is shorter than that of `predicted`, the shape
+    predicted fastest (module doc)."""
+    medians = {s: statistics.median(seconds) for s, seconds in steps.items()}
+    return min(medians.values()) < medians[predicted]
+
+
+def _measure(settings: NasSettings, arch: Architecture) -> list[float]:
+    """The steps of `arch` after `WARMUP` on `settings`' shape, in processes started for it."""
     p = settings.pipeline
     assert isinstance(p.n_stages, int) and isinstance(p.threads_per_stage, int)
     return launch(
@@ -90,9 +106,9 @@ def _measure(settings: NasSettings, arch: Architecture) -> float:
     )[0]
 
 
-def _timed(ctx: StageContext, settings: NasSettings, arch: str) -> float:
-    """Every rank: build the model from scratch and train `STEPS` steps; rank 0's median
-    step after `WARMUP` (module-level: pickled by name)."""
+def _timed(ctx: StageContext, settings: NasSettings, arch: str) -> list[float]:
+    """Every rank: build the model from scratch and train `STEPS` steps; rank 0's steps
+    after `WARMUP` (module-level: pickled by name)."""
     task = get_task(settings.task.name, **settings.task.options)
     specs = training.compile_model(from_json(arch), task, settings.train.dropout)[0]
     pipe = training.build(
@@ -107,7 +123,7 @@ def _timed(ctx: StageContext, settings: NasSettings, arch: str) -> float:
         seconds = [_step(pipe, batch) for batch in _batches(task, settings)]
     finally:
         pipe.close()
-    return statistics.median(seconds[WARMUP:])
+    return seconds[WARMUP:]
 
 
 def _batches(task: Any, settings: NasSettings) -> Sequence[Any]:

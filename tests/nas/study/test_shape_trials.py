@@ -10,6 +10,7 @@ import pytest
 
 from nas.study import shape, shape_trials
 from nas.study.space import configured_space
+from pipeline.pure.shape import Shape
 from tests.nas.harness.common import machine_cache, small_space
 
 
@@ -37,6 +38,15 @@ def test_the_contenders_are_the_one_worker_shapes_predicted_near_the_best(machin
     assert shape_trials.contenders(choice, share=1.0) == [choice.shape]
     with pytest.raises(ValueError, match="share=0"):
         shape_trials.contenders(choice, share=0)
+
+
+def test_a_measurement_that_overturns_the_prediction_is_told_apart() -> None:
+    predicted, other = Shape(1, 2, 1, 4), Shape(1, 1, 2, 4)
+    assert not shape_trials.overturned({predicted: [0.10, 0.11], other: [0.14, 0.15]}, predicted)
+    assert shape_trials.overturned({predicted: [0.16, 0.17], other: [0.14, 0.15]}, predicted)
+    # a slow spell in one of two rounds of the best predicted: the median over all its steps
+    rounds = {predicted: [0.16, 0.17, 0.10, 0.10, 0.11], other: [0.14, 0.15, 0.14, 0.15]}
+    assert not shape_trials.overturned(rounds, predicted)
 
 
 @pytest.mark.multiprocess
