@@ -37,6 +37,8 @@ from omegaconf.errors import OmegaConfBaseException
 
 from nas import job_log
 from nas.config import CONFIG_PATH, one_line, register, to_settings
+from nas.settings import NasSettings
+from nas.tracking import TRACKERS
 
 register()
 logger = logging.getLogger(__name__)
@@ -66,6 +68,20 @@ def main() -> None:
         os.environ.pop(FULL_ERROR, None)
 
 
+# What the processes of each stage import: the search's workers and the jobs they run on
+# the pool; the retraining's shape trials and runs
+_STAGE_MODULES = {
+    "search": ("nas.study.workers", "nas.study.pooled"),
+    "retrain": ("nas.study.shape_trials", "nas.retrain.trainer"),
+}
+
+
+def _child_modules(settings: NasSettings) -> tuple[str, ...]:
+    """The modules this job's processes import (its stages', its tracker's backend)."""
+    stages = [module for stage in settings.stages for module in _STAGE_MODULES[stage]]
+    return (*stages, *TRACKERS[settings.tracker.name].preload)
+
+
 def _say_error(message: str, *args: object) -> None:
     """One [ERROR] line on stderr, as the job log writes them: while composing, Hydra has
     configured no logging yet, or only its own (`--multirun`)."""
@@ -93,7 +109,9 @@ def run(cfg: DictConfig) -> None:
     job_log.publish()  # the stage processes log to this job's log file too
     from pipeline.distributed.processes import prestart
 
-    prestart()  # the stage processes' server imports torch meanwhile, on another core
+    # the stage processes' server imports torch meanwhile, on another core, and what the
+    # job's processes import (seconds each), so that none of them pays for it
+    prestart(preload=_child_modules(settings))
     from nas.retrain.stage import retrain  # after composing: --help and --cfg stay fast
     from nas.storage.opening import StorageError
     from nas.study.opening import StudyMismatchError

@@ -111,9 +111,13 @@ class Tracker:
 
     `mirrored`: a tracker whose records live in a service (W&B) is given a JSON-lines mirror
     beside it by the harness (`nas.study.tracker_setup`), readable with no service.
+    `preload`: the modules its runs import in each process that opens one (a backend's
+    package); the harness has the stage processes' server import them once, before it
+    forks the processes (`pipeline.distributed.processes.prestart`).
     """
 
     mirrored: ClassVar[bool] = False
+    preload: ClassVar[tuple[str, ...]] = ()
 
     def start_study(self, study_name: str, config: Mapping[str, Any]) -> None:
         """A study begins (or resumes): its name and resolved configuration."""

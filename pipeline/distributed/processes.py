@@ -35,6 +35,7 @@ from pipeline.distributed import procfs
 
 __all__ = [
     "PEER_FAILURE",
+    "SERVER_IMPORTS_ENV",
     "Caller",
     "StageContext",
     "group_backend",
@@ -64,13 +65,16 @@ class StageContext:
 PEER_FAILURE = ("Connection reset", "Connection closed", "Timed out", "timed out")
 
 # The forkserver imports these (and torch) once. torch._dynamo too: the first optimizer a
-# stage builds imports it (2-3 s of CPU), so each stage would pay that again.
+# stage builds imports it (2-3 s of CPU), so each stage would pay that again. Then the
+# caller's own modules (`prestart`'s `preload`), through `server_imports`.
 _PRELOAD = [
     "__main__",
     "pipeline.distributed.launch",
     "pipeline.distributed.pool_member",
     "torch._dynamo",
+    "pipeline.distributed.server_imports",
 ]
+SERVER_IMPORTS_ENV = "PIPELINE_SERVER_IMPORTS"  # `prestart`'s preload, comma-separated
 
 
 def start_context() -> Any:
@@ -82,11 +86,18 @@ def start_context() -> Any:
     return context
 
 
-def prestart() -> None:
+def prestart(preload: Sequence[str] = ()) -> None:
     """Start the forkserver now rather than at the first launch: its imports (torch, the
     runtime, `__main__`: seconds of CPU) then run on another core while the caller goes on
     with its own work, and the first launch or pool forks its processes at once. Nothing
-    where the platform spawns; a server already running is kept."""
+    where the platform spawns; a server already running is kept (and `preload` is then
+    not imported there).
+
+    `preload`: modules the caller's children import (a worker's module, a tracker's
+    backend), imported once by the server too, so that no child pays for them; one that
+    fails to import there is left to the children (`server_imports`)."""
+    if preload:
+        os.environ[SERVER_IMPORTS_ENV] = ",".join(preload)
     context = start_context()
     if context.get_start_method() == "forkserver":
         forkserver.ensure_running()

@@ -5,6 +5,7 @@ left open), and calls out of order or malformed refused by name."""
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 
 import pytest
@@ -96,3 +97,12 @@ def test_calls_out_of_order_are_refused_naming_the_tracker(
         with pytest.raises(NotADirectoryError, match="missing is not one"):
             tracker.log_model("m", tmp_path / "missing", {})
         tracker.end_trial("FAIL", {}, "an Optuna state name is taken")
+
+
+@pytest.mark.parametrize("name", list(TRACKERS))
+def test_what_a_tracker_preloads_exists(name: str) -> None:
+    """`Tracker.preload` names modules (the stage processes' server imports them): each one
+    is found by name (its parents imported, not itself)."""
+    preload = TRACKERS[name].preload
+    assert isinstance(preload, tuple) and all(isinstance(m, str) for m in preload)
+    assert all(importlib.util.find_spec(module) is not None for module in preload), preload

@@ -91,6 +91,42 @@ def test_stages_leave_when_their_caller_is_killed(tmp_path: Path) -> None:
     assert not any(procfs.running(pid) for pid in pids)
 
 
+PRELOADING_CALLER = """
+import sys
+import pipeline
+from pipeline.distributed.processes import prestart
+
+PROBES = ("xml.dom.minidom", "broken_on_import")
+
+def imported(ctx):
+    return [name for name in PROBES if name in sys.modules]
+
+if __name__ == "__main__":
+    sys.path.insert(0, sys.argv[1])  # broken_on_import.py: raises as it is imported
+    prestart(preload=sys.argv[2:])
+    print(pipeline.launch(imported, 1, threads_per_stage=1, timeout_s=60)[0])
+"""
+
+
+def test_a_stage_starts_with_the_modules_its_caller_preloads(tmp_path: Path) -> None:
+    """`prestart(preload=...)`: the server imports them, so a stage has them on its first
+    line; one that raises, or does not exist, leaves the server (and the launch) working."""
+    (tmp_path / "broken_on_import.py").write_text("raise RuntimeError('not here')\n")
+    script = tmp_path / "caller.py"
+    script.write_text(PRELOADING_CALLER)
+
+    def stage_has(*preload: str) -> str:
+        cmd = [sys.executable, str(script), str(tmp_path), *preload]
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False)
+        assert done.returncode == 0, done.stderr[-2000:]
+        return done.stdout.strip()
+
+    assert stage_has() == "[]"
+    assert stage_has("xml.dom.minidom", "broken_on_import", "no_such_module") == (
+        "['xml.dom.minidom']"
+    )
+
+
 def die_on_stage_zero(ctx: StageContext) -> None:
     if ctx.rank == 0:
         os._exit(3)
