@@ -21,8 +21,8 @@ rank them and a few measured steps can (a language model on 2 ranks: ZB-V predic
        so a machine that slows for a while weighs on every contender, not on the one that
        ran then (a language model at 8 micro-batches: ZB-H1 measured 1.22 s in one visit,
        1.09 s when timed over rounds). After the least rounds, while the fastest measured
-       has not beaten another in every round both ran (the visits of a round are minutes
-       apart at most, so a slow spell weighs on a round's visits alike: paired), another
+       has not beaten another in every round both ran (a round's visits follow one another,
+       so a slow spell tends to weigh on them alike: paired, as a sign test), another
        round visits it and those only, up to `most_rounds` (a language model at 4
        micro-batches: three plans 5% apart, on a machine whose steps spread 35% from one
        visit to the next). Then the fastest measured is kept (switched back to if another
