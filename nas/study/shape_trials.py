@@ -72,11 +72,15 @@ def fastest(
     shapes = contenders(choice)
     if len(shapes) < 2:
         return choice.shape, {}
-    steps = {s: _measure(shape.with_shape(settings, s), arch) for s in shapes}
+
+    def measured(candidate: Shape) -> list[float]:
+        return _measure(shape.with_shape(settings, candidate), arch)
+
+    steps = {s: measured(s) for s in shapes}
     if overturned(steps, shapes[0]):
         logger.info("shape: the measurement overturns the prediction; measuring again")
         for candidate in shapes:
-            steps[candidate] += _measure(shape.with_shape(settings, candidate), arch)
+            steps[candidate] += measured(candidate)
     seconds = {str(s): statistics.median(steps[s]) for s in shapes}
     kept = min(shapes, key=lambda s: seconds[str(s)])
     logger.info(
