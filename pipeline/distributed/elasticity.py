@@ -87,6 +87,7 @@ def rebalance(
     is close enough)."""
     pipe.drain()
     horizon = pipe.options.elastic.rebalance_horizon if remaining_steps is None else remaining_steps
+    ran_steps = pipe.plan_age.steps_on_plan(pipe.model.step)  # of the plan in force
     costs, actions = pipe.layer_costs()
     if pipe.model.signatures:  # the next model with these layers plans from what they cost here
         pipe.options.planning.cost_cache.learn(pipe.model.signatures, costs)
@@ -127,7 +128,7 @@ def rebalance(
     )
     pipe.model.replanned(decision.plan)
     pipe.plan_age.restart(pipe.model.step, measure=False)
-    tryout = challenge(pipe, costs, budget, decision.plan) if rivals else None
+    tryout = challenge(pipe, costs, budget, decision.plan, current, ran_steps) if rivals else None
     if not decision.changed:
         return None, tryout
     plan = decision.plan

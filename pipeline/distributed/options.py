@@ -139,7 +139,8 @@ class ElasticOptions:
             `try_steps` measured steps and the fastest is kept (`pipeline.distributed.tryout`;
             1: the best predicted, untried). What they measured corrects the cost cache.
             At the first correction (`correct_after`) the other schedules' plans from the
-            measured costs are weighed against the plan in force, and tried the same way.
+            measured costs are weighed against the plan in force, and tried the same way
+            (each schedule's fastest first: 4 lets every exact schedule be tried there).
         try_steps: the measured steps of each plan tried per visit (after one warm-up step).
         try_rounds: how many times the plans tried are visited in turn (A B A B: 2); each
             is measured by the median of all its steps, so a spell of a slower machine
@@ -155,7 +156,7 @@ class ElasticOptions:
     rebalance_settle: int = 3
     measure_memory_every: int = 10
     correct_after: int | None = 10
-    try_plans: int = 3
+    try_plans: int = 4
     try_steps: int = 3
     try_rounds: int = 2
     try_rounds_max: int = 4

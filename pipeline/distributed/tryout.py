@@ -23,8 +23,9 @@
                against every other exact schedule's plan from the same costs and against
                its own schedule on the cuts one layer from its own, each with its memory
                actions, where they fit the budget (`pipeline.pure.planner.tryout.rivals`);
-               those the model cannot tell from it (within its error, `CHALLENGE_ERROR` at
-               least), or predicts faster, are tried against it as in 2.-4.
+               those the model cannot tell from it (within its error: `CHALLENGE_ERROR` at
+               least, and at least how far the plan that ran measured from its prediction
+               from these costs), or predicts faster, are tried against it as in 2.-4.
                (`challenge`). Their predictions come from measured costs, not the profile a
                next model starts from, so they teach no error, and the plan kept awaits no
                other correction
@@ -36,6 +37,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import statistics
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
@@ -47,11 +49,11 @@ from pipeline.pure.costs import LayerCost
 from pipeline.pure.planner import Plan, choose_schedule
 from pipeline.pure.planner.base import Problem
 from pipeline.pure.planner.tryout import (
-    CHALLENGE_ERROR,
     Contender,
     Move,
     PredictionErrors,
     Tryout,
+    challenge_error,
     contenders,
     neighbouring_cuts,
     rivals,
@@ -123,12 +125,17 @@ def challenge(
     costs: Sequence[LayerCost],
     memory_budget: int | None,
     in_force: Plan,
+    ran: Plan,
+    ran_steps: int,
 ) -> PlanTryout | None:
     """5.: the tryout of `in_force` (the correction's plan, from the measured `costs`)
     against the other schedules' plans from them that the model cannot rank below it; None
-    when there is none. Every rank, agreed on rank 0."""
+    when there is none. `ran`: the plan that ran the last `ran_steps` steps, predicted from
+    `costs`; how far it ran from that prediction widens the error (`challenge_error`).
+    Every rank, agreed on rank 0."""
     elastic = pipe.options.elastic
-    error = max(CHALLENGE_ERROR, pipe.options.planning.cost_cache.errors.error)
+    learned = pipe.options.planning.cost_cache.errors.error
+    error = challenge_error(learned, _iteration_s(pipe, ran_steps), ran.predicted_iteration_s)
 
     def decide() -> list[Contender]:
         try:
@@ -149,8 +156,19 @@ def challenge(
     if not chosen:
         return None
     tryout = _tryout(chosen, elastic)
-    pipe.event_log.record("tryout", **tryout.to_dict())
+    pipe.event_log.record("tryout", error=error, **tryout.to_dict())
     return PlanTryout(tryout, teaches=False)
+
+
+def _iteration_s(pipe: ChallengedPipeline, steps: int) -> float:
+    """The iteration the plan in force measured over the last `steps` steps: the slowest
+    rank's median step, those that measured memory left out (slower by design) unless every
+    one did (0.0: none ran); a collective."""
+    records = pipe.model.history.recent(steps)
+    plain = [r.times.total_s for r in records if not r.times.peak_activation_bytes]
+    seconds = plain or [r.times.total_s for r in records]
+    mine = statistics.median(seconds) if seconds else 0.0
+    return float(pipe.comm.all_reduce([mine], op="max")[0])
 
 
 def _neighbours(

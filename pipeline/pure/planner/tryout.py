@@ -38,7 +38,13 @@ rank them and a few measured steps can (a language model on 2 ranks: ZB-V predic
        and a cut one layer over may run faster than the measured costs predict (the same
        model at 4 micro-batches: ZB-H1 kept on [7, 3] ran 0.90 s an iteration and [8, 2]
        0.82 s, where its slower stage's measured costs sum 6% higher). Their error is not
-       what the cache learned of the profile's predictions: `CHALLENGE_ERROR` at least
+       what the cache learned of the profile's predictions: `CHALLENGE_ERROR` at least, and
+       at least how far the plan in force ran from its own prediction from those costs
+       (`challenge_error`: a language model at 8 micro-batches, interleaved 1F1B predicted
+       at 0.84 s ran 1.01 s, so plans 10-20% behind it by prediction were not told apart).
+       The prediction errs alike for plans of one schedule and differently between
+       schedules, so the places go first to each schedule's fastest plan, then to the
+       other cuts
 
 Pure: plans and seconds in, decisions out. `pipeline.distributed.tryout` runs it.
 """
@@ -64,6 +70,7 @@ __all__ = [
     "Move",
     "PredictionErrors",
     "Tryout",
+    "challenge_error",
     "contenders",
     "neighbouring_cuts",
     "rivals",
@@ -158,12 +165,24 @@ def neighbouring_cuts(sizes: Sequence[int]) -> list[tuple[int, ...]]:
     return cuts
 
 
+def challenge_error(learned: float, iteration_s: float, predicted_s: float) -> float:
+    """The error within which the correction's rivals are tried (4.): `CHALLENGE_ERROR`, the
+    cache's `learned` error, and how far the plan in force ran (`iteration_s` an iteration,
+    measured) from its `predicted_s` from the measured costs, whichever is largest (a plan
+    not measured or not predicted: the other two)."""
+    if predicted_s <= 0 or not math.isfinite(iteration_s) or iteration_s <= 0:
+        return max(CHALLENGE_ERROR, learned)
+    return max(CHALLENGE_ERROR, learned, abs(iteration_s / predicted_s - 1))
+
+
 def rivals(in_force: Plan, others: Sequence[Plan], error: float, most: int) -> list[Contender]:
     """The plan in force and the `others` (plans predicted from the same measured costs;
     one with the plan in force's schedule and cut is left out: it is the plan in force)
     within `error` of the fastest prediction of them all, at most `most` in all (4.): the
-    plan in force first, then the others fastest first; [] when none of the others is close
-    enough to try. One set of costs, so no schedule's bias is applied."""
+    plan in force first, then the others fastest first, the places going first to each
+    other schedule's fastest, then to the rest (the plan in force's schedule is in already);
+    [] when none of the others is close enough to try. One set of costs, so no schedule's
+    bias is applied."""
     if most < 1:
         raise ValueError(f"most must be >= 1, got {most!r}")
     if error < 0:
@@ -173,10 +192,17 @@ def rivals(in_force: Plan, others: Sequence[Plan], error: float, most: int) -> l
         key=lambda p: p.predicted_iteration_s,
     )
     best = min([in_force.predicted_iteration_s, *(p.predicted_iteration_s for p in ranked)])
-    close = [p for p in ranked if p.predicted_iteration_s <= best * (1 + error)][: most - 1]
-    if not close:
+    close = [p for p in ranked if p.predicted_iteration_s <= best * (1 + error)]
+    leads: list[Plan] = []  # each other schedule's fastest
+    rest: list[Plan] = []
+    schedules = {in_force.schedule}
+    for p in close:
+        (rest if p.schedule in schedules else leads).append(p)
+        schedules.add(p.schedule)
+    chosen = sorted([*leads, *rest][: most - 1], key=lambda p: p.predicted_iteration_s)
+    if not chosen:
         return []
-    return [Contender(p, p.predicted_iteration_s) for p in (in_force, *close)]
+    return [Contender(p, p.predicted_iteration_s) for p in (in_force, *chosen)]
 
 
 class Move(enum.Enum):

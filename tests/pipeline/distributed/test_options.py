@@ -73,7 +73,7 @@ def test_defaults_are_documented_values_and_frozen() -> None:
         "rebalance_settle": 3,
         "measure_memory_every": 10,
         "correct_after": 10,
-        "try_plans": 3,
+        "try_plans": 4,
         "try_steps": 3,
         "try_rounds": 2,
         "try_rounds_max": 4,

@@ -11,6 +11,7 @@ from pipeline.pure.costs import LayerCost
 from pipeline.pure.planner import choose_schedule, get_planner
 from pipeline.pure.planner.base import Plan
 from pipeline.pure.planner.tryout import (
+    CHALLENGE_ERROR,
     FLOOR,
     KEEP,
     UNKNOWN,
@@ -18,6 +19,7 @@ from pipeline.pure.planner.tryout import (
     Move,
     PredictionErrors,
     Tryout,
+    challenge_error,
     contenders,
     neighbouring_cuts,
     rivals,
@@ -203,6 +205,43 @@ def test_a_cut_one_layer_over_is_a_rival_the_plan_in_force_is_not() -> None:
         ("zbh1", (8, 2)),
     ]
     assert rivals(in_force, near, error=0.03, most=4) == []  # [8, 2] 5% behind: told apart
+
+
+def test_each_schedules_fastest_rival_comes_before_a_schedules_second_plan() -> None:
+    """Places are few: they go to every other schedule's fastest plan within the error, then
+    to the other cuts; the chosen are listed fastest first (a language model at 8
+    micro-batches: interleaved in force, ZB-V and ZB-H1 on two cuts ahead of 1F1B)."""
+    in_force = plan("interleaved_1f1b", 0.84, (1, 3, 5, 1))
+    others = [
+        plan("zbv", 0.758, (1, 3, 5, 1)),
+        plan("zbh1", 0.78, (7, 3)),
+        plan("zbh1", 0.79, (8, 2)),
+        plan("zbv", 0.80, (1, 2, 6, 1)),
+        plan("1f1b", 0.86, (8, 2)),
+        plan("interleaved_1f1b", 0.83, (1, 2, 6, 1)),
+    ]
+    chosen = rivals(in_force, others, error=0.2, most=4)
+    assert [(c.schedule, c.plan.sizes) for c in chosen] == [
+        ("interleaved_1f1b", (1, 3, 5, 1)),
+        ("zbv", (1, 3, 5, 1)),
+        ("zbh1", (7, 3)),
+        ("1f1b", (8, 2)),
+    ]
+    # room for more: the rest fastest first, among the leads
+    wider = rivals(in_force, others, error=0.2, most=6)
+    assert [c.plan.predicted_iteration_s for c in wider[1:]] == [0.758, 0.78, 0.79, 0.80, 0.86]
+    # 1f1b 13% behind: out at the least error, in at the plan in force's own miss
+    assert "1f1b" not in {c.schedule for c in rivals(in_force, others, CHALLENGE_ERROR, 4)}
+
+
+def test_the_challenge_error_is_at_least_the_plan_in_forces_own_miss() -> None:
+    assert challenge_error(0.0, 1.01, 0.84) == pytest.approx(1.01 / 0.84 - 1)
+    assert challenge_error(0.0, 0.80, 0.84) == CHALLENGE_ERROR  # 5% fast: the least
+    assert challenge_error(0.0, 0.5, 1.0) == pytest.approx(0.5)  # fast counts as much as slow
+    assert challenge_error(0.3, 1.01, 0.84) == 0.3  # the cache learned a larger one
+    assert challenge_error(0.0, 0.0, 0.84) == CHALLENGE_ERROR  # nothing measured
+    assert challenge_error(0.05, math.inf, 0.84) == CHALLENGE_ERROR
+    assert challenge_error(0.0, 1.0, 0.0) == CHALLENGE_ERROR  # nothing predicted
 
 
 def test_rivals_are_the_plan_in_force_and_the_others_it_cannot_be_told_from() -> None:
