@@ -150,8 +150,18 @@ class Asker:
         of this worker's own counts as one to start: asked, it is the one this worker is
         about to train (or, before the ask, one an earlier run of it left: the heartbeat
         fails it). So right after an ask, 1 says it is the study's last to start."""
-        peers = [t for t in running_trials(self._study) if t.user_attrs.get(OWNER) != self.owner]
-        return remaining(self._study, self._settings.study.n_trials) - len(peers)
+        return remaining(self._study, self._settings.study.n_trials) - len(self._peers())
+
+    def alone(self) -> bool:
+        """Right after an ask: its trial is the study's last to start (`left` is 1) and no
+        peer's trial runs, so no other trial will want the machine's stage processes (a
+        peer's trial asked before it may still be sizing its candidate, not yet holding
+        any: the last must not take them all)."""
+        return self.left() <= 1 and not self._peers()
+
+    def _peers(self) -> list[optuna.trial.FrozenTrial]:
+        """The peers' running trials."""
+        return [t for t in running_trials(self._study) if t.user_attrs.get(OWNER) != self.owner]
 
     def _ask(self) -> optuna.Trial:
         """A new trial, marked as this worker's. While another worker trains a trial of the

@@ -83,8 +83,9 @@ class TrialOrder:
     # study.checkpoint_every: the folder its full-budget training checkpoints into (its
     # first attempt's: a retry goes on from there; `nas.study.checkpoints`)
     checkpoints: str | None = None
-    # no other trial is to start after it (`study.n_trials` is reached with it): the pool
-    # lends it the processes no one else will want (`nas.study.pooled`)
+    # no other trial is to start after it (`study.n_trials` is reached with it) and no
+    # peer's trial runs (`Asker.alone`): the pool lends it the processes no one else will
+    # want (`nas.study.pooled`)
     last: bool = False
 
 
@@ -154,7 +155,7 @@ class Leader:
             return None
         trial, arch = asked
         order = self._begin(trial, arch)
-        return dataclasses.replace(order, last=self.asker.left() <= 1)
+        return dataclasses.replace(order, last=self.asker.alone())
 
     def log_step(self, step: int, metrics: dict[str, Any]) -> None:
         """A training step between evaluations: no decision; an error waits for the next."""

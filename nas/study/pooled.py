@@ -15,8 +15,9 @@ happens:
                within pipeline.memory_budget, more only
                where predicted faster per process, and
                the fewer it may start on at once (the
-               study's last trial: the fastest first,
-               as no other trial will want the pool)
+               study's last trial, no peer's running:
+               the fastest first, as no other trial
+               will want the pool)
     3. submit  run(trial_job, (n, fewer...),         4. build  on the n ranks lent, from
                take=<the trial it inherits from>,                the weights it took (live,
                keep=<this trial>)                                where still resident)

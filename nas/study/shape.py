@@ -164,12 +164,13 @@ def per_candidate(
 ) -> list[ShapeOption]:
     """The pipelines one candidate can train on from a pool of `max_stages` processes
     (`pipeline.per_candidate`), preferred first: the fewest stages whose plan fits
-    `pipeline.memory_budget`, more only where predicted faster per process
-    (`pipeline.pure.shape.stages_for`), then the fewer stages it may start on at once
-    rather than wait for more processes (`pipeline.pure.shape.with_fallbacks`); from its
-    layers' costs (profiled here unless `costs` has them: it keeps what it measures).
-    `alone`: no other trial will want the pool (the study's last): the fastest first,
-    more stages where free (`pipeline.pure.shape.fastest_first`).
+    `pipeline.memory_budget`, more only where predicted faster per process by more than
+    the cost cache's error (`pipeline.pure.shape.stages_for`), then the fewer stages it
+    may start on at once rather than wait for more processes
+    (`pipeline.pure.shape.with_fallbacks`); from its layers' costs (profiled here unless
+    `costs` has them: it keeps what it measures).
+    `alone`: no other trial will want the pool (the study's last, no peer's running):
+    the fastest first, more stages where free (`pipeline.pure.shape.fastest_first`).
     ValueError naming the budget when no pipeline of at most `max_stages` fits it."""
     assert costs.overheads is not None, "machine_costs() measures the overheads"
     p = settings.pipeline
@@ -185,6 +186,7 @@ def per_candidate(
         schedule=p.schedule,
         memory_budget=p.memory_budget,
         exhaustive=alone,
+        error=costs.errors.error,
     )
     return fastest_first(tried) if alone else with_fallbacks(best, tried)
 

@@ -42,6 +42,7 @@ __all__ = [
     "ShapeOption",
     "choose_shape",
     "fastest_first",
+    "most_per_process",
     "predicted_step_s",
     "preference",
     "shapes",
@@ -249,13 +250,17 @@ def stages_for(
     schedule: str = "1f1b",
     memory_budget: int | None = None,
     exhaustive: bool = False,
+    error: float = 0.0,
 ) -> tuple[ShapeOption, list[ShapeOption]]:
     """One model's own pipeline on a pool of processes (`pipeline.pure.pool`): (the stage
     count and micro-batches it trains on, every option tried); ValueError if none fits.
 
     The fewest stages whose plan fits `memory_budget`; more only where the pool's
     samples/s per process is predicted higher (the other processes train other models,
-    so a pipeline that is faster but not that much faster would slow the pool down).
+    so a pipeline that is faster but not that much faster would slow the pool down), by
+    more than the model's `error` (a fraction: predictions closer than that cannot be
+    ranked, and fewer stages leave the other processes free; on 2 cores a small model's
+    2-stage plan was predicted at 1.5x its 1-stage one and ran 1.4x on twice the processes).
 
     Options are tried in order, fewest stages and micro-batches first, and the first single
     stage that fits keeping every activation ends the search (`_unhindered`), the best of
@@ -286,11 +291,28 @@ def stages_for(
     if not planned:
         reasons = "; ".join(f"{o.shape.n_stages} stages: {o.reason}" for o in tried[:6])
         raise ValueError(f"no pipeline of at most {max_stages} stages fits this model: {reasons}")
-    best = max(
-        planned,
-        key=lambda o: preference(o.shape, o.predicted_samples_per_s / o.shape.n_stages),
+    return most_per_process(planned, error), tried
+
+
+def most_per_process(planned: Sequence[ShapeOption], error: float = 0.0) -> ShapeOption:
+    """Of planned options, the one a pool runs the most samples/s per process on: among
+    those within `error` (a fraction) of the best per process, the fewest stages, then
+    the most per process (`stages_for`)."""
+    if error < 0:
+        raise ValueError(f"error must be >= 0, got {error!r}")
+    if not planned:
+        raise ValueError("no planned option to choose from")
+
+    def per_process(option: ShapeOption) -> float:
+        return option.predicted_samples_per_s / option.shape.n_stages
+
+    top = max(per_process(o) for o in planned)
+    close = [o for o in planned if per_process(o) * (1 + error) >= top]
+    fewest = min(o.shape.n_stages for o in close)
+    return max(
+        (o for o in close if o.shape.n_stages == fewest),
+        key=lambda o: preference(o.shape, per_process(o)),
     )
-    return best, tried
 
 
 FEWER_STAGES_SHARE = 0.75  # `with_fallbacks`: what a job gives up per process to start now

@@ -56,6 +56,10 @@ def test_right_after_an_ask_one_left_says_the_trial_is_the_studys_last_to_start(
     study.tell(asked_a[0], 1.0)
     again = a.next()
     assert again is not None and a.left() == 1  # one finished, b's running: the last
-    study.tell(again[0], 1.0)
+    # the last to start, but b's trial runs (it may be sizing, holding no process yet): the
+    # last is not alone with the machine's processes until b's trial ends
+    assert not a.alone()
     study.tell(asked_b[0], 1.0)
+    assert a.alone()
+    study.tell(again[0], 1.0)
     assert a.left() == 0 and a.next() is None

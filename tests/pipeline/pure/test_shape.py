@@ -17,6 +17,7 @@ from pipeline.pure.shape import (
     ShapeOption,
     choose_shape,
     fastest_first,
+    most_per_process,
     predicted_step_s,
     shapes,
     stages_for,
@@ -247,6 +248,33 @@ def test_a_pool_job_may_start_on_fewer_stages_that_lose_at_most_its_share_per_pr
     assert with_fallbacks(best, options, least_share=1.0) == [best]
     with pytest.raises(ValueError, match="least_share=0"):
         with_fallbacks(best, options, least_share=0)
+
+
+def test_more_stages_only_where_faster_per_process_by_more_than_the_models_error() -> None:
+    """A pool's job takes more stages only where the cost model can rank them ahead per
+    process: within its error, the fewest stages (they leave the other processes free)."""
+    large = costs_at_for(model(6, 2e-3, 8 << 20))
+    _, tried = stages_for(TimePlanner(), large, OVERHEADS, max_stages=3, batch_size=BATCH)
+    planned = tried[0]
+
+    def option(stages: int, microbatches: int, per_process: float) -> ShapeOption:
+        return dataclasses.replace(
+            planned,
+            shape=Shape(1, stages, 1, microbatches),
+            predicted_samples_per_s=per_process * stages,
+        )
+
+    one, one_more = option(1, 4, 100.0), option(1, 8, 104.0)
+    two, three = option(2, 4, 112.0), option(3, 4, 120.0)
+    options = [one, one_more, two, three]
+    assert most_per_process(options) is three  # no error: the most per process
+    assert most_per_process(options, error=0.10) is two  # 3 stages within 10% of 2
+    assert most_per_process(options, error=0.20) is one_more  # all within: the fewest
+    assert most_per_process([two, one], error=0.12) is one  # exactly at the error: fewer
+    with pytest.raises(ValueError, match="error must be >= 0"):
+        most_per_process(options, error=-0.1)
+    with pytest.raises(ValueError, match="no planned option"):
+        most_per_process([])
 
 
 def test_a_job_alone_on_the_pool_tries_every_count_and_takes_the_fastest_first() -> None:
