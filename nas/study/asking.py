@@ -157,7 +157,7 @@ class Asker:
         peer's trial runs, so no other trial will want the machine's stage processes (a
         peer's trial asked before it may still be sizing its candidate, not yet holding
         any: the last must not take them all)."""
-        return self.left() <= 1 and not self._peers()
+        return not self._peers() and remaining(self._study, self._settings.study.n_trials) <= 1
 
     def _peers(self) -> list[optuna.trial.FrozenTrial]:
         """The peers' running trials."""
