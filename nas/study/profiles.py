@@ -21,7 +21,13 @@ from nas.study import training
 from nas.tasks import get_task
 from pipeline import CostCache
 from pipeline.local.microbatch import split_microbatches
-from pipeline.local.profiler import optimizer_state_ratio, sandbox, trace_shapes
+from pipeline.local.profiler import (
+    LayerShape,
+    on_threads,
+    optimizer_state_ratio,
+    sandbox,
+    trace_shapes,
+)
 from pipeline.pure.costs import LayerCost
 from search_spaces.architecture import Architecture
 
@@ -37,6 +43,7 @@ class CandidateProfile:
     opt_ratio: float
     costs: CostCache
     known: dict[tuple[int, int], list[LayerCost]] = dataclasses.field(default_factory=dict)
+    traced: dict[int, list[LayerShape]] = dataclasses.field(default_factory=dict)
 
     def costs_at(self, threads: int, microbatch: int) -> list[LayerCost]:
         if (threads, microbatch) not in self.known:
@@ -44,15 +51,18 @@ class CandidateProfile:
         return self.known[threads, microbatch]
 
     def _profile(self, threads: int, microbatch: int) -> list[LayerCost]:
-        """Time each distinct layer not in the cache on `threads` threads (`sandbox`); traced
-        on them too, as their signatures (the cache's keys) name the threads."""
-        first = self.batch[0] if isinstance(self.batch, tuple | list) else self.batch
-        n = int(first.shape[0]) // microbatch
-        example = split_microbatches(self.batch, n, "the example batch")[0]
+        """Time each distinct layer not in the cache on `threads` threads (`sandbox`); its
+        shapes traced once per micro-batch size and signed for the threads (the cache's
+        keys name them)."""
+        if microbatch not in self.traced:
+            first = self.batch[0] if isinstance(self.batch, tuple | list) else self.batch
+            n = int(first.shape[0]) // microbatch
+            example = split_microbatches(self.batch, n, "the example batch")[0]
+            self.traced[microbatch] = trace_shapes(self.specs, example, count_flops=False)
+        shapes = on_threads(self.traced[microbatch], threads)
         before = torch.get_num_threads()
         torch.set_num_threads(threads)
         try:
-            shapes = trace_shapes(self.specs, example, count_flops=False)  # timed instead
             return sandbox(self.specs, shapes, torch.device("cpu"), self.opt_ratio, self.costs)
         finally:
             torch.set_num_threads(before)

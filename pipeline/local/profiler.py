@@ -40,6 +40,7 @@ from pipeline.pure.costs import LayerCost
 __all__ = [
     "LayerShape",
     "estimate",
+    "on_threads",
     "optimizer_state_ratio",
     "sandbox",
     "sandbox_time",
@@ -60,15 +61,25 @@ class LayerShape:
     param_bytes: int
     grad_bytes: int
     separable: bool = False  # Bi-Partition may hand its backward on (`pipeline.local.separable`)
+    identity: str = ""  # the signature's text but for the threads (`on_threads`)
 
 
-def _signature(module: nn.Module, carry: Carry) -> str:
-    """The layer's type, repr and input shapes, and the intra-op threads it runs on: a layer
-    timed on one thread costs differently on two (`pipeline.pure.shape` compares both)."""
+def _identity(module: nn.Module, carry: Carry) -> str:
+    """The layer's type, repr and input shapes."""
     shapes = [(tuple(t.shape), str(t.dtype)) for t in carry]
-    threads = torch.get_num_threads()
-    text = f"{type(module).__module__}.{type(module).__qualname__}|{module!r}|{shapes}|{threads}"
-    return hashlib.sha1(text.encode()).hexdigest()[:16]
+    return f"{type(module).__module__}.{type(module).__qualname__}|{module!r}|{shapes}"
+
+
+def _signature(identity: str, threads: int) -> str:
+    """A layer's identity and the intra-op threads it runs on: a layer timed on one thread
+    costs differently on two (`pipeline.pure.shape` compares both)."""
+    return hashlib.sha1(f"{identity}|{threads}".encode()).hexdigest()[:16]
+
+
+def on_threads(shapes: Sequence[LayerShape], threads: int) -> list[LayerShape]:
+    """`shapes` as `trace_shapes` would trace them on `threads` intra-op threads: the same
+    sizes (they do not depend on the threads), each signed for them."""
+    return [dataclasses.replace(s, signature=_signature(s.identity, threads)) for s in shapes]
 
 
 Shapes = Sequence[tuple[tuple[int, ...], torch.dtype]]
@@ -137,10 +148,11 @@ def trace_shapes(
         counter = FlopCounterMode(display=False) if count_flops else None
         with counter or contextlib.nullcontext(), _count_saved(params, carry, saved):
             out = as_carry(module(unwrap(carry)), spec.key)
+        identity = _identity(module, carry)
         shapes.append(
             LayerShape(
                 key=spec.key,
-                signature=_signature(module, carry),
+                signature=_signature(identity, torch.get_num_threads()),
                 inputs=tuple((tuple(t.shape), t.dtype) for t in carry),
                 flops=None if counter is None else int(counter.get_total_flops()),
                 saved_bytes=saved[0],
@@ -148,6 +160,7 @@ def trace_shapes(
                 param_bytes=sum(nbytes(p) for p in params),
                 grad_bytes=sum(nbytes(p) for p in params if p.requires_grad),
                 separable=is_separable(module) and len(carry) == 1 and len(out) == 1,
+                identity=identity,
             )
         )
         carry = out

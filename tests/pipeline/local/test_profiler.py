@@ -15,6 +15,7 @@ from pipeline.local.models import transformer_stack
 from pipeline.local.profiler import (
     CostCache,
     estimate,
+    on_threads,
     optimizer_state_ratio,
     sandbox,
     trace_shapes,
@@ -129,6 +130,11 @@ def test_a_layer_on_more_threads_is_another_signature() -> None:
     finally:
         torch.set_num_threads(before)
     assert one != two
+    # the same sizes signed for other threads: as a trace on them would sign them
+    traced = trace_shapes(specs, torch.zeros(4, 8))
+    assert [s.signature for s in on_threads(traced, 1)] == [one]
+    assert [s.signature for s in on_threads(traced, 2)] == [two]
+    assert on_threads(traced, 2)[0].inputs == traced[0].inputs
 
 
 def test_the_cache_keeps_the_runtime_overheads(tmp_path: Path) -> None:
