@@ -60,8 +60,8 @@ class LayerShape:
     output_bytes: int
     param_bytes: int
     grad_bytes: int
+    identity: str  # the signature's text but for the threads (`on_threads`)
     separable: bool = False  # Bi-Partition may hand its backward on (`pipeline.local.separable`)
-    identity: str = ""  # the signature's text but for the threads (`on_threads`)
 
 
 def _identity(module: nn.Module, carry: Carry) -> str:
