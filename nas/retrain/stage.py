@@ -228,7 +228,9 @@ def _shaped(settings: NasSettings, models: Sequence[Model]) -> NasSettings:
     if choice is None or choice.shape.workers != 1:
         return shaped
     # one pipeline on the whole machine: its leading shapes measured, the fastest kept
-    return shape.with_shape(settings, shape_trials.fastest(settings, choice, architectures[0])[0])
+    steps = left * (settings.retrain.steps or settings.train.steps)
+    kept = shape_trials.fastest(settings, choice, architectures[0], steps)[0]
+    return shape.with_shape(settings, kept)
 
 
 def select_models(study: optuna.Study, settings: NasSettings) -> list[Model]:

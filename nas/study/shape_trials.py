@@ -18,7 +18,15 @@ A measurement that overturns the prediction (another shape faster than the best 
 is taken once more, every contender again, before it is believed: each contender's steps
 run within a second or two, and a spell of a slower machine then weighs on one shape alone
 (on 2 cores, 2 stages measured 0.164 s a step in one run and 0.101-0.108 in three others,
-and the 1-stage shape it lost to trained 50% slower):
+and the 1-stage shape it lost to trained 50% slower).
+
+A measurement costs each contender a launch, a build and its first, profiling steps
+(`LAUNCH_S`) besides its steps: 4.6 s for two contenders of the first command's 71k-parameter
+model, whose retraining trains 26 s. So the contenders are measured only when that cost is
+at most what the run ahead may lose to a wrong shape (`worth_measuring`): the prediction's
+own error of the best where every contender splits the model and the cores as the best
+does (only the micro-batches differ: 0.132 against 0.133 s a step, measured), and
+`STRUCTURE_MISS` of it where one splits them otherwise (the table above):
 
     resolve -> shapes by prediction -> contenders A, B
             -> launch A: steps -> launch B: steps -> B faster? -> A, B again
@@ -43,13 +51,26 @@ from pipeline import StageContext, launch
 from pipeline.pure.shape import Shape
 from search_spaces.architecture import Architecture, from_json, to_json
 
-__all__ = ["CONTENDERS", "SHARE", "STEPS", "WARMUP", "contenders", "fastest", "overturned"]
+__all__ = [
+    "CONTENDERS",
+    "LAUNCH_S",
+    "SHARE",
+    "STEPS",
+    "STRUCTURE_MISS",
+    "WARMUP",
+    "contenders",
+    "fastest",
+    "overturned",
+    "worth_measuring",
+]
 
 logger = logging.getLogger(__name__)
 
 SHARE = 0.5  # the cost model has been off by 2.7x between shapes: a wide window
 CONTENDERS = 2  # the best and its runner-up: each costs a few steps of the run
 WARMUP, STEPS = 2, 6  # steps not timed, steps in all
+LAUNCH_S = 1.5  # a contender's measurement besides its steps (2.3 s at 6 steps of 0.13 s)
+STRUCTURE_MISS = 0.5  # what a shape of other stages or threads may save of a run (module doc)
 
 
 def contenders(choice: ShapeChoice, share: float = SHARE, most: int = CONTENDERS) -> list[Shape]:
@@ -64,13 +85,47 @@ def contenders(choice: ShapeChoice, share: float = SHARE, most: int = CONTENDERS
     return [Shape(1, r["n_stages"], r["threads_per_stage"], r["n_microbatches"]) for r in kept]
 
 
+def worth_measuring(
+    choice: ShapeChoice, shapes: Sequence[Shape], batch_size: int, run_steps: int, error: float
+) -> bool:
+    """Whether measuring `shapes` (the best predicted first) costs at most what `run_steps`
+    steps on the best may lose to a wrong prediction: `error` of them where every contender
+    has the best's stages and threads, else `STRUCTURE_MISS` (module doc); each step at the
+    shape's predicted samples/s."""
+    rates = {
+        (r["n_stages"], r["threads_per_stage"], r["n_microbatches"]): r["predicted_samples_per_s"]
+        for r in choice.tried
+        if r["workers"] == 1
+    }
+    step_s = {
+        s: batch_size / rates[s.n_stages, s.threads_per_stage, s.n_microbatches] for s in shapes
+    }
+    cost_s = sum(LAUNCH_S + STEPS * step_s[s] for s in shapes)
+    best = shapes[0]
+    same = all(
+        (s.n_stages, s.threads_per_stage) == (best.n_stages, best.threads_per_stage) for s in shapes
+    )
+    return cost_s <= (error if same else STRUCTURE_MISS) * run_steps * step_s[best]
+
+
 def fastest(
-    settings: NasSettings, choice: ShapeChoice, arch: Architecture
+    settings: NasSettings, choice: ShapeChoice, arch: Architecture, run_steps: int
 ) -> tuple[Shape, dict[str, float]]:
     """`choice`'s contender that trains `arch` fastest when measured (module doc), and the
-    median seconds of a step each took; `choice.shape` untried when it has no rival."""
+    median seconds of a step each took; `choice.shape` untried when it has no rival or the
+    `run_steps` steps ahead would not pay for measuring them (`worth_measuring`)."""
     shapes = contenders(choice)
     if len(shapes) < 2:
+        return choice.shape, {}
+    error = shape.load_cache().errors.error
+    if not worth_measuring(choice, shapes, settings.train.batch_size, run_steps, error):
+        logger.info(
+            "shape: %s kept unmeasured: measuring %d contenders would cost more than the "
+            "%d steps ahead may lose to it",
+            choice.shape,
+            len(shapes),
+            run_steps,
+        )
         return choice.shape, {}
 
     def measured(candidate: Shape) -> list[float]:

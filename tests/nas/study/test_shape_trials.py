@@ -49,6 +49,31 @@ def test_a_measurement_that_overturns_the_prediction_is_told_apart() -> None:
     assert not shape_trials.overturned(rounds, predicted)
 
 
+def test_the_contenders_are_measured_only_where_the_run_ahead_pays_for_it(machine: None) -> None:
+    _, choice = shape.resolve_one(small_space())
+    assert choice is not None
+    shapes = shape_trials.contenders(choice, share=0.01, most=100)
+    best = shapes[0]
+    same = [
+        s
+        for s in shapes
+        if (s.n_stages, s.threads_per_stage) == (best.n_stages, best.threads_per_stage)
+    ]
+    other = [s for s in shapes if s not in same]
+    assert len(same) >= 2 and other, "the small space weighs micro-batches and stage counts"
+    step_s = 32 / choice.predicted_samples_per_s
+    cost_s = 2 * shape_trials.LAUNCH_S + shape_trials.STEPS * step_s  # at least, for two
+    # a run too short to pay for even the launches is never measured
+    for pair in ([best, same[1]], [best, other[0]]):
+        assert not shape_trials.worth_measuring(choice, pair, 32, 1, 0.15)
+        assert shape_trials.worth_measuring(choice, pair, 32, 10**6, 0.15)
+    # between them: a run that pays for a contender of another structure, not for one that
+    # only splits the batch otherwise (within the prediction's error of 15%)
+    steps = int(cost_s / step_s / shape_trials.STRUCTURE_MISS * 1.5)
+    assert shape_trials.worth_measuring(choice, [best, other[0]], 32, steps, 0.15)
+    assert not shape_trials.worth_measuring(choice, [best, same[1]], 32, steps, 0.15)
+
+
 @pytest.mark.multiprocess
 @pytest.mark.timeout(300)
 def test_the_fastest_measured_contender_is_kept(machine: None) -> None:
@@ -56,7 +81,7 @@ def test_the_fastest_measured_contender_is_kept(machine: None) -> None:
     _, choice = shape.resolve_one(settings)
     assert choice is not None
     arch = next(iter(configured_space(settings).seeds().values()))
-    kept, seconds = shape_trials.fastest(settings, choice, arch)
+    kept, seconds = shape_trials.fastest(settings, choice, arch, run_steps=10**6)
     measured = [str(s) for s in shape_trials.contenders(choice)]
     assert list(seconds) == measured and len(measured) >= 2
     assert all(0 < s < 60 for s in seconds.values())
