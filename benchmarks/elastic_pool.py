@@ -7,7 +7,7 @@ chosen once per study either trains every candidate on one stage (the large ones
 under the budget and are refused; without the budget they would train past it, out of memory
 on a GPU) or pipelines every one (the small ones pay a bubble for nothing).
 `pipeline.StagePool` gives each candidate its own stage count
-(`pipeline.pure.shape.stages_for`: the fewest stages that fit) from one set of processes
+(`pipeline.pure.pool_shape.stages_for`: the fewest stages that fit) from one set of processes
 started once.
 
 The runtime's view of a search, without Optuna: a seeded stream of candidates, Transformer
@@ -81,12 +81,12 @@ from pipeline.distributed.overheads import measure_overheads
 from pipeline.local.profiler import optimizer_state_ratio, sandbox, trace_shapes
 from pipeline.local.spec import build_layer
 from pipeline.pure.planner import TimePlanner, evaluate
+from pipeline.pure.pool_shape import stages_for
 from pipeline.pure.shape import (
     RuntimeOverheads,
     ShapeLimits,
     ShapeOption,
     choose_shape,
-    stages_for,
 )
 
 OUT = RESULTS / "elastic_pool.json"

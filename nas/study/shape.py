@@ -38,16 +38,14 @@ from nas.study.space import seed_models
 from pipeline import CostCache, StageContext, launch, under_torchrun
 from pipeline.distributed.overheads import measure_overheads
 from pipeline.pure.planner import InfeasibleBudgetError, get_planner
+from pipeline.pure.pool_shape import fastest_first, stages_for, with_fallbacks
 from pipeline.pure.shape import (
     RuntimeOverheads,
     Shape,
     ShapeLimits,
     ShapeOption,
     choose_shape,
-    fastest_first,
     preference,
-    stages_for,
-    with_fallbacks,
 )
 from search_spaces.architecture import Architecture
 
@@ -165,12 +163,12 @@ def per_candidate(
     """The pipelines one candidate can train on from a pool of `max_stages` processes
     (`pipeline.per_candidate`), preferred first: the fewest stages whose plan fits
     `pipeline.memory_budget`, more only where predicted faster per process by more than
-    the cost cache's error (`pipeline.pure.shape.stages_for`), then the fewer stages it
+    the cost cache's error (`pipeline.pure.pool_shape.stages_for`), then the fewer stages it
     may start on at once rather than wait for more processes
-    (`pipeline.pure.shape.with_fallbacks`); from its layers' costs (profiled here unless
+    (`pipeline.pure.pool_shape.with_fallbacks`); from its layers' costs (profiled here unless
     `costs` has them: it keeps what it measures).
     `alone`: no other trial will want the pool (the study's last, no peer's running):
-    the fastest first, more stages where free (`pipeline.pure.shape.fastest_first`).
+    the fastest first, more stages where free (`pipeline.pure.pool_shape.fastest_first`).
     ValueError naming the budget when no pipeline of at most `max_stages` fits it."""
     assert costs.overheads is not None, "machine_costs() measures the overheads"
     p = settings.pipeline
