@@ -4,7 +4,10 @@ Choosing a shape (`nas.study.shape`) or a candidate's stages asks a model's laye
 several thread counts and micro-batch sizes; profiling is the slow part (each distinct
 layer timed in a sandbox, `pipeline.local.profiler.sandbox`), so a `CandidateProfile`
 profiles a size only when first asked and keeps what it measured, and the machine's cost
-cache keeps every layer it timed for the next candidate that has it.
+cache keeps every layer it timed for the next candidate that has it. Where a memory budget
+rules a size out, its layers' bytes alone decide it (`sizes_at`: one counted forward each,
+nothing timed): a small study's candidates fit no pipeline at the whole batch, whose
+timing was the dearest of their profile (0.8-1.0 s of 2.0-2.2 s, measured on 2 cores).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from pipeline.local.profiler import (
     on_threads,
     optimizer_state_ratio,
     sandbox,
+    sized,
     trace_shapes,
 )
 from pipeline.pure.costs import LayerCost
@@ -44,22 +48,35 @@ class CandidateProfile:
     costs: CostCache
     known: dict[tuple[int, int], list[LayerCost]] = dataclasses.field(default_factory=dict)
     traced: dict[int, list[LayerShape]] = dataclasses.field(default_factory=dict)
+    counted: dict[int, list[LayerCost]] = dataclasses.field(default_factory=dict)
 
     def costs_at(self, threads: int, microbatch: int) -> list[LayerCost]:
         if (threads, microbatch) not in self.known:
             self.known[threads, microbatch] = self._profile(threads, microbatch)
         return self.known[threads, microbatch]
 
-    def _profile(self, threads: int, microbatch: int) -> list[LayerCost]:
-        """Time each distinct layer not in the cache on `threads` threads (`sandbox`); its
-        shapes traced once per micro-batch size and signed for the threads (the cache's
-        keys name them)."""
+    def sizes_at(self, microbatch: int) -> list[LayerCost]:
+        """The layers' bytes at `microbatch` as a real run saves them, their seconds where
+        the cost cache holds them, else 0 (`pipeline.local.profiler.sized`)."""
+        if microbatch not in self.counted:
+            shapes = on_threads(self._traced(microbatch), 1)  # the bytes: any thread count
+            device = torch.device("cpu")
+            self.counted[microbatch] = sized(self.specs, shapes, device, self.opt_ratio, self.costs)
+        return self.counted[microbatch]
+
+    def _traced(self, microbatch: int) -> list[LayerShape]:
+        """The layers' shapes at `microbatch`, traced once (they do not depend on threads)."""
         if microbatch not in self.traced:
             first = self.batch[0] if isinstance(self.batch, tuple | list) else self.batch
             n = int(first.shape[0]) // microbatch
             example = split_microbatches(self.batch, n, "the example batch")[0]
             self.traced[microbatch] = trace_shapes(self.specs, example, count_flops=False)
-        shapes = on_threads(self.traced[microbatch], threads)
+        return self.traced[microbatch]
+
+    def _profile(self, threads: int, microbatch: int) -> list[LayerCost]:
+        """Time each distinct layer not in the cache on `threads` threads (`sandbox`); its
+        shapes signed for the threads (the cache's keys name them)."""
+        shapes = on_threads(self._traced(microbatch), threads)
         before = torch.get_num_threads()
         torch.set_num_threads(threads)
         try:

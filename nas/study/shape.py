@@ -185,6 +185,7 @@ def per_candidate(
         memory_budget=p.memory_budget,
         exhaustive=alone,
         error=costs.errors.error,
+        sizes_at=profile.sizes_at,
     )
     return fastest_first(tried) if alone else with_fallbacks(best, tried)
 
@@ -257,6 +258,7 @@ def resolve(
             costs.overheads,
             schedule=p.schedule,
             memory_budget=p.memory_budget,
+            sizes_at=profile.sizes_at,
         )[1]
         for profile in profile_candidates(settings, architectures, costs)
     ]

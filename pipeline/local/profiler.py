@@ -10,6 +10,9 @@ parameter, gradient and optimizer-state bytes (`pipeline.pure.costs.LayerCost`).
    device's measured matmul rate (backward: 2x the forward FLOPs).
 2. `sandbox`: one real, timed forward and backward per *distinct* layer signature
    (a model of 24 identical blocks is timed once), on inputs of the right shapes.
+   `sized` counts the bytes alone (one real forward each, nothing timed): what a memory
+   budget's check needs, at a fraction of the price (the meta trace's count can differ
+   from a real device's: attention saves less on the CPU than on meta).
 3. measured: while training, `pipeline.local.meter.LayerMeter` (see `pipeline.local.stage_costs`).
 
 `sandbox` times only what `pipeline.local.cost_cache.CostCache` does not hold yet.
@@ -23,7 +26,7 @@ import hashlib
 import math
 import statistics
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -44,6 +47,8 @@ __all__ = [
     "optimizer_state_ratio",
     "sandbox",
     "sandbox_time",
+    "saved_bytes",
+    "sized",
     "trace_shapes",
 ]
 
@@ -313,12 +318,48 @@ def sandbox(
             flush = flush or cache_flusher(device)
             timed = sandbox_time(specs[position], shapes[position], device, flush=flush)
             cache.put(signature, *timed)
+    # a signature another rank timed is not here: the caller merges caches
+    return [_cached(shape, cache.get(shape.signature), opt_ratio) for shape in shapes]
+
+
+def _cached(shape: LayerShape, entry: Mapping[str, float] | None, opt_ratio: float) -> LayerCost:
+    """`shape`'s cost from its cache entry (seconds and the bytes a real run saved); 0
+    seconds and the traced bytes without one."""
+    if entry is None:
+        return _cost(shape, 0.0, 0.0, opt_ratio)
+    cost = _cost(shape, entry["forward_s"], entry["backward_s"], opt_ratio)
+    return dataclasses.replace(cost, activation_bytes=int(entry["activation_bytes"]))
+
+
+def saved_bytes(spec: LayerSpec, shape: LayerShape, device: torch.device) -> int:
+    """What one real forward of the layer keeps for its backward, its held input included,
+    as `sandbox_time` counts it, without timing anything."""
+    module = build_layer(spec, 0, device)
+    carry = tuple(t.requires_grad_(t.is_floating_point()) for t in _example(shape.inputs, device))
+    saved = [sum(nbytes(t) for t in carry)]
+    with _count_saved(list(module.parameters()), carry, saved):
+        module(unwrap(carry))
+    return saved[0]
+
+
+def sized(
+    specs: Sequence[LayerSpec],
+    shapes: Sequence[LayerShape],
+    device: torch.device,
+    opt_ratio: float,
+    cache: CostCache,
+) -> list[LayerCost]:
+    """Costs whose bytes are a real run's, timed by nothing: the cache's entry where it has
+    one (its seconds too), else one counted forward per distinct signature (`saved_bytes`)
+    and 0 seconds. A memory budget's check before anything is timed (`pipeline.pure.shape`)."""
+    counted: dict[str, int] = {}
     costs = []
-    for shape in shapes:
+    for position, shape in enumerate(shapes):
         entry = cache.get(shape.signature)
-        if entry is None:  # timed by another rank; the caller merges caches
-            costs.append(_cost(shape, 0.0, 0.0, opt_ratio))
-            continue
-        cost = _cost(shape, entry["forward_s"], entry["backward_s"], opt_ratio)
-        costs.append(dataclasses.replace(cost, activation_bytes=int(entry["activation_bytes"])))
+        if entry is None and shape.signature not in counted:
+            counted[shape.signature] = saved_bytes(specs[position], shape, device)
+        cost = _cached(shape, entry, opt_ratio)
+        if entry is None:
+            cost = dataclasses.replace(cost, activation_bytes=counted[shape.signature])
+        costs.append(cost)
     return costs

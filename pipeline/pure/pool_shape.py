@@ -25,6 +25,8 @@ from pipeline.pure.shape import (
     RuntimeOverheads,
     ShapeLimits,
     ShapeOption,
+    SizesAt,
+    layer_count,
     plan_shape,
     preference,
     shapes,
@@ -52,6 +54,7 @@ def stages_for(
     memory_budget: int | None = None,
     exhaustive: bool = False,
     error: float = 0.0,
+    sizes_at: SizesAt | None = None,
 ) -> tuple[ShapeOption, list[ShapeOption]]:
     """One model's own pipeline on a pool of processes (`pipeline.pure.pool`): (the stage
     count and micro-batches it trains on, every option tried); ValueError if none fits.
@@ -72,7 +75,8 @@ def stages_for(
     and the micro-batches are split further only where memory needs it (profiling a model
     at every micro-batch size costs a pool more than the few percent its per-sample cost
     varies among them). Each option profiles the model at its micro-batch size
-    (`costs_at`), so a model that fits one process is profiled once. `exhaustive`: every
+    (`costs_at`), so a model that fits one process is profiled once, and one its bytes
+    (`sizes_at`) rule out under the budget is not (`plan_shape`). `exhaustive`: every
     option is tried (a job the pool runs alone wants the fastest: `fastest_first`)."""
     limits = ShapeLimits(
         cores=max_stages * threads,
@@ -81,11 +85,13 @@ def stages_for(
         threads_per_stage=threads,
         n_microbatches=n_microbatches,
     )
-    n_layers = len(costs_at(threads, batch_size // (n_microbatches or 1)))
+    n_layers = layer_count(costs_at, sizes_at, threads, batch_size // (n_microbatches or 1))
     tried: list[ShapeOption] = []
     for shape in shapes(limits, n_layers):
         tried.append(
-            plan_shape(planner, costs_at, shape, batch_size, overheads, schedule, memory_budget)
+            plan_shape(
+                planner, costs_at, shape, batch_size, overheads, schedule, memory_budget, sizes_at
+            )
         )
         if _unhindered(tried[-1]) and not exhaustive:
             break

@@ -40,7 +40,9 @@ __all__ = [
     "Shape",
     "ShapeLimits",
     "ShapeOption",
+    "SizesAt",
     "choose_shape",
+    "layer_count",
     "plan_shape",
     "predicted_step_s",
     "preference",
@@ -49,6 +51,9 @@ __all__ = [
 
 # (threads per stage, micro-batch size) -> the model's per-layer costs measured there
 CostsAt = Callable[[int, int], Sequence[LayerCost]]
+# micro-batch size -> the model's per-layer costs with their bytes, seconds maybe unmeasured
+# (0): enough to rule a shape out under a memory budget before timing anything (`plan_shape`)
+SizesAt = Callable[[int], Sequence[LayerCost]]
 
 
 @dataclass(frozen=True)
@@ -219,13 +224,15 @@ def choose_shape(
     *,
     schedule: str = "1f1b",
     memory_budget: int | None = None,
+    sizes_at: SizesAt | None = None,
 ) -> tuple[ShapeOption, list[ShapeOption]]:
     """(the fastest shape for the machine, every shape tried); ValueError if none can be
-    planned (each shape's reason in the message)."""
-    n_layers = len(costs_at(1, limits.batch_size))
+    planned (each shape's reason in the message). `sizes_at`: the model's bytes, to rule
+    shapes out under `memory_budget` before their costs are measured (`plan_shape`)."""
+    batch = limits.batch_size
     tried = [
-        plan_shape(planner, costs_at, shape, limits.batch_size, overheads, schedule, memory_budget)
-        for shape in shapes(limits, n_layers)
+        plan_shape(planner, costs_at, shape, batch, overheads, schedule, memory_budget, sizes_at)
+        for shape in shapes(limits, layer_count(costs_at, sizes_at, 1, batch))
     ]
     planned = [o for o in tried if o.plan is not None]
     if not planned:
@@ -249,10 +256,16 @@ def plan_shape(
     overheads: RuntimeOverheads,
     schedule: str,
     memory_budget: int | None,
+    sizes_at: SizesAt | None = None,
 ) -> ShapeOption:
-    costs = costs_at(shape.threads_per_stage, batch_size // shape.n_microbatches)
-    try:
-        plan = planner.plan(
+    """`shape`'s plan and predicted step (module doc), or why it has none. Under a memory
+    budget the layers' bytes (`sizes_at`) rule a shape out before its costs are measured
+    (`costs_at`): whether any plan fits depends on the bytes alone (every planner's
+    contract, `InfeasibleBudgetError`)."""
+    microbatch = batch_size // shape.n_microbatches
+
+    def plan(costs: Sequence[LayerCost]) -> Plan:
+        return planner.plan(
             costs,
             shape.n_stages,
             schedule=schedule,
@@ -260,7 +273,18 @@ def plan_shape(
             memory_budget=memory_budget,
             link=overheads.link() if shape.n_stages > 1 else None,
         )
+
+    try:
+        if memory_budget is not None and sizes_at is not None:
+            plan(sizes_at(microbatch))  # refused here: nothing timed at this size
+        planned = plan(costs_at(shape.threads_per_stage, microbatch))
     except (InfeasibleBudgetError, ValueError) as error:
         return ShapeOption(shape, None, math.inf, 0.0, str(error))
-    step_s = predicted_step_s(plan, overheads)
-    return ShapeOption(shape, plan, step_s, shape.workers * batch_size / step_s)
+    step_s = predicted_step_s(planned, overheads)
+    return ShapeOption(shape, planned, step_s, shape.workers * batch_size / step_s)
+
+
+def layer_count(costs_at: CostsAt, sizes_at: SizesAt | None, threads: int, microbatch: int) -> int:
+    """The model's layers, from its bytes where they are given (nothing timed), else from
+    its costs on `threads` threads at `microbatch`."""
+    return len(sizes_at(microbatch) if sizes_at is not None else costs_at(threads, microbatch))

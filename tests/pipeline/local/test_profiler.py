@@ -18,6 +18,7 @@ from pipeline.local.profiler import (
     on_threads,
     optimizer_state_ratio,
     sandbox,
+    sized,
     trace_shapes,
 )
 from pipeline.local.spec import LayerSpec
@@ -83,6 +84,18 @@ def test_sandbox_times_each_signature_once_and_reuses_the_cache() -> None:
     costs = sandbox(second, trace_shapes(second, IDS), CPU, 2.0, cache)
     assert len(cache) == 3  # nothing new to time
     assert len({c.forward_s for c in costs[1:-1]}) == 1
+
+
+def test_sized_counts_the_bytes_a_timed_run_saves_and_times_nothing() -> None:
+    specs = language_model(4)
+    shapes = trace_shapes(specs, IDS)
+    cache = CostCache()
+    counted = sized(specs, shapes, CPU, 2.0, cache)
+    assert len(cache) == 0 and all(c.forward_s == c.backward_s == 0 for c in counted)
+    timed = sandbox(specs, shapes, CPU, 2.0, cache)  # the kernel torch picks, as training
+    assert [c.activation_bytes for c in counted] == [c.activation_bytes for c in timed]
+    assert [dataclasses.replace(c, forward_s=0.0, backward_s=0.0) for c in timed] == counted
+    assert sized(specs, shapes, CPU, 2.0, cache) == timed  # the cache's entries, seconds too
 
 
 def test_estimate_from_flops() -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 
 from pipeline.pure.costs import LayerCost
-from pipeline.pure.shape import CostsAt, RuntimeOverheads, Shape, ShapeOption
+from pipeline.pure.shape import CostsAt, RuntimeOverheads, Shape, ShapeOption, SizesAt
 
 OVERHEADS = RuntimeOverheads(microbatch_s=4e-4, message_s=8e-4, step_s=1e-3)
 BATCH = 32
@@ -61,3 +61,31 @@ def per_process_option(
         shape=Shape(1, stages, 1, microbatches),
         predicted_samples_per_s=rate * stages,
     )
+
+
+class Profiled:
+    """`costs_at` that records the (threads, micro-batch) it was asked, and the model's
+    bytes (`sizes`) with every second unknown, as a profile counts them untimed."""
+
+    def __init__(self, costs_at: CostsAt) -> None:
+        self.costs_at = costs_at
+        self.asked: list[tuple[int, int]] = []
+
+    def __call__(self, threads: int, microbatch: int) -> list[LayerCost]:
+        self.asked.append((threads, microbatch))
+        return list(self.costs_at(threads, microbatch))
+
+    @property
+    def sizes(self) -> SizesAt:
+        def sizes_at(microbatch: int) -> list[LayerCost]:
+            return [
+                dataclasses.replace(c, forward_s=0.0, backward_s=0.0)
+                for c in self.costs_at(1, microbatch)
+            ]
+
+        return sizes_at
+
+
+def same_options(a: list[ShapeOption], b: list[ShapeOption]) -> bool:
+    """The same shapes tried, each with the same plan (or none)."""
+    return [(o.shape, o.plan) for o in a] == [(o.shape, o.plan) for o in b]

@@ -9,15 +9,17 @@ import dataclasses
 import pytest
 
 from pipeline.pure.costs import LayerCost
-from pipeline.pure.planner import TimePlanner, evaluate
+from pipeline.pure.planner import InfeasibleBudgetError, TimePlanner, evaluate
 from pipeline.pure.pool_shape import fastest_first, most_per_process, stages_for, with_fallbacks
 from pipeline.pure.shape import Shape, ShapeLimits, ShapeOption, choose_shape
 from tests.pipeline.pure.shape_models import (
     BATCH,
     OVERHEADS,
+    Profiled,
     costs_at_for,
     model,
     per_process_option,
+    same_options,
 )
 
 
@@ -151,3 +153,27 @@ def test_on_a_pool_a_model_that_fits_no_pipeline_names_every_reason() -> None:
     with pytest.raises(ValueError, match="no pipeline of at most 2 stages fits") as caught:
         stages_for(TimePlanner(), large, OVERHEADS, max_stages=2, batch_size=BATCH, memory_budget=1)
     assert "1 stages:" in str(caught.value) and "2 stages:" in str(caught.value)
+
+
+def test_on_a_pool_sizes_the_bytes_rule_out_are_never_timed() -> None:
+    large = costs_at_for(model(6, 2e-3, 1 << 16))
+    with pytest.raises(InfeasibleBudgetError) as whole_batch:  # on 3 stages, at 1 micro-batch
+        TimePlanner().plan(large(1, BATCH), 3, n_microbatches=1, memory_budget=1)
+    budget = whole_batch.value.min_budget - 1
+    runs = {}
+    for given in (False, True):
+        timed = Profiled(large)
+        best, tried = stages_for(
+            TimePlanner(),
+            timed,
+            OVERHEADS,
+            max_stages=3,
+            batch_size=BATCH,
+            memory_budget=budget,
+            exhaustive=True,
+            sizes_at=timed.sizes if given else None,
+        )
+        runs[given] = (best, tried, {m for _, m in timed.asked})
+    assert runs[True][0] == runs[False][0] and same_options(runs[True][1], runs[False][1])
+    planned = {BATCH // o.shape.n_microbatches for o in runs[False][1] if o.plan is not None}
+    assert runs[True][2] == planned < runs[False][2]  # timed only where something fits

@@ -16,7 +16,14 @@ from pipeline.pure.shape import (
     predicted_step_s,
     shapes,
 )
-from tests.pipeline.pure.shape_models import BATCH, OVERHEADS, costs_at_for, model
+from tests.pipeline.pure.shape_models import (
+    BATCH,
+    OVERHEADS,
+    Profiled,
+    costs_at_for,
+    model,
+    same_options,
+)
 
 
 def test_a_small_model_gets_one_single_stage_worker_per_core() -> None:
@@ -46,6 +53,31 @@ def test_a_model_too_large_for_one_stage_stays_pipelined() -> None:
     assert best.plan is not None and max(best.plan.predicted_stage_bytes) <= budget
     single = [o for o in tried if o.shape.n_stages == 1]
     assert single and all(o.plan is None and "budget" in o.reason for o in single)
+
+
+def test_shapes_the_bytes_rule_out_under_a_budget_are_never_timed() -> None:
+    large = costs_at_for(model(6, 2e-3, 1 << 16), thread_speedup=1.3)
+    one_stage = evaluate(large(1, BATCH), [6], n_microbatches=1)
+    budget = int(0.3 * one_stage.predicted_stage_bytes[0])
+    limits = ShapeLimits(cores=4, batch_size=BATCH)
+    runs = {}
+    for given in (False, True):
+        timed = Profiled(large)
+        sizes = timed.sizes if given else None
+        best, tried = choose_shape(
+            TimePlanner(), timed, limits, OVERHEADS, memory_budget=budget, sizes_at=sizes
+        )
+        runs[given] = (best, tried, set(timed.asked))
+    assert runs[True][0] == runs[False][0] and same_options(runs[True][1], runs[False][1])
+    refused = {
+        (o.shape.threads_per_stage, BATCH // o.shape.n_microbatches) for o in runs[False][1]
+    } - {
+        (o.shape.threads_per_stage, BATCH // o.shape.n_microbatches)
+        for o in runs[False][1]
+        if o.plan
+    }
+    assert refused and not refused & runs[True][2]  # some sizes fit nothing: never timed
+    assert runs[True][2] < runs[False][2]
 
 
 def test_with_one_worker_allowed_a_pipeline_beats_threads_that_scale_badly() -> None:

@@ -4,6 +4,7 @@ strategy. Each planner's own objective is checked against brute force in its own
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import pytest
@@ -67,3 +68,27 @@ def test_a_planner_is_found_by_name_any_case_or_by_import_path() -> None:
         get_planner("pipeline.pure.costs:LayerCost")
     with pytest.raises(TypeError, match="bad options for planner 'time'.*valid options: "):
         get_planner("time", fastest=True)
+
+
+@pytest.mark.parametrize("name", list(PLANNERS))
+def test_whether_a_budget_fits_depends_on_the_bytes_alone(name: str) -> None:
+    """A shape is ruled out on its layers' bytes before they are timed
+    (`pipeline.pure.shape.plan_shape`): the same refusal with every second unknown (0)."""
+    layers, planner = costs(5), get_planner(name)
+    untimed = [dataclasses.replace(c, forward_s=0.0, backward_s=0.0) for c in layers]
+    for n_stages, m in ((1, 1), (2, 4), (3, 8)):
+        with pytest.raises(InfeasibleBudgetError) as refused:
+            planner.plan(layers, n_stages, schedule="1f1b", n_microbatches=m, memory_budget=1)
+        least = refused.value.min_budget
+        for budget in (least - 1, least):
+            outcomes: list[int | None] = []
+            for given in (layers, untimed):
+                try:
+                    planner.plan(
+                        given, n_stages, schedule="1f1b", n_microbatches=m, memory_budget=budget
+                    )
+                    outcomes.append(None)
+                except InfeasibleBudgetError as error:
+                    outcomes.append(error.min_budget)
+            assert outcomes[0] == outcomes[1], (n_stages, m, budget, outcomes)
+            assert (outcomes[0] is None) == (budget >= least)
