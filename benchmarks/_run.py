@@ -90,6 +90,30 @@ def fastest(
     return max(candidates)[1] if candidates else None
 
 
+def paired_ratio(ours: Sequence[float], peers: Mapping[str, Sequence[float]]) -> dict[str, Any]:
+    """Ours against the fastest of `peers` round by round: per round r, the peer run whose
+    median step is shortest over the *other* rounds, its step in round r over ours in
+    round r (> 1: ours faster); the median of those ratios, each, and the peer chosen.
+
+    Paired, a slow spell of the machine in a round lands on both sides; chosen on the other
+    rounds, the fastest of many peers is not also the luckiest in the round it is judged
+    on (the fastest of ten noisy medians is faster than its run is). `ours` and each peer
+    hold one step time per round, the same rounds."""
+    rounds = len(ours)
+    usable = {k: v for k, v in peers.items() if len(v) == rounds}
+    if rounds < 2 or not usable:
+        return {"median": math.nan, "per_round": [], "peer_per_round": []}
+    ratios, chosen = [], []
+    for r in range(rounds):
+        best = min(
+            usable,
+            key=lambda k: (statistics.median([t for i, t in enumerate(usable[k]) if i != r]), k),
+        )
+        ratios.append(usable[best][r] / ours[r])
+        chosen.append(best)
+    return {"median": statistics.median(ratios), "per_round": ratios, "peer_per_round": chosen}
+
+
 def samples_per_s(runs: Mapping[str, Mapping[str, Any]], key: str | None) -> float:
     """The samples per second of run `key` (NaN for no run)."""
     return float(runs[key]["samples_per_s"]) if key is not None else math.nan

@@ -14,7 +14,7 @@ import statistics
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from _run import fastest, median_rate, samples_per_s
+from _run import fastest, median_rate, paired_ratio, samples_per_s
 from _torch_peer import chunks_of
 from lm_split_model import LMConfig, best_splits, rank_times
 from lm_split_runs import TORCH_SCHEDULES
@@ -137,9 +137,30 @@ def _ours_auto_against(
         "torch_1f1b_best_hand_swept_cut": runs.get(best["torch_1f1b_hand_swept"] or "", {}).get(
             "chunk_sizes"
         ),
+        "ours_auto_vs_torch_1f1b_paired_by_round": _paired(runs, best),
         "ours_auto_vs_best_cut_bound": sps["ours_auto"] / bounds["best_cut_at_layer_boundaries"],
         "ours_auto_vs_half_of_one_process": sps["ours_auto"] / bounds["half_of_one_process"],
         "runs": runs,
+    }
+
+
+def _paired(runs: dict[str, dict[str, Any]], best: dict[str, str | None]) -> dict[str, Any]:
+    """Ours (auto) against torch 1F1B round by round (`_run.paired_ratio`): against the
+    hand-swept cut fastest on the other rounds, and against the equal split."""
+    ours = runs.get("ours_auto", {}).get("per_round_step_s")
+    if not ours:
+        return {}
+    swept = {
+        k: v["per_round_step_s"]
+        for k, v in runs.items()
+        if _correct(v) and v["hand_swept"] and "per_round_step_s" in v
+    }
+    equal = best["torch_1f1b_equal_split"]
+    return {
+        "hand_swept": paired_ratio(ours, swept),
+        "equal_split": paired_ratio(ours, {equal: runs[equal]["per_round_step_s"]})
+        if equal is not None
+        else {},
     }
 
 
@@ -178,6 +199,10 @@ def _model_row(res: dict[str, Any]) -> dict[str, Any]:
         "torch_1f1b_equal_split_samples_per_s": sps["torch_1f1b_equal_split"],
         "torch_1f1b_best_hand_swept_cut": res["torch_1f1b_best_hand_swept_cut"],
         "ours_auto_partition": res["ours_auto_chose"]["partition"],
+        "ours_auto_paired_by_round": {
+            k: v.get("median", math.nan)
+            for k, v in res["ours_auto_vs_torch_1f1b_paired_by_round"].items()
+        },
     }
 
 
@@ -215,7 +240,16 @@ def _swept_sentence(row: dict[str, Any]) -> str:
         f" Against torch 1F1B: the best hand-swept cut {row['torch_1f1b_best_hand_swept_cut']} "
         f"{swept:.2f} samples/s, the equal split {equal:.2f}; ours (auto, cut "
         f"{row['ours_auto_partition']} after its measured correction) x{ours / swept:.3f} and "
-        f"x{ours / equal:.3f}."
+        f"x{ours / equal:.3f}" + _paired_words(row["ours_auto_paired_by_round"]) + "."
+    )
+
+
+def _paired_words(paired: dict[str, float]) -> str:
+    if not paired:
+        return ""
+    return (
+        f"; paired by round (the cut chosen on the other rounds): "
+        f"x{paired.get('hand_swept', math.nan):.3f} and x{paired.get('equal_split', math.nan):.3f}"
     )
 
 
