@@ -274,9 +274,14 @@ def plan_shape(
             link=overheads.link() if shape.n_stages > 1 else None,
         )
 
+    if memory_budget is not None and sizes_at is not None:
+        try:
+            plan(sizes_at(microbatch))
+        except InfeasibleBudgetError as error:  # its bytes fit no plan: nothing timed here
+            return ShapeOption(shape, None, math.inf, 0.0, str(error))
+        except ValueError:  # a planner that wants measured seconds decides on them below
+            pass
     try:
-        if memory_budget is not None and sizes_at is not None:
-            plan(sizes_at(microbatch))  # refused here: nothing timed at this size
         planned = plan(costs_at(shape.threads_per_stage, microbatch))
     except (InfeasibleBudgetError, ValueError) as error:
         return ShapeOption(shape, None, math.inf, 0.0, str(error))

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import itertools
+from collections.abc import Sequence
+from typing import Any
 
 import pytest
 
 from pipeline.pure.costs import LayerCost
-from pipeline.pure.planner import TimePlanner, evaluate
+from pipeline.pure.planner import Plan, TimePlanner, evaluate
 from pipeline.pure.shape import (
     RuntimeOverheads,
     Shape,
@@ -78,6 +80,28 @@ def test_shapes_the_bytes_rule_out_under_a_budget_are_never_timed() -> None:
     }
     assert refused and not refused & runs[True][2]  # some sizes fit nothing: never timed
     assert runs[True][2] < runs[False][2]
+
+
+class _MeasuredOnly(TimePlanner):
+    """A planner that refuses costs whose seconds are not measured (a user's may)."""
+
+    def plan(self, costs: Sequence[LayerCost], *args: Any, **kwargs: Any) -> Plan:
+        if all(c.forward_s == 0 for c in costs):
+            raise ValueError("every layer's seconds are 0")
+        return super().plan(costs, *args, **kwargs)
+
+
+def test_a_planner_that_wants_measured_seconds_decides_on_them() -> None:
+    large = costs_at_for(model(6, 2e-3, 1 << 16))
+    one_stage = evaluate(large(1, BATCH), [6], n_microbatches=1)
+    budget = int(0.3 * one_stage.predicted_stage_bytes[0])
+    limits = ShapeLimits(cores=2, batch_size=BATCH, workers=1)
+    timed = Profiled(large)
+    got = choose_shape(
+        _MeasuredOnly(), timed, limits, OVERHEADS, memory_budget=budget, sizes_at=timed.sizes
+    )
+    want = choose_shape(TimePlanner(), large, limits, OVERHEADS, memory_budget=budget)
+    assert got[0] == want[0] and same_options(got[1], want[1])
 
 
 def test_with_one_worker_allowed_a_pipeline_beats_threads_that_scale_badly() -> None:
