@@ -352,14 +352,13 @@ def sized(
     """Costs whose bytes are a real run's, timed by nothing: the cache's entry where it has
     one (its seconds too), else one counted forward per distinct signature (`saved_bytes`)
     and 0 seconds. A memory budget's check before anything is timed (`pipeline.pure.shape`)."""
-    counted: dict[str, int] = {}
-    costs = []
+    counted: dict[str, Mapping[str, float]] = {}
     for position, shape in enumerate(shapes):
-        entry = cache.get(shape.signature)
-        if entry is None and shape.signature not in counted:
-            counted[shape.signature] = saved_bytes(specs[position], shape, device)
-        cost = _cached(shape, entry, opt_ratio)
-        if entry is None:
-            cost = dataclasses.replace(cost, activation_bytes=counted[shape.signature])
-        costs.append(cost)
-    return costs
+        if cache.get(shape.signature) is None and shape.signature not in counted:
+            bytes_saved = saved_bytes(specs[position], shape, device)
+            counted[shape.signature] = {
+                "forward_s": 0.0,
+                "backward_s": 0.0,
+                "activation_bytes": bytes_saved,
+            }
+    return [_cached(s, cache.get(s.signature) or counted[s.signature], opt_ratio) for s in shapes]
