@@ -11,7 +11,9 @@ happens:
     worker (holds the study: Leader)                the job's pool processes
     1. ask     leader.next_trial()
     2. size    the candidate's layers profiled (the
-               cost cache first): the fewest stages
+               cost cache first, with the layers the
+               other workers timed and the errors the
+               trials learned): the fewest stages
                within pipeline.memory_budget, more only
                where predicted faster per process, and
                the fewer it may start on at once (the
@@ -103,7 +105,6 @@ def run_worker(
         raise
     finally:
         end = leader.close(stopped)
-        shape.learn_costs(costs)  # the candidates profiled here, for the next study's plans
     return end, worker.restarts
 
 
@@ -149,6 +150,7 @@ class _Worker:
     def _train(self, order: TrialOrder, service: LeaderService) -> Outcome | None:
         """2.-6.: the trial's outcome, or None when its job died (it is asked again)."""
         arch = from_json(order.architecture)
+        shape.refresh_costs(self.costs)  # what the other workers timed, the trials learned
         try:
             options = shape.per_candidate(
                 self.settings, arch, self.task, self.costs, self.max_stages, alone=order.last
@@ -156,6 +158,8 @@ class _Worker:
         except training.RUN_ERRORS as error:  # no pipeline of the pool fits it: refused
             reason, detail = training.failure(error)
             return Outcome(TrialEnd.FAILED, {"fail_reason": reason, "detail": detail})
+        finally:  # the layers timed here, for the other workers' candidates
+            shape.learn_costs(self.costs, errors=False)
         inherits = self.settings.study.inherit_weights
         source = (
             (order.parent if order.parent is not None else self.last_trained) if inherits else None

@@ -59,6 +59,7 @@ __all__ = [
     "machine_costs",
     "per_candidate",
     "pool_threads",
+    "refresh_costs",
     "resolve",
     "resolve_one",
     "save_cache",
@@ -128,16 +129,30 @@ def save_cache(costs: CostCache) -> None:
         logger.warning("cost cache %s not saved: %s", path, error)
 
 
-def learn_costs(learned: CostCache) -> None:
+def learn_costs(learned: CostCache, *, errors: bool = True) -> None:
     """Merge what a pipeline measured into this machine's cost cache (workers may save it
-    side by side: each merges into what is on disk then)."""
+    side by side: each merges into what is on disk then). `errors`: whether `learned`'s
+    prediction errors are the newest (a pipeline's, which measured its plans against them);
+    a worker that only sized candidates holds the errors it read, which trials have since
+    added to."""
     merged = load_cache()
     merged.update(learned.entries())
     if merged.overheads is None and learned.overheads is not None:
         merged.set_overheads(learned.overheads)
-    if learned.errors.to_dict():  # it started from the cache: what it holds is the newest
+    if errors and learned.errors.to_dict():  # it started from the cache: they are the newest
         merged.set_errors(learned.errors)
     save_cache(merged)
+
+
+def refresh_costs(costs: CostCache) -> None:
+    """Bring `costs` up to this machine's cache: the layers other processes timed since it
+    was read, and the prediction errors the trials since have learned."""
+    saved = load_cache()
+    costs.update(saved.entries())
+    if costs.overheads is None and saved.overheads is not None:
+        costs.set_overheads(saved.overheads)
+    if saved.errors.to_dict():
+        costs.set_errors(saved.errors)
 
 
 def machine_costs() -> CostCache:

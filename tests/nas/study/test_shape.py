@@ -16,6 +16,7 @@ import pytest
 
 from nas.settings import NasSettings
 from nas.study import shape
+from pipeline.pure.planner.tryout import PredictionErrors
 from tests.nas.harness.common import GIVEN_OVERHEADS, machine_cache, small_space
 
 
@@ -104,6 +105,31 @@ def test_an_unreadable_cache_is_measured_again(machine: Path) -> None:
     machine.write_text("{not json")
     try:
         assert shape.load_cache().overheads is None and len(shape.load_cache()) == 0
+    finally:
+        machine.write_text(kept)
+
+
+def test_workers_share_the_layers_they_time_and_keep_the_errors_trials_learn(
+    machine: Path,
+) -> None:
+    kept = machine.read_text()
+    try:
+        earlier = shape.load_cache()  # what an earlier study's trials learned
+        earlier.set_errors(PredictionErrors.from_dict({"1f1b": [1.0, 1.0]}))
+        shape.save_cache(earlier)
+        worker, peer = shape.load_cache(), shape.load_cache()  # each read at its start
+        trial = shape.load_cache()  # a trial's pipeline, which measured its plans
+        trial.set_errors(PredictionErrors.from_dict({"1f1b": [1.3, 0.8]}))
+        shape.learn_costs(trial)
+        worker.put("a layer the worker timed", 0.1, 0.2, 64.0)
+        shape.learn_costs(worker, errors=False)  # it sized a candidate: layers only
+        saved = shape.load_cache()
+        assert saved.errors.to_dict() == {"1f1b": [1.3, 0.8]}
+        assert "a layer the worker timed" in saved
+        shape.refresh_costs(peer)  # before sizing its next candidate
+        assert peer.errors.to_dict() == {"1f1b": [1.3, 0.8]}
+        assert peer.get("a layer the worker timed") == saved.get("a layer the worker timed")
+        assert peer.overheads == GIVEN_OVERHEADS
     finally:
         machine.write_text(kept)
 
