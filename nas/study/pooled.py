@@ -15,7 +15,9 @@ happens:
                other workers timed and the errors the
                trials learned): the fewest stages
                within pipeline.memory_budget, more only
-               where predicted faster per process, and
+               where predicted faster per process (as
+               the study's trials on as many stages
+               measured against their predictions), and
                the fewer it may start on at once (the
                study's last trial, no peer's running:
                the fastest first, as no other trial
@@ -51,7 +53,7 @@ from typing import Any
 from nas import job_log
 from nas.errors import LeaderError
 from nas.settings import NasSettings
-from nas.study import shape, training
+from nas.study import shape, training, trials
 from nas.study.candidate import CandidateTrainer
 from nas.study.decisions import Decisions
 from nas.study.inheritance import WeightBank
@@ -151,9 +153,16 @@ class _Worker:
         """2.-6.: the trial's outcome, or None when its job died (it is asked again)."""
         arch = from_json(order.architecture)
         shape.refresh_costs(self.costs)  # what the other workers timed, the trials learned
+        measured = trials.measured_shares(self.leader.study)  # the pool's load, per count
         try:
             options = shape.per_candidate(
-                self.settings, arch, self.task, self.costs, self.max_stages, alone=order.last
+                self.settings,
+                arch,
+                self.task,
+                self.costs,
+                self.max_stages,
+                alone=order.last,
+                measured=measured,
             )
         except training.RUN_ERRORS as error:  # no pipeline of the pool fits it: refused
             reason, detail = training.failure(error)

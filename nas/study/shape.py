@@ -25,7 +25,7 @@ import logging
 import os
 import platform
 import statistics
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -174,6 +174,7 @@ def per_candidate(
     max_stages: int,
     *,
     alone: bool = False,
+    measured: Mapping[int, float] | None = None,
 ) -> list[ShapeOption]:
     """The pipelines one candidate can train on from a pool of `max_stages` processes
     (`pipeline.per_candidate`), preferred first: the fewest stages whose plan fits
@@ -184,6 +185,8 @@ def per_candidate(
     `costs` has them: it keeps what it measures).
     `alone`: no other trial will want the pool (the study's last, no peer's running):
     the fastest first, more stages where free (`pipeline.pure.pool_shape.fastest_first`).
+    `measured`: per stage count, what the pool's jobs measured against their prediction
+    (`nas.study.trials.measured_shares`), which scales the predictions (`stages_for`).
     ValueError naming the budget when no pipeline of at most `max_stages` fits it."""
     assert costs.overheads is not None, "machine_costs() measures the overheads"
     p = settings.pipeline
@@ -201,6 +204,7 @@ def per_candidate(
         exhaustive=alone,
         error=costs.errors.error,
         sizes_at=profile.sizes_at,
+        measured=measured,
     )
     return fastest_first(tried) if alone else with_fallbacks(best, tried)
 

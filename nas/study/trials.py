@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,6 +35,7 @@ __all__ = [
     "counted",
     "fail_reason",
     "finished",
+    "measured_shares",
     "model_digest",
     "remaining",
     "seconds_searched",
@@ -116,6 +118,20 @@ def finished(study: optuna.Study) -> int:
 
 def remaining(study: optuna.Study, n_trials: int) -> int:
     return max(0, n_trials - finished(study))
+
+
+def measured_shares(study: optuna.Study, last: int = 32) -> dict[int, float]:
+    """Per stage count, what the last `last` finished trials on that many stages measured
+    against their pipeline's prediction (the median of samples/s over predicted samples/s):
+    the load of the machine they shared, which the cost model does not know."""
+    done = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)
+    shares: dict[int, list[float]] = {}
+    for trial in study.get_trials(deepcopy=False, states=done):
+        attrs = trial.user_attrs
+        measured, predicted = attrs.get("samples_per_s"), attrs.get("predicted_samples_per_s")
+        if isinstance(attrs.get("n_stages"), int) and measured and predicted:
+            shares.setdefault(attrs["n_stages"], []).append(float(measured) / float(predicted))
+    return {stages: statistics.median(ratios[-last:]) for stages, ratios in shares.items()}
 
 
 def trials_table(study: optuna.Study) -> list[dict[str, Any]]:

@@ -17,7 +17,9 @@ its predicted step per shape); this module picks among the options:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import dataclasses
+import math
+from collections.abc import Mapping, Sequence
 
 from pipeline.pure.planner.base import Planner
 from pipeline.pure.shape import (
@@ -55,6 +57,7 @@ def stages_for(
     exhaustive: bool = False,
     error: float = 0.0,
     sizes_at: SizesAt | None = None,
+    measured: Mapping[int, float] | None = None,
 ) -> tuple[ShapeOption, list[ShapeOption]]:
     """One model's own pipeline on a pool of processes (`pipeline.pure.pool`): (the stage
     count and micro-batches it trains on, every option tried); ValueError if none fits.
@@ -77,7 +80,14 @@ def stages_for(
     varies among them). Each option profiles the model at its micro-batch size
     (`costs_at`), so a model that fits one process is profiled once, and one its bytes
     (`sizes_at`) rule out under the budget is not (`plan_shape`). `exhaustive`: every
-    option is tried (a job the pool runs alone wants the fastest: `fastest_first`)."""
+    option is tried (a job the pool runs alone wants the fastest: `fastest_first`).
+
+    `measured`: per stage count, what the pool's earlier jobs on that many stages measured
+    against their prediction (samples/s, a ratio); each option's prediction is scaled by
+    its count's (1 where none ran) before they are ranked. The model knows the layers and
+    the runtime's overheads, not the pool's load: on 2 cores, beside the workers sizing
+    their next candidates, 2-stage jobs ran at 0.69 of their prediction and single stages
+    at 0.95-1.05 (a stalled stage stalls the pipeline)."""
     limits = ShapeLimits(
         cores=max_stages * threads,
         batch_size=batch_size,
@@ -85,14 +95,17 @@ def stages_for(
         threads_per_stage=threads,
         n_microbatches=n_microbatches,
     )
+    ratios = dict(measured or {})
+    for stages, ratio in ratios.items():
+        if not (math.isfinite(ratio) and ratio > 0):
+            raise ValueError(f"measured[{stages}]={ratio!r}: a ratio must be finite and > 0")
     n_layers = layer_count(costs_at, sizes_at, threads, batch_size // (n_microbatches or 1))
     tried: list[ShapeOption] = []
     for shape in shapes(limits, n_layers):
-        tried.append(
-            plan_shape(
-                planner, costs_at, shape, batch_size, overheads, schedule, memory_budget, sizes_at
-            )
+        option = plan_shape(
+            planner, costs_at, shape, batch_size, overheads, schedule, memory_budget, sizes_at
         )
+        tried.append(_as_measured(option, ratios.get(shape.n_stages, 1.0)))
         if _unhindered(tried[-1]) and not exhaustive:
             break
     planned = [o for o in tried if o.plan is not None]
@@ -166,6 +179,17 @@ def fastest_first(tried: Sequence[ShapeOption]) -> list[ShapeOption]:
         ):
             fastest[option.shape.n_stages] = option
     return sorted(fastest.values(), key=lambda o: -o.predicted_samples_per_s)
+
+
+def _as_measured(option: ShapeOption, ratio: float) -> ShapeOption:
+    """`option` with its prediction scaled by `ratio` (measured / predicted samples/s)."""
+    if ratio == 1.0 or option.plan is None:
+        return option
+    return dataclasses.replace(
+        option,
+        predicted_step_s=option.predicted_step_s / ratio,
+        predicted_samples_per_s=option.predicted_samples_per_s * ratio,
+    )
 
 
 def _unhindered(option: ShapeOption) -> bool:

@@ -5,6 +5,7 @@ to, and a job alone taking the fastest."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import pytest
 
@@ -112,6 +113,28 @@ def test_a_job_alone_on_the_pool_tries_every_count_and_takes_the_fastest_first()
         same = [o for o in tried if o.shape.n_stages == option.shape.n_stages and o.plan]
         assert option.predicted_samples_per_s == max(o.predicted_samples_per_s for o in same)
     assert alone[0].shape.n_stages > 1  # six equal layers: more stages end sooner
+
+
+def test_what_the_pool_measured_per_stage_count_scales_its_predictions_before_ranking() -> None:
+    """A pool's jobs on S stages that ran at a share of their prediction (the pool's load,
+    which the model does not know) scale every S-stage option's prediction by it."""
+    small = costs_at_for(model(6, 2e-3, 1 << 16))
+    run = functools.partial(
+        stages_for, TimePlanner(), small, OVERHEADS, max_stages=3, batch_size=BATCH
+    )
+    best, tried = run(exhaustive=True)
+    assert best.shape.n_stages == 1
+    slowed, scaled = run(exhaustive=True, measured={1: 0.4})
+    for raw, seen in zip(tried, scaled, strict=True):
+        share = 0.4 if raw.shape.n_stages == 1 else 1.0
+        assert (seen.shape, seen.plan) == (raw.shape, raw.plan)
+        assert seen.predicted_samples_per_s == pytest.approx(share * raw.predicted_samples_per_s)
+        assert seen.predicted_step_s == pytest.approx(raw.predicted_step_s / share)
+    per_process = {o.shape: o.predicted_samples_per_s / o.shape.n_stages for o in scaled if o.plan}
+    assert slowed.shape.n_stages > 1 and per_process[slowed.shape] == max(per_process.values())
+    assert run(exhaustive=True, measured={1: 1.0, 2: 1.0}) == (best, tried)
+    with pytest.raises(ValueError, match=r"measured\[2\]=0.0"):
+        run(measured={2: 0.0})
 
 
 @pytest.mark.parametrize("activation_share", [0.3, 0.6, 1.0])
