@@ -1,5 +1,5 @@
-"""`python -m nas`: the Hydra entry point (see `nas.cli`)."""
+"""`python -m nas`: the command (`nas.entry`: the stage processes' server, then `nas.cli`)."""
 
-from nas.cli import main
+from nas.entry import main
 
 main()

@@ -38,6 +38,7 @@ from omegaconf.errors import OmegaConfBaseException
 from nas import job_log
 from nas.config import CONFIG_PATH, one_line, register, to_settings
 from nas.settings import NasSettings
+from nas.stage_imports import STAGE_MODULES
 from nas.tracking import TRACKERS
 
 register()
@@ -68,17 +69,9 @@ def main() -> None:
         os.environ.pop(FULL_ERROR, None)
 
 
-# What the processes of each stage import: the search's workers and the jobs they run on
-# the pool; the retraining's shape trials and runs
-_STAGE_MODULES = {
-    "search": ("nas.study.workers", "nas.study.pooled"),
-    "retrain": ("nas.study.shape_trials", "nas.retrain.trainer"),
-}
-
-
 def _child_modules(settings: NasSettings) -> tuple[str, ...]:
     """The modules this job's processes import (its stages', its tracker's backend)."""
-    stages = [module for stage in settings.stages for module in _STAGE_MODULES[stage]]
+    stages = [module for stage in settings.stages for module in STAGE_MODULES[stage]]
     return (*stages, *TRACKERS[settings.tracker.name].preload)
 
 
@@ -107,10 +100,11 @@ def run(cfg: DictConfig) -> None:
         logger.error("invalid settings: %s", one_line(error))
         sys.exit(1)
     job_log.publish()  # the stage processes log to this job's log file too
-    from pipeline.distributed.processes import prestart
+    from pipeline.distributed.server import prestart
 
     # the stage processes' server imports torch meanwhile, on another core, and what the
-    # job's processes import (seconds each), so that none of them pays for it
+    # job's processes import (seconds each), so that none of them pays for it; kept where
+    # the command started it already (`nas.entry`)
     prestart(preload=_child_modules(settings))
     from nas.retrain.stage import retrain  # after composing: --help and --cfg stay fast
     from nas.storage.opening import StorageError

@@ -20,47 +20,56 @@ accumulation::
 
     pipeline.launch(main, n_stages=2)   # local processes, or joins torchrun's group
 
-This package imports only torch and numpy.
+This package imports only torch and numpy, and those only when a name below is first used
+(PEP 562: `pipeline.ElasticPipeline`, `from pipeline import launch`): its torch-free parts
+(`pipeline.pure`, `pipeline.distributed.server`) import in milliseconds, so that a program
+can start the stage processes' server before it imports torch itself.
 """
 
-from pipeline.distributed.elastic import ElasticPipeline
-from pipeline.distributed.events import PipelineEvent
-from pipeline.distributed.inheritance import WeightSnapshot
-from pipeline.distributed.launch import StageContext, launch, lead_process, under_torchrun
-from pipeline.distributed.migration import MigrationRecord
-from pipeline.distributed.options import (
-    CheckpointOptions,
-    ElasticOptions,
-    PipelineOptions,
-    PlanOptions,
-)
-from pipeline.distributed.pool import PoolContext, StagePool
-from pipeline.distributed.pool_service import PoolClient, PoolService
-from pipeline.distributed.report import PipelineStats, StageStats
-from pipeline.errors import (
-    MigrationError,
-    NonFiniteLossError,
-    PipelineError,
-    StageError,
-    StageFailedError,
-)
-from pipeline.local.cost_cache import CostCache
-from pipeline.local.reference import ReferenceTrainer
-from pipeline.local.separable import separable
-from pipeline.local.sequential import partition_from_split_points, specs_from_sequential
-from pipeline.local.spec import LayerSpec
-from pipeline.pure.checkpoint_format import CheckpointError
-from pipeline.pure.costs import LayerCost
-from pipeline.pure.planner import InfeasibleBudgetError, Plan, Planner
-from pipeline.pure.schedule import (
-    SCHEDULES,
-    Action,
-    Op,
-    ScheduleError,
-    ScheduleSpec,
-    get_schedule,
-    register_schedule,
-)
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pipeline.distributed.elastic import ElasticPipeline
+    from pipeline.distributed.events import PipelineEvent
+    from pipeline.distributed.inheritance import WeightSnapshot
+    from pipeline.distributed.launch import StageContext, launch, lead_process, under_torchrun
+    from pipeline.distributed.migration import MigrationRecord
+    from pipeline.distributed.options import (
+        CheckpointOptions,
+        ElasticOptions,
+        PipelineOptions,
+        PlanOptions,
+    )
+    from pipeline.distributed.pool import PoolContext, StagePool
+    from pipeline.distributed.pool_service import PoolClient, PoolService
+    from pipeline.distributed.report import PipelineStats, StageStats
+    from pipeline.errors import (
+        MigrationError,
+        NonFiniteLossError,
+        PipelineError,
+        StageError,
+        StageFailedError,
+    )
+    from pipeline.local.cost_cache import CostCache
+    from pipeline.local.reference import ReferenceTrainer
+    from pipeline.local.separable import separable
+    from pipeline.local.sequential import partition_from_split_points, specs_from_sequential
+    from pipeline.local.spec import LayerSpec
+    from pipeline.pure.checkpoint_format import CheckpointError
+    from pipeline.pure.costs import LayerCost
+    from pipeline.pure.planner import InfeasibleBudgetError, Plan, Planner
+    from pipeline.pure.schedule import (
+        SCHEDULES,
+        Action,
+        Op,
+        ScheduleError,
+        ScheduleSpec,
+        get_schedule,
+        register_schedule,
+    )
 
 __all__ = [
     "SCHEDULES",
@@ -105,3 +114,80 @@ __all__ = [
     "specs_from_sequential",
     "under_torchrun",
 ]
+
+_HOMES = {  # the module each name lives in
+    "pipeline.distributed.elastic": ("ElasticPipeline",),
+    "pipeline.distributed.events": ("PipelineEvent",),
+    "pipeline.distributed.inheritance": ("WeightSnapshot",),
+    "pipeline.distributed.launch": (
+        "StageContext",
+        "launch",
+        "lead_process",
+        "under_torchrun",
+    ),
+    "pipeline.distributed.migration": ("MigrationRecord",),
+    "pipeline.distributed.options": (
+        "CheckpointOptions",
+        "ElasticOptions",
+        "PipelineOptions",
+        "PlanOptions",
+    ),
+    "pipeline.distributed.pool": (
+        "PoolContext",
+        "StagePool",
+    ),
+    "pipeline.distributed.pool_service": (
+        "PoolClient",
+        "PoolService",
+    ),
+    "pipeline.distributed.report": (
+        "PipelineStats",
+        "StageStats",
+    ),
+    "pipeline.errors": (
+        "MigrationError",
+        "NonFiniteLossError",
+        "PipelineError",
+        "StageError",
+        "StageFailedError",
+    ),
+    "pipeline.local.cost_cache": ("CostCache",),
+    "pipeline.local.reference": ("ReferenceTrainer",),
+    "pipeline.local.separable": ("separable",),
+    "pipeline.local.sequential": (
+        "partition_from_split_points",
+        "specs_from_sequential",
+    ),
+    "pipeline.local.spec": ("LayerSpec",),
+    "pipeline.pure.checkpoint_format": ("CheckpointError",),
+    "pipeline.pure.costs": ("LayerCost",),
+    "pipeline.pure.planner": (
+        "InfeasibleBudgetError",
+        "Plan",
+        "Planner",
+    ),
+    "pipeline.pure.schedule": (
+        "SCHEDULES",
+        "Action",
+        "Op",
+        "ScheduleError",
+        "ScheduleSpec",
+        "get_schedule",
+        "register_schedule",
+    ),
+}
+_HOME_OF = {name: module for module, names in _HOMES.items() for name in names}
+
+
+def __getattr__(name: str) -> Any:
+    """`name` imported from its module on first use, then kept here."""
+    module = _HOME_OF.get(name)
+    if module is None:
+        raise AttributeError(f"module 'pipeline' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

@@ -41,7 +41,7 @@ from typing import Any, Generic, TypeVar
 from nas import job_log
 from nas.progress import progress_bars
 from nas.settings import NasSettings
-from pipeline.distributed import processes
+from pipeline.distributed import processes, server
 
 __all__ = ["WorkerJob", "run_workers"]
 
@@ -80,7 +80,7 @@ def run_workers(job: WorkerJob[R], bar: tuple[str, int, Callable[[], int]]) -> l
     job_path = folder / f"{job.label}.pkl"
     job_path.write_bytes(pickle.dumps(job))  # 2.
     available = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
-    context, caller = processes.start_context(), processes.Caller.here()
+    context, caller = server.start_context(), processes.Caller.here()
     procs = []
     for k in range(n_workers):
         (folder / f"{job.label}-{k}.pkl").unlink(missing_ok=True)  # an earlier round's

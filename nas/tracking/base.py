@@ -113,7 +113,7 @@ class Tracker:
     beside it by the harness (`nas.study.tracker_setup`), readable with no service.
     `preload`: the modules its runs import in each process that opens one (a backend's
     package); the harness has the stage processes' server import them once, before it
-    forks the processes (`pipeline.distributed.processes.prestart`).
+    forks the processes (`pipeline.distributed.server.prestart`).
     """
 
     mirrored: ClassVar[bool] = False

@@ -49,7 +49,7 @@ import torch.distributed as dist
 # process at exit (SIGABRT, "terminate called without an active exception").
 import torch.distributed.nn
 
-from pipeline.distributed import processes
+from pipeline.distributed import processes, server
 from pipeline.distributed.comm import Comm, leave_group
 from pipeline.distributed.processes import StageContext
 from pipeline.errors import StageFailedError
@@ -144,7 +144,7 @@ def _join_torchrun(
 def _launch_local(
     fn: Callable[[StageContext], Any], n_stages: int, backend: str, threads: int, timeout_s: float
 ) -> list[Any]:
-    context = processes.start_context()
+    context = server.start_context()
     store = dist.TCPStore(
         "127.0.0.1",
         0,

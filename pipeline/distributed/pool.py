@@ -49,7 +49,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from pipeline.distributed import pool_member, processes
+from pipeline.distributed import pool_member, processes, server
 from pipeline.distributed.pool_jobs import Job, Request, Running
 from pipeline.distributed.pool_member import Assignment, Handover, PoolContext, Taking
 from pipeline.pure.checks import is_int
@@ -97,7 +97,7 @@ class StagePool:
             raise ValueError(f"timeout_s must be positive, got {timeout_s}")
         backend = backend or ("nccl" if gpus >= size else "gloo")
         self._ledger = PoolLedger(size, keep_resident)
-        self._context = processes.start_context()
+        self._context = server.start_context()
         self._store = dist.TCPStore(
             "127.0.0.1",
             0,

@@ -19,14 +19,12 @@ What `pipeline.distributed.launch` (S processes for one run of a function) and
 
 from __future__ import annotations
 
-import multiprocessing as mp
 import os
 import signal
 import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from multiprocessing import forkserver
 from typing import Any
 
 import torch
@@ -35,15 +33,12 @@ from pipeline.distributed import procfs
 
 __all__ = [
     "PEER_FAILURE",
-    "SERVER_IMPORTS_ENV",
     "Caller",
     "StageContext",
     "group_backend",
     "leave_now",
-    "prestart",
     "report",
     "stage_context",
-    "start_context",
     "terminate",
     "watch_caller",
 ]
@@ -63,45 +58,6 @@ class StageContext:
 # What a stage's error says when it only saw another stage fail first (its messages broke):
 # not the cause, which the caller names instead (`launch`, `pool`)
 PEER_FAILURE = ("Connection reset", "Connection closed", "Timed out", "timed out")
-
-# The forkserver imports these (and torch) once. torch._dynamo too: the first optimizer a
-# stage builds imports it (2-3 s of CPU), so each stage would pay that again. Then the
-# caller's own modules (`prestart`'s `preload`), through `server_imports`.
-_PRELOAD = [
-    "__main__",
-    "pipeline.distributed.launch",
-    "pipeline.distributed.pool_member",
-    "torch._dynamo",
-    "pipeline.distributed.server_imports",
-]
-SERVER_IMPORTS_ENV = "PIPELINE_SERVER_IMPORTS"  # `prestart`'s preload, comma-separated
-
-
-def start_context() -> Any:
-    """forkserver where the platform has it (module doc), else spawn."""
-    if "forkserver" not in mp.get_all_start_methods():
-        return mp.get_context("spawn")
-    context = mp.get_context("forkserver")
-    context.set_forkserver_preload(_PRELOAD)  # read when the server starts: the first launch
-    return context
-
-
-def prestart(preload: Sequence[str] = ()) -> None:
-    """Start the forkserver now rather than at the first launch: its imports (torch, the
-    runtime, `__main__`: seconds of CPU) then run on another core while the caller goes on
-    with its own work, and the first launch or pool forks its processes at once. Nothing
-    where the platform spawns; a server already running is kept (and `preload` is then
-    not imported there).
-
-    `preload`: modules the caller's children import (a worker's module, a tracker's
-    backend), imported once by the server too, so that no child pays for them; one that
-    fails to import there is left to the children (`server_imports`)."""
-    if preload:
-        os.environ[SERVER_IMPORTS_ENV] = ",".join(preload)
-    context = start_context()
-    if context.get_start_method() == "forkserver":
-        forkserver.ensure_running()
-
 
 # What torchrun sets for its ranks (and `launch` reads): a process started here is none of
 # them, so a launch inside it starts processes instead of joining torchrun's group.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import datetime, timedelta
 
 import optuna
@@ -14,7 +15,7 @@ def finished_trial(
     seconds: float,
     state: optuna.trial.TrialState,
     start_s: float = 0.0,
-    user_attrs: dict[str, object] | None = None,
+    user_attrs: Mapping[str, object] | None = None,
 ) -> optuna.trial.FrozenTrial:
     start = datetime(2026, 1, 1, 12, 0, 0) + timedelta(seconds=start_s)
     return optuna.trial.FrozenTrial(
@@ -26,7 +27,7 @@ def finished_trial(
         datetime_complete=start + timedelta(seconds=seconds),
         params={},
         distributions={},
-        user_attrs=user_attrs or {},
+        user_attrs=dict(user_attrs or {}),
         system_attrs={},
         intermediate_values={},
     )

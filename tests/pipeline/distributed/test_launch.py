@@ -94,7 +94,7 @@ def test_stages_leave_when_their_caller_is_killed(tmp_path: Path) -> None:
 PRELOADING_CALLER = """
 import sys
 import pipeline
-from pipeline.distributed.processes import prestart
+from pipeline.distributed.server import prestart
 
 PROBES = ("xml.dom.minidom", "broken_on_import")
 
